@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Installs the system packages zverbs needs on Debian. Idempotent.
+# The simulator backend (feature `sim`) needs only a Rust toolchain and a C linker.
+set -euo pipefail
+need=()
+command -v cc >/dev/null 2>&1 || need+=(gcc)
+command -v cargo >/dev/null 2>&1 || { echo "cargo not found: install Rust with rustup (https://rustup.rs)" >&2; exit 1; }
+if [ ${#need[@]} -gt 0 ]; then
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq "${need[@]}"
+fi
+echo "dependencies present"

@@ -1,0 +1,222 @@
+//! Raw access to registered memory: the simulator's only `unsafe` module.
+//!
+//! A [`Region`] is created (unsafely) when memory is registered and lives in the world's MR
+//! table until the MR is dropped. Spans ([`Src`], [`Dst`]) borrow a region, or a Rust slice,
+//! and are bounds-checked at creation, so copying between them is safe to call. All copies
+//! happen with the world lock held.
+
+use core::marker::PhantomData;
+use core::ptr;
+
+/// Registered process memory `base..base + len`, readable, and writable when `writable`.
+#[derive(Debug)]
+pub(crate) struct Region {
+    base: *mut u8,
+    len: usize,
+    writable: bool,
+}
+
+// SAFETY: a `Region` only names memory; the contract of `Region::new` makes that memory
+// usable from any thread, and every access happens under the world's mutex.
+unsafe impl Send for Region {}
+// SAFETY: as above; `&Region` only hands out spans, whose use is serialized by the mutex.
+unsafe impl Sync for Region {}
+
+impl Region {
+    /// Wraps registered memory.
+    ///
+    /// # Safety
+    /// `base..base + len` must be valid for reads, and for writes when `writable`, for as
+    /// long as the returned value lives, and must not be accessed through Rust references
+    /// while the simulator may touch it.
+    pub(crate) unsafe fn new(base: *mut u8, len: usize, writable: bool) -> Region {
+        Region {
+            base,
+            len,
+            writable,
+        }
+    }
+
+    /// Offset of `addr..addr + len` inside the region, if it lies fully inside.
+    fn offset(&self, addr: u64, len: usize) -> Option<usize> {
+        let off = usize::try_from(addr)
+            .ok()?
+            .checked_sub(self.base as usize)?;
+        (off.checked_add(len)? <= self.len).then_some(off)
+    }
+
+    /// Whether `addr..addr + len` lies inside the region.
+    pub(crate) fn contains(&self, addr: u64, len: usize) -> bool {
+        self.offset(addr, len).is_some()
+    }
+
+    /// A readable span of `addr..addr + len`, if inside the region.
+    pub(crate) fn src(&self, addr: u64, len: usize) -> Option<Src<'_>> {
+        let off = self.offset(addr, len)?;
+        Some(Src {
+            ptr: self.base.wrapping_add(off),
+            len,
+            _life: PhantomData,
+        })
+    }
+
+    /// A writable span of `addr..addr + len`, if inside the region and the region is writable.
+    pub(crate) fn dst(&self, addr: u64, len: usize) -> Option<Dst<'_>> {
+        let off = self.offset(addr, len).filter(|_| self.writable)?;
+        Some(Dst {
+            ptr: self.base.wrapping_add(off),
+            len,
+            _life: PhantomData,
+        })
+    }
+}
+
+/// Bytes that may be read for `'a`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Src<'a> {
+    ptr: *const u8,
+    len: usize,
+    _life: PhantomData<&'a [u8]>,
+}
+
+impl<'a> Src<'a> {
+    /// The empty span.
+    pub(crate) const EMPTY: Src<'static> = Src {
+        ptr: ptr::null(),
+        len: 0,
+        _life: PhantomData,
+    };
+
+    /// A span over a slice.
+    pub(crate) fn slice(s: &'a [u8]) -> Src<'a> {
+        Src {
+            ptr: s.as_ptr(),
+            len: s.len(),
+            _life: PhantomData,
+        }
+    }
+}
+
+/// Bytes that may be written (and read) for `'a`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Dst<'a> {
+    ptr: *mut u8,
+    len: usize,
+    _life: PhantomData<&'a mut [u8]>,
+}
+
+impl<'a> Dst<'a> {
+    /// The empty span.
+    pub(crate) const EMPTY: Dst<'static> = Dst {
+        ptr: ptr::null_mut(),
+        len: 0,
+        _life: PhantomData,
+    };
+
+    /// A span over a mutable slice.
+    pub(crate) fn slice(s: &'a mut [u8]) -> Dst<'a> {
+        Dst {
+            ptr: s.as_mut_ptr(),
+            len: s.len(),
+            _life: PhantomData,
+        }
+    }
+}
+
+/// Proof that the caller of an `unsafe` entry point vouched for raw inline source addresses.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RawInline(());
+
+impl RawInline {
+    /// # Safety
+    /// Every address range later passed to [`RawInline::src`] must be valid for reads while
+    /// the span is used (the caller of `Qp::post_send_raw` promises this for inline SGEs).
+    pub(crate) unsafe fn new() -> RawInline {
+        RawInline(())
+    }
+
+    /// A readable span of unregistered memory (an inline SGE); `None` for a null address.
+    pub(crate) fn src(&self, addr: u64, len: usize) -> Option<Src<'_>> {
+        let ptr = usize::try_from(addr).ok().filter(|&a| a != 0)? as *const u8;
+        Some(Src {
+            ptr,
+            len,
+            _life: PhantomData,
+        })
+    }
+}
+
+/// Copies `len` bytes from the concatenation of `src` to the concatenation of `dst`,
+/// range by range. Overlapping memory is copied as by `memmove` per range.
+///
+/// # Panics
+/// If either list holds fewer than `len` bytes (callers check lengths first).
+pub(crate) fn copy(src: &[Src<'_>], dst: &[Dst<'_>], mut len: usize) {
+    let (mut si, mut so, mut di, mut doff) = (0, 0, 0, 0);
+    while len > 0 {
+        let (s, d) = (&src[si], &dst[di]);
+        let n = (s.len - so).min(d.len - doff).min(len);
+        if n > 0 {
+            // SAFETY: `so + n <= s.len` and `doff + n <= d.len`, and spans are only created
+            // over memory valid for reads (`Src`) or writes (`Dst`) for their lifetime, which
+            // outlives this call. `ptr::copy` tolerates overlap.
+            unsafe { ptr::copy(s.ptr.add(so), d.ptr.add(doff), n) }
+        }
+        (so, doff, len) = (so + n, doff + n, len - n);
+        if so == s.len {
+            (si, so) = (si + 1, 0);
+        }
+        if doff == d.len {
+            (di, doff) = (di + 1, 0);
+        }
+    }
+}
+
+/// Replaces the native-endian `u64` under `dst` (8 bytes, 8-aligned) by `f(old)`; returns
+/// `old`.
+///
+/// # Panics
+/// If `dst` is not 8 bytes long or not 8-byte aligned (callers check alignment first).
+pub(crate) fn atomic(dst: &Dst<'_>, f: impl FnOnce(u64) -> u64) -> u64 {
+    assert!(
+        dst.len == 8 && dst.ptr as usize % 8 == 0,
+        "bad atomic target"
+    );
+    let p = dst.ptr.cast::<u64>();
+    // SAFETY: `dst` covers 8 writable bytes (span invariant) and `p` is aligned (checked).
+    unsafe {
+        let old = p.read();
+        p.write(f(old));
+        old
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn copy_walks_ranges_and_leaves_the_rest() {
+        let a = [1u8, 2, 3];
+        let b = [4u8, 5];
+        let mut x = [0u8; 2];
+        let mut y = [0u8; 4];
+        let src = [Src::slice(&a), Src::EMPTY, Src::slice(&b)];
+        let dst = [Dst::slice(&mut x), Dst::EMPTY, Dst::slice(&mut y)];
+        copy(&src, &dst, 4);
+        assert_eq!(x, [1, 2]);
+        assert_eq!(y, [3, 4, 0, 0]);
+    }
+
+    #[test]
+    fn region_bounds() {
+        let mut m = [0u8; 16];
+        let base = m.as_mut_ptr() as u64;
+        // SAFETY: `m` outlives `r` and is only used through `r` meanwhile.
+        let r = unsafe { Region::new(m.as_mut_ptr(), 16, false) };
+        assert!(r.contains(base, 16) && r.contains(base + 16, 0));
+        assert!(!r.contains(base + 1, 16) && !r.contains(base - 1, 1));
+        assert!(!r.contains(u64::MAX, 2));
+        assert!(r.src(base, 4).is_some() && r.dst(base, 4).is_none());
+    }
+}

@@ -1,0 +1,443 @@
+//! The public handles: thin wrappers that lock the fabric's world and call into it.
+//!
+//! One mutex guards the whole fabric. Every call locks it once; `post_send`, `post_recv`
+//! and `poll` run the engine (`World::progress`) before unlocking, so work executes
+//! synchronously inside those calls. Dropping a handle destroys its object; a PD or CQ
+//! still used by other objects lingers (unreachable) until they are gone.
+
+use core::fmt;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use crate::mem::{RawInline, Region};
+use crate::state::World;
+use crate::types::*;
+
+type Shared = Arc<Mutex<World>>;
+
+/// Locks the world; a panic elsewhere does not poison it for the other handles.
+fn lock(w: &Mutex<World>) -> MutexGuard<'_, World> {
+    w.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A simulated fabric: a set of devices (HCAs) that can reach each other.
+///
+/// Clones share the same fabric.
+#[derive(Clone, Debug)]
+pub struct Fabric {
+    world: Shared,
+}
+
+impl Default for Fabric {
+    fn default() -> Self {
+        Fabric::new()
+    }
+}
+
+impl Fabric {
+    /// An empty fabric with no devices.
+    pub fn new() -> Fabric {
+        Fabric {
+            world: Arc::new(Mutex::new(World::new())),
+        }
+    }
+
+    /// A fabric with `n` devices named `sim0` .. `sim{n-1}`.
+    pub fn with_devices(n: usize) -> Fabric {
+        let f = Fabric::new();
+        for i in 0..n {
+            f.add_device(&format!("sim{i}")).expect("fresh device name");
+        }
+        f
+    }
+
+    /// Adds a device. Device `i` (in order of addition, from 0) gets LID `i + 1` and GIDs
+    /// `fe80::<lid>` and `::ffff:10.0.0.<i + 1>`.
+    ///
+    /// # Errors
+    /// [`SimError::Invalid`] if `name` is empty or taken; [`SimError::QueueFull`] past the
+    /// last unicast LID.
+    pub fn add_device(&self, name: &str) -> Result<(), SimError> {
+        lock(&self.world).add_device(name)
+    }
+
+    /// Calls `f` with each device's name, in order of addition. `f` may use the fabric.
+    pub fn for_each_device(&self, f: &mut dyn FnMut(&str)) {
+        for i in 0.. {
+            let Some(name) = lock(&self.world).devices.get(i).map(|d| d.name.clone()) else {
+                break;
+            };
+            f(&name);
+        }
+    }
+
+    /// Opens a device by name.
+    ///
+    /// # Errors
+    /// [`SimError::NotFound`] if no device has that name.
+    pub fn open_device(&self, name: &str) -> Result<Context, SimError> {
+        let w = lock(&self.world);
+        let dev = w.devices.iter().position(|d| d.name == name);
+        Ok(Context {
+            world: self.world.clone(),
+            dev: dev.ok_or(SimError::NotFound)?,
+        })
+    }
+}
+
+/// An open device (`ibv_context`).
+#[derive(Debug)]
+pub struct Context {
+    world: Shared,
+    dev: usize,
+}
+
+impl Context {
+    /// The device's name.
+    pub fn name(&self) -> String {
+        lock(&self.world).devices[self.dev].name.clone()
+    }
+
+    /// Attributes of `port` (only port 1 exists).
+    ///
+    /// # Errors
+    /// [`SimError::NotFound`] for any other port.
+    pub fn query_port(&self, port: u8) -> Result<PortAttr, SimError> {
+        if port != 1 {
+            return Err(SimError::NotFound);
+        }
+        let w = lock(&self.world);
+        Ok(PortAttr {
+            state: PortState::Active,
+            lid: w.devices[self.dev].lid,
+            max_mtu: Mtu::Mtu4096,
+            active_mtu: Mtu::Mtu4096,
+            gid_table_len: w.devices[self.dev].gids.len() as u16,
+        })
+    }
+
+    /// GID `index` of `port`.
+    ///
+    /// # Errors
+    /// [`SimError::NotFound`] for a port other than 1 or an index past the table.
+    pub fn query_gid(&self, port: u8, index: u16) -> Result<Gid, SimError> {
+        let w = lock(&self.world);
+        let gids = &w.devices[self.dev].gids;
+        let gid = gids.get(usize::from(index)).filter(|_| port == 1);
+        gid.copied().ok_or(SimError::NotFound)
+    }
+
+    /// Allocates a protection domain.
+    ///
+    /// # Errors
+    /// None today; the `Result` mirrors `ibv_alloc_pd`.
+    pub fn alloc_pd(&self) -> Result<Pd, SimError> {
+        let id = lock(&self.world).alloc_pd(self.dev);
+        Ok(Pd {
+            world: self.world.clone(),
+            id,
+        })
+    }
+
+    /// Creates a completion queue holding up to `depth` completions.
+    ///
+    /// # Errors
+    /// [`SimError::Invalid`] unless `1 <= depth <= MAX_CQE`.
+    pub fn create_cq(&self, depth: u32) -> Result<Cq, SimError> {
+        let id = lock(&self.world).create_cq(self.dev, depth)?;
+        Ok(Cq {
+            world: self.world.clone(),
+            id,
+            depth,
+        })
+    }
+}
+
+/// A protection domain (`ibv_pd`).
+#[derive(Debug)]
+pub struct Pd {
+    world: Shared,
+    id: usize,
+}
+
+impl Drop for Pd {
+    fn drop(&mut self) {
+        lock(&self.world).release_pd(self.id, true);
+    }
+}
+
+/// Attributes of a new queue pair (`ibv_qp_init_attr`, RC only).
+#[derive(Clone, Copy, Debug)]
+pub struct QpInitAttr<'a> {
+    /// Completion queue of send work requests.
+    pub send_cq: &'a Cq,
+    /// Completion queue of receive work requests.
+    pub recv_cq: &'a Cq,
+    /// Queue capacities.
+    pub cap: QpCap,
+    /// Whether every send work request is signaled.
+    pub sq_sig_all: bool,
+}
+
+impl Pd {
+    /// Registers `addr..addr + len` (any length, including 0) with `access`.
+    ///
+    /// # Errors
+    /// [`SimError::Invalid`] if `access` has REMOTE_WRITE or REMOTE_ATOMIC without
+    /// LOCAL_WRITE; [`SimError::QueueFull`] when out of memory keys.
+    ///
+    /// # Safety
+    /// `addr..addr + len` must stay valid for reads and writes (as the access flags allow)
+    /// until the [`Mr`] is dropped, and must not be accessed through Rust references while
+    /// work that touches it is outstanding.
+    pub unsafe fn register_mr(
+        &self,
+        addr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> Result<Mr, SimError> {
+        let writable = access.contains(Access::LOCAL_WRITE);
+        // SAFETY: the caller keeps the range valid (writable when LOCAL_WRITE) until the Mr
+        // is dropped; `Mr::drop` removes the region from the world before returning.
+        let region = unsafe { Region::new(addr, len, writable) };
+        let (idx, lkey, rkey) = lock(&self.world).register_mr(self.id, region, access)?;
+        Ok(Mr {
+            world: self.world.clone(),
+            idx,
+            lkey,
+            rkey,
+            addr: addr as u64,
+            len,
+        })
+    }
+
+    /// Creates a reliable-connected queue pair in the RESET state.
+    ///
+    /// # Errors
+    /// [`SimError::Invalid`] if a capacity is out of range (see [`QpCap`]) or a CQ belongs
+    /// to another device or fabric; [`SimError::QueueFull`] when out of QP numbers.
+    pub fn create_qp(&self, attr: &QpInitAttr<'_>) -> Result<Qp, SimError> {
+        let same = |cq: &Cq| Arc::ptr_eq(&cq.world, &self.world);
+        if !same(attr.send_cq) || !same(attr.recv_cq) {
+            return Err(SimError::Invalid("CQ of another fabric"));
+        }
+        let cqs = (attr.send_cq.id, attr.recv_cq.id);
+        let (id, qpn) = lock(&self.world).create_qp(self.id, cqs, attr.cap, attr.sq_sig_all)?;
+        Ok(Qp {
+            world: self.world.clone(),
+            id,
+            qpn,
+            cap: attr.cap,
+        })
+    }
+}
+
+/// A registered memory region (`ibv_mr`); dropping it deregisters the memory.
+#[derive(Debug)]
+pub struct Mr {
+    world: Shared,
+    idx: usize,
+    lkey: u32,
+    rkey: u32,
+    addr: u64,
+    len: usize,
+}
+
+impl Mr {
+    /// Local key, for SGEs of local work requests.
+    pub fn lkey(&self) -> u32 {
+        self.lkey
+    }
+
+    /// Remote key, for peers' RDMA and atomic operations.
+    pub fn rkey(&self) -> u32 {
+        self.rkey
+    }
+
+    /// Start address of the region.
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+
+    /// Length of the region in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the region is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Drop for Mr {
+    fn drop(&mut self) {
+        lock(&self.world).deregister_mr(self.idx);
+    }
+}
+
+/// A completion queue (`ibv_cq`).
+#[derive(Debug)]
+pub struct Cq {
+    world: Shared,
+    id: usize,
+    depth: u32,
+}
+
+impl Cq {
+    /// Runs the engine, then moves up to `out.len()` completions, oldest first, into `out`;
+    /// returns how many.
+    ///
+    /// # Errors
+    /// [`SimError::CqOverflow`] once the queue has overflowed (for good).
+    pub fn poll(&self, out: &mut [Wc]) -> Result<usize, SimError> {
+        let mut w = lock(&self.world);
+        w.progress();
+        let cq = w.cqs.get_mut(self.id).expect("live CQ");
+        if cq.overflowed {
+            return Err(SimError::CqOverflow);
+        }
+        let n = out.len().min(cq.entries.len());
+        for (slot, wc) in out.iter_mut().zip(cq.entries.drain(..n)) {
+            *slot = wc;
+        }
+        Ok(n)
+    }
+
+    /// Number of completions the queue holds.
+    pub fn depth(&self) -> u32 {
+        self.depth
+    }
+}
+
+impl Drop for Cq {
+    fn drop(&mut self) {
+        lock(&self.world).release_cq(self.id, true);
+    }
+}
+
+/// A synchronous posting error (`bad_wr` plus `errno`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PostError {
+    /// Position of the first work request NOT posted; the earlier ones were posted.
+    pub index: usize,
+    /// Why it was refused.
+    pub error: SimError,
+}
+
+impl fmt::Display for PostError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "work request {} not posted: {}", self.index, self.error)
+    }
+}
+
+impl std::error::Error for PostError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
+/// A reliable-connected queue pair (`ibv_qp`); dropping it destroys it, discarding
+/// outstanding work without completions.
+#[derive(Debug)]
+pub struct Qp {
+    world: Shared,
+    id: usize,
+    qpn: u32,
+    cap: QpCap,
+}
+
+impl Qp {
+    /// The queue pair number, unique in the fabric.
+    pub fn qp_num(&self) -> u32 {
+        self.qpn
+    }
+
+    /// Current state.
+    pub fn state(&self) -> QpState {
+        lock(&self.world).qps.get(self.id).expect("live QP").state
+    }
+
+    /// Capacities granted (exactly those asked).
+    pub fn cap(&self) -> QpCap {
+        self.cap
+    }
+
+    /// Moves the queue pair to another state (see [`Modify`] for the legal transitions).
+    ///
+    /// # Errors
+    /// [`SimError::Invalid`] for an illegal transition or attribute; the state is unchanged.
+    pub fn modify(&self, m: &Modify) -> Result<(), SimError> {
+        lock(&self.world).modify(self.id, m)
+    }
+
+    /// Posts send work requests in order, then runs the engine. INLINE entries are copied
+    /// now; their SGEs must lie in memory registered in this QP's PD (their lkeys are not
+    /// checked). See [`Qp::post_send_raw`] for inline data from unregistered memory.
+    ///
+    /// In ERR the requests are accepted and complete at once with `WrFlushErr`.
+    ///
+    /// # Errors
+    /// The first request refused, and why: [`SimError::Invalid`] outside RTS/ERR, for too
+    /// many SGEs, or for bad inline data; [`SimError::QueueFull`] when all `max_send_wr`
+    /// slots are held (an unsignaled request holds its slot until a later one completes
+    /// with a completion).
+    pub fn post_send<I: IntoIterator<Item = SendWr>>(&self, wrs: I) -> Result<(), PostError> {
+        self.post_sends(wrs, None)
+    }
+
+    /// Like [`Qp::post_send`], but INLINE SGEs are read straight from their addresses, as
+    /// a real driver does, and need not be registered.
+    ///
+    /// # Errors
+    /// As [`Qp::post_send`].
+    ///
+    /// # Safety
+    /// For every request with [`SendFlags::INLINE`], each SGE's `addr..addr + length` must
+    /// be valid for reads during this call.
+    pub unsafe fn post_send_raw<I: IntoIterator<Item = SendWr>>(
+        &self,
+        wrs: I,
+    ) -> Result<(), PostError> {
+        // SAFETY: the caller vouches for the inline SGE ranges, which are read only inside
+        // this call.
+        let raw = unsafe { RawInline::new() };
+        self.post_sends(wrs, Some(&raw))
+    }
+
+    fn post_sends<I: IntoIterator<Item = SendWr>>(
+        &self,
+        wrs: I,
+        raw: Option<&RawInline>,
+    ) -> Result<(), PostError> {
+        let mut w = lock(&self.world);
+        let res = wrs.into_iter().enumerate().try_for_each(|(index, wr)| {
+            w.post_send(self.id, wr, raw)
+                .map_err(|error| PostError { index, error })
+        });
+        w.progress();
+        res
+    }
+
+    /// Posts receive work requests in order, then runs the engine.
+    ///
+    /// In ERR the requests are accepted and complete at once with `WrFlushErr`.
+    ///
+    /// # Errors
+    /// The first request refused, and why: [`SimError::Invalid`] in RESET or for too many
+    /// SGEs; [`SimError::QueueFull`] when `max_recv_wr` requests are queued.
+    pub fn post_recv<I: IntoIterator<Item = RecvWr>>(&self, wrs: I) -> Result<(), PostError> {
+        let mut w = lock(&self.world);
+        let res = wrs.into_iter().enumerate().try_for_each(|(index, wr)| {
+            w.post_recv(self.id, wr)
+                .map_err(|error| PostError { index, error })
+        });
+        w.progress();
+        res
+    }
+}
+
+impl Drop for Qp {
+    fn drop(&mut self) {
+        lock(&self.world).destroy_qp(self.id);
+    }
+}

@@ -1,0 +1,632 @@
+//! `Channel`: one reliable-connected peer, at three levels.
+//!
+//! - **Blocking**: [`send`](Channel::send), [`receive`](Channel::receive),
+//!   [`write`](Channel::write), [`read`](Channel::read), the `_with_imm` forms and the
+//!   atomics post one work request and wait for its completion.
+//! - **Scoped**: [`scope`](Channel::scope) posts many work requests as doorbell batches,
+//!   borrows their buffers, and does not return before all of them completed; the first
+//!   error of any of them is returned.
+//! - **Unpolled** (`unsafe`): [`post_send_unpolled`](Channel::post_send_unpolled) and
+//!   friends return a [`Pending`] handle; the caller keeps the buffers alive.
+//!
+//! Each channel owns a queue pair, a send and a receive completion queue, and two rings of
+//! `N` slots whose work requests hold `S` scatter/gather entries. After setup nothing on
+//! these paths allocates.
+//!
+//! ```
+//! use zverbs::provider::sim::Sim;
+//! use zverbs::{Channel, ChannelConfig, Context};
+//! let sim = Sim::with_devices(2);
+//! let (ca, cb) = (Context::open(&sim, "sim0").unwrap(), Context::open(&sim, "sim1").unwrap());
+//! let (pa, pb) = (ca.alloc_pd().unwrap(), cb.alloc_pd().unwrap());
+//! let a = Channel::<Sim>::prepare(&ca, &pa, &ChannelConfig::default()).unwrap();
+//! let b = Channel::<Sim>::prepare(&cb, &pb, &ChannelConfig::default()).unwrap();
+//! let (ea, eb) = (a.endpoint(), b.endpoint());
+//! let (mut a, mut b) = (a.connect(&eb).unwrap(), b.connect(&ea).unwrap());
+//!
+//! let (mut src, mut dst) = (*b"hello, rdma!", [0u8; 16]);
+//! let src = pa.register(&mut src).unwrap();
+//! let mut dst = pb.register(&mut dst).unwrap();
+//! std::thread::scope(|t| {
+//!     t.spawn(|| a.send([src.slice(..).unwrap()]).unwrap());
+//!     let got = b.receive([dst.slice_mut(..).unwrap()]).unwrap();
+//!     assert_eq!(got.byte_len, 12);
+//! });
+//! assert_eq!(&dst.as_slice()[..12], b"hello, rdma!");
+//! ```
+//!
+//! A complete two-thread exchange is in `examples/pingpong.rs`.
+
+mod scope;
+mod wait;
+
+pub use scope::Scope;
+
+use core::time::Duration;
+
+use crate::cq::CompletionQueue;
+use crate::device::{Context, ProtectionDomain};
+use crate::error::{CompletionError, Error};
+use crate::mr::{LocalSlice, LocalSliceMut, RemoteRegion};
+use crate::provider::Provider;
+use crate::qp::{
+    Endpoint, Init, InitOptions, QpConfig, QueuePair, ReadyToSend, RtrOptions, RtsOptions,
+};
+use crate::ring::{Completion, Ring, WorkRequest};
+use crate::types::{RecvWr, SendFlags, SendOp, SendWr, Sge, WorkCompletion};
+use wait::Waiter;
+
+/// Settings of a channel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChannelConfig {
+    /// Queue pair settings. The queue depths and SGE counts are set from the channel's `N`
+    /// and `S`; the rest is used as given.
+    pub qp: QpConfig,
+    /// RESET → INIT attributes.
+    pub init: InitOptions,
+    /// INIT → RTR attributes.
+    pub rtr: RtrOptions,
+    /// RTR → RTS attributes.
+    pub rts: RtsOptions,
+    /// How long a blocking call or a scope waits for completions; `None` waits forever.
+    pub timeout: Option<Duration>,
+}
+
+impl Default for ChannelConfig {
+    fn default() -> Self {
+        ChannelConfig {
+            qp: QpConfig::default(),
+            init: InitOptions::default(),
+            rtr: RtrOptions::default(),
+            rts: RtsOptions::default(),
+            timeout: Some(Duration::from_secs(10)),
+        }
+    }
+}
+
+/// A channel whose queue pair is created but not connected: hand its
+/// [`endpoint`](PreparedChannel::endpoint) to the peer, then [`connect`](PreparedChannel::connect).
+pub struct PreparedChannel<P: Provider, const N: usize = 64, const S: usize = 4> {
+    qp: QueuePair<P, Init>,
+    send_cq: CompletionQueue<P>,
+    recv_cq: CompletionQueue<P>,
+    config: ChannelConfig,
+}
+
+impl<P: Provider, const N: usize, const S: usize> PreparedChannel<P, N, S> {
+    /// This side's endpoint.
+    pub fn endpoint(&self) -> Endpoint {
+        self.qp.endpoint()
+    }
+
+    /// Connects to the peer at `remote` (INIT → RTR → RTS).
+    pub fn connect(self, remote: &Endpoint) -> Result<Channel<P, N, S>, Error<P::Error>> {
+        let qp = self
+            .qp
+            .into_rtr(remote, &self.config.rtr)
+            .map_err(|e| e.error)?;
+        let qp = qp.into_rts(&self.config.rts).map_err(|e| e.error)?;
+        Ok(Channel {
+            peer: remote.qp_num,
+            qp,
+            send_cq: self.send_cq,
+            recv_cq: self.recv_cq,
+            sq: Ring::new(),
+            rq: Ring::new(),
+            timeout: self.config.timeout,
+        })
+    }
+}
+
+/// One RC peer. `N` work requests may be in flight per direction; each holds up to `S`
+/// scatter/gather entries. See the module docs.
+pub struct Channel<P: Provider, const N: usize = 64, const S: usize = 4> {
+    qp: QueuePair<P, ReadyToSend>,
+    peer: u32,
+    send_cq: CompletionQueue<P>,
+    recv_cq: CompletionQueue<P>,
+    sq: Ring<SendWr<S>, N>,
+    rq: Ring<RecvWr<S>, N>,
+    timeout: Option<Duration>,
+}
+
+/// Which queue a [`Pending`] work request is on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Queue {
+    Send,
+    Recv,
+}
+
+/// Work posted by an unpolled call. Wait for it with [`Channel::wait`] (or poll it with
+/// [`Channel::try_complete`]); a handle that is dropped unwaited keeps its slot busy.
+#[must_use = "unpolled work must be waited for; its slot stays busy until then"]
+#[derive(Debug, PartialEq, Eq)]
+pub struct Pending {
+    seq: u64,
+    queue: Queue,
+}
+
+impl Pending {
+    /// The `wr_id` of the work request.
+    pub fn wr_id(&self) -> u64 {
+        self.seq
+    }
+}
+
+/// Collects up to `S` entries from `it`, or says how many were given.
+pub(crate) fn collect_sges<const S: usize>(
+    it: impl IntoIterator<Item = Sge>,
+) -> Result<([Sge; S], u8), (usize, usize)> {
+    let mut out = [Sge::default(); S];
+    let mut n = 0usize;
+    for sge in it {
+        if n < S {
+            out[n] = sge;
+        }
+        n += 1;
+    }
+    if n > S || n > u8::MAX as usize {
+        return Err((n, S.min(u8::MAX as usize)));
+    }
+    Ok((out, n as u8))
+}
+
+fn total_len(sges: &[Sge]) -> u64 {
+    sges.iter().map(|s| u64::from(s.length)).sum()
+}
+
+/// Polls `cq` once and records what it returns in `ring`.
+fn poll_into<P: Provider, W: WorkRequest, const N: usize>(
+    cq: &CompletionQueue<P>,
+    ring: &mut Ring<W, N>,
+) -> Result<usize, Error<P::Error>> {
+    let mut wcs = [WorkCompletion::EMPTY; 16];
+    let n = cq.poll(&mut wcs)?;
+    for wc in &wcs[..n] {
+        ring.complete(wc)
+            .map_err(|u| Error::UnexpectedCompletion { wr_id: u.wr_id })?;
+    }
+    Ok(n)
+}
+
+impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
+    /// Creates the queue pair and completion queues, and moves the queue pair to INIT.
+    pub fn prepare(
+        ctx: &Context<P>,
+        pd: &ProtectionDomain<P>,
+        config: &ChannelConfig,
+    ) -> Result<PreparedChannel<P, N, S>, Error<P::Error>> {
+        let (Ok(depth), Ok(sges)) = (u32::try_from(N), u32::try_from(S)) else {
+            return Err(Error::InvalidAttribute("channel capacity too large"));
+        };
+        let mut qp_cfg = config.qp;
+        qp_cfg.caps.max_send_wr = depth;
+        qp_cfg.caps.max_recv_wr = depth;
+        qp_cfg.caps.max_send_sge = sges;
+        qp_cfg.caps.max_recv_sge = sges;
+        let send_cq = CompletionQueue::create(ctx, depth)?;
+        let recv_cq = CompletionQueue::create(ctx, depth)?;
+        let qp = QueuePair::create(ctx, pd, &send_cq, &recv_cq, &qp_cfg)?;
+        let qp = qp.into_init(&config.init).map_err(|e| e.error)?;
+        Ok(PreparedChannel {
+            qp,
+            send_cq,
+            recv_cq,
+            config: *config,
+        })
+    }
+
+    /// The queue pair.
+    pub fn queue_pair(&self) -> &QueuePair<P, ReadyToSend> {
+        &self.qp
+    }
+
+    /// Work requests in flight on the send and receive queues.
+    pub fn in_flight(&self) -> (usize, usize) {
+        (self.sq.in_flight(), self.rq.in_flight())
+    }
+
+    // ---- blocking ----
+
+    /// Sends the concatenation of `data` and waits until the peer's HCA acknowledged it.
+    pub fn send<'a>(
+        &mut self,
+        data: impl IntoIterator<Item = LocalSlice<'a>>,
+    ) -> Result<(), Error<P::Error>> {
+        self.blocking_send(
+            data.into_iter().map(|s| s.sge()),
+            SendOp::Send,
+            SendFlags::empty(),
+        )
+        .map(drop)
+    }
+
+    /// Sends `data` with 32 bits of immediate data for the receiver.
+    pub fn send_with_imm<'a>(
+        &mut self,
+        data: impl IntoIterator<Item = LocalSlice<'a>>,
+        imm: u32,
+    ) -> Result<(), Error<P::Error>> {
+        self.blocking_send(
+            data.into_iter().map(|s| s.sge()),
+            SendOp::SendWithImm(imm),
+            SendFlags::empty(),
+        )
+        .map(drop)
+    }
+
+    /// Sends `bytes` inline: the HCA copies them at post time, so they need no registration.
+    /// At most `QpConfig::caps.max_inline_data` bytes.
+    pub fn send_inline(&mut self, bytes: &[u8]) -> Result<(), Error<P::Error>> {
+        let length = u32::try_from(bytes.len())
+            .map_err(|_| Error::InvalidAttribute("inline data too long"))?;
+        let sge = Sge {
+            addr: bytes.as_ptr() as u64,
+            length,
+            lkey: 0,
+        };
+        self.blocking_send([sge], SendOp::Send, SendFlags::INLINE)
+            .map(drop)
+    }
+
+    /// Posts one receive into `data` and waits for a message. Returns its length and
+    /// immediate data.
+    pub fn receive<'a>(
+        &mut self,
+        data: impl IntoIterator<Item = LocalSliceMut<'a>>,
+    ) -> Result<Completion, Error<P::Error>> {
+        let (sg_list, num_sge) = self.sges(data.into_iter().map(|s| s.sge()))?;
+        let seq = self.post_recv_now(RecvWr {
+            wr_id: 0,
+            sg_list,
+            num_sge,
+        })?;
+        self.wait_seq(Queue::Recv, seq)
+    }
+
+    /// Writes `data` to the start of `remote`.
+    pub fn write<'a>(
+        &mut self,
+        data: impl IntoIterator<Item = LocalSlice<'a>>,
+        remote: &RemoteRegion,
+    ) -> Result<(), Error<P::Error>> {
+        let op = SendOp::Write {
+            remote_addr: remote.addr,
+            rkey: remote.rkey,
+        };
+        self.blocking_rdma(data.into_iter().map(|s| s.sge()), remote, op)
+            .map(drop)
+    }
+
+    /// Writes `data` to `remote` and hands `imm` to a receive at the peer.
+    pub fn write_with_imm<'a>(
+        &mut self,
+        data: impl IntoIterator<Item = LocalSlice<'a>>,
+        remote: &RemoteRegion,
+        imm: u32,
+    ) -> Result<(), Error<P::Error>> {
+        let op = SendOp::WriteWithImm {
+            remote_addr: remote.addr,
+            rkey: remote.rkey,
+            imm,
+        };
+        self.blocking_rdma(data.into_iter().map(|s| s.sge()), remote, op)
+            .map(drop)
+    }
+
+    /// Reads from the start of `remote` into `data`.
+    pub fn read<'a>(
+        &mut self,
+        data: impl IntoIterator<Item = LocalSliceMut<'a>>,
+        remote: &RemoteRegion,
+    ) -> Result<(), Error<P::Error>> {
+        let op = SendOp::Read {
+            remote_addr: remote.addr,
+            rkey: remote.rkey,
+        };
+        self.blocking_rdma(data.into_iter().map(|s| s.sge()), remote, op)
+            .map(drop)
+    }
+
+    /// Adds `add` to the `u64` at the start of `remote`; returns the previous value, which
+    /// also lands in `result` (8 bytes).
+    pub fn fetch_add(
+        &mut self,
+        result: LocalSliceMut<'_>,
+        remote: &RemoteRegion,
+        add: u64,
+    ) -> Result<u64, Error<P::Error>> {
+        let op = SendOp::FetchAdd {
+            remote_addr: remote.addr,
+            rkey: remote.rkey,
+            add,
+        };
+        self.blocking_atomic(result, remote, op)
+    }
+
+    /// Replaces the `u64` at the start of `remote` with `swap` if it equals `compare`;
+    /// returns the previous value, which also lands in `result` (8 bytes).
+    pub fn compare_swap(
+        &mut self,
+        result: LocalSliceMut<'_>,
+        remote: &RemoteRegion,
+        compare: u64,
+        swap: u64,
+    ) -> Result<u64, Error<P::Error>> {
+        let op = SendOp::CompareSwap {
+            remote_addr: remote.addr,
+            rkey: remote.rkey,
+            compare,
+            swap,
+        };
+        self.blocking_atomic(result, remote, op)
+    }
+
+    fn blocking_atomic(
+        &mut self,
+        result: LocalSliceMut<'_>,
+        remote: &RemoteRegion,
+        op: SendOp,
+    ) -> Result<u64, Error<P::Error>> {
+        if result.len() != 8 {
+            return Err(Error::InvalidAttribute(
+                "an atomic's result slice must be 8 bytes",
+            ));
+        }
+        self.blocking_rdma([result.sge()], remote, op)?;
+        Ok(result.read_u64().unwrap_or_default())
+    }
+
+    fn blocking_rdma(
+        &mut self,
+        sges: impl IntoIterator<Item = Sge>,
+        remote: &RemoteRegion,
+        op: SendOp,
+    ) -> Result<Completion, Error<P::Error>> {
+        let (sg_list, num_sge) = self.sges(sges)?;
+        remote.slice(..total_len(&sg_list[..num_sge as usize]))?;
+        self.post_send_now(SendWr {
+            wr_id: 0,
+            sg_list,
+            num_sge,
+            op,
+            flags: SendFlags::SIGNALED,
+        })
+        .and_then(|seq| self.wait_seq(Queue::Send, seq))
+    }
+
+    fn blocking_send(
+        &mut self,
+        sges: impl IntoIterator<Item = Sge>,
+        op: SendOp,
+        flags: SendFlags,
+    ) -> Result<Completion, Error<P::Error>> {
+        let (sg_list, num_sge) = self.sges(sges)?;
+        let wr = SendWr {
+            wr_id: 0,
+            sg_list,
+            num_sge,
+            op,
+            flags: flags | SendFlags::SIGNALED,
+        };
+        let seq = self.post_send_now(wr)?;
+        self.wait_seq(Queue::Send, seq)
+    }
+
+    // ---- unpolled ----
+
+    /// Posts one send work request and returns without waiting.
+    ///
+    /// # Safety
+    /// The memory named by `sges` must stay valid and must not be written (for reads and
+    /// atomics: not accessed at all) through Rust references until the returned [`Pending`]
+    /// has been waited for. The sges' lkeys must come from this channel's protection domain
+    /// for the device to accept them (a wrong key is reported, not undefined).
+    pub unsafe fn post_send_unpolled(
+        &mut self,
+        sges: &[Sge],
+        op: SendOp,
+        flags: SendFlags,
+    ) -> Result<Pending, Error<P::Error>> {
+        let (sg_list, num_sge) = self.sges(sges.iter().copied())?;
+        let seq = self.post_send_now(SendWr {
+            wr_id: 0,
+            sg_list,
+            num_sge,
+            op,
+            flags: flags | SendFlags::SIGNALED,
+        })?;
+        Ok(Pending {
+            seq,
+            queue: Queue::Send,
+        })
+    }
+
+    /// Posts one receive work request and returns without waiting.
+    ///
+    /// # Safety
+    /// The memory named by `sges` must stay valid and must not be accessed through Rust
+    /// references until the returned [`Pending`] has been waited for.
+    pub unsafe fn post_receive_unpolled(
+        &mut self,
+        sges: &[Sge],
+    ) -> Result<Pending, Error<P::Error>> {
+        let (sg_list, num_sge) = self.sges(sges.iter().copied())?;
+        let seq = self.post_recv_now(RecvWr {
+            wr_id: 0,
+            sg_list,
+            num_sge,
+        })?;
+        Ok(Pending {
+            seq,
+            queue: Queue::Recv,
+        })
+    }
+
+    /// Polls once; the outcome of `pending` if it completed.
+    pub fn try_complete(
+        &mut self,
+        pending: &Pending,
+    ) -> Result<Option<Completion>, Error<P::Error>> {
+        if let Some(r) = self.take(pending.queue, pending.seq) {
+            return r.map(Some);
+        }
+        self.poll(pending.queue)?;
+        self.take(pending.queue, pending.seq).transpose()
+    }
+
+    /// Waits for `pending` to complete.
+    pub fn wait(&mut self, pending: Pending) -> Result<Completion, Error<P::Error>> {
+        self.wait_seq(pending.queue, pending.seq)
+    }
+
+    // ---- machinery ----
+
+    fn sges(&self, it: impl IntoIterator<Item = Sge>) -> Result<([Sge; S], u8), Error<P::Error>> {
+        collect_sges(it).map_err(|(given, max)| Error::TooManySges { given, max })
+    }
+
+    fn post_send_now(&mut self, wr: SendWr<S>) -> Result<u64, Error<P::Error>> {
+        let seq = self.sq.stage(wr, true).map_err(|f| Error::QueueFull {
+            capacity: f.capacity,
+        })?;
+        self.flush_sends()?;
+        Ok(seq)
+    }
+
+    fn post_recv_now(&mut self, wr: RecvWr<S>) -> Result<u64, Error<P::Error>> {
+        let seq = self.rq.stage(wr, true).map_err(|f| Error::QueueFull {
+            capacity: f.capacity,
+        })?;
+        self.flush_recvs()?;
+        Ok(seq)
+    }
+
+    /// Posts the staged sends as one chain (one doorbell).
+    pub(crate) fn flush_sends(&mut self) -> Result<(), Error<P::Error>> {
+        let staged = self.sq.staged();
+        if staged.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: every staged request was built from slices that borrow their memory
+        // regions for at least as long as the caller waits for the request (blocking calls
+        // and scopes wait before returning; unpolled callers promised to).
+        match unsafe { self.qp.post_send(staged) } {
+            Ok(()) => {
+                self.sq.clear_staged();
+                Ok(())
+            }
+            Err(e) => {
+                let unposted = staged.len() - e.index;
+                self.sq.unstage(unposted);
+                Err(Error::Provider {
+                    op: "ibv_post_send",
+                    source: e.error,
+                })
+            }
+        }
+    }
+
+    /// Posts the staged receives as one chain (one doorbell).
+    pub(crate) fn flush_recvs(&mut self) -> Result<(), Error<P::Error>> {
+        let staged = self.rq.staged();
+        if staged.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: as in `flush_sends`.
+        match unsafe { self.qp.post_recv(staged) } {
+            Ok(()) => {
+                self.rq.clear_staged();
+                Ok(())
+            }
+            Err(e) => {
+                let unposted = staged.len() - e.index;
+                self.rq.unstage(unposted);
+                Err(Error::Provider {
+                    op: "ibv_post_recv",
+                    source: e.error,
+                })
+            }
+        }
+    }
+
+    fn poll(&mut self, queue: Queue) -> Result<usize, Error<P::Error>> {
+        match queue {
+            Queue::Send => poll_into(&self.send_cq, &mut self.sq),
+            Queue::Recv => poll_into(&self.recv_cq, &mut self.rq),
+        }
+    }
+
+    fn take(&mut self, queue: Queue, seq: u64) -> Option<Result<Completion, Error<P::Error>>> {
+        let r = match queue {
+            Queue::Send => self.sq.take(seq),
+            Queue::Recv => self.rq.take(seq),
+        }?;
+        Some(r.map_err(|c| {
+            Error::Completion(CompletionError {
+                status: c.status,
+                wr_id: seq,
+                opcode: c.opcode,
+                qp_num: self.qp.qp_num(),
+                peer_qp_num: Some(self.peer),
+            })
+        }))
+    }
+
+    fn is_pending(&self, queue: Queue, seq: u64) -> bool {
+        match queue {
+            Queue::Send => self.sq.is_pending(seq),
+            Queue::Recv => self.rq.is_pending(seq),
+        }
+    }
+
+    /// Waits for `seq` and takes its outcome. On timeout the queue pair is moved to the
+    /// error state and the request waited for until flushed, so no work stays in flight
+    /// on a buffer the caller gets back.
+    fn wait_seq(&mut self, queue: Queue, seq: u64) -> Result<Completion, Error<P::Error>> {
+        let mut waiter = Waiter::new(self.timeout);
+        loop {
+            if let Some(r) = self.take(queue, seq) {
+                return r;
+            }
+            if self.poll(queue)? == 0 && !waiter.pause() {
+                self.abort_until_done(queue, seq)?;
+                let _ = self.take(queue, seq);
+                return Err(Error::Timeout);
+            }
+        }
+    }
+
+    /// Waits until `seq` is no longer in flight, without taking its outcome. On timeout the
+    /// queue pair is aborted as in `wait_seq`.
+    pub(crate) fn wait_quiet(&mut self, queue: Queue, seq: u64) -> Result<(), Error<P::Error>> {
+        let mut waiter = Waiter::new(self.timeout);
+        while self.is_pending(queue, seq) {
+            if self.poll(queue)? == 0 && !waiter.pause() {
+                self.abort_until_done(queue, seq)?;
+                return Err(Error::Timeout);
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves the queue pair to the error state and polls until `seq` is no longer in
+    /// flight (its flush completion arrives). Waits without a deadline: the device flushes
+    /// everything once the queue pair is in the error state.
+    pub(crate) fn abort_until_done(
+        &mut self,
+        queue: Queue,
+        seq: u64,
+    ) -> Result<(), Error<P::Error>> {
+        // If this fails the queue pair is already in the error state or gone; either way
+        // the device is flushing, so keep polling.
+        let _ = self.qp.set_error();
+        let mut waiter = Waiter::new(None);
+        while self.is_pending(queue, seq) {
+            if self.poll(queue)? == 0 {
+                waiter.pause();
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,312 @@
+//! Scoped posting: many work requests, doorbell batches, buffers borrowed until all
+//! complete.
+
+use core::marker::PhantomData;
+
+use super::{total_len, Channel, Queue};
+use crate::error::Error;
+use crate::mr::{LocalSlice, LocalSliceMut, RemoteRegion};
+use crate::provider::Provider;
+use crate::types::{RecvWr, SendFlags, SendOp, SendWr, Sge};
+
+/// Posts work inside [`Channel::scope`]. Every buffer handed to it stays borrowed for
+/// `'env`, which outlives the scope, so the buffers cannot be touched or freed before all
+/// posted work has completed.
+///
+/// Posts are staged and go out as doorbell batches: receives first, then sends, when the
+/// closure calls [`ring_doorbell`](Scope::ring_doorbell) or returns, or when the ring is
+/// full. Sends are unsignaled except the last of each batch (selective signaling): one
+/// completion per batch unless a request fails.
+pub struct Scope<'env, P: Provider, const N: usize, const S: usize> {
+    ch: &'env mut Channel<P, N, S>,
+    send_from: u64,
+    recv_from: u64,
+    first_error: Option<Error<P::Error>>,
+    finished: bool,
+    // Invariant in 'env: a scope cannot be shrunk to accept shorter borrows.
+    _env: PhantomData<&'env mut &'env ()>,
+}
+
+impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
+    /// Runs `f` with a [`Scope`] to post work on; returns once every work request posted in
+    /// the scope has completed (also if `f` panics). The first error wins: `f`'s own, then
+    /// the first post or completion error, in posting order.
+    ///
+    /// ```
+    /// # use zverbs::provider::sim::Sim;
+    /// # use zverbs::{Channel, ChannelConfig, Context};
+    /// # let sim = Sim::with_devices(2);
+    /// # let (ca, cb) = (Context::open(&sim, "sim0").unwrap(), Context::open(&sim, "sim1").unwrap());
+    /// # let (pa, pb) = (ca.alloc_pd().unwrap(), cb.alloc_pd().unwrap());
+    /// # let a = Channel::<Sim>::prepare(&ca, &pa, &ChannelConfig::default()).unwrap();
+    /// # let b = Channel::<Sim>::prepare(&cb, &pb, &ChannelConfig::default()).unwrap();
+    /// # let (ea, eb) = (a.endpoint(), b.endpoint());
+    /// # let (mut a, mut b) = (a.connect(&eb).unwrap(), b.connect(&ea).unwrap());
+    /// let mut inbox = [0u8; 8];
+    /// let mut inbox = pb.register(&mut inbox).unwrap();
+    /// let mut outbox = *b"abcdefgh";
+    /// let outbox = pa.register(&mut outbox).unwrap();
+    /// std::thread::scope(|t| {
+    ///     // Two receives in one doorbell...
+    ///     t.spawn(|| {
+    ///         b.scope(|s| {
+    ///             let (first, second) = inbox.slice_mut(..)?.split_at(4)?;
+    ///             s.post_receive([first])?;
+    ///             s.post_receive([second])?;
+    ///             Ok(())
+    ///         })
+    ///         .unwrap()
+    ///     });
+    ///     // ...two sends in another, one completion for both.
+    ///     a.scope(|s| {
+    ///         let (x, y) = outbox.slice(..)?.split_at(4)?;
+    ///         s.post_send([y])?;
+    ///         s.post_send([x])?;
+    ///         Ok(())
+    ///     })
+    ///     .unwrap();
+    /// });
+    /// assert_eq!(inbox.as_slice(), b"efghabcd");
+    /// ```
+    pub fn scope<'env, R>(
+        &'env mut self,
+        f: impl FnOnce(&mut Scope<'env, P, N, S>) -> Result<R, Error<P::Error>>,
+    ) -> Result<R, Error<P::Error>> {
+        let (send_from, recv_from) = (self.sq.next_seq(), self.rq.next_seq());
+        let mut scope = Scope {
+            ch: self,
+            send_from,
+            recv_from,
+            first_error: None,
+            finished: false,
+            _env: PhantomData,
+        };
+        let value = f(&mut scope);
+        let pending_error = scope.finish();
+        let value = value?;
+        match pending_error {
+            Some(e) => Err(e),
+            None => Ok(value),
+        }
+    }
+}
+
+impl<'env, P: Provider, const N: usize, const S: usize> Scope<'env, P, N, S> {
+    /// Stages a send of the concatenation of `data`. Returns its `wr_id`.
+    pub fn post_send(
+        &mut self,
+        data: impl IntoIterator<Item = LocalSlice<'env>>,
+    ) -> Result<u64, Error<P::Error>> {
+        self.stage_send(data.into_iter().map(|s| s.sge()), SendOp::Send)
+    }
+
+    /// Stages a send with immediate data.
+    pub fn post_send_with_imm(
+        &mut self,
+        data: impl IntoIterator<Item = LocalSlice<'env>>,
+        imm: u32,
+    ) -> Result<u64, Error<P::Error>> {
+        self.stage_send(data.into_iter().map(|s| s.sge()), SendOp::SendWithImm(imm))
+    }
+
+    /// Stages an RDMA write of `data` to the start of `remote`.
+    pub fn post_write(
+        &mut self,
+        data: impl IntoIterator<Item = LocalSlice<'env>>,
+        remote: &RemoteRegion,
+    ) -> Result<u64, Error<P::Error>> {
+        let op = SendOp::Write {
+            remote_addr: remote.addr,
+            rkey: remote.rkey,
+        };
+        self.stage_rdma(data.into_iter().map(|s| s.sge()), remote, op)
+    }
+
+    /// Stages an RDMA write with immediate data.
+    pub fn post_write_with_imm(
+        &mut self,
+        data: impl IntoIterator<Item = LocalSlice<'env>>,
+        remote: &RemoteRegion,
+        imm: u32,
+    ) -> Result<u64, Error<P::Error>> {
+        let op = SendOp::WriteWithImm {
+            remote_addr: remote.addr,
+            rkey: remote.rkey,
+            imm,
+        };
+        self.stage_rdma(data.into_iter().map(|s| s.sge()), remote, op)
+    }
+
+    /// Stages an RDMA read from the start of `remote` into `data`.
+    pub fn post_read(
+        &mut self,
+        data: impl IntoIterator<Item = LocalSliceMut<'env>>,
+        remote: &RemoteRegion,
+    ) -> Result<u64, Error<P::Error>> {
+        let op = SendOp::Read {
+            remote_addr: remote.addr,
+            rkey: remote.rkey,
+        };
+        self.stage_rdma(data.into_iter().map(|s| s.sge()), remote, op)
+    }
+
+    /// Stages a fetch-and-add; the previous value lands in `result` (8 bytes).
+    pub fn post_fetch_add(
+        &mut self,
+        result: LocalSliceMut<'env>,
+        remote: &RemoteRegion,
+        add: u64,
+    ) -> Result<u64, Error<P::Error>> {
+        let op = SendOp::FetchAdd {
+            remote_addr: remote.addr,
+            rkey: remote.rkey,
+            add,
+        };
+        self.stage_rdma([result.sge()], remote, op)
+    }
+
+    /// Stages a compare-and-swap; the previous value lands in `result` (8 bytes).
+    pub fn post_compare_swap(
+        &mut self,
+        result: LocalSliceMut<'env>,
+        remote: &RemoteRegion,
+        compare: u64,
+        swap: u64,
+    ) -> Result<u64, Error<P::Error>> {
+        let op = SendOp::CompareSwap {
+            remote_addr: remote.addr,
+            rkey: remote.rkey,
+            compare,
+            swap,
+        };
+        self.stage_rdma([result.sge()], remote, op)
+    }
+
+    /// Stages a receive into `data`.
+    pub fn post_receive(
+        &mut self,
+        data: impl IntoIterator<Item = LocalSliceMut<'env>>,
+    ) -> Result<u64, Error<P::Error>> {
+        let (sg_list, num_sge) = self.ch.sges(data.into_iter().map(|s| s.sge()))?;
+        let wr = RecvWr {
+            wr_id: 0,
+            sg_list,
+            num_sge,
+        };
+        if let Ok(seq) = self.ch.rq.stage(wr, true) {
+            return Ok(seq);
+        }
+        self.make_room(Queue::Recv)?;
+        self.ch.rq.stage(wr, true).map_err(|f| Error::QueueFull {
+            capacity: f.capacity,
+        })
+    }
+
+    /// Posts everything staged: receives as one chain, then sends as one chain whose last
+    /// request is signaled.
+    pub fn ring_doorbell(&mut self) -> Result<(), Error<P::Error>> {
+        self.ch.flush_recvs()?;
+        self.ch.sq.signal_last_staged();
+        self.ch.flush_sends()
+    }
+
+    fn stage_rdma(
+        &mut self,
+        sges: impl IntoIterator<Item = Sge>,
+        remote: &RemoteRegion,
+        op: SendOp,
+    ) -> Result<u64, Error<P::Error>> {
+        let (sg_list, num_sge) = self.ch.sges(sges)?;
+        remote.slice(..total_len(&sg_list[..num_sge as usize]))?;
+        self.stage_wr(SendWr {
+            wr_id: 0,
+            sg_list,
+            num_sge,
+            op,
+            flags: SendFlags::empty(),
+        })
+    }
+
+    fn stage_send(
+        &mut self,
+        sges: impl IntoIterator<Item = Sge>,
+        op: SendOp,
+    ) -> Result<u64, Error<P::Error>> {
+        let (sg_list, num_sge) = self.ch.sges(sges)?;
+        self.stage_wr(SendWr {
+            wr_id: 0,
+            sg_list,
+            num_sge,
+            op,
+            flags: SendFlags::empty(),
+        })
+    }
+
+    fn stage_wr(&mut self, wr: SendWr<S>) -> Result<u64, Error<P::Error>> {
+        if let Ok(seq) = self.ch.sq.stage(wr, false) {
+            return Ok(seq);
+        }
+        self.make_room(Queue::Send)?;
+        self.ch.sq.stage(wr, false).map_err(|f| Error::QueueFull {
+            capacity: f.capacity,
+        })
+    }
+
+    /// The ring is full: post what is staged and wait for this scope's work so far. Work
+    /// posted before the scope (unpolled) is not ours to take: if that is what fills the
+    /// ring, the ring stays full.
+    fn make_room(&mut self, queue: Queue) -> Result<(), Error<P::Error>> {
+        self.ring_doorbell()?;
+        self.drain(queue);
+        Ok(())
+    }
+
+    /// Waits for every request this scope posted on `queue` and takes its outcome,
+    /// keeping the first error.
+    fn drain(&mut self, queue: Queue) {
+        let (from, to) = match queue {
+            Queue::Send => (self.send_from, self.ch.sq.next_seq()),
+            Queue::Recv => (self.recv_from, self.ch.rq.next_seq()),
+        };
+        for seq in from..to {
+            if let Err(e) = self.ch.wait_quiet(queue, seq) {
+                self.first_error.get_or_insert(e);
+            }
+            if let Some(Err(e)) = self.ch.take(queue, seq) {
+                self.first_error.get_or_insert(e);
+            }
+        }
+        match queue {
+            Queue::Send => self.send_from = to,
+            Queue::Recv => self.recv_from = to,
+        }
+    }
+
+    /// Posts what is staged, then waits for everything; returns the first error.
+    fn finish(&mut self) -> Option<Error<P::Error>> {
+        if let Err(e) = self.ring_doorbell() {
+            self.first_error.get_or_insert(e);
+        }
+        self.settle()
+    }
+
+    fn settle(&mut self) -> Option<Error<P::Error>> {
+        // Anything still staged was refused by the device: give its slots back.
+        let (s, r) = (self.ch.sq.staged().len(), self.ch.rq.staged().len());
+        self.ch.sq.unstage(s);
+        self.ch.rq.unstage(r);
+        self.drain(Queue::Recv);
+        self.drain(Queue::Send);
+        self.finished = true;
+        self.first_error.take()
+    }
+}
+
+impl<P: Provider, const N: usize, const S: usize> Drop for Scope<'_, P, N, S> {
+    fn drop(&mut self) {
+        // Unwinding out of the closure: posted work may still use the borrowed buffers.
+        if !self.finished {
+            self.settle();
+        }
+    }
+}

@@ -1,0 +1,65 @@
+//! Devices and protection domains: the first two objects of every program.
+//!
+//! ```
+//! # #[cfg(feature = "sim")] {
+//! use zverbs::{provider::sim::Sim, Context};
+//! let sim = Sim::with_devices(1);
+//! let ctx = Context::open(&sim, "sim0").unwrap();
+//! let pd = ctx.alloc_pd().unwrap();
+//! let mut buf = [0u8; 64];
+//! let mr = pd.register(&mut buf).unwrap();
+//! assert_eq!(mr.len(), 64);
+//! # }
+//! ```
+
+use crate::error::{verb, Error};
+use crate::provider::Provider;
+use crate::types::{Gid, PortAttr};
+
+/// An open RDMA device.
+pub struct Context<P: Provider> {
+    pub(crate) raw: P::Context,
+}
+
+impl<P: Provider> Context<P> {
+    /// Opens the device called `name`.
+    pub fn open(provider: &P, name: &str) -> Result<Self, Error<P::Error>> {
+        Ok(Context {
+            raw: verb("ibv_open_device", provider.open_device(name))?,
+        })
+    }
+
+    /// Queries port `port` (1-based).
+    pub fn query_port(&self, port: u8) -> Result<PortAttr, Error<P::Error>> {
+        verb("ibv_query_port", P::query_port(&self.raw, port))
+    }
+
+    /// Reads GID table entry `index` of port `port`.
+    pub fn query_gid(&self, port: u8, index: u16) -> Result<Gid, Error<P::Error>> {
+        verb("ibv_query_gid", P::query_gid(&self.raw, port, index))
+    }
+
+    /// Allocates a protection domain.
+    pub fn alloc_pd(&self) -> Result<ProtectionDomain<P>, Error<P::Error>> {
+        Ok(ProtectionDomain {
+            raw: verb("ibv_alloc_pd", P::alloc_pd(&self.raw))?,
+        })
+    }
+
+    /// The backend's handle.
+    pub fn raw(&self) -> &P::Context {
+        &self.raw
+    }
+}
+
+/// A protection domain: memory regions and queue pairs of one domain may be used together.
+pub struct ProtectionDomain<P: Provider> {
+    pub(crate) raw: P::Pd,
+}
+
+impl<P: Provider> ProtectionDomain<P> {
+    /// The backend's handle.
+    pub fn raw(&self) -> &P::Pd {
+        &self.raw
+    }
+}

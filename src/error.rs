@@ -1,0 +1,208 @@
+//! Errors: one shared [`ErrorKind`] every backend maps into, and the library's [`Error`].
+//!
+//! Each provider keeps its own error type (an errno for verbs, a `SimError` for the
+//! simulator) and says what it means through [`ProviderError::kind`], so code generic over
+//! the provider can branch on meaning (the embedded-hal pattern).
+
+use core::fmt;
+
+use crate::types::{QpState, WcOpcode, WcStatus};
+
+/// What went wrong, independent of the backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// An argument or attribute is invalid, or the call is illegal in the current state
+    /// (`EINVAL`).
+    InvalidArgument,
+    /// A work queue is full (`ENOMEM` from a post, or a ring with no free slot).
+    QueueFull,
+    /// A device, port or GID index does not exist (`ENODEV`, `ENOENT`).
+    NotFound,
+    /// The resource is in use (`EBUSY`).
+    Busy,
+    /// The device ran out of a resource while creating an object.
+    OutOfResources,
+    /// The operation is not supported by this device.
+    Unsupported,
+    /// Permission denied (`EPERM`, `EACCES`).
+    PermissionDenied,
+    /// A completion queue overflowed.
+    CqOverflow,
+    /// A work request completed with an error status.
+    Completion,
+    /// A wait ran out of time.
+    Timeout,
+    /// A range lies outside a memory region or remote region.
+    OutOfBounds,
+    /// A queue pair is in a state that does not allow the operation (e.g. the error state).
+    InvalidState,
+    /// Any other failure.
+    Other,
+}
+
+/// A backend's error type: printable, and mapped to an [`ErrorKind`].
+pub trait ProviderError: fmt::Debug + fmt::Display {
+    /// What the error means.
+    fn kind(&self) -> ErrorKind;
+}
+
+/// A work request that completed with an error status.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CompletionError {
+    /// The verbs status.
+    pub status: WcStatus,
+    /// The `wr_id` of the failed work request.
+    pub wr_id: u64,
+    /// What the work request was (as posted).
+    pub opcode: WcOpcode,
+    /// The local queue pair number.
+    pub qp_num: u32,
+    /// The peer's queue pair number, when the channel knows it.
+    pub peer_qp_num: Option<u32>,
+}
+
+impl fmt::Display for CompletionError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{:?} (wr_id {}) on QP {:#x}",
+            self.opcode, self.wr_id, self.qp_num
+        )?;
+        if let Some(peer) = self.peer_qp_num {
+            write!(f, " to peer QP {peer:#x}")?;
+        }
+        write!(f, " failed: {}", self.status)
+    }
+}
+
+impl core::error::Error for CompletionError {}
+
+/// A byte range that does not fit inside a region.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BoundsError {
+    /// Start of the requested range, relative to the region.
+    pub offset: u64,
+    /// Length of the requested range.
+    pub len: u64,
+    /// Length of the region.
+    pub region_len: u64,
+}
+
+impl fmt::Display for BoundsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "range {}..{} is outside a region of {} bytes",
+            self.offset,
+            self.offset.saturating_add(self.len),
+            self.region_len
+        )
+    }
+}
+
+impl core::error::Error for BoundsError {}
+
+/// The library's error, generic over the backend's error `E`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Error<E> {
+    /// A verb failed; `op` names it (e.g. `"ibv_post_send"`).
+    Provider {
+        /// The verb that failed.
+        op: &'static str,
+        /// The backend's error.
+        source: E,
+    },
+    /// A work request completed with an error status.
+    Completion(CompletionError),
+    /// A ring or queue has no free slot.
+    QueueFull {
+        /// Its capacity.
+        capacity: usize,
+    },
+    /// More scatter/gather entries than the request type holds.
+    TooManySges {
+        /// Entries given.
+        given: usize,
+        /// Entries allowed.
+        max: usize,
+    },
+    /// A byte range lies outside its region.
+    OutOfBounds(BoundsError),
+    /// An attribute failed validation before reaching the device.
+    InvalidAttribute(&'static str),
+    /// The queue pair is not in a state that allows the operation.
+    InvalidState(QpState),
+    /// A wait ran out of time. The queue pair was moved to the error state so that no
+    /// work stays in flight on borrowed buffers.
+    Timeout,
+    /// A completion arrived that matches no outstanding work request.
+    UnexpectedCompletion {
+        /// Its `wr_id`.
+        wr_id: u64,
+    },
+}
+
+impl<E: ProviderError> Error<E> {
+    /// What the error means, for branching in generic code.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::Provider { source, .. } => source.kind(),
+            Error::Completion(_) => ErrorKind::Completion,
+            Error::QueueFull { .. } => ErrorKind::QueueFull,
+            Error::TooManySges { .. } | Error::InvalidAttribute(_) => ErrorKind::InvalidArgument,
+            Error::OutOfBounds(_) => ErrorKind::OutOfBounds,
+            Error::InvalidState(_) => ErrorKind::InvalidState,
+            Error::Timeout => ErrorKind::Timeout,
+            Error::UnexpectedCompletion { .. } => ErrorKind::Other,
+        }
+    }
+
+    /// The completion error, if this is one.
+    pub fn completion(&self) -> Option<&CompletionError> {
+        match self {
+            Error::Completion(c) => Some(c),
+            _ => None,
+        }
+    }
+}
+
+impl<E: fmt::Display> fmt::Display for Error<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Provider { op, source } => write!(f, "{op} failed: {source}"),
+            Error::Completion(c) => c.fmt(f),
+            Error::QueueFull { capacity } => write!(f, "queue full ({capacity} slots in use)"),
+            Error::TooManySges { given, max } => {
+                write!(f, "{given} scatter/gather entries given, at most {max} fit")
+            }
+            Error::OutOfBounds(b) => b.fmt(f),
+            Error::InvalidAttribute(why) => write!(f, "invalid attribute: {why}"),
+            Error::InvalidState(s) => write!(f, "queue pair is in state {s:?}"),
+            Error::Timeout => f.write_str("timed out waiting for completions"),
+            Error::UnexpectedCompletion { wr_id } => {
+                write!(f, "completion for unknown work request {wr_id:#x}")
+            }
+        }
+    }
+}
+
+impl<E: fmt::Debug + fmt::Display> core::error::Error for Error<E> {}
+
+impl<E> From<BoundsError> for Error<E> {
+    fn from(b: BoundsError) -> Self {
+        Error::OutOfBounds(b)
+    }
+}
+
+impl<E> From<CompletionError> for Error<E> {
+    fn from(c: CompletionError) -> Self {
+        Error::Completion(c)
+    }
+}
+
+/// Shorthand to wrap a provider error with the verb's name.
+pub(crate) fn verb<T, E>(op: &'static str, r: Result<T, E>) -> Result<T, Error<E>> {
+    r.map_err(|source| Error::Provider { op, source })
+}

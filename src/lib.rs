@@ -1,0 +1,61 @@
+//! # zverbs
+//!
+//! RDMA verbs for latency-critical systems: one typestate queue-pair machinery over a
+//! [`Provider`](provider::Provider) seam with two backends — the real verbs library and an
+//! in-process, deterministic simulator (`zverbs-sim`, feature `sim`).
+//!
+//! Layers, bottom to top (nothing imports upward):
+//!
+//! - [`provider`]: the seam: the verbs a real HCA offers.
+//! - [`qp`], [`cq`], [`mr`], [`ring`]: typestate queue pairs, completion queues, memory
+//!   regions, preallocated work-request rings.
+//! - [`channel`]: one RC peer at three levels: blocking, scoped, unpolled.
+//!
+//! ```
+//! # #[cfg(feature = "sim")] {
+//! use zverbs::provider::sim::Sim;
+//! use zverbs::{Channel, ChannelConfig, Context};
+//!
+//! let sim = Sim::with_devices(2);
+//! let (ca, cb) = (Context::open(&sim, "sim0")?, Context::open(&sim, "sim1")?);
+//! let (pa, pb) = (ca.alloc_pd()?, cb.alloc_pd()?);
+//! let a = Channel::<Sim>::prepare(&ca, &pa, &ChannelConfig::default())?;
+//! let b = Channel::<Sim>::prepare(&cb, &pb, &ChannelConfig::default())?;
+//! let (ea, eb) = (a.endpoint(), b.endpoint()); // exchanged out of band in real life
+//! let (mut a, mut b) = (a.connect(&eb)?, b.connect(&ea)?);
+//!
+//! // One-sided: a writes into b's region without b's CPU.
+//! let mut target = [0u8; 16];
+//! // SAFETY: b does not touch `target` until a's write has completed (below).
+//! let target = unsafe {
+//!     pb.register_with_access(&mut target, zverbs::AccessFlags::LOCAL_WRITE | zverbs::AccessFlags::REMOTE_WRITE)?
+//! };
+//! let mut msg = *b"written remotely";
+//! let msg = pa.register(&mut msg)?;
+//! a.write([msg.slice(..)?], &target.remote())?;
+//! assert_eq!(target.as_slice(), b"written remotely");
+//! # let _ = &mut b;
+//! # }
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+#![cfg_attr(not(feature = "std"), no_std)]
+#![deny(missing_docs, unsafe_op_in_unsafe_fn)]
+
+pub mod channel;
+pub mod cq;
+pub mod device;
+pub mod error;
+pub mod mr;
+pub mod provider;
+pub mod qp;
+pub mod ring;
+pub mod types;
+
+pub use channel::{Channel, ChannelConfig, Pending, PreparedChannel, Scope};
+pub use cq::CompletionQueue;
+pub use device::{Context, ProtectionDomain};
+pub use error::{BoundsError, CompletionError, Error, ErrorKind, ProviderError};
+pub use mr::{LocalSlice, LocalSliceMut, MemoryRegion, RemoteRegion};
+pub use qp::{Endpoint, EndpointError, QueuePair};
+pub use ring::Completion;
+pub use types::*;

@@ -1,0 +1,195 @@
+//! The provider seam: the verbs operations a real HCA offers, as one trait.
+//!
+//! Everything above this module is generic over [`Provider`]; two backends implement it:
+//! the simulator ([`sim::Sim`], feature `sim`) and, later, the verbs library (feature
+//! `verbs`). The trait is small and honest: only what a real HCA does. Simulator-only
+//! controls (faults, clock, stepping) live on the simulator's own types.
+//!
+//! Handles own their resource and free it on drop. A backend keeps parents alive as long as
+//! children need them (a queue pair keeps its PD and CQs), so the layers above need no
+//! lifetimes between handles.
+//!
+//! ```
+//! # #[cfg(feature = "sim")] {
+//! use zverbs::provider::{sim::Sim, Provider};
+//! let sim = Sim::with_devices(1);
+//! let ctx = sim.open_device("sim0").unwrap();
+//! let port = Sim::query_port(&ctx, 1).unwrap();
+//! assert_eq!(port.state, zverbs::PortState::Active);
+//! # }
+//! ```
+
+#[cfg(feature = "sim")]
+pub mod sim;
+
+use core::fmt;
+
+use crate::error::ProviderError;
+use crate::types::{AccessFlags, Gid, PortAttr, QpCaps, QpState, RecvWr, SendWr, WorkCompletion};
+
+/// A post that stopped at work request `index` (the verbs `bad_wr`): requests before it
+/// were posted, it and those after were not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PostError<E> {
+    /// Position of the first request that was not posted.
+    pub index: usize,
+    /// Why.
+    pub error: E,
+}
+
+impl<E: fmt::Display> fmt::Display for PostError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "work request {} not posted: {}", self.index, self.error)
+    }
+}
+
+/// Attributes of the RESET → INIT transition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InitAttr {
+    /// Physical port (1-based).
+    pub port: u8,
+    /// P_Key index.
+    pub pkey_index: u16,
+    /// Remote operations the queue pair accepts as responder.
+    pub access: AccessFlags,
+}
+
+/// Attributes of the INIT → RTR transition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RtrAttr {
+    /// Path MTU.
+    pub path_mtu: crate::types::Mtu,
+    /// The peer's queue pair number.
+    pub dest_qp_num: u32,
+    /// First packet sequence number expected from the peer.
+    pub rq_psn: u32,
+    /// Reads and atomics accepted in flight as responder.
+    pub max_dest_rd_atomic: u8,
+    /// RNR NAK timer code (0..=31).
+    pub min_rnr_timer: u8,
+    /// The peer's LID.
+    pub dlid: u16,
+    /// The peer's GID, when routing by GID (RoCE, or across subnets).
+    pub dgid: Option<Gid>,
+    /// Local GID index used for the path.
+    pub sgid_index: u8,
+    /// Local port.
+    pub port: u8,
+}
+
+/// Attributes of the RTR → RTS transition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RtsAttr {
+    /// First packet sequence number sent.
+    pub sq_psn: u32,
+    /// ACK timeout code: 4.096 µs × 2^timeout (0 = infinite).
+    pub timeout: u8,
+    /// Transport retries (0..=7).
+    pub retry_cnt: u8,
+    /// RNR retries (0..=7; 7 = infinite).
+    pub rnr_retry: u8,
+    /// Reads and atomics in flight as requester.
+    pub max_rd_atomic: u8,
+}
+
+/// A queue pair state transition (`ibv_modify_qp` with the mask it implies).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transition {
+    /// Any state → RESET: outstanding work is discarded without completions.
+    Reset,
+    /// RESET → INIT.
+    Init(InitAttr),
+    /// INIT → RTR.
+    Rtr(RtrAttr),
+    /// RTR → RTS.
+    Rts(RtsAttr),
+    /// Any state → ERR: outstanding work is flushed with `WR_FLUSH_ERR`.
+    Error,
+}
+
+/// The verbs operations of an RDMA device. See the module docs.
+///
+/// Only [`open_device`](Provider::open_device) and
+/// [`for_each_device`](Provider::for_each_device) need the provider value; every other verb
+/// acts on a handle.
+pub trait Provider: Sized {
+    /// The backend's error.
+    type Error: ProviderError;
+    /// An open device (`ibv_context`).
+    type Context: Send + Sync;
+    /// A protection domain (`ibv_pd`).
+    type Pd: Send + Sync;
+    /// A memory registration (`ibv_mr`).
+    type Mr: Send + Sync;
+    /// A completion queue (`ibv_cq`).
+    type Cq: Send + Sync;
+    /// A queue pair (`ibv_qp`).
+    type Qp: Send + Sync;
+
+    /// Calls `f` with the name of every device present.
+    fn for_each_device(&self, f: &mut dyn FnMut(&str));
+    /// Opens a device by name.
+    fn open_device(&self, name: &str) -> Result<Self::Context, Self::Error>;
+    /// Queries a port (1-based).
+    fn query_port(ctx: &Self::Context, port: u8) -> Result<PortAttr, Self::Error>;
+    /// Reads one entry of a port's GID table.
+    fn query_gid(ctx: &Self::Context, port: u8, index: u16) -> Result<Gid, Self::Error>;
+    /// Allocates a protection domain.
+    fn alloc_pd(ctx: &Self::Context) -> Result<Self::Pd, Self::Error>;
+
+    /// Registers `len` bytes at `addr`.
+    ///
+    /// # Safety
+    /// The memory must stay valid (for writes too, if `access` has any write right) until the
+    /// returned handle is dropped, and must not be accessed through Rust references while
+    /// the device may access it (work in flight, or remote rights granted to a peer that
+    /// uses them).
+    unsafe fn register_mr(
+        pd: &Self::Pd,
+        addr: *mut u8,
+        len: usize,
+        access: AccessFlags,
+    ) -> Result<Self::Mr, Self::Error>;
+    /// The local and remote keys of a registration: `(lkey, rkey)`.
+    fn mr_keys(mr: &Self::Mr) -> (u32, u32);
+
+    /// Creates a completion queue of at least `depth` entries.
+    fn create_cq(ctx: &Self::Context, depth: u32) -> Result<Self::Cq, Self::Error>;
+    /// Polls up to `out.len()` completions into `out`, oldest first; returns how many.
+    fn poll_cq(cq: &Self::Cq, out: &mut [WorkCompletion]) -> Result<usize, Self::Error>;
+
+    /// Creates an RC queue pair in the RESET state.
+    fn create_qp(
+        pd: &Self::Pd,
+        send_cq: &Self::Cq,
+        recv_cq: &Self::Cq,
+        caps: &QpCaps,
+    ) -> Result<Self::Qp, Self::Error>;
+    /// The queue pair number.
+    fn qp_num(qp: &Self::Qp) -> u32;
+    /// Moves the queue pair to another state.
+    fn modify_qp(qp: &Self::Qp, t: &Transition) -> Result<(), Self::Error>;
+    /// The current state (the device may have moved it to the error state).
+    fn query_qp_state(qp: &Self::Qp) -> Result<QpState, Self::Error>;
+
+    /// Posts a chain of send work requests with one doorbell.
+    ///
+    /// # Safety
+    /// Every gather entry must lie in memory registered with the entry's lkey (or be inline),
+    /// and that memory must stay valid, and not be written through Rust references (nor
+    /// read, for reads and atomics that write it), until the request completes.
+    unsafe fn post_send<const S: usize>(
+        qp: &Self::Qp,
+        wrs: &[SendWr<S>],
+    ) -> Result<(), PostError<Self::Error>>;
+
+    /// Posts a chain of receive work requests with one doorbell.
+    ///
+    /// # Safety
+    /// Every scatter entry's memory must stay valid and not be accessed through Rust
+    /// references until the request completes.
+    unsafe fn post_recv<const S: usize>(
+        qp: &Self::Qp,
+        wrs: &[RecvWr<S>],
+    ) -> Result<(), PostError<Self::Error>>;
+}

@@ -1,0 +1,339 @@
+//! The simulator backend: [`Provider`] over the `zverbs-sim` crate (feature `sim`).
+//!
+//! This adapter is the mirror of the verbs one: it maps each verb onto the simulated HCA
+//! and translates types field by field. The simulated [`Fabric`](zverbs_sim::Fabric) is
+//! reachable through [`Sim::fabric`] for simulator-only controls.
+//!
+//! ```
+//! use zverbs::provider::{sim::Sim, Provider};
+//! let sim = Sim::with_devices(2);
+//! let mut names = Vec::new();
+//! sim.for_each_device(&mut |n| names.push(n.to_string()));
+//! assert_eq!(names, ["sim0", "sim1"]);
+//! ```
+
+use zverbs_sim as s;
+
+pub use zverbs_sim::{Fabric, SimError};
+
+use super::{PostError, Provider, Transition};
+use crate::error::{ErrorKind, ProviderError};
+use crate::types::{
+    AccessFlags, Gid, Mtu, PortAttr, PortState, QpCaps, QpState, RecvWr, SendFlags, SendOp, SendWr,
+    Sge, WcOpcode, WcStatus, WorkCompletion,
+};
+
+/// The simulator provider: a handle to one simulated fabric.
+#[derive(Clone, Default)]
+pub struct Sim {
+    fabric: s::Fabric,
+}
+
+impl Sim {
+    /// A provider over an existing fabric.
+    pub fn new(fabric: s::Fabric) -> Sim {
+        Sim { fabric }
+    }
+
+    /// A provider over a new fabric with devices `sim0` .. `sim{n-1}`.
+    pub fn with_devices(n: usize) -> Sim {
+        Sim::new(s::Fabric::with_devices(n))
+    }
+
+    /// The simulated fabric, for simulator-only controls.
+    pub fn fabric(&self) -> &s::Fabric {
+        &self.fabric
+    }
+}
+
+impl ProviderError for s::SimError {
+    fn kind(&self) -> ErrorKind {
+        match self {
+            s::SimError::Invalid(_) => ErrorKind::InvalidArgument,
+            s::SimError::QueueFull => ErrorKind::QueueFull,
+            s::SimError::NotFound => ErrorKind::NotFound,
+            s::SimError::Busy => ErrorKind::Busy,
+            s::SimError::CqOverflow => ErrorKind::CqOverflow,
+            _ => ErrorKind::Other,
+        }
+    }
+}
+
+fn mtu_from(m: s::Mtu) -> Mtu {
+    Mtu::from_raw(m as u8).unwrap_or(Mtu::Mtu256)
+}
+
+fn mtu_to(m: Mtu) -> s::Mtu {
+    match m {
+        Mtu::Mtu256 => s::Mtu::Mtu256,
+        Mtu::Mtu512 => s::Mtu::Mtu512,
+        Mtu::Mtu1024 => s::Mtu::Mtu1024,
+        Mtu::Mtu2048 => s::Mtu::Mtu2048,
+        Mtu::Mtu4096 => s::Mtu::Mtu4096,
+    }
+}
+
+fn access_to(a: AccessFlags) -> s::Access {
+    s::Access::from_bits_truncate(a.bits())
+}
+
+fn sges_to(src: &[Sge]) -> ([s::Sge; s::MAX_SGE], usize) {
+    let mut out = [s::Sge::default(); s::MAX_SGE];
+    // Entries past MAX_SGE are dropped here, but `num_sge` keeps the real count so the
+    // simulator rejects the request exactly as a device rejects too many SGEs.
+    for (d, e) in out.iter_mut().zip(src) {
+        *d = s::Sge {
+            addr: e.addr,
+            length: e.length,
+            lkey: e.lkey,
+        };
+    }
+    (out, src.len())
+}
+
+fn op_to(op: SendOp) -> s::SendOp {
+    match op {
+        SendOp::Send => s::SendOp::Send,
+        SendOp::SendWithImm(imm) => s::SendOp::SendWithImm { imm },
+        SendOp::Write { remote_addr, rkey } => s::SendOp::Write { remote_addr, rkey },
+        SendOp::WriteWithImm {
+            remote_addr,
+            rkey,
+            imm,
+        } => s::SendOp::WriteWithImm {
+            remote_addr,
+            rkey,
+            imm,
+        },
+        SendOp::Read { remote_addr, rkey } => s::SendOp::Read { remote_addr, rkey },
+        SendOp::CompareSwap {
+            remote_addr,
+            rkey,
+            compare,
+            swap,
+        } => s::SendOp::CompareSwap {
+            remote_addr,
+            rkey,
+            compare,
+            swap,
+        },
+        SendOp::FetchAdd {
+            remote_addr,
+            rkey,
+            add,
+        } => s::SendOp::FetchAdd {
+            remote_addr,
+            rkey,
+            add,
+        },
+    }
+}
+
+fn wc_from(wc: &s::Wc) -> WorkCompletion {
+    WorkCompletion {
+        wr_id: wc.wr_id,
+        status: WcStatus::from_raw(wc.status as u32),
+        opcode: match wc.opcode {
+            s::WcOpcode::Send => WcOpcode::Send,
+            s::WcOpcode::RdmaWrite => WcOpcode::RdmaWrite,
+            s::WcOpcode::RdmaRead => WcOpcode::RdmaRead,
+            s::WcOpcode::CompSwap => WcOpcode::CompareSwap,
+            s::WcOpcode::FetchAdd => WcOpcode::FetchAdd,
+            s::WcOpcode::Recv => WcOpcode::Recv,
+            s::WcOpcode::RecvRdmaWithImm => WcOpcode::RecvRdmaWithImm,
+        },
+        byte_len: wc.byte_len,
+        imm: wc.imm_data,
+        qp_num: wc.qp_num,
+    }
+}
+
+fn post_error(e: s::PostError) -> PostError<s::SimError> {
+    PostError {
+        index: e.index,
+        error: e.error,
+    }
+}
+
+impl Provider for Sim {
+    type Error = s::SimError;
+    type Context = s::Context;
+    type Pd = s::Pd;
+    type Mr = s::Mr;
+    type Cq = s::Cq;
+    type Qp = s::Qp;
+
+    fn for_each_device(&self, f: &mut dyn FnMut(&str)) {
+        self.fabric.for_each_device(f)
+    }
+
+    fn open_device(&self, name: &str) -> Result<s::Context, s::SimError> {
+        self.fabric.open_device(name)
+    }
+
+    fn query_port(ctx: &s::Context, port: u8) -> Result<PortAttr, s::SimError> {
+        let a = ctx.query_port(port)?;
+        Ok(PortAttr {
+            state: match a.state {
+                s::PortState::Active => PortState::Active,
+                s::PortState::Down => PortState::Down,
+            },
+            lid: a.lid,
+            max_mtu: mtu_from(a.max_mtu),
+            active_mtu: mtu_from(a.active_mtu),
+            gid_table_len: a.gid_table_len,
+        })
+    }
+
+    fn query_gid(ctx: &s::Context, port: u8, index: u16) -> Result<Gid, s::SimError> {
+        ctx.query_gid(port, index).map(Gid)
+    }
+
+    fn alloc_pd(ctx: &s::Context) -> Result<s::Pd, s::SimError> {
+        ctx.alloc_pd()
+    }
+
+    unsafe fn register_mr(
+        pd: &s::Pd,
+        addr: *mut u8,
+        len: usize,
+        access: AccessFlags,
+    ) -> Result<s::Mr, s::SimError> {
+        // SAFETY: the caller upholds `Provider::register_mr`'s contract, which is the
+        // simulator's contract word for word.
+        unsafe { pd.register_mr(addr, len, access_to(access)) }
+    }
+
+    fn mr_keys(mr: &s::Mr) -> (u32, u32) {
+        (mr.lkey(), mr.rkey())
+    }
+
+    fn create_cq(ctx: &s::Context, depth: u32) -> Result<s::Cq, s::SimError> {
+        ctx.create_cq(depth)
+    }
+
+    fn poll_cq(cq: &s::Cq, out: &mut [WorkCompletion]) -> Result<usize, s::SimError> {
+        let mut buf = [s::Wc {
+            wr_id: 0,
+            status: s::WcStatus::Success,
+            opcode: s::WcOpcode::Send,
+            byte_len: 0,
+            imm_data: None,
+            qp_num: 0,
+        }; 32];
+        let want = out.len().min(buf.len());
+        let n = cq.poll(&mut buf[..want])?;
+        for (o, wc) in out.iter_mut().zip(&buf[..n]) {
+            *o = wc_from(wc);
+        }
+        Ok(n)
+    }
+
+    fn create_qp(
+        pd: &s::Pd,
+        send_cq: &s::Cq,
+        recv_cq: &s::Cq,
+        caps: &QpCaps,
+    ) -> Result<s::Qp, s::SimError> {
+        pd.create_qp(&s::QpInitAttr {
+            send_cq,
+            recv_cq,
+            cap: s::QpCap {
+                max_send_wr: caps.max_send_wr,
+                max_recv_wr: caps.max_recv_wr,
+                max_send_sge: caps.max_send_sge,
+                max_recv_sge: caps.max_recv_sge,
+                max_inline_data: caps.max_inline_data,
+            },
+            sq_sig_all: false,
+        })
+    }
+
+    fn qp_num(qp: &s::Qp) -> u32 {
+        qp.qp_num()
+    }
+
+    fn modify_qp(qp: &s::Qp, t: &Transition) -> Result<(), s::SimError> {
+        let m = match *t {
+            Transition::Reset => s::Modify::Reset,
+            Transition::Error => s::Modify::Err,
+            Transition::Init(a) => s::Modify::Init(s::InitAttr {
+                port: a.port,
+                pkey_index: a.pkey_index,
+                access: access_to(a.access),
+            }),
+            Transition::Rtr(a) => s::Modify::Rtr(s::RtrAttr {
+                path_mtu: mtu_to(a.path_mtu),
+                dest_qp_num: a.dest_qp_num,
+                rq_psn: a.rq_psn,
+                max_dest_rd_atomic: a.max_dest_rd_atomic,
+                min_rnr_timer: a.min_rnr_timer,
+                dlid: a.dlid,
+                dgid: a.dgid.map(|g| g.0),
+                sgid_index: a.sgid_index,
+                port: a.port,
+            }),
+            Transition::Rts(a) => s::Modify::Rts(s::RtsAttr {
+                sq_psn: a.sq_psn,
+                timeout: a.timeout,
+                retry_cnt: a.retry_cnt,
+                rnr_retry: a.rnr_retry,
+                max_rd_atomic: a.max_rd_atomic,
+            }),
+        };
+        qp.modify(&m)
+    }
+
+    fn query_qp_state(qp: &s::Qp) -> Result<QpState, s::SimError> {
+        Ok(match qp.state() {
+            s::QpState::Reset => QpState::Reset,
+            s::QpState::Init => QpState::Init,
+            s::QpState::Rtr => QpState::ReadyToReceive,
+            s::QpState::Rts => QpState::ReadyToSend,
+            s::QpState::Sqd => QpState::SendQueueDrained,
+            s::QpState::Sqe => QpState::SendQueueError,
+            s::QpState::Err => QpState::Error,
+        })
+    }
+
+    unsafe fn post_send<const S: usize>(
+        qp: &s::Qp,
+        wrs: &[SendWr<S>],
+    ) -> Result<(), PostError<s::SimError>> {
+        let wrs = wrs.iter().map(|wr| {
+            let (sg_list, num_sge) = sges_to(wr.sges());
+            s::SendWr {
+                wr_id: wr.wr_id,
+                sg_list,
+                num_sge,
+                op: op_to(wr.op),
+                flags: s::SendFlags::from_bits_truncate(wr.flags.bits()),
+            }
+        });
+        // SAFETY: the caller upholds `Provider::post_send`, which includes that inline
+        // gather entries are readable for the duration of this call.
+        unsafe { qp.post_send_raw(wrs) }.map_err(post_error)
+    }
+
+    unsafe fn post_recv<const S: usize>(
+        qp: &s::Qp,
+        wrs: &[RecvWr<S>],
+    ) -> Result<(), PostError<s::SimError>> {
+        qp.post_recv(wrs.iter().map(|wr| {
+            let (sg_list, num_sge) = sges_to(wr.sges());
+            s::RecvWr {
+                wr_id: wr.wr_id,
+                sg_list,
+                num_sge,
+            }
+        }))
+        .map_err(post_error)
+    }
+}
+
+static_assertions::const_assert_eq!(SendFlags::SIGNALED.bits(), s::SendFlags::SIGNALED.bits());
+static_assertions::const_assert_eq!(SendFlags::INLINE.bits(), s::SendFlags::INLINE.bits());
+static_assertions::const_assert_eq!(
+    AccessFlags::REMOTE_ATOMIC.bits(),
+    s::Access::REMOTE_ATOMIC.bits()
+);

@@ -1,0 +1,464 @@
+//! Typestate queue pairs: RESET → INIT → RTR → RTS, checked by the compiler.
+//!
+//! `QueuePair<P, S>` carries its state `S` in the type. Transitions consume the queue pair
+//! and hand it back in the new state, or, on failure, in the old state together with the
+//! error ([`TransitionError`]). Sends can be posted only on [`ReadyToSend`]; receives from
+//! [`Init`] on. The device may still move a queue pair to the error state at any time: that
+//! is visible at run time through [`QueuePair::state`] and errors on post and poll, and
+//! [`QueuePair::reset`] leads back to [`Reset`].
+//!
+//! ```
+//! # #[cfg(feature = "sim")] {
+//! use zverbs::provider::sim::Sim;
+//! use zverbs::qp::{QpConfig, QueuePair, InitOptions, RtrOptions, RtsOptions};
+//! use zverbs::{CompletionQueue, Context, QpState};
+//! let sim = Sim::with_devices(2);
+//! let make = |name| {
+//!     let ctx = Context::open(&sim, name).unwrap();
+//!     let pd = ctx.alloc_pd().unwrap();
+//!     let cq = CompletionQueue::create(&ctx, 16).unwrap();
+//!     let qp = QueuePair::create(&ctx, &pd, &cq, &cq, &QpConfig::default()).unwrap();
+//!     (ctx, pd, cq, qp.into_init(&InitOptions::default()).unwrap())
+//! };
+//! let (_c1, _p1, _q1, a) = make("sim0");
+//! let (_c2, _p2, _q2, b) = make("sim1");
+//! let (ea, eb) = (a.endpoint(), b.endpoint());
+//! let a = a.into_rtr(&eb, &RtrOptions::default()).unwrap().into_rts(&RtsOptions::default()).unwrap();
+//! let b = b.into_rtr(&ea, &RtrOptions::default()).unwrap();
+//! assert_eq!(a.state().unwrap(), QpState::ReadyToSend);
+//! assert_eq!(b.state().unwrap(), QpState::ReadyToReceive);
+//! # }
+//! ```
+
+mod endpoint;
+
+pub use endpoint::{
+    Endpoint, EndpointError, ENDPOINT_LEN, ENDPOINT_MAGIC, ENDPOINT_VERSION, MAX_24BIT,
+};
+
+use core::fmt;
+use core::marker::PhantomData;
+
+use crate::cq::CompletionQueue;
+use crate::device::{Context, ProtectionDomain};
+use crate::error::{verb, Error};
+use crate::provider::{InitAttr, PostError, Provider, RtrAttr, RtsAttr, Transition};
+use crate::types::{AccessFlags, Mtu, QpCaps, QpState, RecvWr, SendWr};
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// A queue pair state known at compile time. Sealed: the four below are all there is.
+pub trait State: sealed::Sealed {}
+
+/// Just created or reset.
+#[derive(Debug)]
+pub enum Reset {}
+/// Initialised: receives may be posted.
+#[derive(Debug)]
+pub enum Init {}
+/// Ready to receive: connected to a peer.
+#[derive(Debug)]
+pub enum ReadyToReceive {}
+/// Ready to send.
+#[derive(Debug)]
+pub enum ReadyToSend {}
+
+impl sealed::Sealed for Reset {}
+impl sealed::Sealed for Init {}
+impl sealed::Sealed for ReadyToReceive {}
+impl sealed::Sealed for ReadyToSend {}
+impl State for Reset {}
+impl State for Init {}
+impl State for ReadyToReceive {}
+impl State for ReadyToSend {}
+
+/// Creation settings of a queue pair.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QpConfig {
+    /// Queue capacities.
+    pub caps: QpCaps,
+    /// Physical port (1-based).
+    pub port: u8,
+    /// GID table index used for addressing.
+    pub gid_index: u8,
+    /// First packet sequence number; `None` derives one from the queue pair number.
+    pub psn: Option<u32>,
+}
+
+impl Default for QpConfig {
+    fn default() -> Self {
+        QpConfig {
+            caps: QpCaps {
+                max_send_wr: 64,
+                max_recv_wr: 64,
+                max_send_sge: 4,
+                max_recv_sge: 4,
+                max_inline_data: 64,
+            },
+            port: 1,
+            gid_index: 0,
+            psn: None,
+        }
+    }
+}
+
+/// Attributes of RESET → INIT.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InitOptions {
+    /// Remote operations accepted as responder.
+    pub access: AccessFlags,
+    /// P_Key index.
+    pub pkey_index: u16,
+}
+
+impl Default for InitOptions {
+    fn default() -> Self {
+        InitOptions {
+            access: AccessFlags::LOCAL_WRITE
+                | AccessFlags::REMOTE_WRITE
+                | AccessFlags::REMOTE_READ
+                | AccessFlags::REMOTE_ATOMIC,
+            pkey_index: 0,
+        }
+    }
+}
+
+/// Attributes of INIT → RTR besides the peer's endpoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RtrOptions {
+    /// Cap on the path MTU; the MTU used is the smallest of this, ours and the peer's.
+    pub mtu: Mtu,
+    /// RNR NAK timer code sent to a peer whose send finds no receive (0..=31; 12 ≈ 0.64 ms).
+    pub min_rnr_timer: u8,
+    /// Reads and atomics accepted in flight as responder.
+    pub max_dest_rd_atomic: u8,
+}
+
+impl Default for RtrOptions {
+    fn default() -> Self {
+        RtrOptions {
+            mtu: Mtu::Mtu4096,
+            min_rnr_timer: 12,
+            max_dest_rd_atomic: 16,
+        }
+    }
+}
+
+/// Attributes of RTR → RTS.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RtsOptions {
+    /// ACK timeout code: 4.096 µs × 2^timeout (0..=31, 0 = infinite; 14 ≈ 67 ms).
+    pub timeout: u8,
+    /// Transport retries (0..=7).
+    pub retry_cnt: u8,
+    /// RNR retries (0..=7, 7 = infinite).
+    pub rnr_retry: u8,
+    /// Reads and atomics in flight as requester.
+    pub max_rd_atomic: u8,
+}
+
+impl Default for RtsOptions {
+    fn default() -> Self {
+        RtsOptions {
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            max_rd_atomic: 16,
+        }
+    }
+}
+
+/// A queue pair in state `S`. See the module docs.
+pub struct QueuePair<P: Provider, S: State> {
+    raw: P::Qp,
+    local: Endpoint,
+    remote: Option<Endpoint>,
+    config: QpConfig,
+    _state: PhantomData<S>,
+}
+
+/// A failed transition: the queue pair, still in its old state, and why.
+pub struct TransitionError<P: Provider, S: State> {
+    /// The queue pair, unchanged.
+    pub qp: QueuePair<P, S>,
+    /// Why the transition failed.
+    pub error: Error<P::Error>,
+}
+
+impl<P: Provider, S: State> fmt::Debug for TransitionError<P, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TransitionError")
+            .field("qp", &self.qp)
+            .field("error", &self.error)
+            .finish()
+    }
+}
+
+impl<P: Provider, S: State> fmt::Display for TransitionError<P, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "queue pair {:#x} transition failed: {}",
+            self.local_qp_num(),
+            self.error
+        )
+    }
+}
+
+impl<P: Provider, S: State> TransitionError<P, S> {
+    fn local_qp_num(&self) -> u32 {
+        self.qp.local.qp_num
+    }
+}
+
+impl<P: Provider, S: State> core::error::Error for TransitionError<P, S> {}
+
+impl<P: Provider, S: State> fmt::Debug for QueuePair<P, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("QueuePair")
+            .field("state", &core::any::type_name::<S>())
+            .field("local", &self.local)
+            .field("remote", &self.remote)
+            .finish()
+    }
+}
+
+fn check(ok: bool, why: &'static str) -> Result<(), &'static str> {
+    if ok {
+        Ok(())
+    } else {
+        Err(why)
+    }
+}
+
+impl<P: Provider> QueuePair<P, Reset> {
+    /// Creates an RC queue pair whose sends complete on `send_cq` and receives on
+    /// `recv_cq`.
+    pub fn create(
+        ctx: &Context<P>,
+        pd: &ProtectionDomain<P>,
+        send_cq: &CompletionQueue<P>,
+        recv_cq: &CompletionQueue<P>,
+        config: &QpConfig,
+    ) -> Result<Self, Error<P::Error>> {
+        if let Some(psn) = config.psn {
+            check(psn <= MAX_24BIT, "psn exceeds 24 bits").map_err(Error::InvalidAttribute)?;
+        }
+        let port = ctx.query_port(config.port)?;
+        let gid = ctx.query_gid(config.port, config.gid_index.into())?;
+        let raw = verb(
+            "ibv_create_qp",
+            P::create_qp(&pd.raw, &send_cq.raw, &recv_cq.raw, &config.caps),
+        )?;
+        let qp_num = P::qp_num(&raw);
+        // A fixed, qpn-derived PSN keeps runs reproducible; users who want random PSNs
+        // set `QpConfig::psn`.
+        let psn = config
+            .psn
+            .unwrap_or(qp_num.wrapping_mul(0x9E37_79B1) & MAX_24BIT);
+        Ok(QueuePair {
+            raw,
+            local: Endpoint {
+                qp_num,
+                psn,
+                lid: port.lid,
+                gid,
+                mtu: port.active_mtu,
+            },
+            remote: None,
+            config: *config,
+            _state: PhantomData,
+        })
+    }
+
+    /// RESET → INIT.
+    pub fn into_init(
+        self,
+        opts: &InitOptions,
+    ) -> Result<QueuePair<P, Init>, TransitionError<P, Reset>> {
+        let attr = InitAttr {
+            port: self.config.port,
+            pkey_index: opts.pkey_index,
+            access: opts.access,
+        };
+        self.transition(Ok(Transition::Init(attr)))
+    }
+}
+
+impl<P: Provider> QueuePair<P, Init> {
+    /// INIT → RTR: connects to the peer at `remote`.
+    pub fn into_rtr(
+        self,
+        remote: &Endpoint,
+        opts: &RtrOptions,
+    ) -> Result<QueuePair<P, ReadyToReceive>, TransitionError<P, Init>> {
+        let attr = check(remote.qp_num <= MAX_24BIT, "remote qp_num exceeds 24 bits")
+            .and(check(remote.psn <= MAX_24BIT, "remote psn exceeds 24 bits"))
+            .and(check(opts.min_rnr_timer <= 31, "min_rnr_timer exceeds 31"))
+            .map(|()| {
+                Transition::Rtr(RtrAttr {
+                    path_mtu: opts.mtu.min(self.local.mtu).min(remote.mtu),
+                    dest_qp_num: remote.qp_num,
+                    rq_psn: remote.psn,
+                    max_dest_rd_atomic: opts.max_dest_rd_atomic,
+                    min_rnr_timer: opts.min_rnr_timer,
+                    dlid: remote.lid,
+                    dgid: (remote.gid.0 != [0; 16]).then_some(remote.gid),
+                    sgid_index: self.config.gid_index,
+                    port: self.config.port,
+                })
+            });
+        self.transition(attr).map(|mut qp| {
+            qp.remote = Some(*remote);
+            qp
+        })
+    }
+}
+
+impl<P: Provider> QueuePair<P, ReadyToReceive> {
+    /// RTR → RTS.
+    pub fn into_rts(
+        self,
+        opts: &RtsOptions,
+    ) -> Result<QueuePair<P, ReadyToSend>, TransitionError<P, ReadyToReceive>> {
+        let attr = check(opts.timeout <= 31, "timeout exceeds 31")
+            .and(check(opts.retry_cnt <= 7, "retry_cnt exceeds 7"))
+            .and(check(opts.rnr_retry <= 7, "rnr_retry exceeds 7"))
+            .map(|()| {
+                Transition::Rts(RtsAttr {
+                    sq_psn: self.local.psn,
+                    timeout: opts.timeout,
+                    retry_cnt: opts.retry_cnt,
+                    rnr_retry: opts.rnr_retry,
+                    max_rd_atomic: opts.max_rd_atomic,
+                })
+            });
+        self.transition(attr)
+    }
+
+    /// Posts a chain of receive work requests with one doorbell.
+    ///
+    /// # Safety
+    /// As [`Provider::post_recv`]: the scatter memory stays valid and untouched by Rust
+    /// references until each request completes.
+    pub unsafe fn post_recv<const S: usize>(
+        &self,
+        wrs: &[RecvWr<S>],
+    ) -> Result<(), PostError<P::Error>> {
+        // SAFETY: forwarded contract.
+        unsafe { P::post_recv(&self.raw, wrs) }
+    }
+}
+
+impl<P: Provider> QueuePair<P, Init> {
+    /// Posts a chain of receive work requests with one doorbell.
+    ///
+    /// # Safety
+    /// As [`Provider::post_recv`].
+    pub unsafe fn post_recv<const S: usize>(
+        &self,
+        wrs: &[RecvWr<S>],
+    ) -> Result<(), PostError<P::Error>> {
+        // SAFETY: forwarded contract.
+        unsafe { P::post_recv(&self.raw, wrs) }
+    }
+}
+
+impl<P: Provider> QueuePair<P, ReadyToSend> {
+    /// Posts a chain of send work requests with one doorbell.
+    ///
+    /// # Safety
+    /// As [`Provider::post_send`]: the gather memory stays valid (and the memory that reads
+    /// and atomics write stays untouched by Rust references) until each request completes.
+    #[inline]
+    pub unsafe fn post_send<const S: usize>(
+        &self,
+        wrs: &[SendWr<S>],
+    ) -> Result<(), PostError<P::Error>> {
+        // SAFETY: forwarded contract.
+        unsafe { P::post_send(&self.raw, wrs) }
+    }
+
+    /// Posts a chain of receive work requests with one doorbell.
+    ///
+    /// # Safety
+    /// As [`Provider::post_recv`].
+    #[inline]
+    pub unsafe fn post_recv<const S: usize>(
+        &self,
+        wrs: &[RecvWr<S>],
+    ) -> Result<(), PostError<P::Error>> {
+        // SAFETY: forwarded contract.
+        unsafe { P::post_recv(&self.raw, wrs) }
+    }
+}
+
+impl<P: Provider, S: State> QueuePair<P, S> {
+    /// This side's endpoint, to send to the peer.
+    pub fn endpoint(&self) -> Endpoint {
+        self.local
+    }
+
+    /// The peer's endpoint, once connected (RTR and later).
+    pub fn remote(&self) -> Option<Endpoint> {
+        self.remote
+    }
+
+    /// The queue pair number.
+    pub fn qp_num(&self) -> u32 {
+        self.local.qp_num
+    }
+
+    /// The creation settings.
+    pub fn config(&self) -> &QpConfig {
+        &self.config
+    }
+
+    /// The state the device reports now: the type says where the queue pair was moved,
+    /// this says whether the device has since put it in the error state.
+    pub fn state(&self) -> Result<QpState, Error<P::Error>> {
+        verb("ibv_query_qp", P::query_qp_state(&self.raw))
+    }
+
+    /// Moves the queue pair to the error state: all outstanding work is flushed with
+    /// `WR_FLUSH_ERR`. The type stays; posts will fail or flush until [`reset`](Self::reset).
+    pub fn set_error(&self) -> Result<(), Error<P::Error>> {
+        verb("ibv_modify_qp", P::modify_qp(&self.raw, &Transition::Error))
+    }
+
+    /// Back to RESET, from any state: outstanding work is discarded without completions.
+    pub fn reset(self) -> Result<QueuePair<P, Reset>, TransitionError<P, S>> {
+        self.transition(Ok(Transition::Reset))
+    }
+
+    /// The backend's handle.
+    pub fn raw(&self) -> &P::Qp {
+        &self.raw
+    }
+
+    fn transition<T: State>(
+        self,
+        t: Result<Transition, &'static str>,
+    ) -> Result<QueuePair<P, T>, TransitionError<P, S>> {
+        let result = match t {
+            Err(why) => Err(Error::InvalidAttribute(why)),
+            Ok(t) => verb("ibv_modify_qp", P::modify_qp(&self.raw, &t)),
+        };
+        match result {
+            Ok(()) => Ok(QueuePair {
+                raw: self.raw,
+                local: self.local,
+                remote: if matches!(t, Ok(Transition::Reset)) {
+                    None
+                } else {
+                    self.remote
+                },
+                config: self.config,
+                _state: PhantomData,
+            }),
+            Err(error) => Err(TransitionError { qp: self, error }),
+        }
+    }
+}

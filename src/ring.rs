@@ -1,0 +1,432 @@
+//! Rings of work-request slots: const capacity, no allocation, generation-checked ids.
+//!
+//! A [`Ring`] tracks the work requests of one queue from post to completion. Each post
+//! takes the next sequence number; the `wr_id` *is* that number, so slot = `seq % N` and
+//! the generation is `seq / N`: a completion for a recycled slot is detected, never
+//! misdelivered. Completions of one RC queue arrive in posting order, and a completion for
+//! `seq` also retires every earlier *unsignaled* request (selective signaling: unsignaled
+//! work that succeeds produces no completion of its own).
+//!
+//! The ring also stages a doorbell batch: [`Ring::stage`] fills preallocated work requests
+//! with fixed-size SGE arrays, and the caller posts [`Ring::staged`] as one chain.
+//!
+//! ```
+//! use zverbs::ring::Ring;
+//! use zverbs::{SendFlags, SendOp, SendWr, WcStatus, WcOpcode, WorkCompletion};
+//! let mut ring: Ring<SendWr<2>, 4> = Ring::new();
+//! let a = ring.stage(SendWr::new(0, SendOp::Send, SendFlags::empty()), false).unwrap();
+//! let b = ring.stage(SendWr::new(0, SendOp::Send, SendFlags::SIGNALED), true).unwrap();
+//! assert_eq!(ring.staged().len(), 2);
+//! ring.clear_staged();
+//! // The signaled completion of `b` retires the unsignaled `a` too.
+//! let wc = WorkCompletion { wr_id: b, ..WorkCompletion::EMPTY };
+//! ring.complete(&wc).unwrap();
+//! assert!(ring.take(b).unwrap().is_ok());
+//! assert!(ring.is_idle());
+//! # let _ = a;
+//! ```
+
+use crate::types::{RecvWr, SendWr, WcOpcode, WcStatus, WorkCompletion};
+
+/// A work request type a ring can stage: it carries a `wr_id`.
+pub trait WorkRequest: Copy {
+    /// Sets the identifier returned in the completion.
+    fn set_wr_id(&mut self, id: u64);
+    /// The completion opcode the request produces (reported for failed requests, whose
+    /// completion opcode the device leaves undefined).
+    fn opcode(&self) -> WcOpcode;
+    /// Asks for a completion on success.
+    fn set_signaled(&mut self);
+}
+
+impl<const S: usize> WorkRequest for SendWr<S> {
+    fn set_wr_id(&mut self, id: u64) {
+        self.wr_id = id;
+    }
+    fn opcode(&self) -> WcOpcode {
+        self.op.wc_opcode()
+    }
+    fn set_signaled(&mut self) {
+        self.flags |= crate::types::SendFlags::SIGNALED;
+    }
+}
+
+impl<const S: usize> WorkRequest for RecvWr<S> {
+    fn set_wr_id(&mut self, id: u64) {
+        self.wr_id = id;
+    }
+    fn opcode(&self) -> WcOpcode {
+        WcOpcode::Recv
+    }
+    fn set_signaled(&mut self) {}
+}
+
+/// No free slot: `capacity` requests are in flight.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QueueFull {
+    /// The ring's capacity.
+    pub capacity: usize,
+}
+
+/// A completion that matches no request in flight (stale generation, unknown id, or out of
+/// order).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UnknownCompletion {
+    /// Its `wr_id`.
+    pub wr_id: u64,
+}
+
+/// The outcome of one work request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Completion {
+    /// Status.
+    pub status: WcStatus,
+    /// Completion opcode.
+    pub opcode: WcOpcode,
+    /// Bytes transferred.
+    pub byte_len: u32,
+    /// Immediate data.
+    pub imm: Option<u32>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum SlotState {
+    Free,
+    Posted { signaled: bool },
+    Done(Completion),
+}
+
+#[derive(Clone, Copy)]
+struct Slot {
+    seq: u64,
+    opcode: WcOpcode,
+    state: SlotState,
+}
+
+/// A ring of `N` slots of work requests `W`. See the module docs.
+pub struct Ring<W, const N: usize> {
+    head: u64,
+    tail: u64,
+    slots: [Slot; N],
+    stage: heapless::Vec<W, N>,
+}
+
+impl<W: WorkRequest, const N: usize> Default for Ring<W, N> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<W: WorkRequest, const N: usize> Ring<W, N> {
+    const CHECK: () = assert!(N > 0, "a ring needs at least one slot");
+
+    /// An empty ring.
+    pub const fn new() -> Self {
+        #[allow(clippy::let_unit_value)]
+        let () = Self::CHECK;
+        Ring {
+            head: 0,
+            tail: 0,
+            slots: [Slot {
+                seq: 0,
+                opcode: WcOpcode::Send,
+                state: SlotState::Free,
+            }; N],
+            stage: heapless::Vec::new(),
+        }
+    }
+
+    /// Slots in the ring.
+    pub const fn capacity(&self) -> usize {
+        N
+    }
+
+    /// Requests taken and not yet retired (staged, in flight, or completed but not taken).
+    pub fn in_flight(&self) -> usize {
+        (self.head - self.tail) as usize
+    }
+
+    /// Whether every slot is free.
+    pub fn is_idle(&self) -> bool {
+        self.head == self.tail
+    }
+
+    /// The sequence number the next request will get.
+    pub fn next_seq(&self) -> u64 {
+        self.head
+    }
+
+    /// Takes a slot for `wr`, sets its `wr_id`, and appends it to the staged batch.
+    /// Returns the `wr_id`.
+    pub fn stage(&mut self, mut wr: W, signaled: bool) -> Result<u64, QueueFull> {
+        if self.in_flight() == N {
+            return Err(QueueFull { capacity: N });
+        }
+        let seq = self.head;
+        wr.set_wr_id(seq);
+        // Cannot fail: staged requests hold slots, so at most N are staged.
+        let opcode = wr.opcode();
+        self.stage.push(wr).map_err(|_| QueueFull { capacity: N })?;
+        self.slots[(seq % N as u64) as usize] = Slot {
+            seq,
+            opcode,
+            state: SlotState::Posted { signaled },
+        };
+        self.head += 1;
+        Ok(seq)
+    }
+
+    /// The staged batch, to post as one chain.
+    pub fn staged(&self) -> &[W] {
+        &self.stage
+    }
+
+    /// Makes the last staged request signaled, so its completion retires the whole batch.
+    pub fn signal_last_staged(&mut self) {
+        if let Some(wr) = self.stage.last_mut() {
+            wr.set_signaled();
+            let seq = self.head - 1;
+            self.slots[(seq % N as u64) as usize].state = SlotState::Posted { signaled: true };
+        }
+    }
+
+    /// Marks the staged batch posted.
+    pub fn clear_staged(&mut self) {
+        self.stage.clear();
+    }
+
+    /// Gives back the slots of the last `count` staged requests (they were not posted) and
+    /// clears the staged batch.
+    pub fn unstage(&mut self, count: usize) {
+        let count = count.min(self.stage.len());
+        for _ in 0..count {
+            self.head -= 1;
+            self.slots[(self.head % N as u64) as usize].state = SlotState::Free;
+        }
+        self.stage.clear();
+    }
+
+    /// Records a completion. Earlier unsignaled requests are retired as successful.
+    pub fn complete(&mut self, wc: &WorkCompletion) -> Result<(), UnknownCompletion> {
+        let seq = wc.wr_id;
+        let unknown = UnknownCompletion { wr_id: seq };
+        if seq < self.tail || seq >= self.head {
+            return Err(unknown);
+        }
+        let idx = (seq % N as u64) as usize;
+        if self.slots[idx].seq != seq || !matches!(self.slots[idx].state, SlotState::Posted { .. })
+        {
+            return Err(unknown);
+        }
+        // Every earlier request still posted must be unsignaled: RC completes in order.
+        for s in self.tail..seq {
+            if let SlotState::Posted { signaled: true } = self.slots[(s % N as u64) as usize].state
+            {
+                return Err(unknown);
+            }
+        }
+        for s in self.tail..seq {
+            let slot = &mut self.slots[(s % N as u64) as usize];
+            if let SlotState::Posted { .. } = slot.state {
+                slot.state = SlotState::Free;
+            }
+        }
+        let opcode = if wc.status == WcStatus::Success {
+            wc.opcode
+        } else {
+            self.slots[idx].opcode
+        };
+        self.slots[idx].state = SlotState::Done(Completion {
+            status: wc.status,
+            opcode,
+            byte_len: wc.byte_len,
+            imm: wc.imm,
+        });
+        self.advance();
+        Ok(())
+    }
+
+    /// The outcome of `seq` once it completed, freeing its slot. `None` while in flight
+    /// (or if `seq` was retired already).
+    pub fn take(&mut self, seq: u64) -> Option<Result<Completion, Completion>> {
+        if seq < self.tail || seq >= self.head {
+            return None;
+        }
+        let slot = &mut self.slots[(seq % N as u64) as usize];
+        let SlotState::Done(done) = slot.state else {
+            return None;
+        };
+        slot.state = SlotState::Free;
+        self.advance();
+        Some(if done.status == WcStatus::Success {
+            Ok(done)
+        } else {
+            Err(done)
+        })
+    }
+
+    /// Whether `seq` is still waiting for its completion.
+    pub fn is_pending(&self, seq: u64) -> bool {
+        seq >= self.tail
+            && seq < self.head
+            && matches!(
+                self.slots[(seq % N as u64) as usize].state,
+                SlotState::Posted { .. }
+            )
+    }
+
+    /// The oldest request not yet retired.
+    pub fn oldest(&self) -> Option<u64> {
+        (!self.is_idle()).then_some(self.tail)
+    }
+
+    fn advance(&mut self) {
+        while self.tail < self.head
+            && self.slots[(self.tail % N as u64) as usize].state == SlotState::Free
+        {
+            self.tail += 1;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::{SendFlags, SendOp};
+    use proptest::prelude::*;
+
+    type W = SendWr<1>;
+    fn wr() -> W {
+        SendWr::new(0, SendOp::Send, SendFlags::empty())
+    }
+    fn wc(seq: u64, status: WcStatus) -> WorkCompletion {
+        WorkCompletion {
+            wr_id: seq,
+            status,
+            ..WorkCompletion::EMPTY
+        }
+    }
+
+    #[test]
+    fn full_ring_refuses_with_typed_error() {
+        let mut r: Ring<W, 2> = Ring::new();
+        r.stage(wr(), true).unwrap();
+        r.stage(wr(), true).unwrap();
+        assert_eq!(r.stage(wr(), true), Err(QueueFull { capacity: 2 }));
+        assert_eq!(r.staged().len(), 2);
+    }
+
+    #[test]
+    fn stale_generation_is_detected() {
+        let mut r: Ring<W, 2> = Ring::new();
+        let a = r.stage(wr(), true).unwrap();
+        r.clear_staged();
+        r.complete(&wc(a, WcStatus::Success)).unwrap();
+        assert!(r.take(a).unwrap().is_ok());
+        let _b = r.stage(wr(), true).unwrap();
+        let c = r.stage(wr(), true).unwrap();
+        assert_eq!(c % 2, a % 2, "c reuses a's slot");
+        // A duplicate completion for `a` must not land in `c`'s slot.
+        assert_eq!(
+            r.complete(&wc(a, WcStatus::Success)),
+            Err(UnknownCompletion { wr_id: a })
+        );
+        assert!(r.is_pending(c));
+    }
+
+    #[test]
+    fn out_of_order_signaled_completion_is_refused() {
+        let mut r: Ring<W, 4> = Ring::new();
+        let _a = r.stage(wr(), true).unwrap();
+        let b = r.stage(wr(), true).unwrap();
+        assert!(r.complete(&wc(b, WcStatus::Success)).is_err());
+    }
+
+    #[test]
+    fn unstage_returns_slots() {
+        let mut r: Ring<W, 4> = Ring::new();
+        r.stage(wr(), true).unwrap();
+        r.stage(wr(), true).unwrap();
+        r.stage(wr(), true).unwrap();
+        r.unstage(2);
+        assert_eq!(r.in_flight(), 1);
+        assert_eq!(r.next_seq(), 1);
+        assert!(r.staged().is_empty());
+    }
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Post { signaled: bool },
+        CompleteOldestSignaled { ok: bool },
+        TakeAny(usize),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            any::<bool>().prop_map(|signaled| Op::Post { signaled }),
+            any::<bool>().prop_map(|ok| Op::CompleteOldestSignaled { ok }),
+            (0usize..8).prop_map(Op::TakeAny),
+        ]
+    }
+
+    proptest! {
+        // Model: a FIFO of (seq, signaled, outcome). The ring must agree with it on which
+        // requests are pending, which outcomes are delivered (exactly once), and capacity.
+        #[test]
+        fn ring_matches_fifo_model(ops in proptest::collection::vec(op(), 1..200)) {
+            const N: usize = 4;
+            let mut r: Ring<W, N> = Ring::new();
+            // (seq, signaled, Some(ok) once completed, taken)
+            let mut model: Vec<(u64, bool, Option<bool>, bool)> = Vec::new();
+            for op in ops {
+                match op {
+                    Op::Post { signaled } => {
+                        let in_flight = model.iter().position(|e| !e.3).map_or(0, |p| model.len() - p);
+                        let res = r.stage(wr(), signaled);
+                        r.clear_staged();
+                        if in_flight == N {
+                            prop_assert!(res.is_err());
+                        } else {
+                            let seq = res.unwrap();
+                            model.push((seq, signaled, None, false));
+                        }
+                    }
+                    Op::CompleteOldestSignaled { ok } => {
+                        // The device completes the next request in order that makes a CQE:
+                        // a signaled one, or (when failing) the oldest outstanding one.
+                        let pos = model.iter().position(|e| e.2.is_none() && !e.3 && (e.1 || !ok));
+                        if let Some(p) = pos {
+                            let status = if ok { WcStatus::Success } else { WcStatus::RemAccessErr };
+                            r.complete(&wc(model[p].0, status)).unwrap();
+                            for e in model.iter_mut().take(p) {
+                                if e.2.is_none() && !e.3 { e.2 = Some(true); e.3 = true; }
+                            }
+                            model[p].2 = Some(ok);
+                        }
+                    }
+                    Op::TakeAny(i) => {
+                        if let Some(e) = model.iter_mut().filter(|e| !e.3).nth(i) {
+                            let got = r.take(e.0);
+                            match e.2 {
+                                None => prop_assert!(got.is_none()),
+                                Some(ok) => {
+                                    prop_assert_eq!(got.map(|g| g.is_ok()), Some(ok));
+                                    e.3 = true;
+                                }
+                            }
+                            prop_assert!(r.take(e.0).is_none() || !e.3);
+                        }
+                    }
+                }
+                for e in &model {
+                    prop_assert_eq!(r.is_pending(e.0), e.2.is_none() && !e.3);
+                }
+                let live = model.iter().filter(|e| !e.3).count();
+                let first_live = model.iter().position(|e| !e.3);
+                let expect_in_flight = first_live.map_or(0, |p| model.len() - p);
+                prop_assert_eq!(r.in_flight(), expect_in_flight);
+                prop_assert!(live <= N);
+            }
+        }
+    }
+}

@@ -1,0 +1,460 @@
+//! Verbs data types shared by every layer and every provider.
+//!
+//! These mirror the C verbs structures (`ibv_sge`, `ibv_send_wr`, `ibv_wc`, ...). Work
+//! requests own their scatter/gather list in a fixed array of `S` entries, so a ring of them
+//! is allocated once and posting never allocates.
+
+use core::fmt;
+
+bitflags::bitflags! {
+    /// Access rights of a memory region or a queue pair (`ibv_access_flags`).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+    pub struct AccessFlags: u32 {
+        /// The HCA may write this memory for local work (receives, read and atomic results).
+        const LOCAL_WRITE = 1;
+        /// Peers may RDMA-write this memory (requires `LOCAL_WRITE`).
+        const REMOTE_WRITE = 1 << 1;
+        /// Peers may RDMA-read this memory.
+        const REMOTE_READ = 1 << 2;
+        /// Peers may run atomics on this memory (requires `LOCAL_WRITE`).
+        const REMOTE_ATOMIC = 1 << 3;
+    }
+}
+
+bitflags::bitflags! {
+    /// Flags of a send work request (`ibv_send_flags`).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+    pub struct SendFlags: u32 {
+        /// Wait for prior RDMA reads and atomics before this request.
+        const FENCE = 1;
+        /// Generate a completion on success (errors always complete).
+        const SIGNALED = 1 << 1;
+        /// Raise a solicited event at the responder.
+        const SOLICITED = 1 << 2;
+        /// Copy the payload at post time; lkeys are not checked.
+        const INLINE = 1 << 3;
+    }
+}
+
+/// A 128-bit global identifier (port address on RoCE, subnet-scoped name on InfiniBand).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Gid(pub [u8; 16]);
+
+impl fmt::Debug for Gid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+impl fmt::Display for Gid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, pair) in self.0.chunks(2).enumerate() {
+            if i > 0 {
+                f.write_str(":")?;
+            }
+            write!(f, "{:02x}{:02x}", pair[0], pair[1])?;
+        }
+        Ok(())
+    }
+}
+
+/// Path MTU (`ibv_mtu`; the discriminant is the verbs value).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+#[repr(u8)]
+pub enum Mtu {
+    /// 256 bytes.
+    Mtu256 = 1,
+    /// 512 bytes.
+    Mtu512 = 2,
+    /// 1024 bytes (the RoCE default over a 1500-byte Ethernet MTU).
+    #[default]
+    Mtu1024 = 3,
+    /// 2048 bytes.
+    Mtu2048 = 4,
+    /// 4096 bytes.
+    Mtu4096 = 5,
+}
+
+impl Mtu {
+    /// The MTU for a verbs value, if valid.
+    pub const fn from_raw(v: u8) -> Option<Mtu> {
+        Some(match v {
+            1 => Mtu::Mtu256,
+            2 => Mtu::Mtu512,
+            3 => Mtu::Mtu1024,
+            4 => Mtu::Mtu2048,
+            5 => Mtu::Mtu4096,
+            _ => return None,
+        })
+    }
+
+    /// Size in bytes.
+    pub const fn bytes(self) -> u32 {
+        128 << (self as u32)
+    }
+}
+
+/// Queue pair state (`ibv_qp_state`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum QpState {
+    /// Freshly created or reset; holds no work.
+    Reset,
+    /// Initialised: receives may be posted.
+    Init,
+    /// Ready to receive.
+    ReadyToReceive,
+    /// Ready to send.
+    ReadyToSend,
+    /// Send queue drained.
+    SendQueueDrained,
+    /// Send queue error.
+    SendQueueError,
+    /// Error: all work is flushed; only a reset leaves this state.
+    Error,
+}
+
+/// Link state of a port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PortState {
+    /// The link is down.
+    Down,
+    /// The link is up and usable.
+    Active,
+}
+
+/// Port attributes (`ibv_port_attr`, the fields zverbs uses).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PortAttr {
+    /// Link state.
+    pub state: PortState,
+    /// Local identifier (0 on RoCE).
+    pub lid: u16,
+    /// Largest MTU the port supports.
+    pub max_mtu: Mtu,
+    /// MTU in use on the link.
+    pub active_mtu: Mtu,
+    /// Entries in the GID table.
+    pub gid_table_len: u16,
+}
+
+/// Capacities of a queue pair (`ibv_qp_cap`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QpCaps {
+    /// Send queue depth.
+    pub max_send_wr: u32,
+    /// Receive queue depth.
+    pub max_recv_wr: u32,
+    /// Gather entries per send.
+    pub max_send_sge: u32,
+    /// Scatter entries per receive.
+    pub max_recv_sge: u32,
+    /// Inline bytes per send.
+    pub max_inline_data: u32,
+}
+
+/// One scatter/gather entry (`ibv_sge`): a byte range of registered memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+#[repr(C)]
+pub struct Sge {
+    /// Start address.
+    pub addr: u64,
+    /// Length in bytes.
+    pub length: u32,
+    /// Local key of the memory region that covers the range.
+    pub lkey: u32,
+}
+
+/// What a send work request does, with the operation's own fields (`ibv_wr_opcode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SendOp {
+    /// Two-sided send; consumes a receive at the peer.
+    Send,
+    /// Send with 32 bits of immediate data for the receiver.
+    SendWithImm(u32),
+    /// One-sided write to `remote_addr`.
+    Write {
+        /// Remote virtual address.
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+    },
+    /// Write that also consumes a receive at the peer and hands it `imm`.
+    WriteWithImm {
+        /// Remote virtual address.
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+        /// Immediate data.
+        imm: u32,
+    },
+    /// One-sided read from `remote_addr` into the local scatter list.
+    Read {
+        /// Remote virtual address.
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+    },
+    /// 64-bit compare-and-swap; the previous remote value lands in the local 8 bytes.
+    CompareSwap {
+        /// Remote virtual address (8-byte aligned).
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+        /// Expected value.
+        compare: u64,
+        /// New value, written if the remote value equals `compare`.
+        swap: u64,
+    },
+    /// 64-bit fetch-and-add; the previous remote value lands in the local 8 bytes.
+    FetchAdd {
+        /// Remote virtual address (8-byte aligned).
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+        /// Addend.
+        add: u64,
+    },
+}
+
+impl SendOp {
+    /// The completion opcode this operation produces.
+    pub const fn wc_opcode(&self) -> WcOpcode {
+        match self {
+            SendOp::Send | SendOp::SendWithImm(_) => WcOpcode::Send,
+            SendOp::Write { .. } | SendOp::WriteWithImm { .. } => WcOpcode::RdmaWrite,
+            SendOp::Read { .. } => WcOpcode::RdmaRead,
+            SendOp::CompareSwap { .. } => WcOpcode::CompareSwap,
+            SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
+        }
+    }
+}
+
+/// A send work request with room for `S` gather entries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SendWr<const S: usize> {
+    /// Identifier returned in the completion.
+    pub wr_id: u64,
+    /// Gather list; the first `num_sge` entries are used.
+    pub sg_list: [Sge; S],
+    /// Number of valid entries in `sg_list`.
+    pub num_sge: u8,
+    /// Operation.
+    pub op: SendOp,
+    /// Flags.
+    pub flags: SendFlags,
+}
+
+impl<const S: usize> SendWr<S> {
+    /// A request with an empty gather list.
+    pub const fn new(wr_id: u64, op: SendOp, flags: SendFlags) -> Self {
+        SendWr {
+            wr_id,
+            sg_list: [Sge {
+                addr: 0,
+                length: 0,
+                lkey: 0,
+            }; S],
+            num_sge: 0,
+            op,
+            flags,
+        }
+    }
+
+    /// The used part of the gather list.
+    pub fn sges(&self) -> &[Sge] {
+        &self.sg_list[..self.num_sge as usize]
+    }
+}
+
+/// A receive work request with room for `S` scatter entries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecvWr<const S: usize> {
+    /// Identifier returned in the completion.
+    pub wr_id: u64,
+    /// Scatter list; the first `num_sge` entries are used.
+    pub sg_list: [Sge; S],
+    /// Number of valid entries in `sg_list`.
+    pub num_sge: u8,
+}
+
+impl<const S: usize> RecvWr<S> {
+    /// A request with an empty scatter list.
+    pub const fn new(wr_id: u64) -> Self {
+        RecvWr {
+            wr_id,
+            sg_list: [Sge {
+                addr: 0,
+                length: 0,
+                lkey: 0,
+            }; S],
+            num_sge: 0,
+        }
+    }
+
+    /// The used part of the scatter list.
+    pub fn sges(&self) -> &[Sge] {
+        &self.sg_list[..self.num_sge as usize]
+    }
+}
+
+/// What a work completion reports (`ibv_wc_opcode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WcOpcode {
+    /// A send (with or without immediate) completed.
+    Send,
+    /// An RDMA write (with or without immediate) completed.
+    RdmaWrite,
+    /// An RDMA read completed.
+    RdmaRead,
+    /// A compare-and-swap completed.
+    CompareSwap,
+    /// A fetch-and-add completed.
+    FetchAdd,
+    /// A receive consumed by a send.
+    Recv,
+    /// A receive consumed by an RDMA write with immediate.
+    RecvRdmaWithImm,
+}
+
+macro_rules! wc_status {
+    ($($(#[$doc:meta])* $name:ident = $val:literal, $c:literal, $msg:literal;)*) => {
+        /// Completion status (`ibv_wc_status`; [`WcStatus::raw`] is the verbs value).
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum WcStatus { $($(#[$doc])* $name,)* }
+
+        impl WcStatus {
+            /// The status for a verbs value; unknown values map to `GeneralErr`.
+            pub const fn from_raw(v: u32) -> WcStatus {
+                match v { $($val => WcStatus::$name,)* _ => WcStatus::GeneralErr }
+            }
+            /// The verbs value.
+            pub const fn raw(self) -> u32 {
+                match self { $(WcStatus::$name => $val,)* }
+            }
+            /// The verbs name, e.g. `IBV_WC_REM_ACCESS_ERR`.
+            pub const fn name(self) -> &'static str {
+                match self { $(WcStatus::$name => $c,)* }
+            }
+            /// What the status means, in a sentence fragment.
+            pub const fn description(self) -> &'static str {
+                match self { $(WcStatus::$name => $msg,)* }
+            }
+        }
+    };
+}
+
+wc_status! {
+    /// The work request completed.
+    Success = 0, "IBV_WC_SUCCESS", "success";
+    /// A local length check failed (receive buffer too short, message too long).
+    LocLenErr = 1, "IBV_WC_LOC_LEN_ERR", "local length error: a buffer is too short for the message";
+    /// An internal consistency error of the local queue pair.
+    LocQpOpErr = 2, "IBV_WC_LOC_QP_OP_ERR", "local QP operation error";
+    /// Local EE context error (RD only).
+    LocEecOpErr = 3, "IBV_WC_LOC_EEC_OP_ERR", "local EE context operation error";
+    /// A local key, bound or access right did not cover a scatter/gather entry.
+    LocProtErr = 4, "IBV_WC_LOC_PROT_ERR", "local protection error: an lkey, bound or access right does not cover the buffer";
+    /// The queue pair was in the error state; the request was not executed.
+    WrFlushErr = 5, "IBV_WC_WR_FLUSH_ERR", "flushed: the queue pair entered the error state before this request ran";
+    /// A memory-window bind failed.
+    MwBindErr = 6, "IBV_WC_MW_BIND_ERR", "memory window bind error";
+    /// The responder sent an unexpected transport response.
+    BadRespErr = 7, "IBV_WC_BAD_RESP_ERR", "bad response from the responder";
+    /// Local access error on a responder-side protection check.
+    LocAccessErr = 8, "IBV_WC_LOC_ACCESS_ERR", "local access error";
+    /// The responder rejected the request as invalid (opcode not allowed, misaligned atomic, receive too short).
+    RemInvReqErr = 9, "IBV_WC_REM_INV_REQ_ERR", "remote invalid request: the responder rejected the operation";
+    /// The responder's rkey, bounds or access rights did not allow the access.
+    RemAccessErr = 10, "IBV_WC_REM_ACCESS_ERR", "remote access error: the rkey, bounds or access rights do not allow it";
+    /// The responder could not complete the operation (e.g. its receive buffer was unusable).
+    RemOpErr = 11, "IBV_WC_REM_OP_ERR", "remote operation error: the responder could not complete it";
+    /// No acknowledgement after `retry_cnt` retransmissions.
+    RetryExcErr = 12, "IBV_WC_RETRY_EXC_ERR", "transport retry counter exceeded: the peer did not answer";
+    /// The peer had no receive posted after `rnr_retry` retries.
+    RnrRetryExcErr = 13, "IBV_WC_RNR_RETRY_EXC_ERR", "RNR retry counter exceeded: the peer had no receive posted";
+    /// RD only.
+    LocRddViolErr = 14, "IBV_WC_LOC_RDD_VIOL_ERR", "local RDD violation";
+    /// RD only.
+    RemInvRdReqErr = 15, "IBV_WC_REM_INV_RD_REQ_ERR", "remote invalid RD request";
+    /// The responder aborted the operation.
+    RemAbortErr = 16, "IBV_WC_REM_ABORT_ERR", "remote aborted";
+    /// RD only.
+    InvEecnErr = 17, "IBV_WC_INV_EECN_ERR", "invalid EE context number";
+    /// RD only.
+    InvEecStateErr = 18, "IBV_WC_INV_EEC_STATE_ERR", "invalid EE context state";
+    /// The device failed.
+    FatalErr = 19, "IBV_WC_FATAL_ERR", "fatal device error";
+    /// The response timed out.
+    RespTimeoutErr = 20, "IBV_WC_RESP_TIMEOUT_ERR", "response timeout";
+    /// Any other error.
+    GeneralErr = 21, "IBV_WC_GENERAL_ERR", "general error";
+}
+
+impl fmt::Display for WcStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ({})", self.name(), self.description())
+    }
+}
+
+/// A work completion (`ibv_wc`), as polled from a completion queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WorkCompletion {
+    /// The `wr_id` of the work request.
+    pub wr_id: u64,
+    /// Status.
+    pub status: WcStatus,
+    /// What completed (meaningful on success).
+    pub opcode: WcOpcode,
+    /// Bytes transferred (meaningful for receives, reads and atomics).
+    pub byte_len: u32,
+    /// Immediate data of a receive, if the sender attached any.
+    pub imm: Option<u32>,
+    /// Local queue pair number.
+    pub qp_num: u32,
+}
+
+impl WorkCompletion {
+    /// A zeroed completion, for initialising caller-owned poll arrays.
+    pub const EMPTY: WorkCompletion = WorkCompletion {
+        wr_id: 0,
+        status: WcStatus::Success,
+        opcode: WcOpcode::Send,
+        byte_len: 0,
+        imm: None,
+        qp_num: 0,
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wc_status_round_trips_every_verbs_value() {
+        for v in 0..=21 {
+            assert_eq!(WcStatus::from_raw(v).raw(), v);
+        }
+        assert_eq!(WcStatus::from_raw(99), WcStatus::GeneralErr);
+        assert_eq!(WcStatus::RemAccessErr.name(), "IBV_WC_REM_ACCESS_ERR");
+    }
+
+    #[test]
+    fn mtu_values_match_verbs() {
+        assert_eq!(Mtu::from_raw(5), Some(Mtu::Mtu4096));
+        assert_eq!(Mtu::Mtu4096.bytes(), 4096);
+        assert_eq!(Mtu::Mtu256.bytes(), 256);
+        assert_eq!(Mtu::from_raw(0), None);
+        assert_eq!(Mtu::from_raw(6), None);
+    }
+
+    #[test]
+    fn gid_displays_as_eight_groups() {
+        let mut g = [0u8; 16];
+        g[0] = 0xfe;
+        g[1] = 0x80;
+        g[15] = 1;
+        let mut s = heapless::String::<64>::new();
+        core::fmt::write(&mut s, format_args!("{}", Gid(g))).unwrap();
+        assert_eq!(s.as_str(), "fe80:0000:0000:0000:0000:0000:0000:0001");
+    }
+}

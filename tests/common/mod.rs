@@ -1,0 +1,56 @@
+//! Shared set-up for integration tests: two devices, two connected channels.
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use zverbs::provider::sim::Sim;
+use zverbs::{AccessFlags, Channel, ChannelConfig, Context, ProtectionDomain};
+
+pub const ALL: AccessFlags = AccessFlags::all();
+
+pub struct Side<const N: usize> {
+    pub ctx: Context<Sim>,
+    pub pd: ProtectionDomain<Sim>,
+    pub ch: Channel<Sim, N, 4>,
+}
+
+/// Two channels on devices sim0 and sim1, connected to each other.
+pub fn pair<const N: usize>(timeout: Duration) -> (Side<N>, Side<N>) {
+    let sim = Sim::with_devices(2);
+    let cfg = ChannelConfig {
+        timeout: Some(timeout),
+        ..ChannelConfig::default()
+    };
+    let (ca, cb) = (
+        Context::open(&sim, "sim0").unwrap(),
+        Context::open(&sim, "sim1").unwrap(),
+    );
+    let (pa, pb) = (ca.alloc_pd().unwrap(), cb.alloc_pd().unwrap());
+    let a = Channel::<Sim, N, 4>::prepare(&ca, &pa, &cfg).unwrap();
+    let b = Channel::<Sim, N, 4>::prepare(&cb, &pb, &cfg).unwrap();
+    let (ea, eb) = (a.endpoint(), b.endpoint());
+    let (a, b) = (a.connect(&eb).unwrap(), b.connect(&ea).unwrap());
+    (
+        Side {
+            ctx: ca,
+            pd: pa,
+            ch: a,
+        },
+        Side {
+            ctx: cb,
+            pd: pb,
+            ch: b,
+        },
+    )
+}
+
+pub fn default_pair() -> (Side<16>, Side<16>) {
+    pair(Duration::from_secs(10))
+}
+
+/// A deterministic byte pattern.
+pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}

@@ -377,3 +377,39 @@ fn ten_thousand_round_trips_across_threads() {
         }
     });
 }
+
+#[test]
+fn reset_and_reconnect_after_a_failure() {
+    let (a, b) = default_pair();
+    let (mut ach, bch) = (a.ch, b.ch);
+    let mut src = pattern(8, 21);
+    let mut target = [0u8; 8];
+    let src_mr = a.pd.register(&mut src).unwrap();
+    // SAFETY: read after the writes complete.
+    let target_mr = unsafe { b.pd.register_with_access(&mut target, ALL) }.unwrap();
+    let bad = zverbs::RemoteRegion {
+        rkey: target_mr.rkey() ^ 1,
+        ..target_mr.remote()
+    };
+    // A receive left outstanding across the failure keeps its handle usable.
+    let mut spare = [0u8; 4];
+    let mut spare_mr = a.pd.register(&mut spare).unwrap();
+    let spare_sge = spare_mr.slice_mut(..).unwrap().sge();
+    // SAFETY: `spare` is not touched before `wait` returned.
+    let pending = unsafe { ach.post_receive_unpolled(&[spare_sge]) }.unwrap();
+    assert!(ach.write([src_mr.slice(..).unwrap()], &bad).is_err());
+    assert_eq!(ach.queue_pair().state().unwrap(), QpState::Error);
+
+    let (a2, b2) = (ach.reset().unwrap(), bch.reset().unwrap());
+    let (ea, eb) = (a2.endpoint(), b2.endpoint());
+    let (mut ach, _bch) = (a2.connect(&eb).unwrap(), b2.connect(&ea).unwrap());
+    let flushed = ach.wait(pending).unwrap_err();
+    assert_eq!(
+        flushed.completion().unwrap().status,
+        zverbs::WcStatus::WrFlushErr
+    );
+    ach.write([src_mr.slice(..).unwrap()], &target_mr.remote())
+        .unwrap();
+    assert_eq!(target_mr.as_slice(), &pattern(8, 21)[..]);
+    assert_eq!(ach.in_flight(), (0, 0));
+}

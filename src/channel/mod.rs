@@ -90,6 +90,8 @@ pub struct PreparedChannel<P: Provider, const N: usize = 64, const S: usize = 4>
     qp: QueuePair<P, Init>,
     send_cq: CompletionQueue<P>,
     recv_cq: CompletionQueue<P>,
+    sq: Ring<SendWr<S>, N>,
+    rq: Ring<RecvWr<S>, N>,
     config: ChannelConfig,
 }
 
@@ -111,9 +113,9 @@ impl<P: Provider, const N: usize, const S: usize> PreparedChannel<P, N, S> {
             qp,
             send_cq: self.send_cq,
             recv_cq: self.recv_cq,
-            sq: Ring::new(),
-            rq: Ring::new(),
-            timeout: self.config.timeout,
+            sq: self.sq,
+            rq: self.rq,
+            config: self.config,
         })
     }
 }
@@ -127,7 +129,7 @@ pub struct Channel<P: Provider, const N: usize = 64, const S: usize = 4> {
     recv_cq: CompletionQueue<P>,
     sq: Ring<SendWr<S>, N>,
     rq: Ring<RecvWr<S>, N>,
-    timeout: Option<Duration>,
+    config: ChannelConfig,
 }
 
 /// Which queue a [`Pending`] work request is on.
@@ -212,6 +214,8 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
             qp,
             send_cq,
             recv_cq,
+            sq: Ring::new(),
+            rq: Ring::new(),
             config: *config,
         })
     }
@@ -224,6 +228,50 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
     /// Work requests in flight on the send and receive queues.
     pub fn in_flight(&self) -> (usize, usize) {
         (self.sq.in_flight(), self.rq.in_flight())
+    }
+
+    /// Tears the connection down so the channel can connect again (to the same peer after
+    /// a failure, or to another): moves the queue pair to the error state, waits until every
+    /// outstanding request has been flushed, then resets it to INIT. Outcomes not yet taken
+    /// stay available to their [`Pending`] handles.
+    ///
+    /// ```
+    /// # use zverbs::provider::sim::Sim;
+    /// # use zverbs::{Channel, ChannelConfig, Context, QpState};
+    /// # let sim = Sim::with_devices(2);
+    /// # let (ca, cb) = (Context::open(&sim, "sim0").unwrap(), Context::open(&sim, "sim1").unwrap());
+    /// # let (pa, pb) = (ca.alloc_pd().unwrap(), cb.alloc_pd().unwrap());
+    /// # let a = Channel::<Sim>::prepare(&ca, &pa, &ChannelConfig::default()).unwrap();
+    /// # let b = Channel::<Sim>::prepare(&cb, &pb, &ChannelConfig::default()).unwrap();
+    /// # let (ea, eb) = (a.endpoint(), b.endpoint());
+    /// # let (a, b) = (a.connect(&eb).unwrap(), b.connect(&ea).unwrap());
+    /// a.queue_pair().set_error().unwrap(); // say the link failed
+    /// let (a, b) = (a.reset().unwrap(), b.reset().unwrap());
+    /// let (ea, eb) = (a.endpoint(), b.endpoint());
+    /// let (a, _b) = (a.connect(&eb).unwrap(), b.connect(&ea).unwrap());
+    /// assert_eq!(a.queue_pair().state().unwrap(), QpState::ReadyToSend);
+    /// ```
+    pub fn reset(mut self) -> Result<PreparedChannel<P, N, S>, Error<P::Error>> {
+        let _ = self.qp.set_error();
+        for queue in [Queue::Send, Queue::Recv] {
+            let (from, to) = match queue {
+                Queue::Send => (self.sq.oldest(), self.sq.next_seq()),
+                Queue::Recv => (self.rq.oldest(), self.rq.next_seq()),
+            };
+            for seq in from.unwrap_or(to)..to {
+                self.settle(queue, seq)?;
+            }
+        }
+        let qp = self.qp.reset().map_err(|e| e.error)?;
+        let qp = qp.into_init(&self.config.init).map_err(|e| e.error)?;
+        Ok(PreparedChannel {
+            qp,
+            send_cq: self.send_cq,
+            recv_cq: self.recv_cq,
+            sq: self.sq,
+            rq: self.rq,
+            config: self.config,
+        })
     }
 
     // ---- blocking ----
@@ -584,7 +632,7 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
     /// error state and the request waited for until flushed, so no work stays in flight
     /// on a buffer the caller gets back.
     fn wait_seq(&mut self, queue: Queue, seq: u64) -> Result<Completion, Error<P::Error>> {
-        let mut waiter = Waiter::new(self.timeout);
+        let mut waiter = Waiter::new(self.config.timeout);
         loop {
             if let Some(r) = self.take(queue, seq) {
                 return r;
@@ -600,7 +648,7 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
     /// Waits until `seq` is no longer in flight, without taking its outcome. On timeout the
     /// queue pair is aborted as in `wait_seq`.
     pub(crate) fn wait_quiet(&mut self, queue: Queue, seq: u64) -> Result<(), Error<P::Error>> {
-        let mut waiter = Waiter::new(self.timeout);
+        let mut waiter = Waiter::new(self.config.timeout);
         while self.is_pending(queue, seq) {
             if self.poll(queue)? == 0 && !waiter.pause() {
                 self.abort_until_done(queue, seq)?;
@@ -621,6 +669,12 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
         // If this fails the queue pair is already in the error state or gone; either way
         // the device is flushing, so keep polling.
         let _ = self.qp.set_error();
+        self.settle(queue, seq)
+    }
+
+    /// Polls, without a deadline, until `seq` is no longer in flight. Only for queue pairs
+    /// in the error state, where the device flushes everything.
+    fn settle(&mut self, queue: Queue, seq: u64) -> Result<(), Error<P::Error>> {
         let mut waiter = Waiter::new(None);
         while self.is_pending(queue, seq) {
             if self.poll(queue)? == 0 {

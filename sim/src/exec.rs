@@ -1,34 +1,40 @@
-//! The engine: executing send work requests, completions, flushes and error transitions.
+//! Executing work requests: the requester's local checks, the responder's checks and
+//! effects, completions, flushes and error transitions.
 //!
-//! All execution happens in [`World::progress`], called with the world lock held at the end
-//! of every post and poll. Work is checked completely before any byte moves, so a failing
-//! work request changes no memory.
+//! The transport (`transport.rs`) calls [`World::local_check`] before a request goes on
+//! the wire and [`World::execute`] when it arrives in order at the responder. Work is
+//! checked completely before any byte moves, so a failing work request changes no memory.
+//!
+//! In-process shortcut: a read or atomic copies its result straight into the requester's
+//! scatter list when it executes at the responder; the requester's completion still waits
+//! for the response packet (and a lost response makes the read execute again).
 
 use crate::mem::{self, Dst, Src};
-use crate::state::{sg_len, QpObj, SqEntry, World};
+use crate::state::{sg_len, QpObj, ReqState, SqEntry, World};
+use crate::trace::TraceKind;
 use crate::types::*;
 
 /// The receive completion a transfer generates at the responder.
 #[derive(Clone, Copy, Debug)]
-struct RecvDone {
-    wr_id: u64,
-    status: WcStatus,
-    opcode: WcOpcode,
-    byte_len: u32,
-    imm: Option<u32>,
+pub(crate) struct RecvDone {
+    pub(crate) wr_id: u64,
+    pub(crate) status: WcStatus,
+    pub(crate) opcode: WcOpcode,
+    pub(crate) byte_len: u32,
+    pub(crate) imm: Option<u32>,
 }
 
-/// What executing the head of a send queue did (its bytes have already moved).
+/// What executing a request at the responder did (its bytes have already moved).
 #[derive(Clone, Copy, Debug)]
-struct Outcome {
-    /// Requester's completion status.
-    status: WcStatus,
-    /// Requester's `byte_len`.
-    byte_len: u32,
-    /// Responder QP slot, once found.
-    peer: Option<usize>,
+pub(crate) struct Exec {
+    /// Requester's completion status (`Success` or a remote error).
+    pub(crate) status: WcStatus,
     /// Receive WR consumed at the responder (always the head of its RQ).
-    recv: Option<RecvDone>,
+    pub(crate) recv: Option<RecvDone>,
+    /// The responder's RQ is empty: answer with an RNR NAK.
+    pub(crate) rnr: bool,
+    /// Old value of an executed atomic.
+    pub(crate) old: Option<u64>,
 }
 
 /// The completion opcode of a send operation.
@@ -54,55 +60,69 @@ pub(crate) fn flush_wc(wr_id: u64, opcode: WcOpcode, qp_num: u32) -> Wc {
     }
 }
 
-/// Errors the responder detects; they move the responder QP to ERR too.
-fn responder_error(s: WcStatus) -> bool {
+/// Whether `op` is a read or an atomic (uses a read/atomic credit).
+pub(crate) fn rd_atomic(op: &SendOp) -> bool {
     matches!(
-        s,
-        WcStatus::RemInvReqErr | WcStatus::RemAccessErr | WcStatus::RemOpErr
+        op,
+        SendOp::Read { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. }
     )
 }
 
+/// Message length of a request (atomics: 8).
+pub(crate) fn msg_len(e: &SqEntry) -> u64 {
+    match e.wr.op {
+        SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => 8,
+        _ => sg_len(&e.wr.sg_list[..e.wr.num_sge]),
+    }
+}
+
 impl World {
-    /// Runs every queue pair's send queue as far as it can go.
-    ///
-    /// Engine hook: the next issue replaces this sweep by an event queue on a simulated
-    /// clock (latency model, packet faults, RNR and retry timers, a stepped mode). Today a
-    /// work request executes entirely at the first sweep after it can: RNR waits (empty
-    /// responder RQ) simply stay at the SQ head until a receive is posted.
-    pub(crate) fn progress(&mut self) {
-        for q in 0..self.qps.slots() {
-            while let Some(out) = self.execute(q) {
-                self.complete(q, out);
-            }
-        }
-    }
-
-    /// Executes the SQ head of QP `q` if it is in RTS and can progress; `None` otherwise.
-    fn execute(&self, q: usize) -> Option<Outcome> {
-        let qp = self.qps.get(q).filter(|qp| qp.state == QpState::Rts)?;
-        self.transfer(qp, qp.sq.front()?)
-    }
-
-    /// Checks and performs one transfer; `None` when it must wait for a receive.
-    fn transfer(&self, qp: &QpObj, e: &SqEntry) -> Option<Outcome> {
+    /// The requester's checks before `e` goes on the wire: lengths, local keys and
+    /// bounds, and whether the QP may issue reads/atomics (`max_rd_atomic` > 0, else
+    /// `LocQpOpErr`).
+    pub(crate) fn local_check(&self, qp: &QpObj, e: &SqEntry) -> Result<(), WcStatus> {
         use SendOp::*;
         let wr = &e.wr;
         let sges = &wr.sg_list[..wr.num_sge];
         let total = sg_len(sges);
         let atomic = matches!(wr.op, CompareSwap { .. } | FetchAdd { .. });
-        let mut out = Outcome {
-            status: WcStatus::Success,
-            byte_len: if atomic { 8 } else { total as u32 },
-            peer: None,
-            recv: None,
-        };
-        let fail = |out: Outcome, status| Some(Outcome { status, ..out });
-
-        // 1. Requester-local checks.
         if total > MAX_MSG || (atomic && total != 8) {
-            return fail(out, WcStatus::LocLenErr);
+            return Err(WcStatus::LocLenErr);
         }
+        let mut src = [Src::EMPTY; MAX_SGE];
+        let mut dst = [Dst::EMPTY; MAX_SGE];
+        let local_ok = match wr.op {
+            Read { .. } | CompareSwap { .. } | FetchAdd { .. } => {
+                self.scatter(qp.pd, sges, total as usize, &mut dst)
+            }
+            _ if wr.flags.contains(SendFlags::INLINE) => true,
+            _ => self.gather(qp.pd, sges, &mut src),
+        };
+        if !local_ok {
+            return Err(WcStatus::LocProtErr);
+        }
+        if rd_atomic(&wr.op) && qp.rts.is_some_and(|r| r.max_rd_atomic == 0) {
+            return Err(WcStatus::LocQpOpErr);
+        }
+        Ok(())
+    }
+
+    /// Executes request `e` of requester `qp` at responder `peer`: checks, then effects.
+    pub(crate) fn execute(&self, qp: &QpObj, e: &SqEntry, peer: &QpObj) -> Exec {
+        use SendOp::*;
+        let wr = &e.wr;
+        let sges = &wr.sg_list[..wr.num_sge];
+        let total = sg_len(sges);
         let len = total as usize;
+        let mut out = Exec {
+            status: WcStatus::Success,
+            recv: None,
+            rnr: false,
+            old: None,
+        };
+        let fail = |out: Exec, status| Exec { status, ..out };
+        // The requester's side again (an MR may have gone since the local check: the
+        // request is then answered as a remote operation error).
         let mut src = [Src::EMPTY; MAX_SGE];
         let mut dst = [Dst::EMPTY; MAX_SGE];
         let local_ok = match wr.op {
@@ -116,33 +136,29 @@ impl World {
             _ => self.gather(qp.pd, sges, &mut src),
         };
         if !local_ok {
-            return fail(out, WcStatus::LocProtErr);
+            return fail(out, WcStatus::RemOpErr);
         }
 
-        // 2. The peer (the next issue turns a missing peer into timeouts and retries).
-        let Some(p) = self.peer_of(qp) else {
-            return fail(out, WcStatus::RetryExcErr);
-        };
-        out.peer = Some(p);
-        let peer = self.qps.get(p)?;
-
-        // 3. Responder checks, in rxe's order: opcode vs QP access, resources (RQ, read/
+        // Responder checks, in rxe's order: opcode vs QP access, resources (RQ, read/
         // atomic credits), then rkey and receive buffers.
-        let (need, rd_atomic) = match wr.op {
-            Send | SendWithImm { .. } => (Access::empty(), false),
-            Write { .. } | WriteWithImm { .. } => (Access::REMOTE_WRITE, false),
-            Read { .. } => (Access::REMOTE_READ, true),
-            CompareSwap { .. } | FetchAdd { .. } => (Access::REMOTE_ATOMIC, true),
+        let need = match wr.op {
+            Send | SendWithImm { .. } => Access::empty(),
+            Write { .. } | WriteWithImm { .. } => Access::REMOTE_WRITE,
+            Read { .. } => Access::REMOTE_READ,
+            CompareSwap { .. } | FetchAdd { .. } => Access::REMOTE_ATOMIC,
         };
         let (access, max_rd) = match (peer.init, peer.rtr) {
             (Some(i), Some(r)) => (i.access, r.max_dest_rd_atomic),
             _ => (Access::empty(), 0),
         };
-        if !access.contains(need) || (rd_atomic && max_rd == 0) {
+        if !access.contains(need) || (rd_atomic(&wr.op) && max_rd == 0) {
             return fail(out, WcStatus::RemInvReqErr);
         }
         let rwr = match wr.op {
-            Send | SendWithImm { .. } | WriteWithImm { .. } => Some(peer.rq.front()?),
+            Send | SendWithImm { .. } | WriteWithImm { .. } => match peer.rq.front() {
+                Some(r) => Some(r),
+                None => return Exec { rnr: true, ..out },
+            },
             _ => None,
         };
         let remote = |rkey: u32, addr: u64, n: usize| {
@@ -152,10 +168,9 @@ impl World {
                 .filter(|r| r.contains(addr, n))
         };
 
-        // 4. Effects (everything is checked before a byte moves), 5. responder completion.
-        match wr.op {
-            Send | SendWithImm { .. } => {
-                let rwr = rwr?;
+        // Effects (everything is checked before a byte moves), responder completion.
+        match (wr.op, rwr) {
+            (Send | SendWithImm { .. }, Some(rwr)) => {
                 let imm = match wr.op {
                     SendWithImm { imm } => Some(imm),
                     _ => None,
@@ -181,55 +196,90 @@ impl World {
                 mem::copy(&src, &dst, len);
                 out.recv = Some(done);
             }
-            Write { remote_addr, rkey }
-            | WriteWithImm {
-                remote_addr, rkey, ..
-            } => {
+            (
+                Write { remote_addr, rkey }
+                | WriteWithImm {
+                    remote_addr, rkey, ..
+                },
+                rwr,
+            ) => {
+                let mut done = rwr.map(|rwr| RecvDone {
+                    wr_id: rwr.wr_id,
+                    status: WcStatus::Success,
+                    opcode: WcOpcode::RecvRdmaWithImm,
+                    byte_len: len as u32,
+                    imm: match wr.op {
+                        WriteWithImm { imm, .. } => Some(imm),
+                        _ => None,
+                    },
+                });
                 if len > 0 {
-                    let Some(d) = remote(rkey, remote_addr, len) else {
-                        return fail(out, WcStatus::RemAccessErr);
+                    let target = remote(rkey, remote_addr, len);
+                    let Some(d) = target.and_then(|r| r.dst(remote_addr, len)) else {
+                        // IB: the receive of a failed WRITE_WITH_IMM completes with a
+                        // local access error (when so configured; else it is flushed).
+                        done = done.filter(|_| self.cfg.loc_access_err).map(|d| RecvDone {
+                            status: WcStatus::LocAccessErr,
+                            byte_len: 0,
+                            imm: None,
+                            ..d
+                        });
+                        return Exec {
+                            recv: done,
+                            ..fail(out, WcStatus::RemAccessErr)
+                        };
                     };
-                    mem::copy(&src, &[d.dst(remote_addr, len)?], len);
+                    mem::copy(&src, &[d], len);
                 }
-                if let (WriteWithImm { imm, .. }, Some(rwr)) = (wr.op, rwr) {
-                    out.recv = Some(RecvDone {
-                        wr_id: rwr.wr_id,
-                        status: WcStatus::Success,
-                        opcode: WcOpcode::RecvRdmaWithImm,
-                        byte_len: len as u32,
-                        imm: Some(imm),
-                    });
-                }
+                out.recv = done;
             }
-            Read { remote_addr, rkey } => {
+            (Read { remote_addr, rkey }, _) => {
                 if len > 0 {
                     let Some(s) = remote(rkey, remote_addr, len) else {
                         return fail(out, WcStatus::RemAccessErr);
                     };
-                    mem::copy(&[s.src(remote_addr, len)?], &dst, len);
+                    let Some(s) = s.src(remote_addr, len) else {
+                        return fail(out, WcStatus::RemAccessErr);
+                    };
+                    mem::copy(&[s], &dst, len);
                 }
             }
-            CompareSwap {
-                remote_addr, rkey, ..
-            }
-            | FetchAdd {
-                remote_addr, rkey, ..
-            } => {
+            (
+                CompareSwap {
+                    remote_addr, rkey, ..
+                }
+                | FetchAdd {
+                    remote_addr, rkey, ..
+                },
+                _,
+            ) => {
                 if remote_addr % 8 != 0 {
                     return fail(out, WcStatus::RemInvReqErr);
                 }
-                let Some(r) = remote(rkey, remote_addr, 8) else {
+                let target = remote(rkey, remote_addr, 8).and_then(|r| r.dst(remote_addr, 8));
+                let Some(r) = target else {
                     return fail(out, WcStatus::RemAccessErr);
                 };
-                let old = mem::atomic(&r.dst(remote_addr, 8)?, |v| match wr.op {
+                let old = mem::atomic(&r, |v| match wr.op {
                     CompareSwap { compare, swap, .. } if v == compare => swap,
                     FetchAdd { add, .. } => v.wrapping_add(add),
                     _ => v,
                 });
                 mem::copy(&[Src::slice(&old.to_ne_bytes())], &dst, 8);
+                out.old = Some(old);
             }
+            (Send | SendWithImm { .. }, None) => unreachable!("sends take a receive"),
         }
-        Some(out)
+        out
+    }
+
+    /// Replays an atomic's cached `old` value into the requester's 8-byte scatter list
+    /// (a duplicate atomic is never applied twice).
+    pub(crate) fn replay_atomic(&self, qp: &QpObj, e: &SqEntry, old: u64) {
+        let mut dst = [Dst::EMPTY; MAX_SGE];
+        if self.scatter(qp.pd, &e.wr.sg_list[..e.wr.num_sge], 8, &mut dst) {
+            mem::copy(&[Src::slice(&old.to_ne_bytes())], &dst, 8);
+        }
     }
 
     /// Resolves a local gather list in `pd` into `out`; false on a protection error.
@@ -266,65 +316,43 @@ impl World {
         true
     }
 
-    /// The connected responder of `qp`: the QP its path names, in RTR or RTS, pointing back.
-    fn peer_of(&self, qp: &QpObj) -> Option<usize> {
-        let path = qp.rtr.as_ref()?;
-        let p = self.qp_index(path.dest_qp_num)?;
-        let peer = self.qps.get(p)?;
-        let dev = &self.devices[self.pds.get(peer.pd)?.dev];
-        let routed = match path.dgid {
-            Some(gid) => dev.gids.contains(&gid),
-            None => path.dlid == dev.lid,
+    /// Completes the oldest SQ entry of QP `q` with `status`: a CQE when signaled or
+    /// failed (releasing earlier unsignaled slots), else the slot stays held.
+    pub(crate) fn complete_front(&mut self, q: usize, status: WcStatus) {
+        let Some(qp) = self.qps.get_mut(q) else {
+            return;
         };
-        let back = peer.rtr.as_ref()?.dest_qp_num == qp.qpn;
-        (matches!(peer.state, QpState::Rtr | QpState::Rts) && routed && back).then_some(p)
+        let Some(e) = qp.sq.pop_front() else {
+            return;
+        };
+        if qp.req.sent > 0 {
+            qp.req.sent -= 1;
+            if rd_atomic(&e.wr.op) {
+                qp.req.rd_inflight = qp.req.rd_inflight.saturating_sub(1);
+            }
+        }
+        let signaled = qp.sig_all || e.wr.flags.contains(SendFlags::SIGNALED);
+        if signaled || status != WcStatus::Success {
+            qp.unsig_done = 0;
+            let wc = Wc {
+                wr_id: e.wr.wr_id,
+                status,
+                opcode: send_opcode(&e.wr.op),
+                byte_len: msg_len(&e) as u32,
+                imm_data: None,
+                qp_num: qp.qpn,
+            };
+            let cq = qp.send_cq;
+            self.push_cqe(cq, wc);
+        } else {
+            qp.unsig_done += 1;
+        }
     }
 
-    /// Applies the bookkeeping of an executed transfer: completions, SQ slots, errors.
-    fn complete(&mut self, q: usize, out: Outcome) {
-        if let (Some(p), Some(r)) = (out.peer, out.recv) {
-            let peer = self.qps.get_mut(p).expect("live peer");
-            peer.rq.pop_front();
-            let wc = Wc {
-                wr_id: r.wr_id,
-                status: r.status,
-                opcode: r.opcode,
-                byte_len: r.byte_len,
-                imm_data: r.imm,
-                qp_num: peer.qpn,
-            };
-            let cq = peer.recv_cq;
-            self.push_cqe(cq, wc);
-        }
-        // A CQ overflow above may have moved `q` to ERR, flushing this WR already.
-        let qp = self.qps.get_mut(q).expect("live QP");
-        if qp.state == QpState::Rts {
-            let e = qp.sq.pop_front().expect("executed WR");
-            let signaled = qp.sig_all || e.wr.flags.contains(SendFlags::SIGNALED);
-            if signaled || out.status != WcStatus::Success {
-                // A CQE releases the slots of all earlier unsignaled WRs.
-                qp.unsig_done = 0;
-                let wc = Wc {
-                    wr_id: e.wr.wr_id,
-                    status: out.status,
-                    opcode: send_opcode(&e.wr.op),
-                    byte_len: out.byte_len,
-                    imm_data: None,
-                    qp_num: qp.qpn,
-                };
-                let cq = qp.send_cq;
-                self.push_cqe(cq, wc);
-            } else {
-                qp.unsig_done += 1;
-            }
-        }
-        if out.status != WcStatus::Success {
-            self.set_err(q);
-            match out.peer {
-                Some(p) if responder_error(out.status) => self.set_err(p),
-                _ => {}
-            }
-        }
+    /// Completes the oldest SQ entry of QP `q` with error `status` and moves `q` to ERR.
+    pub(crate) fn fail_front(&mut self, q: usize, status: WcStatus) {
+        self.complete_front(q, status);
+        self.set_err(q);
     }
 
     /// Pushes a completion; on overflow the CQ enters its error state and every QP using it
@@ -336,8 +364,11 @@ impl World {
         if c.overflowed {
             return;
         }
+        let dev = c.dev;
         if c.entries.len() < c.depth {
             c.entries.push_back(wc);
+            let kind = TraceKind::Complete(wc.status, wc.opcode);
+            self.trace(dev, wc.qp_num, kind, None, Some(wc.wr_id));
             return;
         }
         c.overflowed = true;
@@ -360,8 +391,17 @@ impl World {
         if qp.state == QpState::Err {
             return;
         }
-        qp.state = QpState::Err;
+        // A responder in ERR answers nothing: a requester asleep on its RNR NAK must wake
+        // and find that out by retrying.
+        self.wake_parked(q);
+        let qp = self.qps.get_mut(q).expect("live QP");
         qp.unsig_done = 0;
+        // Timers and packets of the old incarnation become stale.
+        qp.req = ReqState::default();
+        self.epochs = self.epochs.wrapping_add(1);
+        qp.epoch = self.epochs;
+        self.events.cancel_timer(q);
+        self.set_state(q, QpState::Err);
         // Pop one at a time: a flush CQE may overflow a CQ, which re-enters `set_err`.
         while let Some(qp) = self.qps.get_mut(q) {
             let Some(e) = qp.sq.pop_front() else { break };

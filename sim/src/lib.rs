@@ -16,14 +16,76 @@
 //! let ctx = fabric.open_device("sim0").unwrap();
 //! assert_eq!(ctx.query_port(1).unwrap().state, PortState::Active);
 //! ```
+//!
+//! # Time, the wire and faults
+//!
+//! Requests and responses travel as packets over links with a latency and bandwidth
+//! ([`LinkModel`]); the RC transport numbers them with PSNs, acknowledges them, retransmits
+//! on timeouts up to `retry_cnt` (then `RetryExcErr`), waits out RNR NAKs up to `rnr_retry`
+//! (then `RnrRetryExcErr`; 7 waits forever), and executes duplicates at most once.
+//! [`FabricConfig`] chooses the mode and one `u64` seed decides every random fault:
+//!
+//! - [`Fabric::with_devices`] / [`Fabric::new`]: threaded, instant links and timers: work
+//!   completes inside the call that makes it possible (the untimed simulator).
+//! - [`Mode::Threaded`] with a [`LinkModel`]: simulated time is the wall clock.
+//! - [`Mode::Stepped`]: simulated time moves only through [`Fabric::step`],
+//!   [`Fabric::run_until_idle`], [`Fabric::run_for`] or an auto-stepping [`Cq::poll`];
+//!   thousands of devices run on one thread, and the same seed gives the same trace, byte
+//!   for byte.
+//!
+//! Faults: random drop, duplication and delay per packet ([`Faults`]); scripted drops
+//! ([`Fabric::drop_next`]), corrupted responses ([`Fabric::corrupt_next_response`]), link
+//! down and up, partitions, crashes. With [`FabricConfig::trace`] every post, packet, drop,
+//! retransmission, RNR NAK, execution, completion and state change is recorded
+//! ([`Fabric::trace_events`]) and can be written as Chrome trace-event JSON
+//! ([`Fabric::write_chrome_trace`]) for Perfetto.
+//!
+//! ```
+//! use std::time::Duration;
+//! use zverbs_sim::*;
+//! let cfg = FabricConfig { trace: true, ..FabricConfig::stepped(42) };
+//! let fabric = Fabric::with_config(cfg, 2);
+//! fabric.link_down(1).unwrap(); // packets to or from sim1 are lost from now on
+//! assert_eq!(fabric.run_for(Duration::from_micros(5)), 0); // nothing to do yet
+//! assert_eq!(fabric.now(), Duration::from_micros(5));
+//! ```
+//!
+//! # Provoking every RC completion status
+//!
+//! Besides the checks a real HCA makes (lengths, keys, bounds, rights, alignment), some
+//! statuses need a deterministic trigger:
+//!
+//! - `RetryExcErr`: [`Fabric::link_down`], [`Fabric::partition`] or [`Fabric::crash`] the
+//!   responder's device (or connect to a peer that is not there): the requester retries
+//!   `retry_cnt` times, one ACK timeout (4.096 µs × 2^`timeout`) each, then gives up.
+//! - `RnrRetryExcErr`: a SEND or WRITE_WITH_IMM with no receive posted and `rnr_retry` < 7.
+//! - `BadRespErr`: [`Fabric::corrupt_next_response`] on the responder's device.
+//! - `LocQpOpErr`: an RDMA read or atomic posted on a queue pair whose RTS
+//!   `max_rd_atomic` is 0 (it may issue none).
+//! - `LocAccessErr`: the receive consumed by a WRITE_WITH_IMM whose rkey check fails (the
+//!   requester gets `RemAccessErr`), on a fabric with [`FabricConfig::loc_access_err`]
+//!   (every configured fabric; the untimed one flushes that receive instead).
+//! - `RemOpErr`: a SEND whose receive names memory the responder may not write.
+//! - `MwBindErr`: never; memory windows are not modelled (there is no bind operation).
 
 #![deny(missing_docs, unsafe_op_in_unsafe_fn)]
 
+mod clock;
+mod config;
+mod engine;
 mod exec;
+mod fabric;
 mod mem;
+mod net;
 mod state;
+mod trace;
+mod transport;
 mod types;
+mod verbs;
 mod world;
 
+pub use clock::PacketKind;
+pub use config::{ack_timeout_ns, rnr_timer_ns, FabricConfig, Faults, LinkModel, Mode};
+pub use trace::{DropReason, TraceEvent, TraceKind};
 pub use types::*;
 pub use world::{Context, Cq, Fabric, Mr, Pd, PostError, Qp, QpInitAttr};

@@ -5,14 +5,18 @@
 //! preallocated at creation and never grow: posting, executing and polling do not allocate.
 
 use std::collections::VecDeque;
+use std::time::Instant;
 
-use crate::mem::{copy, Dst, RawInline, Region};
+use crate::clock::{Events, Rng};
+use crate::config::FabricConfig;
+use crate::mem::Region;
+use crate::trace::{TraceEvent, TraceKind};
 use crate::types::*;
 
 /// Number of the first queue pair; QPN = `QPN_BASE` + slab index.
 pub(crate) const QPN_BASE: u32 = 0x11;
 /// Largest 24-bit value (PSNs, QPNs).
-const MAX_24: u32 = (1 << 24) - 1;
+pub(crate) const MAX_24: u32 = (1 << 24) - 1;
 /// Key bit that marks an rkey (lkeys have it clear), so a swapped key never validates.
 const RKEY_BIT: u32 = 0x80;
 /// Key bits holding the MR slot's generation (1..=127), so stale keys do not validate.
@@ -72,7 +76,7 @@ impl<T> Slab<T> {
         self.slots.len()
     }
 
-    fn iter(&self) -> impl Iterator<Item = &T> {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &T> {
         self.slots.iter().filter_map(|s| s.1.as_ref())
     }
 }
@@ -83,6 +87,16 @@ pub(crate) struct Device {
     pub(crate) name: String,
     pub(crate) lid: u16,
     pub(crate) gids: [Gid; 2],
+    /// The port's link is up (`Fabric::link_down` / `link_up`).
+    pub(crate) link_up: bool,
+    /// The device crashed (for good).
+    pub(crate) crashed: bool,
+    /// Packets leaving the device still to drop (`Fabric::drop_next`).
+    pub(crate) drop_next: u32,
+    /// Responses leaving the device still to corrupt (`Fabric::corrupt_next_response`).
+    pub(crate) corrupt_next: u32,
+    /// The egress port is busy serialising until this time.
+    pub(crate) busy_until: u64,
 }
 
 /// A protection domain; freed once its handle is gone and nothing refers to it.
@@ -117,12 +131,81 @@ pub(crate) struct CqObj {
 pub(crate) struct SqEntry {
     pub(crate) wr: SendWr,
     pub(crate) inline: [u8; MAX_INLINE],
+    /// First PSN, once transmitted.
+    pub(crate) psn: u32,
+    /// PSNs the message uses (path-MTU segments, at least 1).
+    pub(crate) npkts: u32,
+    /// Transmitted at least once (later transmissions are retransmissions).
+    pub(crate) sent_once: bool,
+}
+
+/// Which timer a requester runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TimerKind {
+    /// Local ACK timeout.
+    Ack,
+    /// Waiting out an RNR NAK.
+    Rnr,
+}
+
+/// Requester side of a queue pair (the transport state of its send queue).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct ReqState {
+    /// PSN of the next packet sent.
+    pub(crate) next_psn: u32,
+    /// SQ entries `0..sent` are on the wire, awaiting their response.
+    pub(crate) sent: usize,
+    /// Reads and atomics among them.
+    pub(crate) rd_inflight: u8,
+    /// Transport retries left (reset on progress).
+    pub(crate) retries: u8,
+    /// RNR retries left (reset on progress; unused when `rnr_retry` is 7).
+    pub(crate) rnr_left: u8,
+    /// Waiting out an RNR NAK: nothing is sent.
+    pub(crate) rnr_wait: bool,
+    /// Instant timers: asleep on RNR until the responder posts a receive.
+    pub(crate) parked: bool,
+    /// The armed timer: deadline and kind (mirrored in the event queue's timer heap).
+    pub(crate) timer: Option<(u64, TimerKind)>,
+}
+
+/// Atomic results a responder remembers for replay (as many as `max_dest_rd_atomic`).
+pub(crate) const ATOMIC_CACHE: usize = 16;
+
+/// Responder side of a queue pair.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct RespState {
+    /// Expected PSN.
+    pub(crate) epsn: u32,
+    /// (PSN, old value) of recent atomics, a ring.
+    pub(crate) atomics: [(u32, u64); ATOMIC_CACHE],
+    pub(crate) next_atomic: usize,
+}
+
+impl RespState {
+    pub(crate) fn remember(&mut self, psn: u32, old: u64) {
+        self.atomics[self.next_atomic] = (psn, old);
+        self.next_atomic = (self.next_atomic + 1) % ATOMIC_CACHE;
+    }
+
+    pub(crate) fn recall(&self, psn: u32) -> Option<u64> {
+        self.atomics.iter().find(|a| a.0 == psn).map(|a| a.1)
+    }
 }
 
 /// A reliable-connected queue pair.
 #[derive(Debug)]
 pub(crate) struct QpObj {
     pub(crate) qpn: u32,
+    pub(crate) dev: usize,
+    /// Incarnation, fabric-unique; changes on RESET, ERR and crash.
+    pub(crate) epoch: u32,
+    /// Its device crashed: the QP is gone but for its handle.
+    pub(crate) dead: bool,
+    /// Device the RTR path resolves to.
+    pub(crate) peer_dev: Option<usize>,
+    pub(crate) req: ReqState,
+    pub(crate) resp: RespState,
     pub(crate) pd: usize,
     pub(crate) send_cq: usize,
     pub(crate) recv_cq: usize,
@@ -131,7 +214,6 @@ pub(crate) struct QpObj {
     pub(crate) state: QpState,
     pub(crate) init: Option<InitAttr>,
     pub(crate) rtr: Option<RtrAttr>,
-    /// Stored for the next issue's retry/timeout model.
     pub(crate) rts: Option<RtsAttr>,
     /// Send WRs not yet executed, oldest first.
     pub(crate) sq: VecDeque<SqEntry>,
@@ -149,9 +231,21 @@ pub(crate) struct World {
     pub(crate) mrs: Slab<MrObj>,
     pub(crate) cqs: Slab<CqObj>,
     pub(crate) qps: Slab<QpObj>,
+    pub(crate) cfg: FabricConfig,
+    /// Threaded mode: time zero.
+    pub(crate) start: Instant,
+    /// Simulated time, ns.
+    pub(crate) now: u64,
+    pub(crate) events: Events,
+    pub(crate) rng: Rng,
+    /// Partitioned device pairs, `(low, high)`.
+    pub(crate) partitions: Vec<(usize, usize)>,
+    pub(crate) trace: Vec<TraceEvent>,
+    /// Last epoch handed out.
+    pub(crate) epochs: u32,
 }
 
-fn invalid<T>(why: &'static str) -> Result<T, SimError> {
+pub(crate) fn invalid<T>(why: &'static str) -> Result<T, SimError> {
     Err(SimError::Invalid(why))
 }
 
@@ -161,13 +255,61 @@ pub(crate) fn sg_len(sges: &[Sge]) -> u64 {
 }
 
 impl World {
-    pub(crate) const fn new() -> World {
+    pub(crate) fn new(cfg: FabricConfig) -> World {
         World {
             devices: Vec::new(),
             pds: Slab::new(),
             mrs: Slab::new(),
             cqs: Slab::new(),
             qps: Slab::new(),
+            cfg,
+            start: Instant::now(),
+            now: 0,
+            events: Events::new(),
+            rng: Rng::new(cfg.seed),
+            partitions: Vec::new(),
+            trace: Vec::new(),
+            epochs: 0,
+        }
+    }
+
+    /// Records a trace event at the current time (when tracing).
+    pub(crate) fn trace(
+        &mut self,
+        dev: usize,
+        qpn: u32,
+        kind: TraceKind,
+        psn: Option<u32>,
+        wr_id: Option<u64>,
+    ) {
+        if self.cfg.trace {
+            let t = self.now;
+            self.trace.push(TraceEvent {
+                time_ns: t,
+                device: dev as u32,
+                qpn,
+                psn,
+                wr_id,
+                kind,
+            });
+        }
+    }
+
+    /// A fresh QP incarnation number.
+    pub(crate) fn next_epoch(&mut self) -> u32 {
+        self.epochs = self.epochs.wrapping_add(1);
+        self.epochs
+    }
+
+    /// Sets QP `q`'s state, tracing the change.
+    pub(crate) fn set_state(&mut self, q: usize, to: QpState) {
+        let Some(qp) = self.qps.get_mut(q) else {
+            return;
+        };
+        let (from, dev, qpn) = (qp.state, qp.dev, qp.qpn);
+        qp.state = to;
+        if from != to {
+            self.trace(dev, qpn, TraceKind::State(from, to), None, None);
         }
     }
 
@@ -191,6 +333,11 @@ impl World {
             name: name.to_owned(),
             lid,
             gids: [link_local, v4],
+            link_up: true,
+            crashed: false,
+            drop_next: 0,
+            corrupt_next: 0,
+            busy_until: 0,
         });
         Ok(())
     }
@@ -313,8 +460,15 @@ impl World {
         if qpn > MAX_24 {
             return Err(SimError::QueueFull);
         }
+        let epoch = self.next_epoch();
         let qp = QpObj {
             qpn,
+            dev,
+            epoch,
+            dead: false,
+            peer_dev: None,
+            req: ReqState::default(),
+            resp: RespState::default(),
             pd,
             send_cq: cqs.0,
             recv_cq: cqs.1,
@@ -329,6 +483,9 @@ impl World {
             unsig_done: 0,
         };
         let (i, _) = self.qps.insert(qp);
+        // Bound on events in flight per QP: a request and a response per WR, plus timers.
+        let events = (cap.max_send_wr as usize + cap.max_recv_wr as usize) * 2 + 2;
+        self.events.reserve(events, i);
         self.pds.get_mut(pd).expect("live PD").refs += 1;
         for c in [cqs.0, cqs.1] {
             self.cqs.get_mut(c).expect("live CQ").refs += 1;
@@ -338,6 +495,8 @@ impl World {
 
     /// Destroys QP `q`, discarding its work without completions.
     pub(crate) fn destroy_qp(&mut self, q: usize) {
+        self.wake_parked(q);
+        self.disarm(q);
         if let Some(qp) = self.qps.remove(q) {
             self.release_cq(qp.send_cq, false);
             self.release_cq(qp.recv_cq, false);
@@ -349,144 +508,5 @@ impl World {
     pub(crate) fn qp_index(&self, qpn: u32) -> Option<usize> {
         let i = qpn.checked_sub(QPN_BASE)? as usize;
         self.qps.get(i).filter(|q| q.qpn == qpn).map(|_| i)
-    }
-
-    pub(crate) fn modify(&mut self, q: usize, m: &Modify) -> Result<(), SimError> {
-        use QpState::*;
-        let qp = self.qps.get_mut(q).expect("live QP");
-        match *m {
-            Modify::Reset => {
-                qp.sq.clear();
-                qp.rq.clear();
-                qp.unsig_done = 0;
-                (qp.init, qp.rtr, qp.rts) = (None, None, None);
-                qp.state = Reset;
-            }
-            Modify::Err => self.set_err(q),
-            Modify::Init(a) => {
-                if !matches!(qp.state, Reset | Init) {
-                    return invalid("INIT only from RESET or INIT");
-                }
-                if a.port != 1 || a.pkey_index != 0 {
-                    return invalid("port must be 1 and pkey_index 0");
-                }
-                qp.init = Some(a);
-                qp.state = Init;
-            }
-            Modify::Rtr(a) => {
-                if qp.state != Init {
-                    return invalid("RTR only from INIT");
-                }
-                if a.port != 1 || a.dest_qp_num > MAX_24 || a.rq_psn > MAX_24 {
-                    return invalid("bad port, dest_qp_num or rq_psn");
-                }
-                if a.min_rnr_timer > 31 || usize::from(a.sgid_index) >= 2 {
-                    return invalid("bad min_rnr_timer or sgid_index");
-                }
-                // The port's active MTU is 4096, the largest there is: any path_mtu fits.
-                qp.rtr = Some(a);
-                qp.state = Rtr;
-            }
-            Modify::Rts(a) => {
-                if !matches!(qp.state, Rtr | Rts) {
-                    return invalid("RTS only from RTR or RTS");
-                }
-                if a.sq_psn > MAX_24 || a.timeout > 31 || a.retry_cnt > 7 || a.rnr_retry > 7 {
-                    return invalid("bad sq_psn, timeout, retry_cnt or rnr_retry");
-                }
-                qp.rts = Some(a);
-                qp.state = Rts;
-            }
-        }
-        Ok(())
-    }
-
-    /// Validates and queues one send WR (see `Qp::post_send`). With `raw`, inline SGEs are
-    /// read from their addresses; otherwise they must lie in memory registered in the PD.
-    pub(crate) fn post_send(
-        &mut self,
-        q: usize,
-        wr: SendWr,
-        raw: Option<&RawInline>,
-    ) -> Result<(), SimError> {
-        let World { qps, mrs, .. } = self;
-        let qp = qps.get_mut(q).expect("live QP");
-        if !matches!(qp.state, QpState::Rts | QpState::Err) {
-            return invalid("QP not in RTS");
-        }
-        if wr.num_sge > qp.cap.max_send_sge as usize {
-            return invalid("num_sge exceeds max_send_sge");
-        }
-        let sges = &wr.sg_list[..wr.num_sge];
-        let inline = wr.flags.contains(SendFlags::INLINE);
-        if inline {
-            use SendOp::*;
-            let ok_op = matches!(
-                wr.op,
-                Send | SendWithImm { .. } | Write { .. } | WriteWithImm { .. }
-            );
-            if !ok_op {
-                return invalid("INLINE on an operation without payload to send");
-            }
-            if sg_len(sges) > u64::from(qp.cap.max_inline_data) {
-                return invalid("inline data exceeds max_inline_data");
-            }
-        }
-        if qp.sq.len() + qp.unsig_done >= qp.cap.max_send_wr as usize {
-            return Err(SimError::QueueFull);
-        }
-        if qp.state == QpState::Err {
-            let wc = crate::exec::flush_wc(wr.wr_id, crate::exec::send_opcode(&wr.op), qp.qpn);
-            let cq = qp.send_cq;
-            self.push_cqe(cq, wc);
-            return Ok(());
-        }
-        let mut entry = SqEntry {
-            wr,
-            inline: [0; MAX_INLINE],
-        };
-        if inline {
-            let mut off = 0;
-            for s in sges.iter().filter(|s| s.length > 0) {
-                let n = s.length as usize;
-                let pd = qp.pd;
-                let src = match raw {
-                    Some(r) => r.src(s.addr, n),
-                    None => mrs
-                        .iter()
-                        .find(|m| m.pd == pd && m.region.contains(s.addr, n))
-                        .and_then(|m| m.region.src(s.addr, n)),
-                };
-                let Some(src) = src else {
-                    return invalid("inline data outside registered memory");
-                };
-                copy(&[src], &[Dst::slice(&mut entry.inline[off..off + n])], n);
-                off += n;
-            }
-        }
-        qp.sq.push_back(entry);
-        Ok(())
-    }
-
-    /// Validates and queues one receive WR (see `Qp::post_recv`).
-    pub(crate) fn post_recv(&mut self, q: usize, wr: RecvWr) -> Result<(), SimError> {
-        let qp = self.qps.get_mut(q).expect("live QP");
-        if qp.state == QpState::Reset {
-            return invalid("QP in RESET");
-        }
-        if wr.num_sge > qp.cap.max_recv_sge as usize {
-            return invalid("num_sge exceeds max_recv_sge");
-        }
-        if qp.rq.len() >= qp.cap.max_recv_wr as usize {
-            return Err(SimError::QueueFull);
-        }
-        if qp.state == QpState::Err {
-            let wc = crate::exec::flush_wc(wr.wr_id, WcOpcode::Recv, qp.qpn);
-            let cq = qp.recv_cq;
-            self.push_cqe(cq, wc);
-        } else {
-            qp.rq.push_back(wr);
-        }
-        Ok(())
     }
 }

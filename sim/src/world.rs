@@ -1,22 +1,36 @@
 //! The public handles: thin wrappers that lock the fabric's world and call into it.
 //!
-//! One mutex guards the whole fabric. Every call locks it once; `post_send`, `post_recv`
-//! and `poll` run the engine (`World::progress`) before unlocking, so work executes
-//! synchronously inside those calls. Dropping a handle destroys its object; a PD or CQ
-//! still used by other objects lingers (unreachable) until they are gone.
+//! One mutex guards the whole fabric. Every call locks it once. In threaded mode every
+//! call first processes the events that are due by the wall clock, and posts process the
+//! events they make due before unlocking (with the instant link model of
+//! [`Fabric::with_devices`] that is all the work they enable). In stepped mode handle calls
+//! never advance time, except an auto-stepping [`Cq::poll`]. Dropping a handle destroys
+//! its object; a PD or CQ still used by other objects lingers (unreachable) until they
+//! are gone.
 
 use core::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use crate::config::{FabricConfig, Mode};
 use crate::mem::{RawInline, Region};
 use crate::state::World;
 use crate::types::*;
 
-type Shared = Arc<Mutex<World>>;
+pub(crate) type Shared = Arc<Mutex<World>>;
+
+/// Events an auto-stepping poll runs at most per call.
+const AUTO_STEP_BUDGET: usize = 1 << 16;
 
 /// Locks the world; a panic elsewhere does not poison it for the other handles.
-fn lock(w: &Mutex<World>) -> MutexGuard<'_, World> {
+pub(crate) fn lock(w: &Mutex<World>) -> MutexGuard<'_, World> {
     w.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Locks the world and, in threaded mode, processes the events that are due.
+pub(crate) fn enter(w: &Mutex<World>) -> MutexGuard<'_, World> {
+    let mut g = lock(w);
+    g.run_due();
+    g
 }
 
 /// A simulated fabric: a set of devices (HCAs) that can reach each other.
@@ -24,7 +38,7 @@ fn lock(w: &Mutex<World>) -> MutexGuard<'_, World> {
 /// Clones share the same fabric.
 #[derive(Clone, Debug)]
 pub struct Fabric {
-    world: Shared,
+    pub(crate) world: Shared,
 }
 
 impl Default for Fabric {
@@ -34,16 +48,36 @@ impl Default for Fabric {
 }
 
 impl Fabric {
-    /// An empty fabric with no devices.
+    /// An empty fabric with no devices, configured by [`FabricConfig::instant`]: threaded,
+    /// zero latency, infinite bandwidth, instant timers.
     pub fn new() -> Fabric {
-        Fabric {
-            world: Arc::new(Mutex::new(World::new())),
-        }
+        Fabric::with_config(FabricConfig::instant(), 0)
     }
 
-    /// A fabric with `n` devices named `sim0` .. `sim{n-1}`.
+    /// A fabric with `n` devices named `sim0` .. `sim{n-1}`, configured like
+    /// [`Fabric::new`].
+    ///
+    /// # Panics
+    /// If `n` exceeds the 49,151 unicast LIDs a subnet has.
     pub fn with_devices(n: usize) -> Fabric {
-        let f = Fabric::new();
+        Fabric::with_config(FabricConfig::instant(), n)
+    }
+
+    /// A fabric configured by `cfg` with `n` devices named `sim0` .. `sim{n-1}`.
+    ///
+    /// # Panics
+    /// If `n` exceeds the 49,151 unicast LIDs a subnet has.
+    ///
+    /// ```
+    /// use zverbs_sim::*;
+    /// let f = Fabric::with_config(FabricConfig::stepped(7), 3);
+    /// assert_eq!(f.device_index("sim2"), Some(2));
+    /// assert!(!f.step()); // nothing to do yet
+    /// ```
+    pub fn with_config(cfg: FabricConfig, n: usize) -> Fabric {
+        let f = Fabric {
+            world: Arc::new(Mutex::new(World::new(cfg))),
+        };
         for i in 0..n {
             f.add_device(&format!("sim{i}")).expect("fresh device name");
         }
@@ -57,13 +91,13 @@ impl Fabric {
     /// [`SimError::Invalid`] if `name` is empty or taken; [`SimError::QueueFull`] past the
     /// last unicast LID.
     pub fn add_device(&self, name: &str) -> Result<(), SimError> {
-        lock(&self.world).add_device(name)
+        enter(&self.world).add_device(name)
     }
 
     /// Calls `f` with each device's name, in order of addition. `f` may use the fabric.
     pub fn for_each_device(&self, f: &mut dyn FnMut(&str)) {
         for i in 0.. {
-            let Some(name) = lock(&self.world).devices.get(i).map(|d| d.name.clone()) else {
+            let Some(name) = enter(&self.world).devices.get(i).map(|d| d.name.clone()) else {
                 break;
             };
             f(&name);
@@ -75,7 +109,7 @@ impl Fabric {
     /// # Errors
     /// [`SimError::NotFound`] if no device has that name.
     pub fn open_device(&self, name: &str) -> Result<Context, SimError> {
-        let w = lock(&self.world);
+        let w = enter(&self.world);
         let dev = w.devices.iter().position(|d| d.name == name);
         Ok(Context {
             world: self.world.clone(),
@@ -92,9 +126,15 @@ pub struct Context {
 }
 
 impl Context {
+    /// The device's index in the fabric (its position in order of addition, from 0), as
+    /// taken by the fault controls of [`Fabric`].
+    pub fn device_index(&self) -> usize {
+        self.dev
+    }
+
     /// The device's name.
     pub fn name(&self) -> String {
-        lock(&self.world).devices[self.dev].name.clone()
+        enter(&self.world).devices[self.dev].name.clone()
     }
 
     /// Attributes of `port` (only port 1 exists).
@@ -105,9 +145,15 @@ impl Context {
         if port != 1 {
             return Err(SimError::NotFound);
         }
-        let w = lock(&self.world);
+        let w = enter(&self.world);
+        let dev = &w.devices[self.dev];
+        let up = dev.link_up && !dev.crashed;
         Ok(PortAttr {
-            state: PortState::Active,
+            state: if up {
+                PortState::Active
+            } else {
+                PortState::Down
+            },
             lid: w.devices[self.dev].lid,
             max_mtu: Mtu::Mtu4096,
             active_mtu: Mtu::Mtu4096,
@@ -120,7 +166,7 @@ impl Context {
     /// # Errors
     /// [`SimError::NotFound`] for a port other than 1 or an index past the table.
     pub fn query_gid(&self, port: u8, index: u16) -> Result<Gid, SimError> {
-        let w = lock(&self.world);
+        let w = enter(&self.world);
         let gids = &w.devices[self.dev].gids;
         let gid = gids.get(usize::from(index)).filter(|_| port == 1);
         gid.copied().ok_or(SimError::NotFound)
@@ -131,7 +177,7 @@ impl Context {
     /// # Errors
     /// None today; the `Result` mirrors `ibv_alloc_pd`.
     pub fn alloc_pd(&self) -> Result<Pd, SimError> {
-        let id = lock(&self.world).alloc_pd(self.dev);
+        let id = enter(&self.world).alloc_pd(self.dev);
         Ok(Pd {
             world: self.world.clone(),
             id,
@@ -143,7 +189,7 @@ impl Context {
     /// # Errors
     /// [`SimError::Invalid`] unless `1 <= depth <= MAX_CQE`.
     pub fn create_cq(&self, depth: u32) -> Result<Cq, SimError> {
-        let id = lock(&self.world).create_cq(self.dev, depth)?;
+        let id = enter(&self.world).create_cq(self.dev, depth)?;
         Ok(Cq {
             world: self.world.clone(),
             id,
@@ -161,7 +207,7 @@ pub struct Pd {
 
 impl Drop for Pd {
     fn drop(&mut self) {
-        lock(&self.world).release_pd(self.id, true);
+        enter(&self.world).release_pd(self.id, true);
     }
 }
 
@@ -199,7 +245,7 @@ impl Pd {
         // SAFETY: the caller keeps the range valid (writable when LOCAL_WRITE) until the Mr
         // is dropped; `Mr::drop` removes the region from the world before returning.
         let region = unsafe { Region::new(addr, len, writable) };
-        let (idx, lkey, rkey) = lock(&self.world).register_mr(self.id, region, access)?;
+        let (idx, lkey, rkey) = enter(&self.world).register_mr(self.id, region, access)?;
         Ok(Mr {
             world: self.world.clone(),
             idx,
@@ -221,7 +267,7 @@ impl Pd {
             return Err(SimError::Invalid("CQ of another fabric"));
         }
         let cqs = (attr.send_cq.id, attr.recv_cq.id);
-        let (id, qpn) = lock(&self.world).create_qp(self.id, cqs, attr.cap, attr.sq_sig_all)?;
+        let (id, qpn) = enter(&self.world).create_qp(self.id, cqs, attr.cap, attr.sq_sig_all)?;
         Ok(Qp {
             world: self.world.clone(),
             id,
@@ -271,7 +317,7 @@ impl Mr {
 
 impl Drop for Mr {
     fn drop(&mut self) {
-        lock(&self.world).deregister_mr(self.idx);
+        enter(&self.world).deregister_mr(self.idx);
     }
 }
 
@@ -284,14 +330,26 @@ pub struct Cq {
 }
 
 impl Cq {
-    /// Runs the engine, then moves up to `out.len()` completions, oldest first, into `out`;
-    /// returns how many.
+    /// Moves up to `out.len()` completions, oldest first, into `out`; returns how many.
+    ///
+    /// Threaded mode: first processes the events that are due. Stepped mode with
+    /// [`FabricConfig::auto_step`]: if the queue is empty, first steps the engine until it
+    /// is not, no events remain, or 65,536 events have run.
     ///
     /// # Errors
     /// [`SimError::CqOverflow`] once the queue has overflowed (for good).
     pub fn poll(&self, out: &mut [Wc]) -> Result<usize, SimError> {
-        let mut w = lock(&self.world);
-        w.progress();
+        let mut w = enter(&self.world);
+        if w.cfg.mode == Mode::Stepped && w.cfg.auto_step {
+            let waiting = |w: &World| {
+                let cq = w.cqs.get(self.id).expect("live CQ");
+                cq.entries.is_empty() && !cq.overflowed
+            };
+            let mut budget = AUTO_STEP_BUDGET;
+            while budget > 0 && waiting(&w) && w.step() {
+                budget -= 1;
+            }
+        }
         let cq = w.cqs.get_mut(self.id).expect("live CQ");
         if cq.overflowed {
             return Err(SimError::CqOverflow);
@@ -311,7 +369,7 @@ impl Cq {
 
 impl Drop for Cq {
     fn drop(&mut self) {
-        lock(&self.world).release_cq(self.id, true);
+        enter(&self.world).release_cq(self.id, true);
     }
 }
 
@@ -354,7 +412,7 @@ impl Qp {
 
     /// Current state.
     pub fn state(&self) -> QpState {
-        lock(&self.world).qps.get(self.id).expect("live QP").state
+        enter(&self.world).qps.get(self.id).expect("live QP").state
     }
 
     /// Capacities granted (exactly those asked).
@@ -367,17 +425,21 @@ impl Qp {
     /// # Errors
     /// [`SimError::Invalid`] for an illegal transition or attribute; the state is unchanged.
     pub fn modify(&self, m: &Modify) -> Result<(), SimError> {
-        lock(&self.world).modify(self.id, m)
+        let mut w = enter(&self.world);
+        let res = w.modify(self.id, m);
+        w.run_due();
+        res
     }
 
-    /// Posts send work requests in order, then runs the engine. INLINE entries are copied
+    /// Posts send work requests in order; each goes on the wire at once. INLINE entries are copied
     /// now; their SGEs must lie in memory registered in this QP's PD (their lkeys are not
     /// checked). See [`Qp::post_send_raw`] for inline data from unregistered memory.
     ///
     /// In ERR the requests are accepted and complete at once with `WrFlushErr`.
     ///
     /// # Errors
-    /// The first request refused, and why: [`SimError::Invalid`] outside RTS/ERR, for too
+    /// The first request refused, and why: [`SimError::Invalid`] outside RTS/ERR or once
+    /// the device crashed, for too
     /// many SGEs, or for bad inline data; [`SimError::QueueFull`] when all `max_send_wr`
     /// slots are held (an unsignaled request holds its slot until a later one completes
     /// with a completion).
@@ -409,16 +471,16 @@ impl Qp {
         wrs: I,
         raw: Option<&RawInline>,
     ) -> Result<(), PostError> {
-        let mut w = lock(&self.world);
+        let mut w = enter(&self.world);
         let res = wrs.into_iter().enumerate().try_for_each(|(index, wr)| {
             w.post_send(self.id, wr, raw)
                 .map_err(|error| PostError { index, error })
         });
-        w.progress();
+        w.run_due();
         res
     }
 
-    /// Posts receive work requests in order, then runs the engine.
+    /// Posts receive work requests in order.
     ///
     /// In ERR the requests are accepted and complete at once with `WrFlushErr`.
     ///
@@ -426,18 +488,18 @@ impl Qp {
     /// The first request refused, and why: [`SimError::Invalid`] in RESET or for too many
     /// SGEs; [`SimError::QueueFull`] when `max_recv_wr` requests are queued.
     pub fn post_recv<I: IntoIterator<Item = RecvWr>>(&self, wrs: I) -> Result<(), PostError> {
-        let mut w = lock(&self.world);
+        let mut w = enter(&self.world);
         let res = wrs.into_iter().enumerate().try_for_each(|(index, wr)| {
             w.post_recv(self.id, wr)
                 .map_err(|error| PostError { index, error })
         });
-        w.progress();
+        w.run_due();
         res
     }
 }
 
 impl Drop for Qp {
     fn drop(&mut self) {
-        lock(&self.world).destroy_qp(self.id);
+        enter(&self.world).destroy_qp(self.id);
     }
 }

@@ -1,8 +1,8 @@
 //! The simulator backend: [`Provider`] over the `zverbs-sim` crate (feature `sim`).
 //!
 //! This adapter is the mirror of the verbs one: it maps each verb onto the simulated HCA
-//! and translates types field by field. The simulated [`Fabric`](zverbs_sim::Fabric) is
-//! reachable through [`Sim::fabric`] for simulator-only controls.
+//! and translates types field by field. The simulated [`Fabric`] is reachable through
+//! [`Sim::fabric`] for simulator-only controls: simulated time, faults, the trace.
 //!
 //! ```
 //! use zverbs::provider::{sim::Sim, Provider};
@@ -11,10 +11,49 @@
 //! sim.for_each_device(&mut |n| names.push(n.to_string()));
 //! assert_eq!(names, ["sim0", "sim1"]);
 //! ```
+//!
+//! [`Sim::with_devices`] is the untimed simulator: work completes inside the call that
+//! makes it possible. For simulated time, link latency, faults and a trace, build the
+//! fabric from a [`FabricConfig`]. In [`Mode::Stepped`] time moves only when the fabric is
+//! stepped, or when a poll finds nothing ([`FabricConfig::auto_step`]), so blocking calls
+//! still make progress on one thread:
+//!
+//! ```
+//! use zverbs::provider::sim::{FabricConfig, Faults, Sim};
+//! use zverbs::{Channel, ChannelConfig, Context};
+//!
+//! let cfg = FabricConfig {
+//!     faults: Faults { drop: 0.2, ..Faults::none() }, // RC retransmits hide the losses
+//!     trace: true,
+//!     ..FabricConfig::stepped(42)
+//! };
+//! let sim = Sim::with_config(cfg, 2);
+//! let (ca, cb) = (Context::open(&sim, "sim0")?, Context::open(&sim, "sim1")?);
+//! let (pa, pb) = (ca.alloc_pd()?, cb.alloc_pd()?);
+//! let a = Channel::<Sim>::prepare(&ca, &pa, &ChannelConfig::default())?;
+//! let b = Channel::<Sim>::prepare(&cb, &pb, &ChannelConfig::default())?;
+//! let (ea, eb) = (a.endpoint(), b.endpoint());
+//! let (mut a, b) = (a.connect(&eb)?, b.connect(&ea)?);
+//! let mut target = [0u8; 8];
+//! // SAFETY: `target` is read only after the write completed.
+//! let target = unsafe {
+//!     pb.register_with_access(&mut target, zverbs::AccessFlags::all())?
+//! };
+//! let mut msg = *b"8 bytes!";
+//! let msg = pa.register(&mut msg)?;
+//! a.write([msg.slice(..)?], &target.remote())?; // steps the fabric until acknowledged
+//! assert_eq!(target.as_slice(), b"8 bytes!");
+//! assert!(sim.fabric().now() >= std::time::Duration::from_micros(2)); // one round trip
+//! # drop(b);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 use zverbs_sim as s;
 
-pub use zverbs_sim::{Fabric, SimError};
+pub use zverbs_sim::{
+    ack_timeout_ns, rnr_timer_ns, DropReason, Fabric, FabricConfig, Faults, LinkModel, Mode,
+    PacketKind, SimError, TraceEvent, TraceKind,
+};
 
 use super::{PostError, Provider, Transition};
 use crate::error::{ErrorKind, ProviderError};
@@ -29,15 +68,35 @@ pub struct Sim {
     fabric: s::Fabric,
 }
 
+impl From<Fabric> for Sim {
+    fn from(fabric: Fabric) -> Sim {
+        Sim::new(fabric)
+    }
+}
+
 impl Sim {
     /// A provider over an existing fabric.
     pub fn new(fabric: s::Fabric) -> Sim {
         Sim { fabric }
     }
 
-    /// A provider over a new fabric with devices `sim0` .. `sim{n-1}`.
+    /// A provider over a new untimed fabric ([`Fabric::with_devices`]) with devices
+    /// `sim0` .. `sim{n-1}`.
     pub fn with_devices(n: usize) -> Sim {
         Sim::new(s::Fabric::with_devices(n))
+    }
+
+    /// A provider over a new fabric configured by `cfg` ([`Fabric::with_config`]) with
+    /// devices `sim0` .. `sim{n-1}`.
+    ///
+    /// ```
+    /// use zverbs::provider::sim::{FabricConfig, Mode, Sim};
+    /// let sim = Sim::with_config(FabricConfig::stepped(7), 3);
+    /// assert_eq!(sim.fabric().config().mode, Mode::Stepped);
+    /// assert_eq!(sim.fabric().device_index("sim2"), Some(2));
+    /// ```
+    pub fn with_config(cfg: FabricConfig, n: usize) -> Sim {
+        Sim::new(s::Fabric::with_config(cfg, n))
     }
 
     /// The simulated fabric, for simulator-only controls.

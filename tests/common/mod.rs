@@ -16,18 +16,27 @@ pub struct Side<const N: usize> {
 
 /// Two channels on devices sim0 and sim1, connected to each other.
 pub fn pair<const N: usize>(timeout: Duration) -> (Side<N>, Side<N>) {
-    let sim = Sim::with_devices(2);
     let cfg = ChannelConfig {
         timeout: Some(timeout),
         ..ChannelConfig::default()
     };
+    pair_on(&Sim::with_devices(2), &cfg, &cfg)
+}
+
+/// Two channels on devices sim0 (a, configured by `a_cfg`) and sim1 (b, `b_cfg`) of
+/// `sim`, connected to each other.
+pub fn pair_on<const N: usize>(
+    sim: &Sim,
+    a_cfg: &ChannelConfig,
+    b_cfg: &ChannelConfig,
+) -> (Side<N>, Side<N>) {
     let (ca, cb) = (
-        Context::open(&sim, "sim0").unwrap(),
-        Context::open(&sim, "sim1").unwrap(),
+        Context::open(sim, "sim0").unwrap(),
+        Context::open(sim, "sim1").unwrap(),
     );
     let (pa, pb) = (ca.alloc_pd().unwrap(), cb.alloc_pd().unwrap());
-    let a = Channel::<Sim, N, 4>::prepare(&ca, &pa, &cfg).unwrap();
-    let b = Channel::<Sim, N, 4>::prepare(&cb, &pb, &cfg).unwrap();
+    let a = Channel::<Sim, N, 4>::prepare(&ca, &pa, a_cfg).unwrap();
+    let b = Channel::<Sim, N, 4>::prepare(&cb, &pb, b_cfg).unwrap();
     let (ea, eb) = (a.endpoint(), b.endpoint());
     let (a, b) = (a.connect(&eb).unwrap(), b.connect(&ea).unwrap());
     (

@@ -257,3 +257,48 @@ pub fn lid(s: &Side) -> u16 {
 pub fn all_access() -> Access {
     Access::all()
 }
+
+/// Brings `qp` to RTS towards `rtr` with `rts`.
+pub fn connect_with(qp: &Qp, access: Access, rtr: RtrAttr, rts: RtsAttr) {
+    qp.modify(&Modify::Init(init_attr(access))).unwrap();
+    qp.modify(&Modify::Rtr(rtr)).unwrap();
+    qp.modify(&Modify::Rts(rts)).unwrap();
+}
+
+/// A connected pair on devices `sim0` (a) and `sim1` (b) of `fabric`, both with `rts`.
+pub fn pair_in(fabric: Fabric, cfg: Cfg, rts: RtsAttr) -> Pair {
+    let a = side(&fabric, "sim0", &cfg);
+    let b = side(&fabric, "sim1", &cfg);
+    let (la, lb) = (lid(&a), lid(&b));
+    let rd = cfg.max_dest_rd_atomic;
+    connect_with(&a.qp, cfg.access, rtr_attr(b.qp.qp_num(), lb, rd), rts);
+    connect_with(&b.qp, cfg.access, rtr_attr(a.qp.qp_num(), la, rd), rts);
+    Pair { a, b, fabric }
+}
+
+/// A stepped fabric of `n` devices with `seed`, `faults` and the trace on.
+pub fn stepped(seed: u64, faults: Faults, n: usize) -> Fabric {
+    let cfg = FabricConfig {
+        faults,
+        trace: true,
+        ..FabricConfig::stepped(seed)
+    };
+    Fabric::with_config(cfg, n)
+}
+
+/// The fabric's trace as Chrome JSON.
+pub fn trace_json(f: &Fabric) -> String {
+    let mut out = Vec::new();
+    f.write_chrome_trace(&mut out).unwrap();
+    String::from_utf8(out).unwrap()
+}
+
+/// How many trace events are called `name`.
+pub fn count(json: &str, name: &str) -> usize {
+    json.matches(&format!("{{\"name\":\"{name}\",")).count()
+}
+
+/// (wr_id, status) of each completion.
+pub fn ids(wcs: &[Wc]) -> Vec<(u64, WcStatus)> {
+    wcs.iter().map(|w| (w.wr_id, w.status)).collect()
+}

@@ -1,0 +1,435 @@
+//! Simulated time: the event queue, packets and the seeded random generator.
+//!
+//! Packets in flight sit in a binary heap, timers (at most one per queue pair) in an
+//! indexed heap that moves or cancels a timer in place. Events run in (time, class,
+//! sequence) order: at equal times packets (class 0) before timers (class 1), so an
+//! instant timer fires only once the packets of that instant have settled. Both heaps are
+//! preallocated as queue pairs are created: per queue pair
+//! `(max_send_wr + max_recv_wr) * 2 + 2` packets and one timer. Only faults (duplicates, retransmissions of many requests
+//! at once) can push the packet heap past that bound, and then it grows.
+
+use std::cmp::Ordering;
+use std::collections::BinaryHeap;
+
+use crate::types::WcStatus;
+
+/// PSNs are 24-bit.
+pub(crate) const PSN_MASK: u32 = (1 << 24) - 1;
+
+/// `a - b` in 24-bit PSN space.
+pub(crate) fn psn_diff(a: u32, b: u32) -> u32 {
+    a.wrapping_sub(b) & PSN_MASK
+}
+
+/// SplitMix64: small, fast, and good enough to decide faults.
+#[derive(Clone, Debug)]
+pub(crate) struct Rng(u64);
+
+impl Rng {
+    pub(crate) fn new(seed: u64) -> Rng {
+        Rng(seed)
+    }
+
+    pub(crate) fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// True with probability `p`; draws nothing when `p <= 0`.
+    pub(crate) fn chance(&mut self, p: f64) -> bool {
+        p > 0.0 && ((self.next_u64() >> 11) as f64) < p * (1u64 << 53) as f64
+    }
+
+    /// Uniform in `0..=max`.
+    pub(crate) fn upto(&mut self, max: u64) -> u64 {
+        match max.checked_add(1) {
+            Some(n) => self.next_u64() % n,
+            None => self.next_u64(),
+        }
+    }
+}
+
+/// What a packet says (as the trace reports it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PacketKind {
+    /// A request (the operation is the requester's send-queue entry with this PSN).
+    Request,
+    /// Positive acknowledgement of every PSN up to this one.
+    Ack,
+    /// Read response. (In-process shortcut: the data lands when the read executes at the
+    /// responder; the requester completes the read when this arrives.)
+    ReadResp,
+    /// Atomic response (the old value already landed).
+    AtomicResp,
+    /// RNR NAK carrying the responder's timer code.
+    Rnr(u8),
+    /// NAK with the requester's completion status.
+    Nak(WcStatus),
+    /// A response corrupted into an opcode the requester does not expect.
+    Bad,
+}
+
+impl PacketKind {
+    /// The name the Chrome trace uses (`"request"`, `"ack"`, `"rnr_nak"`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            PacketKind::Request => "request",
+            PacketKind::Ack => "ack",
+            PacketKind::ReadResp => "read_response",
+            PacketKind::AtomicResp => "atomic_response",
+            PacketKind::Rnr(_) => "rnr_nak",
+            PacketKind::Nak(_) => "nak",
+            PacketKind::Bad => "bad_response",
+        }
+    }
+}
+
+/// One packet (a whole message: PSNs `psn .. psn + npkts`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Packet {
+    pub(crate) src_dev: u32,
+    pub(crate) dst_dev: u32,
+    pub(crate) src_qpn: u32,
+    pub(crate) dst_qpn: u32,
+    pub(crate) psn: u32,
+    pub(crate) npkts: u32,
+    /// Requests: the requester QP's incarnation, so stale packets are recognised.
+    pub(crate) epoch: u32,
+    pub(crate) kind: PacketKind,
+}
+
+/// What happens at an event.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum EvKind {
+    /// A packet arrives at `dst_dev`.
+    Deliver(Packet),
+    /// The timer of QP slot `qp` is due.
+    Timer { qp: u32 },
+}
+
+/// A packet in flight.
+#[derive(Clone, Copy, Debug)]
+struct Flight {
+    time: u64,
+    seq: u64,
+    pkt: Packet,
+}
+
+impl PartialEq for Flight {
+    fn eq(&self, o: &Self) -> bool {
+        (self.time, self.seq) == (o.time, o.seq)
+    }
+}
+
+impl Eq for Flight {}
+
+impl PartialOrd for Flight {
+    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
+
+impl Ord for Flight {
+    /// Reversed, so the max-heap pops the earliest packet.
+    fn cmp(&self, o: &Self) -> Ordering {
+        (o.time, o.seq).cmp(&(self.time, self.seq))
+    }
+}
+
+/// One armed timer: (deadline, arming sequence, QP slot).
+type Armed = (u64, u64, u32);
+
+/// Slot position meaning "not armed".
+const UNARMED: u32 = u32::MAX;
+
+/// A binary min-heap of at most one timer per QP slot, indexed by slot so that a timer can
+/// be moved or cancelled in O(log n): cancelled timers leave nothing behind.
+#[derive(Debug, Default)]
+struct Timers {
+    heap: Vec<Armed>,
+    /// Heap position of each slot's timer, or `UNARMED`.
+    pos: Vec<u32>,
+}
+
+impl Timers {
+    fn swap(&mut self, i: usize, j: usize) {
+        self.heap.swap(i, j);
+        self.pos[self.heap[i].2 as usize] = i as u32;
+        self.pos[self.heap[j].2 as usize] = j as u32;
+    }
+
+    fn up(&mut self, mut i: usize) {
+        while i > 0 {
+            let parent = (i - 1) / 2;
+            if self.heap[parent] <= self.heap[i] {
+                break;
+            }
+            self.swap(i, parent);
+            i = parent;
+        }
+    }
+
+    fn down(&mut self, mut i: usize) {
+        loop {
+            let (l, r) = (2 * i + 1, 2 * i + 2);
+            let mut min = i;
+            if l < self.heap.len() && self.heap[l] < self.heap[min] {
+                min = l;
+            }
+            if r < self.heap.len() && self.heap[r] < self.heap[min] {
+                min = r;
+            }
+            if min == i {
+                return;
+            }
+            self.swap(i, min);
+            i = min;
+        }
+    }
+
+    /// Makes room for slot `slot` (called as queue pairs are created).
+    fn reserve(&mut self, slot: usize) {
+        if self.pos.len() <= slot {
+            self.pos.resize(slot + 1, UNARMED);
+        }
+        let want = self.pos.len();
+        if self.heap.capacity() < want {
+            self.heap.reserve(want - self.heap.len());
+        }
+    }
+
+    fn set(&mut self, slot: u32, time: u64, seq: u64) {
+        self.reserve(slot as usize);
+        match self.pos[slot as usize] {
+            UNARMED => {
+                self.heap.push((time, seq, slot));
+                let i = self.heap.len() - 1;
+                self.pos[slot as usize] = i as u32;
+                self.up(i);
+            }
+            p => {
+                let i = p as usize;
+                self.heap[i] = (time, seq, slot);
+                self.up(i);
+                let i = self.pos[slot as usize] as usize;
+                self.down(i);
+            }
+        }
+    }
+
+    fn cancel(&mut self, slot: u32) {
+        let Some(&p) = self.pos.get(slot as usize) else {
+            return;
+        };
+        if p == UNARMED {
+            return;
+        }
+        let i = p as usize;
+        let last = self.heap.len() - 1;
+        self.swap(i, last);
+        self.heap.pop();
+        self.pos[slot as usize] = UNARMED;
+        if i < self.heap.len() {
+            self.up(i);
+            let i = self.pos[self.heap[i].2 as usize] as usize;
+            self.down(i);
+        }
+    }
+
+    fn peek(&self) -> Option<Armed> {
+        self.heap.first().copied()
+    }
+
+    fn pop(&mut self) -> Option<Armed> {
+        let top = self.peek()?;
+        self.cancel(top.2);
+        Some(top)
+    }
+}
+
+/// A due event.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Event {
+    pub(crate) time: u64,
+    pub(crate) kind: EvKind,
+}
+
+/// The event queue: packets in flight (a binary heap) and one timer per queue pair (an
+/// indexed heap, so re-arming or cancelling a timer leaves no stale event behind).
+///
+/// Events run in (time, class, sequence) order: at equal times packets before timers,
+/// then in the order they were scheduled (a timer's place is its latest arming).
+#[derive(Debug)]
+pub(crate) struct Events {
+    packets: BinaryHeap<Flight>,
+    timers: Timers,
+    seq: u64,
+    reserved: usize,
+}
+
+impl Events {
+    pub(crate) fn new() -> Events {
+        Events {
+            packets: BinaryHeap::new(),
+            timers: Timers::default(),
+            seq: 0,
+            reserved: 0,
+        }
+    }
+
+    /// Makes room for `n` more packets in flight and a timer for QP slot `slot` (called as
+    /// queue pairs are created).
+    pub(crate) fn reserve(&mut self, n: usize, slot: usize) {
+        self.reserved += n;
+        if self.packets.capacity() < self.reserved {
+            self.packets.reserve(self.reserved - self.packets.len());
+        }
+        self.timers.reserve(slot);
+    }
+
+    fn next_seq(&mut self) -> u64 {
+        self.seq += 1;
+        self.seq
+    }
+
+    /// Schedules the arrival of `pkt` at `time`.
+    pub(crate) fn push_packet(&mut self, time: u64, pkt: Packet) {
+        let seq = self.next_seq();
+        self.packets.push(Flight { time, seq, pkt });
+    }
+
+    /// Arms (or moves) the timer of QP slot `slot` to `time`.
+    pub(crate) fn set_timer(&mut self, slot: usize, time: u64) {
+        let seq = self.next_seq();
+        self.timers.set(slot as u32, time, seq);
+    }
+
+    /// Disarms the timer of QP slot `slot`, if armed.
+    pub(crate) fn cancel_timer(&mut self, slot: usize) {
+        self.timers.cancel(slot as u32);
+    }
+
+    /// Whether the next packet runs before the next timer.
+    fn packet_first(&self) -> Option<bool> {
+        match (self.packets.peek(), self.timers.peek()) {
+            (None, None) => None,
+            (Some(_), None) => Some(true),
+            (None, Some(_)) => Some(false),
+            (Some(p), Some(t)) => Some(p.time <= t.0),
+        }
+    }
+
+    /// Time of the next event.
+    pub(crate) fn next_time(&self) -> Option<u64> {
+        match self.packet_first()? {
+            true => self.packets.peek().map(|p| p.time),
+            false => self.timers.peek().map(|t| t.0),
+        }
+    }
+
+    pub(crate) fn pop(&mut self) -> Option<Event> {
+        if self.packet_first()? {
+            let f = self.packets.pop()?;
+            Some(Event {
+                time: f.time,
+                kind: EvKind::Deliver(f.pkt),
+            })
+        } else {
+            let (time, _, qp) = self.timers.pop()?;
+            Some(Event {
+                time,
+                kind: EvKind::Timer { qp },
+            })
+        }
+    }
+
+    /// Events scheduled (packets in flight and armed timers).
+    pub(crate) fn len(&self) -> usize {
+        self.packets.len() + self.timers.heap.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pkt(psn: u32) -> Packet {
+        Packet {
+            src_dev: 0,
+            dst_dev: 0,
+            src_qpn: 0,
+            dst_qpn: 0,
+            psn,
+            npkts: 1,
+            epoch: 0,
+            kind: PacketKind::Ack,
+        }
+    }
+
+    fn order(q: &mut Events) -> Vec<(u64, char, u32)> {
+        std::iter::from_fn(|| q.pop())
+            .map(|e| match e.kind {
+                EvKind::Timer { qp } => (e.time, 't', qp),
+                EvKind::Deliver(p) => (e.time, 'p', p.psn),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn events_pop_by_time_then_class_then_insertion() {
+        let mut q = Events::new();
+        q.set_timer(1, 5);
+        q.set_timer(2, 3);
+        q.set_timer(3, 3);
+        q.push_packet(3, pkt(7));
+        q.push_packet(3, pkt(8));
+        assert_eq!(q.len(), 5);
+        let want = [
+            (3, 'p', 7),
+            (3, 'p', 8),
+            (3, 't', 2),
+            (3, 't', 3),
+            (5, 't', 1),
+        ];
+        assert_eq!(order(&mut q), want);
+    }
+
+    #[test]
+    fn timers_move_and_cancel_without_leftovers() {
+        let mut q = Events::new();
+        for slot in 0..50 {
+            q.set_timer(slot, 1_000 - slot as u64 * 7 % 13);
+        }
+        for slot in (0..50).step_by(3) {
+            q.cancel_timer(slot);
+        }
+        q.set_timer(4, 1);
+        q.set_timer(5, 2_000);
+        q.cancel_timer(99); // never armed
+        let got = order(&mut q);
+        assert_eq!(got.len(), 50 - 17);
+        assert_eq!(got[0], (1, 't', 4));
+        assert_eq!(*got.last().unwrap(), (2_000, 't', 5));
+        assert!(got.windows(2).all(|w| w[0].0 <= w[1].0), "{got:?}");
+        assert!(got.iter().all(|g| g.2 % 3 != 0));
+        assert_eq!(q.len(), 0);
+    }
+
+    #[test]
+    fn rng_is_seeded_and_psns_wrap() {
+        let draw = |seed| {
+            let mut r = Rng::new(seed);
+            (0..4).map(|_| r.next_u64()).collect::<Vec<_>>()
+        };
+        assert_eq!(draw(7), draw(7));
+        assert_ne!(draw(7), draw(8));
+        let mut r = Rng::new(1);
+        assert!(!r.chance(0.0) && r.chance(1.0));
+        assert!((0..100).all(|_| r.upto(3) <= 3));
+        assert_eq!(psn_diff(1, PSN_MASK), 2);
+        assert_eq!(psn_diff(0, 1), PSN_MASK);
+    }
+}

@@ -1,0 +1,229 @@
+//! Configuration of a fabric: time mode, link model, packet faults, trace, seed.
+//!
+//! ```
+//! use zverbs_sim::*;
+//! // Simulated time that only moves when asked, one packet in five lost, reproducible.
+//! let cfg = FabricConfig {
+//!     faults: Faults { drop: 0.2, ..Faults::none() },
+//!     ..FabricConfig::stepped(42)
+//! };
+//! let fabric = Fabric::with_config(cfg, 2);
+//! assert_eq!(fabric.now(), std::time::Duration::ZERO);
+//! ```
+
+/// How simulated time advances.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Mode {
+    /// Simulated time is the wall clock (nanoseconds since the fabric was created). Every
+    /// call on any handle first processes every event that is due; nothing runs between
+    /// calls (there is no background thread).
+    #[default]
+    Threaded,
+    /// Simulated time advances only through [`Fabric::step`](crate::Fabric::step),
+    /// [`Fabric::run_until_idle`](crate::Fabric::run_until_idle),
+    /// [`Fabric::run_for`](crate::Fabric::run_for) and, with
+    /// [`FabricConfig::auto_step`], a [`Cq::poll`](crate::Cq::poll) that finds nothing.
+    /// With the same seed the same calls give the same event trace, byte for byte.
+    Stepped,
+}
+
+/// Timing of the links between devices.
+///
+/// Each device has one egress port, shared by all its queue pairs. A packet of `b` bytes
+/// leaving at `now` starts at `max(now, port busy until)`, occupies the port for its
+/// serialisation time `b * 8 / bandwidth_gbps` ns, and arrives `latency_ns` after it is
+/// fully serialised. Packets carry a 64-byte header each (per path-MTU segment) besides
+/// their payload.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct LinkModel {
+    /// One-way latency in nanoseconds.
+    pub latency_ns: u64,
+    /// Port bandwidth in Gb/s; 0 means infinite (no serialisation time).
+    pub bandwidth_gbps: u32,
+}
+
+impl Default for LinkModel {
+    /// A 100 Gb/s NIC with 1 µs one-way latency.
+    fn default() -> Self {
+        LinkModel {
+            latency_ns: 1_000,
+            bandwidth_gbps: 100,
+        }
+    }
+}
+
+impl LinkModel {
+    /// Instant delivery: no latency, infinite bandwidth.
+    pub const INSTANT: LinkModel = LinkModel {
+        latency_ns: 0,
+        bandwidth_gbps: 0,
+    };
+
+    /// Nanoseconds `bytes` occupy the port.
+    ///
+    /// ```
+    /// # use zverbs_sim::LinkModel;
+    /// assert_eq!(LinkModel::default().serialisation_ns(4096), 327);
+    /// assert_eq!(LinkModel::INSTANT.serialisation_ns(4096), 0);
+    /// ```
+    pub fn serialisation_ns(&self, bytes: u64) -> u64 {
+        match self.bandwidth_gbps {
+            0 => 0,
+            g => bytes.saturating_mul(8) / u64::from(g),
+        }
+    }
+}
+
+/// Random packet faults, each a probability per packet (0.0 ..= 1.0).
+#[derive(Clone, Copy, Debug, PartialEq, Default)]
+pub struct Faults {
+    /// The packet is lost.
+    pub drop: f64,
+    /// The packet arrives twice.
+    pub duplicate: f64,
+    /// The packet is held back by an extra uniform `0 ..= max_extra_delay_ns`, which also
+    /// reorders it behind later packets.
+    pub delay: f64,
+    /// Largest extra delay, in nanoseconds.
+    pub max_extra_delay_ns: u64,
+}
+
+impl Faults {
+    /// No faults.
+    pub const fn none() -> Faults {
+        Faults {
+            drop: 0.0,
+            duplicate: 0.0,
+            delay: 0.0,
+            max_extra_delay_ns: 0,
+        }
+    }
+}
+
+/// Everything that configures a [`Fabric`](crate::Fabric).
+///
+/// `FabricConfig::default()` is threaded, seed 0, the 1 µs / 100 Gb/s [`LinkModel`], no
+/// faults, no trace and real timers. [`Fabric::new`](crate::Fabric::new) and
+/// [`Fabric::with_devices`](crate::Fabric::with_devices) use [`FabricConfig::instant`]
+/// instead, so that code written against the untimed simulator keeps its speed.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct FabricConfig {
+    /// Decides every random choice (faults).
+    pub seed: u64,
+    /// How time advances.
+    pub mode: Mode,
+    /// Link timing.
+    pub link: LinkModel,
+    /// Random packet faults (see also [`Fabric::set_faults`](crate::Fabric::set_faults)).
+    pub faults: Faults,
+    /// Record a trace (see [`Fabric::write_chrome_trace`](crate::Fabric::write_chrome_trace)).
+    pub trace: bool,
+    /// Stepped mode only: a [`Cq::poll`](crate::Cq::poll) that finds nothing steps the
+    /// engine until that CQ has an entry, no events remain, or 65,536 events have run.
+    pub auto_step: bool,
+    /// ACK-timeout and RNR timers expire at once (after the packets due at the same
+    /// instant), and a requester waiting on RNR with `rnr_retry = 7` sleeps instead of
+    /// polling, until the responder posts a receive, leaves RTR/RTS (ERR, RESET, destroyed,
+    /// crashed) or becomes unreachable (link down, partition); then it retries at once and
+    /// meets the outcome hardware would (`RetryExcErr` when nobody answers). Meant for the
+    /// threaded mode, where a real 67 ms × 8 timeout would make tests slow.
+    pub instant_timers: bool,
+    /// A WRITE_WITH_IMM whose rkey check fails consumes the responder's receive, which
+    /// completes with `LocAccessErr` (as the IB spec defines it). When false the receive
+    /// is flushed with `WrFlushErr` instead (the simulator's behaviour before timing).
+    pub loc_access_err: bool,
+}
+
+impl Default for FabricConfig {
+    fn default() -> Self {
+        FabricConfig {
+            seed: 0,
+            mode: Mode::Threaded,
+            link: LinkModel::default(),
+            faults: Faults::none(),
+            trace: false,
+            auto_step: true,
+            instant_timers: false,
+            loc_access_err: true,
+        }
+    }
+}
+
+impl FabricConfig {
+    /// The untimed fabric of [`Fabric::with_devices`](crate::Fabric::with_devices):
+    /// threaded, [`LinkModel::INSTANT`], instant timers, receives of failed
+    /// WRITE_WITH_IMMs flushed. Work completes inside the call that makes it possible.
+    pub fn instant() -> FabricConfig {
+        FabricConfig {
+            link: LinkModel::INSTANT,
+            instant_timers: true,
+            loc_access_err: false,
+            ..FabricConfig::default()
+        }
+    }
+
+    /// Stepped mode with `seed`, the default link model and auto-stepping polls.
+    pub fn stepped(seed: u64) -> FabricConfig {
+        FabricConfig {
+            seed,
+            mode: Mode::Stepped,
+            ..FabricConfig::default()
+        }
+    }
+}
+
+/// The IB RNR NAK timer table, in nanoseconds, indexed by the 5-bit code.
+const RNR_NS: [u64; 32] = [
+    655_360_000,
+    10_000,
+    20_000,
+    30_000,
+    40_000,
+    60_000,
+    80_000,
+    120_000,
+    160_000,
+    240_000,
+    320_000,
+    480_000,
+    640_000,
+    960_000,
+    1_280_000,
+    1_920_000,
+    2_560_000,
+    3_840_000,
+    5_120_000,
+    7_680_000,
+    10_240_000,
+    15_360_000,
+    20_480_000,
+    30_720_000,
+    40_960_000,
+    61_440_000,
+    81_920_000,
+    122_880_000,
+    163_840_000,
+    245_760_000,
+    327_680_000,
+    491_520_000,
+];
+
+/// The RNR NAK delay of timer code `code` (0..=31; 0 means 655.36 ms), in nanoseconds.
+///
+/// ```
+/// assert_eq!(zverbs_sim::rnr_timer_ns(12), 640_000);
+/// ```
+pub fn rnr_timer_ns(code: u8) -> u64 {
+    RNR_NS[usize::from(code & 31)]
+}
+
+/// The local ACK timeout of code `code`: 4.096 µs × 2^code in nanoseconds, `None` (never)
+/// for code 0.
+///
+/// ```
+/// assert_eq!(zverbs_sim::ack_timeout_ns(1), Some(8_192));
+/// assert_eq!(zverbs_sim::ack_timeout_ns(0), None);
+/// ```
+pub fn ack_timeout_ns(code: u8) -> Option<u64> {
+    (code != 0).then(|| 4_096u64 << (code & 31))
+}

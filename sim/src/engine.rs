@@ -1,0 +1,125 @@
+//! The event loop: processing events in order, the requesters' timers, and how simulated
+//! time follows the wall clock in threaded mode.
+//!
+//! Each queue pair has at most one timer (the local ACK timeout or an RNR wait), kept in
+//! the event queue's indexed timer heap. Arming moves it, disarming removes it: a cancelled
+//! timer leaves no event behind, so `run_until_idle` ends as soon as no work remains and
+//! simulated time never jumps to a deadline that no longer matters.
+
+use crate::clock::EvKind;
+use crate::config::{ack_timeout_ns, Mode};
+use crate::state::{TimerKind, World};
+use crate::trace::TraceKind;
+use crate::types::{QpState, WcStatus};
+
+impl World {
+    /// (Re)starts the local ACK timer of QP `q` (none with timeout code 0).
+    pub(crate) fn arm_ack(&mut self, q: usize) {
+        let code = self
+            .qps
+            .get(q)
+            .and_then(|qp| qp.rts)
+            .map_or(0, |r| r.timeout);
+        match ack_timeout_ns(code) {
+            Some(ns) => {
+                let after = if self.cfg.instant_timers { 0 } else { ns };
+                self.arm(q, self.now.saturating_add(after), TimerKind::Ack);
+            }
+            None => self.disarm(q),
+        }
+    }
+
+    /// Sets QP `q`'s timer to fire at `at`, replacing any other.
+    pub(crate) fn arm(&mut self, q: usize, at: u64, kind: TimerKind) {
+        let Some(qp) = self.qps.get_mut(q) else {
+            return;
+        };
+        qp.req.timer = Some((at, kind));
+        self.events.set_timer(q, at);
+    }
+
+    /// Stops QP `q`'s timer.
+    pub(crate) fn disarm(&mut self, q: usize) {
+        if let Some(qp) = self.qps.get_mut(q) {
+            qp.req.timer = None;
+        }
+        self.events.cancel_timer(q);
+    }
+
+    /// The timer of QP `q` fires.
+    fn on_timer(&mut self, q: usize) {
+        let Some(qp) = self.qps.get_mut(q) else {
+            return;
+        };
+        let Some((_, kind)) = qp.req.timer.take() else {
+            return;
+        };
+        if qp.state != QpState::Rts {
+            return;
+        }
+        let (dev, qpn) = (qp.dev, qp.qpn);
+        match kind {
+            TimerKind::Ack => {
+                let Some(head) = qp.sq.front().filter(|_| qp.req.sent > 0) else {
+                    return;
+                };
+                let (psn, id) = (Some(head.psn), Some(head.wr.wr_id));
+                let exhausted = qp.req.retries == 0;
+                qp.req.retries = qp.req.retries.saturating_sub(1);
+                self.trace(dev, qpn, TraceKind::Timeout, psn, id);
+                if exhausted {
+                    return self.fail_front(q, WcStatus::RetryExcErr);
+                }
+            }
+            TimerKind::Rnr => qp.req.rnr_wait = false,
+        }
+        self.go_back(q);
+        self.pump(q);
+    }
+
+    /// Processes the next event, advancing simulated time to it; false if there is none.
+    pub(crate) fn step(&mut self) -> bool {
+        let Some(ev) = self.events.pop() else {
+            return false;
+        };
+        self.now = self.now.max(ev.time);
+        match ev.kind {
+            EvKind::Deliver(pkt) => self.deliver(pkt),
+            EvKind::Timer { qp } => self.on_timer(qp as usize),
+        }
+        true
+    }
+
+    /// Wall-clock nanoseconds since the fabric was created.
+    fn wall(&self) -> u64 {
+        u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// Threaded mode: processes the next event if the wall clock has reached it (at its
+    /// own time, so responses leave when they would have); false if none is due.
+    pub(crate) fn run_due_one(&mut self) -> bool {
+        let wall = self.wall();
+        if self.events.next_time().is_some_and(|t| t <= wall) {
+            return self.step();
+        }
+        self.now = self.now.max(wall);
+        false
+    }
+
+    /// Threaded mode: processes, in order and each at its own time, every event the wall
+    /// clock has reached, then moves simulated time to the wall clock. Returns how many
+    /// ran. Does nothing in stepped mode.
+    pub(crate) fn run_due(&mut self) -> usize {
+        if self.cfg.mode != Mode::Threaded {
+            return 0;
+        }
+        let wall = self.wall();
+        let mut n = 0;
+        while self.events.next_time().is_some_and(|t| t <= wall) {
+            self.step();
+            n += 1;
+        }
+        self.now = self.now.max(wall);
+        n
+    }
+}

@@ -1,0 +1,231 @@
+//! Fabric-wide controls: simulated time, faults, and the trace.
+
+use std::io;
+use std::time::Duration;
+
+use crate::config::{FabricConfig, Faults, Mode};
+use crate::trace::{write_chrome, TraceEvent};
+use crate::types::SimError;
+use crate::world::{enter, lock, Fabric};
+
+impl Fabric {
+    /// The configuration the fabric was created with (faults as last set).
+    pub fn config(&self) -> FabricConfig {
+        lock(&self.world).cfg
+    }
+
+    /// Index of the device called `name` (devices are numbered from 0 in order of
+    /// addition), as the fault controls take it.
+    pub fn device_index(&self, name: &str) -> Option<usize> {
+        lock(&self.world)
+            .devices
+            .iter()
+            .position(|d| d.name == name)
+    }
+
+    /// Current simulated time (threaded mode: wall-clock time since creation).
+    pub fn now(&self) -> Duration {
+        Duration::from_nanos(enter(&self.world).now)
+    }
+
+    /// Events scheduled and not yet processed.
+    pub fn pending_events(&self) -> usize {
+        enter(&self.world).events.len()
+    }
+
+    /// Processes the next event, advancing simulated time to it; false if there is none.
+    /// In threaded mode only an event that is already due is processed.
+    ///
+    /// ```
+    /// use zverbs_sim::*;
+    /// let f = Fabric::with_config(FabricConfig::stepped(1), 1);
+    /// assert!(!f.step());
+    /// assert_eq!(f.run_until_idle(), 0);
+    /// ```
+    pub fn step(&self) -> bool {
+        let mut w = lock(&self.world);
+        match w.cfg.mode {
+            Mode::Stepped => w.step(),
+            Mode::Threaded => w.run_due_one(),
+        }
+    }
+
+    /// Processes events until none remain; returns how many ran. In threaded mode, runs
+    /// the events due now. Never returns while a requester retries RNR forever
+    /// (`rnr_retry = 7` with no receive coming): use [`Fabric::run_until_idle_max`].
+    pub fn run_until_idle(&self) -> usize {
+        self.run_until_idle_max(usize::MAX)
+    }
+
+    /// Like [`Fabric::run_until_idle`], but stops after `max_events`.
+    pub fn run_until_idle_max(&self, max_events: usize) -> usize {
+        let mut w = lock(&self.world);
+        let mut n = 0;
+        while n < max_events {
+            let more = match w.cfg.mode {
+                Mode::Stepped => w.step(),
+                Mode::Threaded => w.run_due_one(),
+            };
+            if !more {
+                break;
+            }
+            n += 1;
+        }
+        n
+    }
+
+    /// Advances simulated time by `d`, processing the events that fall due on the way;
+    /// returns how many ran. In threaded mode, sleeps `d` and then runs the due events.
+    pub fn run_for(&self, d: Duration) -> usize {
+        let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        if lock(&self.world).cfg.mode == Mode::Threaded {
+            std::thread::sleep(d);
+            return lock(&self.world).run_due();
+        }
+        let mut w = lock(&self.world);
+        let end = w.now.saturating_add(ns);
+        let mut n = 0;
+        while w.events.next_time().is_some_and(|t| t <= end) {
+            w.step();
+            n += 1;
+        }
+        w.now = end;
+        n
+    }
+
+    /// Replaces the random packet faults from now on.
+    pub fn set_faults(&self, faults: Faults) {
+        enter(&self.world).cfg.faults = faults;
+    }
+
+    fn with_dev(
+        &self,
+        dev: usize,
+        f: impl FnOnce(&mut crate::state::World),
+    ) -> Result<(), SimError> {
+        let mut w = enter(&self.world);
+        if dev >= w.devices.len() {
+            return Err(SimError::NotFound);
+        }
+        f(&mut w);
+        Ok(())
+    }
+
+    /// Drops the next `n` packets leaving device `dev` (requests and responses alike).
+    ///
+    /// # Errors
+    /// [`SimError::NotFound`] if there is no device `dev`.
+    pub fn drop_next(&self, dev: usize, n: u32) -> Result<(), SimError> {
+        self.with_dev(dev, |w| w.devices[dev].drop_next += n)
+    }
+
+    /// Corrupts the next response (ACK, NAK or read/atomic response) leaving device `dev`
+    /// into an opcode the requester does not expect: that requester's work request
+    /// completes with `BadRespErr` and its QP moves to ERR. Calls add up.
+    ///
+    /// # Errors
+    /// [`SimError::NotFound`] if there is no device `dev`.
+    pub fn corrupt_next_response(&self, dev: usize) -> Result<(), SimError> {
+        self.with_dev(dev, |w| w.devices[dev].corrupt_next += 1)
+    }
+
+    /// Takes device `dev`'s link down: packets to or from it are lost (also those already
+    /// in flight towards it) and its port reads [`PortState::Down`](crate::PortState).
+    ///
+    /// # Errors
+    /// [`SimError::NotFound`] if there is no device `dev`.
+    pub fn link_down(&self, dev: usize) -> Result<(), SimError> {
+        self.with_dev(dev, |w| {
+            w.devices[dev].link_up = false;
+            w.wake_unreachable();
+        })
+    }
+
+    /// Brings device `dev`'s link back up.
+    ///
+    /// # Errors
+    /// [`SimError::NotFound`] if there is no device `dev`.
+    pub fn link_up(&self, dev: usize) -> Result<(), SimError> {
+        self.with_dev(dev, |w| w.devices[dev].link_up = true)
+    }
+
+    /// Cuts devices `a` and `b` off from each other (both directions) until
+    /// [`Fabric::heal`].
+    ///
+    /// # Errors
+    /// [`SimError::NotFound`] if a device does not exist.
+    pub fn partition(&self, a: usize, b: usize) -> Result<(), SimError> {
+        self.with_dev(a.max(b), |w| {
+            let key = (a.min(b), a.max(b));
+            if !w.partitions.contains(&key) {
+                w.partitions.push(key);
+            }
+            w.wake_unreachable();
+        })
+    }
+
+    /// Undoes [`Fabric::partition`] of `a` and `b`.
+    ///
+    /// # Errors
+    /// [`SimError::NotFound`] if a device does not exist.
+    pub fn heal(&self, a: usize, b: usize) -> Result<(), SimError> {
+        self.with_dev(a.max(b), |w| {
+            w.partitions.retain(|&p| p != (a.min(b), a.max(b)))
+        })
+    }
+
+    /// Crashes device `dev` for good: its queue pairs vanish (they stop answering, their
+    /// queued work is gone without completions, posts on their handles fail with
+    /// [`SimError::Invalid`] and they read as ERR), its CQs empty, its port reads Down and
+    /// packets to or from it are lost. Peers find out by timeouts (`RetryExcErr`).
+    ///
+    /// # Errors
+    /// [`SimError::NotFound`] if there is no device `dev`.
+    pub fn crash(&self, dev: usize) -> Result<(), SimError> {
+        self.with_dev(dev, |w| w.crash(dev))
+    }
+
+    /// Number of trace records (0 unless [`FabricConfig::trace`]).
+    pub fn trace_len(&self) -> usize {
+        lock(&self.world).trace.len()
+    }
+
+    /// A copy of the trace recorded so far, oldest first (empty unless
+    /// [`FabricConfig::trace`]).
+    ///
+    /// ```
+    /// use zverbs_sim::*;
+    /// let f = Fabric::with_config(FabricConfig { trace: true, ..FabricConfig::stepped(0) }, 1);
+    /// assert!(f.trace_events().is_empty());
+    /// ```
+    pub fn trace_events(&self) -> Vec<TraceEvent> {
+        lock(&self.world).trace.clone()
+    }
+
+    /// Forgets the trace recorded so far.
+    pub fn clear_trace(&self) {
+        lock(&self.world).trace.clear();
+    }
+
+    /// Writes the trace as Chrome trace-event JSON (`{"traceEvents":[...]}`), loadable in
+    /// Perfetto or `chrome://tracing`: one process per device (`pid` = device index,
+    /// named after the device), one thread per queue pair (`tid` = QPN, named
+    /// `QP 0x11`), instant events with `ts` in microseconds and their details in `args`.
+    /// The same trace always gives the same bytes.
+    ///
+    /// # Errors
+    /// Whatever `out` returns.
+    ///
+    /// ```
+    /// use zverbs_sim::*;
+    /// let f = Fabric::with_config(FabricConfig { trace: true, ..FabricConfig::stepped(0) }, 1);
+    /// let mut json = Vec::new();
+    /// f.write_chrome_trace(&mut json).unwrap();
+    /// assert!(String::from_utf8(json).unwrap().contains("\"sim0\""));
+    /// ```
+    pub fn write_chrome_trace(&self, out: &mut impl io::Write) -> io::Result<()> {
+        let w = lock(&self.world);
+        let names: Vec<String> = w.devices.iter().map(|d| d.name.clone()).collect();
+        write_chrome(out, &names, &w.trace)
+    }
+}

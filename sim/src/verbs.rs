@@ -1,0 +1,236 @@
+//! Queue pair verbs: the state machine (`modify`) and posting.
+
+use crate::exec::{flush_wc, send_opcode};
+use crate::mem::{copy, Dst, RawInline};
+use crate::state::{invalid, sg_len, ReqState, RespState, SqEntry, World, MAX_24};
+use crate::trace::TraceKind;
+use crate::types::*;
+
+impl World {
+    /// Applies a state transition (see [`Modify`]).
+    pub(crate) fn modify(&mut self, q: usize, m: &Modify) -> Result<(), SimError> {
+        use QpState::*;
+        let epoch = self.next_epoch();
+        let peer_dev = match m {
+            Modify::Rtr(a) => self.route(a),
+            _ => None,
+        };
+        if matches!(m, Modify::Reset) && self.qps.get(q).is_some_and(|qp| !qp.dead) {
+            // A responder in RESET answers nothing (and forgets its RTR attributes, which
+            // name the requester that may sleep on its RNR NAK): wake that requester.
+            self.wake_parked(q);
+        }
+        let qp = self.qps.get_mut(q).expect("live QP");
+        if qp.dead {
+            return invalid("QP on a crashed device");
+        }
+        let to = match *m {
+            Modify::Reset => {
+                qp.sq.clear();
+                qp.rq.clear();
+                qp.unsig_done = 0;
+                (qp.init, qp.rtr, qp.rts) = (None, None, None);
+                (qp.req, qp.resp, qp.peer_dev) = (ReqState::default(), RespState::default(), None);
+                qp.epoch = epoch;
+                self.events.cancel_timer(q);
+                Reset
+            }
+            Modify::Err => {
+                self.set_err(q);
+                return Ok(());
+            }
+            Modify::Init(a) => {
+                if !matches!(qp.state, Reset | Init) {
+                    return invalid("INIT only from RESET or INIT");
+                }
+                if a.port != 1 || a.pkey_index != 0 {
+                    return invalid("port must be 1 and pkey_index 0");
+                }
+                qp.init = Some(a);
+                Init
+            }
+            Modify::Rtr(a) => {
+                if qp.state != Init {
+                    return invalid("RTR only from INIT");
+                }
+                if a.port != 1 || a.dest_qp_num > MAX_24 || a.rq_psn > MAX_24 {
+                    return invalid("bad port, dest_qp_num or rq_psn");
+                }
+                if a.min_rnr_timer > 31 || usize::from(a.sgid_index) >= 2 {
+                    return invalid("bad min_rnr_timer or sgid_index");
+                }
+                // The port's active MTU is 4096, the largest there is: any path_mtu fits.
+                qp.rtr = Some(a);
+                qp.resp.epsn = a.rq_psn;
+                qp.peer_dev = peer_dev;
+                Rtr
+            }
+            Modify::Rts(a) => {
+                if !matches!(qp.state, Rtr | Rts) {
+                    return invalid("RTS only from RTR or RTS");
+                }
+                if a.sq_psn > MAX_24 || a.timeout > 31 || a.retry_cnt > 7 || a.rnr_retry > 7 {
+                    return invalid("bad sq_psn, timeout, retry_cnt or rnr_retry");
+                }
+                if qp.state == Rtr {
+                    qp.req.next_psn = a.sq_psn;
+                }
+                (qp.req.retries, qp.req.rnr_left) = (a.retry_cnt, a.rnr_retry);
+                qp.rts = Some(a);
+                Rts
+            }
+        };
+        self.set_state(q, to);
+        if to == Rts {
+            self.pump(q);
+        }
+        Ok(())
+    }
+
+    /// The device an RTR path leads to: by GID when it has one, else by LID.
+    fn route(&self, a: &RtrAttr) -> Option<usize> {
+        match a.dgid {
+            Some(gid) => self.devices.iter().position(|d| d.gids.contains(&gid)),
+            None => {
+                let i = usize::from(a.dlid).checked_sub(1)?;
+                (i < self.devices.len()).then_some(i)
+            }
+        }
+    }
+
+    /// Crashes device `dev`: its queue pairs vanish without completions, its CQs empty,
+    /// and packets to or from it are lost from now on.
+    pub(crate) fn crash(&mut self, dev: usize) {
+        self.devices[dev].crashed = true;
+        for q in 0..self.qps.slots() {
+            let epoch = self.next_epoch();
+            let Some(qp) = self.qps.get_mut(q).filter(|qp| qp.dev == dev) else {
+                continue;
+            };
+            qp.sq.clear();
+            qp.rq.clear();
+            qp.unsig_done = 0;
+            (qp.req, qp.resp, qp.dead, qp.epoch) =
+                (ReqState::default(), RespState::default(), true, epoch);
+            self.events.cancel_timer(q);
+            self.set_state(q, QpState::Err);
+        }
+        for c in 0..self.cqs.slots() {
+            if let Some(cq) = self.cqs.get_mut(c).filter(|c| c.dev == dev) {
+                cq.entries.clear();
+            }
+        }
+        // Peers asleep on an RNR NAK from a queue pair that just vanished.
+        self.wake_unreachable();
+    }
+
+    /// Validates and queues one send WR (see `Qp::post_send`). With `raw`, inline SGEs are
+    /// read from their addresses; otherwise they must lie in memory registered in the PD.
+    pub(crate) fn post_send(
+        &mut self,
+        q: usize,
+        wr: SendWr,
+        raw: Option<&RawInline>,
+    ) -> Result<(), SimError> {
+        let World { qps, mrs, .. } = self;
+        let qp = qps.get_mut(q).expect("live QP");
+        if qp.dead {
+            return invalid("QP on a crashed device");
+        }
+        if !matches!(qp.state, QpState::Rts | QpState::Err) {
+            return invalid("QP not in RTS");
+        }
+        if wr.num_sge > qp.cap.max_send_sge as usize {
+            return invalid("num_sge exceeds max_send_sge");
+        }
+        let sges = &wr.sg_list[..wr.num_sge];
+        let inline = wr.flags.contains(SendFlags::INLINE);
+        if inline {
+            use SendOp::*;
+            let ok_op = matches!(
+                wr.op,
+                Send | SendWithImm { .. } | Write { .. } | WriteWithImm { .. }
+            );
+            if !ok_op {
+                return invalid("INLINE on an operation without payload to send");
+            }
+            if sg_len(sges) > u64::from(qp.cap.max_inline_data) {
+                return invalid("inline data exceeds max_inline_data");
+            }
+        }
+        if qp.sq.len() + qp.unsig_done >= qp.cap.max_send_wr as usize {
+            return Err(SimError::QueueFull);
+        }
+        if qp.state == QpState::Err {
+            let wc = flush_wc(wr.wr_id, send_opcode(&wr.op), qp.qpn);
+            let cq = qp.send_cq;
+            self.push_cqe(cq, wc);
+            return Ok(());
+        }
+        let mut entry = SqEntry {
+            wr,
+            inline: [0; MAX_INLINE],
+            psn: 0,
+            npkts: 1,
+            sent_once: false,
+        };
+        if inline {
+            let mut off = 0;
+            for s in sges.iter().filter(|s| s.length > 0) {
+                let n = s.length as usize;
+                let pd = qp.pd;
+                let src = match raw {
+                    Some(r) => r.src(s.addr, n),
+                    None => mrs
+                        .iter()
+                        .find(|m| m.pd == pd && m.region.contains(s.addr, n))
+                        .and_then(|m| m.region.src(s.addr, n)),
+                };
+                let Some(src) = src else {
+                    return invalid("inline data outside registered memory");
+                };
+                copy(&[src], &[Dst::slice(&mut entry.inline[off..off + n])], n);
+                off += n;
+            }
+        }
+        qp.sq.push_back(entry);
+        let (dev, qpn) = (qp.dev, qp.qpn);
+        self.trace(
+            dev,
+            qpn,
+            TraceKind::PostSend(send_opcode(&wr.op)),
+            None,
+            Some(wr.wr_id),
+        );
+        self.pump(q);
+        Ok(())
+    }
+
+    /// Validates and queues one receive WR (see `Qp::post_recv`).
+    pub(crate) fn post_recv(&mut self, q: usize, wr: RecvWr) -> Result<(), SimError> {
+        let qp = self.qps.get_mut(q).expect("live QP");
+        if qp.dead {
+            return invalid("QP on a crashed device");
+        }
+        if qp.state == QpState::Reset {
+            return invalid("QP in RESET");
+        }
+        if wr.num_sge > qp.cap.max_recv_sge as usize {
+            return invalid("num_sge exceeds max_recv_sge");
+        }
+        if qp.rq.len() >= qp.cap.max_recv_wr as usize {
+            return Err(SimError::QueueFull);
+        }
+        if qp.state == QpState::Err {
+            let wc = flush_wc(wr.wr_id, WcOpcode::Recv, qp.qpn);
+            let cq = qp.recv_cq;
+            self.push_cqe(cq, wc);
+        } else {
+            qp.rq.push_back(wr);
+            let (dev, qpn) = (qp.dev, qp.qpn);
+            self.trace(dev, qpn, TraceKind::PostRecv, None, Some(wr.wr_id));
+            self.wake_parked(q);
+        }
+        Ok(())
+    }
+}

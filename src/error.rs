@@ -142,6 +142,26 @@ pub enum Error<E> {
         /// Its `wr_id`.
         wr_id: u64,
     },
+    /// A peer index with no connected channel: beyond the capacity, or not set up.
+    NoSuchPeer {
+        /// The index given.
+        peer: usize,
+        /// The capacity (`N`) of the multi-channel.
+        capacity: usize,
+    },
+    /// A [`Pending`](crate::Pending) handle was given to a channel that did not post it
+    /// ([`Channel::wait`](crate::Channel::wait),
+    /// [`Channel::try_complete`](crate::Channel::try_complete)). Nothing was polled or
+    /// taken: the channel's own work is untouched, and the work the handle names is still
+    /// in flight on its own channel. The handle was consumed; use
+    /// [`Channel::owns`](crate::Channel::owns) to route handles without losing them. The two
+    /// numbers may be equal: queue pairs of different devices can share a number.
+    ForeignPending {
+        /// The local queue pair number of the channel that posted the work.
+        owner_qp_num: u32,
+        /// The local queue pair number of the channel the handle was given to.
+        qp_num: u32,
+    },
 }
 
 impl<E: ProviderError> Error<E> {
@@ -151,11 +171,14 @@ impl<E: ProviderError> Error<E> {
             Error::Provider { source, .. } => source.kind(),
             Error::Completion(_) => ErrorKind::Completion,
             Error::QueueFull { .. } => ErrorKind::QueueFull,
-            Error::TooManySges { .. } | Error::InvalidAttribute(_) => ErrorKind::InvalidArgument,
+            Error::TooManySges { .. }
+            | Error::InvalidAttribute(_)
+            | Error::ForeignPending { .. } => ErrorKind::InvalidArgument,
             Error::OutOfBounds(_) => ErrorKind::OutOfBounds,
             Error::InvalidState(_) => ErrorKind::InvalidState,
             Error::Timeout => ErrorKind::Timeout,
             Error::UnexpectedCompletion { .. } => ErrorKind::Other,
+            Error::NoSuchPeer { .. } => ErrorKind::InvalidArgument,
         }
     }
 
@@ -183,6 +206,17 @@ impl<E: fmt::Display> fmt::Display for Error<E> {
             Error::Timeout => f.write_str("timed out waiting for completions"),
             Error::UnexpectedCompletion { wr_id } => {
                 write!(f, "completion for unknown work request {wr_id:#x}")
+            }
+            Error::ForeignPending {
+                owner_qp_num,
+                qp_num,
+            } => write!(
+                f,
+                "pending work posted on the channel of QP {owner_qp_num:#x} was given to \
+                 another channel (QP {qp_num:#x}); only its own channel can complete it"
+            ),
+            Error::NoSuchPeer { peer, capacity } => {
+                write!(f, "no channel to peer {peer} (capacity {capacity})")
             }
         }
     }

@@ -7,7 +7,10 @@
 //!   borrows their buffers, and does not return before all of them completed; the first
 //!   error of any of them is returned.
 //! - **Unpolled** (`unsafe`): [`post_send_unpolled`](Channel::post_send_unpolled) and
-//!   friends return a [`Pending`] handle; the caller keeps the buffers alive.
+//!   friends return a [`Pending`] handle; the caller keeps the buffers alive until the
+//!   handle is redeemed, once, by [`wait`](Channel::wait) or a successful
+//!   [`try_complete`](Channel::try_complete) on the channel that posted it (another
+//!   channel refuses it with [`Error::ForeignPending`]).
 //!
 //! Each channel owns a queue pair, a send and a receive completion queue, and two rings of
 //! `N` slots whose work requests hold `S` scatter/gather entries. After setup nothing on
@@ -37,11 +40,13 @@
 //!
 //! A complete two-thread exchange is in `examples/pingpong.rs`.
 
+mod raw;
 mod scope;
-mod wait;
+pub(crate) mod wait;
 
 pub use scope::Scope;
 
+use core::sync::atomic::{AtomicUsize, Ordering};
 use core::time::Duration;
 
 use crate::cq::CompletionQueue;
@@ -87,6 +92,7 @@ impl Default for ChannelConfig {
 /// A channel whose queue pair is created but not connected: hand its
 /// [`endpoint`](PreparedChannel::endpoint) to the peer, then [`connect`](PreparedChannel::connect).
 pub struct PreparedChannel<P: Provider, const N: usize = 64, const S: usize = 4> {
+    owner: Owner,
     qp: QueuePair<P, Init>,
     send_cq: CompletionQueue<P>,
     recv_cq: CompletionQueue<P>,
@@ -109,6 +115,7 @@ impl<P: Provider, const N: usize, const S: usize> PreparedChannel<P, N, S> {
             .map_err(|e| e.error)?;
         let qp = qp.into_rts(&self.config.rts).map_err(|e| e.error)?;
         Ok(Channel {
+            owner: self.owner,
             peer: remote.qp_num,
             qp,
             send_cq: self.send_cq,
@@ -123,6 +130,7 @@ impl<P: Provider, const N: usize, const S: usize> PreparedChannel<P, N, S> {
 /// One RC peer. `N` work requests may be in flight per direction; each holds up to `S`
 /// scatter/gather entries. See the module docs.
 pub struct Channel<P: Provider, const N: usize = 64, const S: usize = 4> {
+    owner: Owner,
     qp: QueuePair<P, ReadyToSend>,
     peer: u32,
     send_cq: CompletionQueue<P>,
@@ -139,19 +147,55 @@ pub(crate) enum Queue {
     Recv,
 }
 
-/// Work posted by an unpolled call. Wait for it with [`Channel::wait`] (or poll it with
-/// [`Channel::try_complete`]); a handle that is dropped unwaited keeps its slot busy.
+/// Which channel posted a [`Pending`]: unique among the channels of this process (a
+/// counter drawn at [`Channel::prepare`], kept across [`Channel::reset`]), with the local
+/// queue pair number for messages. Queue pair numbers alone are not enough: two devices,
+/// or a queue pair destroyed and created again, may give the same number.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Owner {
+    id: usize,
+    qp_num: u32,
+}
+
+impl Owner {
+    fn next(qp_num: u32) -> Owner {
+        // Identity only, not synchronization: any ordering gives distinct values.
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        Owner {
+            id: NEXT.fetch_add(1, Ordering::Relaxed),
+            qp_num,
+        }
+    }
+}
+
+/// Work posted by an unpolled call, redeemable once, on the channel that posted it.
+///
+/// Redeem it with [`Channel::wait`], or poll with [`Channel::try_complete`], which hands it
+/// back while the work is still in flight. Both consume the handle, so completed work
+/// cannot be waited for again. Given to another channel, the handle is refused with
+/// [`Error::ForeignPending`] and that channel's own work is left alone; check with
+/// [`Channel::owns`] first if handles of several channels are mixed.
+///
+/// A handle that is dropped unredeemed (or refused by a channel that did not post it)
+/// keeps its ring slot busy: the ring retires slots in order, so its queue fills up after
+/// at most `N` more posts. Its buffers stay lent to the device.
 #[must_use = "unpolled work must be waited for; its slot stays busy until then"]
 #[derive(Debug, PartialEq, Eq)]
 pub struct Pending {
     seq: u64,
     queue: Queue,
+    owner: Owner,
 }
 
 impl Pending {
     /// The `wr_id` of the work request.
     pub fn wr_id(&self) -> u64 {
         self.seq
+    }
+
+    /// The number of the local queue pair the work was posted on.
+    pub fn qp_num(&self) -> u32 {
+        self.owner.qp_num
     }
 }
 
@@ -211,6 +255,7 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
         let qp = QueuePair::create(ctx, pd, &send_cq, &recv_cq, &qp_cfg)?;
         let qp = qp.into_init(&config.init).map_err(|e| e.error)?;
         Ok(PreparedChannel {
+            owner: Owner::next(qp.qp_num()),
             qp,
             send_cq,
             recv_cq,
@@ -265,6 +310,8 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
         let qp = self.qp.reset().map_err(|e| e.error)?;
         let qp = qp.into_init(&self.config.init).map_err(|e| e.error)?;
         Ok(PreparedChannel {
+            // The same owner: handles posted before the reset stay redeemable here.
+            owner: self.owner,
             qp,
             send_cq: self.send_cq,
             recv_cq: self.recv_cq,
@@ -467,9 +514,12 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
     ///
     /// # Safety
     /// The memory named by `sges` must stay valid and must not be written (for reads and
-    /// atomics: not accessed at all) through Rust references until the returned [`Pending`]
-    /// has been waited for. The sges' lkeys must come from this channel's protection domain
-    /// for the device to accept them (a wrong key is reported, not undefined).
+    /// atomics: not accessed at all) through Rust references until the work has finished:
+    /// the returned [`Pending`] was redeemed on this channel ([`wait`](Self::wait) returned
+    /// a completion, a completion error or a timeout, or [`try_complete`](Self::try_complete)
+    /// a completion or a completion error). The sges' lkeys must come from this channel's
+    /// protection domain for the device to accept them (a wrong key is reported, not
+    /// undefined).
     pub unsafe fn post_send_unpolled(
         &mut self,
         sges: &[Sge],
@@ -487,6 +537,7 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
         Ok(Pending {
             seq,
             queue: Queue::Send,
+            owner: self.owner,
         })
     }
 
@@ -494,7 +545,8 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
     ///
     /// # Safety
     /// The memory named by `sges` must stay valid and must not be accessed through Rust
-    /// references until the returned [`Pending`] has been waited for.
+    /// references until the work has finished, as for
+    /// [`post_send_unpolled`](Self::post_send_unpolled).
     pub unsafe fn post_receive_unpolled(
         &mut self,
         sges: &[Sge],
@@ -508,24 +560,118 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
         Ok(Pending {
             seq,
             queue: Queue::Recv,
+            owner: self.owner,
         })
     }
 
-    /// Polls once; the outcome of `pending` if it completed.
-    pub fn try_complete(
-        &mut self,
-        pending: &Pending,
-    ) -> Result<Option<Completion>, Error<P::Error>> {
-        if let Some(r) = self.take(pending.queue, pending.seq) {
-            return r.map(Some);
-        }
-        self.poll(pending.queue)?;
-        self.take(pending.queue, pending.seq).transpose()
+    /// Whether `pending` was posted on this channel (and so may be redeemed here).
+    pub fn owns(&self, pending: &Pending) -> bool {
+        pending.owner == self.owner
     }
 
-    /// Waits for `pending` to complete.
+    /// Polls once: the outcome of `pending` if it has completed (`Ok(Ok(_))`, or
+    /// `Err(Error::Completion(_))` if it failed), or the handle back if it is still in
+    /// flight (`Ok(Err(pending))`). A completed handle is consumed, so the work cannot be
+    /// waited for again; its buffers are the caller's again.
+    ///
+    /// A handle posted on another channel is refused with [`Error::ForeignPending`] without
+    /// polling: this channel's work is untouched. That error, and a failure to poll (a
+    /// provider error), consume the handle too, but its work may still be in flight: its
+    /// buffers stay lent to the device (see [`Pending`]).
+    ///
+    /// ```
+    /// # use zverbs::provider::sim::Sim;
+    /// # use zverbs::{Channel, ChannelConfig, Context};
+    /// # let sim = Sim::with_devices(2);
+    /// # let (ca, cb) = (Context::open(&sim, "sim0").unwrap(), Context::open(&sim, "sim1").unwrap());
+    /// # let (pa, pb) = (ca.alloc_pd().unwrap(), cb.alloc_pd().unwrap());
+    /// # let a = Channel::<Sim>::prepare(&ca, &pa, &ChannelConfig::default()).unwrap();
+    /// # let b = Channel::<Sim>::prepare(&cb, &pb, &ChannelConfig::default()).unwrap();
+    /// # let (ea, eb) = (a.endpoint(), b.endpoint());
+    /// # let (mut a, mut b) = (a.connect(&eb).unwrap(), b.connect(&ea).unwrap());
+    /// let mut inbox = [0u8; 8];
+    /// let mut inbox = pb.register(&mut inbox).unwrap();
+    /// let sge = inbox.slice_mut(..).unwrap().sge();
+    /// // SAFETY: `inbox` is not touched until the receive has completed (below).
+    /// let mut pending = unsafe { b.post_receive_unpolled(&[sge]) }.unwrap();
+    /// // Nothing sent yet: the handle comes back.
+    /// pending = b.try_complete(pending).unwrap().unwrap_err();
+    /// let mut msg = *b"ping!";
+    /// a.send([pa.register(&mut msg).unwrap().slice(..).unwrap()]).unwrap();
+    /// let done = loop {
+    ///     pending = match b.try_complete(pending).unwrap() {
+    ///         Ok(done) => break done,
+    ///         Err(still_pending) => still_pending,
+    ///     };
+    /// };
+    /// // The handle is gone: the completed receive cannot be waited for again.
+    /// assert_eq!(done.byte_len, 5);
+    /// assert_eq!(&inbox.as_slice()[..5], b"ping!");
+    /// ```
+    pub fn try_complete(
+        &mut self,
+        pending: Pending,
+    ) -> Result<Result<Completion, Pending>, Error<P::Error>> {
+        self.check_owner(&pending)?;
+        if let Some(r) = self.take(pending.queue, pending.seq) {
+            return r.map(Ok);
+        }
+        self.poll(pending.queue)?;
+        match self.take(pending.queue, pending.seq) {
+            Some(r) => r.map(Ok),
+            None => Ok(Err(pending)),
+        }
+    }
+
+    /// Waits for `pending` to complete and returns its outcome; an error completion is
+    /// `Err(Error::Completion(_))`. On [`Error::Timeout`] the queue pair was moved to the
+    /// error state and the work waited for until flushed. After these outcomes the work is
+    /// finished and its buffers are the caller's again.
+    ///
+    /// A handle posted on another channel is refused with [`Error::ForeignPending`],
+    /// without waiting: this channel's work is untouched, and the work the handle names
+    /// (on its own channel) may still be in flight, its buffers lent to the device. The
+    /// same holds after a failure to poll (a provider error).
+    ///
+    /// ```
+    /// # use zverbs::provider::sim::Sim;
+    /// # use zverbs::{Channel, ChannelConfig, Context, Error, SendFlags, SendOp};
+    /// # let sim = Sim::with_devices(2);
+    /// # let (ca, cb) = (Context::open(&sim, "sim0").unwrap(), Context::open(&sim, "sim1").unwrap());
+    /// # let (pa, pb) = (ca.alloc_pd().unwrap(), cb.alloc_pd().unwrap());
+    /// # let a = Channel::<Sim>::prepare(&ca, &pa, &ChannelConfig::default()).unwrap();
+    /// # let b = Channel::<Sim>::prepare(&cb, &pb, &ChannelConfig::default()).unwrap();
+    /// # let (ea, eb) = (a.endpoint(), b.endpoint());
+    /// # let (mut a, mut b) = (a.connect(&eb).unwrap(), b.connect(&ea).unwrap());
+    /// let mut inbox = [0u8; 8];
+    /// let mut inbox = pb.register(&mut inbox).unwrap();
+    /// let mut msg = *b"pong";
+    /// let msg = pa.register(&mut msg).unwrap();
+    /// // SAFETY: neither buffer is touched until its work has completed (below).
+    /// let recv = unsafe { b.post_receive_unpolled(&[inbox.slice_mut(..).unwrap().sge()]) }.unwrap();
+    /// let send = unsafe {
+    ///     a.post_send_unpolled(&[msg.slice(..).unwrap().sge()], SendOp::Send, SendFlags::empty())
+    /// }
+    /// .unwrap();
+    /// assert!(a.owns(&send) && !b.owns(&send));
+    /// a.wait(send).unwrap();
+    /// assert_eq!(b.wait(recv).unwrap().byte_len, 4);
+    /// assert_eq!(&inbox.as_slice()[..4], b"pong");
+    /// ```
     pub fn wait(&mut self, pending: Pending) -> Result<Completion, Error<P::Error>> {
+        self.check_owner(&pending)?;
         self.wait_seq(pending.queue, pending.seq)
+    }
+
+    fn check_owner(&self, pending: &Pending) -> Result<(), Error<P::Error>> {
+        if self.owns(pending) {
+            Ok(())
+        } else {
+            Err(Error::ForeignPending {
+                owner_qp_num: pending.owner.qp_num,
+                qp_num: self.owner.qp_num,
+            })
+        }
     }
 
     // ---- machinery ----

@@ -1,0 +1,1739 @@
+//! Target `sim_ops`: sequences of channel operations on one connected pair of channels
+//! (A, B) on the simulator, run single-threaded and checked against [`crate::model`].
+//!
+//! Set-up: each side registers eight regions with different rights (one with every remote
+//! right, read-only, write-only, atomic-only, local-only, no rights at all, one in a second
+//! protection domain, and an empty one). Operations: blocking write / read / fetch-add /
+//! compare-swap / send / inline send / receive with arbitrary offsets, lengths, forged
+//! remote regions and corrupted rkeys; unpolled sends (any opcode) and receives with raw
+//! scatter/gather entries (corrupted lkeys, out-of-bounds, huge lengths, inline); waits and
+//! polls of their handles; scopes of several writes with doorbells in between; `set_error`.
+//!
+//! Invariants checked after every operation:
+//! - no panic; every call returns exactly the `Ok` or typed `Error` the model predicts
+//!   (completion status, `wr_id`, opcode, byte count, immediate data, atomic's old value);
+//! - every `Pending` is redeemed (at the latest at the end) exactly once: `try_complete`
+//!   hands it back while in flight and consumes it with the outcome, and no model
+//!   completion is left unobserved;
+//! - handles are tied to their channel: each is [`owns`](Channel::owns)-ed by its own
+//!   channel only, and before every wait or poll the channel is first handed a handle of a
+//!   decoy channel, which it must refuse with `Error::ForeignPending` without polling or
+//!   taking anything (its ring occupancy is unchanged, and the real call that follows
+//!   still gets the model's outcome);
+//! - queue pair states match the model (after an error completion: `Error`, and later work
+//!   completes with `WR_FLUSH_ERR` or is refused);
+//! - `in_flight()` matches the handles held (no leaked ring slots);
+//! - every registered byte on both sides equals the model: successful writes and atomics
+//!   land exactly in range, failed ones and bytes outside change nothing.
+//!
+//! Operations that would wait for something that cannot happen (a send without a receive
+//! at the peer) are skipped, except for one per run if the input allows it, which must time
+//! out (20 ms) and move the queue pair to the error state.
+//!
+//! Set `ZVERBS_FUZZ_TRACE=1` to print the input and each operation's expectation.
+
+use std::time::Duration;
+
+use arbitrary::{Arbitrary, Unstructured};
+use zverbs::provider::sim::{Sim, SimError};
+use zverbs::{
+    AccessFlags, BoundsError, Channel, ChannelConfig, Completion, Context, Error, LocalSlice,
+    LocalSliceMut, MemoryRegion, Pending, ProtectionDomain, QpState, RemoteRegion, SendFlags,
+    SendOp, Sge, WcStatus,
+};
+
+use crate::model::{MRecv, MRegion, MSend, MSide, Model, Outcome, PostRefusal, Q};
+
+/// Ring size (work requests in flight per queue).
+pub const N: usize = 8;
+/// Scatter/gather entries per work request.
+pub const S: usize = 4;
+/// Regions per side.
+pub const R: usize = 8;
+/// Most operations run per input.
+pub const MAX_OPS: usize = 64;
+/// Channel timeout.
+pub const TIMEOUT: Duration = Duration::from_millis(20);
+/// Ring size of the decoy channel whose handles are handed to A and B (each refusal loses
+/// one decoy handle, and so one decoy slot for good: at most one per wait or poll).
+pub const DECOY_N: usize = 128;
+
+type Ch = Channel<Sim, N, S>;
+type Decoy = Channel<Sim, DECOY_N, 1>;
+
+/// Which channel initiates.
+#[derive(Arbitrary, Debug, Clone, Copy)]
+pub enum Side {
+    /// Channel A (on `sim0`).
+    A,
+    /// Channel B (on `sim1`).
+    B,
+}
+
+impl Side {
+    fn ix(self) -> usize {
+        self as usize
+    }
+}
+
+/// A safe local slice: mapped into the region's bounds.
+#[derive(Arbitrary, Debug, Clone)]
+pub struct Local {
+    /// Region index (mod `R`).
+    pub region: u8,
+    /// Start (mod length + 1).
+    pub start: u8,
+    /// Length (mod what is left + 1).
+    pub len: u8,
+}
+
+/// The 8-byte result slice of an atomic; `wrong_len` makes it another length.
+#[derive(Arbitrary, Debug, Clone)]
+pub struct Local8 {
+    /// Region index.
+    pub region: u8,
+    /// Start.
+    pub start: u8,
+    /// A length other than 8.
+    pub wrong_len: Option<u8>,
+}
+
+/// How a raw SGE's lkey is made.
+#[derive(Arbitrary, Debug, Clone)]
+pub enum LKey {
+    /// The region's lkey.
+    Own,
+    /// The region's rkey.
+    Rkey,
+    /// The lkey with bits flipped.
+    Xor(u32),
+    /// The peer's region's lkey (another protection domain).
+    Peer,
+    /// Any value.
+    Raw(u32),
+}
+
+/// Where a raw scatter/gather entry points.
+#[derive(Arbitrary, Debug, Clone)]
+pub enum Place {
+    /// Inside the region (start and length mapped into its bounds).
+    In {
+        /// Start (mod length + 1).
+        start: u8,
+        /// Length (mod what is left + 1).
+        len: u8,
+    },
+    /// Any offset from the region's start and any length (may leave it).
+    Raw {
+        /// Offset.
+        off: u8,
+        /// Length.
+        len: u8,
+        /// Adds 2^31 to the length.
+        huge: bool,
+    },
+}
+
+/// A raw scatter/gather entry: any place and key.
+#[derive(Arbitrary, Debug, Clone)]
+pub struct RawSge {
+    /// Region index.
+    pub region: u8,
+    /// Offset and length.
+    pub place: Place,
+    /// Key.
+    pub key: LKey,
+}
+
+/// How a remote region's rkey is made.
+#[derive(Arbitrary, Debug, Clone)]
+pub enum RKey {
+    /// The peer region's rkey.
+    Own,
+    /// The peer region's lkey.
+    Lkey,
+    /// The rkey with bits flipped.
+    Xor(u32),
+    /// The initiator's own region's rkey (wrong protection domain).
+    Mine,
+    /// Any value.
+    Raw(u32),
+}
+
+/// The length a remote region claims.
+#[derive(Arbitrary, Debug, Clone)]
+pub enum RLen {
+    /// From the offset to the region's end.
+    Rest,
+    /// Exactly the data's length.
+    Exact,
+    /// Any length.
+    Raw(u8),
+}
+
+/// Where in the peer's region a remote access starts.
+#[derive(Arbitrary, Debug, Clone)]
+pub enum Off {
+    /// Inside (mod length + 1).
+    In(u8),
+    /// Inside, 8-byte aligned (for atomics).
+    Aligned(u8),
+    /// Any offset (may leave the region).
+    Raw(u8),
+}
+
+/// A remote region in the peer's memory, possibly forged.
+#[derive(Arbitrary, Debug, Clone)]
+pub struct Remote {
+    /// Peer region index.
+    pub region: u8,
+    /// Offset from its start.
+    pub off: Off,
+    /// Claimed length.
+    pub len: RLen,
+    /// Key.
+    pub key: RKey,
+    /// Build it with the bounds-checked `RemoteRegion::slice` instead of literally.
+    pub via_slice: bool,
+}
+
+/// The compare value of a compare-and-swap.
+#[derive(Arbitrary, Debug, Clone)]
+pub enum Cmp {
+    /// The value the target word holds now (if the model knows it).
+    Current,
+    /// Any value.
+    Value(u64),
+}
+
+/// The opcode of an unpolled send.
+#[derive(Arbitrary, Debug, Clone)]
+pub enum RawKind {
+    /// Send.
+    Send,
+    /// Send with immediate.
+    SendImm(u32),
+    /// RDMA write.
+    Write,
+    /// RDMA write with immediate.
+    WriteImm(u32),
+    /// RDMA read.
+    Read,
+    /// Compare-and-swap.
+    CompareSwap {
+        /// Compare value.
+        compare: Cmp,
+        /// Swap value.
+        swap: u64,
+    },
+    /// Fetch-and-add.
+    FetchAdd(u64),
+}
+
+/// What one work request of a scope does.
+#[derive(Arbitrary, Debug, Clone)]
+pub enum ScopeKind {
+    /// `post_write`.
+    Write {
+        /// Gather list.
+        data: Vec<Local>,
+        /// Target.
+        remote: Remote,
+    },
+    /// `post_write_with_imm`.
+    WriteImm {
+        /// Gather list.
+        data: Vec<Local>,
+        /// Target.
+        remote: Remote,
+        /// Immediate data.
+        imm: u32,
+    },
+    /// `post_read` into one slice.
+    Read {
+        /// Destination (its region is borrowed exclusively for the scope).
+        into: Local,
+        /// Source.
+        remote: Remote,
+    },
+    /// `post_send` / `post_send_with_imm`.
+    Send {
+        /// Gather list.
+        data: Vec<Local>,
+        /// Immediate data.
+        imm: Option<u32>,
+    },
+    /// `post_receive` into one slice.
+    Recv {
+        /// Destination (its region is borrowed exclusively for the scope).
+        into: Local,
+    },
+}
+
+/// One work request of a scope.
+#[derive(Arbitrary, Debug, Clone)]
+pub struct ScopeItem {
+    /// What it does.
+    pub kind: ScopeKind,
+    /// Ring the doorbell after staging it.
+    pub doorbell: bool,
+}
+
+/// One operation.
+#[derive(Arbitrary, Debug, Clone)]
+pub enum Op {
+    /// Blocking RDMA write.
+    Write {
+        /// Initiator.
+        side: Side,
+        /// Gather list.
+        data: Vec<Local>,
+        /// Target.
+        remote: Remote,
+    },
+    /// Blocking RDMA read.
+    Read {
+        /// Initiator.
+        side: Side,
+        /// Scatter list (one slice per region).
+        into: Vec<Local>,
+        /// Source.
+        remote: Remote,
+    },
+    /// Blocking fetch-and-add.
+    FetchAdd {
+        /// Initiator.
+        side: Side,
+        /// Result slice.
+        result: Local8,
+        /// Target word.
+        remote: Remote,
+        /// Addend.
+        add: u64,
+    },
+    /// Blocking compare-and-swap.
+    CompareSwap {
+        /// Initiator.
+        side: Side,
+        /// Result slice.
+        result: Local8,
+        /// Target word.
+        remote: Remote,
+        /// Compare value.
+        compare: Cmp,
+        /// Swap value.
+        swap: u64,
+    },
+    /// Blocking send (with immediate).
+    Send {
+        /// Sender.
+        side: Side,
+        /// Gather list.
+        data: Vec<Local>,
+        /// Immediate data.
+        imm: Option<u32>,
+    },
+    /// Blocking inline send of unregistered bytes.
+    SendInline {
+        /// Sender.
+        side: Side,
+        /// Byte count (mod 80; 64 fit).
+        len: u8,
+    },
+    /// Blocking receive.
+    Receive {
+        /// Receiver.
+        side: Side,
+        /// Scatter list (one slice per region).
+        into: Vec<Local>,
+    },
+    /// Unpolled send of any opcode with raw entries.
+    PostSend {
+        /// Initiator.
+        side: Side,
+        /// Opcode.
+        kind: RawKind,
+        /// Raw entries.
+        sges: Vec<RawSge>,
+        /// Target (RDMA and atomics).
+        remote: Remote,
+        /// `FENCE` | `SOLICITED` | `INLINE` bits.
+        flags: u8,
+    },
+    /// Unpolled receive with raw entries.
+    PostRecv {
+        /// Receiver.
+        side: Side,
+        /// Raw entries.
+        sges: Vec<RawSge>,
+    },
+    /// Waits for a held handle.
+    Wait {
+        /// Which (mod count).
+        idx: u8,
+    },
+    /// Polls a held handle once.
+    TryComplete {
+        /// Which (mod count).
+        idx: u8,
+    },
+    /// Several work requests in one scope.
+    Scope {
+        /// Initiator.
+        side: Side,
+        /// The work.
+        items: Vec<ScopeItem>,
+    },
+    /// Moves a queue pair to the error state.
+    SetError {
+        /// Which.
+        side: Side,
+    },
+    /// Runs the previous operation again, `count % 12` times (fills rings and queues).
+    Repeat {
+        /// How often.
+        count: u8,
+    },
+}
+
+/// A whole fuzz input.
+#[derive(Arbitrary, Debug, Clone)]
+pub struct SimOpsInput {
+    /// Seeds the initial memory contents.
+    pub seed: u8,
+    /// One operation that can only time out may run (costs the 20 ms timeout).
+    pub allow_timeout: bool,
+    /// Operations (the first `MAX_OPS` run).
+    pub ops: Vec<Op>,
+}
+
+/// Parses `data` and runs it. Inputs that do not parse are ignored.
+pub fn run_bytes(data: &[u8]) {
+    if let Ok(input) = SimOpsInput::arbitrary_take_rest(Unstructured::new(data)) {
+        run(&input);
+    }
+}
+
+/// How a region is registered.
+struct RegionSpec {
+    len: usize,
+    access: AccessFlags,
+    other_pd: bool,
+    safe_register: bool,
+}
+
+fn region_specs() -> [RegionSpec; R] {
+    let lw = AccessFlags::LOCAL_WRITE;
+    let spec = |len, access, other_pd, safe_register| RegionSpec {
+        len,
+        access,
+        other_pd,
+        safe_register,
+    };
+    [
+        spec(64, AccessFlags::all(), false, false),
+        spec(32, AccessFlags::REMOTE_READ, false, false),
+        spec(32, lw | AccessFlags::REMOTE_WRITE, false, false),
+        spec(24, lw | AccessFlags::REMOTE_ATOMIC, false, false),
+        spec(48, lw, false, true),
+        spec(16, AccessFlags::empty(), false, false),
+        spec(32, AccessFlags::all(), true, false),
+        spec(0, AccessFlags::all(), false, false),
+    ]
+}
+
+/// Backing memory of one region: 64-byte aligned so that alignment is reproducible.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Block([u8; 64]);
+
+/// A handle of unpolled work and what it is.
+#[derive(Debug)]
+struct Held {
+    x: usize,
+    q: Q,
+    seq: u64,
+    p: Pending,
+}
+
+/// A resolved scope item.
+struct Planned {
+    kind: ScopeKind,
+    locals: Vec<(usize, usize, usize)>,
+    q: Q,
+    remote: Option<Result<RemoteRegion, BoundsError>>,
+    doorbell: bool,
+}
+
+/// What a call must return.
+#[derive(Debug, Clone, PartialEq)]
+enum Want {
+    /// Completion (success or error) of the request `seq`.
+    Done(u64, Outcome),
+    /// Unpolled work posted as `seq`.
+    Posted(u64),
+    /// A scope whose work all succeeded.
+    ScopeOk,
+    TooManySges(usize),
+    OutOfBounds,
+    QueueFull,
+    Refused(PostRefusal, &'static str),
+    Timeout,
+    InvalidAttribute,
+}
+
+fn in_flight(held: &[Held], m: &Model, x: usize, q: Q, extra: &[u64]) -> usize {
+    let oldest = held
+        .iter()
+        .filter(|h| h.x == x && h.q == q)
+        .map(|h| h.seq)
+        .chain(extra.iter().copied())
+        .min();
+    oldest.map_or(0, |o| (m.next_seq(x, q) - o) as usize)
+}
+
+struct Rig<'a> {
+    ch: [Ch; 2],
+    /// A second connected pair on the same fabric: a blocking zero-length write on it runs
+    /// the simulator's engine (every post and poll does), so that work of A and B that can
+    /// move has moved before states are compared.
+    pump: Channel<Sim, 2, 1>,
+    _pump_peer: Channel<Sim, 2, 1>,
+    /// A third connected channel (on `sim0`): its handles are handed to A and B, which must
+    /// refuse them.
+    decoy: Decoy,
+    _decoy_peer: Decoy,
+    mrs: [Vec<MemoryRegion<'a, Sim>>; 2],
+    _pds: Vec<ProtectionDomain<Sim>>,
+    _ctx: [Context<Sim>; 2],
+    model: Model,
+    held: Vec<Held>,
+    timeouts_left: u32,
+    qpn: [u32; 2],
+    seed: u8,
+    trace: bool,
+}
+
+fn local_sge(r: &MRegion, start: usize, len: usize) -> Sge {
+    Sge {
+        addr: r.base + start as u64,
+        length: len as u32,
+        lkey: r.lkey,
+    }
+}
+
+fn total(sges: &[Sge]) -> u64 {
+    sges.iter().map(|s| u64::from(s.length)).sum()
+}
+
+/// Slices of distinct regions, mutably, in the order of `locals`.
+fn mut_slices<'m>(
+    mrs: &'m mut [MemoryRegion<'_, Sim>],
+    locals: &[(usize, usize, usize)],
+) -> Vec<LocalSliceMut<'m>> {
+    let mut by_region: Vec<Option<LocalSliceMut<'m>>> = mrs
+        .iter_mut()
+        .enumerate()
+        .map(|(i, mr)| {
+            let l = locals.iter().find(|l| l.0 == i)?;
+            Some(mr.slice_mut(l.1..l.1 + l.2).expect("mapped into bounds"))
+        })
+        .collect();
+    locals
+        .iter()
+        .map(|l| by_region[l.0].take().expect("one slice per region"))
+        .collect()
+}
+
+/// Runs one input.
+pub fn run(input: &SimOpsInput) {
+    let trace = std::env::var_os("ZVERBS_FUZZ_TRACE").is_some();
+    if trace {
+        eprintln!("{input:#?}");
+    }
+    let mut storage = Box::new([[Block([0; 64]); R]; 2]);
+    for (x, side) in storage.iter_mut().enumerate() {
+        for (i, block) in side.iter_mut().enumerate() {
+            for (k, b) in block.0.iter_mut().enumerate() {
+                *b = (k as u8).wrapping_mul(13).wrapping_add(
+                    input.seed ^ (x as u8).wrapping_mul(101) ^ (i as u8).wrapping_mul(37),
+                );
+            }
+        }
+    }
+    let [sa, sb] = &mut *storage;
+    let mut rig = Rig::new(input.seed, [sa, sb], trace);
+    rig.timeouts_left = u32::from(input.allow_timeout);
+    let mut n = 0;
+    let mut last: Option<&Op> = None;
+    for op in &input.ops {
+        let (op, times) = match (op, last) {
+            (Op::Repeat { count }, Some(prev)) => (prev, usize::from(*count) % 12),
+            (Op::Repeat { .. }, None) => continue,
+            (op, _) => (op, 1),
+        };
+        last = Some(op);
+        for _ in 0..times {
+            if n == MAX_OPS {
+                break;
+            }
+            if trace {
+                eprintln!("-- op {n}: {op:?}");
+            }
+            rig.op(op);
+            rig.settle(n);
+            n += 1;
+        }
+    }
+    rig.finish();
+}
+
+impl<'a> Rig<'a> {
+    fn new(seed: u8, storage: [&'a mut [Block; R]; 2], trace: bool) -> Rig<'a> {
+        let sim = Sim::with_devices(2);
+        let cfg = ChannelConfig {
+            timeout: Some(TIMEOUT),
+            ..ChannelConfig::default()
+        };
+        let ctx = [
+            Context::open(&sim, "sim0").expect("sim0"),
+            Context::open(&sim, "sim1").expect("sim1"),
+        ];
+        let pd = |c: &Context<Sim>| c.alloc_pd().expect("alloc_pd");
+        let pds = vec![
+            pd(&ctx[0]),
+            pd(&ctx[0]),
+            pd(&ctx[1]),
+            pd(&ctx[1]),
+            pd(&ctx[0]),
+            pd(&ctx[1]),
+        ];
+        let a = Ch::prepare(&ctx[0], &pds[0], &cfg).expect("prepare A");
+        let b = Ch::prepare(&ctx[1], &pds[2], &cfg).expect("prepare B");
+        let c = Channel::<Sim, 2, 1>::prepare(&ctx[0], &pds[4], &cfg).expect("prepare pump");
+        let d = Channel::<Sim, 2, 1>::prepare(&ctx[1], &pds[5], &cfg).expect("prepare pump peer");
+        let e = Decoy::prepare(&ctx[0], &pds[4], &cfg).expect("prepare decoy");
+        let f = Decoy::prepare(&ctx[1], &pds[5], &cfg).expect("prepare decoy peer");
+        let (ea, eb, ec, ed) = (a.endpoint(), b.endpoint(), c.endpoint(), d.endpoint());
+        let (ee, ef) = (e.endpoint(), f.endpoint());
+        let (decoy, decoy_peer) = (
+            e.connect(&ef).expect("connect decoy"),
+            f.connect(&ee).expect("connect decoy peer"),
+        );
+        let qpn = [ea.qp_num, eb.qp_num];
+        let ch = [
+            a.connect(&eb).expect("connect A"),
+            b.connect(&ea).expect("connect B"),
+        ];
+        let (pump, pump_peer) = (
+            c.connect(&ed).expect("connect pump"),
+            d.connect(&ec).expect("connect pump peer"),
+        );
+
+        // Remote write or atomic rights without local write are refused at registration.
+        let mut scratch = [0u8; 8];
+        // SAFETY: refused, so never registered.
+        let refused =
+            unsafe { pds[0].register_with_access(&mut scratch, AccessFlags::REMOTE_WRITE) };
+        assert_eq!(
+            refused.err().map(|e| e.kind()),
+            Some(zverbs::ErrorKind::InvalidArgument)
+        );
+
+        let specs = region_specs();
+        let mut regions = Vec::new();
+        let mut mrs: [Vec<MemoryRegion<'a, Sim>>; 2] = [Vec::new(), Vec::new()];
+        for (x, side) in storage.into_iter().enumerate() {
+            for (block, spec) in side.iter_mut().zip(&specs) {
+                let pd_ix = 2 * x + usize::from(spec.other_pd);
+                let pd = &pds[pd_ix];
+                let buf = &mut block.0[..spec.len];
+                let mr = if spec.safe_register {
+                    pd.register(buf)
+                } else {
+                    // SAFETY: peers reach this memory only inside posts and polls this
+                    // thread makes; the harness reads it (as_slice) only between them.
+                    unsafe { pd.register_with_access(buf, spec.access) }
+                }
+                .expect("register");
+                regions.push(MRegion {
+                    pd: pd_ix,
+                    base: mr.remote().addr,
+                    len: mr.len(),
+                    lkey: mr.lkey(),
+                    rkey: mr.rkey(),
+                    access: spec.access,
+                    mem: mr.as_slice().to_vec(),
+                });
+                mrs[x].push(mr);
+            }
+        }
+        let max_inline = u64::from(cfg.qp.caps.max_inline_data);
+        let model = Model {
+            regions,
+            sides: [MSide::new(0), MSide::new(2)],
+            done: Default::default(),
+            depth: N,
+            max_inline,
+        };
+        Rig {
+            ch,
+            pump,
+            _pump_peer: pump_peer,
+            decoy,
+            _decoy_peer: decoy_peer,
+            mrs,
+            _pds: pds,
+            _ctx: ctx,
+            model,
+            held: Vec::new(),
+            timeouts_left: 0,
+            qpn,
+            seed,
+            trace,
+        }
+    }
+
+    fn region(&self, x: usize, i: usize) -> &MRegion {
+        &self.model.regions[x * R + i]
+    }
+
+    /// Maps a safe local spec into its region: (region, start, len).
+    fn map_local(&self, x: usize, l: &Local) -> (usize, usize, usize) {
+        let i = usize::from(l.region) % R;
+        let len = self.region(x, i).len;
+        let start = usize::from(l.start) % (len + 1);
+        (i, start, usize::from(l.len) % (len - start + 1))
+    }
+
+    fn locals(&self, x: usize, specs: &[Local], distinct: bool) -> Vec<(usize, usize, usize)> {
+        let mut out: Vec<(usize, usize, usize)> = Vec::new();
+        for l in specs {
+            let l = self.map_local(x, l);
+            if !(distinct && out.iter().any(|o| o.0 == l.0)) {
+                out.push(l);
+            }
+        }
+        out.truncate(S + 2);
+        out
+    }
+
+    fn sges_of(&self, x: usize, locals: &[(usize, usize, usize)]) -> Vec<Sge> {
+        locals
+            .iter()
+            .map(|&(i, st, n)| local_sge(self.region(x, i), st, n))
+            .collect()
+    }
+
+    fn raw_sge(&self, x: usize, s: &RawSge) -> Sge {
+        let i = usize::from(s.region) % R;
+        let r = self.region(x, i);
+        let (off, length) = match s.place {
+            Place::In { start, len } => {
+                let start = usize::from(start) % (r.len + 1);
+                (
+                    start as u64,
+                    (usize::from(len) % (r.len - start + 1)) as u32,
+                )
+            }
+            Place::Raw { off, len, huge } => (
+                u64::from(off),
+                u32::from(len) | if huge { 1 << 31 } else { 0 },
+            ),
+        };
+        let lkey = match s.key {
+            LKey::Own => r.lkey,
+            LKey::Rkey => r.rkey,
+            LKey::Xor(v) => r.lkey ^ v,
+            LKey::Peer => self.region(1 - x, i).lkey,
+            LKey::Raw(v) => v,
+        };
+        Sge {
+            addr: r.base + off,
+            length,
+            lkey,
+        }
+    }
+
+    /// Offset of a remote access into peer region `i`.
+    fn remote_off(&self, x: usize, r: &Remote) -> u64 {
+        let len = self.region(1 - x, usize::from(r.region) % R).len;
+        match r.off {
+            Off::In(o) => (usize::from(o) % (len + 1)) as u64,
+            Off::Aligned(o) => (usize::from(o) % (len / 8 + 1) * 8) as u64,
+            Off::Raw(o) => u64::from(o),
+        }
+    }
+
+    fn rkey(&self, x: usize, r: &Remote) -> u32 {
+        let i = usize::from(r.region) % R;
+        let reg = self.region(1 - x, i);
+        match r.key {
+            RKey::Own => reg.rkey,
+            RKey::Lkey => reg.lkey,
+            RKey::Xor(v) => reg.rkey ^ v,
+            RKey::Mine => self.region(x, i).rkey,
+            RKey::Raw(v) => v,
+        }
+    }
+
+    /// The remote region `x` names in its peer for `total` bytes of data.
+    fn remote_region(&self, x: usize, r: &Remote, total: u64) -> Result<RemoteRegion, BoundsError> {
+        let i = usize::from(r.region) % R;
+        let reg = self.region(1 - x, i);
+        let off = self.remote_off(x, r);
+        let claimed = match r.len {
+            RLen::Rest => (reg.len as u64).saturating_sub(off),
+            RLen::Exact => total,
+            RLen::Raw(n) => u64::from(n),
+        };
+        let rr = if r.via_slice {
+            self.mrs[1 - x][i].remote().slice(off..off + claimed)?
+        } else {
+            RemoteRegion {
+                addr: reg.base + off,
+                len: claimed,
+                rkey: reg.rkey,
+            }
+        };
+        Ok(RemoteRegion {
+            rkey: self.rkey(x, r),
+            ..rr
+        })
+    }
+
+    /// The word a compare-and-swap from `x` to `r` would compare, if the model knows it.
+    fn compare_value(&self, x: usize, r: &Remote, cmp: &Cmp) -> u64 {
+        match cmp {
+            Cmp::Value(v) => *v,
+            Cmp::Current => {
+                let reg = self.region(1 - x, usize::from(r.region) % R);
+                let off = self.remote_off(x, r) as usize;
+                reg.mem
+                    .get(off..off + 8)
+                    .map_or(0, |w| u64::from_ne_bytes(w.try_into().expect("8 bytes")))
+            }
+        }
+    }
+
+    /// Inline payload read from `x`'s own memory, if every entry lies in a region of its
+    /// main protection domain (valid memory, accepted under either inline rule).
+    fn inline_bytes(&self, x: usize, sges: &[Sge]) -> Option<Vec<u8>> {
+        let mut out = Vec::new();
+        for s in sges.iter().filter(|s| s.length > 0) {
+            let r = (0..R)
+                .map(|i| self.region(x, i))
+                .filter(|r| r.pd == 2 * x)
+                .find_map(|r| r.offset(s.addr, u64::from(s.length)).map(|off| (r, off)));
+            let (r, off) = r?;
+            out.extend_from_slice(&r.mem[off..off + s.length as usize]);
+        }
+        Some(out)
+    }
+
+    /// Predicts a blocking send-queue call on `x` and commits the model; `None` to skip it
+    /// (it would wait for nothing and the run has no timeout left).
+    fn blocking_send_want(
+        &mut self,
+        x: usize,
+        op: SendOp,
+        sges: Vec<Sge>,
+        flags: SendFlags,
+        inline: Option<Vec<u8>>,
+    ) -> Option<Want> {
+        if in_flight(&self.held, &self.model, x, Q::Send, &[]) == N {
+            return Some(Want::QueueFull);
+        }
+        let mut m = self.model.clone();
+        let seq = m.take_seq(x, Q::Send);
+        let e = MSend {
+            seq,
+            op,
+            sges,
+            flags: flags | SendFlags::SIGNALED,
+            inline,
+        };
+        if let Err(r) = m.post_send(x, e) {
+            m.untake_seq(x, Q::Send);
+            m.progress();
+            self.model = m;
+            return Some(Want::Refused(r, "ibv_post_send"));
+        }
+        self.finish_blocking(m, x, Q::Send, seq)
+    }
+
+    /// As `blocking_send_want`, for a blocking receive.
+    fn blocking_recv_want(&mut self, x: usize, sges: Vec<Sge>) -> Option<Want> {
+        if in_flight(&self.held, &self.model, x, Q::Recv, &[]) == N {
+            return Some(Want::QueueFull);
+        }
+        let mut m = self.model.clone();
+        let seq = m.take_seq(x, Q::Recv);
+        if let Err(r) = m.post_recv(x, MRecv { seq, sges }) {
+            m.untake_seq(x, Q::Recv);
+            m.progress();
+            self.model = m;
+            return Some(Want::Refused(r, "ibv_post_recv"));
+        }
+        self.finish_blocking(m, x, Q::Recv, seq)
+    }
+
+    fn finish_blocking(&mut self, mut m: Model, x: usize, q: Q, seq: u64) -> Option<Want> {
+        m.progress();
+        let want = match m.done.remove(&(x, q, seq)) {
+            Some(o) => Want::Done(seq, o),
+            None => {
+                if self.timeouts_left == 0 {
+                    return None;
+                }
+                self.timeouts_left -= 1;
+                // The wait times out: the channel moves the queue pair to the error state
+                // and waits for the flush, whose outcome it discards.
+                m.set_err(x);
+                m.progress();
+                m.done.remove(&(x, q, seq)).expect("flushed");
+                Want::Timeout
+            }
+        };
+        self.model = m;
+        Some(want)
+    }
+
+    /// Checks a call's result against `want`; returns the value of a success.
+    fn check<T: std::fmt::Debug>(
+        &self,
+        real: Result<T, Error<SimError>>,
+        want: &Want,
+        x: usize,
+        what: &str,
+    ) -> Option<T> {
+        if self.trace {
+            eprintln!("   {what} on {x}: want {want:?}, got {real:?}");
+        }
+        let ok = match (want, &real) {
+            (Want::Done(_, o), Ok(_)) => o.status == WcStatus::Success,
+            (Want::ScopeOk, Ok(_)) | (Want::Posted(_), Ok(_)) => true,
+            (Want::Done(seq, o), Err(Error::Completion(c))) => {
+                o.status != WcStatus::Success
+                    && c.status == o.status
+                    && c.wr_id == *seq
+                    && c.opcode == o.opcode
+                    && c.qp_num == self.qpn[x]
+                    && c.peer_qp_num == Some(self.qpn[1 - x])
+            }
+            (Want::TooManySges(g), Err(Error::TooManySges { given, max })) => {
+                given == g && *max == S
+            }
+            (Want::OutOfBounds, Err(Error::OutOfBounds(_))) => true,
+            (Want::QueueFull, Err(Error::QueueFull { capacity })) => *capacity == N,
+            (Want::Refused(r, verb), Err(Error::Provider { op, source })) => {
+                op == verb
+                    && matches!(
+                        (r, source),
+                        (PostRefusal::Invalid, SimError::Invalid(_))
+                            | (PostRefusal::QueueFull, SimError::QueueFull)
+                    )
+            }
+            (Want::Timeout, Err(Error::Timeout))
+            | (Want::InvalidAttribute, Err(Error::InvalidAttribute(_))) => true,
+            _ => false,
+        };
+        assert!(ok, "{what} on side {x}: expected {want:?}, got {real:?}");
+        if let Err(e) = &real {
+            let _ = format!("{e} {:?}", e.kind());
+        }
+        real.ok()
+    }
+
+    /// Checks a returned completion against the expected outcome.
+    fn check_completion(
+        &self,
+        real: Result<Completion, Error<SimError>>,
+        want: &Want,
+        x: usize,
+        what: &str,
+    ) {
+        if let Some(c) = self.check(real, want, x, what) {
+            let Want::Done(_, o) = want else { return };
+            assert_eq!(
+                (c.status, c.opcode, c.byte_len, c.imm),
+                (o.status, o.opcode, o.byte_len, o.imm),
+                "{what} on side {x}: completion"
+            );
+        }
+    }
+
+    fn op(&mut self, op: &Op) {
+        match op {
+            Op::Write { side, data, remote } => self.write(side.ix(), data, remote),
+            Op::Read { side, into, remote } => self.read(side.ix(), into, remote),
+            Op::FetchAdd {
+                side,
+                result,
+                remote,
+                add,
+            } => {
+                let op = |addr, rkey| SendOp::FetchAdd {
+                    remote_addr: addr,
+                    rkey,
+                    add: *add,
+                };
+                self.atomic(side.ix(), result, remote, op, None);
+            }
+            Op::CompareSwap {
+                side,
+                result,
+                remote,
+                compare,
+                swap,
+            } => {
+                let compare = self.compare_value(side.ix(), remote, compare);
+                let op = |addr, rkey| SendOp::CompareSwap {
+                    remote_addr: addr,
+                    rkey,
+                    compare,
+                    swap: *swap,
+                };
+                self.atomic(side.ix(), result, remote, op, Some((compare, *swap)));
+            }
+            Op::Send { side, data, imm } => self.send(side.ix(), data, *imm),
+            Op::SendInline { side, len } => self.send_inline(side.ix(), *len),
+            Op::Receive { side, into } => self.receive(side.ix(), into),
+            Op::PostSend {
+                side,
+                kind,
+                sges,
+                remote,
+                flags,
+            } => self.post_send(side.ix(), kind, sges, remote, *flags),
+            Op::PostRecv { side, sges } => self.post_recv(side.ix(), sges),
+            Op::Wait { idx } => self.wait(*idx),
+            Op::TryComplete { idx } => self.try_complete(*idx),
+            Op::Scope { side, items } => self.scope(side.ix(), items),
+            Op::Repeat { .. } => unreachable!("resolved by run"),
+            Op::SetError { side } => {
+                let x = side.ix();
+                self.ch[x].queue_pair().set_error().expect("set_error");
+                self.model.set_err(x);
+            }
+        }
+    }
+
+    fn write(&mut self, x: usize, data: &[Local], remote: &Remote) {
+        let locals = self.locals(x, data, false);
+        let sges = self.sges_of(x, &locals);
+        let rr = self.remote_region(x, remote, total(&sges));
+        let want = match rr {
+            Err(_) => Want::OutOfBounds,
+            Ok(_) if sges.len() > S => Want::TooManySges(sges.len()),
+            Ok(rr) if total(&sges) > rr.len => Want::OutOfBounds,
+            Ok(rr) => {
+                let op = SendOp::Write {
+                    remote_addr: rr.addr,
+                    rkey: rr.rkey,
+                };
+                match self.blocking_send_want(x, op, sges, SendFlags::empty(), None) {
+                    Some(w) => w,
+                    None => return,
+                }
+            }
+        };
+        let slices: Vec<LocalSlice<'_>> = locals
+            .iter()
+            .map(|&(i, st, n)| self.mrs[x][i].slice(st..st + n).expect("in bounds"))
+            .collect();
+        let res = match rr {
+            Ok(rr) => self.ch[x].write(slices, &rr),
+            Err(b) => Err(Error::OutOfBounds(b)),
+        };
+        self.check(res, &want, x, "write");
+    }
+
+    fn read(&mut self, x: usize, into: &[Local], remote: &Remote) {
+        let locals = self.locals(x, into, true);
+        let sges = self.sges_of(x, &locals);
+        let rr = self.remote_region(x, remote, total(&sges));
+        let want = match rr {
+            Err(_) => Want::OutOfBounds,
+            Ok(_) if sges.len() > S => Want::TooManySges(sges.len()),
+            Ok(rr) if total(&sges) > rr.len => Want::OutOfBounds,
+            Ok(rr) => {
+                let op = SendOp::Read {
+                    remote_addr: rr.addr,
+                    rkey: rr.rkey,
+                };
+                match self.blocking_send_want(x, op, sges, SendFlags::empty(), None) {
+                    Some(w) => w,
+                    None => return,
+                }
+            }
+        };
+        let slices = mut_slices(&mut self.mrs[x], &locals);
+        let res = match rr {
+            Ok(rr) => self.ch[x].read(slices, &rr),
+            Err(b) => Err(Error::OutOfBounds(b)),
+        };
+        self.check(res, &want, x, "read");
+    }
+
+    fn atomic(
+        &mut self,
+        x: usize,
+        result: &Local8,
+        remote: &Remote,
+        op: impl Fn(u64, u32) -> SendOp,
+        cas: Option<(u64, u64)>,
+    ) {
+        let i = usize::from(result.region) % R;
+        let len = self.region(x, i).len;
+        let start = usize::from(result.start) % (len + 1);
+        let n = result.wrong_len.map_or(8, usize::from).min(len - start);
+        let sge = local_sge(self.region(x, i), start, n);
+        let rr = self.remote_region(x, remote, 8);
+        let want = match rr {
+            Err(_) => Want::OutOfBounds,
+            Ok(_) if n != 8 => Want::InvalidAttribute,
+            Ok(rr) if rr.len < 8 => Want::OutOfBounds,
+            Ok(rr) => match self.blocking_send_want(
+                x,
+                op(rr.addr, rr.rkey),
+                vec![sge],
+                SendFlags::empty(),
+                None,
+            ) {
+                Some(w) => w,
+                None => return,
+            },
+        };
+        let slice = self.mrs[x][i]
+            .slice_mut(start..start + n)
+            .expect("in bounds");
+        let res = match (rr, cas) {
+            (Err(b), _) => Err(Error::OutOfBounds(b)),
+            (Ok(rr), None) => {
+                let SendOp::FetchAdd { add, .. } = op(0, 0) else {
+                    unreachable!()
+                };
+                self.ch[x].fetch_add(slice, &rr, add)
+            }
+            (Ok(rr), Some((compare, swap))) => self.ch[x].compare_swap(slice, &rr, compare, swap),
+        };
+        if let Some(old) = self.check(res, &want, x, "atomic") {
+            let Want::Done(_, o) = &want else {
+                unreachable!()
+            };
+            assert_eq!(Some(old), o.old, "atomic on side {x}: returned old value");
+        }
+    }
+
+    fn send(&mut self, x: usize, data: &[Local], imm: Option<u32>) {
+        let locals = self.locals(x, data, false);
+        let sges = self.sges_of(x, &locals);
+        let want = if sges.len() > S {
+            Want::TooManySges(sges.len())
+        } else {
+            let op = imm.map_or(SendOp::Send, SendOp::SendWithImm);
+            match self.blocking_send_want(x, op, sges, SendFlags::empty(), None) {
+                Some(w) => w,
+                None => return,
+            }
+        };
+        let slices: Vec<LocalSlice<'_>> = locals
+            .iter()
+            .map(|&(i, st, n)| self.mrs[x][i].slice(st..st + n).expect("in bounds"))
+            .collect();
+        let res = match imm {
+            Some(imm) => self.ch[x].send_with_imm(slices, imm),
+            None => self.ch[x].send(slices),
+        };
+        self.check(res, &want, x, "send");
+    }
+
+    fn send_inline(&mut self, x: usize, len: u8) {
+        let bytes: Vec<u8> = (0..len % 80)
+            .map(|k| k.wrapping_mul(7) ^ self.seed)
+            .collect();
+        let sge = Sge {
+            addr: bytes.as_ptr() as u64,
+            length: bytes.len() as u32,
+            lkey: 0,
+        };
+        let Some(want) = self.blocking_send_want(
+            x,
+            SendOp::Send,
+            vec![sge],
+            SendFlags::INLINE,
+            Some(bytes.clone()),
+        ) else {
+            return;
+        };
+        let res = self.ch[x].send_inline(&bytes);
+        self.check(res, &want, x, "send_inline");
+    }
+
+    fn receive(&mut self, x: usize, into: &[Local]) {
+        let locals = self.locals(x, into, true);
+        let sges = self.sges_of(x, &locals);
+        let want = if sges.len() > S {
+            Want::TooManySges(sges.len())
+        } else {
+            match self.blocking_recv_want(x, sges) {
+                Some(w) => w,
+                None => return,
+            }
+        };
+        let slices = mut_slices(&mut self.mrs[x], &locals);
+        let res = self.ch[x].receive(slices);
+        self.check_completion(res, &want, x, "receive");
+    }
+
+    fn post_send(&mut self, x: usize, kind: &RawKind, raw: &[RawSge], remote: &Remote, flags: u8) {
+        let sges: Vec<Sge> = raw.iter().take(S + 2).map(|s| self.raw_sge(x, s)).collect();
+        let i = usize::from(remote.region) % R;
+        let addr = self.region(1 - x, i).base + self.remote_off(x, remote);
+        let rkey = self.rkey(x, remote);
+        let op = match kind {
+            RawKind::Send => SendOp::Send,
+            RawKind::SendImm(imm) => SendOp::SendWithImm(*imm),
+            RawKind::Write => SendOp::Write {
+                remote_addr: addr,
+                rkey,
+            },
+            RawKind::WriteImm(imm) => SendOp::WriteWithImm {
+                remote_addr: addr,
+                rkey,
+                imm: *imm,
+            },
+            RawKind::Read => SendOp::Read {
+                remote_addr: addr,
+                rkey,
+            },
+            RawKind::CompareSwap { compare, swap } => SendOp::CompareSwap {
+                remote_addr: addr,
+                rkey,
+                compare: self.compare_value(x, remote, compare),
+                swap: *swap,
+            },
+            RawKind::FetchAdd(add) => SendOp::FetchAdd {
+                remote_addr: addr,
+                rkey,
+                add: *add,
+            },
+        };
+        let mut flags = SendFlags::from_bits_truncate(u32::from(flags))
+            & (SendFlags::FENCE | SendFlags::SOLICITED | SendFlags::INLINE);
+        let mut inline = None;
+        if flags.contains(SendFlags::INLINE) {
+            let payload = matches!(
+                op,
+                SendOp::Send
+                    | SendOp::SendWithImm(_)
+                    | SendOp::Write { .. }
+                    | SendOp::WriteWithImm { .. }
+            );
+            if payload && total(&sges) <= self.model.max_inline {
+                // Inline entries are read at post time: only memory we own may be named.
+                inline = self.inline_bytes(x, &sges);
+                if inline.is_none() {
+                    flags.remove(SendFlags::INLINE);
+                }
+            }
+        }
+        let want = if sges.len() > S {
+            Want::TooManySges(sges.len())
+        } else if in_flight(&self.held, &self.model, x, Q::Send, &[]) == N {
+            Want::QueueFull
+        } else {
+            let seq = self.model.take_seq(x, Q::Send);
+            let e = MSend {
+                seq,
+                op,
+                sges: sges.clone(),
+                flags: flags | SendFlags::SIGNALED,
+                inline,
+            };
+            let r = self.model.post_send(x, e);
+            if r.is_err() {
+                self.model.untake_seq(x, Q::Send);
+            }
+            self.model.progress();
+            match r {
+                Ok(()) => Want::Posted(seq),
+                Err(r) => Want::Refused(r, "ibv_post_send"),
+            }
+        };
+        // SAFETY: inline entries name our own live buffers (checked above); other entries
+        // are only dereferenced by the simulator after it validated them against a live
+        // registration; all buffers outlive every handle, which is waited before the end.
+        let res = unsafe { self.ch[x].post_send_unpolled(&sges, op, flags) };
+        if let Some(p) = self.check(res, &want, x, "post_send_unpolled") {
+            let Want::Posted(seq) = want else {
+                unreachable!()
+            };
+            assert_eq!(p.wr_id(), seq, "post_send_unpolled: wr_id");
+            self.held.push(Held {
+                x,
+                q: Q::Send,
+                seq,
+                p,
+            });
+        }
+    }
+
+    fn post_recv(&mut self, x: usize, raw: &[RawSge]) {
+        let sges: Vec<Sge> = raw.iter().take(S + 2).map(|s| self.raw_sge(x, s)).collect();
+        let want = if sges.len() > S {
+            Want::TooManySges(sges.len())
+        } else if in_flight(&self.held, &self.model, x, Q::Recv, &[]) == N {
+            Want::QueueFull
+        } else {
+            let seq = self.model.take_seq(x, Q::Recv);
+            let r = self.model.post_recv(
+                x,
+                MRecv {
+                    seq,
+                    sges: sges.clone(),
+                },
+            );
+            if r.is_err() {
+                self.model.untake_seq(x, Q::Recv);
+            }
+            self.model.progress();
+            match r {
+                Ok(()) => Want::Posted(seq),
+                Err(r) => Want::Refused(r, "ibv_post_recv"),
+            }
+        };
+        // SAFETY: the simulator writes only into live registrations of this channel's
+        // protection domain, after validating each entry; buffers outlive every handle.
+        let res = unsafe { self.ch[x].post_receive_unpolled(&sges) };
+        if let Some(p) = self.check(res, &want, x, "post_receive_unpolled") {
+            let Want::Posted(seq) = want else {
+                unreachable!()
+            };
+            assert_eq!(p.wr_id(), seq, "post_receive_unpolled: wr_id");
+            self.held.push(Held {
+                x,
+                q: Q::Recv,
+                seq,
+                p,
+            });
+        }
+    }
+
+    fn wait(&mut self, idx: u8) {
+        if self.held.is_empty() {
+            return;
+        }
+        let k = usize::from(idx) % self.held.len();
+        let (x, q, seq) = (self.held[k].x, self.held[k].q, self.held[k].seq);
+        let want = match self.model.done.remove(&(x, q, seq)) {
+            Some(o) => Want::Done(seq, o),
+            None if self.timeouts_left == 0 => return,
+            None => {
+                self.timeouts_left -= 1;
+                self.model.set_err(x);
+                self.model.progress();
+                self.model.done.remove(&(x, q, seq)).expect("flushed");
+                Want::Timeout
+            }
+        };
+        let h = self.held.remove(k);
+        self.check_owner(&h);
+        self.foreign_refused(x, q, false);
+        let res = self.ch[x].wait(h.p);
+        self.check_completion(res, &want, x, "wait");
+    }
+
+    fn try_complete(&mut self, idx: u8) {
+        if self.held.is_empty() {
+            return;
+        }
+        let k = usize::from(idx) % self.held.len();
+        let h = self.held.remove(k);
+        let (x, q, seq) = (h.x, h.q, h.seq);
+        self.check_owner(&h);
+        self.foreign_refused(x, q, true);
+        let res = self.ch[x].try_complete(h.p);
+        match self.model.done.remove(&(x, q, seq)) {
+            None => match res {
+                // Still in flight: the same handle comes back, and is held again.
+                Ok(Err(p)) => {
+                    assert_eq!(p.wr_id(), seq, "try_complete on side {x}: handle changed");
+                    self.held.insert(k, Held { x, q, seq, p });
+                }
+                res => panic!(
+                    "try_complete on side {x} ({q:?} {seq}): expected the handle back, got {res:?}"
+                ),
+            },
+            Some(o) => {
+                // Completed: the handle is consumed with the outcome (exactly once, by type).
+                let want = Want::Done(seq, o);
+                let res = res.map(|r| r.expect("try_complete: completed work not reported"));
+                self.check_completion(res, &want, x, "try_complete");
+            }
+        }
+    }
+
+    /// A held handle belongs to its own channel and to no other.
+    fn check_owner(&self, h: &Held) {
+        assert!(
+            self.ch[h.x].owns(&h.p) && !self.ch[1 - h.x].owns(&h.p) && !self.decoy.owns(&h.p),
+            "side {}: handle {:?} owned by the wrong channel",
+            h.x,
+            h.p
+        );
+    }
+
+    /// Hands side `x` a decoy handle on queue `q` (via `try_complete` or `wait`): it must be
+    /// refused with `ForeignPending` before anything is polled or taken. The call on the
+    /// side's own handle that follows checks that its outcome was not disturbed.
+    fn foreign_refused(&mut self, x: usize, q: Q, via_try: bool) {
+        // Work the decoy's peer never answers: a receive stays in flight; a zero-length
+        // write completes, untaken. Either way the decoy's slot is lost with the handle.
+        let (sends, recvs) = self.decoy.in_flight();
+        let posted = match q {
+            Q::Send if sends + 1 < DECOY_N => {
+                let op = SendOp::Write {
+                    remote_addr: 0,
+                    rkey: 0,
+                };
+                // SAFETY: names no memory.
+                unsafe { self.decoy.post_send_unpolled(&[], op, SendFlags::empty()) }
+            }
+            Q::Recv if recvs + 1 < DECOY_N => {
+                // SAFETY: names no memory.
+                unsafe { self.decoy.post_receive_unpolled(&[]) }
+            }
+            _ => return,
+        };
+        let p = posted.expect("decoy post");
+        assert!(!self.ch[x].owns(&p) && self.decoy.owns(&p));
+        let decoy_qpn = p.qp_num();
+        let before = self.ch[x].in_flight();
+        let res = if via_try {
+            self.ch[x]
+                .try_complete(p)
+                .map(|r| r.map(|_| ()).map_err(|p| p.wr_id()))
+        } else {
+            self.ch[x].wait(p).map(|_| Ok(()))
+        };
+        if self.trace {
+            eprintln!("   foreign handle on {x} ({q:?}): {res:?}");
+        }
+        match res {
+            Err(Error::ForeignPending {
+                owner_qp_num,
+                qp_num,
+            }) => assert_eq!(
+                (owner_qp_num, qp_num),
+                (decoy_qpn, self.qpn[x]),
+                "side {x}: ForeignPending names the wrong queue pairs"
+            ),
+            res => panic!("side {x}: a foreign handle ({q:?}) was not refused: {res:?}"),
+        }
+        assert_eq!(
+            self.ch[x].in_flight(),
+            before,
+            "side {x}: refusing a foreign handle changed the ring"
+        );
+    }
+
+    fn scope(&mut self, x: usize, items: &[ScopeItem]) {
+        // Plan: resolve every item; a region read or received into is borrowed exclusively
+        // for the whole scope, so later items touching it are dropped.
+        let mut excl = [false; R];
+        let mut shared = [false; R];
+        let mut plan: Vec<Planned> = Vec::new();
+        for item in items.iter().take(2 * N + 2) {
+            let (locals, mutable) = match &item.kind {
+                ScopeKind::Write { data, .. }
+                | ScopeKind::WriteImm { data, .. }
+                | ScopeKind::Send { data, .. } => (self.locals(x, data, false), false),
+                ScopeKind::Read { into, .. } | ScopeKind::Recv { into } => {
+                    (vec![self.map_local(x, into)], true)
+                }
+            };
+            let clash = locals.iter().any(|l| excl[l.0] || (mutable && shared[l.0]));
+            if clash {
+                continue;
+            }
+            for l in &locals {
+                if mutable {
+                    excl[l.0] = true;
+                } else {
+                    shared[l.0] = true;
+                }
+            }
+            let t = total(&self.sges_of(x, &locals));
+            let (q, remote) = match &item.kind {
+                ScopeKind::Write { remote, .. }
+                | ScopeKind::WriteImm { remote, .. }
+                | ScopeKind::Read { remote, .. } => {
+                    (Q::Send, Some(self.remote_region(x, remote, t)))
+                }
+                ScopeKind::Send { .. } => (Q::Send, None),
+                ScopeKind::Recv { .. } => (Q::Recv, None),
+            };
+            plan.push(Planned {
+                kind: item.kind.clone(),
+                locals,
+                q,
+                remote,
+                doorbell: item.doorbell,
+            });
+        }
+
+        // The model: stage, make room when a ring is full, doorbells, drains.
+        let Some((want, ids)) = self.scope_model(x, &plan) else {
+            return;
+        };
+
+        // The real scope.
+        let mut sh: Vec<Option<&MemoryRegion<'a, Sim>>> = Vec::new();
+        let mut ex: Vec<Option<&mut MemoryRegion<'a, Sim>>> = Vec::new();
+        for (i, mr) in self.mrs[x].iter_mut().enumerate() {
+            if excl[i] {
+                sh.push(None);
+                ex.push(Some(mr));
+            } else {
+                sh.push(Some(&*mr));
+                ex.push(None);
+            }
+        }
+        let mut got_ids = Vec::new();
+        let res = self.ch[x].scope(|s| {
+            for p in &plan {
+                let shared = || -> Result<Vec<LocalSlice<'_>>, BoundsError> {
+                    p.locals
+                        .iter()
+                        .map(|&(i, st, n)| sh[i].expect("shared region").slice(st..st + n))
+                        .collect()
+                };
+                let mut one_mut = || {
+                    let (i, st, n) = p.locals[0];
+                    ex[i]
+                        .take()
+                        .expect("exclusive region")
+                        .slice_mut(st..st + n)
+                };
+                let id = match &p.kind {
+                    ScopeKind::Write { .. } => {
+                        s.post_write(shared()?, &p.remote.expect("remote")?)?
+                    }
+                    ScopeKind::WriteImm { imm, .. } => {
+                        s.post_write_with_imm(shared()?, &p.remote.expect("remote")?, *imm)?
+                    }
+                    ScopeKind::Read { .. } => {
+                        let into = one_mut()?;
+                        s.post_read([into], &p.remote.expect("remote")?)?
+                    }
+                    ScopeKind::Send { imm: Some(imm), .. } => {
+                        s.post_send_with_imm(shared()?, *imm)?
+                    }
+                    ScopeKind::Send { imm: None, .. } => s.post_send(shared()?)?,
+                    ScopeKind::Recv { .. } => s.post_receive([one_mut()?])?,
+                };
+                got_ids.push((p.q, id));
+                if p.doorbell {
+                    s.ring_doorbell()?;
+                }
+            }
+            Ok(())
+        });
+        self.check(res, &want, x, "scope");
+        assert_eq!(got_ids, ids, "scope on side {x}: wr_ids");
+    }
+
+    /// Predicts a scope on `x`; `None` if some of its work would wait for nothing (the
+    /// scope would time out), in which case it is skipped.
+    fn scope_model(&mut self, x: usize, plan: &[Planned]) -> Option<(Want, Vec<(Q, u64)>)> {
+        let mut m = self.model.clone();
+        let mut staged: Vec<MSend> = Vec::new();
+        let mut staged_recv: Vec<MRecv> = Vec::new();
+        let mut ours: [Vec<u64>; 2] = [Vec::new(), Vec::new()];
+        let mut ids = Vec::new();
+        let mut first: Option<Want> = None;
+        let mut closure_err = None;
+        let qi = |q: Q| usize::from(q == Q::Recv);
+
+        // ring_doorbell: receives as one chain, then sends as one chain, last signaled.
+        let doorbell = |m: &mut Model, staged: &mut Vec<MSend>, staged_recv: &mut Vec<MRecv>| {
+            for r in staged_recv.drain(..) {
+                m.post_recv(x, r).expect("model: a scope's receive refused");
+            }
+            m.progress();
+            if let Some(last) = staged.last_mut() {
+                last.flags |= SendFlags::SIGNALED;
+            }
+            for e in staged.drain(..) {
+                m.post_send(x, e).expect("model: a scope's send refused");
+            }
+            m.progress();
+        };
+        // drain(q): every request of ours on q, in order; the first error is kept.
+        let drain =
+            |m: &mut Model, ours: &mut Vec<u64>, q: Q, first: &mut Option<Want>| -> Option<()> {
+                for seq in ours.drain(..) {
+                    let o = m.done.remove(&(x, q, seq))?;
+                    if o.status != WcStatus::Success && first.is_none() {
+                        *first = Some(Want::Done(seq, o));
+                    }
+                }
+                Some(())
+            };
+        for p in plan {
+            let sges = self.sges_of(x, &p.locals);
+            let op = match (&p.kind, p.remote) {
+                (_, Some(Err(_))) => {
+                    closure_err = Some(Want::OutOfBounds);
+                    break;
+                }
+                _ if sges.len() > S => {
+                    closure_err = Some(Want::TooManySges(sges.len()));
+                    break;
+                }
+                (_, Some(Ok(rr))) if total(&sges) > rr.len => {
+                    closure_err = Some(Want::OutOfBounds);
+                    break;
+                }
+                (ScopeKind::Write { .. }, Some(Ok(rr))) => Some(SendOp::Write {
+                    remote_addr: rr.addr,
+                    rkey: rr.rkey,
+                }),
+                (ScopeKind::WriteImm { imm, .. }, Some(Ok(rr))) => Some(SendOp::WriteWithImm {
+                    remote_addr: rr.addr,
+                    rkey: rr.rkey,
+                    imm: *imm,
+                }),
+                (ScopeKind::Read { .. }, Some(Ok(rr))) => Some(SendOp::Read {
+                    remote_addr: rr.addr,
+                    rkey: rr.rkey,
+                }),
+                (ScopeKind::Send { imm, .. }, None) => {
+                    Some(imm.map_or(SendOp::Send, SendOp::SendWithImm))
+                }
+                (ScopeKind::Recv { .. }, None) => None,
+                _ => unreachable!("planned with the wrong remote"),
+            };
+            let q = p.q;
+            if in_flight(&self.held, &m, x, q, &ours[qi(q)]) == N {
+                // make_room(q): post everything staged, then drain q.
+                doorbell(&mut m, &mut staged, &mut staged_recv);
+                drain(&mut m, &mut ours[qi(q)], q, &mut first)?;
+                if in_flight(&self.held, &m, x, q, &ours[qi(q)]) == N {
+                    closure_err = Some(Want::QueueFull);
+                    break;
+                }
+            }
+            let seq = m.take_seq(x, q);
+            match op {
+                Some(op) => staged.push(MSend {
+                    seq,
+                    op,
+                    sges,
+                    flags: SendFlags::empty(),
+                    inline: None,
+                }),
+                None => staged_recv.push(MRecv { seq, sges }),
+            }
+            ours[qi(q)].push(seq);
+            ids.push((q, seq));
+            if p.doorbell {
+                doorbell(&mut m, &mut staged, &mut staged_recv);
+            }
+        }
+        // finish: doorbell, then drain receives, then sends.
+        doorbell(&mut m, &mut staged, &mut staged_recv);
+        drain(&mut m, &mut ours[1], Q::Recv, &mut first)?;
+        drain(&mut m, &mut ours[0], Q::Send, &mut first)?;
+        self.model = m;
+        Some((closure_err.or(first).unwrap_or(Want::ScopeOk), ids))
+    }
+
+    /// Runs the engine, then compares states, ring occupancy and memory with the model.
+    fn settle(&mut self, n: usize) {
+        self.pump
+            .write(
+                std::iter::empty::<LocalSlice<'_>>(),
+                &RemoteRegion {
+                    addr: 0,
+                    len: 0,
+                    rkey: 0,
+                },
+            )
+            .expect("pump");
+        self.model.progress();
+        for x in 0..2 {
+            let want = if self.model.sides[x].err {
+                QpState::Error
+            } else {
+                QpState::ReadyToSend
+            };
+            let got = self.ch[x].queue_pair().state().expect("query state");
+            assert_eq!(got, want, "after op {n}: state of side {x}");
+            let occupied = (
+                in_flight(&self.held, &self.model, x, Q::Send, &[]),
+                in_flight(&self.held, &self.model, x, Q::Recv, &[]),
+            );
+            assert_eq!(
+                self.ch[x].in_flight(),
+                occupied,
+                "after op {n}: in_flight of side {x}"
+            );
+            for i in 0..R {
+                let real = self.mrs[x][i].as_slice();
+                let want = &self.model.regions[x * R + i].mem;
+                assert!(real == &want[..], "after op {n}: memory of side {x} region {i}:\n real {real:02x?}\n want {want:02x?}");
+            }
+        }
+    }
+
+    /// Waits for every handle still held: completed ones first, then the rest after
+    /// moving both queue pairs to the error state. Nothing may be left over.
+    fn finish(mut self) {
+        let held = std::mem::take(&mut self.held);
+        let (done, rest): (Vec<Held>, Vec<Held>) = held
+            .into_iter()
+            .partition(|h| self.model.done.contains_key(&(h.x, h.q, h.seq)));
+        for h in done {
+            let o = self.model.done.remove(&(h.x, h.q, h.seq)).expect("done");
+            self.check_owner(&h);
+            self.foreign_refused(h.x, h.q, false);
+            let res = self.ch[h.x].wait(h.p);
+            self.check_completion(res, &Want::Done(h.seq, o), h.x, "final wait");
+        }
+        if !rest.is_empty() {
+            for x in 0..2 {
+                self.ch[x].queue_pair().set_error().expect("set_error");
+                self.model.set_err(x);
+            }
+            self.model.progress();
+            for h in rest {
+                let o = self.model.done.remove(&(h.x, h.q, h.seq)).expect("flushed");
+                self.check_owner(&h);
+                self.foreign_refused(h.x, h.q, true);
+                let res = self.ch[h.x].wait(h.p);
+                self.check_completion(
+                    res,
+                    &Want::Done(h.seq, o),
+                    h.x,
+                    "final wait after set_error",
+                );
+            }
+        }
+        self.settle(usize::MAX);
+        for x in 0..2 {
+            assert_eq!(
+                self.ch[x].in_flight(),
+                (0, 0),
+                "side {x}: slots left in flight"
+            );
+        }
+        assert!(
+            self.model.done.is_empty(),
+            "completions never observed: {:?}",
+            self.model.done
+        );
+    }
+}

@@ -1,0 +1,85 @@
+//! Crate-internal posting by sequence number, for the layers built on [`Channel`]
+//! (`MultiChannel`, `Node`). They post on many channels first and wait afterwards, so they
+//! need the post/wait halves of the blocking calls separately. Each caller keeps the
+//! memory named by what it posts borrowed until the matching wait returned.
+
+use super::{total_len, Channel, Queue};
+use crate::error::Error;
+use crate::mr::RemoteRegion;
+use crate::provider::Provider;
+use crate::ring::Completion;
+use crate::types::{RecvWr, SendFlags, SendOp, SendWr, Sge};
+
+impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
+    /// Posts one signaled send work request; returns its sequence number. For RDMA and
+    /// atomic operations, `remote` is checked to hold the gathered bytes first.
+    ///
+    /// The caller must keep the memory named by `sges` borrowed (shared for sends and
+    /// writes, exclusive for reads and atomics) until [`wait_posted`](Self::wait_posted)
+    /// returned for the sequence number.
+    pub(crate) fn post_send_seq(
+        &mut self,
+        sges: impl IntoIterator<Item = Sge>,
+        op: SendOp,
+        flags: SendFlags,
+        remote: Option<&RemoteRegion>,
+    ) -> Result<u64, Error<P::Error>> {
+        let (sg_list, num_sge) = self.sges(sges)?;
+        if let Some(remote) = remote {
+            remote.slice(..total_len(&sg_list[..num_sge as usize]))?;
+        }
+        self.post_send_now(SendWr {
+            wr_id: 0,
+            sg_list,
+            num_sge,
+            op,
+            flags: flags | SendFlags::SIGNALED,
+        })
+    }
+
+    /// Posts one receive work request; returns its sequence number. Same borrowing rule as
+    /// [`post_send_seq`](Self::post_send_seq), exclusive.
+    pub(crate) fn post_recv_seq(
+        &mut self,
+        sges: impl IntoIterator<Item = Sge>,
+    ) -> Result<u64, Error<P::Error>> {
+        let (sg_list, num_sge) = self.sges(sges)?;
+        self.post_recv_now(RecvWr {
+            wr_id: 0,
+            sg_list,
+            num_sge,
+        })
+    }
+
+    /// Waits for a request posted by `post_*_seq` and takes its outcome. On timeout the
+    /// queue pair is aborted and the request settled, as in the blocking calls.
+    pub(crate) fn wait_posted(
+        &mut self,
+        send: bool,
+        seq: u64,
+    ) -> Result<Completion, Error<P::Error>> {
+        self.wait_seq(queue(send), seq)
+    }
+
+    /// Polls once; the outcome of a request posted by `post_*_seq` if it completed.
+    pub(crate) fn try_posted(
+        &mut self,
+        send: bool,
+        seq: u64,
+    ) -> Result<Option<Completion>, Error<P::Error>> {
+        let q = queue(send);
+        if let Some(r) = self.take(q, seq) {
+            return r.map(Some);
+        }
+        self.poll(q)?;
+        self.take(q, seq).transpose()
+    }
+}
+
+fn queue(send: bool) -> Queue {
+    if send {
+        Queue::Send
+    } else {
+        Queue::Recv
+    }
+}

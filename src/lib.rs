@@ -44,11 +44,15 @@
 pub mod channel;
 pub mod cq;
 pub mod device;
+pub mod dispatch;
 pub mod error;
 pub mod mr;
+pub mod multi_channel;
+pub mod node;
 pub mod provider;
 pub mod qp;
 pub mod ring;
+mod sync;
 pub mod types;
 
 pub use channel::{Channel, ChannelConfig, Pending, PreparedChannel, Scope};
@@ -56,6 +60,7 @@ pub use cq::CompletionQueue;
 pub use device::{Context, ProtectionDomain};
 pub use error::{BoundsError, CompletionError, Error, ErrorKind, ProviderError};
 pub use mr::{LocalSlice, LocalSliceMut, MemoryRegion, RemoteRegion};
+pub use multi_channel::{MultiChannel, MultiScope, PeerPending, PreparedMultiChannel};
 pub use qp::{Endpoint, EndpointError, QueuePair};
 pub use ring::Completion;
 pub use types::*;

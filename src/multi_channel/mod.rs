@@ -1,0 +1,419 @@
+//! `MultiChannel`: one reliable-connected [`Channel`] per peer, over one protection domain.
+//!
+//! `N` is the capacity: peers are indexed `0..N`, and any subset of the indices may be set
+//! up (a node's own rank is simply left out). A region registered once in the shared
+//! protection domain serves every peer. Per-peer work goes through
+//! [`peer`](MultiChannel::peer), which gives the peer's [`Channel`] with all of its blocking,
+//! scoped and unpolled calls. The collective calls post to every peer named first and then
+//! wait for all, so the transfers overlap:
+//!
+//! | call | what |
+//! |---|---|
+//! | [`scatter_send`](MultiChannel::scatter_send) | one buffer per peer, sent |
+//! | [`gather_receive`](MultiChannel::gather_receive) | one receive per peer |
+//! | [`scatter_write`](MultiChannel::scatter_write) | one buffer per peer, written to its remote region |
+//! | [`gather_read`](MultiChannel::gather_read) | one remote region per peer, read into a local buffer |
+//! | [`multicast_send`](MultiChannel::multicast_send) | the same buffer to a chosen set of peers |
+//!
+//! Each comes blocking (above), scoped ([`scope`](MultiChannel::scope): post any mix, all
+//! complete before it returns) and unpolled (`unsafe`
+//! [`post_send_unpolled`](MultiChannel::post_send_unpolled) returning a [`PeerPending`]).
+//! Nothing here allocates after setup. A peer index out of range or not set up is
+//! [`Error::NoSuchPeer`].
+//!
+//! ```
+//! use zverbs::provider::sim::Sim;
+//! use zverbs::{ChannelConfig, Context, MultiChannel};
+//! let sim = Sim::with_devices(3);
+//! let ctx: Vec<_> = (0..3).map(|i| Context::open(&sim, &format!("sim{i}")).unwrap()).collect();
+//! let pd: Vec<_> = ctx.iter().map(|c| c.alloc_pd().unwrap()).collect();
+//! let cfg = ChannelConfig::default();
+//! // Rank 0 talks to ranks 1 and 2; they talk to rank 0.
+//! let root = MultiChannel::<Sim, 4>::prepare(&ctx[0], &pd[0], [1, 2], &cfg).unwrap();
+//! let l1 = MultiChannel::<Sim, 4>::prepare(&ctx[1], &pd[1], [0], &cfg).unwrap();
+//! let l2 = MultiChannel::<Sim, 4>::prepare(&ctx[2], &pd[2], [0], &cfg).unwrap();
+//! let (e1, e2) = (l1.endpoint(0).unwrap(), l2.endpoint(0).unwrap());
+//! let (r1, r2) = (root.endpoint(1).unwrap(), root.endpoint(2).unwrap());
+//! let mut root = root.connect(|p| [None, Some(e1), Some(e2)].get(p).copied().flatten()).unwrap();
+//! let mut l1 = l1.connect(|p| (p == 0).then_some(r1)).unwrap();
+//! let mut l2 = l2.connect(|p| (p == 0).then_some(r2)).unwrap();
+//!
+//! let mut data = *b"to-one..to-two..";
+//! let data = pd[0].register(&mut data).unwrap();
+//! let (mut in1, mut in2) = ([0u8; 8], [0u8; 8]);
+//! let mut in1 = pd[1].register(&mut in1).unwrap();
+//! let mut in2 = pd[2].register(&mut in2).unwrap();
+//! std::thread::scope(|t| {
+//!     t.spawn(|| l1.peer(0).unwrap().receive([in1.slice_mut(..).unwrap()]).unwrap());
+//!     t.spawn(|| l2.peer(0).unwrap().receive([in2.slice_mut(..).unwrap()]).unwrap());
+//!     let (one, two) = data.slice(..).unwrap().split_at(8).unwrap();
+//!     root.scatter_send([(1, one), (2, two)]).unwrap();
+//! });
+//! assert_eq!(in1.as_slice(), b"to-one..");
+//! assert_eq!(in2.as_slice(), b"to-two..");
+//! ```
+
+mod scope;
+
+pub use scope::MultiScope;
+
+use crate::channel::{Channel, ChannelConfig, Pending, PreparedChannel};
+use crate::device::{Context, ProtectionDomain};
+use crate::error::Error;
+use crate::mr::{LocalSlice, LocalSliceMut, RemoteRegion};
+use crate::provider::Provider;
+use crate::qp::Endpoint;
+use crate::ring::Completion;
+use crate::types::{SendFlags, SendOp, Sge};
+
+/// Channels created for a set of peers, not yet connected. Hand each
+/// [`endpoint`](Self::endpoint) to its peer, then [`connect`](Self::connect).
+pub struct PreparedMultiChannel<
+    P: Provider,
+    const N: usize,
+    const R: usize = 64,
+    const S: usize = 4,
+> {
+    peers: Slots<PreparedChannel<P, R, S>, N>,
+}
+
+impl<P: Provider, const N: usize, const R: usize, const S: usize> PreparedMultiChannel<P, N, R, S> {
+    /// The endpoint of the channel for `peer`.
+    pub fn endpoint(&self, peer: usize) -> Result<Endpoint, Error<P::Error>> {
+        match self.peers.get(peer) {
+            Some(Some(ch)) => Ok(ch.endpoint()),
+            _ => Err(no_such_peer::<P, N>(peer)),
+        }
+    }
+
+    /// The peers set up, in increasing order.
+    pub fn peers(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..N).filter(|&p| self.peers[p].is_some())
+    }
+
+    /// Connects every channel to the endpoint `remote(peer)` gives for it. A peer for which
+    /// it gives `None` is an [`Error::NoSuchPeer`]; nothing is connected then.
+    pub fn connect(
+        mut self,
+        mut remote: impl FnMut(usize) -> Option<Endpoint>,
+    ) -> Result<MultiChannel<P, N, R, S>, Error<P::Error>> {
+        let mut eps = [None; N];
+        for (p, ep) in eps.iter_mut().enumerate() {
+            if self.peers[p].is_some() {
+                *ep = Some(remote(p).ok_or(no_such_peer::<P, N>(p))?);
+            }
+        }
+        let mut peers = new_slots::<Channel<P, R, S>, N>();
+        for (p, slot) in peers.iter_mut().enumerate() {
+            if let (Some(ch), Some(ep)) = (self.peers[p].take(), eps[p]) {
+                *slot = Some(ch.connect(&ep)?);
+            }
+        }
+        Ok(MultiChannel { peers })
+    }
+}
+
+/// One RC channel per peer; see the module docs. `N` peers at most, `R` work requests in
+/// flight per direction per peer, `S` scatter/gather entries per request.
+pub struct MultiChannel<P: Provider, const N: usize, const R: usize = 64, const S: usize = 4> {
+    peers: Slots<Channel<P, R, S>, N>,
+}
+
+/// Work posted by an unpolled call of a [`MultiChannel`]: the peer and its [`Pending`].
+#[must_use = "unpolled work must be waited for; its slot stays busy until then"]
+#[derive(Debug)]
+pub struct PeerPending {
+    /// The peer it was posted to.
+    pub peer: usize,
+    /// The handle on that peer's channel.
+    pub pending: Pending,
+}
+
+/// One optional channel per peer. Channels hold their rings inline (kilobytes each), so
+/// with `std` the slots live on the heap, allocated once at setup, and a multi-channel stays
+/// small to move; without `std` they are inline.
+#[cfg(feature = "std")]
+type Slots<T, const N: usize> = std::boxed::Box<[Option<T>; N]>;
+#[cfg(not(feature = "std"))]
+type Slots<T, const N: usize> = [Option<T>; N];
+
+fn new_slots<T, const N: usize>() -> Slots<T, N> {
+    #[cfg(feature = "std")]
+    {
+        // Built element by element: never a whole array on the stack.
+        let v: std::vec::Vec<Option<T>> = (0..N).map(|_| None).collect();
+        match v.into_boxed_slice().try_into() {
+            Ok(b) => b,
+            Err(_) => unreachable!("exactly N elements"),
+        }
+    }
+    #[cfg(not(feature = "std"))]
+    {
+        core::array::from_fn(|_| None)
+    }
+}
+
+fn no_such_peer<P: Provider, const N: usize>(peer: usize) -> Error<P::Error> {
+    Error::NoSuchPeer { peer, capacity: N }
+}
+
+/// Sequence numbers posted on one peer's channel by one collective call: `first..=last`.
+#[derive(Clone, Copy)]
+pub(crate) struct Span {
+    first: u64,
+    last: u64,
+}
+
+/// What one collective call posted, per peer and direction.
+pub(crate) struct Posted<const N: usize> {
+    send: [Option<Span>; N],
+    recv: [Option<Span>; N],
+}
+
+impl<const N: usize> Posted<N> {
+    pub(crate) const fn new() -> Self {
+        Posted {
+            send: [None; N],
+            recv: [None; N],
+        }
+    }
+
+    pub(crate) fn record(&mut self, peer: usize, send: bool, seq: u64) {
+        let spans = if send { &mut self.send } else { &mut self.recv };
+        let span = spans[peer].get_or_insert(Span {
+            first: seq,
+            last: seq,
+        });
+        span.last = seq;
+    }
+}
+
+impl<P: Provider, const N: usize, const R: usize, const S: usize> MultiChannel<P, N, R, S> {
+    /// Creates a channel (queue pair and completion queues, in INIT) for each peer index in
+    /// `peers`, all in protection domain `pd`. Indices must be below `N` and distinct.
+    pub fn prepare(
+        ctx: &Context<P>,
+        pd: &ProtectionDomain<P>,
+        peers: impl IntoIterator<Item = usize>,
+        config: &ChannelConfig,
+    ) -> Result<PreparedMultiChannel<P, N, R, S>, Error<P::Error>> {
+        let mut slots = new_slots::<PreparedChannel<P, R, S>, N>();
+        for p in peers {
+            let slot = slots.get_mut(p).ok_or(no_such_peer::<P, N>(p))?;
+            if slot.is_some() {
+                return Err(Error::InvalidAttribute("peer index listed twice"));
+            }
+            *slot = Some(Channel::prepare(ctx, pd, config)?);
+        }
+        Ok(PreparedMultiChannel { peers: slots })
+    }
+
+    /// The channel to `peer`, for any per-peer call (blocking, scoped or unpolled).
+    pub fn peer(&mut self, peer: usize) -> Result<&mut Channel<P, R, S>, Error<P::Error>> {
+        match self.peers.get_mut(peer) {
+            Some(Some(ch)) => Ok(ch),
+            _ => Err(no_such_peer::<P, N>(peer)),
+        }
+    }
+
+    /// Whether `peer` has a channel.
+    pub fn has_peer(&self, peer: usize) -> bool {
+        matches!(self.peers.get(peer), Some(Some(_)))
+    }
+
+    /// The peers with a channel, in increasing order.
+    pub fn peers(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..N).filter(|&p| self.peers[p].is_some())
+    }
+
+    /// How many peers have a channel.
+    pub fn len(&self) -> usize {
+        self.peers.iter().filter(|c| c.is_some()).count()
+    }
+
+    /// Whether no peer has a channel.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    // ---- blocking collectives ----
+
+    /// Sends each `(peer, slice)`; returns once every send completed. The first error (in
+    /// the order given) is returned after all posted sends completed.
+    pub fn scatter_send<'a>(
+        &mut self,
+        sends: impl IntoIterator<Item = (usize, LocalSlice<'a>)>,
+    ) -> Result<(), Error<P::Error>> {
+        self.collective(
+            sends
+                .into_iter()
+                .map(|(p, s)| (p, true, s.sge(), SendOp::Send, None::<&RemoteRegion>)),
+        )
+        .map(drop)
+    }
+
+    /// Sends the same `data` to every peer in `peers`.
+    pub fn multicast_send(
+        &mut self,
+        peers: impl IntoIterator<Item = usize>,
+        data: LocalSlice<'_>,
+    ) -> Result<(), Error<P::Error>> {
+        self.scatter_send(peers.into_iter().map(|p| (p, data)))
+    }
+
+    /// Posts one receive per `(peer, slice)` and waits for all. Returns each peer's
+    /// completion (length, immediate data) at its index. A peer named twice is refused.
+    pub fn gather_receive<'a>(
+        &mut self,
+        recvs: impl IntoIterator<Item = (usize, LocalSliceMut<'a>)>,
+    ) -> Result<[Option<Completion>; N], Error<P::Error>> {
+        // At most one receive per peer: check them all before posting any.
+        let mut sges: [Option<Sge>; N] = [None; N];
+        for (p, s) in recvs {
+            match sges.get_mut(p) {
+                _ if !self.has_peer(p) => return Err(no_such_peer::<P, N>(p)),
+                None => return Err(no_such_peer::<P, N>(p)),
+                Some(Some(_)) => {
+                    return Err(Error::InvalidAttribute("gather_receive names a peer twice"))
+                }
+                Some(slot) => *slot = Some(s.sge()),
+            }
+        }
+        self.collective(
+            (0..N).filter_map(|p| sges[p].map(|sge| (p, false, sge, SendOp::Send, None))),
+        )
+    }
+
+    /// Writes each `(peer, slice, remote)`: the slice to the start of the peer's region.
+    pub fn scatter_write<'a, 'r>(
+        &mut self,
+        writes: impl IntoIterator<Item = (usize, LocalSlice<'a>, &'r RemoteRegion)>,
+    ) -> Result<(), Error<P::Error>> {
+        self.collective(writes.into_iter().map(|(p, s, remote)| {
+            let op = SendOp::Write {
+                remote_addr: remote.addr,
+                rkey: remote.rkey,
+            };
+            (p, true, s.sge(), op, Some(remote))
+        }))
+        .map(drop)
+    }
+
+    /// Reads each `(peer, slice, remote)`: the start of the peer's region into the slice.
+    pub fn gather_read<'a, 'r>(
+        &mut self,
+        reads: impl IntoIterator<Item = (usize, LocalSliceMut<'a>, &'r RemoteRegion)>,
+    ) -> Result<(), Error<P::Error>> {
+        self.collective(reads.into_iter().map(|(p, s, remote)| {
+            let op = SendOp::Read {
+                remote_addr: remote.addr,
+                rkey: remote.rkey,
+            };
+            (p, true, s.sge(), op, Some(remote))
+        }))
+        .map(drop)
+    }
+
+    /// Posts every item (stopping at the first refused post), then waits for everything
+    /// posted, collecting receive completions per peer. The first error wins.
+    ///
+    /// Items are `(peer, is_send, sge, op, remote)`; callers hold the borrows of the sges'
+    /// memory for the whole call, which returns only after all posted work completed.
+    fn collective<'r>(
+        &mut self,
+        items: impl Iterator<Item = (usize, bool, Sge, SendOp, Option<&'r RemoteRegion>)>,
+    ) -> Result<[Option<Completion>; N], Error<P::Error>> {
+        let mut posted = Posted::<N>::new();
+        let mut first_error = None;
+        for (p, send, sge, op, remote) in items {
+            let r = self.peer(p).and_then(|ch| {
+                if send {
+                    ch.post_send_seq([sge], op, SendFlags::empty(), remote)
+                } else {
+                    ch.post_recv_seq([sge])
+                }
+            });
+            match r {
+                Ok(seq) => posted.record(p, send, seq),
+                Err(e) => {
+                    first_error = Some(e);
+                    break;
+                }
+            }
+        }
+        let mut got = [None; N];
+        self.wait_all(&posted, &mut got, &mut first_error);
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(got),
+        }
+    }
+
+    /// Waits for everything in `posted`, keeping the last receive completion per peer in
+    /// `got` and the first error in `first_error`.
+    pub(crate) fn wait_all(
+        &mut self,
+        posted: &Posted<N>,
+        got: &mut [Option<Completion>; N],
+        first_error: &mut Option<Error<P::Error>>,
+    ) {
+        for (p, (slot, got)) in self.peers.iter_mut().zip(got.iter_mut()).enumerate() {
+            let Some(ch) = slot.as_mut() else {
+                continue;
+            };
+            for (send, span) in [(true, posted.send[p]), (false, posted.recv[p])] {
+                let Some(span) = span else { continue };
+                for seq in span.first..=span.last {
+                    match ch.wait_posted(send, seq) {
+                        Ok(c) if !send => *got = Some(c),
+                        Ok(_) => {}
+                        Err(e) => {
+                            first_error.get_or_insert(e);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    // ---- unpolled ----
+
+    /// Posts one send work request to `peer` and returns without waiting.
+    ///
+    /// # Safety
+    /// As [`Channel::post_send_unpolled`]: the memory named by `sges` must stay valid and
+    /// unwritten (for reads and atomics: untouched) until the handle has been waited for.
+    pub unsafe fn post_send_unpolled(
+        &mut self,
+        peer: usize,
+        sges: &[Sge],
+        op: SendOp,
+        flags: SendFlags,
+    ) -> Result<PeerPending, Error<P::Error>> {
+        let ch = self.peer(peer)?;
+        // SAFETY: the caller upholds the contract, which is the channel's.
+        let pending = unsafe { ch.post_send_unpolled(sges, op, flags)? };
+        Ok(PeerPending { peer, pending })
+    }
+
+    /// Posts one receive work request to `peer` and returns without waiting.
+    ///
+    /// # Safety
+    /// As [`Channel::post_receive_unpolled`]: the memory named by `sges` must stay valid
+    /// and untouched until the handle has been waited for.
+    pub unsafe fn post_receive_unpolled(
+        &mut self,
+        peer: usize,
+        sges: &[Sge],
+    ) -> Result<PeerPending, Error<P::Error>> {
+        let ch = self.peer(peer)?;
+        // SAFETY: the caller upholds the contract, which is the channel's.
+        let pending = unsafe { ch.post_receive_unpolled(sges)? };
+        Ok(PeerPending { peer, pending })
+    }
+
+    /// Waits for unpolled work to complete.
+    pub fn wait(&mut self, pending: PeerPending) -> Result<Completion, Error<P::Error>> {
+        self.peer(pending.peer)?.wait(pending.pending)
+    }
+}

@@ -1,0 +1,609 @@
+//! All-to-all exchange of one payload per rank over TCP.
+//!
+//! Protocol, for a world of `n` ranks listening on the addresses of a [`NetworkConfig`]:
+//!
+//! - Every rank binds its configured address first, then rank `i` dials every rank
+//!   `j > i` and accepts one connection from every rank `j < i`. Each pair of ranks thus
+//!   shares exactly one connection, and only listening ports are configured (outgoing
+//!   connections use ephemeral ports), so there are no port conflicts.
+//! - On a connection the dialer sends its [frame](super::frame) first; the acceptor reads
+//!   it, checks the claimed rank (below its own, not seen before), and only then answers
+//!   with its own frame; the dialer checks that the answer comes from the rank it dialled.
+//!   Neither side ever writes while the other writes, so large payloads cannot deadlock.
+//! - A connect that fails (the peer has not started listening yet) is retried with a
+//!   backoff doubling from 5 ms to 100 ms, until the deadline.
+//! - Dials and accepted connections each run on their own scoped thread; every connect,
+//!   read and write is bounded by the one deadline (`timeout` after the call), and reads
+//!   wake every 20 ms to notice the deadline or another connection's failure. The first
+//!   failure stops the whole exchange and is returned; a rank that has not completed by
+//!   the deadline is listed in [`ExchangeError::Timeout`].
+//!
+//! The exchange is strict: any connection that sends a malformed frame or claims a rank
+//! it may not have fails the exchange, rather than being ignored.
+
+use std::fmt;
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use super::config::NetworkConfig;
+use super::frame::{encode_frame, read_frame, FrameError, MAX_PAYLOAD};
+
+/// How often a blocked read wakes to check the deadline and the stop flag.
+const READ_SLICE: Duration = Duration::from_millis(20);
+/// How often the accept loop polls its non-blocking listener.
+const ACCEPT_POLL: Duration = Duration::from_millis(2);
+/// First pause between connect attempts.
+const BACKOFF_MIN: Duration = Duration::from_millis(5);
+/// Longest pause between connect attempts.
+const BACKOFF_MAX: Duration = Duration::from_millis(100);
+/// Longest single connect attempt.
+const CONNECT_ATTEMPT_MAX: Duration = Duration::from_secs(1);
+
+/// Why an exchange failed.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum ExchangeError {
+    /// The caller's rank is not in the configuration.
+    NoSuchRank {
+        /// The rank given.
+        rank: u32,
+        /// Number of ranks configured.
+        len: usize,
+    },
+    /// The caller's payload is longer than [`MAX_PAYLOAD`].
+    PayloadTooLarge {
+        /// Its length.
+        len: usize,
+        /// [`MAX_PAYLOAD`].
+        max: usize,
+    },
+    /// The configured address could not be bound.
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// What the OS said.
+        source: io::Error,
+    },
+    /// [`exchange_with_listener`]: the listener is not on the configured port.
+    ListenerMismatch {
+        /// The configured address.
+        configured: SocketAddr,
+        /// The address the listener is bound to.
+        bound: SocketAddr,
+    },
+    /// The deadline passed before these ranks had completed their exchange.
+    Timeout {
+        /// The ranks not heard from, ascending.
+        waiting_for: Vec<u32>,
+    },
+    /// A peer's frame does not open with the right magic.
+    WrongMagic {
+        /// The peer's address.
+        peer: SocketAddr,
+        /// The magic it sent.
+        got: [u8; 4],
+    },
+    /// A peer's frame has a version this library does not read.
+    WrongVersion {
+        /// The peer's address.
+        peer: SocketAddr,
+        /// The version it sent.
+        got: u16,
+    },
+    /// A peer claims a rank it may not have: not the rank it was dialled as, or (on an
+    /// accepted connection) not one of the lower ranks that dial this one.
+    UnexpectedRank {
+        /// The peer's address.
+        peer: SocketAddr,
+        /// The ranks that were acceptable.
+        expected: Range<u32>,
+        /// The rank it claimed.
+        got: u32,
+    },
+    /// A second connection claims a rank already heard from.
+    DuplicatePeer {
+        /// The rank.
+        rank: u32,
+        /// The address of the second connection.
+        peer: SocketAddr,
+    },
+    /// A peer claims a payload longer than [`MAX_PAYLOAD`] (nothing was allocated for it).
+    Oversized {
+        /// The peer's address.
+        peer: SocketAddr,
+        /// The length it claimed.
+        claimed: u64,
+        /// [`MAX_PAYLOAD`].
+        max: usize,
+    },
+    /// A peer closed the connection inside its frame.
+    Truncated {
+        /// The peer's address.
+        peer: SocketAddr,
+        /// Bytes its frame needs, as far as known.
+        needed: usize,
+        /// Bytes it sent.
+        got: usize,
+    },
+    /// A socket operation failed.
+    Io {
+        /// The peer's address, when the failure concerns one connection.
+        peer: Option<SocketAddr>,
+        /// What the OS said.
+        source: io::Error,
+    },
+}
+
+impl fmt::Display for ExchangeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ExchangeError::NoSuchRank { rank, len } => {
+                write!(f, "rank {rank} is not in a network of {len} ranks")
+            }
+            ExchangeError::PayloadTooLarge { len, max } => {
+                write!(f, "payload of {len} bytes exceeds the {max}-byte limit")
+            }
+            ExchangeError::Bind { addr, source } => write!(f, "cannot listen on {addr}: {source}"),
+            ExchangeError::ListenerMismatch { configured, bound } => {
+                write!(
+                    f,
+                    "listener is bound to {bound}, but the config says {configured}"
+                )
+            }
+            ExchangeError::Timeout { waiting_for } => {
+                write!(f, "exchange timed out waiting for ranks {waiting_for:?}")
+            }
+            ExchangeError::WrongMagic { peer, got } => {
+                write!(f, "peer {peer} sent bad frame magic {got:02x?}")
+            }
+            ExchangeError::WrongVersion { peer, got } => write!(
+                f,
+                "peer {peer} sent frame version {got} (this library reads {})",
+                super::frame::FRAME_VERSION
+            ),
+            ExchangeError::UnexpectedRank {
+                peer,
+                expected,
+                got,
+            } => {
+                if expected.len() == 1 {
+                    write!(
+                        f,
+                        "peer {peer} claims rank {got}, expected rank {}",
+                        expected.start
+                    )
+                } else {
+                    write!(
+                        f,
+                        "peer {peer} claims rank {got}, expected a rank in {}..{}",
+                        expected.start, expected.end
+                    )
+                }
+            }
+            ExchangeError::DuplicatePeer { rank, peer } => {
+                write!(f, "peer {peer} claims rank {rank}, which already connected")
+            }
+            ExchangeError::Oversized { peer, claimed, max } => write!(
+                f,
+                "peer {peer} claims a {claimed}-byte payload, over the {max}-byte limit"
+            ),
+            ExchangeError::Truncated { peer, needed, got } => write!(
+                f,
+                "peer {peer} closed the connection after {got} of {needed} frame bytes"
+            ),
+            ExchangeError::Io {
+                peer: Some(peer),
+                source,
+            } => write!(f, "exchange with {peer} failed: {source}"),
+            ExchangeError::Io { peer: None, source } => write!(f, "exchange failed: {source}"),
+        }
+    }
+}
+
+impl std::error::Error for ExchangeError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ExchangeError::Bind { source, .. } | ExchangeError::Io { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
+
+/// Exchanges `payload` with every rank of `config`: binds this rank's configured address,
+/// connects to every other rank, and returns every rank's payload, indexed by rank (this
+/// rank's entry is `payload` itself).
+///
+/// Peers may start in any order within `timeout`; the call returns by about `timeout`
+/// (plus at most ~0.1 s of winding down) whatever the peers do. See the
+/// [module documentation](self) for the protocol.
+pub fn exchange(
+    config: &NetworkConfig,
+    my_rank: u32,
+    payload: &[u8],
+    timeout: Duration,
+) -> Result<Vec<Vec<u8>>, ExchangeError> {
+    let deadline = deadline_after(timeout);
+    let addr = check_args(config, my_rank, payload)?;
+    if config.len() == 1 {
+        return Ok(vec![payload.to_vec()]);
+    }
+    let listener =
+        TcpListener::bind(addr).map_err(|source| ExchangeError::Bind { addr, source })?;
+    run(config, my_rank, &listener, payload, deadline)
+}
+
+/// Like [`exchange`], on a listener the caller has already bound to this rank's
+/// configured port (e.g. bound early, or bound to port 0 to build the configuration).
+pub fn exchange_with_listener(
+    config: &NetworkConfig,
+    my_rank: u32,
+    listener: &TcpListener,
+    payload: &[u8],
+    timeout: Duration,
+) -> Result<Vec<Vec<u8>>, ExchangeError> {
+    let deadline = deadline_after(timeout);
+    let configured = check_args(config, my_rank, payload)?;
+    let bound = listener
+        .local_addr()
+        .map_err(|source| ExchangeError::Io { peer: None, source })?;
+    if bound.port() != configured.port() {
+        return Err(ExchangeError::ListenerMismatch { configured, bound });
+    }
+    if config.len() == 1 {
+        return Ok(vec![payload.to_vec()]);
+    }
+    run(config, my_rank, listener, payload, deadline)
+}
+
+fn deadline_after(timeout: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(timeout)
+        .or_else(|| now.checked_add(Duration::from_secs(1 << 30)))
+        .unwrap_or(now)
+}
+
+fn check_args(
+    config: &NetworkConfig,
+    my_rank: u32,
+    payload: &[u8],
+) -> Result<SocketAddr, ExchangeError> {
+    let addr = config.get(my_rank).ok_or(ExchangeError::NoSuchRank {
+        rank: my_rank,
+        len: config.len(),
+    })?;
+    if payload.len() > MAX_PAYLOAD {
+        return Err(ExchangeError::PayloadTooLarge {
+            len: payload.len(),
+            max: MAX_PAYLOAD,
+        });
+    }
+    Ok(addr)
+}
+
+/// What the exchange has gathered so far.
+struct State {
+    /// Payloads received, by rank.
+    got: Vec<Option<Vec<u8>>>,
+    /// Ranks claimed by an accepted connection.
+    claimed: Vec<bool>,
+    /// The first failure.
+    error: Option<ExchangeError>,
+}
+
+/// State shared by the threads of one exchange.
+struct Shared<'a> {
+    my_rank: u32,
+    deadline: Instant,
+    /// Set on the first failure: everyone winds down.
+    stop: AtomicBool,
+    /// This rank's encoded frame.
+    frame: &'a [u8],
+    state: Mutex<State>,
+}
+
+/// Why a connection's work ended early.
+enum Halt {
+    /// The deadline passed or another connection failed; nothing to report.
+    Stopped,
+    /// This connection failed.
+    Failed(ExchangeError),
+}
+
+/// The payload of the `io::Error` a guarded read returns once it has to stop.
+#[derive(Debug)]
+struct StopSignal;
+
+impl fmt::Display for StopSignal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("exchange stopped")
+    }
+}
+
+impl std::error::Error for StopSignal {}
+
+fn is_stop(e: &io::Error) -> bool {
+    e.get_ref().is_some_and(|inner| inner.is::<StopSignal>())
+}
+
+impl Shared<'_> {
+    fn state(&self) -> MutexGuard<'_, State> {
+        // A panicking thread cannot leave `State` inconsistent: every update is one store.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Time left, or `None` once the deadline has passed or the exchange is stopping.
+    fn remaining(&self) -> Option<Duration> {
+        if self.stop.load(Ordering::Relaxed) {
+            return None;
+        }
+        let left = self.deadline.checked_duration_since(Instant::now())?;
+        (!left.is_zero()).then_some(left)
+    }
+
+    fn fail(&self, e: ExchangeError) {
+        let mut s = self.state();
+        if s.error.is_none() {
+            s.error = Some(e);
+        }
+        self.stop.store(true, Ordering::Relaxed);
+    }
+
+    fn finish(&self, rank: u32, payload: Vec<u8>) {
+        if let Some(slot) = self.state().got.get_mut(rank as usize) {
+            *slot = Some(payload);
+        }
+    }
+
+    /// Every lower rank has been heard from.
+    fn accepts_done(&self) -> bool {
+        self.state().got[..self.my_rank as usize]
+            .iter()
+            .all(Option::is_some)
+    }
+
+    fn report(&self, r: Result<(), Halt>) {
+        if let Err(Halt::Failed(e)) = r {
+            self.fail(e);
+        }
+    }
+}
+
+/// One connection, whose reads and writes are bounded by the exchange's deadline.
+struct Conn<'s, 'a> {
+    stream: TcpStream,
+    peer: SocketAddr,
+    shared: &'s Shared<'a>,
+}
+
+impl<'s, 'a> Conn<'s, 'a> {
+    fn new(stream: TcpStream, peer: SocketAddr, shared: &'s Shared<'a>) -> Result<Self, Halt> {
+        let io = |source| {
+            Halt::Failed(ExchangeError::Io {
+                peer: Some(peer),
+                source,
+            })
+        };
+        stream.set_nonblocking(false).map_err(io)?;
+        stream.set_nodelay(true).map_err(io)?;
+        Ok(Conn {
+            stream,
+            peer,
+            shared,
+        })
+    }
+
+    fn send_frame(&mut self) -> Result<(), Halt> {
+        let left = self.shared.remaining().ok_or(Halt::Stopped)?;
+        let r = self
+            .stream
+            .set_write_timeout(Some(left))
+            .and_then(|()| self.stream.write_all(self.shared.frame))
+            .and_then(|()| self.stream.flush());
+        r.map_err(|source| match source.kind() {
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                if self.shared.remaining().is_none() =>
+            {
+                Halt::Stopped
+            }
+            _ => Halt::Failed(ExchangeError::Io {
+                peer: Some(self.peer),
+                source,
+            }),
+        })
+    }
+
+    fn recv_frame(&mut self) -> Result<(u32, Vec<u8>), Halt> {
+        let peer = self.peer;
+        read_frame(self).map_err(|e| {
+            Halt::Failed(match e {
+                FrameError::BadMagic(got) => ExchangeError::WrongMagic { peer, got },
+                FrameError::UnsupportedVersion(got) => ExchangeError::WrongVersion { peer, got },
+                FrameError::Oversized { claimed, max } => {
+                    ExchangeError::Oversized { peer, claimed, max }
+                }
+                FrameError::Truncated { needed, got } => {
+                    ExchangeError::Truncated { peer, needed, got }
+                }
+                FrameError::Io(e) if is_stop(&e) => return Halt::Stopped,
+                FrameError::Io(source) => ExchangeError::Io {
+                    peer: Some(peer),
+                    source,
+                },
+            })
+        })
+    }
+}
+
+impl Read for Conn<'_, '_> {
+    /// Reads in slices of at most [`READ_SLICE`], giving up with a [`StopSignal`] error
+    /// once the deadline passes or the exchange stops.
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            let Some(left) = self.shared.remaining() else {
+                return Err(io::Error::new(io::ErrorKind::TimedOut, StopSignal));
+            };
+            self.stream.set_read_timeout(Some(left.min(READ_SLICE)))?;
+            match self.stream.read(buf) {
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock
+                            | io::ErrorKind::TimedOut
+                            | io::ErrorKind::Interrupted
+                    ) => {}
+                r => return r,
+            }
+        }
+    }
+}
+
+/// A connect on loopback to a port nobody listens on can, rarely, connect the socket to
+/// itself (TCP simultaneous open, when the kernel picks the destination port as the
+/// source port). Such a connection is no peer.
+fn is_self_connection(s: &TcpStream) -> bool {
+    matches!((s.local_addr(), s.peer_addr()), (Ok(l), Ok(p)) if l == p)
+}
+
+/// Dials `rank` at `addr` until it answers or the exchange stops, then trades frames.
+fn dial(shared: &Shared<'_>, rank: u32, addr: SocketAddr) -> Result<(), Halt> {
+    let mut backoff = BACKOFF_MIN;
+    let stream = loop {
+        let left = shared.remaining().ok_or(Halt::Stopped)?;
+        match TcpStream::connect_timeout(&addr, left.min(CONNECT_ATTEMPT_MAX)) {
+            Ok(s) if !is_self_connection(&s) => break s,
+            // Not listening yet (refused), unreachable for now, or a self-connection.
+            _ => {}
+        }
+        let left = shared.remaining().ok_or(Halt::Stopped)?;
+        thread::sleep(backoff.min(left));
+        backoff = (backoff * 2).min(BACKOFF_MAX);
+    };
+    let mut conn = Conn::new(stream, addr, shared)?;
+    conn.send_frame()?;
+    let (got, payload) = conn.recv_frame()?;
+    if got != rank {
+        return Err(Halt::Failed(ExchangeError::UnexpectedRank {
+            peer: addr,
+            expected: rank..rank.saturating_add(1),
+            got,
+        }));
+    }
+    shared.finish(rank, payload);
+    Ok(())
+}
+
+/// Serves one accepted connection: reads the peer's frame, checks its rank, answers.
+fn serve(shared: &Shared<'_>, stream: TcpStream, peer: SocketAddr) -> Result<(), Halt> {
+    let mut conn = Conn::new(stream, peer, shared)?;
+    let (rank, payload) = conn.recv_frame()?;
+    if rank >= shared.my_rank {
+        return Err(Halt::Failed(ExchangeError::UnexpectedRank {
+            peer,
+            expected: 0..shared.my_rank,
+            got: rank,
+        }));
+    }
+    {
+        let mut s = shared.state();
+        if s.claimed[rank as usize] {
+            return Err(Halt::Failed(ExchangeError::DuplicatePeer { rank, peer }));
+        }
+        s.claimed[rank as usize] = true;
+    }
+    conn.send_frame()?;
+    shared.finish(rank, payload);
+    Ok(())
+}
+
+/// Runs `f` on a scoped thread, recording its failure; a thread that cannot be created
+/// fails the exchange (rather than panicking as `Scope::spawn` would).
+fn spawn<'scope, 'env: 'scope>(
+    scope: &'scope thread::Scope<'scope, 'env>,
+    shared: &'env Shared<'env>,
+    name: String,
+    f: impl FnOnce() -> Result<(), Halt> + Send + 'scope,
+) {
+    let spawned = thread::Builder::new()
+        .name(name)
+        .spawn_scoped(scope, move || shared.report(f()));
+    if let Err(source) = spawned {
+        shared.fail(ExchangeError::Io { peer: None, source });
+    }
+}
+
+fn run(
+    config: &NetworkConfig,
+    my_rank: u32,
+    listener: &TcpListener,
+    payload: &[u8],
+    deadline: Instant,
+) -> Result<Vec<Vec<u8>>, ExchangeError> {
+    let mut frame = Vec::new();
+    encode_frame(my_rank, payload, &mut frame).map_err(|_| ExchangeError::PayloadTooLarge {
+        len: payload.len(),
+        max: MAX_PAYLOAD,
+    })?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|source| ExchangeError::Io { peer: None, source })?;
+    let n = config.len();
+    let shared_val = Shared {
+        my_rank,
+        deadline,
+        stop: AtomicBool::new(false),
+        frame: &frame,
+        state: Mutex::new(State {
+            got: vec![None; n],
+            claimed: vec![false; n],
+            error: None,
+        }),
+    };
+    let shared = &shared_val;
+    thread::scope(|scope| {
+        for (rank, &addr) in (0u32..).zip(config.addrs()).skip(my_rank as usize + 1) {
+            spawn(scope, shared, format!("zverbs-dial-{rank}"), move || {
+                dial(shared, rank, addr)
+            });
+        }
+        while !shared.accepts_done() && shared.remaining().is_some() {
+            match listener.accept() {
+                Ok((stream, peer)) => {
+                    spawn(scope, shared, format!("zverbs-serve-{peer}"), move || {
+                        serve(shared, stream, peer)
+                    })
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => thread::sleep(ACCEPT_POLL),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted
+                    ) => {}
+                Err(source) => shared.fail(ExchangeError::Io { peer: None, source }),
+            }
+        }
+    });
+    // Best effort: leave a caller's listener blocking, as it was bound.
+    let _ = listener.set_nonblocking(false);
+    let State { mut got, error, .. } = shared_val
+        .state
+        .into_inner()
+        .unwrap_or_else(|p| p.into_inner());
+    if let Some(e) = error {
+        return Err(e);
+    }
+    got[my_rank as usize] = Some(payload.to_vec());
+    let waiting_for: Vec<u32> = (0u32..)
+        .zip(&got)
+        .filter(|(_, p)| p.is_none())
+        .map(|(r, _)| r)
+        .collect();
+    if !waiting_for.is_empty() {
+        return Err(ExchangeError::Timeout { waiting_for });
+    }
+    Ok(got.into_iter().map(Option::unwrap_or_default).collect())
+}

@@ -1,0 +1,133 @@
+//! Endpoint tables: what a node sends every peer out of band (std only).
+//!
+//! A table holds, for every rank of the world, the data and barrier endpoints this node
+//! made for that rank: `world × 2 × ENDPOINT_LEN` bytes, its own entry zeroed. Each peer
+//! picks the entry at its own rank.
+
+use std::net::TcpListener;
+use std::time::Duration;
+use std::vec::Vec;
+
+use super::exchange::{self, NetworkConfig};
+use super::{Node, NodeError, PreparedNode};
+use crate::provider::Provider;
+use crate::qp::{Endpoint, ENDPOINT_LEN};
+
+const ENTRY: usize = 2 * ENDPOINT_LEN;
+
+/// A connected node and every rank's app bytes, indexed by rank.
+pub type Connected<P, const N: usize, const R: usize, const S: usize> =
+    Result<(Node<P, N, R, S>, Vec<Vec<u8>>), NodeError<<P as Provider>::Error>>;
+
+impl<P: Provider, const N: usize, const R: usize, const S: usize> PreparedNode<P, N, R, S> {
+    /// This node's endpoint table (see the module docs).
+    pub fn endpoint_table(&self) -> Vec<u8> {
+        let mut table = vec![0u8; self.world * ENTRY];
+        for (p, entry) in table.chunks_exact_mut(ENTRY).enumerate() {
+            if let Ok((data, ctrl)) = self.endpoints(p) {
+                entry[..ENDPOINT_LEN].copy_from_slice(&data.encode());
+                entry[ENDPOINT_LEN..].copy_from_slice(&ctrl.encode());
+            }
+        }
+        table
+    }
+
+    /// Connects using every rank's endpoint table, indexed by rank (this node's own entry
+    /// is ignored), as [`exchange`](exchange::exchange) returns them.
+    pub fn connect_tables(
+        self,
+        tables: &[Vec<u8>],
+    ) -> Result<Node<P, N, R, S>, NodeError<P::Error>> {
+        if tables.len() != self.world {
+            return Err(NodeError::EndpointTable {
+                peer: tables.len(),
+                why: "one table per rank expected",
+            });
+        }
+        let mut eps = [None; N];
+        for (p, table) in tables.iter().enumerate() {
+            if p == self.rank {
+                continue;
+            }
+            let bad = |why| NodeError::EndpointTable { peer: p, why };
+            if table.len() != self.world * ENTRY {
+                return Err(bad("wrong length for this world"));
+            }
+            let entry = &table[self.rank * ENTRY..][..ENTRY];
+            let data =
+                Endpoint::decode(&entry[..ENDPOINT_LEN]).map_err(|_| bad("bad data endpoint"))?;
+            let ctrl = Endpoint::decode(&entry[ENDPOINT_LEN..])
+                .map_err(|_| bad("bad barrier endpoint"))?;
+            eps[p] = Some((data, ctrl));
+        }
+        self.connect(|p| eps[p])
+    }
+
+    /// Exchanges endpoint tables with every rank of `config` over TCP (binding this rank's
+    /// configured address), then connects. `config` must have one entry per rank.
+    ///
+    /// `app` rides along (e.g. the addresses and keys of regions peers will access); every
+    /// rank's `app` bytes come back indexed by rank. One exchange serves both: running two
+    /// exchanges back to back on the same ports could mix their rounds.
+    pub fn connect_tcp(
+        self,
+        config: &NetworkConfig,
+        app: &[u8],
+        timeout: Duration,
+    ) -> Connected<P, N, R, S> {
+        self.check_config(config)?;
+        let payload = self.payload(app);
+        let tables = exchange::exchange(config, self.rank as u32, &payload, timeout)
+            .map_err(NodeError::Exchange)?;
+        self.connect_payloads(tables)
+    }
+
+    /// Like [`connect_tcp`](Self::connect_tcp), on a listener already bound to this rank's
+    /// configured port.
+    pub fn connect_tcp_with_listener(
+        self,
+        config: &NetworkConfig,
+        listener: &TcpListener,
+        app: &[u8],
+        timeout: Duration,
+    ) -> Connected<P, N, R, S> {
+        self.check_config(config)?;
+        let payload = self.payload(app);
+        let tables =
+            exchange::exchange_with_listener(config, self.rank as u32, listener, &payload, timeout)
+                .map_err(NodeError::Exchange)?;
+        self.connect_payloads(tables)
+    }
+
+    fn payload(&self, app: &[u8]) -> Vec<u8> {
+        let mut payload = self.endpoint_table();
+        payload.extend_from_slice(app);
+        payload
+    }
+
+    /// Splits every payload into its endpoint table and the app bytes, then connects.
+    fn connect_payloads(self, mut payloads: Vec<Vec<u8>>) -> Connected<P, N, R, S> {
+        let table_len = self.world * ENTRY;
+        let mut apps = Vec::with_capacity(payloads.len());
+        for (peer, p) in payloads.iter_mut().enumerate() {
+            if p.len() < table_len {
+                return Err(NodeError::EndpointTable {
+                    peer,
+                    why: "shorter than an endpoint table",
+                });
+            }
+            apps.push(p.split_off(table_len));
+        }
+        Ok((self.connect_tables(&payloads)?, apps))
+    }
+
+    fn check_config(&self, config: &NetworkConfig) -> Result<(), NodeError<P::Error>> {
+        if config.len() != self.world {
+            return Err(NodeError::InvalidRank {
+                rank: self.rank,
+                world: config.len(),
+            });
+        }
+        Ok(())
+    }
+}

@@ -21,6 +21,8 @@
 
 #[cfg(feature = "sim")]
 pub mod sim;
+#[cfg(feature = "verbs")]
+pub mod verbs;
 
 use core::fmt;
 

@@ -1,0 +1,295 @@
+#!/usr/bin/env bash
+# Runs zverbs' verbs backend on soft-RoCE (rxe) inside a small qemu guest.
+#
+# The host kernel needs no RDMA support: the guest boots Debian's own kernel under qemu's
+# software emulation (TCG), loads rdma_rxe, creates rxe0 on a dummy netdev and runs
+# host-built binaries from a 9p share. The guest image (kernel + initramfs, from Debian
+# packages) is built once and cached under target/rxe/.
+#
+#   scripts/rxe-test.sh              conformance suite on rxe0 + on the simulator, and the
+#                                    differential table; exits non-zero if either fails
+#   scripts/rxe-test.sh --run PROG [ARGS...]
+#                                    run one host-built program in a fresh guest, exit with its
+#                                    status (usable as a cargo runner, see README)
+#   scripts/rxe-test.sh --image      only build (or check) the cached guest image
+#   scripts/rxe-test.sh --can-run    exit 0 if this machine can run the guest (for CI)
+#   scripts/rxe-test.sh --shell      interactive guest shell (Ctrl-a x quits qemu)
+#
+# Environment: RXE_DIR (cache, default <repo>/target/rxe), RXE_TIMEOUT (seconds per boot,
+# default 900), RXE_REBUILD=1 (rebuild the image), RXE_ACCEL (default tcg: the /dev/kvm of
+# these machines cannot boot a stock kernel), RXE_MEM, RXE_SMP. ZVERBS_* and RUST_* variables
+# are passed to the program in the guest, which also sees ZVERBS_DEVICE=rxe0.
+# Host needs: scripts/install-verbs-deps.sh (qemu, cpio, binutils, python3, apt lists).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$(readlink -f "$0")")/.." && pwd)
+W=${RXE_DIR:-$ROOT/target/rxe}
+TIMEOUT=${RXE_TIMEOUT:-900}
+RECIPE_VERSION=1
+
+log() { printf 'rxe-test: %s\n' "$*" >&2; }
+die() { log "$*"; exit 1; }
+
+# Debian packages unpacked into the guest (no maintainer scripts run).
+GUEST_PKGS="busybox-static kmod iproute2 rdma-core ibverbs-providers ibverbs-utils perftest
+libibverbs1 librdmacm1 libibumad3 libnl-3-200 libnl-route-3-200 libc6 libgcc-s1 libmnl0
+libelf1 libbpf1 libcap2 libdb5.3 libselinux1 libpcre2-8-0 libtirpc3 libtirpc-common
+libgssapi-krb5-2 libkrb5-3 libk5crypto3 libcom-err2 libkrb5support0 libkeyutils1 libssl3
+libxtables12 zlib1g libzstd1 liblzma5 libkmod2 libpci3 libudev1 libbsd0 libmd0"
+# Kernel modules (with their dependency closure). crc32_generic: rdma_rxe needs the "crc32"
+# shash but does not declare it.
+GUEST_MODS="rdma_rxe crc32_generic ib_uverbs ib_umad rdma_ucm rdma_cm virtio_pci 9p
+9pnet_virtio dummy"
+
+# PID 1 of the guest.
+guest_init() {
+  cat <<'EOF'
+#!/bin/busybox sh
+/bin/busybox mount -t proc proc /proc
+/bin/busybox mount -t sysfs sys /sys
+/bin/busybox mount -t devtmpfs dev /dev
+/bin/busybox --install -s 2>/dev/null
+export PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root
+mount -t tmpfs tmpfs /tmp
+ip link set lo up
+# No udev: load virtio and 9p ourselves.
+modprobe -a virtio_pci 9pnet_virtio 9p
+mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144 host0 /mnt/host || echo "init: no 9p share"
+# Soft-RoCE: crc32_generic first; rxe0 on a dummy netdev with a link-local IPv4 address, so
+# that GID index 1 is the RoCE v2 ::ffff:169.254.77.1 entry (rdma_cm works on it too).
+modprobe -a crc32_generic rdma_rxe ib_uverbs rdma_ucm ib_umad
+modprobe dummy numdummies=0
+ip link add dummy0 type dummy
+ip addr add 169.254.77.1/16 dev dummy0
+ip link set dummy0 up
+rdma link add rxe0 type rxe netdev dummy0 || echo "init: rdma link add failed"
+echo "init: rxe0 up at $(cut -d' ' -f1 /proc/uptime)s"
+case "$(sed -n 's/.*rxemode=\([a-z]*\).*/\1/p' /proc/cmdline)" in
+  shell) setsid cttyhack sh ;;
+  *) sh /mnt/host/test.sh 2>&1 ;;
+esac
+echo "init: done at $(cut -d' ' -f1 /proc/uptime)s"
+sync
+poweroff -f
+EOF
+}
+
+recipe_hash() {
+  { echo "$RECIPE_VERSION"; echo "$GUEST_PKGS"; echo "$GUEST_MODS"; guest_init; } | sha256sum | cut -c1-16
+}
+
+# Prints the relative paths of modules $2.. and their dependencies under module dir $1.
+mod_closure() {
+  local dir=$1; shift
+  local all; all=$(find "$dir/kernel" -name '*.ko*')
+  local -A seen=()
+  local queue=("$@") m f deps
+  while [ ${#queue[@]} -gt 0 ]; do
+    m=${queue[0]//-/_}; queue=("${queue[@]:1}")
+    [ -n "${seen[$m]:-}" ] && continue
+    seen[$m]=1
+    f=$(grep -E "/(${m}|${m//_/-})\.ko(\.xz|\.zst)?$" <<<"$all" | head -1 || true)
+    [ -n "$f" ] || continue # built into the kernel
+    echo "${f#"$dir"/}"
+    deps=$(objcopy -O binary --only-section=.modinfo "$f" /dev/stdout 2>/dev/null |
+      tr '\0' '\n' | sed -n 's/^depends=//p' | tr ',' ' ')
+    for d in $deps; do queue+=("$d"); done
+  done
+}
+
+build_image() {
+  local want; want=$(recipe_hash)
+  if [ "${RXE_REBUILD:-0}" != 1 ] && [ -f "$W/out/vmlinux" ] && [ -f "$W/out/initrd.img" ] &&
+    [ "$(cat "$W/out/stamp" 2>/dev/null)" = "$want" ]; then
+    return 0
+  fi
+  for t in apt-get apt-cache dpkg cpio objcopy python3 qemu-system-x86_64; do
+    command -v "$t" >/dev/null || die "$t not found: run scripts/install-verbs-deps.sh"
+  done
+  local t0=$SECONDS
+  log "building the guest image in $W (once)"
+  mkdir -p "$W/debs" "$W/out"
+  local kpkg
+  kpkg=$(apt-cache depends linux-image-amd64 2>/dev/null |
+    sed -n 's/.*Depends: \(linux-image-[0-9].*\)/\1/p' | head -1)
+  [ -n "$kpkg" ] || die "cannot resolve linux-image-amd64: run scripts/install-verbs-deps.sh (apt lists)"
+  # shellcheck disable=SC2086
+  (cd "$W/debs" && apt-get download -q $kpkg $GUEST_PKGS 2>&1 | grep -v -e unsandboxed -e '^Get:' >&2 || true)
+  deb() { ls "$W"/debs/"$1"_*.deb 2>/dev/null | sort -V | tail -1; }
+  [ -n "$(deb "$kpkg")" ] || die "download of $kpkg failed"
+
+  rm -rf "$W/kernel" "$W/rootfs"
+  mkdir -p "$W/kernel" "$W/rootfs"
+  dpkg -x "$(deb "$kpkg")" "$W/kernel"
+  local kv; kv=$(ls "$W/kernel/lib/modules")
+  # The uncompressed kernel (an ELF with a PVH entry) boots much faster under TCG than the
+  # bzImage: no real-mode setup, no decompression.
+  python3 - "$W/kernel/boot/vmlinuz-$kv" "$W/out/vmlinux" <<'EOF'
+import lzma, sys
+d = open(sys.argv[1], 'rb').read()
+off = d.find(b'\xfd7zXZ\x00')  # Debian 12 kernels are xz-compressed
+out = lzma.LZMADecompressor(format=lzma.FORMAT_XZ).decompress(d[off:])
+assert out[:4] == b'\x7fELF', "no ELF kernel inside the bzImage"
+open(sys.argv[2], 'wb').write(out)
+EOF
+
+  local r=$W/rootfs p f
+  for p in $GUEST_PKGS; do
+    f=$(deb "$p"); [ -n "$f" ] || die "download of $p failed"
+    dpkg -x "$f" "$r"
+  done
+  rm -rf "$r"/usr/share/{doc,man,info,locale,bash-completion,lintian} "$r"/usr/lib/x86_64-linux-gnu/gconv
+  mkdir -p "$r"/{proc,sys,dev,tmp,run,mnt/host,root}
+  local m
+  # shellcheck disable=SC2086
+  for m in $(mod_closure "$W/kernel/lib/modules/$kv" $GUEST_MODS); do
+    mkdir -p "$r/lib/modules/$kv/$(dirname "$m")"
+    cp "$W/kernel/lib/modules/$kv/$m" "$r/lib/modules/$kv/$m"
+  done
+  cp "$W/kernel/lib/modules/$kv"/modules.{order,builtin,builtin.modinfo} "$r/lib/modules/$kv/" 2>/dev/null || true
+  # depmod from the guest's kmod (kmod dispatches on argv[0]).
+  ln -sf "$r/bin/kmod" "$W/depmod"
+  LD_LIBRARY_PATH="$r/lib/x86_64-linux-gnu:$r/usr/lib/x86_64-linux-gnu" "$W/depmod" -b "$r" "$kv"
+  ldconfig -r "$r"
+  guest_init > "$r/init"
+  chmod 0755 "$r/init"
+  # Uncompressed cpio: unpacks faster than gzip under TCG.
+  (cd "$r" && find . -print0 | cpio --null -o -H newc --quiet) > "$W/out/initrd.img"
+  echo "$want" > "$W/out/stamp"
+  log "guest image ready ($kpkg, $((SECONDS - t0)) s)"
+}
+
+# boot SHARE_DIR MODE: boots the guest with SHARE_DIR as /mnt/host.
+boot() {
+  local share=$1 mode=$2 bios=/usr/share/qemu/qboot.rom accel=${RXE_ACCEL:-tcg} a
+  [ -f "$bios" ] || bios=
+  if [ "$accel" = kvm ]; then a=(-accel kvm -cpu host); else a=(-accel tcg -cpu max); fi
+  local tty=() input=/dev/null
+  [ "$mode" = shell ] && { tty=(--foreground); input=/dev/stdin; }
+  timeout "${tty[@]}" -k 5 "$TIMEOUT" qemu-system-x86_64 "${a[@]}" -m "${RXE_MEM:-1G}" \
+    -smp "${RXE_SMP:-2}" -nographic -no-reboot -nic none ${bios:+-bios "$bios"} \
+    -kernel "$W/out/vmlinux" -initrd "$W/out/initrd.img" \
+    -append "console=ttyS0 quiet loglevel=3 panic=-1 cryptomgr.notests mitigations=off tsc=reliable no_timer_check rxemode=$mode" \
+    -fsdev local,id=fs0,path="$share",security_model=none \
+    -device virtio-9p-pci,fsdev=fs0,mount_tag=host0 < "$input"
+}
+
+# Exit status 0 if this machine can run the guest leg; prints why not otherwise.
+can_run() {
+  local t
+  for t in qemu-system-x86_64 cpio objcopy python3 dpkg apt-get; do
+    command -v "$t" >/dev/null || { echo "cannot run the rxe leg: $t not found (scripts/install-verbs-deps.sh)"; return 1; }
+  done
+  qemu-system-x86_64 -accel help 2>/dev/null | grep -qx tcg ||
+    { echo "cannot run the rxe leg: this qemu has no TCG"; return 1; }
+  if [ ! -f "$W/out/stamp" ] && ! apt-cache depends linux-image-amd64 2>/dev/null | grep -q 'Depends: linux-image-[0-9]'; then
+    echo "cannot run the rxe leg: no Debian kernel package in the apt lists"; return 1
+  fi
+  echo "the rxe leg can run here"
+}
+
+# run_in_guest PROG [ARGS...]: runs PROG in a fresh guest; its stdout/stderr are printed;
+# returns its exit status (125 if it did not finish).
+run_in_guest() {
+  local prog; prog=$(readlink -f "$1"); shift
+  [ -x "$prog" ] || die "not an executable: $prog"
+  mkdir -p "$W/runs"
+  local d; d=$(mktemp -d "$W/runs/run.XXXXXX")
+  cp "$prog" "$d/prog"
+  {
+    printf 'export ZVERBS_DEVICE=%q\n' "${ZVERBS_DEVICE:-rxe0}"
+    local v
+    for v in $(compgen -e | grep -E '^(RUST_|ZVERBS_)' | grep -v '^ZVERBS_DEVICE$'); do
+      printf 'export %s=%q\n' "$v" "${!v}"
+    done
+    printf 'cd /mnt/host\n'
+    printf './prog'; printf ' %q' "$@"; printf ' >/mnt/host/stdout 2>/mnt/host/stderr\n'
+    printf 'echo $? >/mnt/host/rc\n'
+  } > "$d/test.sh"
+  local t0=$SECONDS qrc=0
+  boot "$d" host > "$d/console.log" 2>&1 || qrc=$?
+  GUEST_SECONDS=$((SECONDS - t0))
+  [ -f "$d/stdout" ] && cat "$d/stdout"
+  [ -f "$d/stderr" ] && cat "$d/stderr" >&2
+  local rc=125
+  if [ -f "$d/rc" ]; then rc=$(cat "$d/rc"); else
+    log "the program did not finish (qemu status $qrc); console:"
+    tail -n 40 "$d/console.log" >&2
+  fi
+  grep -q 'rxe0 up' "$d/console.log" || { log "rxe setup problem; console:"; tail -n 40 "$d/console.log" >&2; }
+  LAST_RUN=$d
+  return "$rc"
+}
+
+# The differential table from two outcome files
+# (backend<TAB>scenario<TAB>verdict<TAB>outcome<TAB>note, one line per scenario).
+table() {
+  awk -F'\t' '
+    FNR == NR { sv[$2] = $3; so[$2] = $4; order[++n] = $2; next }
+    { rv[$2] = $3; ro[$2] = $4; rn[$2] = $5; if (!($2 in so)) order[++n] = $2 }
+    END {
+      printf "%-32s | %-5s | %-5s | %s\n", "scenario", "sim", "rxe", "same/different"
+      printf "%s\n", "---------------------------------+-------+-------+----------------"
+      for (i = 1; i <= n; i++) {
+        s = order[i]
+        a = (s in so) ? so[s] : "(not run)"; b = (s in ro) ? ro[s] : "(not run)"
+        if (a == b) { same++; verdict = "same" }
+        else if (rn[s] != "") { dev++; verdict = "different: rxe deviates from the spec (see below)" }
+        else { diff++; verdict = "DIFFERENT" }
+        printf "%-32s | %-5s | %-5s | %s\n", s, (s in sv) ? sv[s] : "-", (s in rv) ? rv[s] : "-", verdict
+      }
+      printf "\n%d scenarios: %d same, %d different (documented rxe deviations), %d different (unexplained)\n", n, same, dev, diff
+      printf "pass* = passes with the documented deviation; outcomes of the differing scenarios:\n"
+      for (i = 1; i <= n; i++) {
+        s = order[i]
+        a = (s in so) ? so[s] : "(not run)"; b = (s in ro) ? ro[s] : "(not run)"
+        if (a == b) continue
+        printf "\n%s\n  sim: %s\n  rxe: %s\n", s, a, b
+        if (rn[s] != "") printf "  why: %s\n", rn[s]
+      }
+    }
+  ' <(sort -t$'\t' -k2,2 "$1") <(sort -t$'\t' -k2,2 "$2")
+}
+
+conformance() {
+  cd "$ROOT"
+  build_image
+  local t0=$SECONDS exe
+  log "building the verbs conformance tests"
+  exe=$(cargo test --features verbs --test conformance_verbs --no-run --message-format=json 2>/dev/null |
+    grep -o '"executable":"[^"]*"' | tail -1 | cut -d'"' -f4)
+  [ -n "$exe" ] || { cargo test --features verbs --test conformance_verbs --no-run; die "build failed"; }
+  log "build done ($((SECONDS - t0)) s); booting the guest"
+  local out=$W/outcomes; mkdir -p "$out"; rm -f "$out"/{rxe,sim}.tsv
+  local grc=0
+  ZVERBS_CONFORMANCE_OUT=/mnt/host/rxe.tsv run_in_guest "$exe" --test-threads=2 || grc=$?
+  [ -f "$LAST_RUN/rxe.tsv" ] && cp "$LAST_RUN/rxe.tsv" "$out/rxe.tsv"
+  log "guest leg: ${GUEST_SECONDS} s (boot + tests), status $grc"
+  log "running the same scenarios on the simulator"
+  local src=0
+  ZVERBS_CONFORMANCE_OUT="$out/sim.tsv" cargo test -q --features sim --test conformance_sim || src=$?
+  touch "$out/rxe.tsv" "$out/sim.tsv"
+  echo
+  echo "== differential report: conformance scenarios on the simulator and on rxe =="
+  table "$out/sim.tsv" "$out/rxe.tsv"
+  grep -q . "$out/rxe.tsv" || { log "no rxe outcomes recorded"; grc=${grc/#0/1}; }
+  [ "${RXE_KEEP:-0}" = 1 ] || rm -rf "$LAST_RUN"
+  [ "$grc" = 0 ] && [ "$src" = 0 ]
+}
+
+case "${1:-}" in
+  "") conformance ;;
+  --image) build_image; ls -la "$W/out" ;;
+  --can-run) can_run ;;
+  --shell) build_image; mkdir -p "$W/runs"; boot "$(mktemp -d "$W/runs/shell.XXXXXX")" shell ;;
+  --run)
+    shift
+    [ $# -ge 1 ] || die "usage: $0 --run PROGRAM [ARGS...]"
+    build_image
+    rc=0; run_in_guest "$@" || rc=$?
+    [ "${RXE_KEEP:-0}" = 1 ] && log "kept $LAST_RUN" || rm -rf "$LAST_RUN"
+    exit "$rc"
+    ;;
+  -h|--help) awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0" ;;
+  *) die "unknown option $1 (see --help)" ;;
+esac

@@ -1,0 +1,585 @@
+//! The verbs backend: [`Provider`] over libibverbs (`ibverbs-sys`, feature `verbs`).
+//!
+//! This is the only FFI in the crate. It runs on any device libibverbs drives: an
+//! InfiniBand or RoCE NIC, or soft-RoCE (`rxe`), which is how the project tests it (see
+//! `scripts/rxe-test.sh`). Devices are chosen by name; [`Verbs::select_gid`] picks the GID
+//! index for RoCE (the RoCE v2 entry of an IPv4 address unless told otherwise).
+//!
+//! Handles own their verbs object and release it on drop; children hold their parents
+//! (`Arc`), so a queue pair keeps its PD, its CQs and the device context open.
+//!
+//! The inline verbs of `verbs.h` (`ibv_post_send`, `ibv_post_recv`, `ibv_poll_cq`) are
+//! not symbols of the library: they are calls through the context's op table, which this
+//! module reads once per queue (at creation) and calls directly on the data path.
+//!
+//! ```no_run
+//! use zverbs::provider::verbs::{GidSelect, Verbs};
+//! use zverbs::qp::QpConfig;
+//! use zverbs::{Channel, ChannelConfig, Context};
+//! let ctx = Context::open(&Verbs, "rxe0")?; // the error lists the devices present
+//! let pd = ctx.alloc_pd()?;
+//! let gid = Verbs::select_gid(ctx.raw(), 1, GidSelect::default())?;
+//! let config = ChannelConfig {
+//!     qp: QpConfig { gid_index: gid.index as u8, ..QpConfig::default() },
+//!     ..ChannelConfig::default()
+//! };
+//! let prepared = Channel::<Verbs>::prepare(&ctx, &pd, &config)?;
+//! // ... exchange `prepared.endpoint()` with the peer, then `prepared.connect(&theirs)`.
+//! # let _ = prepared;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod error;
+mod gid;
+mod wr;
+
+pub use error::VerbsError;
+pub use gid::{GidEntry, GidSelect, GidType};
+
+use core::ffi::CStr;
+use core::mem::MaybeUninit;
+use core::ptr::{self, NonNull};
+use std::sync::Arc;
+
+use ibverbs_sys as ffi;
+
+use super::{PostError, Provider, Transition};
+use crate::types::{
+    AccessFlags, Gid, Mtu, PortAttr, PortState, QpCaps, QpState, RecvWr, SendWr, WorkCompletion,
+};
+use error::check;
+
+/// The verbs provider. A unit value: the device list is libibverbs' own.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Verbs;
+
+/// Calls `f` with each device of a fresh device list; the list is freed afterwards.
+fn with_device_list<R>(f: impl FnOnce(&[*mut ffi::ibv_device]) -> R) -> Result<R, VerbsError> {
+    let mut n = 0i32;
+    // SAFETY: `n` is a valid out-pointer; the call allocates and returns the list or NULL.
+    let list = unsafe { ffi::ibv_get_device_list(&mut n) };
+    if list.is_null() {
+        return Err(VerbsError::last_os("ibv_get_device_list"));
+    }
+    // SAFETY: on success `list` holds `n` device pointers (NULL-terminated after them).
+    let devices = unsafe { core::slice::from_raw_parts(list, usize::try_from(n).unwrap_or(0)) };
+    let r = f(devices);
+    // SAFETY: `list` came from `ibv_get_device_list` and is freed once; devices opened from
+    // it stay valid after the free (libibverbs keeps opened devices referenced).
+    unsafe { ffi::ibv_free_device_list(list) };
+    Ok(r)
+}
+
+/// The name of a device of a live device list; the borrow of the list's element keeps the
+/// name from outliving the list.
+fn device_name(dev: &*mut ffi::ibv_device) -> &str {
+    // SAFETY: `*dev` is an element of a live device list; the name is a NUL-terminated
+    // array inside the device struct, valid while the list is.
+    let name = unsafe { ffi::ibv_get_device_name(*dev) };
+    if name.is_null() {
+        return "";
+    }
+    // SAFETY: non-null, NUL-terminated, alive as long as `dev` is borrowed (see above).
+    unsafe { CStr::from_ptr(name) }.to_str().unwrap_or("")
+}
+
+impl Verbs {
+    /// The names of the devices present (empty when there are none or libibverbs cannot
+    /// list them).
+    pub fn devices() -> Vec<String> {
+        with_device_list(|l| l.iter().map(|d| device_name(d).to_owned()).collect())
+            .unwrap_or_default()
+    }
+}
+
+struct ContextInner {
+    ctx: NonNull<ffi::ibv_context>,
+    name: String,
+}
+
+impl Drop for ContextInner {
+    fn drop(&mut self) {
+        // SAFETY: opened by `ibv_open_device`, closed once, after every child (they hold
+        // this `Arc`).
+        unsafe { ffi::ibv_close_device(self.ctx.as_ptr()) };
+    }
+}
+
+/// An open device (`ibv_context`).
+pub struct Context(Arc<ContextInner>);
+
+impl Context {
+    fn as_ptr(&self) -> *mut ffi::ibv_context {
+        self.0.ctx.as_ptr()
+    }
+
+    /// The device's name.
+    pub fn name(&self) -> &str {
+        &self.0.name
+    }
+}
+
+struct PdInner {
+    pd: NonNull<ffi::ibv_pd>,
+    _ctx: Arc<ContextInner>,
+}
+
+impl Drop for PdInner {
+    fn drop(&mut self) {
+        // SAFETY: allocated by `ibv_alloc_pd`, freed once, after its MRs and QPs (they
+        // hold this `Arc`).
+        unsafe { ffi::ibv_dealloc_pd(self.pd.as_ptr()) };
+    }
+}
+
+/// A protection domain (`ibv_pd`).
+pub struct Pd(Arc<PdInner>);
+
+/// A memory registration (`ibv_mr`).
+pub struct Mr {
+    mr: NonNull<ffi::ibv_mr>,
+    lkey: u32,
+    rkey: u32,
+    _pd: Arc<PdInner>,
+}
+
+impl Drop for Mr {
+    fn drop(&mut self) {
+        // SAFETY: registered by `ibv_reg_mr`, deregistered once.
+        unsafe { ffi::ibv_dereg_mr(self.mr.as_ptr()) };
+    }
+}
+
+type PollFn = unsafe extern "C" fn(*mut ffi::ibv_cq, i32, *mut ffi::ibv_wc) -> i32;
+type PostSendFn = unsafe extern "C" fn(
+    *mut ffi::ibv_qp,
+    *mut ffi::ibv_send_wr,
+    *mut *mut ffi::ibv_send_wr,
+) -> i32;
+type PostRecvFn = unsafe extern "C" fn(
+    *mut ffi::ibv_qp,
+    *mut ffi::ibv_recv_wr,
+    *mut *mut ffi::ibv_recv_wr,
+) -> i32;
+
+struct CqInner {
+    cq: NonNull<ffi::ibv_cq>,
+    poll: PollFn,
+    _ctx: Arc<ContextInner>,
+}
+
+impl Drop for CqInner {
+    fn drop(&mut self) {
+        // SAFETY: created by `ibv_create_cq`, destroyed once, after the QPs using it.
+        unsafe { ffi::ibv_destroy_cq(self.cq.as_ptr()) };
+    }
+}
+
+/// A completion queue (`ibv_cq`).
+pub struct Cq(Arc<CqInner>);
+
+/// A queue pair (`ibv_qp`).
+pub struct Qp {
+    qp: NonNull<ffi::ibv_qp>,
+    qp_num: u32,
+    post_send: PostSendFn,
+    post_recv: PostRecvFn,
+    _pd: Arc<PdInner>,
+    _cqs: [Arc<CqInner>; 2],
+}
+
+impl Drop for Qp {
+    fn drop(&mut self) {
+        // SAFETY: created by `ibv_create_qp`, destroyed once, before its PD and CQs.
+        unsafe { ffi::ibv_destroy_qp(self.qp.as_ptr()) };
+    }
+}
+
+// SAFETY: libibverbs objects may be used from any thread, and concurrently: the verbs
+// library and its providers serialise access to each queue with their own locks
+// (`ibv_post_send`/`ibv_post_recv`/`ibv_poll_cq` are thread-safe per the verbs API). The
+// handles are otherwise immutable after creation.
+unsafe impl Send for ContextInner {}
+// SAFETY: as above.
+unsafe impl Sync for ContextInner {}
+// SAFETY: as above.
+unsafe impl Send for PdInner {}
+// SAFETY: as above.
+unsafe impl Sync for PdInner {}
+// SAFETY: as above; the registration does not own the memory (the caller's contract does).
+unsafe impl Send for Mr {}
+// SAFETY: as above.
+unsafe impl Sync for Mr {}
+// SAFETY: as above.
+unsafe impl Send for CqInner {}
+// SAFETY: as above.
+unsafe impl Sync for CqInner {}
+// SAFETY: as above.
+unsafe impl Send for Qp {}
+// SAFETY: as above.
+unsafe impl Sync for Qp {}
+
+fn mtu(v: ffi::ibv_mtu) -> Mtu {
+    Mtu::from_raw(u8::try_from(v).unwrap_or(0)).unwrap_or(Mtu::Mtu256)
+}
+
+fn non_null<T>(p: *mut T, verb: &'static str) -> Result<NonNull<T>, VerbsError> {
+    NonNull::new(p).ok_or_else(|| VerbsError::last_os(verb))
+}
+
+/// Work requests linked per doorbell; longer slices are posted in chunks of this size.
+const CHAIN: usize = 32;
+
+impl Provider for Verbs {
+    type Error = VerbsError;
+    type Context = Context;
+    type Pd = Pd;
+    type Mr = Mr;
+    type Cq = Cq;
+    type Qp = Qp;
+
+    fn for_each_device(&self, f: &mut dyn FnMut(&str)) {
+        let _ = with_device_list(|l| l.iter().for_each(|d| f(device_name(d))));
+    }
+
+    fn open_device(&self, name: &str) -> Result<Context, VerbsError> {
+        let mut present = Vec::new();
+        let opened = with_device_list(|l| {
+            for d in l {
+                if device_name(d) == name {
+                    // SAFETY: `d` is an element of the live device list.
+                    return Some(non_null(
+                        unsafe { ffi::ibv_open_device(*d) },
+                        "ibv_open_device",
+                    ));
+                }
+                present.push(device_name(d).to_owned());
+            }
+            None
+        })?;
+        match opened {
+            Some(ctx) => Ok(Context(Arc::new(ContextInner {
+                ctx: ctx?,
+                name: name.to_owned(),
+            }))),
+            None => Err(VerbsError::NoSuchDevice {
+                name: name.to_owned(),
+                present,
+            }),
+        }
+    }
+
+    fn query_port(ctx: &Context, port: u8) -> Result<PortAttr, VerbsError> {
+        let mut a = ffi::ibv_port_attr::default();
+        // SAFETY: open context; `a` is a full `ibv_port_attr`, larger than the compat
+        // struct the exported symbol fills, so every write lands inside it.
+        let ret = unsafe { ffi::ibv_query_port(ctx.as_ptr(), port, ptr::addr_of_mut!(a).cast()) };
+        check("ibv_query_port", ret)?;
+        Ok(PortAttr {
+            state: if a.state == ffi::ibv_port_state::IBV_PORT_ACTIVE {
+                PortState::Active
+            } else {
+                PortState::Down
+            },
+            lid: a.lid,
+            max_mtu: mtu(a.max_mtu),
+            active_mtu: mtu(a.active_mtu),
+            gid_table_len: u16::try_from(a.gid_tbl_len).unwrap_or(u16::MAX),
+        })
+    }
+
+    fn query_gid(ctx: &Context, port: u8, index: u16) -> Result<Gid, VerbsError> {
+        let mut g = ffi::ibv_gid::default();
+        // SAFETY: open context; `g` is a valid out-pointer to a 16-byte GID.
+        let ret = unsafe { ffi::ibv_query_gid(ctx.as_ptr(), port, index.into(), &mut g) };
+        check("ibv_query_gid", ret)?;
+        // SAFETY: `raw` is the byte view of the GID union; every bit pattern is valid.
+        Ok(Gid(unsafe { g.raw }))
+    }
+
+    fn alloc_pd(ctx: &Context) -> Result<Pd, VerbsError> {
+        // SAFETY: open context.
+        let pd = non_null(unsafe { ffi::ibv_alloc_pd(ctx.as_ptr()) }, "ibv_alloc_pd")?;
+        Ok(Pd(Arc::new(PdInner {
+            pd,
+            _ctx: ctx.0.clone(),
+        })))
+    }
+
+    unsafe fn register_mr(
+        pd: &Pd,
+        addr: *mut u8,
+        len: usize,
+        access: AccessFlags,
+    ) -> Result<Mr, VerbsError> {
+        // SAFETY: live PD; the caller guarantees `addr..addr+len` stays valid for the
+        // registration's lifetime (the trait's contract). The access bits are the verbs
+        // values (asserted in `wr`).
+        let mr =
+            unsafe { ffi::ibv_reg_mr(pd.0.pd.as_ptr(), addr.cast(), len, access.bits() as i32) };
+        let mr = non_null(mr, "ibv_reg_mr")?;
+        // SAFETY: a registered MR; its keys are plain fields set by the library.
+        let (lkey, rkey) = unsafe { ((*mr.as_ptr()).lkey, (*mr.as_ptr()).rkey) };
+        Ok(Mr {
+            mr,
+            lkey,
+            rkey,
+            _pd: pd.0.clone(),
+        })
+    }
+
+    fn mr_keys(mr: &Mr) -> (u32, u32) {
+        (mr.lkey, mr.rkey)
+    }
+
+    fn create_cq(ctx: &Context, depth: u32) -> Result<Cq, VerbsError> {
+        let depth =
+            i32::try_from(depth).map_err(|_| VerbsError::Invalid("CQ depth above i32::MAX"))?;
+        // SAFETY: open context; no completion channel, vector 0 (always valid).
+        let cq =
+            unsafe { ffi::ibv_create_cq(ctx.as_ptr(), depth, ptr::null_mut(), ptr::null_mut(), 0) };
+        let cq = non_null(cq, "ibv_create_cq")?;
+        // SAFETY: the context outlives the CQ (held below); its op table is fixed after open.
+        let poll = unsafe { (*ctx.as_ptr()).ops.poll_cq };
+        let Some(poll) = poll else {
+            // SAFETY: just created, not shared.
+            unsafe { ffi::ibv_destroy_cq(cq.as_ptr()) };
+            return Err(VerbsError::Unsupported("ibv_poll_cq"));
+        };
+        Ok(Cq(Arc::new(CqInner {
+            cq,
+            poll,
+            _ctx: ctx.0.clone(),
+        })))
+    }
+
+    fn poll_cq(cq: &Cq, out: &mut [WorkCompletion]) -> Result<usize, VerbsError> {
+        const BATCH: usize = 16;
+        let mut buf = [MaybeUninit::<ffi::ibv_wc>::uninit(); BATCH];
+        let mut done = 0;
+        while done < out.len() {
+            let want = (out.len() - done).min(BATCH);
+            // SAFETY: `ibv_poll_cq` is `cq->context->ops.poll_cq(cq, n, wc)`; the pointer was
+            // read from this CQ's context. `buf` has room for `want` entries.
+            let n = unsafe { (cq.0.poll)(cq.0.cq.as_ptr(), want as i32, buf.as_mut_ptr().cast()) };
+            if n < 0 {
+                return Err(VerbsError::from_ret("ibv_poll_cq", n));
+            }
+            let n = n as usize;
+            for (o, wc) in out[done..].iter_mut().zip(&buf[..n]) {
+                // SAFETY: the provider initialised the first `n` entries.
+                *o = wr::work_completion(unsafe { wc.assume_init_ref() });
+            }
+            done += n;
+            if n < want {
+                break;
+            }
+        }
+        Ok(done)
+    }
+
+    fn create_qp(pd: &Pd, send_cq: &Cq, recv_cq: &Cq, caps: &QpCaps) -> Result<Qp, VerbsError> {
+        let mut attr = ffi::ibv_qp_init_attr {
+            send_cq: send_cq.0.cq.as_ptr(),
+            recv_cq: recv_cq.0.cq.as_ptr(),
+            cap: ffi::ibv_qp_cap {
+                max_send_wr: caps.max_send_wr,
+                max_recv_wr: caps.max_recv_wr,
+                max_send_sge: caps.max_send_sge,
+                max_recv_sge: caps.max_recv_sge,
+                max_inline_data: caps.max_inline_data,
+            },
+            qp_type: ffi::ibv_qp_type::IBV_QPT_RC,
+            sq_sig_all: 0,
+            ..Default::default()
+        };
+        // SAFETY: live PD and CQs (kept alive by the returned handle); `attr` is valid and
+        // the library may write the granted capabilities back into it.
+        let qp = non_null(
+            unsafe { ffi::ibv_create_qp(pd.0.pd.as_ptr(), &mut attr) },
+            "ibv_create_qp",
+        )?;
+        // SAFETY: a created QP; `context` and `qp_num` are set by the library and fixed.
+        let (ctx, qp_num) = unsafe { ((*qp.as_ptr()).context, (*qp.as_ptr()).qp_num) };
+        // SAFETY: the QP's context is open (the PD holds it); its op table is fixed.
+        let (post_send, post_recv) = unsafe { ((*ctx).ops.post_send, (*ctx).ops.post_recv) };
+        let (Some(post_send), Some(post_recv)) = (post_send, post_recv) else {
+            // SAFETY: just created, not shared.
+            unsafe { ffi::ibv_destroy_qp(qp.as_ptr()) };
+            return Err(VerbsError::Unsupported("ibv_post_send/ibv_post_recv"));
+        };
+        Ok(Qp {
+            qp,
+            qp_num,
+            post_send,
+            post_recv,
+            _pd: pd.0.clone(),
+            _cqs: [send_cq.0.clone(), recv_cq.0.clone()],
+        })
+    }
+
+    fn qp_num(qp: &Qp) -> u32 {
+        qp.qp_num
+    }
+
+    fn modify_qp(qp: &Qp, t: &Transition) -> Result<(), VerbsError> {
+        use ffi::ibv_qp_attr_mask as m;
+        use ffi::ibv_qp_state as s;
+        let mut a = ffi::ibv_qp_attr::default();
+        let mask = match *t {
+            Transition::Reset => {
+                a.qp_state = s::IBV_QPS_RESET;
+                m::IBV_QP_STATE
+            }
+            Transition::Error => {
+                a.qp_state = s::IBV_QPS_ERR;
+                m::IBV_QP_STATE
+            }
+            Transition::Init(i) => {
+                a.qp_state = s::IBV_QPS_INIT;
+                a.pkey_index = i.pkey_index;
+                a.port_num = i.port;
+                a.qp_access_flags = i.access.bits();
+                m::IBV_QP_STATE | m::IBV_QP_PKEY_INDEX | m::IBV_QP_PORT | m::IBV_QP_ACCESS_FLAGS
+            }
+            Transition::Rtr(r) => {
+                a.qp_state = s::IBV_QPS_RTR;
+                a.path_mtu = r.path_mtu as ffi::ibv_mtu;
+                a.dest_qp_num = r.dest_qp_num;
+                a.rq_psn = r.rq_psn;
+                a.max_dest_rd_atomic = r.max_dest_rd_atomic;
+                a.min_rnr_timer = r.min_rnr_timer;
+                a.ah_attr.dlid = r.dlid;
+                a.ah_attr.port_num = r.port;
+                if let Some(dgid) = r.dgid {
+                    a.ah_attr.is_global = 1;
+                    a.ah_attr.grh.dgid = ffi::ibv_gid { raw: dgid.0 };
+                    a.ah_attr.grh.sgid_index = r.sgid_index;
+                    a.ah_attr.grh.hop_limit = 64;
+                }
+                m::IBV_QP_STATE
+                    | m::IBV_QP_AV
+                    | m::IBV_QP_PATH_MTU
+                    | m::IBV_QP_DEST_QPN
+                    | m::IBV_QP_RQ_PSN
+                    | m::IBV_QP_MAX_DEST_RD_ATOMIC
+                    | m::IBV_QP_MIN_RNR_TIMER
+            }
+            Transition::Rts(r) => {
+                a.qp_state = s::IBV_QPS_RTS;
+                a.sq_psn = r.sq_psn;
+                a.timeout = r.timeout;
+                a.retry_cnt = r.retry_cnt;
+                a.rnr_retry = r.rnr_retry;
+                a.max_rd_atomic = r.max_rd_atomic;
+                m::IBV_QP_STATE
+                    | m::IBV_QP_SQ_PSN
+                    | m::IBV_QP_TIMEOUT
+                    | m::IBV_QP_RETRY_CNT
+                    | m::IBV_QP_RNR_RETRY
+                    | m::IBV_QP_MAX_QP_RD_ATOMIC
+            }
+        };
+        // SAFETY: live QP; `a` is a valid attribute struct whose masked fields are set.
+        let ret = unsafe { ffi::ibv_modify_qp(qp.qp.as_ptr(), &mut a, mask.0 as i32) };
+        check("ibv_modify_qp", ret)
+    }
+
+    fn query_qp_state(qp: &Qp) -> Result<QpState, VerbsError> {
+        use ffi::ibv_qp_state as s;
+        let mut a = ffi::ibv_qp_attr::default();
+        let mut init = ffi::ibv_qp_init_attr::default();
+        let mask = ffi::ibv_qp_attr_mask::IBV_QP_STATE.0 as i32;
+        // SAFETY: live QP; `a` and `init` are valid out-structs.
+        let ret = unsafe { ffi::ibv_query_qp(qp.qp.as_ptr(), &mut a, mask, &mut init) };
+        check("ibv_query_qp", ret)?;
+        Ok(match a.qp_state {
+            s::IBV_QPS_RESET => QpState::Reset,
+            s::IBV_QPS_INIT => QpState::Init,
+            s::IBV_QPS_RTR => QpState::ReadyToReceive,
+            s::IBV_QPS_RTS => QpState::ReadyToSend,
+            s::IBV_QPS_SQD => QpState::SendQueueDrained,
+            s::IBV_QPS_SQE => QpState::SendQueueError,
+            _ => QpState::Error,
+        })
+    }
+
+    unsafe fn post_send<const S: usize>(
+        qp: &Qp,
+        wrs: &[SendWr<S>],
+    ) -> Result<(), PostError<VerbsError>> {
+        let mut chain = [const { MaybeUninit::<ffi::ibv_send_wr>::uninit() }; CHAIN];
+        for (c, batch) in wrs.chunks(CHAIN).enumerate() {
+            let base = link(&mut chain, batch, wr::send_wr, |w, n| w.next = n);
+            let mut bad: *mut ffi::ibv_send_wr = ptr::null_mut();
+            // SAFETY: `ibv_post_send` is `qp->context->ops.post_send(qp, wr, bad_wr)`; the
+            // pointer was read from this QP's context. The chain is `batch.len()` linked,
+            // fully initialised requests whose SGE pointers borrow `batch` (alive for the
+            // call); the caller upholds the trait's contract on the memory they name.
+            let ret = unsafe { (qp.post_send)(qp.qp.as_ptr(), base, &mut bad) };
+            if ret != 0 {
+                return Err(PostError {
+                    index: c * CHAIN + bad_index(base, bad, batch.len()),
+                    error: VerbsError::from_ret("ibv_post_send", ret),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    unsafe fn post_recv<const S: usize>(
+        qp: &Qp,
+        wrs: &[RecvWr<S>],
+    ) -> Result<(), PostError<VerbsError>> {
+        let mut chain = [const { MaybeUninit::<ffi::ibv_recv_wr>::uninit() }; CHAIN];
+        for (c, batch) in wrs.chunks(CHAIN).enumerate() {
+            let base = link(&mut chain, batch, wr::recv_wr, |w, n| w.next = n);
+            let mut bad: *mut ffi::ibv_recv_wr = ptr::null_mut();
+            // SAFETY: as in `post_send`, through the op table's `post_recv`.
+            let ret = unsafe { (qp.post_recv)(qp.qp.as_ptr(), base, &mut bad) };
+            if ret != 0 {
+                return Err(PostError {
+                    index: c * CHAIN + bad_index(base, bad, batch.len()),
+                    error: VerbsError::from_ret("ibv_post_recv", ret),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Fills the first `wrs.len()` slots of `chain` from `wrs`, links each to the next (the
+/// last to NULL) and returns the head. Only those slots are initialised.
+fn link<W, C: Default>(
+    chain: &mut [MaybeUninit<C>],
+    wrs: &[W],
+    fill: impl Fn(&W, &mut C),
+    set_next: impl Fn(&mut C, *mut C),
+) -> *mut C {
+    let base = chain.as_mut_ptr().cast::<C>();
+    for (i, (slot, w)) in chain.iter_mut().zip(wrs).enumerate() {
+        let mut c = C::default();
+        fill(w, &mut c);
+        // `wrapping_add` keeps this free of unsafe; the pointer stays inside `chain`.
+        let next = if i + 1 < wrs.len() {
+            base.wrapping_add(i + 1)
+        } else {
+            ptr::null_mut()
+        };
+        set_next(&mut c, next);
+        slot.write(c);
+    }
+    base
+}
+
+/// The position of `bad` in the chain of `len` requests at `base`; 0 (nothing known to be
+/// posted) if the library did not point into the chain.
+fn bad_index<C>(base: *mut C, bad: *mut C, len: usize) -> usize {
+    let (b, p) = (base as usize, bad as usize);
+    let size = core::mem::size_of::<C>();
+    if bad.is_null() || p < b || (p - b) % size != 0 || (p - b) / size >= len {
+        0
+    } else {
+        (p - b) / size
+    }
+}

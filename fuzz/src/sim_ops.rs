@@ -1707,8 +1707,11 @@ impl<'a> Rig<'a> {
             for x in 0..2 {
                 self.ch[x].queue_pair().set_error().expect("set_error");
                 self.model.set_err(x);
+                // As after `Op::SetError`: a request of the peer waiting on RNR for this
+                // side retries, finds nobody and, with instant timers, exhausts its retries
+                // (RETRY_EXC_ERR) before the peer's own `set_error` could flush it.
+                self.model.progress();
             }
-            self.model.progress();
             for h in rest {
                 let o = self.model.done.remove(&(h.x, h.q, h.seq)).expect("flushed");
                 self.check_owner(&h);

@@ -163,7 +163,8 @@ pub(crate) struct ReqState {
     pub(crate) rnr_left: u8,
     /// Waiting out an RNR NAK: nothing is sent.
     pub(crate) rnr_wait: bool,
-    /// Instant timers: asleep on RNR until the responder posts a receive.
+    /// Instant timers: asleep on RNR until the responder posts a receive, leaves RTR/RTS
+    /// or becomes unreachable (`wake_parked`, `wake_unreachable`).
     pub(crate) parked: bool,
     /// The armed timer: deadline and kind (mirrored in the event queue's timer heap).
     pub(crate) timer: Option<(u64, TimerKind)>,

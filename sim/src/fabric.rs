@@ -33,6 +33,22 @@ impl Fabric {
         enter(&self.world).events.len()
     }
 
+    /// Simulated time of the next scheduled event, if any. With
+    /// [`run_for`](Fabric::run_for)`(next - now)` a driver processes exactly the events due
+    /// at that instant, so it can observe completions at the time they happen.
+    ///
+    /// ```
+    /// use zverbs_sim::*;
+    /// let f = Fabric::with_config(FabricConfig::stepped(1), 1);
+    /// assert_eq!(f.next_event_at(), None);
+    /// ```
+    pub fn next_event_at(&self) -> Option<Duration> {
+        enter(&self.world)
+            .events
+            .next_time()
+            .map(Duration::from_nanos)
+    }
+
     /// Processes the next event, advancing simulated time to it; false if there is none.
     /// In threaded mode only an event that is already due is processed.
     ///

@@ -1,5 +1,7 @@
 //! Model checks of the lock-free completion dispatch with loom:
-//! `RUSTFLAGS="--cfg loom" cargo test --release --test loom`.
+//! `RUSTFLAGS="--cfg loom" cargo test --release --features sim --test loom` (without
+//! `sim`, only the dispatch tests run). A barrier soak over the simulator:
+//! `LOOM_MAX_PERMUTATIONS=200000` with the same command.
 //!
 //! Threads claim slots, "post" (the fake device pushes their completion into a shared
 //! completion queue), and wait; loom explores every interleaving of polls, publications
@@ -133,4 +135,93 @@ fn stale_completion_for_a_recycled_slot_is_not_delivered() {
         }
         assert_eq!(d.stale_completions(), 1);
     });
+}
+
+/// A barrier among three threads over the simulator's provider: three `Node`s on one
+/// simulated fabric (whose lock is loom's under `--cfg loom`), each thread runs two
+/// consecutive barriers; loom explores the interleavings of their posts and polls.
+/// Asserted: every node completes both, none before all three have entered (a shared
+/// arrival counter), and a message that arrives early for the next barrier is kept.
+///
+/// The waits spin (a loom yield per empty poll) and every post and poll takes the
+/// fabric's lock, so the full space at preemption bound 1 is large: more than 250,000
+/// executions for the centralized barrier alone did not finish in 20 minutes. The test
+/// explores the first `LOOM_MAX_PERMUTATIONS` (default 5,000) per algorithm, depth-first
+/// from the non-preemptive schedule; a soak sets it higher (see README).
+#[cfg(feature = "sim")]
+fn barrier_over_the_simulator(alg: zverbs::node::barrier::Algorithm) {
+    use loom::sync::atomic::{AtomicUsize, Ordering};
+    use zverbs::node::{Node, NodeConfig};
+    use zverbs::provider::sim::Sim;
+    use zverbs::{ChannelConfig, Context};
+
+    let mut b = loom::model::Builder::new();
+    b.max_branches = 100_000;
+    b.preemption_bound.get_or_insert(1);
+    b.max_permutations.get_or_insert(5_000);
+    b.check(move || {
+        let sim = Sim::with_devices(3);
+        let cfg = NodeConfig {
+            algorithm: alg,
+            barrier_timeout: None, // loom has no clock
+            channel: ChannelConfig {
+                timeout: None,
+                ..ChannelConfig::default()
+            },
+        };
+        let prepared: Vec<_> = (0..3)
+            .map(|r| {
+                let ctx = Context::open(&sim, &format!("sim{r}")).unwrap();
+                let pd = ctx.alloc_pd().unwrap();
+                Node::<Sim, 3, 4, 1>::prepare(&ctx, &pd, r, 3, &cfg).unwrap()
+            })
+            .collect();
+        let eps: Vec<Vec<_>> = prepared
+            .iter()
+            .map(|p| (0..3).map(|peer| p.endpoints(peer).ok()).collect())
+            .collect();
+        let arrived = Arc::new(AtomicUsize::new(0));
+        let handles: Vec<_> = prepared
+            .into_iter()
+            .enumerate()
+            .map(|(r, p)| p.connect(|peer| eps[peer][r]).unwrap())
+            .map(|mut node| {
+                let arrived = arrived.clone();
+                thread::spawn(move || {
+                    // Two consecutive barriers: a fast peer's message for the second may
+                    // arrive while a slow one is still in the first.
+                    for round in 1..=2 {
+                        arrived.fetch_add(1, Ordering::SeqCst);
+                        node.barrier_all().unwrap();
+                        let n = arrived.load(Ordering::SeqCst);
+                        assert!(
+                            n >= 3 * round,
+                            "barrier {round} released after {n} arrivals"
+                        );
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
+    });
+}
+
+#[cfg(feature = "sim")]
+#[test]
+fn centralized_barrier_among_three_threads_over_the_simulator() {
+    barrier_over_the_simulator(zverbs::node::barrier::Algorithm::Centralized);
+}
+
+#[cfg(feature = "sim")]
+#[test]
+fn dissemination_barrier_among_three_threads_over_the_simulator() {
+    barrier_over_the_simulator(zverbs::node::barrier::Algorithm::Dissemination);
+}
+
+#[cfg(feature = "sim")]
+#[test]
+fn tree_barrier_among_three_threads_over_the_simulator() {
+    barrier_over_the_simulator(zverbs::node::barrier::Algorithm::BinaryTree);
 }

@@ -9,7 +9,11 @@
 //! are gone.
 
 use core::fmt;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+#[cfg(loom)]
+use loom::sync::{Arc, Mutex, MutexGuard};
+use std::sync::PoisonError;
+#[cfg(not(loom))]
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::config::{FabricConfig, Mode};
 use crate::mem::{RawInline, Region};

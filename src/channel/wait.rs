@@ -31,6 +31,12 @@ impl Waiter {
     /// Pauses before the next poll; `false` once the deadline has passed.
     #[inline]
     pub(crate) fn pause(&mut self) -> bool {
+        #[cfg(loom)]
+        if self.timeout.is_none() {
+            // Under loom every pause is a yield, so the explorer can switch threads.
+            loom::thread::yield_now();
+            return true;
+        }
         if self.round < SPIN_ROUNDS {
             for _ in 0..(1u32 << self.round) {
                 core::hint::spin_loop();

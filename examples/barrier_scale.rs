@@ -18,7 +18,11 @@
 //! algorithm's own critical path (`rounds(alg, N)` one-way latencies: centralized 2,
 //! dissemination ⌈log2 N⌉, tree 2⌊log2 N⌋; the centralized root also serialises N - 1
 //! arrivals on its link), the messages sent, and the wall-clock time the simulation took
-//! (setup excluded).
+//! (setup excluded). After each algorithm's sweep a line checks its growth and fails the
+//! run if it is off: dissemination and tree must add a constant per doubling of N (log2 N)
+//! and end within 10 % of their critical path at the largest N (the tree's path is twice
+//! the `⌈log2 N⌉` bound by construction: ARRIVE up, RELEASE down); centralized must grow
+//! linearly.
 
 use std::collections::VecDeque;
 use std::error::Error as StdError;
@@ -272,8 +276,10 @@ fn main() -> Result<()> {
         Algorithm::BinaryTree,
     ] {
         let mut n = 2;
+        let mut sweep = Vec::new();
         while n <= max {
             let r = run(alg, n, seed).map_err(|e| format!("{alg:?}, N = {n}, seed {seed}: {e}"))?;
+            sweep.push((n, r.latency));
             let bound = one_way * ceil_log2(n);
             let critical = one_way * rounds(alg, n);
             if r.latency < critical {
@@ -296,6 +302,56 @@ fn main() -> Result<()> {
             );
             n *= 2;
         }
+        println!("  {}", growth(alg, &sweep, one_way)?);
     }
     Ok(())
+}
+
+/// Checks and describes how the latency grows over the sweep (N doubling each step):
+/// dissemination and tree by a constant per doubling (log2 N) and within 10 % of their
+/// critical path at the largest N; centralized linearly in N (the root's link serialises
+/// the N - 1 arrivals and releases), so its increment per doubling doubles.
+fn growth(alg: Algorithm, sweep: &[(usize, Duration)], one_way: Duration) -> Result<String> {
+    let (&(n_max, l_max), Some(&(_, l_prev)), Some(&(_, l_prev2))) = (
+        sweep.last().ok_or("empty sweep")?,
+        sweep.iter().rev().nth(1),
+        sweep.iter().rev().nth(2),
+    ) else {
+        return Ok("(sweep too short to judge growth)".into());
+    };
+    let ns = |d: Duration| d.as_secs_f64() * 1e9;
+    let (step, step_prev) = (ns(l_max) - ns(l_prev), ns(l_prev) - ns(l_prev2));
+    let critical = ns(one_way * rounds(alg, n_max));
+    let off = ns(l_max) / critical - 1.0;
+    let verdict = match alg {
+        Algorithm::Centralized => {
+            let r = step / step_prev;
+            if !(1.8..=2.2).contains(&r) {
+                return Err(format!(
+                    "centralized: last increments {step_prev:.0} ns, {step:.0} ns: not linear"
+                )
+                .into());
+            }
+            format!(
+                "linear in N: the last doubling added {step:.0} ns, the one before {step_prev:.0} ns (x{r:.2}); {:.1} ns per participant at the root",
+                (ns(l_max) - critical) / (n_max - 1) as f64
+            )
+        }
+        _ => {
+            if off > 0.10 || (step - step_prev).abs() > 0.10 * step_prev {
+                return Err(format!(
+                    "{alg:?}: {:.2?} at N = {n_max} is {:.1} % over its critical path, increments {step_prev:.0} / {step:.0} ns: not log2 N",
+                    l_max,
+                    off * 100.0
+                )
+                .into());
+            }
+            format!(
+                "log2 N: {step:.0} ns per doubling; at N = {n_max}, {:.1} % over its critical path of {} one-way latencies",
+                off * 100.0,
+                rounds(alg, n_max)
+            )
+        }
+    };
+    Ok(verdict)
 }

@@ -1,8 +1,8 @@
 //! The provider seam: the verbs operations a real HCA offers, as one trait.
 //!
 //! Everything above this module is generic over [`Provider`]; two backends implement it:
-//! the simulator ([`sim::Sim`], feature `sim`) and, later, the verbs library (feature
-//! `verbs`). The trait is small and honest: only what a real HCA does. Simulator-only
+//! the simulator (`sim::Sim`, feature `sim`) and libibverbs through `ibverbs-sys`
+//! (`verbs::Verbs`, feature `verbs`; a NIC or soft-RoCE). The trait is small and honest: only what a real HCA does. Simulator-only
 //! controls (faults, clock, stepping) live on the simulator's own types.
 //!
 //! Handles own their resource and free it on drop. A backend keeps parents alive as long as

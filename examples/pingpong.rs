@@ -1,20 +1,27 @@
-//! Ping-pong over two connected channels on the simulator, one thread per side.
+//! Ping-pong over two connected channels, one thread per side, on the simulator or on a
+//! verbs device.
 //!
 //! ```text
 //! cargo run --release --features sim --example pingpong [-- ROUND_TRIPS]
+//! cargo run --release --features verbs --example pingpong -- --backend verbs \
+//!     [--device NAME] [ROUND_TRIPS]
 //! ```
+//!
+//! `--backend sim|verbs` (default `sim`) needs the matching cargo feature. On verbs both
+//! channels live on one device (`--device`, else `ZVERBS_DEVICE`, else the first device),
+//! connected in loopback; `ZVERBS_GID_INDEX` overrides the GID choice.
 //!
 //! Prints the median and p99 round-trip time, and on its last line
 //! `allocations_after_setup=<n>`: heap allocations counted by a global allocator wrapper
 //! over the round-trip loops of both threads.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Barrier;
-use std::time::{Duration, Instant};
+mod backend;
 
-use zverbs::provider::sim::Sim;
-use zverbs::{Channel, ChannelConfig, Context};
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use backend::{Args, Backend};
 
 /// Counts allocations while `COUNTING` is set.
 struct CountingAlloc;
@@ -47,37 +54,111 @@ unsafe impl GlobalAlloc for CountingAlloc {
 #[global_allocator]
 static GLOBAL: CountingAlloc = CountingAlloc;
 
-const MSG: usize = 64;
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("pingpong: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let rounds: usize = std::env::args()
-        .nth(1)
-        .map(|s| s.parse())
-        .transpose()?
-        .unwrap_or(20_000);
+fn run() -> Result<(), String> {
+    let args = Args::parse(&[])?;
+    let rounds: usize = match args.positional() {
+        [] => 20_000,
+        [n] => n
+            .parse()
+            .ok()
+            .filter(|&n| n > 0)
+            .ok_or(format!("ROUND_TRIPS must be a positive number, not {n:?}"))?,
+        _ => {
+            return Err(
+                "usage: pingpong [--backend sim|verbs] [--device NAME] [ROUND_TRIPS]".into(),
+            )
+        }
+    };
+    let backend: Backend = args.backend()?;
+    match backend {
+        #[cfg(feature = "sim")]
+        Backend::Sim => {
+            use zverbs::provider::sim::Sim;
+            use zverbs::{ChannelConfig, Context};
+            let sim = Sim::with_devices(2);
+            let open = |name| Context::open(&sim, name).map_err(|e| e.to_string());
+            let (ca, cb) = (open("sim0")?, open("sim1")?);
+            let rtts = measured::pingpong(&ca, &cb, &ChannelConfig::default(), rounds)?;
+            let what = "over the simulator";
+            measured::report(rounds, what, rtts);
+            Ok(())
+        }
+        #[cfg(feature = "verbs")]
+        Backend::Verbs => {
+            use zverbs::provider::verbs::Verbs;
+            use zverbs::{ChannelConfig, Context};
+            let device = backend::verbs::device(args.value("--device"))?;
+            let open = || Context::open(&Verbs, &device).map_err(|e| e.to_string());
+            let (ca, cb) = (open()?, open()?);
+            let cfg = ChannelConfig {
+                qp: backend::verbs::qp_config(&ca)?,
+                ..ChannelConfig::default()
+            };
+            let rtts = measured::pingpong(&ca, &cb, &cfg, rounds)?;
+            let what = format!("over verbs device {device} (loopback)");
+            measured::report(rounds, &what, rtts);
+            Ok(())
+        }
+        #[allow(unreachable_patterns)]
+        other => {
+            let _ = rounds;
+            Err(other.not_compiled_in("pingpong"))
+        }
+    }
+}
 
-    let sim = Sim::with_devices(2);
-    let (ca, cb) = (Context::open(&sim, "sim0")?, Context::open(&sim, "sim1")?);
-    let (pa, pb) = (ca.alloc_pd()?, cb.alloc_pd()?);
-    let cfg = ChannelConfig::default();
-    let a = Channel::<Sim>::prepare(&ca, &pa, &cfg)?;
-    let b = Channel::<Sim>::prepare(&cb, &pb, &cfg)?;
-    let (ea, eb) = (a.endpoint(), b.endpoint());
-    let (mut a, mut b) = (a.connect(&eb)?, b.connect(&ea)?);
+/// The measured part, generic over the backend.
+#[cfg(any(feature = "sim", feature = "verbs"))]
+mod measured {
+    use std::sync::atomic::Ordering;
+    use std::sync::Barrier;
+    use std::time::{Duration, Instant};
 
-    let (mut a_buf, mut b_buf) = ([0u8; 2 * MSG], [0u8; 2 * MSG]);
-    let mut a_mr = pa.register(&mut a_buf)?;
-    let mut b_mr = pb.register(&mut b_buf)?;
-    a_mr.as_mut_slice()[..MSG].fill(0xA5);
+    use zverbs::provider::Provider;
+    use zverbs::{Channel, ChannelConfig, Context};
 
-    let mut rtts: Vec<Duration> = Vec::with_capacity(rounds);
-    let start_line = Barrier::new(2);
+    use super::{ALLOCATIONS, COUNTING};
 
-    std::thread::scope(
-        |t| -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-            let echo = t.spawn(
-                || -> Result<(), zverbs::Error<zverbs::provider::sim::SimError>> {
-                    start_line.wait();
+    /// Bytes per message.
+    const MSG: usize = 64;
+
+    /// `rounds` round trips of `MSG` bytes between a channel on `ca` and one on `cb`; the
+    /// round-trip times, sorted. Allocations are counted over both threads' loops.
+    pub fn pingpong<P: Provider>(
+        ca: &Context<P>,
+        cb: &Context<P>,
+        cfg: &ChannelConfig,
+        rounds: usize,
+    ) -> Result<Vec<Duration>, String> {
+        let s = |e: zverbs::Error<P::Error>| e.to_string();
+        let (pa, pb) = (ca.alloc_pd().map_err(s)?, cb.alloc_pd().map_err(s)?);
+        let a = Channel::<P>::prepare(ca, &pa, cfg).map_err(s)?;
+        let b = Channel::<P>::prepare(cb, &pb, cfg).map_err(s)?;
+        let (ea, eb) = (a.endpoint(), b.endpoint());
+        let (mut a, mut b) = (a.connect(&eb).map_err(s)?, b.connect(&ea).map_err(s)?);
+
+        let (mut a_buf, mut b_buf) = ([0u8; 2 * MSG], [0u8; 2 * MSG]);
+        let mut a_mr = pa.register(&mut a_buf).map_err(s)?;
+        let mut b_mr = pb.register(&mut b_buf).map_err(s)?;
+        a_mr.as_mut_slice()[..MSG].fill(0xA5);
+
+        let mut rtts: Vec<Duration> = Vec::with_capacity(rounds);
+        let start_line = Barrier::new(2);
+
+        std::thread::scope(|t| -> Result<(), String> {
+            let echo = t.spawn(|| -> Result<(), String> {
+                start_line.wait();
+                let mut serve = || -> Result<(), zverbs::Error<P::Error>> {
                     for _ in 0..rounds {
                         // b: receive into the upper half, echo it back from there.
                         let (_, inbox) = b_mr.slice_mut(..)?.split_at(MSG)?;
@@ -86,38 +167,49 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                         b.send([b_mr.slice(MSG..2 * MSG)?])?;
                     }
                     Ok(())
-                },
-            );
+                };
+                serve().map_err(|e| format!("echo side: {e}"))
+            });
 
             COUNTING.store(true, Ordering::SeqCst);
             start_line.wait();
-            for _ in 0..rounds {
-                let t0 = Instant::now();
-                a.send([a_mr.slice(..MSG)?])?;
-                let (_, inbox) = a_mr.slice_mut(..)?.split_at(MSG)?;
-                a.receive([inbox])?;
-                rtts.push(t0.elapsed());
-            }
-            echo.join().expect("echo thread panicked")?;
+            let ping = (|| -> Result<(), zverbs::Error<P::Error>> {
+                for _ in 0..rounds {
+                    let t0 = Instant::now();
+                    a.send([a_mr.slice(..MSG)?])?;
+                    let (_, inbox) = a_mr.slice_mut(..)?.split_at(MSG)?;
+                    a.receive([inbox])?;
+                    rtts.push(t0.elapsed());
+                }
+                Ok(())
+            })();
+            let echoed = echo
+                .join()
+                .unwrap_or_else(|_| Err("echo thread panicked".into()));
             COUNTING.store(false, Ordering::SeqCst);
-            Ok(())
-        },
-    )
-    .map_err(|e| e.to_string())?;
+            ping.map_err(|e| format!("ping side: {e}"))?;
+            echoed
+        })?;
 
-    assert_eq!(
-        &a_mr.as_slice()[MSG..],
-        &[0xA5; MSG][..],
-        "echo came back intact"
-    );
-    rtts.sort_unstable();
-    let pct = |p: f64| rtts[((rtts.len() as f64 * p) as usize).min(rtts.len() - 1)];
-    println!("pingpong: {rounds} round trips of {MSG} B over the simulator, two threads");
-    println!("median_rtt_ns={}", pct(0.50).as_nanos());
-    println!("p99_rtt_ns={}", pct(0.99).as_nanos());
-    println!(
-        "allocations_after_setup={}",
-        ALLOCATIONS.load(Ordering::SeqCst)
-    );
-    Ok(())
+        if a_mr.as_slice()[MSG..] != [0xA5; MSG][..] {
+            return Err("the echo came back altered".into());
+        }
+        rtts.sort_unstable();
+        Ok(rtts)
+    }
+
+    /// Prints the summary; the last line is `allocations_after_setup=<n>`.
+    pub fn report(rounds: usize, what: &str, rtts: Vec<Duration>) {
+        let pct = |p: f64| {
+            let i = ((rtts.len() as f64 * p) as usize).min(rtts.len().saturating_sub(1));
+            rtts.get(i).copied().unwrap_or_default()
+        };
+        println!("pingpong: {rounds} round trips of {MSG} B {what}, two threads");
+        println!("median_rtt_ns={}", pct(0.50).as_nanos());
+        println!("p99_rtt_ns={}", pct(0.99).as_nanos());
+        println!(
+            "allocations_after_setup={}",
+            ALLOCATIONS.load(Ordering::SeqCst)
+        );
+    }
 }

@@ -7,7 +7,9 @@
 # packages) is built once and cached under target/rxe/.
 #
 #   scripts/rxe-test.sh              conformance suite on rxe0 + on the simulator, and the
-#                                    differential table; exits non-zero if either fails
+#                                    differential table; then, in the same guest, the
+#                                    examples pingpong and network on rxe0 (--backend verbs);
+#                                    exits non-zero if any of it fails
 #   scripts/rxe-test.sh --run PROG [ARGS...]
 #                                    run one host-built program in a fresh guest, exit with its
 #                                    status (usable as a cargo runner, see README)
@@ -17,8 +19,11 @@
 #
 # Environment: RXE_DIR (cache, default <repo>/target/rxe), RXE_TIMEOUT (seconds per boot,
 # default 900), RXE_REBUILD=1 (rebuild the image), RXE_ACCEL (default tcg: the /dev/kvm of
-# these machines cannot boot a stock kernel), RXE_MEM, RXE_SMP. ZVERBS_* and RUST_* variables
-# are passed to the program in the guest, which also sees ZVERBS_DEVICE=rxe0.
+# these machines cannot boot a stock kernel), RXE_MEM, RXE_SMP; for the examples in the
+# default mode RXE_PINGPONG_ROUNDS (default 1000), RXE_NETWORK_NODES (default 4) and
+# RXE_NETWORK_BARRIERS (default 200). ZVERBS_* and RUST_* variables are passed to the
+# programs in the guest, which also see ZVERBS_DEVICE=rxe0. Binaries are built with the
+# caller's cargo settings (CARGO_TARGET_DIR too).
 # Host needs: scripts/install-verbs-deps.sh (qemu, cpio, binutils, python3, apt lists).
 set -euo pipefail
 
@@ -188,6 +193,51 @@ can_run() {
   echo "the rxe leg can run here"
 }
 
+# guest_exports: the guest script's environment (ZVERBS_DEVICE, default rxe0, and the
+# caller's ZVERBS_* and RUST_* variables).
+guest_exports() {
+  printf 'export ZVERBS_DEVICE=%q\n' "${ZVERBS_DEVICE:-rxe0}"
+  local v
+  for v in $(compgen -e | grep -E '^(RUST_|ZVERBS_)' | grep -v '^ZVERBS_DEVICE$'); do
+    printf 'export %s=%q\n' "$v" "${!v}"
+  done
+  printf 'cd /mnt/host\n'
+}
+
+# guest_step NAME CMD [ARGS...]: a guest script line running CMD with ARGS (quoted), its
+# output in NAME.out/NAME.err, its status in NAME.rc, and its guest start and end times
+# (uptime) appended to times.
+guest_step() {
+  local name=$1; shift
+  printf 't0=$(cut -d" " -f1 /proc/uptime)\n'
+  printf '%q' "$1"; shift; printf ' %q' "$@"
+  printf ' >/mnt/host/%s.out 2>/mnt/host/%s.err\n' "$name" "$name"
+  printf 'echo $? >/mnt/host/%s.rc\n' "$name"
+  printf 'echo "%s $t0 $(cut -d" " -f1 /proc/uptime)" >>/mnt/host/times\n' "$name"
+}
+
+# boot_share DIR: boots a guest that runs DIR/test.sh; sets GUEST_SECONDS; shows the console
+# if rxe did not come up.
+boot_share() {
+  local d=$1 t0=$SECONDS qrc=0
+  boot "$d" host > "$d/console.log" 2>&1 || qrc=$?
+  GUEST_SECONDS=$((SECONDS - t0))
+  grep -q 'rxe0 up' "$d/console.log" || { log "rxe setup problem (qemu status $qrc); console:"; tail -n 40 "$d/console.log" >&2; }
+  return 0
+}
+
+# step_status DIR NAME: prints NAME's output and returns its status (125 if it did not
+# finish, with the console's tail).
+step_status() {
+  local d=$1 name=$2
+  [ -f "$d/$name.out" ] && cat "$d/$name.out"
+  [ -f "$d/$name.err" ] && cat "$d/$name.err" >&2
+  if [ -f "$d/$name.rc" ]; then return "$(cat "$d/$name.rc")"; fi
+  log "$name did not finish; console:"
+  tail -n 40 "$d/console.log" >&2
+  return 125
+}
+
 # run_in_guest PROG [ARGS...]: runs PROG in a fresh guest; its stdout/stderr are printed;
 # returns its exit status (125 if it did not finish).
 run_in_guest() {
@@ -196,28 +246,11 @@ run_in_guest() {
   mkdir -p "$W/runs"
   local d; d=$(mktemp -d "$W/runs/run.XXXXXX")
   cp "$prog" "$d/prog"
-  {
-    printf 'export ZVERBS_DEVICE=%q\n' "${ZVERBS_DEVICE:-rxe0}"
-    local v
-    for v in $(compgen -e | grep -E '^(RUST_|ZVERBS_)' | grep -v '^ZVERBS_DEVICE$'); do
-      printf 'export %s=%q\n' "$v" "${!v}"
-    done
-    printf 'cd /mnt/host\n'
-    printf './prog'; printf ' %q' "$@"; printf ' >/mnt/host/stdout 2>/mnt/host/stderr\n'
-    printf 'echo $? >/mnt/host/rc\n'
-  } > "$d/test.sh"
-  local t0=$SECONDS qrc=0
-  boot "$d" host > "$d/console.log" 2>&1 || qrc=$?
-  GUEST_SECONDS=$((SECONDS - t0))
-  [ -f "$d/stdout" ] && cat "$d/stdout"
-  [ -f "$d/stderr" ] && cat "$d/stderr" >&2
-  local rc=125
-  if [ -f "$d/rc" ]; then rc=$(cat "$d/rc"); else
-    log "the program did not finish (qemu status $qrc); console:"
-    tail -n 40 "$d/console.log" >&2
-  fi
-  grep -q 'rxe0 up' "$d/console.log" || { log "rxe setup problem; console:"; tail -n 40 "$d/console.log" >&2; }
+  { guest_exports; guest_step prog ./prog "$@"; } > "$d/test.sh"
+  boot_share "$d"
   LAST_RUN=$d
+  local rc=0
+  step_status "$d" prog || rc=$?
   return "$rc"
 }
 
@@ -251,20 +284,47 @@ table() {
   ' <(sort -t$'\t' -k2,2 "$1") <(sort -t$'\t' -k2,2 "$2")
 }
 
+# The executable of example $1 from cargo's JSON messages on stdin.
+example_exe() {
+  grep -o '"executable":"[^"]*/examples/'"$1"'"' | tail -1 | cut -d'"' -f4
+}
+
 conformance() {
   cd "$ROOT"
   build_image
-  local t0=$SECONDS exe
-  log "building the verbs conformance tests"
+  local t0=$SECONDS exe json pingpong network
+  log "building the verbs conformance tests and the examples pingpong and network"
   exe=$(cargo test --features verbs --test conformance_verbs --no-run --message-format=json 2>/dev/null |
     grep -o '"executable":"[^"]*"' | tail -1 | cut -d'"' -f4)
   [ -n "$exe" ] || { cargo test --features verbs --test conformance_verbs --no-run; die "build failed"; }
+  json=$(cargo build --features verbs --example pingpong --example network --message-format=json 2>/dev/null) || true
+  pingpong=$(example_exe pingpong <<<"$json")
+  network=$(example_exe network <<<"$json")
+  [ -n "$pingpong" ] && [ -n "$network" ] ||
+    { cargo build --features verbs --example pingpong --example network; die "build of the examples failed"; }
   log "build done ($((SECONDS - t0)) s); booting the guest"
+  mkdir -p "$W/runs"
+  local d; d=$(mktemp -d "$W/runs/run.XXXXXX")
+  cp "$exe" "$d/conformance"
+  cp "$pingpong" "$d/pingpong"
+  cp "$network" "$d/network"
+  # Small counts: the guest is emulated (a round trip of pingpong or a barrier takes
+  # milliseconds there).
+  local rounds=${RXE_PINGPONG_ROUNDS:-1000} nodes=${RXE_NETWORK_NODES:-4}
+  local barriers=${RXE_NETWORK_BARRIERS:-200}
+  {
+    guest_exports
+    guest_step conformance env ZVERBS_CONFORMANCE_OUT=/mnt/host/rxe.tsv ./conformance --test-threads=2
+    guest_step pingpong ./pingpong --backend verbs "$rounds"
+    guest_step network ./network --backend verbs --nodes "$nodes" --barriers "$barriers"
+  } > "$d/test.sh"
+  boot_share "$d"
   local out=$W/outcomes; mkdir -p "$out"; rm -f "$out"/{rxe,sim}.tsv
-  local grc=0
-  ZVERBS_CONFORMANCE_OUT=/mnt/host/rxe.tsv run_in_guest "$exe" --test-threads=2 || grc=$?
-  [ -f "$LAST_RUN/rxe.tsv" ] && cp "$LAST_RUN/rxe.tsv" "$out/rxe.tsv"
-  log "guest leg: ${GUEST_SECONDS} s (boot + tests), status $grc"
+  local grc=0 prc=0 nrc=0
+  step_status "$d" conformance || grc=$?
+  [ -f "$d/rxe.tsv" ] && cp "$d/rxe.tsv" "$out/rxe.tsv"
+  log "guest leg: ${GUEST_SECONDS} s (boot, conformance suite, examples); in the guest:"
+  [ -f "$d/times" ] && awk '{ printf "rxe-test:   %-12s %6.1f s\n", $1, $3 - $2 }' "$d/times" >&2
   log "running the same scenarios on the simulator"
   local src=0
   ZVERBS_CONFORMANCE_OUT="$out/sim.tsv" cargo test -q --features sim --test conformance_sim || src=$?
@@ -273,8 +333,19 @@ conformance() {
   echo "== differential report: conformance scenarios on the simulator and on rxe =="
   table "$out/sim.tsv" "$out/rxe.tsv"
   grep -q . "$out/rxe.tsv" || { log "no rxe outcomes recorded"; grc=${grc/#0/1}; }
-  [ "${RXE_KEEP:-0}" = 1 ] || rm -rf "$LAST_RUN"
-  [ "$grc" = 0 ] && [ "$src" = 0 ]
+  echo
+  echo "== examples on rxe0: pingpong --backend verbs $rounds =="
+  step_status "$d" pingpong || prc=$?
+  if [ "$prc" = 0 ] && [ "$(tail -n 1 "$d/pingpong.out")" != "allocations_after_setup=0" ]; then
+    log "pingpong allocated on the data path"; prc=1
+  fi
+  echo
+  echo "== examples on rxe0: network --backend verbs --nodes $nodes --barriers $barriers =="
+  step_status "$d" network || nrc=$?
+  echo
+  log "conformance on rxe: status $grc; on the simulator: status $src; pingpong: status $prc; network: status $nrc"
+  [ "${RXE_KEEP:-0}" = 1 ] && log "kept $d" || rm -rf "$d"
+  [ "$grc" = 0 ] && [ "$src" = 0 ] && [ "$prc" = 0 ] && [ "$nrc" = 0 ]
 }
 
 case "${1:-}" in

@@ -10,6 +10,7 @@
 //! `scripts/rxe-test.sh` prints (set `ZVERBS_CONFORMANCE_OUT=<file>` to record).
 #![allow(dead_code)]
 
+mod collective;
 mod scenarios;
 
 use std::fmt::{self, Write as _};
@@ -23,7 +24,14 @@ use zverbs::{
     SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
 };
 
+pub use collective::*;
 pub use scenarios::*;
+
+/// What the verbs specification requires of each scenario.
+pub mod expected {
+    pub use super::collective::expected::*;
+    pub use super::scenarios::expected::*;
+}
 
 /// Scatter/gather entries per work request in the suite.
 pub const SGES: usize = 4;
@@ -380,7 +388,8 @@ macro_rules! conformance_tests {
             rem_access_bad_rkey, rem_access_no_remote_write, rem_access_no_remote_read,
             rem_access_write_out_of_bounds, rem_write_imm_bad_rkey, rem_qp_no_remote_write,
             rem_atomic_misaligned, loc_len_short_recv, flush_after_error, flush_on_modify_err,
-            post_after_error, rnr_retry_exceeded, channel_roundtrip
+            post_after_error, rnr_retry_exceeded, channel_roundtrip,
+            multi_channel_scatter_gather, node_barrier
         );
     };
     (@each $env:expr; $($name:ident),* $(,)?) => {

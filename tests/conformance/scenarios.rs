@@ -3,8 +3,8 @@
 //! Side A is the requester, side B the responder, unless a scenario says otherwise.
 //! wr_ids: A's sends 1.., A's receives 11.., B's receives 101...
 //!
-//! Still to come, once `MultiChannel` lands: a two-node scatter/gather and a barrier
-//! scenario over `MultiChannel<P, 2>` (see the "multi-node" section at the end).
+//! The multi-node scenarios (`MultiChannel` scatter/gather, `Node` barriers) are in
+//! `collective.rs`.
 
 use std::thread;
 use std::time::Duration;
@@ -642,13 +642,6 @@ pub fn channel_roundtrip<E: Env>(env: &E) -> Run<Outcome> {
         .check("bytes", got_b_mr.as_slice() == &pattern(64, 7)[..]);
     Ok(o)
 }
-
-// ---- multi-node (to come) ----
-//
-// Once `MultiChannel<P, N>` lands: `scatter_gather_two_nodes` (each node writes its slice
-// of a buffer into every peer and reads theirs back) and `barrier_two_nodes`, both over
-// `Env::devices()` with one `MultiChannel` per side. Add them to `conformance_tests!` and
-// to `expected` below.
 
 /// What the verbs specification requires of each scenario.
 pub mod expected {

@@ -1,0 +1,186 @@
+//! Command-line handling and backend selection shared by the `pingpong` and `network`
+//! examples (a module of each, not an example of its own).
+//!
+//! `--backend sim|verbs` picks the backend (default `sim`); each needs its cargo feature.
+//! For `verbs`: `--device NAME`, else `ZVERBS_DEVICE`, else the first device present; the
+//! GID index from `ZVERBS_GID_INDEX`, else [`Verbs::select_gid`]'s default (the RoCE v2
+//! IPv4-mapped entry).
+#![allow(dead_code)]
+
+use std::fmt;
+
+/// A backend the examples can run on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// The in-process simulator (feature `sim`).
+    Sim,
+    /// libibverbs on a real or soft-RoCE device (feature `verbs`).
+    Verbs,
+}
+
+impl Backend {
+    /// The cargo feature the backend needs.
+    pub fn feature(self) -> &'static str {
+        match self {
+            Backend::Sim => "sim",
+            Backend::Verbs => "verbs",
+        }
+    }
+
+    /// Whether this build has the backend.
+    pub fn compiled_in(self) -> bool {
+        match self {
+            Backend::Sim => cfg!(feature = "sim"),
+            Backend::Verbs => cfg!(feature = "verbs"),
+        }
+    }
+
+    /// The error for a backend this build does not have.
+    pub fn not_compiled_in(self, example: &str) -> String {
+        let f = self.feature();
+        let other = [Backend::Sim, Backend::Verbs]
+            .into_iter()
+            .find(|b| b.compiled_in())
+            .map_or(String::new(), |b| {
+                format!(" (this build has `{b}`: pass --backend {b})")
+            });
+        format!(
+            "backend `{f}` is not compiled into this build{other}; for `{f}`: \
+             cargo run --release --features {f} --example {example} -- --backend {f}"
+        )
+    }
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.feature())
+    }
+}
+
+/// Parsed command line: `--flag value` options from a known set, and positional arguments.
+pub struct Args {
+    options: Vec<(String, String)>,
+    positional: Vec<String>,
+}
+
+impl Args {
+    /// Parses the process arguments; `flags` are the options taking a value (`--backend`
+    /// and `--device` are always accepted).
+    pub fn parse(flags: &[&str]) -> Result<Args, String> {
+        Args::parse_from(std::env::args().skip(1), flags)
+    }
+
+    /// Parses `args` (without the program name).
+    pub fn parse_from(
+        args: impl IntoIterator<Item = String>,
+        flags: &[&str],
+    ) -> Result<Args, String> {
+        let mut it = args.into_iter();
+        let (mut options, mut positional) = (Vec::new(), Vec::new());
+        while let Some(a) = it.next() {
+            if let Some(name) = a.strip_prefix("--") {
+                let (name, inline) = match name.split_once('=') {
+                    Some((n, v)) => (n, Some(v.to_owned())),
+                    None => (name, None),
+                };
+                let flag = format!("--{name}");
+                if !["--backend", "--device"].contains(&flag.as_str())
+                    && !flags.contains(&flag.as_str())
+                {
+                    return Err(format!("unknown option {flag}"));
+                }
+                let value = match inline {
+                    Some(v) => v,
+                    None => it.next().ok_or(format!("{flag} needs a value"))?,
+                };
+                options.push((flag, value));
+            } else {
+                positional.push(a);
+            }
+        }
+        Ok(Args {
+            options,
+            positional,
+        })
+    }
+
+    /// The value of option `flag` (the last one given), if any.
+    pub fn value(&self, flag: &str) -> Option<&str> {
+        self.options
+            .iter()
+            .rev()
+            .find(|(f, _)| f == flag)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// Option `flag` as a number, `default` if absent.
+    pub fn number(&self, flag: &str, default: usize) -> Result<usize, String> {
+        match self.value(flag) {
+            None => Ok(default),
+            Some(v) => v
+                .parse()
+                .map_err(|_| format!("{flag} needs a number, not {v:?}")),
+        }
+    }
+
+    /// The positional arguments.
+    pub fn positional(&self) -> &[String] {
+        &self.positional
+    }
+
+    /// The backend chosen with `--backend` (default `sim`).
+    pub fn backend(&self) -> Result<Backend, String> {
+        match self.value("--backend") {
+            None | Some("sim") => Ok(Backend::Sim),
+            Some("verbs") => Ok(Backend::Verbs),
+            Some(other) => Err(format!("unknown backend {other:?} (sim or verbs)")),
+        }
+    }
+}
+
+/// The verbs backend's device and GID choice.
+#[cfg(feature = "verbs")]
+pub mod verbs {
+    use zverbs::provider::verbs::{GidSelect, Verbs};
+    use zverbs::qp::QpConfig;
+    use zverbs::Context;
+
+    /// The device: `--device`, else `ZVERBS_DEVICE`, else the first device present.
+    pub fn device(flag: Option<&str>) -> Result<String, String> {
+        if let Some(d) = flag {
+            return Ok(d.to_owned());
+        }
+        if let Some(d) = std::env::var("ZVERBS_DEVICE")
+            .ok()
+            .filter(|d| !d.is_empty())
+        {
+            return Ok(d);
+        }
+        Verbs::devices().into_iter().next().ok_or_else(|| {
+            "no verbs device found (for soft-RoCE: `rdma link add rxe0 type rxe netdev \
+             <if>`, or scripts/rxe-test.sh; see the README)"
+                .to_owned()
+        })
+    }
+
+    /// Queue pair settings for `ctx`: port 1 and the GID index from `ZVERBS_GID_INDEX`, else
+    /// the RoCE v2 IPv4-mapped entry ([`Verbs::select_gid`]).
+    pub fn qp_config(ctx: &Context<Verbs>) -> Result<QpConfig, String> {
+        let how = match std::env::var("ZVERBS_GID_INDEX") {
+            Ok(i) => GidSelect::Index(
+                i.parse()
+                    .map_err(|_| format!("bad ZVERBS_GID_INDEX {i:?}"))?,
+            ),
+            Err(_) => GidSelect::default(),
+        };
+        let port = QpConfig::default().port;
+        let gid = Verbs::select_gid(ctx.raw(), port, how)
+            .map_err(|e| format!("{}: GID selection: {e}", ctx.raw().name()))?;
+        let gid_index =
+            u8::try_from(gid.index).map_err(|_| format!("GID index {} above 255", gid.index))?;
+        Ok(QpConfig {
+            gid_index,
+            ..QpConfig::default()
+        })
+    }
+}

@@ -8,23 +8,32 @@ mod conformance;
 
 use std::time::Duration;
 
-use conformance::Env;
+use conformance::{Deviation, Env, RXE_DEVIATIONS};
 use zverbs::provider::sim::{Fabric, Sim};
 use zverbs::qp::QpConfig;
 use zverbs::Context;
-use zverbs_sim::FabricConfig;
+use zverbs_sim::{FabricConfig, Personality};
 
 /// Two simulated devices, untimed (work completes inside the call that makes it possible),
-/// with the IB spec's responder behaviour for a failed WRITE_WITH_IMM.
-struct SimEnv(Sim);
+/// with the IB spec's responder behaviour for a failed WRITE_WITH_IMM; `rxe`: imitating
+/// soft-RoCE where it deviates ([`Personality::Rxe`]), which must give exactly the
+/// documented rxe outcomes.
+struct SimEnv {
+    sim: Sim,
+    rxe: bool,
+}
 
 impl Env for SimEnv {
     type P = Sim;
     fn backend(&self) -> &'static str {
-        "sim"
+        if self.rxe {
+            "sim-rxe"
+        } else {
+            "sim"
+        }
     }
     fn provider(&self) -> &Sim {
-        &self.0
+        &self.sim
     }
     fn devices(&self) -> (&str, &str) {
         ("sim0", "sim1")
@@ -35,14 +44,38 @@ impl Env for SimEnv {
     fn timeout(&self) -> Duration {
         Duration::from_secs(5)
     }
+    fn deviations(&self) -> &[Deviation] {
+        if self.rxe {
+            RXE_DEVIATIONS
+        } else {
+            &[]
+        }
+    }
+    fn imitates_deviations(&self) -> bool {
+        self.rxe
+    }
 }
 
-fn env() -> Result<SimEnv, String> {
+fn env(personality: Personality) -> Result<SimEnv, String> {
     let cfg = FabricConfig {
         loc_access_err: true,
+        personality,
         ..FabricConfig::instant()
     };
-    Ok(SimEnv(Sim::new(Fabric::with_config(cfg, 2))))
+    Ok(SimEnv {
+        sim: Sim::new(Fabric::with_config(cfg, 2)),
+        rxe: personality == Personality::Rxe,
+    })
 }
 
-conformance_tests!(env());
+/// The simulator as a hardware HCA: the verbs specification's outcomes.
+mod hca {
+    use super::*;
+    conformance_tests!(env(Personality::Hca));
+}
+
+/// The simulator imitating soft-RoCE: rxe's outcomes, deviations included.
+mod rxe {
+    use super::*;
+    conformance_tests!(env(Personality::Rxe));
+}

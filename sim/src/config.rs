@@ -132,6 +132,35 @@ pub struct FabricConfig {
     /// completes with `LocAccessErr` (as the IB spec defines it). When false the receive
     /// is flushed with `WrFlushErr` instead (the simulator's behaviour before timing).
     pub loc_access_err: bool,
+    /// Which device the simulator imitates where devices disagree with the spec.
+    pub personality: Personality,
+}
+
+/// The device whose behaviour the simulator reproduces where real verbs stacks differ.
+///
+/// [`Personality::Hca`] (the default) follows the IB specification as hardware HCAs
+/// implement it. [`Personality::Rxe`] reproduces Linux soft-RoCE (`rdma_rxe` of Linux 6.1,
+/// rdma-core 44) where it departs from the spec, so that a suite run on the simulator gives
+/// the answers it gives on an rxe device:
+///
+/// - a local SGE whose lkey names no usable MR (none, another PD's, or one lacking
+///   LOCAL_WRITE where it is written) completes with `LocQpOpErr` (rxe's `copy_data`
+///   fails with `-EINVAL`), not `LocProtErr`; an SGE outside a valid MR is still
+///   `LocProtErr`;
+/// - a SEND longer than the receive it consumes completes that receive with
+///   `LocQpOpErr` and the request with `RemOpErr` (rxe's malformed-WQE path), not
+///   `LocLenErr` and `RemInvReqErr`;
+/// - an atomic at a remote address that is not 8-byte aligned is refused at post time
+///   (`Invalid`, rxe's userspace provider), instead of a `RemInvReqErr` completion;
+/// - the receive consumed by a WRITE_WITH_IMM that fails its rkey check completes with
+///   `RemAccessErr` (regardless of [`FabricConfig::loc_access_err`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Personality {
+    /// The IB specification, as hardware HCAs implement it.
+    #[default]
+    Hca,
+    /// Linux soft-RoCE (`rdma_rxe`).
+    Rxe,
 }
 
 impl Default for FabricConfig {
@@ -145,6 +174,7 @@ impl Default for FabricConfig {
             auto_step: true,
             instant_timers: false,
             loc_access_err: true,
+            personality: Personality::Hca,
         }
     }
 }

@@ -9,6 +9,7 @@
 //! scatter list when it executes at the responder; the requester's completion still waits
 //! for the response packet (and a lost response makes the read execute again).
 
+use crate::config::Personality;
 use crate::mem::{self, Dst, Src};
 use crate::state::{sg_len, QpObj, ReqState, SqEntry, World};
 use crate::trace::TraceKind;
@@ -99,6 +100,17 @@ impl World {
             _ => self.gather(qp.pd, sges, &mut src),
         };
         if !local_ok {
+            let writes = matches!(wr.op, Read { .. } | CompareSwap { .. } | FetchAdd { .. });
+            let unusable_key = |s: &Sge| {
+                s.length > 0
+                    && !matches!(self.mr(s.lkey, false, qp.pd),
+                        Some(m) if !writes || m.access.contains(Access::LOCAL_WRITE))
+            };
+            let inline = wr.flags.contains(SendFlags::INLINE);
+            if self.cfg.personality == Personality::Rxe && !inline && sges.iter().any(unusable_key)
+            {
+                return Err(WcStatus::LocQpOpErr); // rxe: copy_data's -EINVAL
+            }
             return Err(WcStatus::LocProtErr);
         }
         if rd_atomic(&wr.op) && qp.rts.is_some_and(|r| r.max_rd_atomic == 0) {
@@ -184,9 +196,13 @@ impl World {
                 };
                 let rsges = &rwr.sg_list[..rwr.num_sge];
                 if sg_len(rsges) < total {
-                    done.status = WcStatus::LocLenErr;
+                    let (recv, req) = match self.cfg.personality {
+                        Personality::Hca => (WcStatus::LocLenErr, WcStatus::RemInvReqErr),
+                        Personality::Rxe => (WcStatus::LocQpOpErr, WcStatus::RemOpErr),
+                    };
+                    done.status = recv;
                     out.recv = Some(done);
-                    return fail(out, WcStatus::RemInvReqErr);
+                    return fail(out, req);
                 }
                 if !self.scatter(peer.pd, rsges, len, &mut dst) {
                     done.status = WcStatus::LocProtErr;
@@ -218,8 +234,13 @@ impl World {
                     let Some(d) = target.and_then(|r| r.dst(remote_addr, len)) else {
                         // IB: the receive of a failed WRITE_WITH_IMM completes with a
                         // local access error (when so configured; else it is flushed).
-                        done = done.filter(|_| self.cfg.loc_access_err).map(|d| RecvDone {
-                            status: WcStatus::LocAccessErr,
+                        // rxe completes it with REM_ACCESS_ERR.
+                        let (consumed, status) = match self.cfg.personality {
+                            Personality::Hca => (self.cfg.loc_access_err, WcStatus::LocAccessErr),
+                            Personality::Rxe => (true, WcStatus::RemAccessErr),
+                        };
+                        done = done.filter(|_| consumed).map(|d| RecvDone {
+                            status,
                             byte_len: 0,
                             imm: None,
                             ..d

@@ -85,7 +85,9 @@ mod verbs;
 mod world;
 
 pub use clock::PacketKind;
-pub use config::{ack_timeout_ns, rnr_timer_ns, FabricConfig, Faults, LinkModel, Mode};
+pub use config::{
+    ack_timeout_ns, rnr_timer_ns, FabricConfig, Faults, LinkModel, Mode, Personality,
+};
 pub use trace::{DropReason, TraceEvent, TraceKind};
 pub use types::*;
 pub use world::{Context, Cq, Fabric, Mr, Pd, PostError, Qp, QpInitAttr};

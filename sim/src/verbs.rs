@@ -1,5 +1,6 @@
 //! Queue pair verbs: the state machine (`modify`) and posting.
 
+use crate::config::Personality;
 use crate::exec::{flush_wc, send_opcode};
 use crate::mem::{copy, Dst, RawInline};
 use crate::state::{invalid, sg_len, ReqState, RespState, SqEntry, World, MAX_24};
@@ -132,7 +133,7 @@ impl World {
         wr: SendWr,
         raw: Option<&RawInline>,
     ) -> Result<(), SimError> {
-        let World { qps, mrs, .. } = self;
+        let World { qps, mrs, cfg, .. } = self;
         let qp = qps.get_mut(q).expect("live QP");
         if qp.dead {
             return invalid("QP on a crashed device");
@@ -142,6 +143,15 @@ impl World {
         }
         if wr.num_sge > qp.cap.max_send_sge as usize {
             return invalid("num_sge exceeds max_send_sge");
+        }
+        if let (
+            Personality::Rxe,
+            SendOp::CompareSwap { remote_addr, .. } | SendOp::FetchAdd { remote_addr, .. },
+        ) = (cfg.personality, wr.op)
+        {
+            if remote_addr % 8 != 0 {
+                return invalid("atomic remote address not 8-byte aligned (rxe)");
+            }
         }
         let sges = &wr.sg_list[..wr.num_sge];
         let inline = wr.flags.contains(SendFlags::INLINE);

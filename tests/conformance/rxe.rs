@@ -1,0 +1,38 @@
+//! Documented deviations of soft-RoCE from the verbs specification.
+
+use super::Deviation;
+
+/// Where soft-RoCE (rdma_rxe of Linux 6.1, rdma-core 44: Debian 12) deviates from the verbs
+/// specification and from hardware. The simulator follows the specification unless told to
+/// imitate rxe (`zverbs_sim::Personality::Rxe`); `conformance_sim.rs` runs the suite both
+/// ways and requires these outcomes of the rxe personality.
+pub const RXE_DEVIATIONS: &[Deviation] = &[
+    Deviation {
+        scenario: "loc_prot_bad_lkey",
+        outcome: "a=[1:LOC_QP_OP_ERR]; a.state=Error; b=[]; b.state=ReadyToSend",
+        why: "an lkey that names no MR fails rxe's copy_data with -EINVAL, which rxe_req \
+              reports as LOC_QP_OP_ERR (only -EFAULT becomes LOC_PROT_ERR); the spec and \
+              HCAs report LOC_PROT_ERR",
+    },
+    Deviation {
+        scenario: "loc_len_short_recv",
+        outcome: "a=[1:REM_OP_ERR]; b=[101:LOC_QP_OP_ERR]; a.state=Error; b.state=Error",
+        why: "rxe treats a receive too short for the message as a malformed WQE (class A: \
+              REM_OP_ERR NAK, LOC_QP_OP_ERR at the responder); the spec requires \
+              LOC_LEN_ERR at the responder and REM_INV_REQ_ERR at the requester",
+    },
+    Deviation {
+        scenario: "rem_atomic_misaligned",
+        outcome: "post_send=InvalidArgument; a.state=ReadyToSend",
+        why: "the rxe userspace provider rejects a misaligned atomic at post time (EINVAL), \
+              so the responder's invalid-request NAK (REM_INV_REQ_ERR) is never reached",
+    },
+    Deviation {
+        scenario: "rem_write_imm_bad_rkey",
+        outcome: "a=[1:REM_ACCESS_ERR]; a.state=Error; b=[101:REM_ACCESS_ERR]; \
+                  b.state=Error; remote_untouched=ok",
+        why: "rxe completes the consumed receive with REM_ACCESS_ERR; the spec and \
+              ibv_poll_cq(3) give LOC_ACCESS_ERR for the responder of a failed RDMA WRITE \
+              with immediate",
+    },
+];

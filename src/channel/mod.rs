@@ -123,6 +123,7 @@ impl<P: Provider, const N: usize, const S: usize> PreparedChannel<P, N, S> {
             sq: self.sq,
             rq: self.rq,
             config: self.config,
+            wcs: [WorkCompletion::EMPTY; POLL_BATCH],
         })
     }
 }
@@ -138,7 +139,12 @@ pub struct Channel<P: Provider, const N: usize = 64, const S: usize = 4> {
     sq: Ring<SendWr<S>, N>,
     rq: Ring<RecvWr<S>, N>,
     config: ChannelConfig,
+    /// Where polls land: kept here, so a poll does not initialise a fresh array each time.
+    wcs: [WorkCompletion; POLL_BATCH],
 }
+
+/// Completions taken from a completion queue per poll.
+const POLL_BATCH: usize = 16;
 
 /// Which queue a [`Pending`] work request is on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -221,13 +227,13 @@ fn total_len(sges: &[Sge]) -> u64 {
     sges.iter().map(|s| u64::from(s.length)).sum()
 }
 
-/// Polls `cq` once and records what it returns in `ring`.
+/// Polls `cq` once into `wcs` and records what it returns in `ring`.
 fn poll_into<P: Provider, W: WorkRequest, const N: usize>(
     cq: &CompletionQueue<P>,
     ring: &mut Ring<W, N>,
+    wcs: &mut [WorkCompletion; POLL_BATCH],
 ) -> Result<usize, Error<P::Error>> {
-    let mut wcs = [WorkCompletion::EMPTY; 16];
-    let n = cq.poll(&mut wcs)?;
+    let n = cq.poll(wcs)?;
     for wc in &wcs[..n] {
         ring.complete(wc)
             .map_err(|u| Error::UnexpectedCompletion { wr_id: u.wr_id })?;
@@ -746,8 +752,8 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
 
     fn poll(&mut self, queue: Queue) -> Result<usize, Error<P::Error>> {
         match queue {
-            Queue::Send => poll_into(&self.send_cq, &mut self.sq),
-            Queue::Recv => poll_into(&self.recv_cq, &mut self.rq),
+            Queue::Send => poll_into(&self.send_cq, &mut self.sq, &mut self.wcs),
+            Queue::Recv => poll_into(&self.recv_cq, &mut self.rq, &mut self.wcs),
         }
     }
 

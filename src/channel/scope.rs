@@ -269,8 +269,12 @@ impl<'env, P: Provider, const N: usize, const S: usize> Scope<'env, P, N, S> {
             Queue::Recv => (self.recv_from, self.ch.rq.next_seq()),
         };
         for seq in from..to {
-            if let Err(e) = self.ch.wait_quiet(queue, seq) {
-                self.first_error.get_or_insert(e);
+            // Most requests of a batch are retired by the time the loop reaches them
+            // (one completion retires the whole batch): skip the wait's setup for those.
+            if self.ch.is_pending(queue, seq) {
+                if let Err(e) = self.ch.wait_quiet(queue, seq) {
+                    self.first_error.get_or_insert(e);
+                }
             }
             if let Some(Err(e)) = self.ch.take(queue, seq) {
                 self.first_error.get_or_insert(e);

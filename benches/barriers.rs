@@ -1,0 +1,118 @@
+//! The three barrier algorithms of `Node` at N = 2, 4, 8, 16, 32, 64 ranks, one thread per
+//! rank, over the (untimed) simulator.
+//!
+//! ```text
+//! cargo bench --features sim --bench barriers              # add `-- --quick` for a rougher, faster run
+//! ```
+//!
+//! One iteration is one `barrier_all` on every rank; the figure is the slowest rank's time
+//! per barrier. **This machine has 2 cores**: from N = 4 on, the ranks' threads outnumber
+//! the cores and the figures measure the OS scheduler (every barrier needs every rank to
+//! run) as much as the algorithms. For the algorithms' own scaling see
+//! `examples/barrier_scale.rs` (simulated time, stepped mode). Every rank's measured loop
+//! runs with its allocations counted and panics if a barrier allocated.
+
+mod common;
+
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, SamplingMode};
+use zverbs::node::{barrier::Algorithm, Node, NodeConfig};
+use zverbs::provider::sim::Sim;
+use zverbs::Context;
+
+use common::{assert_no_allocs, count_allocs, CountingAlloc};
+
+#[global_allocator]
+static GLOBAL: CountingAlloc = CountingAlloc;
+
+/// Capacity of the nodes (the largest world benchmarked).
+const CAP: usize = 64;
+/// Small rings: barrier traffic uses the node's own control queue pairs; the data
+/// channels only need to exist.
+type BNode = Node<Sim, CAP, 8, 1>;
+
+const SIZES: [usize; 6] = [2, 4, 8, 16, 32, 64];
+const ALGORITHMS: [(Algorithm, &str); 3] = [
+    (Algorithm::Centralized, "centralized"),
+    (Algorithm::Dissemination, "dissemination"),
+    (Algorithm::BinaryTree, "binary_tree"),
+];
+
+/// `n` connected nodes on one untimed simulator, rank `i` on device `sim{i}`.
+fn world(n: usize, algorithm: Algorithm) -> Vec<BNode> {
+    let cfg = NodeConfig {
+        algorithm,
+        barrier_timeout: Some(Duration::from_secs(120)),
+        ..NodeConfig::default()
+    };
+    let sim = Sim::with_devices(n);
+    let prepared: Vec<_> = (0..n)
+        .map(|r| {
+            let ctx = Context::open(&sim, &format!("sim{r}")).unwrap();
+            let pd = ctx.alloc_pd().unwrap();
+            BNode::prepare(&ctx, &pd, r, n, &cfg).unwrap()
+        })
+        .collect();
+    let eps: Vec<Vec<_>> = prepared
+        .iter()
+        .map(|p| (0..n).map(|peer| p.endpoints(peer).ok()).collect())
+        .collect();
+    prepared
+        .into_iter()
+        .enumerate()
+        .map(|(r, p)| p.connect(|peer| eps[peer][r]).unwrap())
+        .collect()
+}
+
+/// Every node runs `iters` barriers on its own thread; returns the slowest rank's time.
+fn run(nodes: &mut [BNode], iters: u64) -> Duration {
+    let start = Barrier::new(nodes.len());
+    std::thread::scope(|t| {
+        let hs: Vec<_> = nodes
+            .iter_mut()
+            .map(|node| {
+                let start = &start;
+                t.spawn(move || {
+                    start.wait();
+                    let (elapsed, allocs) = count_allocs(|| {
+                        let t0 = Instant::now();
+                        for _ in 0..iters {
+                            node.barrier_all().unwrap();
+                        }
+                        t0.elapsed()
+                    });
+                    assert_no_allocs("barrier_all", allocs);
+                    elapsed
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().expect("rank panicked"))
+            .max()
+            .unwrap_or_default()
+    })
+}
+
+fn barriers(c: &mut Criterion) {
+    for (algorithm, name) in ALGORITHMS {
+        let mut g = c.benchmark_group(format!("barrier/{name}"));
+        g.sample_size(10);
+        g.sampling_mode(SamplingMode::Flat);
+        for n in SIZES {
+            let mut nodes = world(n, algorithm);
+            g.bench_with_input(BenchmarkId::new("ranks", n), &n, |b, _| {
+                b.iter_custom(|iters| run(&mut nodes, iters))
+            });
+        }
+        g.finish();
+    }
+}
+
+criterion_group! {
+    name = benches;
+    config = common::config();
+    targets = barriers
+}
+criterion_main!(benches);

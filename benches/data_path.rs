@@ -1,0 +1,607 @@
+//! Data-path benchmarks over the simulator, each beside its baseline in the same run.
+//!
+//! ```text
+//! cargo bench --features sim --bench data_path             # or `-- pingpong` (a filter), `-- --quick`
+//! ```
+//!
+//! - `post_poll/*`: one signaled work request posted and its completion polled, through
+//!   `Channel` (blocking `send` / `write`) and through raw provider calls
+//!   (`Provider::post_send` + `Provider::poll_cq` on the queue pair and CQ handles). The
+//!   difference is the library's overhead.
+//! - `doorbell/*`: batches of 1, 8, 32, 64 RDMA writes posted with one doorbell and
+//!   selective signaling (one completion per batch), through a `Channel` scope and raw;
+//!   throughput in elements = work requests.
+//! - `pingpong_64B/*`: two threads bouncing 64 bytes: over a bare lock-free SPSC ring (the
+//!   in-process floor) and over two simulator `Channel`s. The figure is the median round
+//!   trip of each sample (see `two_threads`).
+//! - `dispatch_sim/*`: 1, 2, 4 threads sharing one simulator CQ through the lock-free
+//!   `Dispatcher`. This machine has 2 cores: 4 threads are oversubscribed and partly
+//!   measure the scheduler.
+//!
+//! Every measured loop runs with its thread's allocations counted (see `common`) and
+//! panics if the data path allocated.
+
+mod common;
+
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use zverbs::dispatch::Dispatcher;
+use zverbs::provider::sim::Sim;
+use zverbs::provider::Provider;
+use zverbs::qp::{Init, InitOptions, QpConfig, QueuePair, ReadyToReceive, ReadyToSend};
+use zverbs::qp::{RtrOptions, RtsOptions};
+use zverbs::{
+    AccessFlags, Channel, ChannelConfig, CompletionQueue, Context, Endpoint, LocalSlice,
+    MemoryRegion, ProtectionDomain, RecvWr, RemoteRegion, SendFlags, SendOp, SendWr, Sge, WcStatus,
+    WorkCompletion,
+};
+
+use common::{assert_no_allocs, count_allocs, spsc, CountingAlloc};
+
+#[global_allocator]
+static GLOBAL: CountingAlloc = CountingAlloc;
+
+/// Message size of the latency benches.
+const MSG: usize = 64;
+/// Gather entries per work request: the `Channel` default; the raw path posts the same
+/// `SendWr<S>` so both hand the provider identical requests.
+const S: usize = 4;
+/// Ring capacity of the channels (the `Channel` default).
+const DEPTH: usize = 64;
+/// Receives the sink keeps posted, and how many it reaps and reposts at a time.
+const SINK_DEPTH: usize = 512;
+const REFILL: usize = 256;
+
+type Ch = Channel<Sim, DEPTH, S>;
+
+/// A buffer that lives for the whole run, so regions can sit in structs.
+fn buffer(len: usize) -> &'static mut [u8] {
+    Box::leak(vec![0u8; len].into_boxed_slice())
+}
+
+/// An opened device with a protection domain and one completion queue.
+struct End {
+    ctx: Context<Sim>,
+    pd: ProtectionDomain<Sim>,
+    cq: CompletionQueue<Sim>,
+}
+
+impl End {
+    fn open(sim: &Sim, dev: &str, cq_depth: u32) -> End {
+        let ctx = Context::open(sim, dev).unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = CompletionQueue::create(&ctx, cq_depth).unwrap();
+        End { ctx, pd, cq }
+    }
+
+    /// A queue pair on this end's CQ, in INIT.
+    fn qp(&self, depth: usize) -> QueuePair<Sim, Init> {
+        let mut cfg = QpConfig::default();
+        cfg.caps.max_send_wr = depth as u32;
+        cfg.caps.max_recv_wr = depth as u32;
+        cfg.caps.max_send_sge = S as u32;
+        cfg.caps.max_recv_sge = S as u32;
+        QueuePair::create(&self.ctx, &self.pd, &self.cq, &self.cq, &cfg)
+            .unwrap()
+            .into_init(&InitOptions::default())
+            .unwrap()
+    }
+
+    fn register_remote(&self, len: usize) -> MemoryRegion<'static, Sim> {
+        // SAFETY: the buffer is leaked (lives forever) and never touched through Rust
+        // references: only the device reads and writes it.
+        unsafe {
+            self.pd
+                .register_with_access(buffer(len), AccessFlags::all())
+        }
+        .unwrap()
+    }
+}
+
+/// The passive side of every sender bench: a raw queue pair in RTR that keeps
+/// `SINK_DEPTH` receives posted (reaping and reposting `REFILL` at a time, one chain) and
+/// a remotely writable region. The same sink serves the `Channel` sender and the raw one,
+/// so its cost cancels out of their difference.
+struct Sink {
+    qp: QueuePair<Sim, ReadyToReceive>,
+    end: End,
+    region: MemoryRegion<'static, Sim>,
+    recv_wrs: [RecvWr<1>; REFILL],
+    since_refill: usize,
+}
+
+struct PreparedSink {
+    qp: QueuePair<Sim, Init>,
+    end: End,
+    region: MemoryRegion<'static, Sim>,
+}
+
+impl PreparedSink {
+    fn new(sim: &Sim) -> PreparedSink {
+        let end = End::open(sim, "sim1", 2 * SINK_DEPTH as u32);
+        let qp = end.qp(SINK_DEPTH);
+        let region = end.register_remote(MSG * 64);
+        PreparedSink { qp, end, region }
+    }
+
+    fn connect(self, peer: &Endpoint) -> Sink {
+        let qp = self.qp.into_rtr(peer, &RtrOptions::default()).unwrap();
+        let mut wr = RecvWr::<1>::new(0);
+        wr.sg_list[0] = self.region.slice(..MSG).unwrap().sge();
+        wr.num_sge = 1;
+        let sink = Sink {
+            qp,
+            end: self.end,
+            region: self.region,
+            recv_wrs: [wr; REFILL],
+            since_refill: 0,
+        };
+        for _ in 0..SINK_DEPTH / REFILL {
+            sink.post_receives();
+        }
+        sink
+    }
+}
+
+impl Sink {
+    fn remote(&self) -> RemoteRegion {
+        self.region.remote()
+    }
+
+    fn post_receives(&self) {
+        // SAFETY: every receive scatters into the sink's region, which is leaked and never
+        // read through Rust references.
+        unsafe { self.qp.post_recv(&self.recv_wrs) }.unwrap();
+    }
+
+    /// Call after each send: every `REFILL` sends, reaps their receive completions and
+    /// reposts as many receives.
+    #[inline]
+    fn after_send(&mut self) {
+        self.since_refill += 1;
+        if self.since_refill == REFILL {
+            self.refill();
+        }
+    }
+
+    #[inline(never)]
+    fn refill(&mut self) {
+        self.since_refill = 0;
+        let mut wcs = [WorkCompletion::EMPTY; 32];
+        let mut got = 0;
+        while got < REFILL {
+            let n = Sim::poll_cq(self.end.cq.raw(), &mut wcs).unwrap();
+            for wc in &wcs[..n] {
+                assert_eq!(wc.status, WcStatus::Success);
+            }
+            got += n;
+        }
+        self.post_receives();
+    }
+}
+
+/// A sender through the library: a `Channel`, connected to a sink.
+fn channel_rig(sim: &Sim) -> (Ch, LocalSlice<'static>, Sink) {
+    let a = End::open(sim, "sim0", 1);
+    let prepared = Ch::prepare(&a.ctx, &a.pd, &ChannelConfig::default()).unwrap();
+    let sink = PreparedSink::new(sim);
+    let sink_ep = sink.qp.endpoint();
+    let sink = sink.connect(&prepared.endpoint());
+    let ch = prepared.connect(&sink_ep).unwrap();
+    let src: &'static MemoryRegion<'static, Sim> =
+        Box::leak(Box::new(a.pd.register(buffer(MSG)).unwrap()));
+    (ch, src.slice(..).unwrap(), sink)
+}
+
+/// A sender through raw provider calls: a queue pair in RTS and its CQ.
+struct RawSender {
+    qp: QueuePair<Sim, ReadyToSend>,
+    end: End,
+    src: Sge,
+    _region: MemoryRegion<'static, Sim>,
+}
+
+fn raw_rig(sim: &Sim) -> (RawSender, Sink) {
+    let a = End::open(sim, "sim0", 2 * DEPTH as u32);
+    let qp = a.qp(DEPTH);
+    let sink = PreparedSink::new(sim);
+    let sink_ep = sink.qp.endpoint();
+    let sink = sink.connect(&qp.endpoint());
+    let qp = qp
+        .into_rtr(&sink_ep, &RtrOptions::default())
+        .unwrap()
+        .into_rts(&RtsOptions::default())
+        .unwrap();
+    let region = a.pd.register(buffer(MSG)).unwrap();
+    let src = region.slice(..).unwrap().sge();
+    (
+        RawSender {
+            qp,
+            end: a,
+            src,
+            _region: region,
+        },
+        sink,
+    )
+}
+
+impl RawSender {
+    fn wr(&self, op: SendOp, flags: SendFlags) -> SendWr<S> {
+        let mut wr = SendWr::<S>::new(0, op, flags);
+        wr.sg_list[0] = self.src;
+        wr.num_sge = 1;
+        wr
+    }
+
+    /// Posts `wrs` as one chain and polls until one completion arrives; checks it.
+    #[inline]
+    fn post_and_poll_one(&self, wrs: &[SendWr<S>]) {
+        // SAFETY: the gather entries name the sender's leaked region, which stays valid and
+        // is never written through Rust references.
+        unsafe { Sim::post_send(self.qp.raw(), wrs) }.unwrap();
+        let mut wc = [WorkCompletion::EMPTY; 1];
+        while Sim::poll_cq(self.end.cq.raw(), &mut wc).unwrap() == 0 {}
+        assert_eq!(wc[0].status, WcStatus::Success);
+    }
+}
+
+/// Runs `f(iters)` with allocations counted; panics if it allocated; returns its time.
+fn timed_no_alloc(what: &str, iters: u64, f: impl FnOnce(u64)) -> Duration {
+    let (elapsed, allocs) = count_allocs(|| {
+        let t0 = Instant::now();
+        f(iters);
+        t0.elapsed()
+    });
+    assert_no_allocs(what, allocs);
+    elapsed
+}
+
+fn post_poll(c: &mut Criterion) {
+    let mut g = c.benchmark_group("post_poll");
+    g.throughput(Throughput::Elements(1));
+
+    let sim = Sim::with_devices(2);
+    let (mut ch, src, mut sink) = channel_rig(&sim);
+    let remote = sink.remote().slice(..MSG as u64).unwrap();
+    g.bench_function("channel_send_64B", |b| {
+        b.iter_custom(|iters| {
+            timed_no_alloc("channel send", iters, |n| {
+                for _ in 0..n {
+                    ch.send([src]).unwrap();
+                    sink.after_send();
+                }
+            })
+        })
+    });
+    g.bench_function("channel_write_64B", |b| {
+        b.iter_custom(|iters| {
+            timed_no_alloc("channel write", iters, |n| {
+                for _ in 0..n {
+                    ch.write([src], &remote).unwrap();
+                }
+            })
+        })
+    });
+    drop((ch, sink));
+
+    let sim = Sim::with_devices(2);
+    let (raw, mut sink) = raw_rig(&sim);
+    let remote = sink.remote();
+    let mut send = raw.wr(SendOp::Send, SendFlags::SIGNALED);
+    g.bench_function("raw_send_64B", |b| {
+        b.iter_custom(|iters| {
+            timed_no_alloc("raw send", iters, |n| {
+                for i in 0..n {
+                    send.wr_id = i;
+                    raw.post_and_poll_one(std::slice::from_ref(&send));
+                    sink.after_send();
+                }
+            })
+        })
+    });
+    let write = SendOp::Write {
+        remote_addr: remote.addr,
+        rkey: remote.rkey,
+    };
+    let mut write = raw.wr(write, SendFlags::SIGNALED);
+    g.bench_function("raw_write_64B", |b| {
+        b.iter_custom(|iters| {
+            timed_no_alloc("raw write", iters, |n| {
+                for i in 0..n {
+                    write.wr_id = i;
+                    raw.post_and_poll_one(std::slice::from_ref(&write));
+                }
+            })
+        })
+    });
+    g.finish();
+}
+
+fn doorbell(c: &mut Criterion) {
+    let mut g = c.benchmark_group("doorbell");
+    let sim = Sim::with_devices(2);
+    let (mut ch, src, sink) = channel_rig(&sim);
+    let remote = sink.remote().slice(..MSG as u64).unwrap();
+    for batch in [1usize, 8, 32, 64] {
+        g.throughput(Throughput::Elements(batch as u64));
+        g.bench_with_input(BenchmarkId::new("channel_scope", batch), &batch, |b, &k| {
+            b.iter_custom(|iters| {
+                timed_no_alloc("channel scope batch", iters, |n| {
+                    for _ in 0..n {
+                        ch.scope(|s| {
+                            for _ in 0..k {
+                                s.post_write([src], &remote)?;
+                            }
+                            Ok(())
+                        })
+                        .unwrap();
+                    }
+                })
+            })
+        });
+    }
+    drop((ch, sink));
+
+    let sim = Sim::with_devices(2);
+    let (raw, sink) = raw_rig(&sim);
+    let remote = sink.remote();
+    let op = SendOp::Write {
+        remote_addr: remote.addr,
+        rkey: remote.rkey,
+    };
+    let mut chain = [raw.wr(op, SendFlags::empty()); DEPTH];
+    for batch in [1usize, 8, 32, 64] {
+        g.throughput(Throughput::Elements(batch as u64));
+        for (i, wr) in chain.iter_mut().enumerate() {
+            wr.wr_id = i as u64;
+            wr.flags = if i + 1 == batch {
+                SendFlags::SIGNALED
+            } else {
+                SendFlags::empty()
+            };
+        }
+        g.bench_with_input(BenchmarkId::new("raw", batch), &batch, |b, &k| {
+            b.iter_custom(|iters| {
+                timed_no_alloc("raw batch", iters, |n| {
+                    for _ in 0..n {
+                        raw.post_and_poll_one(&chain[..k]);
+                    }
+                })
+            })
+        });
+    }
+    g.finish();
+}
+
+/// Runs `iters` round trips: `ping` on this thread, `pong` on a scoped thread; both loops
+/// run with allocations counted. `ping` calls its `tick` after each round trip.
+///
+/// Returns `iters` × the **median** round trip of the sample, not the total time: on this
+/// shared 2-core machine a round trip in which either thread was descheduled costs a time
+/// slice, and a handful of those would dominate a mean. The median keeps the figure about
+/// the code (both ping-pongs are measured the same way, so their ratio stays fair).
+fn two_threads<A, B>(what: &str, iters: u64, ping: A, pong: B) -> Duration
+where
+    A: FnOnce(u64, &mut dyn FnMut()),
+    B: FnOnce(u64) + Send,
+{
+    let mut rtts = vec![0u64; iters as usize];
+    let start = Barrier::new(2);
+    std::thread::scope(|t| {
+        let echo = t.spawn(|| {
+            start.wait();
+            count_allocs(|| pong(iters)).1
+        });
+        start.wait();
+        let (_, allocs) = count_allocs(|| {
+            let mut slots = rtts.iter_mut();
+            let mut last = Instant::now();
+            let mut tick = || {
+                let now = Instant::now();
+                if let Some(s) = slots.next() {
+                    *s = (now - last).as_nanos() as u64;
+                }
+                last = now;
+            };
+            ping(iters, &mut tick);
+        });
+        assert_no_allocs(what, allocs);
+        assert_no_allocs(what, echo.join().expect("echo thread panicked"));
+    });
+    let mid = rtts.len() / 2;
+    let median = *rtts.select_nth_unstable(mid).1;
+    Duration::from_nanos(median * iters)
+}
+
+fn pingpong(c: &mut Criterion) {
+    let mut g = c.benchmark_group("pingpong_64B");
+    g.throughput(Throughput::Elements(1));
+
+    let (ab, ba) = (spsc::Ring::<MSG>::new(), spsc::Ring::<MSG>::new());
+    g.bench_function("spsc_ring", |b| {
+        b.iter_custom(|iters| {
+            two_threads(
+                "spsc",
+                iters,
+                |n, tick| {
+                    let (msg, mut back) = ([0xA5u8; MSG], [0u8; MSG]);
+                    for _ in 0..n {
+                        ab.push(&msg);
+                        ba.pop(&mut back);
+                        tick();
+                    }
+                    assert_eq!(back, msg);
+                },
+                |n| {
+                    let mut buf = [0u8; MSG];
+                    for _ in 0..n {
+                        ab.pop(&mut buf);
+                        ba.push(&buf);
+                    }
+                },
+            )
+        })
+    });
+
+    let sim = Sim::with_devices(2);
+    let (ca, cb) = (End::open(&sim, "sim0", 1), End::open(&sim, "sim1", 1));
+    let cfg = ChannelConfig::default();
+    let a = Ch::prepare(&ca.ctx, &ca.pd, &cfg).unwrap();
+    let b = Ch::prepare(&cb.ctx, &cb.pd, &cfg).unwrap();
+    let (ea, eb) = (a.endpoint(), b.endpoint());
+    let (mut a, mut b) = (a.connect(&eb).unwrap(), b.connect(&ea).unwrap());
+    let mut a_out = ca.pd.register(buffer(MSG)).unwrap();
+    let mut a_in = ca.pd.register(buffer(MSG)).unwrap();
+    let mut b_buf = cb.pd.register(buffer(2 * MSG)).unwrap();
+    a_out.as_mut_slice().fill(0xA5);
+    let a_src = a_out.slice(..).unwrap();
+    let a_dst = a_in.slice_mut(..).unwrap().sge();
+    // The echo side alternates between two halves: it receives into one and echoes from
+    // it while the next receive waits on the other half.
+    let b_halves = {
+        let (lo, hi) = b_buf.slice_mut(..).unwrap().split_at(MSG).unwrap();
+        [lo.sge(), hi.sge()]
+    };
+    // The echo's receive posted ahead, carried from one sample to the next (the receive
+    // posted last in a sample takes the first message of the next).
+    let mut echo_state: Option<(zverbs::Pending, usize)> = None;
+
+    // Receives are posted ahead (unpolled), so a message never waits for its receive.
+    g.bench_function("sim_channel", |bch| {
+        bch.iter_custom(|iters| {
+            let echo_state = &mut echo_state;
+            two_threads(
+                "sim channel ping-pong",
+                iters,
+                |n, tick| {
+                    for _ in 0..n {
+                        // SAFETY: `a_in` is not touched until the receive is redeemed below.
+                        let r = unsafe { a.post_receive_unpolled(&[a_dst]) }.unwrap();
+                        a.send([a_src]).unwrap();
+                        a.wait(r).unwrap();
+                        tick();
+                    }
+                },
+                |n| {
+                    let (mut r, mut half) = echo_state.take().unwrap_or_else(|| {
+                        // SAFETY: half 0 is used by the device only, until redeemed.
+                        (
+                            unsafe { b.post_receive_unpolled(&b_halves[..1]) }.unwrap(),
+                            0,
+                        )
+                    });
+                    for _ in 0..n {
+                        let got = b.wait(r).unwrap();
+                        debug_assert_eq!(got.byte_len as usize, MSG);
+                        let next = half ^ 1;
+                        // SAFETY: the other half is free (its last use, an echo, completed)
+                        // and is used by the device only until this receive is redeemed.
+                        r = unsafe { b.post_receive_unpolled(&b_halves[next..next + 1]) }.unwrap();
+                        // SAFETY: the received half is only read by the device, and is not
+                        // reused before this send completed (waited for right here).
+                        let p = unsafe {
+                            b.post_send_unpolled(
+                                &b_halves[half..half + 1],
+                                SendOp::Send,
+                                SendFlags::empty(),
+                            )
+                        }
+                        .unwrap();
+                        b.wait(p).unwrap();
+                        half = next;
+                    }
+                    *echo_state = Some((r, half));
+                },
+            )
+        })
+    });
+    g.finish();
+}
+
+fn dispatch_sim(c: &mut Criterion) {
+    let mut g = c.benchmark_group("dispatch_sim");
+    g.throughput(Throughput::Elements(1));
+    for waiters in [1usize, 2, 4] {
+        let sim = Sim::with_devices(2);
+        let a = End::open(&sim, "sim0", 256);
+        let bend = End::open(&sim, "sim1", 16);
+        let target = bend.register_remote(MSG);
+        let remote = target.remote();
+        let src = a.pd.register(buffer(MSG)).unwrap();
+        let src = src.slice(..).unwrap().sge();
+        let (qps, _responders): (Vec<QueuePair<Sim, ReadyToSend>>, Vec<_>) = (0..waiters)
+            .map(|_| {
+                let (qa, qb) = (a.qp(64), bend.qp(64));
+                let (ea, eb) = (qa.endpoint(), qb.endpoint());
+                let qb = qb.into_rtr(&ea, &RtrOptions::default()).unwrap();
+                let qa = qa
+                    .into_rtr(&eb, &RtrOptions::default())
+                    .unwrap()
+                    .into_rts(&RtsOptions::default())
+                    .unwrap();
+                (qa, qb)
+            })
+            .unzip();
+        let d: Dispatcher<64> = Dispatcher::new();
+        g.bench_with_input(BenchmarkId::new("waiters", waiters), &waiters, |bch, &w| {
+            bch.iter_custom(|iters| {
+                let per = iters.div_ceil(w as u64);
+                let start = Barrier::new(w);
+                let elapsed = std::thread::scope(|t| {
+                    let hs: Vec<_> = qps
+                        .iter()
+                        .enumerate()
+                        .map(|(peer, qp)| {
+                            let (d, cq, start) = (&d, &a.cq, &start);
+                            t.spawn(move || {
+                                start.wait();
+                                let mut wr = SendWr::<S>::new(
+                                    0,
+                                    SendOp::Write {
+                                        remote_addr: remote.addr,
+                                        rkey: remote.rkey,
+                                    },
+                                    SendFlags::SIGNALED,
+                                );
+                                wr.sg_list[0] = src;
+                                wr.num_sge = 1;
+                                timed_no_alloc("dispatch waiter", per, |n| {
+                                    for _ in 0..n {
+                                        let ticket = loop {
+                                            match d.claim(peer as u16) {
+                                                Ok(t) => break t,
+                                                Err(_) => std::hint::spin_loop(),
+                                            }
+                                        };
+                                        wr.wr_id = ticket.wr_id();
+                                        // SAFETY: the source region is leaked, never written.
+                                        unsafe { qp.post_send(std::slice::from_ref(&wr)) }.unwrap();
+                                        let wc = d.wait(cq, ticket).unwrap();
+                                        assert_eq!(wc.status, WcStatus::Success);
+                                    }
+                                })
+                            })
+                        })
+                        .collect();
+                    hs.into_iter()
+                        .map(|h| h.join().expect("waiter panicked"))
+                        .max()
+                        .unwrap_or_default()
+                });
+                // Report the time per completion delivered (`per * w` were).
+                elapsed.mul_f64(iters as f64 / (per * w as u64) as f64)
+            })
+        });
+        assert_eq!(d.stale_completions(), 0);
+    }
+    g.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = common::config();
+    targets = post_poll, doorbell, pingpong, dispatch_sim
+}
+criterion_main!(benches);

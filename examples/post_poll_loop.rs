@@ -1,0 +1,299 @@
+//! The post+poll loop alone, for instruction counting (`scripts/callgrind.sh`).
+//!
+//! ```text
+//! cargo run --release --features sim --example post_poll_loop -- PATH OP ITERS [BATCH]
+//! ```
+//!
+//! `PATH` is `channel` (the library: blocking `Channel::send` / `Channel::write`) or `raw`
+//! (`Provider::post_send` + `Provider::poll_cq` on the queue pair and CQ handles); `OP` is
+//! `send` or `write`; each iteration posts one signaled 64-byte work request and polls its
+//! completion. A send needs a receive at the peer: the peer is a raw queue pair that keeps
+//! 512 receives posted and reaps/reposts 256 at a time, the same for both paths, so it
+//! cancels out of their difference. Setup is the same for any `ITERS`, so
+//! `(Ir(ITERS₂) − Ir(ITERS₁)) / (ITERS₂ − ITERS₁)` is the cost of one iteration.
+//!
+//! With `BATCH` > 1 (writes only), an iteration posts `BATCH` writes with one doorbell,
+//! only the last signaled (a `Channel` scope, or one raw chain), and polls one completion.
+
+use std::process::ExitCode;
+
+use zverbs::provider::sim::Sim;
+use zverbs::provider::Provider;
+use zverbs::qp::{InitOptions, QpConfig, QueuePair, ReadyToReceive, RtrOptions, RtsOptions};
+use zverbs::{
+    AccessFlags, Channel, ChannelConfig, CompletionQueue, Context, RecvWr, SendFlags, SendOp,
+    SendWr, WcStatus, WorkCompletion,
+};
+
+const MSG: usize = 64;
+const S: usize = 4;
+const SINK_DEPTH: usize = 512;
+const REFILL: usize = 256;
+
+/// The passive peer: keeps receives posted, reaps them in batches.
+struct Sink {
+    qp: QueuePair<Sim, ReadyToReceive>,
+    cq: CompletionQueue<Sim>,
+    wrs: [RecvWr<1>; REFILL],
+    since: usize,
+}
+
+impl Sink {
+    #[inline]
+    fn after_send(&mut self) {
+        self.since += 1;
+        if self.since == REFILL {
+            self.refill();
+        }
+    }
+
+    #[inline(never)]
+    fn refill(&mut self) {
+        self.since = 0;
+        let mut wcs = [WorkCompletion::EMPTY; 32];
+        let mut got = 0;
+        while got < REFILL {
+            got += Sim::poll_cq(self.cq.raw(), &mut wcs).expect("poll sink");
+        }
+        self.post();
+    }
+
+    fn post(&self) {
+        // SAFETY: the receives scatter into a leaked buffer nobody reads.
+        unsafe { self.qp.post_recv(&self.wrs) }.expect("post receives");
+    }
+}
+
+fn leak(len: usize) -> &'static mut [u8] {
+    Box::leak(vec![0u8; len].into_boxed_slice())
+}
+
+/// The library path: `iters` blocking sends or writes (or scopes of `batch` writes) on a
+/// `Channel`.
+#[inline(never)]
+fn run_channel(iters: u64, write: bool, batch: usize) {
+    let sim = Sim::with_devices(2);
+    let (ca, cb) = (
+        Context::open(&sim, "sim0").unwrap(),
+        Context::open(&sim, "sim1").unwrap(),
+    );
+    let (pa, pb) = (ca.alloc_pd().unwrap(), cb.alloc_pd().unwrap());
+    let prepared = Channel::<Sim, 64, S>::prepare(&ca, &pa, &ChannelConfig::default()).unwrap();
+    let (mut sink, region) = sink(&cb, &pb, &prepared.endpoint());
+    let mut ch = prepared.connect(&sink.qp.endpoint()).unwrap();
+    let src = pa.register(leak(MSG)).unwrap();
+    let src = src.slice(..).unwrap();
+    let remote = region.slice(..MSG as u64).unwrap();
+    if batch > 1 {
+        channel_batch_loop(&mut ch, src, &remote, iters, batch);
+    } else if write {
+        channel_write_loop(&mut ch, src, &remote, iters);
+    } else {
+        channel_send_loop(&mut ch, src, &mut sink, iters);
+    }
+}
+
+#[inline(never)]
+fn channel_send_loop(
+    ch: &mut Channel<Sim, 64, S>,
+    src: zverbs::LocalSlice<'_>,
+    sink: &mut Sink,
+    iters: u64,
+) {
+    for _ in 0..iters {
+        ch.send([src]).expect("send");
+        sink.after_send();
+    }
+}
+
+#[inline(never)]
+fn channel_write_loop(
+    ch: &mut Channel<Sim, 64, S>,
+    src: zverbs::LocalSlice<'_>,
+    remote: &zverbs::RemoteRegion,
+    iters: u64,
+) {
+    for _ in 0..iters {
+        ch.write([src], remote).expect("write");
+    }
+}
+
+#[inline(never)]
+fn channel_batch_loop(
+    ch: &mut Channel<Sim, 64, S>,
+    src: zverbs::LocalSlice<'_>,
+    remote: &zverbs::RemoteRegion,
+    iters: u64,
+    batch: usize,
+) {
+    for _ in 0..iters {
+        ch.scope(|s| {
+            for _ in 0..batch {
+                s.post_write([src], remote)?;
+            }
+            Ok(())
+        })
+        .expect("scope");
+    }
+}
+
+/// The raw path: `iters` posts (of chains of `batch`) and polls through the provider trait.
+#[inline(never)]
+fn run_raw(iters: u64, write: bool, batch: usize) {
+    let sim = Sim::with_devices(2);
+    let (ca, cb) = (
+        Context::open(&sim, "sim0").unwrap(),
+        Context::open(&sim, "sim1").unwrap(),
+    );
+    let (pa, pb) = (ca.alloc_pd().unwrap(), cb.alloc_pd().unwrap());
+    let cq = CompletionQueue::create(&ca, 128).unwrap();
+    let qp = QueuePair::create(&ca, &pa, &cq, &cq, &caps(64))
+        .unwrap()
+        .into_init(&InitOptions::default())
+        .unwrap();
+    let (mut sink, region) = sink(&cb, &pb, &qp.endpoint());
+    let qp = qp
+        .into_rtr(&sink.qp.endpoint(), &RtrOptions::default())
+        .unwrap()
+        .into_rts(&RtsOptions::default())
+        .unwrap();
+    let src = pa.register(leak(MSG)).unwrap();
+    let op = if write {
+        SendOp::Write {
+            remote_addr: region.addr,
+            rkey: region.rkey,
+        }
+    } else {
+        SendOp::Send
+    };
+    let mut wr = SendWr::<S>::new(0, op, SendFlags::SIGNALED);
+    wr.sg_list[0] = src.slice(..).unwrap().sge();
+    wr.num_sge = 1;
+    if batch > 1 {
+        let mut chain = [wr; 64];
+        for (i, w) in chain.iter_mut().enumerate() {
+            w.wr_id = i as u64;
+            if i + 1 != batch {
+                w.flags = SendFlags::empty();
+            }
+        }
+        raw_batch_loop(qp.raw(), cq.raw(), &chain[..batch], iters);
+    } else {
+        raw_loop(qp.raw(), cq.raw(), wr, (!write).then_some(&mut sink), iters);
+    }
+}
+
+#[inline(never)]
+fn raw_batch_loop(
+    qp: &<Sim as Provider>::Qp,
+    cq: &<Sim as Provider>::Cq,
+    chain: &[SendWr<S>],
+    iters: u64,
+) {
+    let mut wc = [WorkCompletion::EMPTY; 1];
+    for _ in 0..iters {
+        // SAFETY: the gather entries name a leaked registered buffer that nobody writes.
+        unsafe { Sim::post_send(qp, chain) }.expect("post");
+        while Sim::poll_cq(cq, &mut wc).expect("poll") == 0 {}
+        assert_eq!(wc[0].status, WcStatus::Success);
+    }
+}
+
+#[inline(never)]
+fn raw_loop(
+    qp: &<Sim as Provider>::Qp,
+    cq: &<Sim as Provider>::Cq,
+    mut wr: SendWr<S>,
+    mut sink: Option<&mut Sink>,
+    iters: u64,
+) {
+    let mut wc = [WorkCompletion::EMPTY; 1];
+    for i in 0..iters {
+        wr.wr_id = i;
+        // SAFETY: the gather entry names a leaked registered buffer that nobody writes.
+        unsafe { Sim::post_send(qp, std::slice::from_ref(&wr)) }.expect("post");
+        while Sim::poll_cq(cq, &mut wc).expect("poll") == 0 {}
+        assert_eq!(wc[0].status, WcStatus::Success);
+        if let Some(s) = sink.as_deref_mut() {
+            s.after_send();
+        }
+    }
+}
+
+fn caps(depth: u32) -> QpConfig {
+    let mut cfg = QpConfig::default();
+    cfg.caps.max_send_wr = depth;
+    cfg.caps.max_recv_wr = depth;
+    cfg.caps.max_send_sge = S as u32;
+    cfg.caps.max_recv_sge = S as u32;
+    cfg
+}
+
+/// The peer, connected to `peer`, with its receives posted and a writable region.
+fn sink(
+    ctx: &Context<Sim>,
+    pd: &zverbs::ProtectionDomain<Sim>,
+    peer: &zverbs::Endpoint,
+) -> (Sink, zverbs::RemoteRegion) {
+    let cq = CompletionQueue::create(ctx, 2 * SINK_DEPTH as u32).unwrap();
+    let qp = QueuePair::create(ctx, pd, &cq, &cq, &caps(SINK_DEPTH as u32))
+        .unwrap()
+        .into_init(&InitOptions::default())
+        .unwrap()
+        .into_rtr(peer, &RtrOptions::default())
+        .unwrap();
+    // SAFETY: leaked, never touched through Rust references.
+    let region: &'static _ = Box::leak(Box::new(
+        unsafe { pd.register_with_access(leak(MSG), AccessFlags::all()) }.unwrap(),
+    ));
+    let mut wr = RecvWr::<1>::new(0);
+    wr.sg_list[0] = region.slice(..).unwrap().sge();
+    wr.num_sge = 1;
+    let sink = Sink {
+        qp,
+        cq,
+        wrs: [wr; REFILL],
+        since: 0,
+    };
+    for _ in 0..SINK_DEPTH / REFILL {
+        sink.post();
+    }
+    (sink, region.remote())
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (Some(path), Some(op), Some(Ok(iters))) = (
+        args.first(),
+        args.get(1),
+        args.get(2).map(|s| s.parse::<u64>()),
+    ) else {
+        eprintln!("usage: post_poll_loop channel|raw send|write ITERS [BATCH]");
+        return ExitCode::from(2);
+    };
+    let batch = match args.get(3).map(|s| s.parse::<usize>()) {
+        None => 1,
+        Some(Ok(b)) if (1..=64).contains(&b) => b,
+        Some(_) => {
+            eprintln!("BATCH must be 1..=64");
+            return ExitCode::from(2);
+        }
+    };
+    let write = match op.as_str() {
+        "send" if batch == 1 => false,
+        "write" => true,
+        _ => {
+            eprintln!("OP must be send or write (write only with BATCH > 1)");
+            return ExitCode::from(2);
+        }
+    };
+    match path.as_str() {
+        "channel" => run_channel(iters, write, batch),
+        "raw" => run_raw(iters, write, batch),
+        _ => {
+            eprintln!("PATH must be channel or raw");
+            return ExitCode::from(2);
+        }
+    }
+    ExitCode::SUCCESS
+}

@@ -1,0 +1,170 @@
+//! The unpolled level (`unsafe`): post and return a [`Pending`] handle, redeemed once by
+//! [`Channel::wait`] or [`Channel::try_complete`] on the channel that posted it.
+
+use super::*;
+
+impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
+    /// Posts one send work request and returns without waiting.
+    ///
+    /// # Safety
+    /// The memory named by `sges` must stay valid and must not be written (for reads and
+    /// atomics: not accessed at all) through Rust references until the work has finished:
+    /// the returned [`Pending`] was redeemed on this channel ([`wait`](Self::wait) returned
+    /// a completion, a completion error or a timeout, or [`try_complete`](Self::try_complete)
+    /// a completion or a completion error). The sges' lkeys must come from this channel's
+    /// protection domain for the device to accept them (a wrong key is reported, not
+    /// undefined).
+    pub unsafe fn post_send_unpolled(
+        &mut self,
+        sges: &[Sge],
+        op: SendOp,
+        flags: SendFlags,
+    ) -> Result<Pending, Error<P::Error>> {
+        let (sg_list, num_sge) = self.sges(sges.iter().copied())?;
+        let seq = self.post_send_now(SendWr {
+            wr_id: 0,
+            sg_list,
+            num_sge,
+            op,
+            flags: flags | SendFlags::SIGNALED,
+        })?;
+        Ok(Pending {
+            seq,
+            queue: Queue::Send,
+            owner: self.owner,
+        })
+    }
+
+    /// Posts one receive work request and returns without waiting.
+    ///
+    /// # Safety
+    /// The memory named by `sges` must stay valid and must not be accessed through Rust
+    /// references until the work has finished, as for
+    /// [`post_send_unpolled`](Self::post_send_unpolled).
+    pub unsafe fn post_receive_unpolled(
+        &mut self,
+        sges: &[Sge],
+    ) -> Result<Pending, Error<P::Error>> {
+        let (sg_list, num_sge) = self.sges(sges.iter().copied())?;
+        let seq = self.post_recv_now(RecvWr {
+            wr_id: 0,
+            sg_list,
+            num_sge,
+        })?;
+        Ok(Pending {
+            seq,
+            queue: Queue::Recv,
+            owner: self.owner,
+        })
+    }
+
+    /// Whether `pending` was posted on this channel (and so may be redeemed here).
+    pub fn owns(&self, pending: &Pending) -> bool {
+        pending.owner == self.owner
+    }
+
+    /// Polls once: the outcome of `pending` if it has completed (`Ok(Ok(_))`, or
+    /// `Err(Error::Completion(_))` if it failed), or the handle back if it is still in
+    /// flight (`Ok(Err(pending))`). A completed handle is consumed, so the work cannot be
+    /// waited for again; its buffers are the caller's again.
+    ///
+    /// A handle posted on another channel is refused with [`Error::ForeignPending`] without
+    /// polling: this channel's work is untouched. That error, and a failure to poll (a
+    /// provider error), consume the handle too, but its work may still be in flight: its
+    /// buffers stay lent to the device (see [`Pending`]).
+    ///
+    /// ```
+    /// # use zverbs::provider::sim::Sim;
+    /// # use zverbs::{Channel, ChannelConfig, Context};
+    /// # let sim = Sim::with_devices(2);
+    /// # let (ca, cb) = (Context::open(&sim, "sim0").unwrap(), Context::open(&sim, "sim1").unwrap());
+    /// # let (pa, pb) = (ca.alloc_pd().unwrap(), cb.alloc_pd().unwrap());
+    /// # let a = Channel::<Sim>::prepare(&ca, &pa, &ChannelConfig::default()).unwrap();
+    /// # let b = Channel::<Sim>::prepare(&cb, &pb, &ChannelConfig::default()).unwrap();
+    /// # let (ea, eb) = (a.endpoint(), b.endpoint());
+    /// # let (mut a, mut b) = (a.connect(&eb).unwrap(), b.connect(&ea).unwrap());
+    /// let mut inbox = [0u8; 8];
+    /// let mut inbox = pb.register(&mut inbox).unwrap();
+    /// let sge = inbox.slice_mut(..).unwrap().sge();
+    /// // SAFETY: `inbox` is not touched until the receive has completed (below).
+    /// let mut pending = unsafe { b.post_receive_unpolled(&[sge]) }.unwrap();
+    /// // Nothing sent yet: the handle comes back.
+    /// pending = b.try_complete(pending).unwrap().unwrap_err();
+    /// let mut msg = *b"ping!";
+    /// a.send([pa.register(&mut msg).unwrap().slice(..).unwrap()]).unwrap();
+    /// let done = loop {
+    ///     pending = match b.try_complete(pending).unwrap() {
+    ///         Ok(done) => break done,
+    ///         Err(still_pending) => still_pending,
+    ///     };
+    /// };
+    /// // The handle is gone: the completed receive cannot be waited for again.
+    /// assert_eq!(done.byte_len, 5);
+    /// assert_eq!(&inbox.as_slice()[..5], b"ping!");
+    /// ```
+    pub fn try_complete(
+        &mut self,
+        pending: Pending,
+    ) -> Result<Result<Completion, Pending>, Error<P::Error>> {
+        self.check_owner(&pending)?;
+        if let Some(r) = self.take(pending.queue, pending.seq) {
+            return r.map(Ok);
+        }
+        self.poll(pending.queue)?;
+        match self.take(pending.queue, pending.seq) {
+            Some(r) => r.map(Ok),
+            None => Ok(Err(pending)),
+        }
+    }
+
+    /// Waits for `pending` to complete and returns its outcome; an error completion is
+    /// `Err(Error::Completion(_))`. On [`Error::Timeout`] the queue pair was moved to the
+    /// error state and the work waited for until flushed. After these outcomes the work is
+    /// finished and its buffers are the caller's again.
+    ///
+    /// A handle posted on another channel is refused with [`Error::ForeignPending`],
+    /// without waiting: this channel's work is untouched, and the work the handle names
+    /// (on its own channel) may still be in flight, its buffers lent to the device. The
+    /// same holds after a failure to poll (a provider error).
+    ///
+    /// ```
+    /// # use zverbs::provider::sim::Sim;
+    /// # use zverbs::{Channel, ChannelConfig, Context, Error, SendFlags, SendOp};
+    /// # let sim = Sim::with_devices(2);
+    /// # let (ca, cb) = (Context::open(&sim, "sim0").unwrap(), Context::open(&sim, "sim1").unwrap());
+    /// # let (pa, pb) = (ca.alloc_pd().unwrap(), cb.alloc_pd().unwrap());
+    /// # let a = Channel::<Sim>::prepare(&ca, &pa, &ChannelConfig::default()).unwrap();
+    /// # let b = Channel::<Sim>::prepare(&cb, &pb, &ChannelConfig::default()).unwrap();
+    /// # let (ea, eb) = (a.endpoint(), b.endpoint());
+    /// # let (mut a, mut b) = (a.connect(&eb).unwrap(), b.connect(&ea).unwrap());
+    /// let mut inbox = [0u8; 8];
+    /// let mut inbox = pb.register(&mut inbox).unwrap();
+    /// let mut msg = *b"pong";
+    /// let msg = pa.register(&mut msg).unwrap();
+    /// // SAFETY: neither buffer is touched until its work has completed (below).
+    /// let recv = unsafe { b.post_receive_unpolled(&[inbox.slice_mut(..).unwrap().sge()]) }.unwrap();
+    /// let send = unsafe {
+    ///     a.post_send_unpolled(&[msg.slice(..).unwrap().sge()], SendOp::Send, SendFlags::empty())
+    /// }
+    /// .unwrap();
+    /// assert!(a.owns(&send) && !b.owns(&send));
+    /// a.wait(send).unwrap();
+    /// assert_eq!(b.wait(recv).unwrap().byte_len, 4);
+    /// assert_eq!(&inbox.as_slice()[..4], b"pong");
+    /// ```
+    pub fn wait(&mut self, pending: Pending) -> Result<Completion, Error<P::Error>> {
+        self.check_owner(&pending)?;
+        self.wait_seq(pending.queue, pending.seq)
+    }
+
+    fn check_owner(&self, pending: &Pending) -> Result<(), Error<P::Error>> {
+        if self.owns(pending) {
+            Ok(())
+        } else {
+            Err(Error::ForeignPending {
+                owner_qp_num: pending.owner.qp_num,
+                qp_num: self.owner.qp_num,
+            })
+        }
+    }
+}

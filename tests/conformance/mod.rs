@@ -11,6 +11,7 @@
 #![allow(dead_code)]
 
 mod collective;
+mod errors;
 mod rxe;
 mod scenarios;
 
@@ -26,12 +27,14 @@ use zverbs::{
 };
 
 pub use collective::*;
+pub use errors::*;
 pub use rxe::RXE_DEVIATIONS;
 pub use scenarios::*;
 
 /// What the verbs specification requires of each scenario.
 pub mod expected {
     pub use super::collective::expected::*;
+    pub use super::errors::expected::*;
     pub use super::scenarios::expected::*;
 }
 

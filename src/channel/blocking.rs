@@ -158,16 +158,8 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
         remote: &RemoteRegion,
         op: SendOp,
     ) -> Result<Completion, Error<P::Error>> {
-        let (sg_list, num_sge) = self.sges(sges)?;
-        remote.slice(..total_len(&sg_list[..num_sge as usize]))?;
-        self.post_send_now(SendWr {
-            wr_id: 0,
-            sg_list,
-            num_sge,
-            op,
-            flags: SendFlags::SIGNALED,
-        })
-        .and_then(|seq| self.wait_seq(Queue::Send, seq))
+        let seq = self.post_send_seq(sges, op, SendFlags::empty(), Some(remote))?;
+        self.wait_seq(Queue::Send, seq)
     }
 
     fn blocking_send(
@@ -176,15 +168,7 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
         op: SendOp,
         flags: SendFlags,
     ) -> Result<Completion, Error<P::Error>> {
-        let (sg_list, num_sge) = self.sges(sges)?;
-        let wr = SendWr {
-            wr_id: 0,
-            sg_list,
-            num_sge,
-            op,
-            flags: flags | SendFlags::SIGNALED,
-        };
-        let seq = self.post_send_now(wr)?;
+        let seq = self.post_send_seq(sges, op, flags, None)?;
         self.wait_seq(Queue::Send, seq)
     }
 }

@@ -20,14 +20,7 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
         op: SendOp,
         flags: SendFlags,
     ) -> Result<Pending, Error<P::Error>> {
-        let (sg_list, num_sge) = self.sges(sges.iter().copied())?;
-        let seq = self.post_send_now(SendWr {
-            wr_id: 0,
-            sg_list,
-            num_sge,
-            op,
-            flags: flags | SendFlags::SIGNALED,
-        })?;
+        let seq = self.post_send_seq(sges.iter().copied(), op, flags, None)?;
         Ok(Pending {
             seq,
             queue: Queue::Send,

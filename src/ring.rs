@@ -207,7 +207,60 @@ impl<W: WorkRequest, const N: usize> Ring<W, N> {
     }
 
     /// Records a completion. Earlier unsignaled requests are retired as successful.
+    #[inline]
     pub fn complete(&mut self, wc: &WorkCompletion) -> Result<(), UnknownCompletion> {
+        let seq = wc.wr_id;
+        // The usual case: the oldest request in flight completes. Nothing earlier is left to
+        // retire, and its slot stays the oldest, so the tail does not move.
+        if seq == self.tail && seq < self.head {
+            let slot = &mut self.slots[(seq % N as u64) as usize];
+            if let SlotState::Posted { .. } = slot.state {
+                slot.state = SlotState::Done(outcome(wc, slot.opcode));
+                return Ok(());
+            }
+        }
+        self.complete_slow(wc)
+    }
+
+    /// Records a completion as [`complete`](Self::complete) does and, if it is the one of
+    /// `want`, takes its outcome at once as [`take`](Self::take) would.
+    #[inline]
+    pub fn complete_take(
+        &mut self,
+        wc: &WorkCompletion,
+        want: u64,
+    ) -> Result<Option<Result<Completion, Completion>>, UnknownCompletion> {
+        let seq = wc.wr_id;
+        if seq == want && seq == self.tail && seq < self.head {
+            let slot = &mut self.slots[(seq % N as u64) as usize];
+            if let SlotState::Posted { .. } = slot.state {
+                let done = outcome(wc, slot.opcode);
+                slot.state = SlotState::Free;
+                self.tail += 1;
+                self.advance();
+                return Ok(Some(split(done)));
+            }
+        }
+        self.complete_take_slow(wc, want)
+    }
+
+    #[inline(never)]
+    #[allow(clippy::type_complexity)]
+    fn complete_take_slow(
+        &mut self,
+        wc: &WorkCompletion,
+        want: u64,
+    ) -> Result<Option<Result<Completion, Completion>>, UnknownCompletion> {
+        self.complete(wc)?;
+        Ok(if wc.wr_id == want {
+            self.take(want)
+        } else {
+            None
+        })
+    }
+
+    #[inline(never)]
+    fn complete_slow(&mut self, wc: &WorkCompletion) -> Result<(), UnknownCompletion> {
         let seq = wc.wr_id;
         let unknown = UnknownCompletion { wr_id: seq };
         if seq < self.tail || seq >= self.head {
@@ -231,17 +284,7 @@ impl<W: WorkRequest, const N: usize> Ring<W, N> {
                 slot.state = SlotState::Free;
             }
         }
-        let opcode = if wc.status == WcStatus::Success {
-            wc.opcode
-        } else {
-            self.slots[idx].opcode
-        };
-        self.slots[idx].state = SlotState::Done(Completion {
-            status: wc.status,
-            opcode,
-            byte_len: wc.byte_len,
-            imm: wc.imm,
-        });
+        self.slots[idx].state = SlotState::Done(outcome(wc, self.slots[idx].opcode));
         self.advance();
         Ok(())
     }
@@ -257,12 +300,11 @@ impl<W: WorkRequest, const N: usize> Ring<W, N> {
             return None;
         };
         slot.state = SlotState::Free;
-        self.advance();
-        Some(if done.status == WcStatus::Success {
-            Ok(done)
-        } else {
-            Err(done)
-        })
+        // Only the oldest slot holds the tail back: a younger one leaves it where it is.
+        if seq == self.tail {
+            self.advance();
+        }
+        Some(split(done))
     }
 
     /// Whether `seq` is still waiting for its completion.
@@ -282,10 +324,38 @@ impl<W: WorkRequest, const N: usize> Ring<W, N> {
 
     fn advance(&mut self) {
         while self.tail < self.head
-            && self.slots[(self.tail % N as u64) as usize].state == SlotState::Free
+            && matches!(
+                self.slots[(self.tail % N as u64) as usize].state,
+                SlotState::Free
+            )
         {
             self.tail += 1;
         }
+    }
+}
+
+/// What a completion reports; a failed request's opcode comes from its slot (the device
+/// leaves the completion's undefined).
+#[inline]
+fn outcome(wc: &WorkCompletion, posted: WcOpcode) -> Completion {
+    Completion {
+        status: wc.status,
+        opcode: if wc.status == WcStatus::Success {
+            wc.opcode
+        } else {
+            posted
+        },
+        byte_len: wc.byte_len,
+        imm: wc.imm,
+    }
+}
+
+#[inline]
+fn split(done: Completion) -> Result<Completion, Completion> {
+    if done.status == WcStatus::Success {
+        Ok(done)
+    } else {
+        Err(done)
     }
 }
 
@@ -332,6 +402,35 @@ mod tests {
             Err(UnknownCompletion { wr_id: a })
         );
         assert!(r.is_pending(c));
+    }
+
+    #[test]
+    fn complete_take_takes_only_the_wanted_outcome_once() {
+        let mut r: Ring<W, 4> = Ring::new();
+        let a = r.stage(wr(), true).unwrap();
+        let b = r.stage(wr(), true).unwrap();
+        r.clear_staged();
+        // Not the wanted one: recorded, not taken.
+        assert_eq!(r.complete_take(&wc(a, WcStatus::Success), b), Ok(None));
+        // The wanted one, failed: taken at once.
+        let got = r.complete_take(&wc(b, WcStatus::RemAccessErr), b).unwrap();
+        assert_eq!(
+            got.map(|g| g.map_err(|c| c.status)),
+            Some(Err(WcStatus::RemAccessErr))
+        );
+        assert!(r.take(b).is_none());
+        // A duplicate of either is refused.
+        assert!(r.complete_take(&wc(b, WcStatus::Success), b).is_err());
+        assert!(r.take(a).unwrap().is_ok());
+        assert!(r.is_idle());
+        assert!(r.complete_take(&wc(a, WcStatus::Success), a).is_err());
+        // Behind an unsignaled request (not the oldest): retires it, takes the wanted one.
+        let c = r.stage(wr(), false).unwrap();
+        let d = r.stage(wr(), true).unwrap();
+        r.clear_staged();
+        let got = r.complete_take(&wc(d, WcStatus::Success), d).unwrap();
+        assert!(matches!(got, Some(Ok(_))));
+        assert!(r.is_idle() && !r.is_pending(c));
     }
 
     #[test]

@@ -56,7 +56,7 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
             sg_list,
             num_sge,
         })?;
-        self.wait_seq(Queue::Recv, seq)
+        self.wait_fresh(Queue::Recv, seq)
     }
 
     /// Writes `data` to the start of `remote`.
@@ -159,7 +159,7 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
         op: SendOp,
     ) -> Result<Completion, Error<P::Error>> {
         let seq = self.post_send_seq(sges, op, SendFlags::empty(), Some(remote))?;
-        self.wait_seq(Queue::Send, seq)
+        self.wait_fresh(Queue::Send, seq)
     }
 
     fn blocking_send(
@@ -169,6 +169,6 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
         flags: SendFlags,
     ) -> Result<Completion, Error<P::Error>> {
         let seq = self.post_send_seq(sges, op, flags, None)?;
-        self.wait_seq(Queue::Send, seq)
+        self.wait_fresh(Queue::Send, seq)
     }
 }

@@ -59,7 +59,7 @@ use crate::provider::Provider;
 use crate::qp::{
     Endpoint, Init, InitOptions, QpConfig, QueuePair, ReadyToSend, RtrOptions, RtsOptions,
 };
-use crate::ring::{Completion, Ring, WorkRequest};
+use crate::ring::{Completion, Ring, UnknownCompletion, WorkRequest};
 use crate::types::{RecvWr, SendFlags, SendOp, SendWr, Sge, WorkCompletion};
 use wait::Waiter;
 
@@ -243,6 +243,29 @@ fn poll_into<P: Provider, W: WorkRequest, const N: usize>(
     Ok(n)
 }
 
+/// Polls `cq` once into `wcs`, records what it returns in `ring`, and takes the outcome of
+/// `want` if it was among them. Returns how many completions the poll gave too.
+#[inline]
+#[allow(clippy::type_complexity)]
+fn poll_take<P: Provider, W: WorkRequest, const N: usize>(
+    cq: &CompletionQueue<P>,
+    ring: &mut Ring<W, N>,
+    wcs: &mut [WorkCompletion; POLL_BATCH],
+    want: u64,
+) -> Result<(usize, Option<Result<Completion, Completion>>), Error<P::Error>> {
+    let n = cq.poll(wcs)?;
+    let unexpected = |u: UnknownCompletion| Error::UnexpectedCompletion { wr_id: u.wr_id };
+    for (i, wc) in wcs[..n].iter().enumerate() {
+        if let Some(r) = ring.complete_take(wc, want).map_err(unexpected)? {
+            for wc in &wcs[i + 1..n] {
+                ring.complete(wc).map_err(unexpected)?;
+            }
+            return Ok((n, Some(r)));
+        }
+    }
+    Ok((n, None))
+}
+
 impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
     /// Creates the queue pair and completion queues, and moves the queue pair to INIT.
     pub fn prepare(
@@ -411,15 +434,17 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
             Queue::Send => self.sq.take(seq),
             Queue::Recv => self.rq.take(seq),
         }?;
-        Some(r.map_err(|c| {
-            Error::Completion(CompletionError {
-                status: c.status,
-                wr_id: seq,
-                opcode: c.opcode,
-                qp_num: self.qp.qp_num(),
-                peer_qp_num: Some(self.peer),
-            })
-        }))
+        Some(r.map_err(|c| self.completion_error(seq, c)))
+    }
+
+    fn completion_error(&self, seq: u64, c: Completion) -> Error<P::Error> {
+        Error::Completion(CompletionError {
+            status: c.status,
+            wr_id: seq,
+            opcode: c.opcode,
+            qp_num: self.qp.qp_num(),
+            peer_qp_num: Some(self.peer),
+        })
     }
 
     fn is_pending(&self, queue: Queue, seq: u64) -> bool {
@@ -433,12 +458,30 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
     /// error state and the request waited for until flushed, so no work stays in flight
     /// on a buffer the caller gets back.
     fn wait_seq(&mut self, queue: Queue, seq: u64) -> Result<Completion, Error<P::Error>> {
-        let mut waiter = Waiter::new(self.config.timeout);
+        match self.take(queue, seq) {
+            Some(r) => r,
+            None => self.wait_fresh(queue, seq),
+        }
+    }
+
+    /// As [`wait_seq`](Self::wait_seq), for a request whose outcome is not in its slot (one
+    /// just posted: only a poll completes it), so it polls before it looks.
+    fn wait_fresh(&mut self, queue: Queue, seq: u64) -> Result<Completion, Error<P::Error>> {
+        // Made at the first empty poll: most waits never need it.
+        let mut waiter = None;
         loop {
-            if let Some(r) = self.take(queue, seq) {
-                return r;
+            let (n, got) = match queue {
+                Queue::Send => poll_take(&self.send_cq, &mut self.sq, &mut self.wcs, seq)?,
+                Queue::Recv => poll_take(&self.recv_cq, &mut self.rq, &mut self.wcs, seq)?,
+            };
+            if let Some(r) = got {
+                return r.map_err(|c| self.completion_error(seq, c));
             }
-            if self.poll(queue)? == 0 && !waiter.pause() {
+            if n == 0
+                && !waiter
+                    .get_or_insert_with(|| Waiter::new(self.config.timeout))
+                    .pause()
+            {
                 self.abort_until_done(queue, seq)?;
                 let _ = self.take(queue, seq);
                 return Err(Error::Timeout);

@@ -50,7 +50,7 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
         &mut self,
         data: impl IntoIterator<Item = LocalSliceMut<'a>>,
     ) -> Result<Completion, Error<P::Error>> {
-        let (sg_list, num_sge) = self.sges(data.into_iter().map(|s| s.sge()))?;
+        let (sg_list, num_sge, _) = self.sges(data.into_iter().map(|s| s.sge()))?;
         let seq = self.post_recv_now(RecvWr {
             wr_id: 0,
             sg_list,

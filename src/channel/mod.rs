@@ -211,22 +211,29 @@ impl Pending {
 pub(crate) fn collect_sges<const S: usize>(
     it: impl IntoIterator<Item = Sge>,
 ) -> Result<([Sge; S], u8), (usize, usize)> {
+    gather(it).map(|(list, n, _)| (list, n))
+}
+
+/// As [`collect_sges`], with the total length of the entries (summed as they come, not
+/// in a second pass).
+#[inline]
+fn gather<const S: usize>(
+    it: impl IntoIterator<Item = Sge>,
+) -> Result<([Sge; S], u8, u64), (usize, usize)> {
     let mut out = [Sge::default(); S];
     let mut n = 0usize;
+    let mut len = 0u64;
     for sge in it {
         if n < S {
             out[n] = sge;
         }
+        len += u64::from(sge.length);
         n += 1;
     }
     if n > S || n > u8::MAX as usize {
         return Err((n, S.min(u8::MAX as usize)));
     }
-    Ok((out, n as u8))
-}
-
-fn total_len(sges: &[Sge]) -> u64 {
-    sges.iter().map(|s| u64::from(s.length)).sum()
+    Ok((out, n as u8, len))
 }
 
 /// Polls `cq` once into `wcs` and records what it returns in `ring`.
@@ -354,8 +361,13 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
 
     // ---- machinery ----
 
-    fn sges(&self, it: impl IntoIterator<Item = Sge>) -> Result<([Sge; S], u8), Error<P::Error>> {
-        collect_sges(it).map_err(|(given, max)| Error::TooManySges { given, max })
+    /// Collects the entries of one work request and their total length.
+    #[allow(clippy::type_complexity)]
+    fn sges(
+        &self,
+        it: impl IntoIterator<Item = Sge>,
+    ) -> Result<([Sge; S], u8, u64), Error<P::Error>> {
+        gather(it).map_err(|(given, max)| Error::TooManySges { given, max })
     }
 
     fn post_send_now(&mut self, wr: SendWr<S>) -> Result<u64, Error<P::Error>> {

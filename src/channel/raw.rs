@@ -3,7 +3,7 @@
 //! need the post/wait halves of the blocking calls separately. Each caller keeps the
 //! memory named by what it posts borrowed until the matching wait returned.
 
-use super::{total_len, Channel, Queue};
+use super::{Channel, Queue};
 use crate::error::Error;
 use crate::mr::RemoteRegion;
 use crate::provider::Provider;
@@ -24,9 +24,9 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
         flags: SendFlags,
         remote: Option<&RemoteRegion>,
     ) -> Result<u64, Error<P::Error>> {
-        let (sg_list, num_sge) = self.sges(sges)?;
+        let (sg_list, num_sge, len) = self.sges(sges)?;
         if let Some(remote) = remote {
-            remote.slice(..total_len(&sg_list[..num_sge as usize]))?;
+            remote.slice(..len)?;
         }
         self.post_send_now(SendWr {
             wr_id: 0,
@@ -43,7 +43,7 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
         &mut self,
         sges: impl IntoIterator<Item = Sge>,
     ) -> Result<u64, Error<P::Error>> {
-        let (sg_list, num_sge) = self.sges(sges)?;
+        let (sg_list, num_sge, _) = self.sges(sges)?;
         self.post_recv_now(RecvWr {
             wr_id: 0,
             sg_list,

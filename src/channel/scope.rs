@@ -3,7 +3,7 @@
 
 use core::marker::PhantomData;
 
-use super::{total_len, Channel, Queue};
+use super::{Channel, Queue};
 use crate::error::Error;
 use crate::mr::{LocalSlice, LocalSliceMut, RemoteRegion};
 use crate::provider::Provider;
@@ -187,7 +187,7 @@ impl<'env, P: Provider, const N: usize, const S: usize> Scope<'env, P, N, S> {
         &mut self,
         data: impl IntoIterator<Item = LocalSliceMut<'env>>,
     ) -> Result<u64, Error<P::Error>> {
-        let (sg_list, num_sge) = self.ch.sges(data.into_iter().map(|s| s.sge()))?;
+        let (sg_list, num_sge, _) = self.ch.sges(data.into_iter().map(|s| s.sge()))?;
         let wr = RecvWr {
             wr_id: 0,
             sg_list,
@@ -216,8 +216,8 @@ impl<'env, P: Provider, const N: usize, const S: usize> Scope<'env, P, N, S> {
         remote: &RemoteRegion,
         op: SendOp,
     ) -> Result<u64, Error<P::Error>> {
-        let (sg_list, num_sge) = self.ch.sges(sges)?;
-        remote.slice(..total_len(&sg_list[..num_sge as usize]))?;
+        let (sg_list, num_sge, len) = self.ch.sges(sges)?;
+        remote.slice(..len)?;
         self.stage_wr(SendWr {
             wr_id: 0,
             sg_list,
@@ -232,7 +232,7 @@ impl<'env, P: Provider, const N: usize, const S: usize> Scope<'env, P, N, S> {
         sges: impl IntoIterator<Item = Sge>,
         op: SendOp,
     ) -> Result<u64, Error<P::Error>> {
-        let (sg_list, num_sge) = self.ch.sges(sges)?;
+        let (sg_list, num_sge, _) = self.ch.sges(sges)?;
         self.stage_wr(SendWr {
             wr_id: 0,
             sg_list,

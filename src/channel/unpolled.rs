@@ -38,7 +38,7 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
         &mut self,
         sges: &[Sge],
     ) -> Result<Pending, Error<P::Error>> {
-        let (sg_list, num_sge) = self.sges(sges.iter().copied())?;
+        let (sg_list, num_sge, _) = self.sges(sges.iter().copied())?;
         let seq = self.post_recv_now(RecvWr {
             wr_id: 0,
             sg_list,

@@ -272,20 +272,32 @@ impl<W: WorkRequest, const N: usize> Ring<W, N> {
             return Err(unknown);
         }
         // Every earlier request still posted must be unsignaled: RC completes in order.
+        // Those succeeded without a completion of their own and are retired: the tail moves
+        // up to the first outcome still to be taken, or to `seq`. (Slots behind the tail are
+        // never read again, so retired ones there need not be marked free.)
+        let mut first_done = None;
         for s in self.tail..seq {
-            if let SlotState::Posted { signaled: true } = self.slots[(s % N as u64) as usize].state
-            {
-                return Err(unknown);
+            match self.slots[(s % N as u64) as usize].state {
+                SlotState::Posted { signaled: true } => return Err(unknown),
+                SlotState::Done(_) if first_done.is_none() => first_done = Some(s),
+                _ => {}
             }
         }
-        for s in self.tail..seq {
-            let slot = &mut self.slots[(s % N as u64) as usize];
-            if let SlotState::Posted { .. } = slot.state {
-                slot.state = SlotState::Free;
+        match first_done {
+            None => self.tail = seq,
+            Some(done) => {
+                for s in done..seq {
+                    let slot = &mut self.slots[(s % N as u64) as usize];
+                    if let SlotState::Posted { .. } = slot.state {
+                        slot.state = SlotState::Free;
+                    }
+                }
+                self.tail = done;
             }
         }
+        // The tail rests on an outcome to be taken (`done`'s or `seq`'s): where `advance`
+        // would leave it.
         self.slots[idx].state = SlotState::Done(outcome(wc, self.slots[idx].opcode));
-        self.advance();
         Ok(())
     }
 

@@ -268,9 +268,18 @@ impl<'env, P: Provider, const N: usize, const S: usize> Scope<'env, P, N, S> {
             Queue::Send => (self.send_from, self.ch.sq.next_seq()),
             Queue::Recv => (self.recv_from, self.ch.rq.next_seq()),
         };
-        for seq in from..to {
-            // Most requests of a batch are retired by the time the loop reaches them
-            // (one completion retires the whole batch): skip the wait's setup for those.
+        let mut seq = from;
+        while seq < to {
+            // Requests older than the ring's oldest are retired, with nothing to wait for
+            // or take: one completion retires a whole batch, so skip to the oldest.
+            let oldest = match queue {
+                Queue::Send => self.ch.sq.oldest(),
+                Queue::Recv => self.ch.rq.oldest(),
+            };
+            seq = seq.max(oldest.unwrap_or(to));
+            if seq >= to {
+                break;
+            }
             if self.ch.is_pending(queue, seq) {
                 if let Err(e) = self.ch.wait_quiet(queue, seq) {
                     self.first_error.get_or_insert(e);
@@ -279,6 +288,7 @@ impl<'env, P: Provider, const N: usize, const S: usize> Scope<'env, P, N, S> {
             if let Some(Err(e)) = self.ch.take(queue, seq) {
                 self.first_error.get_or_insert(e);
             }
+            seq += 1;
         }
         match queue {
             Queue::Send => self.send_from = to,

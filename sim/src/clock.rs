@@ -10,6 +10,8 @@
 
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
+use std::sync::atomic::{self, AtomicBool};
+use std::sync::Arc;
 
 use crate::types::WcStatus;
 
@@ -268,6 +270,9 @@ pub(crate) struct Events {
     timers: Timers,
     seq: u64,
     reserved: usize,
+    /// Mirrors `!is_empty()` for lock-free readers (`Cq::poll_map`); written under the
+    /// world's lock.
+    pending: Arc<AtomicBool>,
 }
 
 impl Events {
@@ -277,6 +282,7 @@ impl Events {
             timers: Timers::default(),
             seq: 0,
             reserved: 0,
+            pending: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -299,17 +305,32 @@ impl Events {
     pub(crate) fn push_packet(&mut self, time: u64, pkt: Packet) {
         let seq = self.next_seq();
         self.packets.push(Flight { time, seq, pkt });
+        self.pending.store(true, atomic::Ordering::Release);
     }
 
     /// Arms (or moves) the timer of QP slot `slot` to `time`.
     pub(crate) fn set_timer(&mut self, slot: usize, time: u64) {
         let seq = self.next_seq();
         self.timers.set(slot as u32, time, seq);
+        self.pending.store(true, atomic::Ordering::Release);
     }
 
     /// Disarms the timer of QP slot `slot`, if armed.
     pub(crate) fn cancel_timer(&mut self, slot: usize) {
         self.timers.cancel(slot as u32);
+        self.note_if_empty();
+    }
+
+    fn note_if_empty(&self) {
+        if self.is_empty() {
+            self.pending.store(false, atomic::Ordering::Release);
+        }
+    }
+
+    /// A flag that is true exactly while events are scheduled, for readers without the
+    /// world's lock.
+    pub(crate) fn pending_flag(&self) -> Arc<AtomicBool> {
+        self.pending.clone()
     }
 
     /// Whether the next packet runs before the next timer.
@@ -331,6 +352,12 @@ impl Events {
     }
 
     pub(crate) fn pop(&mut self) -> Option<Event> {
+        let ev = self.pop_inner();
+        self.note_if_empty();
+        ev
+    }
+
+    fn pop_inner(&mut self) -> Option<Event> {
         if self.packet_first()? {
             let f = self.packets.pop()?;
             Some(Event {
@@ -344,6 +371,11 @@ impl Events {
                 kind: EvKind::Timer { qp },
             })
         }
+    }
+
+    /// Whether no event is scheduled.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.packets.is_empty() && self.timers.heap.is_empty()
     }
 
     /// Events scheduled (packets in flight and armed timers).

@@ -183,6 +183,12 @@ impl FabricConfig {
     /// The untimed fabric of [`Fabric::with_devices`](crate::Fabric::with_devices):
     /// threaded, [`LinkModel::INSTANT`], instant timers, receives of failed
     /// WRITE_WITH_IMMs flushed. Work completes inside the call that makes it possible.
+    ///
+    /// With no random faults and no trace, a send work request posted while nothing else
+    /// is in flight on its connection executes inside the post itself, without packets,
+    /// timers or the event queue (the direct path; the outcome is the one the packet path
+    /// computes, which it falls back to whenever anything could differ:
+    /// [`Fabric::direct_executions`](crate::Fabric::direct_executions) counts them).
     pub fn instant() -> FabricConfig {
         FabricConfig {
             link: LinkModel::INSTANT,

@@ -91,7 +91,7 @@ impl World {
     }
 
     /// Wall-clock nanoseconds since the fabric was created.
-    fn wall(&self) -> u64 {
+    pub(crate) fn wall(&self) -> u64 {
         u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }
 
@@ -111,6 +111,11 @@ impl World {
     /// ran. Does nothing in stepped mode.
     pub(crate) fn run_due(&mut self) -> usize {
         if self.cfg.mode != Mode::Threaded {
+            return 0;
+        }
+        if self.untimed && self.events.is_empty() {
+            // Nothing to run, and on an untimed fabric nothing reads the time: skip the
+            // clock (two thirds of an idle poll's cost). `Fabric::now` reads it itself.
             return 0;
         }
         let wall = self.wall();

@@ -9,6 +9,8 @@
 //! scatter list when it executes at the responder; the requester's completion still waits
 //! for the response packet (and a lost response makes the read execute again).
 
+use std::sync::atomic::Ordering;
+
 use crate::config::Personality;
 use crate::mem::{self, Dst, Src};
 use crate::state::{sg_len, QpObj, ReqState, SqEntry, World};
@@ -70,34 +72,42 @@ pub(crate) fn rd_atomic(op: &SendOp) -> bool {
 }
 
 /// Message length of a request (atomics: 8).
-pub(crate) fn msg_len(e: &SqEntry) -> u64 {
-    match e.wr.op {
+pub(crate) fn msg_len(wr: &SendWr) -> u64 {
+    match wr.op {
         SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => 8,
-        _ => sg_len(&e.wr.sg_list[..e.wr.num_sge]),
+        _ => sg_len(&wr.sg_list[..wr.num_sge]),
     }
+}
+
+/// The requester's checks of `wr` (gathering `total` bytes) that need no memory lookup:
+/// the message length, and whether the QP may issue reads/atomics. Together with the
+/// local half of [`World::execute`] they make [`World::local_check`].
+pub(crate) fn local_limits(qp: &QpObj, wr: &SendWr, total: u64) -> Result<(), WcStatus> {
+    let atomic = matches!(wr.op, SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. });
+    if total > MAX_MSG || (atomic && total != 8) {
+        return Err(WcStatus::LocLenErr);
+    }
+    if rd_atomic(&wr.op) && qp.rts.is_some_and(|r| r.max_rd_atomic == 0) {
+        return Err(WcStatus::LocQpOpErr);
+    }
+    Ok(())
 }
 
 impl World {
     /// The requester's checks before `e` goes on the wire: lengths, local keys and
     /// bounds, and whether the QP may issue reads/atomics (`max_rd_atomic` > 0, else
     /// `LocQpOpErr`).
-    pub(crate) fn local_check(&self, qp: &QpObj, e: &SqEntry) -> Result<(), WcStatus> {
+    pub(crate) fn local_check(&self, qp: &QpObj, wr: &SendWr) -> Result<(), WcStatus> {
         use SendOp::*;
-        let wr = &e.wr;
         let sges = &wr.sg_list[..wr.num_sge];
         let total = sg_len(sges);
-        let atomic = matches!(wr.op, CompareSwap { .. } | FetchAdd { .. });
-        if total > MAX_MSG || (atomic && total != 8) {
-            return Err(WcStatus::LocLenErr);
-        }
-        let mut src = [Src::EMPTY; MAX_SGE];
-        let mut dst = [Dst::EMPTY; MAX_SGE];
+        local_limits(qp, wr, total)?;
         let local_ok = match wr.op {
             Read { .. } | CompareSwap { .. } | FetchAdd { .. } => {
-                self.scatter(qp.pd, sges, total as usize, &mut dst)
+                self.scatter(qp.pd, sges, total as usize, &mut [])
             }
             _ if wr.flags.contains(SendFlags::INLINE) => true,
-            _ => self.gather(qp.pd, sges, &mut src),
+            _ => self.gather(qp.pd, sges, &mut []),
         };
         if !local_ok {
             let writes = matches!(wr.op, Read { .. } | CompareSwap { .. } | FetchAdd { .. });
@@ -113,16 +123,14 @@ impl World {
             }
             return Err(WcStatus::LocProtErr);
         }
-        if rd_atomic(&wr.op) && qp.rts.is_some_and(|r| r.max_rd_atomic == 0) {
-            return Err(WcStatus::LocQpOpErr);
-        }
         Ok(())
     }
 
-    /// Executes request `e` of requester `qp` at responder `peer`: checks, then effects.
-    pub(crate) fn execute(&self, qp: &QpObj, e: &SqEntry, peer: &QpObj) -> Exec {
+    /// Executes request `wr` (with its INLINE payload `inline`) of requester `qp` at
+    /// responder `peer`: checks, then effects. Nothing but the memory it writes on success
+    /// changes, so a failed or RNR outcome can be recomputed later with the same result.
+    pub(crate) fn execute(&self, qp: &QpObj, wr: &SendWr, inline: &[u8], peer: &QpObj) -> Exec {
         use SendOp::*;
-        let wr = &e.wr;
         let sges = &wr.sg_list[..wr.num_sge];
         let total = sg_len(sges);
         let len = total as usize;
@@ -142,7 +150,7 @@ impl World {
                 self.scatter(qp.pd, sges, len, &mut dst)
             }
             _ if wr.flags.contains(SendFlags::INLINE) => {
-                src[0] = Src::slice(&e.inline[..len]);
+                src[0] = Src::slice(&inline[..len]);
                 true
             }
             _ => self.gather(qp.pd, sges, &mut src),
@@ -305,22 +313,28 @@ impl World {
 
     /// Resolves a local gather list in `pd` into `out`; false on a protection error.
     /// Zero-length entries are skipped unchecked, as rxe does.
+    ///
+    /// `out` may be shorter than `sges` (even empty, to check only): spans past its end
+    /// are checked and not stored.
     fn gather<'w>(&'w self, pd: usize, sges: &[Sge], out: &mut [Src<'w>]) -> bool {
-        sges.iter().zip(out).all(|(s, o)| {
+        sges.iter().enumerate().all(|(i, s)| {
             s.length == 0 || {
                 let src = self.mr(s.lkey, false, pd);
-                src.and_then(|m| m.region.src(s.addr, s.length as usize))
-                    .map(|span| *o = span)
-                    .is_some()
+                let span = src.and_then(|m| m.region.src(s.addr, s.length as usize));
+                if let (Some(span), Some(o)) = (span, out.get_mut(i)) {
+                    *o = span;
+                }
+                span.is_some()
             }
         })
     }
 
     /// Resolves the entries of a scatter list in `pd` that the first `len` bytes reach into
     /// `out`; false if one names no MR of `pd`, leaves it, or lacks LOCAL_WRITE.
+    /// `out` may be shorter than `sges` (even empty, to check only), as for `gather`.
     fn scatter<'w>(&'w self, pd: usize, sges: &[Sge], len: usize, out: &mut [Dst<'w>]) -> bool {
         let mut left = len;
-        for (s, o) in sges.iter().zip(out) {
+        for (i, s) in sges.iter().enumerate() {
             if left == 0 {
                 break;
             }
@@ -329,7 +343,11 @@ impl World {
             }
             let dst = self.mr(s.lkey, false, pd);
             match dst.and_then(|m| m.region.dst(s.addr, s.length as usize)) {
-                Some(span) => *o = span,
+                Some(span) => {
+                    if let Some(o) = out.get_mut(i) {
+                        *o = span;
+                    }
+                }
                 None => return false,
             }
             left -= left.min(s.length as usize);
@@ -359,7 +377,7 @@ impl World {
                 wr_id: e.wr.wr_id,
                 status,
                 opcode: send_opcode(&e.wr.op),
-                byte_len: msg_len(&e) as u32,
+                byte_len: msg_len(&e.wr) as u32,
                 imm_data: None,
                 qp_num: qp.qpn,
             };
@@ -386,6 +404,7 @@ impl World {
             return;
         }
         let dev = c.dev;
+        c.ready.store(true, Ordering::Release);
         if c.entries.len() < c.depth {
             c.entries.push_back(wc);
             let kind = TraceKind::Complete(wc.status, wc.opcode);

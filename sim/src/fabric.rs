@@ -25,7 +25,24 @@ impl Fabric {
 
     /// Current simulated time (threaded mode: wall-clock time since creation).
     pub fn now(&self) -> Duration {
-        Duration::from_nanos(enter(&self.world).now)
+        let mut w = enter(&self.world);
+        if w.cfg.mode == Mode::Threaded {
+            w.now = w.now.max(w.wall());
+        }
+        Duration::from_nanos(w.now)
+    }
+
+    /// How many send work requests have completed on the untimed fabric's direct path
+    /// (executed inside their post, without packets; see [`FabricConfig::instant`]). A
+    /// diagnostic: the outcome is the same either way, only the cost differs. It stays 0
+    /// on timed or stepped fabrics, with random faults, or with the trace on.
+    ///
+    /// ```
+    /// use zverbs_sim::*;
+    /// assert_eq!(Fabric::with_devices(2).direct_executions(), 0);
+    /// ```
+    pub fn direct_executions(&self) -> u64 {
+        lock(&self.world).direct_count
     }
 
     /// Events scheduled and not yet processed.
@@ -111,7 +128,10 @@ impl Fabric {
 
     /// Replaces the random packet faults from now on.
     pub fn set_faults(&self, faults: Faults) {
-        enter(&self.world).cfg.faults = faults;
+        let mut w = enter(&self.world);
+        w.cfg.faults = faults;
+        w.untimed = crate::direct::untimed(&w.cfg);
+        w.wake_polls();
     }
 
     fn with_dev(

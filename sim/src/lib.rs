@@ -26,7 +26,10 @@
 //! [`FabricConfig`] chooses the mode and one `u64` seed decides every random fault:
 //!
 //! - [`Fabric::with_devices`] / [`Fabric::new`]: threaded, instant links and timers: work
-//!   completes inside the call that makes it possible (the untimed simulator).
+//!   completes inside the call that makes it possible (the untimed simulator). Without
+//!   random faults or the trace, requests on an idle connection even skip the packets:
+//!   they execute inside their post, with the outcome the packet path computes (see
+//!   [`FabricConfig::instant`] and `tests/direct.rs`).
 //! - [`Mode::Threaded`] with a [`LinkModel`]: simulated time is the wall clock.
 //! - [`Mode::Stepped`]: simulated time moves only through [`Fabric::step`],
 //!   [`Fabric::run_until_idle`], [`Fabric::run_for`] or an auto-stepping [`Cq::poll`];
@@ -72,11 +75,13 @@
 
 mod clock;
 mod config;
+mod direct;
 mod engine;
 mod exec;
 mod fabric;
 mod mem;
 mod net;
+mod sq;
 mod state;
 mod trace;
 mod transport;

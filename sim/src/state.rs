@@ -5,6 +5,8 @@
 //! preallocated at creation and never grow: posting, executing and polling do not allocate.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 use crate::clock::{Events, Rng};
@@ -122,6 +124,9 @@ pub(crate) struct CqObj {
     pub(crate) depth: usize,
     pub(crate) entries: VecDeque<Wc>,
     pub(crate) overflowed: bool,
+    /// Shared with the handle: false only while a poll has nothing to return and nothing
+    /// to run (see `Cq::poll_map`). Set under the world's lock by every push.
+    pub(crate) ready: Arc<AtomicBool>,
     refs: u32,
     open: bool,
 }
@@ -217,7 +222,7 @@ pub(crate) struct QpObj {
     pub(crate) rtr: Option<RtrAttr>,
     pub(crate) rts: Option<RtsAttr>,
     /// Send WRs not yet executed, oldest first.
-    pub(crate) sq: VecDeque<SqEntry>,
+    pub(crate) sq: crate::sq::SendQueue,
     /// Receive WRs not yet consumed, oldest first.
     pub(crate) rq: VecDeque<RecvWr>,
     /// Executed unsignaled WRs still holding SQ slots (released by the next send CQE).
@@ -244,6 +249,10 @@ pub(crate) struct World {
     pub(crate) trace: Vec<TraceEvent>,
     /// Last epoch handed out.
     pub(crate) epochs: u32,
+    /// `cfg` is untimed: requests may complete on the direct path (`direct.rs`).
+    pub(crate) untimed: bool,
+    /// Send WRs completed on the direct path.
+    pub(crate) direct_count: u64,
 }
 
 pub(crate) fn invalid<T>(why: &'static str) -> Result<T, SimError> {
@@ -271,6 +280,8 @@ impl World {
             partitions: Vec::new(),
             trace: Vec::new(),
             epochs: 0,
+            untimed: crate::direct::untimed(&cfg),
+            direct_count: 0,
         }
     }
 
@@ -293,6 +304,13 @@ impl World {
                 wr_id,
                 kind,
             });
+        }
+    }
+
+    /// Every CQ's poll must lock again (the fabric stopped being untimed).
+    pub(crate) fn wake_polls(&self) {
+        for cq in self.cqs.iter() {
+            cq.ready.store(true, Ordering::Release);
         }
     }
 
@@ -376,6 +394,7 @@ impl World {
             depth: depth as usize,
             entries: VecDeque::with_capacity(depth as usize),
             overflowed: false,
+            ready: Arc::new(AtomicBool::new(true)),
             refs: 0,
             open: true,
         };
@@ -479,7 +498,7 @@ impl World {
             init: None,
             rtr: None,
             rts: None,
-            sq: VecDeque::with_capacity(cap.max_send_wr as usize),
+            sq: crate::sq::SendQueue::new(cap.max_send_wr as usize),
             rq: VecDeque::with_capacity(cap.max_recv_wr as usize),
             unsig_done: 0,
         };

@@ -38,7 +38,7 @@ impl World {
             }
             let i = qp.req.sent;
             let Some(e) = qp.sq.get(i) else { return };
-            if let Err(status) = self.local_check(qp, e) {
+            if let Err(status) = self.local_check(qp, &e.wr) {
                 if i == 0 {
                     self.fail_front(q, status);
                 }
@@ -51,7 +51,7 @@ impl World {
             if rd && qp.req.rd_inflight >= rts.max_rd_atomic {
                 return;
             }
-            let len = msg_len(e);
+            let len = msg_len(&e.wr);
             let npkts = len.div_ceil(mtu_bytes(rtr.path_mtu)).max(1) as u32;
             let wire = match e.wr.op {
                 SendOp::Read { .. } => HEADER_BYTES + 16,
@@ -61,7 +61,7 @@ impl World {
             let (retx, wr_id) = (e.sent_once, e.wr.wr_id);
             let qp = self.qps.get_mut(q).expect("live QP");
             let psn = qp.req.next_psn;
-            let e = &mut qp.sq[i];
+            let e = qp.sq.get_mut(i).expect("queued entry");
             (e.psn, e.npkts, e.sent_once) = (psn, npkts, true);
             qp.req.next_psn = psn.wrapping_add(npkts) & PSN_MASK;
             qp.req.sent += 1;
@@ -296,9 +296,9 @@ impl World {
             return self.trace(dev, qpn, TraceKind::Drop(pkt.kind, why), psn, None);
         };
         let req = self.qps.get(r).expect("live QP");
-        let e = &req.sq[i];
-        let (op, wr_id, len) = (e.wr.op, e.wr.wr_id, msg_len(e));
-        let ex = self.execute(req, e, self.qps.get(p).expect("live QP"));
+        let e = req.sq.get(i).expect("queued entry");
+        let (op, wr_id, len) = (e.wr.op, e.wr.wr_id, msg_len(&e.wr));
+        let ex = self.execute(req, &e.wr, &e.inline, self.qps.get(p).expect("live QP"));
         self.trace(
             dev,
             qpn,
@@ -362,11 +362,11 @@ impl World {
             return self.respond(pkt, last, PacketKind::Ack, HEADER_BYTES);
         };
         let req = self.qps.get(r).expect("live QP");
-        let e = &req.sq[i];
+        let e = req.sq.get(i).expect("queued entry");
         let (reply, bytes) = match e.wr.op {
             SendOp::Read { .. } => {
-                let ex = self.execute(req, e, peer);
-                let bytes = msg_len(e) + u64::from(pkt.npkts) * HEADER_BYTES;
+                let ex = self.execute(req, &e.wr, &e.inline, peer);
+                let bytes = msg_len(&e.wr) + u64::from(pkt.npkts) * HEADER_BYTES;
                 match ex.status {
                     WcStatus::Success => (PacketKind::ReadResp, bytes),
                     st => (PacketKind::Nak(st), HEADER_BYTES),

@@ -2,8 +2,8 @@
 
 use crate::config::Personality;
 use crate::exec::{flush_wc, send_opcode};
-use crate::mem::{copy, Dst, RawInline};
-use crate::state::{invalid, sg_len, ReqState, RespState, SqEntry, World, MAX_24};
+use crate::mem::{copy, Dst, RawInline, Src};
+use crate::state::{invalid, sg_len, ReqState, RespState, World, MAX_24};
 use crate::trace::TraceKind;
 use crate::types::*;
 
@@ -125,12 +125,53 @@ impl World {
         self.wake_unreachable();
     }
 
-    /// Validates and queues one send WR (see `Qp::post_send`). With `raw`, inline SGEs are
-    /// read from their addresses; otherwise they must lie in memory registered in the PD.
-    pub(crate) fn post_send(
+    /// Posts send WRs in order (see `Qp::post_send`); the error names the first refused
+    /// (those before it stay posted). `next` writes the next request into the scratch
+    /// `SendWr` it is given (whose entries past `num_sge` are stale) and returns true, or
+    /// returns false when there is none.
+    ///
+    /// On an untimed fabric nothing executes before the whole list is posted (INLINE data
+    /// is captured at post, before earlier requests of the list could change it, and all of
+    /// them hold send queue slots), as on the packet path, where execution waits for the
+    /// events run at the end of the call; then the direct path takes what it can.
+    pub(crate) fn post_send_list(
         &mut self,
         q: usize,
-        wr: SendWr,
+        mut next: impl FnMut(&mut SendWr) -> bool,
+        raw: Option<&RawInline>,
+    ) -> Result<(), (usize, SimError)> {
+        let mut wr = SendWr {
+            wr_id: 0,
+            sg_list: [Sge::default(); MAX_SGE],
+            num_sge: 0,
+            op: SendOp::Send,
+            flags: SendFlags::empty(),
+        };
+        let mut res = Ok(());
+        for index in 0.. {
+            if !next(&mut wr) {
+                break;
+            }
+            if let Err(error) = self.post_send(q, &wr, raw) {
+                res = Err((index, error));
+                break;
+            }
+        }
+        if self.untimed {
+            self.run_direct(q);
+            self.pump(q);
+        }
+        res
+    }
+
+    /// Validates and queues one send WR (see `Qp::post_send`). With `raw`, inline SGEs are
+    /// read from their addresses; otherwise they must lie in memory registered in the PD.
+    /// On an untimed fabric transmission waits for the end of the list (`post_send_list`),
+    /// unless the request fails at once.
+    fn post_send(
+        &mut self,
+        q: usize,
+        wr: &SendWr,
         raw: Option<&RawInline>,
     ) -> Result<(), SimError> {
         let World { qps, mrs, cfg, .. } = self;
@@ -177,16 +218,12 @@ impl World {
             self.push_cqe(cq, wc);
             return Ok(());
         }
-        let mut entry = SqEntry {
-            wr,
-            inline: [0; MAX_INLINE],
-            psn: 0,
-            npkts: 1,
-            sent_once: false,
-        };
+        // Inline data is resolved before anything is queued (a bad source refuses the
+        // post) and copied into the entry's slot.
+        let mut spans = [Src::EMPTY; MAX_SGE];
+        let mut inline_len = 0;
         if inline {
-            let mut off = 0;
-            for s in sges.iter().filter(|s| s.length > 0) {
+            for (s, span) in sges.iter().filter(|s| s.length > 0).zip(&mut spans) {
                 let n = s.length as usize;
                 let pd = qp.pd;
                 let src = match raw {
@@ -199,11 +236,23 @@ impl World {
                 let Some(src) = src else {
                     return invalid("inline data outside registered memory");
                 };
-                copy(&[src], &[Dst::slice(&mut entry.inline[off..off + n])], n);
-                off += n;
+                *span = src;
+                inline_len += n;
             }
         }
-        qp.sq.push_back(entry);
+        qp.sq.push_with(|e| {
+            e.wr.wr_id = wr.wr_id;
+            e.wr.sg_list[..sges.len()].copy_from_slice(sges);
+            (e.wr.num_sge, e.wr.op, e.wr.flags) = (wr.num_sge, wr.op, wr.flags);
+            (e.psn, e.npkts, e.sent_once) = (0, 1, false);
+            if inline_len > 0 {
+                copy(
+                    &spans,
+                    &[Dst::slice(&mut e.inline[..inline_len])],
+                    inline_len,
+                );
+            }
+        });
         let (dev, qpn) = (qp.dev, qp.qpn);
         self.trace(
             dev,
@@ -212,7 +261,14 @@ impl World {
             None,
             Some(wr.wr_id),
         );
-        self.pump(q);
+        // The packet path transmits at once, which fails a request at the head of the
+        // queue at once when its local checks fail (and a QP in ERR takes further posts);
+        // otherwise nothing it does is visible before the list is posted.
+        let qp = self.qps.get(q).expect("live QP");
+        let fails_now = || qp.sq.len() == 1 && self.local_check(qp, wr).is_err();
+        if !self.untimed || fails_now() {
+            self.pump(q);
+        }
         Ok(())
     }
 

@@ -11,6 +11,7 @@
 use core::fmt;
 #[cfg(loom)]
 use loom::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::PoisonError;
 #[cfg(not(loom))]
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -193,11 +194,15 @@ impl Context {
     /// # Errors
     /// [`SimError::Invalid`] unless `1 <= depth <= MAX_CQE`.
     pub fn create_cq(&self, depth: u32) -> Result<Cq, SimError> {
-        let id = enter(&self.world).create_cq(self.dev, depth)?;
+        let mut w = enter(&self.world);
+        let id = w.create_cq(self.dev, depth)?;
+        let ready = w.cqs.get(id).expect("new CQ").ready.clone();
         Ok(Cq {
             world: self.world.clone(),
             id,
             depth,
+            ready,
+            pending: w.events.pending_flag(),
         })
     }
 }
@@ -331,6 +336,10 @@ pub struct Cq {
     world: Shared,
     id: usize,
     depth: u32,
+    /// The world's `CqObj::ready`: false lets an empty poll return without the lock...
+    ready: std::sync::Arc<AtomicBool>,
+    /// ... unless events are scheduled (`Events::pending_flag`).
+    pending: std::sync::Arc<AtomicBool>,
 }
 
 impl Cq {
@@ -343,6 +352,37 @@ impl Cq {
     /// # Errors
     /// [`SimError::CqOverflow`] once the queue has overflowed (for good).
     pub fn poll(&self, out: &mut [Wc]) -> Result<usize, SimError> {
+        self.poll_map(out, |wc| *wc)
+    }
+
+    /// Like [`Cq::poll`], but stores `f(completion)` into `out`: an adapter converts
+    /// completions into its own type in place, with no intermediate buffer.
+    ///
+    /// ```
+    /// # use zverbs_sim::*;
+    /// # let f = Fabric::with_devices(1);
+    /// # let cq = f.open_device("sim0").unwrap().create_cq(4).unwrap();
+    /// let mut ids = [0u64; 4];
+    /// assert_eq!(cq.poll_map(&mut ids, |wc| wc.wr_id), Ok(0));
+    /// ```
+    ///
+    /// # Errors
+    /// As [`Cq::poll`].
+    pub fn poll_map<T>(
+        &self,
+        out: &mut [T],
+        mut f: impl FnMut(&Wc) -> T,
+    ) -> Result<usize, SimError> {
+        // Untimed fabric, nothing queued and nothing scheduled: no need to take the lock,
+        // which a thread spinning on an empty CQ would otherwise hold against the thread
+        // posting the work it waits for. `ready` is cleared only under the lock with the
+        // CQ and the event queue empty, and set by every push; `pending` is read first:
+        // if no event was scheduled then and `ready` is still clear, there was an instant
+        // with nothing queued and nothing to run. (Under loom every poll locks.)
+        #[cfg(not(loom))]
+        if !self.pending.load(Ordering::Acquire) && !self.ready.load(Ordering::Acquire) {
+            return Ok(0);
+        }
         let mut w = enter(&self.world);
         if w.cfg.mode == Mode::Stepped && w.cfg.auto_step {
             let waiting = |w: &World| {
@@ -360,7 +400,12 @@ impl Cq {
         }
         let n = out.len().min(cq.entries.len());
         for (slot, wc) in out.iter_mut().zip(cq.entries.drain(..n)) {
-            *slot = wc;
+            *slot = f(&wc);
+        }
+        // Cleared under the lock, which every push takes before setting it again: a poll
+        // that sees it clear is ordered before the next push.
+        if cq.entries.is_empty() && w.untimed && w.events.is_empty() {
+            self.ready.store(false, Ordering::Relaxed);
         }
         Ok(n)
     }
@@ -475,13 +520,69 @@ impl Qp {
         wrs: I,
         raw: Option<&RawInline>,
     ) -> Result<(), PostError> {
+        let mut wrs = wrs.into_iter();
+        let next = |slot: &mut SendWr| wrs.next().map(|wr| *slot = wr).is_some();
+        self.post_send_list(next, raw)
+    }
+
+    /// Posts send work requests built in place: `fill(i, wr)` writes request `i` (of `n`)
+    /// into a scratch request whose gather entries past the `num_sge` it sets are left over
+    /// from earlier requests (only the first `num_sge` are read). INLINE entries are read
+    /// straight from their addresses, as with [`Qp::post_send_raw`]. This is the form
+    /// without copies of whole requests: an adapter converting its own request type fills
+    /// only the fields and entries it uses.
+    ///
+    /// ```
+    /// # use zverbs_sim::*;
+    /// # let f = Fabric::with_devices(1);
+    /// # let ctx = f.open_device("sim0").unwrap();
+    /// # let pd = ctx.alloc_pd().unwrap();
+    /// # let cq = ctx.create_cq(8).unwrap();
+    /// # let cap = QpCap { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
+    /// # let qp = pd.create_qp(&QpInitAttr { send_cq: &cq, recv_cq: &cq, cap, sq_sig_all: false }).unwrap();
+    /// // In RESET a post is refused; the error names request 0.
+    /// let res = unsafe {
+    ///     qp.post_send_raw_with(2, |i, wr| {
+    ///         (wr.wr_id, wr.op, wr.flags, wr.num_sge) = (i as u64, SendOp::Send, SendFlags::SIGNALED, 0);
+    ///     })
+    /// };
+    /// assert_eq!(res.unwrap_err().index, 0);
+    /// ```
+    ///
+    /// # Errors
+    /// As [`Qp::post_send`].
+    ///
+    /// # Safety
+    /// As [`Qp::post_send_raw`].
+    pub unsafe fn post_send_raw_with(
+        &self,
+        n: usize,
+        mut fill: impl FnMut(usize, &mut SendWr),
+    ) -> Result<(), PostError> {
+        // SAFETY: the caller vouches for the inline SGE ranges, which are read only inside
+        // this call.
+        let raw = unsafe { RawInline::new() };
+        let mut i = 0;
+        let next = |slot: &mut SendWr| {
+            let more = i < n;
+            if more {
+                fill(i, slot);
+                i += 1;
+            }
+            more
+        };
+        self.post_send_list(next, Some(&raw))
+    }
+
+    fn post_send_list(
+        &self,
+        next: impl FnMut(&mut SendWr) -> bool,
+        raw: Option<&RawInline>,
+    ) -> Result<(), PostError> {
         let mut w = enter(&self.world);
-        let res = wrs.into_iter().enumerate().try_for_each(|(index, wr)| {
-            w.post_send(self.id, wr, raw)
-                .map_err(|error| PostError { index, error })
-        });
+        let res = w.post_send_list(self.id, next, raw);
         w.run_due();
-        res
+        res.map_err(|(index, error)| PostError { index, error })
     }
 
     /// Posts receive work requests in order.

@@ -136,16 +136,20 @@ fn access_to(a: AccessFlags) -> s::Access {
     s::Access::from_bits_truncate(a.bits())
 }
 
+fn sge_to(e: &Sge) -> s::Sge {
+    s::Sge {
+        addr: e.addr,
+        length: e.length,
+        lkey: e.lkey,
+    }
+}
+
 fn sges_to(src: &[Sge]) -> ([s::Sge; s::MAX_SGE], usize) {
     let mut out = [s::Sge::default(); s::MAX_SGE];
     // Entries past MAX_SGE are dropped here, but `num_sge` keeps the real count so the
     // simulator rejects the request exactly as a device rejects too many SGEs.
     for (d, e) in out.iter_mut().zip(src) {
-        *d = s::Sge {
-            addr: e.addr,
-            length: e.length,
-            lkey: e.lkey,
-        };
+        *d = sge_to(e);
     }
     (out, src.len())
 }
@@ -272,20 +276,7 @@ impl Provider for Sim {
     }
 
     fn poll_cq(cq: &s::Cq, out: &mut [WorkCompletion]) -> Result<usize, s::SimError> {
-        let mut buf = [s::Wc {
-            wr_id: 0,
-            status: s::WcStatus::Success,
-            opcode: s::WcOpcode::Send,
-            byte_len: 0,
-            imm_data: None,
-            qp_num: 0,
-        }; 32];
-        let want = out.len().min(buf.len());
-        let n = cq.poll(&mut buf[..want])?;
-        for (o, wc) in out.iter_mut().zip(&buf[..n]) {
-            *o = wc_from(wc);
-        }
-        Ok(n)
+        cq.poll_map(out, wc_from)
     }
 
     fn create_qp(
@@ -359,19 +350,22 @@ impl Provider for Sim {
         qp: &s::Qp,
         wrs: &[SendWr<S>],
     ) -> Result<(), PostError<s::SimError>> {
-        let wrs = wrs.iter().map(|wr| {
-            let (sg_list, num_sge) = sges_to(wr.sges());
-            s::SendWr {
-                wr_id: wr.wr_id,
-                sg_list,
-                num_sge,
-                op: op_to(wr.op),
-                flags: s::SendFlags::from_bits_truncate(wr.flags.bits()),
+        let fill = |i: usize, out: &mut s::SendWr| {
+            let wr = &wrs[i];
+            let sges = wr.sges();
+            // Entries past MAX_SGE are dropped here, but `num_sge` keeps the real count so
+            // the simulator rejects the request exactly as a device rejects too many SGEs.
+            for (d, e) in out.sg_list.iter_mut().zip(sges) {
+                *d = sge_to(e);
             }
-        });
+            out.num_sge = sges.len();
+            out.wr_id = wr.wr_id;
+            out.op = op_to(wr.op);
+            out.flags = s::SendFlags::from_bits_truncate(wr.flags.bits());
+        };
         // SAFETY: the caller upholds `Provider::post_send`, which includes that inline
         // gather entries are readable for the duration of this call.
-        unsafe { qp.post_send_raw(wrs) }.map_err(post_error)
+        unsafe { qp.post_send_raw_with(wrs.len(), fill) }.map_err(post_error)
     }
 
     unsafe fn post_recv<const S: usize>(

@@ -1,0 +1,158 @@
+//! The untimed fabric's direct path: a send work request executed inside its post.
+//!
+//! On a fabric where time cannot matter (threaded, [`LinkModel::INSTANT`], instant timers,
+//! no random faults, no trace) the transport's whole exchange for one request is fixed:
+//! the request packet is delivered at once, executes at the responder, and its ACK (or
+//! read or atomic response) completes it at the requester before the post returns. When
+//! nothing else is in flight and nothing scripted can intervene, [`World::run_direct`]
+//! performs those effects in the same order without packets, the event heap or timers, for
+//! each request from the head of the send queue once the whole list is posted:
+//!
+//! 1. the responder's effects (memory, expected PSN, atomic replay cache, the consumed
+//!    receive and its completion), as `on_request` applies them;
+//! 2. the requester's (PSN, retry counters, its completion or held unsignaled slot), as
+//!    `on_response` and `complete_front` apply them.
+//!
+//! Anything else (a local or remote error, an RNR NAK, a full CQ, a scripted drop or
+//! corruption, a link down, a partition, a crash, a QP not in a plain connected state)
+//! declines *before any effect*, and the request takes the packet path, which computes the
+//! same outcome again ([`World::execute`] changes nothing but the memory of a successful
+//! request). `tests/model.rs` runs its reference model on this fabric and on the stepped
+//! one, and the conformance suite runs on both, so the two paths stay equivalent.
+//!
+//! [`LinkModel::INSTANT`]: crate::LinkModel::INSTANT
+
+use crate::clock::PSN_MASK;
+use crate::config::{FabricConfig, Faults, LinkModel, Mode};
+use crate::exec::{local_limits, send_opcode};
+use crate::state::{sg_len, World};
+use crate::types::*;
+
+/// Whether `cfg` describes a fabric on which a request's exchange cannot depend on time.
+pub(crate) fn untimed(cfg: &FabricConfig) -> bool {
+    cfg.mode == Mode::Threaded
+        && cfg.link == LinkModel::INSTANT
+        && cfg.instant_timers
+        && cfg.faults == Faults::none()
+        && !cfg.trace
+}
+
+impl World {
+    /// Executes the send queue of QP `q` from its head on the direct path, as far as it
+    /// may go; the rest is left to the packet path (`pump`).
+    pub(crate) fn run_direct(&mut self, q: usize) {
+        while self.direct_one(q) {}
+    }
+
+    /// Executes the head of QP `q`'s send queue at once, as the packet path would on this
+    /// fabric; false, having changed nothing, when it must take the packet path instead.
+    fn direct_one(&mut self, q: usize) -> bool {
+        if !self.untimed || !self.events.is_empty() {
+            return false;
+        }
+        let Some(qp) = self.qps.get(q) else {
+            return false;
+        };
+        let r = &qp.req;
+        let quiet = r.sent == 0 && !r.rnr_wait && !r.parked && r.timer.is_none();
+        let Some(e) = qp.sq.front().filter(|_| quiet && qp.state == QpState::Rts) else {
+            return false;
+        };
+        let (Some(rtr), Some(rts), Some(pdev)) = (qp.rtr, qp.rts, qp.peer_dev) else {
+            return false;
+        };
+        let (dev, qpn, psn) = (qp.dev, qp.qpn, qp.req.next_psn);
+        let scripted = |d: usize| self.devices[d].drop_next > 0 || self.devices[d].corrupt_next > 0;
+        if self.blocked(dev, pdev).is_some() || scripted(dev) || scripted(pdev) {
+            return false;
+        }
+        let Some(p) = self.qp_index(rtr.dest_qp_num) else {
+            return false;
+        };
+        let peer = self.qps.get(p).expect("live QP");
+        let connected = peer.rtr.is_some_and(|a| a.dest_qp_num == qpn)
+            && peer.peer_dev == Some(dev)
+            && peer.dev == pdev
+            && !peer.dead
+            && matches!(peer.state, QpState::Rtr | QpState::Rts)
+            && peer.resp.epsn == psn;
+        // The requester's local checks: the limits here, the memory in `execute` (its
+        // local half fails exactly where `local_check` would). An atomic passes only with
+        // 8 bytes, so `len` is the message length of every request that passes.
+        let wr = &e.wr;
+        let len = sg_len(&wr.sg_list[..wr.num_sge]);
+        if !connected || local_limits(qp, wr, len).is_err() {
+            return false;
+        }
+        // Room for both completions, so that neither can overflow a CQ here.
+        let room = |c: usize, n: usize| {
+            self.cqs
+                .get(c)
+                .is_some_and(|c| !c.overflowed && c.entries.len() + n <= c.depth)
+        };
+        let signaled = qp.sig_all || wr.flags.contains(SendFlags::SIGNALED);
+        let takes_recv = matches!(
+            wr.op,
+            SendOp::Send | SendOp::SendWithImm { .. } | SendOp::WriteWithImm { .. }
+        );
+        let (need_send, need_recv) = (usize::from(signaled), usize::from(takes_recv));
+        let fits = if qp.send_cq == peer.recv_cq {
+            room(qp.send_cq, need_send + need_recv)
+        } else {
+            room(qp.send_cq, need_send) && room(peer.recv_cq, need_recv)
+        };
+        if !fits {
+            return false;
+        }
+        let ex = self.execute(qp, wr, &e.inline, peer);
+        if ex.rnr || ex.status != WcStatus::Success {
+            return false;
+        }
+        let (wr_id, opcode) = (wr.wr_id, send_opcode(&wr.op));
+        let npkts = len.div_ceil(128u64 << (rtr.path_mtu as u8)).max(1) as u32;
+        let next = psn.wrapping_add(npkts) & PSN_MASK;
+
+        // The responder, as `on_request` leaves it.
+        let peer = self.qps.get_mut(p).expect("live QP");
+        peer.resp.epsn = next;
+        if let Some(old) = ex.old {
+            peer.resp.remember(psn, old);
+        }
+        if let Some(rd) = ex.recv {
+            peer.rq.pop_front();
+            let wc = Wc {
+                wr_id: rd.wr_id,
+                status: rd.status,
+                opcode: rd.opcode,
+                byte_len: rd.byte_len,
+                imm_data: rd.imm,
+                qp_num: peer.qpn,
+            };
+            let cq = peer.recv_cq;
+            self.push_cqe(cq, wc);
+        }
+
+        // The requester, as `on_response` and `complete_front` leave it.
+        let qp = self.qps.get_mut(q).expect("live QP");
+        qp.sq.drop_front();
+        qp.req.next_psn = next;
+        (qp.req.retries, qp.req.rnr_left) = (rts.retry_cnt, rts.rnr_retry);
+        if signaled {
+            qp.unsig_done = 0;
+            let wc = Wc {
+                wr_id,
+                status: WcStatus::Success,
+                opcode,
+                byte_len: len as u32,
+                imm_data: None,
+                qp_num: qpn,
+            };
+            let cq = qp.send_cq;
+            self.push_cqe(cq, wc);
+        } else {
+            qp.unsig_done += 1;
+        }
+        self.direct_count += 1;
+        true
+    }
+}

@@ -152,6 +152,15 @@ impl RawInline {
 /// # Panics
 /// If either list holds fewer than `len` bytes (callers check lengths first).
 pub(crate) fn copy(src: &[Src<'_>], dst: &[Dst<'_>], mut len: usize) {
+    if let (Some(s), Some(d)) = (src.first(), dst.first()) {
+        if s.len >= len && d.len >= len {
+            // The common case, one span each way.
+            // SAFETY: `len <= s.len` and `len <= d.len`; spans are valid for their
+            // lifetime, which outlives this call; `ptr::copy` tolerates overlap.
+            unsafe { ptr::copy(s.ptr, d.ptr, len) }
+            return;
+        }
+    }
     let (mut si, mut so, mut di, mut doff) = (0, 0, 0, 0);
     while len > 0 {
         let (s, d) = (&src[si], &dst[di]);

@@ -152,6 +152,9 @@ impl World {
             if !next(&mut wr) {
                 break;
             }
+            if self.untimed && index > 0 {
+                self.fail_head_now(q);
+            }
             if let Err(error) = self.post_send(q, &wr, raw) {
                 res = Err((index, error));
                 break;
@@ -166,8 +169,7 @@ impl World {
 
     /// Validates and queues one send WR (see `Qp::post_send`). With `raw`, inline SGEs are
     /// read from their addresses; otherwise they must lie in memory registered in the PD.
-    /// On an untimed fabric transmission waits for the end of the list (`post_send_list`),
-    /// unless the request fails at once.
+    /// On an untimed fabric transmission waits for the end of the list (`post_send_list`).
     fn post_send(
         &mut self,
         q: usize,
@@ -261,15 +263,26 @@ impl World {
             None,
             Some(wr.wr_id),
         );
-        // The packet path transmits at once, which fails a request at the head of the
-        // queue at once when its local checks fail (and a QP in ERR takes further posts);
-        // otherwise nothing it does is visible before the list is posted.
-        let qp = self.qps.get(q).expect("live QP");
-        let fails_now = || qp.sq.len() == 1 && self.local_check(qp, wr).is_err();
-        if !self.untimed || fails_now() {
+        if !self.untimed {
             self.pump(q);
         }
         Ok(())
+    }
+
+    /// Untimed fabric, before the next request of a list: the packet path transmits each
+    /// request as it is posted, which fails one at the head of the queue at once when its
+    /// local checks fail (so the QP is in ERR for the rest of the list, whose requests are
+    /// flushed rather than refused as `QueueFull`). Nothing else it does is visible before
+    /// the list is posted.
+    fn fail_head_now(&mut self, q: usize) {
+        let qp = self.qps.get(q).expect("live QP");
+        let head = qp
+            .sq
+            .front()
+            .filter(|_| qp.sq.len() == 1 && qp.req.sent == 0);
+        if head.is_some_and(|e| self.local_check(qp, &e.wr).is_err()) {
+            self.pump(q);
+        }
     }
 
     /// Validates and queues one receive WR (see `Qp::post_recv`).

@@ -222,41 +222,41 @@ impl<W: WorkRequest, const N: usize> Ring<W, N> {
         self.complete_slow(wc)
     }
 
-    /// Records a completion as [`complete`](Self::complete) does and, if it is the one of
-    /// `want`, takes its outcome at once as [`take`](Self::take) would.
+    /// If `wc` is the completion of `want` and `want` is the oldest request in flight,
+    /// retires it at once (as [`complete`](Self::complete) then [`take`](Self::take) would)
+    /// and returns `true`: its outcome is [`retired_outcome`](Self::retired_outcome)`(wc)`.
+    /// Otherwise changes nothing and returns `false`: record `wc` with `complete`.
     #[inline]
-    pub fn complete_take(
-        &mut self,
-        wc: &WorkCompletion,
-        want: u64,
-    ) -> Result<Option<Result<Completion, Completion>>, UnknownCompletion> {
+    pub fn retire_oldest(&mut self, wc: &WorkCompletion, want: u64) -> bool {
         let seq = wc.wr_id;
         if seq == want && seq == self.tail && seq < self.head {
             let slot = &mut self.slots[(seq % N as u64) as usize];
             if let SlotState::Posted { .. } = slot.state {
-                let done = outcome(wc, slot.opcode);
                 slot.state = SlotState::Free;
                 self.tail += 1;
                 self.advance();
-                return Ok(Some(split(done)));
+                return true;
             }
         }
-        self.complete_take_slow(wc, want)
+        false
     }
 
-    #[inline(never)]
-    #[allow(clippy::type_complexity)]
-    fn complete_take_slow(
-        &mut self,
-        wc: &WorkCompletion,
-        want: u64,
-    ) -> Result<Option<Result<Completion, Completion>>, UnknownCompletion> {
-        self.complete(wc)?;
-        Ok(if wc.wr_id == want {
-            self.take(want)
+    /// The outcome of the request [`retire_oldest`](Self::retire_oldest) just retired for
+    /// `wc`.
+    #[inline]
+    pub fn retired_outcome(&self, wc: &WorkCompletion) -> Result<Completion, Completion> {
+        if wc.status == WcStatus::Success {
+            Ok(outcome(wc, wc.opcode))
         } else {
-            None
-        })
+            Err(self.retired_failure(wc))
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn retired_failure(&self, wc: &WorkCompletion) -> Completion {
+        // The slot keeps the request's opcode until it is taken again.
+        outcome(wc, self.slots[(wc.wr_id % N as u64) as usize].opcode)
     }
 
     #[inline(never)]
@@ -417,32 +417,30 @@ mod tests {
     }
 
     #[test]
-    fn complete_take_takes_only_the_wanted_outcome_once() {
+    fn retire_oldest_retires_only_the_wanted_oldest_request() {
         let mut r: Ring<W, 4> = Ring::new();
         let a = r.stage(wr(), true).unwrap();
         let b = r.stage(wr(), true).unwrap();
         r.clear_staged();
-        // Not the wanted one: recorded, not taken.
-        assert_eq!(r.complete_take(&wc(a, WcStatus::Success), b), Ok(None));
-        // The wanted one, failed: taken at once.
-        let got = r.complete_take(&wc(b, WcStatus::RemAccessErr), b).unwrap();
+        // Not the wanted one, or not the oldest: nothing changes.
+        assert!(!r.retire_oldest(&wc(a, WcStatus::Success), b));
+        assert!(!r.retire_oldest(&wc(b, WcStatus::Success), b));
+        assert!(r.is_pending(a) && r.is_pending(b));
+        // The wanted oldest one, failed: retired at once, with the posted opcode.
+        let failed = wc(a, WcStatus::RemAccessErr);
+        assert!(r.retire_oldest(&failed, a));
+        let out = r.retired_outcome(&failed).unwrap_err();
         assert_eq!(
-            got.map(|g| g.map_err(|c| c.status)),
-            Some(Err(WcStatus::RemAccessErr))
+            (out.status, out.opcode),
+            (WcStatus::RemAccessErr, WcOpcode::Send)
         );
-        assert!(r.take(b).is_none());
-        // A duplicate of either is refused.
-        assert!(r.complete_take(&wc(b, WcStatus::Success), b).is_err());
-        assert!(r.take(a).unwrap().is_ok());
+        assert!(!r.is_pending(a) && r.take(a).is_none());
+        // A duplicate is not the oldest any more: left to `complete`, which refuses it.
+        assert!(!r.retire_oldest(&failed, a));
+        assert!(r.complete(&failed).is_err());
+        assert!(r.retire_oldest(&wc(b, WcStatus::Success), b));
         assert!(r.is_idle());
-        assert!(r.complete_take(&wc(a, WcStatus::Success), a).is_err());
-        // Behind an unsignaled request (not the oldest): retires it, takes the wanted one.
-        let c = r.stage(wr(), false).unwrap();
-        let d = r.stage(wr(), true).unwrap();
-        r.clear_staged();
-        let got = r.complete_take(&wc(d, WcStatus::Success), d).unwrap();
-        assert!(matches!(got, Some(Ok(_))));
-        assert!(r.is_idle() && !r.is_pending(c));
+        assert!(!r.retire_oldest(&wc(b, WcStatus::Success), b));
     }
 
     #[test]

@@ -250,27 +250,55 @@ fn poll_into<P: Provider, W: WorkRequest, const N: usize>(
     Ok(n)
 }
 
-/// Polls `cq` once into `wcs`, records what it returns in `ring`, and takes the outcome of
-/// `want` if it was among them. Returns how many completions the poll gave too.
+/// What one poll brought for an awaited request.
+enum Polled {
+    /// No completion.
+    Nothing,
+    /// Completions, recorded in the ring; the awaited one may be among them.
+    Recorded,
+    /// The awaited request was the oldest and is retired: its completion is `wcs[i]`.
+    Retired(usize),
+}
+
+/// Polls `cq` once into `wcs` and records what it returns in `ring`, retiring `want` at
+/// once if it completes as the oldest request (the usual case).
 #[inline]
-#[allow(clippy::type_complexity)]
-fn poll_take<P: Provider, W: WorkRequest, const N: usize>(
+fn poll_for<P: Provider, W: WorkRequest, const N: usize>(
     cq: &CompletionQueue<P>,
     ring: &mut Ring<W, N>,
     wcs: &mut [WorkCompletion; POLL_BATCH],
     want: u64,
-) -> Result<(usize, Option<Result<Completion, Completion>>), Error<P::Error>> {
+) -> Result<Polled, Error<P::Error>> {
     let n = cq.poll(wcs)?;
+    if n == 0 {
+        return Ok(Polled::Nothing);
+    }
+    // Usually the first completion polled is the awaited one; the rest out of line.
+    if ring.retire_oldest(&wcs[0], want) {
+        if n > 1 {
+            record::<P, W, N>(ring, &wcs[1..n], None)?;
+        }
+        return Ok(Polled::Retired(0));
+    }
+    record::<P, W, N>(ring, &wcs[..n], Some(want))
+}
+
+/// Records `wcs` in `ring`; with `want`, retires it at once as in [`poll_for`].
+#[inline(never)]
+fn record<P: Provider, W: WorkRequest, const N: usize>(
+    ring: &mut Ring<W, N>,
+    wcs: &[WorkCompletion],
+    want: Option<u64>,
+) -> Result<Polled, Error<P::Error>> {
     let unexpected = |u: UnknownCompletion| Error::UnexpectedCompletion { wr_id: u.wr_id };
-    for (i, wc) in wcs[..n].iter().enumerate() {
-        if let Some(r) = ring.complete_take(wc, want).map_err(unexpected)? {
-            for wc in &wcs[i + 1..n] {
-                ring.complete(wc).map_err(unexpected)?;
-            }
-            return Ok((n, Some(r)));
+    let mut polled = Polled::Recorded;
+    for (i, wc) in wcs.iter().enumerate() {
+        match want {
+            Some(want) if ring.retire_oldest(wc, want) => polled = Polled::Retired(i),
+            _ => ring.complete(wc).map_err(unexpected)?,
         }
     }
-    Ok((n, None))
+    Ok(polled)
 }
 
 impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
@@ -482,21 +510,32 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
         // Made at the first empty poll: most waits never need it.
         let mut waiter = None;
         loop {
-            let (n, got) = match queue {
-                Queue::Send => poll_take(&self.send_cq, &mut self.sq, &mut self.wcs, seq)?,
-                Queue::Recv => poll_take(&self.recv_cq, &mut self.rq, &mut self.wcs, seq)?,
+            let polled = match queue {
+                Queue::Send => poll_for(&self.send_cq, &mut self.sq, &mut self.wcs, seq)?,
+                Queue::Recv => poll_for(&self.recv_cq, &mut self.rq, &mut self.wcs, seq)?,
             };
-            if let Some(r) = got {
-                return r.map_err(|c| self.completion_error(seq, c));
-            }
-            if n == 0
-                && !waiter
-                    .get_or_insert_with(|| Waiter::new(self.config.timeout))
-                    .pause()
-            {
-                self.abort_until_done(queue, seq)?;
-                let _ = self.take(queue, seq);
-                return Err(Error::Timeout);
+            match polled {
+                Polled::Retired(i) => {
+                    let wc = &self.wcs[i];
+                    let r = match queue {
+                        Queue::Send => self.sq.retired_outcome(wc),
+                        Queue::Recv => self.rq.retired_outcome(wc),
+                    };
+                    return r.map_err(|c| self.completion_error(seq, c));
+                }
+                Polled::Recorded => {
+                    if let Some(r) = self.take(queue, seq) {
+                        return r;
+                    }
+                }
+                Polled::Nothing => {
+                    let waiter = waiter.get_or_insert_with(|| Waiter::new(self.config.timeout));
+                    if !waiter.pause() {
+                        self.abort_until_done(queue, seq)?;
+                        let _ = self.take(queue, seq);
+                        return Err(Error::Timeout);
+                    }
+                }
             }
         }
     }

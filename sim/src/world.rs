@@ -339,6 +339,7 @@ pub struct Cq {
     /// The world's `CqObj::ready`: false lets an empty poll return without the lock...
     ready: std::sync::Arc<AtomicBool>,
     /// ... unless events are scheduled (`Events::pending_flag`).
+    #[cfg_attr(loom, allow(dead_code))]
     pending: std::sync::Arc<AtomicBool>,
 }
 

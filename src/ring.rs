@@ -167,13 +167,42 @@ impl<W: WorkRequest, const N: usize> Ring<W, N> {
         // Cannot fail: staged requests hold slots, so at most N are staged.
         let opcode = wr.opcode();
         self.stage.push(wr).map_err(|_| QueueFull { capacity: N })?;
+        self.take_slot(opcode, signaled);
+        Ok(seq)
+    }
+
+    /// Takes a slot for `wr`, which the caller posts by itself, outside the staged batch,
+    /// and sets its `wr_id`. Returns the `wr_id`. If the post fails, give the slot back with
+    /// [`unreserve`](Self::unreserve) before anything else is taken.
+    #[inline]
+    pub fn reserve(&mut self, wr: &mut W, signaled: bool) -> Result<u64, QueueFull> {
+        if self.in_flight() == N {
+            return Err(QueueFull { capacity: N });
+        }
+        let seq = self.head;
+        wr.set_wr_id(seq);
+        self.take_slot(wr.opcode(), signaled);
+        Ok(seq)
+    }
+
+    /// Gives back the slot of the request [`reserve`](Self::reserve) took last (it was not
+    /// posted).
+    pub fn unreserve(&mut self) {
+        if self.head > self.tail {
+            self.head -= 1;
+            self.slots[(self.head % N as u64) as usize].state = SlotState::Free;
+        }
+    }
+
+    #[inline]
+    fn take_slot(&mut self, opcode: WcOpcode, signaled: bool) {
+        let seq = self.head;
         self.slots[(seq % N as u64) as usize] = Slot {
             seq,
             opcode,
             state: SlotState::Posted { signaled },
         };
         self.head += 1;
-        Ok(seq)
     }
 
     /// The staged batch, to post as one chain.
@@ -449,6 +478,24 @@ mod tests {
         let _a = r.stage(wr(), true).unwrap();
         let b = r.stage(wr(), true).unwrap();
         assert!(r.complete(&wc(b, WcStatus::Success)).is_err());
+    }
+
+    #[test]
+    fn reserve_takes_a_slot_without_staging_and_unreserve_gives_it_back() {
+        let mut r: Ring<W, 2> = Ring::new();
+        let mut w = wr();
+        let a = r.reserve(&mut w, true).unwrap();
+        assert_eq!(w.wr_id, a);
+        assert!(r.staged().is_empty() && r.is_pending(a));
+        let mut w = wr();
+        let b = r.reserve(&mut w, true).unwrap();
+        assert_eq!(r.reserve(&mut wr(), true), Err(QueueFull { capacity: 2 }));
+        r.unreserve();
+        assert!(!r.is_pending(b) && r.next_seq() == b && r.in_flight() == 1);
+        r.complete(&wc(a, WcStatus::Success)).unwrap();
+        assert!(r.take(a).unwrap().is_ok());
+        r.unreserve(); // nothing reserved: no effect
+        assert!(r.is_idle() && r.next_seq() == b);
     }
 
     #[test]

@@ -398,19 +398,41 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
         gather(it).map_err(|(given, max)| Error::TooManySges { given, max })
     }
 
-    fn post_send_now(&mut self, wr: SendWr<S>) -> Result<u64, Error<P::Error>> {
-        let seq = self.sq.stage(wr, true).map_err(|f| Error::QueueFull {
-            capacity: f.capacity,
-        })?;
-        self.flush_sends()?;
+    /// Posts one request by itself: nothing is staged outside a scope, so it needs no
+    /// trip through the staged batch.
+    fn post_send_now(&mut self, mut wr: SendWr<S>) -> Result<u64, Error<P::Error>> {
+        let seq = self
+            .sq
+            .reserve(&mut wr, true)
+            .map_err(|f| Error::QueueFull {
+                capacity: f.capacity,
+            })?;
+        // SAFETY: as in `flush_sends`.
+        if let Err(e) = unsafe { self.qp.post_send(core::slice::from_ref(&wr)) } {
+            self.sq.unreserve();
+            return Err(Error::Provider {
+                op: "ibv_post_send",
+                source: e.error,
+            });
+        }
         Ok(seq)
     }
 
-    fn post_recv_now(&mut self, wr: RecvWr<S>) -> Result<u64, Error<P::Error>> {
-        let seq = self.rq.stage(wr, true).map_err(|f| Error::QueueFull {
-            capacity: f.capacity,
-        })?;
-        self.flush_recvs()?;
+    fn post_recv_now(&mut self, mut wr: RecvWr<S>) -> Result<u64, Error<P::Error>> {
+        let seq = self
+            .rq
+            .reserve(&mut wr, true)
+            .map_err(|f| Error::QueueFull {
+                capacity: f.capacity,
+            })?;
+        // SAFETY: as in `flush_sends`.
+        if let Err(e) = unsafe { self.qp.post_recv(core::slice::from_ref(&wr)) } {
+            self.rq.unreserve();
+            return Err(Error::Provider {
+                op: "ibv_post_recv",
+                source: e.error,
+            });
+        }
         Ok(seq)
     }
 

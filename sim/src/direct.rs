@@ -119,17 +119,7 @@ impl World {
             peer.resp.remember(psn, old);
         }
         if let Some(rd) = ex.recv {
-            peer.rq.pop_front();
-            let wc = Wc {
-                wr_id: rd.wr_id,
-                status: rd.status,
-                opcode: rd.opcode,
-                byte_len: rd.byte_len,
-                imm_data: rd.imm,
-                qp_num: peer.qpn,
-            };
-            let cq = peer.recv_cq;
-            self.push_cqe(cq, wc);
+            self.complete_recv(p, rd);
         }
 
         // The requester, as `on_response` and `complete_front` leave it.

@@ -355,6 +355,23 @@ impl World {
         true
     }
 
+    /// Retires the head of responder `p`'s receive queue, which the transfer `rd` consumed,
+    /// with its completion.
+    pub(crate) fn complete_recv(&mut self, p: usize, rd: RecvDone) {
+        let peer = self.qps.get_mut(p).expect("live QP");
+        peer.rq.pop_front();
+        let wc = Wc {
+            wr_id: rd.wr_id,
+            status: rd.status,
+            opcode: rd.opcode,
+            byte_len: rd.byte_len,
+            imm_data: rd.imm,
+            qp_num: peer.qpn,
+        };
+        let cq = peer.recv_cq;
+        self.push_cqe(cq, wc);
+    }
+
     /// Completes the oldest SQ entry of QP `q` with `status`: a CQE when signaled or
     /// failed (releasing earlier unsignaled slots), else the slot stays held.
     pub(crate) fn complete_front(&mut self, q: usize, status: WcStatus) {

@@ -323,18 +323,7 @@ impl World {
             }
         }
         if let Some(rd) = ex.recv {
-            let peer = self.qps.get_mut(p).expect("live QP");
-            peer.rq.pop_front();
-            let wc = Wc {
-                wr_id: rd.wr_id,
-                status: rd.status,
-                opcode: rd.opcode,
-                byte_len: rd.byte_len,
-                imm_data: rd.imm,
-                qp_num: peer.qpn,
-            };
-            let cq = peer.recv_cq;
-            self.push_cqe(cq, wc);
+            self.complete_recv(p, rd);
         }
         if ex.status != WcStatus::Success {
             // Every error the responder detects moves it to ERR too.

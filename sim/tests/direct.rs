@@ -180,37 +180,13 @@ impl Env {
         let (a, b) = (&self.pair.a, &self.pair.b);
         format!(
             "{:?} {:?} {:?} {:?} {:?} {:?}",
-            drain_all(&a.cq),
-            drain_all(&b.cq),
+            try_drain(&a.cq),
+            try_drain(&b.cq),
             self.bufs[0].get(),
             self.bufs[1].get(),
             a.qp.state(),
             b.qp.state()
         )
-    }
-}
-
-/// Every completion in `cq`, or the error polling met.
-fn drain_all(cq: &Cq) -> Result<Vec<Wc>, SimError> {
-    let mut all = Vec::new();
-    loop {
-        let mut wcs = [empty_wc(); 4];
-        let n = cq.poll(&mut wcs)?;
-        all.extend_from_slice(&wcs[..n]);
-        if n == 0 {
-            return Ok(all);
-        }
-    }
-}
-
-fn empty_wc() -> Wc {
-    Wc {
-        wr_id: 0,
-        status: WcStatus::GeneralErr,
-        opcode: WcOpcode::Send,
-        byte_len: 0,
-        imm_data: None,
-        qp_num: 0,
     }
 }
 

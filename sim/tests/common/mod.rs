@@ -98,22 +98,32 @@ pub fn rwr(wr_id: u64, sges: &[Sge]) -> RecvWr {
     }
 }
 
-/// Every completion currently in `cq`.
-pub fn drain(cq: &Cq) -> Vec<Wc> {
-    let mut all = Vec::new();
-    let mut wc = [Wc {
+/// A placeholder completion for poll buffers.
+pub fn blank_wc() -> Wc {
+    Wc {
         wr_id: 0,
         status: WcStatus::GeneralErr,
         opcode: WcOpcode::Send,
         byte_len: 0,
         imm_data: None,
         qp_num: 0,
-    }; 4];
+    }
+}
+
+/// Every completion currently in `cq`.
+pub fn drain(cq: &Cq) -> Vec<Wc> {
+    try_drain(cq).expect("poll")
+}
+
+/// Every completion currently in `cq`, or the error polling met.
+pub fn try_drain(cq: &Cq) -> Result<Vec<Wc>, SimError> {
+    let mut all = Vec::new();
+    let mut wc = [blank_wc(); 4];
     loop {
-        let n = cq.poll(&mut wc).expect("poll");
+        let n = cq.poll(&mut wc)?;
         all.extend_from_slice(&wc[..n]);
         if n < wc.len() {
-            return all;
+            return Ok(all);
         }
     }
 }

@@ -89,16 +89,32 @@ pub struct Completion {
     pub imm: Option<u32>,
 }
 
+/// Where a slot's request is. Signaled and unsignaled posted requests are two states, so
+/// that one store marks a slot posted and one compare finds a signaled one.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum SlotState {
     Free,
-    Posted { signaled: bool },
+    Posted,
+    PostedSignaled,
     Done(Completion),
 }
 
+impl SlotState {
+    #[inline]
+    fn posted(signaled: bool) -> SlotState {
+        if signaled {
+            SlotState::PostedSignaled
+        } else {
+            SlotState::Posted
+        }
+    }
+}
+
+/// The slot of the request with sequence number `seq` is `slots[seq % N]`, and it belongs
+/// to `seq` exactly while `tail <= seq < head`: that range is the generation check (an
+/// older generation is below the tail, an id never issued at or above the head).
 #[derive(Clone, Copy)]
 struct Slot {
-    seq: u64,
     opcode: WcOpcode,
     state: SlotState,
 }
@@ -128,7 +144,6 @@ impl<W: WorkRequest, const N: usize> Ring<W, N> {
             head: 0,
             tail: 0,
             slots: [Slot {
-                seq: 0,
                 opcode: WcOpcode::Send,
                 state: SlotState::Free,
             }; N],
@@ -198,9 +213,8 @@ impl<W: WorkRequest, const N: usize> Ring<W, N> {
     fn take_slot(&mut self, opcode: WcOpcode, signaled: bool) {
         let seq = self.head;
         self.slots[(seq % N as u64) as usize] = Slot {
-            seq,
             opcode,
-            state: SlotState::Posted { signaled },
+            state: SlotState::posted(signaled),
         };
         self.head += 1;
     }
@@ -215,7 +229,7 @@ impl<W: WorkRequest, const N: usize> Ring<W, N> {
         if let Some(wr) = self.stage.last_mut() {
             wr.set_signaled();
             let seq = self.head - 1;
-            self.slots[(seq % N as u64) as usize].state = SlotState::Posted { signaled: true };
+            self.slots[(seq % N as u64) as usize].state = SlotState::PostedSignaled;
         }
     }
 
@@ -243,7 +257,7 @@ impl<W: WorkRequest, const N: usize> Ring<W, N> {
         // retire, and its slot stays the oldest, so the tail does not move.
         if seq == self.tail && seq < self.head {
             let slot = &mut self.slots[(seq % N as u64) as usize];
-            if let SlotState::Posted { .. } = slot.state {
+            if let SlotState::Posted | SlotState::PostedSignaled = slot.state {
                 slot.state = SlotState::Done(outcome(wc, slot.opcode));
                 return Ok(());
             }
@@ -260,7 +274,7 @@ impl<W: WorkRequest, const N: usize> Ring<W, N> {
         let seq = wc.wr_id;
         if seq == want && seq == self.tail && seq < self.head {
             let slot = &mut self.slots[(seq % N as u64) as usize];
-            if let SlotState::Posted { .. } = slot.state {
+            if let SlotState::Posted | SlotState::PostedSignaled = slot.state {
                 slot.state = SlotState::Free;
                 self.tail += 1;
                 self.advance();
@@ -296,8 +310,10 @@ impl<W: WorkRequest, const N: usize> Ring<W, N> {
             return Err(unknown);
         }
         let idx = (seq % N as u64) as usize;
-        if self.slots[idx].seq != seq || !matches!(self.slots[idx].state, SlotState::Posted { .. })
-        {
+        if !matches!(
+            self.slots[idx].state,
+            SlotState::Posted | SlotState::PostedSignaled
+        ) {
             return Err(unknown);
         }
         // Every earlier request still posted must be unsignaled: RC completes in order.
@@ -307,7 +323,7 @@ impl<W: WorkRequest, const N: usize> Ring<W, N> {
         let mut first_done = None;
         for s in self.tail..seq {
             match self.slots[(s % N as u64) as usize].state {
-                SlotState::Posted { signaled: true } => return Err(unknown),
+                SlotState::PostedSignaled => return Err(unknown),
                 SlotState::Done(_) if first_done.is_none() => first_done = Some(s),
                 _ => {}
             }
@@ -317,7 +333,7 @@ impl<W: WorkRequest, const N: usize> Ring<W, N> {
             Some(done) => {
                 for s in done..seq {
                     let slot = &mut self.slots[(s % N as u64) as usize];
-                    if let SlotState::Posted { .. } = slot.state {
+                    if let SlotState::Posted | SlotState::PostedSignaled = slot.state {
                         slot.state = SlotState::Free;
                     }
                 }
@@ -354,7 +370,7 @@ impl<W: WorkRequest, const N: usize> Ring<W, N> {
             && seq < self.head
             && matches!(
                 self.slots[(seq % N as u64) as usize].state,
-                SlotState::Posted { .. }
+                SlotState::Posted | SlotState::PostedSignaled
             )
     }
 

@@ -12,8 +12,8 @@
 //!   selective signaling (one completion per batch), through a `Channel` scope and raw;
 //!   throughput in elements = work requests.
 //! - `pingpong_64B/*`: two threads bouncing 64 bytes: over a bare lock-free SPSC ring (the
-//!   in-process floor) and over two simulator `Channel`s. The figure is the median round
-//!   trip of each sample (see `two_threads`).
+//!   in-process floor) and over two simulator `Channel`s. The figure is the interquartile
+//!   mean round trip of each sample (see `two_threads`).
 //! - `dispatch_sim/*`: 1, 2, 4 threads sharing one simulator CQ through the lock-free
 //!   `Dispatcher`. This machine has 2 cores: 4 threads are oversubscribed and partly
 //!   measure the scheduler.
@@ -378,10 +378,11 @@ fn doorbell(c: &mut Criterion) {
 /// Runs `iters` round trips: `ping` on this thread, `pong` on a scoped thread; both loops
 /// run with allocations counted. `ping` calls its `tick` after each round trip.
 ///
-/// Returns `iters` × the **median** round trip of the sample, not the total time: on this
-/// shared 2-core machine a round trip in which either thread was descheduled costs a time
-/// slice, and a handful of those would dominate a mean. The median keeps the figure about
-/// the code (both ping-pongs are measured the same way, so their ratio stays fair).
+/// Returns `iters` × the **interquartile mean** round trip of the sample (the mean of the
+/// middle half), not the total time: on this shared 2-core machine a round trip in which
+/// either thread was descheduled costs a time slice, and a handful of those would dominate
+/// a mean. Dropping the outer quarters keeps the figure about the code (both ping-pongs are
+/// measured the same way, so their ratio stays fair).
 fn two_threads<A, B>(what: &str, iters: u64, ping: A, pong: B) -> Duration
 where
     A: FnOnce(u64, &mut dyn FnMut()),
@@ -410,9 +411,13 @@ where
         assert_no_allocs(what, allocs);
         assert_no_allocs(what, echo.join().expect("echo thread panicked"));
     });
-    let mid = rtts.len() / 2;
-    let median = *rtts.select_nth_unstable(mid).1;
-    Duration::from_nanos(median * iters)
+    // The interquartile mean: robust to a descheduled round trip like the median, but not
+    // quantized to the clock's tick (a run of identical medians has zero variance, which
+    // criterion's statistics reject).
+    rtts.sort_unstable();
+    let mid = &rtts[rtts.len() / 4..(rtts.len() * 3).div_ceil(4)];
+    let mean = mid.iter().sum::<u64>() as f64 / mid.len().max(1) as f64;
+    Duration::from_secs_f64(mean * 1e-9 * iters as f64)
 }
 
 fn pingpong(c: &mut Criterion) {

@@ -142,7 +142,9 @@ impl World {
         } else {
             qp.unsig_done += 1;
         }
-        self.direct_count += 1;
+        if let Some(qp) = self.qps.get_mut(q) {
+            qp.direct_count += 1;
+        }
         true
     }
 }

@@ -42,7 +42,8 @@ impl Fabric {
     /// assert_eq!(Fabric::with_devices(2).direct_executions(), 0);
     /// ```
     pub fn direct_executions(&self) -> u64 {
-        lock(&self.world).direct_count
+        let w = lock(&self.world);
+        w.direct_retired + w.qps.iter().map(|qp| qp.direct_count).sum::<u64>()
     }
 
     /// Events scheduled and not yet processed.

@@ -227,6 +227,9 @@ pub(crate) struct QpObj {
     pub(crate) rq: VecDeque<RecvWr>,
     /// Executed unsignaled WRs still holding SQ slots (released by the next send CQE).
     pub(crate) unsig_done: usize,
+    /// Send WRs of this QP completed on the direct path (kept here, not in the shared
+    /// world header, so that counting dirties only a line the post writes anyway).
+    pub(crate) direct_count: u64,
 }
 
 /// The whole simulated fabric.
@@ -251,8 +254,8 @@ pub(crate) struct World {
     pub(crate) epochs: u32,
     /// `cfg` is untimed: requests may complete on the direct path (`direct.rs`).
     pub(crate) untimed: bool,
-    /// Send WRs completed on the direct path.
-    pub(crate) direct_count: u64,
+    /// Send WRs completed on the direct path by QPs since destroyed.
+    pub(crate) direct_retired: u64,
 }
 
 pub(crate) fn invalid<T>(why: &'static str) -> Result<T, SimError> {
@@ -281,7 +284,7 @@ impl World {
             trace: Vec::new(),
             epochs: 0,
             untimed: crate::direct::untimed(&cfg),
-            direct_count: 0,
+            direct_retired: 0,
         }
     }
 
@@ -501,6 +504,7 @@ impl World {
             sq: crate::sq::SendQueue::new(cap.max_send_wr as usize),
             rq: VecDeque::with_capacity(cap.max_recv_wr as usize),
             unsig_done: 0,
+            direct_count: 0,
         };
         let (i, _) = self.qps.insert(qp);
         // Bound on events in flight per QP: a request and a response per WR, plus timers.
@@ -518,6 +522,7 @@ impl World {
         self.wake_parked(q);
         self.disarm(q);
         if let Some(qp) = self.qps.remove(q) {
+            self.direct_retired += qp.direct_count;
             self.release_cq(qp.send_cq, false);
             self.release_cq(qp.recv_cq, false);
             self.release_pd(qp.pd, false);

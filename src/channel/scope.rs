@@ -196,6 +196,12 @@ impl<'env, P: Provider, const N: usize, const S: usize> Scope<'env, P, N, S> {
         if let Ok(seq) = self.ch.rq.stage(wr, true) {
             return Ok(seq);
         }
+        self.stage_recv_full(wr)
+    }
+
+    /// [`post_receive`](Self::post_receive) when the ring is full.
+    #[inline(never)]
+    fn stage_recv_full(&mut self, wr: RecvWr<S>) -> Result<u64, Error<P::Error>> {
         self.make_room(Queue::Recv)?;
         self.ch.rq.stage(wr, true).map_err(|f| Error::QueueFull {
             capacity: f.capacity,
@@ -242,10 +248,17 @@ impl<'env, P: Provider, const N: usize, const S: usize> Scope<'env, P, N, S> {
         })
     }
 
+    #[inline]
     fn stage_wr(&mut self, wr: SendWr<S>) -> Result<u64, Error<P::Error>> {
         if let Ok(seq) = self.ch.sq.stage(wr, false) {
             return Ok(seq);
         }
+        self.stage_wr_full(wr)
+    }
+
+    /// [`stage_wr`](Self::stage_wr) when the ring is full.
+    #[inline(never)]
+    fn stage_wr_full(&mut self, wr: SendWr<S>) -> Result<u64, Error<P::Error>> {
         self.make_room(Queue::Send)?;
         self.ch.sq.stage(wr, false).map_err(|f| Error::QueueFull {
             capacity: f.capacity,

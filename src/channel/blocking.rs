@@ -13,7 +13,6 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
             SendOp::Send,
             SendFlags::empty(),
         )
-        .map(drop)
     }
 
     /// Sends `data` with 32 bits of immediate data for the receiver.
@@ -27,7 +26,6 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
             SendOp::SendWithImm(imm),
             SendFlags::empty(),
         )
-        .map(drop)
     }
 
     /// Sends `bytes` inline: the HCA copies them at post time, so they need no registration.
@@ -41,7 +39,6 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
             lkey: 0,
         };
         self.blocking_send([sge], SendOp::Send, SendFlags::INLINE)
-            .map(drop)
     }
 
     /// Posts one receive into `data` and waits for a message. Returns its length and
@@ -56,7 +53,7 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
             sg_list,
             num_sge,
         })?;
-        self.wait_fresh(Queue::Recv, seq)
+        self.wait_fresh(Queue::Recv, seq, |c| c)
     }
 
     /// Writes `data` to the start of `remote`.
@@ -70,7 +67,6 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
             rkey: remote.rkey,
         };
         self.blocking_rdma(data.into_iter().map(|s| s.sge()), remote, op)
-            .map(drop)
     }
 
     /// Writes `data` to `remote` and hands `imm` to a receive at the peer.
@@ -86,7 +82,6 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
             imm,
         };
         self.blocking_rdma(data.into_iter().map(|s| s.sge()), remote, op)
-            .map(drop)
     }
 
     /// Reads from the start of `remote` into `data`.
@@ -100,7 +95,6 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
             rkey: remote.rkey,
         };
         self.blocking_rdma(data.into_iter().map(|s| s.sge()), remote, op)
-            .map(drop)
     }
 
     /// Adds `add` to the `u64` at the start of `remote`; returns the previous value, which
@@ -152,14 +146,16 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
         Ok(result.read_u64().unwrap_or_default())
     }
 
+    /// Posts one signaled send work request and waits for it. Only its success is
+    /// reported: none of these operations has anything else to say.
     fn blocking_rdma(
         &mut self,
         sges: impl IntoIterator<Item = Sge>,
         remote: &RemoteRegion,
         op: SendOp,
-    ) -> Result<Completion, Error<P::Error>> {
+    ) -> Result<(), Error<P::Error>> {
         let seq = self.post_send_seq(sges, op, SendFlags::empty(), Some(remote))?;
-        self.wait_fresh(Queue::Send, seq)
+        self.wait_fresh(Queue::Send, seq, drop)
     }
 
     fn blocking_send(
@@ -167,8 +163,8 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
         sges: impl IntoIterator<Item = Sge>,
         op: SendOp,
         flags: SendFlags,
-    ) -> Result<Completion, Error<P::Error>> {
+    ) -> Result<(), Error<P::Error>> {
         let seq = self.post_send_seq(sges, op, flags, None)?;
-        self.wait_fresh(Queue::Send, seq)
+        self.wait_fresh(Queue::Send, seq, drop)
     }
 }

@@ -522,13 +522,20 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
     fn wait_seq(&mut self, queue: Queue, seq: u64) -> Result<Completion, Error<P::Error>> {
         match self.take(queue, seq) {
             Some(r) => r,
-            None => self.wait_fresh(queue, seq),
+            None => self.wait_fresh(queue, seq, |c| c),
         }
     }
 
     /// As [`wait_seq`](Self::wait_seq), for a request whose outcome is not in its slot (one
     /// just posted: only a poll completes it), so it polls before it looks.
-    fn wait_fresh(&mut self, queue: Queue, seq: u64) -> Result<Completion, Error<P::Error>> {
+    /// Success is handed to `ok`, so callers that want less than the whole completion
+    /// get code that does not gather it.
+    fn wait_fresh<R>(
+        &mut self,
+        queue: Queue,
+        seq: u64,
+        ok: impl FnOnce(Completion) -> R,
+    ) -> Result<R, Error<P::Error>> {
         // Made at the first empty poll: most waits never need it.
         let mut waiter = None;
         loop {
@@ -543,11 +550,11 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
                         Queue::Send => self.sq.retired_outcome(wc),
                         Queue::Recv => self.rq.retired_outcome(wc),
                     };
-                    return r.map_err(|c| self.completion_error(seq, c));
+                    return r.map(ok).map_err(|c| self.completion_error(seq, c));
                 }
                 Polled::Recorded => {
                     if let Some(r) = self.take(queue, seq) {
-                        return r;
+                        return r.map(ok);
                     }
                 }
                 Polled::Nothing => {

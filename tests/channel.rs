@@ -355,6 +355,40 @@ fn unpolled_work_completes_through_its_handle() {
 }
 
 #[test]
+fn blocking_call_behind_unpolled_work_leaves_its_outcome_to_its_handle() {
+    let (mut a, b) = default_pair();
+    let mut src = pattern(8, 6);
+    let mut target = [0u8; 16];
+    let src_mr = a.pd.register(&mut src).unwrap();
+    // SAFETY: nothing reads `target` until both writes have completed.
+    let target_mr = unsafe { b.pd.register_with_access(&mut target, ALL) }.unwrap();
+    let remote = target_mr.remote();
+    let op = zverbs::SendOp::Write {
+        remote_addr: remote.addr,
+        rkey: remote.rkey,
+    };
+    let sge = src_mr.slice(..).unwrap().sge();
+    // SAFETY: `src` is not written before both writes completed.
+    let first = unsafe {
+        a.ch.post_send_unpolled(&[sge], op, zverbs::SendFlags::empty())
+    }
+    .unwrap();
+    // The blocking write's wait polls the unpolled write's completion too (first, not its
+    // own): it records it for the handle and still takes its own.
+    a.ch.write([src_mr.slice(..).unwrap()], &remote.slice(8..).unwrap())
+        .unwrap();
+    assert_eq!(
+        a.ch.in_flight(),
+        (2, 0),
+        "the handle's outcome waits for it, and slots retire in order"
+    );
+    assert_eq!(a.ch.wait(first).unwrap().opcode, WcOpcode::RdmaWrite);
+    assert_eq!(a.ch.in_flight(), (0, 0));
+    assert_eq!(&target_mr.as_slice()[..8], &pattern(8, 6)[..]);
+    assert_eq!(&target_mr.as_slice()[8..], &pattern(8, 6)[..]);
+}
+
+#[test]
 fn foreign_handle_is_refused_and_both_channels_work_completes() {
     let (mut a, mut b) = default_pair();
     let (a_qpn, b_qpn) = (a.ch.queue_pair().qp_num(), b.ch.queue_pair().qp_num());

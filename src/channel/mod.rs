@@ -59,7 +59,7 @@ use crate::provider::Provider;
 use crate::qp::{
     Endpoint, Init, InitOptions, QpConfig, QueuePair, ReadyToSend, RtrOptions, RtsOptions,
 };
-use crate::ring::{Completion, Ring, UnknownCompletion, WorkRequest};
+use crate::ring::{Completion, Ring, WorkRequest};
 use crate::types::{RecvWr, SendFlags, SendOp, SendWr, Sge, WorkCompletion};
 use wait::Waiter;
 
@@ -256,12 +256,12 @@ enum Polled {
     Nothing,
     /// Completions, recorded in the ring; the awaited one may be among them.
     Recorded,
-    /// The awaited request was the oldest and is retired: its completion is `wcs[i]`.
-    Retired(usize),
+    /// The awaited request was the oldest and is retired: its completion is `wcs[0]`.
+    Retired,
 }
 
 /// Polls `cq` once into `wcs` and records what it returns in `ring`, retiring `want` at
-/// once if it completes as the oldest request (the usual case).
+/// once if its completion comes first and it is the oldest request (the usual case).
 #[inline]
 fn poll_for<P: Provider, W: WorkRequest, const N: usize>(
     cq: &CompletionQueue<P>,
@@ -273,32 +273,27 @@ fn poll_for<P: Provider, W: WorkRequest, const N: usize>(
     if n == 0 {
         return Ok(Polled::Nothing);
     }
-    // Usually the first completion polled is the awaited one; the rest out of line.
     if ring.retire_oldest(&wcs[0], want) {
         if n > 1 {
-            record::<P, W, N>(ring, &wcs[1..n], None)?;
+            record::<P, W, N>(ring, &wcs[1..n])?;
         }
-        return Ok(Polled::Retired(0));
+        return Ok(Polled::Retired);
     }
-    record::<P, W, N>(ring, &wcs[..n], Some(want))
+    record::<P, W, N>(ring, &wcs[..n])?;
+    Ok(Polled::Recorded)
 }
 
-/// Records `wcs` in `ring`; with `want`, retires it at once as in [`poll_for`].
+/// Records `wcs` in `ring` (out of line: the usual poll brings one completion).
 #[inline(never)]
 fn record<P: Provider, W: WorkRequest, const N: usize>(
     ring: &mut Ring<W, N>,
     wcs: &[WorkCompletion],
-    want: Option<u64>,
-) -> Result<Polled, Error<P::Error>> {
-    let unexpected = |u: UnknownCompletion| Error::UnexpectedCompletion { wr_id: u.wr_id };
-    let mut polled = Polled::Recorded;
-    for (i, wc) in wcs.iter().enumerate() {
-        match want {
-            Some(want) if ring.retire_oldest(wc, want) => polled = Polled::Retired(i),
-            _ => ring.complete(wc).map_err(unexpected)?,
-        }
+) -> Result<(), Error<P::Error>> {
+    for wc in wcs {
+        ring.complete(wc)
+            .map_err(|u| Error::UnexpectedCompletion { wr_id: u.wr_id })?;
     }
-    Ok(polled)
+    Ok(())
 }
 
 impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
@@ -544,8 +539,8 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
                 Queue::Recv => poll_for(&self.recv_cq, &mut self.rq, &mut self.wcs, seq)?,
             };
             match polled {
-                Polled::Retired(i) => {
-                    let wc = &self.wcs[i];
+                Polled::Retired => {
+                    let wc = &self.wcs[0];
                     let r = match queue {
                         Queue::Send => self.sq.retired_outcome(wc),
                         Queue::Recv => self.rq.retired_outcome(wc),

@@ -319,27 +319,33 @@ impl<W: WorkRequest, const N: usize> Ring<W, N> {
         // Every earlier request still posted must be unsignaled: RC completes in order.
         // Those succeeded without a completion of their own and are retired: the tail moves
         // up to the first outcome still to be taken, or to `seq`. (Slots behind the tail are
-        // never read again, so retired ones there need not be marked free.)
-        let mut first_done = None;
-        for s in self.tail..seq {
-            match self.slots[(s % N as u64) as usize].state {
-                SlotState::PostedSignaled => return Err(unknown),
-                SlotState::Done(_) if first_done.is_none() => first_done = Some(s),
-                _ => {}
-            }
+        // never read again, so retired ones there need not be marked free.) Usually every
+        // one of them is unsignaled or taken already: one quick pass finds that.
+        let mut done = self.tail;
+        while done < seq
+            && matches!(
+                self.slots[(done % N as u64) as usize].state,
+                SlotState::Posted | SlotState::Free
+            )
+        {
+            done += 1;
         }
-        match first_done {
-            None => self.tail = seq,
-            Some(done) => {
-                for s in done..seq {
-                    let slot = &mut self.slots[(s % N as u64) as usize];
-                    if let SlotState::Posted | SlotState::PostedSignaled = slot.state {
-                        slot.state = SlotState::Free;
-                    }
+        if done < seq {
+            // `done` is signaled (refused below) or has an outcome to be taken; the rest
+            // must be unsignaled too, and stay in the ring behind it, retired.
+            for s in done..seq {
+                if let SlotState::PostedSignaled = self.slots[(s % N as u64) as usize].state {
+                    return Err(unknown);
                 }
-                self.tail = done;
+            }
+            for s in done..seq {
+                let slot = &mut self.slots[(s % N as u64) as usize];
+                if let SlotState::Posted = slot.state {
+                    slot.state = SlotState::Free;
+                }
             }
         }
+        self.tail = done;
         // The tail rests on an outcome to be taken (`done`'s or `seq`'s): where `advance`
         // would leave it.
         self.slots[idx].state = SlotState::Done(outcome(wc, self.slots[idx].opcode));

@@ -93,6 +93,7 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
 
 impl<'env, P: Provider, const N: usize, const S: usize> Scope<'env, P, N, S> {
     /// Stages a send of the concatenation of `data`. Returns its `wr_id`.
+    #[inline]
     pub fn post_send(
         &mut self,
         data: impl IntoIterator<Item = LocalSlice<'env>>,
@@ -101,6 +102,7 @@ impl<'env, P: Provider, const N: usize, const S: usize> Scope<'env, P, N, S> {
     }
 
     /// Stages a send with immediate data.
+    #[inline]
     pub fn post_send_with_imm(
         &mut self,
         data: impl IntoIterator<Item = LocalSlice<'env>>,
@@ -110,6 +112,7 @@ impl<'env, P: Provider, const N: usize, const S: usize> Scope<'env, P, N, S> {
     }
 
     /// Stages an RDMA write of `data` to the start of `remote`.
+    #[inline]
     pub fn post_write(
         &mut self,
         data: impl IntoIterator<Item = LocalSlice<'env>>,
@@ -123,6 +126,7 @@ impl<'env, P: Provider, const N: usize, const S: usize> Scope<'env, P, N, S> {
     }
 
     /// Stages an RDMA write with immediate data.
+    #[inline]
     pub fn post_write_with_imm(
         &mut self,
         data: impl IntoIterator<Item = LocalSlice<'env>>,
@@ -138,6 +142,7 @@ impl<'env, P: Provider, const N: usize, const S: usize> Scope<'env, P, N, S> {
     }
 
     /// Stages an RDMA read from the start of `remote` into `data`.
+    #[inline]
     pub fn post_read(
         &mut self,
         data: impl IntoIterator<Item = LocalSliceMut<'env>>,
@@ -151,6 +156,7 @@ impl<'env, P: Provider, const N: usize, const S: usize> Scope<'env, P, N, S> {
     }
 
     /// Stages a fetch-and-add; the previous value lands in `result` (8 bytes).
+    #[inline]
     pub fn post_fetch_add(
         &mut self,
         result: LocalSliceMut<'env>,
@@ -166,6 +172,7 @@ impl<'env, P: Provider, const N: usize, const S: usize> Scope<'env, P, N, S> {
     }
 
     /// Stages a compare-and-swap; the previous value lands in `result` (8 bytes).
+    #[inline]
     pub fn post_compare_swap(
         &mut self,
         result: LocalSliceMut<'env>,
@@ -183,6 +190,7 @@ impl<'env, P: Provider, const N: usize, const S: usize> Scope<'env, P, N, S> {
     }
 
     /// Stages a receive into `data`.
+    #[inline]
     pub fn post_receive(
         &mut self,
         data: impl IntoIterator<Item = LocalSliceMut<'env>>,
@@ -193,16 +201,9 @@ impl<'env, P: Provider, const N: usize, const S: usize> Scope<'env, P, N, S> {
             sg_list,
             num_sge,
         };
-        if let Ok(seq) = self.ch.rq.stage(wr, true) {
-            return Ok(seq);
+        if self.ch.rq.in_flight() == N {
+            self.make_room(Queue::Recv)?;
         }
-        self.stage_recv_full(wr)
-    }
-
-    /// [`post_receive`](Self::post_receive) when the ring is full.
-    #[inline(never)]
-    fn stage_recv_full(&mut self, wr: RecvWr<S>) -> Result<u64, Error<P::Error>> {
-        self.make_room(Queue::Recv)?;
         self.ch.rq.stage(wr, true).map_err(|f| Error::QueueFull {
             capacity: f.capacity,
         })
@@ -216,6 +217,7 @@ impl<'env, P: Provider, const N: usize, const S: usize> Scope<'env, P, N, S> {
         self.ch.flush_sends()
     }
 
+    #[inline]
     fn stage_rdma(
         &mut self,
         sges: impl IntoIterator<Item = Sge>,
@@ -233,6 +235,7 @@ impl<'env, P: Provider, const N: usize, const S: usize> Scope<'env, P, N, S> {
         })
     }
 
+    #[inline]
     fn stage_send(
         &mut self,
         sges: impl IntoIterator<Item = Sge>,
@@ -250,16 +253,9 @@ impl<'env, P: Provider, const N: usize, const S: usize> Scope<'env, P, N, S> {
 
     #[inline]
     fn stage_wr(&mut self, wr: SendWr<S>) -> Result<u64, Error<P::Error>> {
-        if let Ok(seq) = self.ch.sq.stage(wr, false) {
-            return Ok(seq);
+        if self.ch.sq.in_flight() == N {
+            self.make_room(Queue::Send)?;
         }
-        self.stage_wr_full(wr)
-    }
-
-    /// [`stage_wr`](Self::stage_wr) when the ring is full.
-    #[inline(never)]
-    fn stage_wr_full(&mut self, wr: SendWr<S>) -> Result<u64, Error<P::Error>> {
-        self.make_room(Queue::Send)?;
         self.ch.sq.stage(wr, false).map_err(|f| Error::QueueFull {
             capacity: f.capacity,
         })
@@ -268,6 +264,9 @@ impl<'env, P: Provider, const N: usize, const S: usize> Scope<'env, P, N, S> {
     /// The ring is full: post what is staged and wait for this scope's work so far. Work
     /// posted before the scope (unpolled) is not ours to take: if that is what fills the
     /// ring, the ring stays full.
+    ///
+    /// Out of line: staging checks for this first, and the common case inlines.
+    #[inline(never)]
     fn make_room(&mut self, queue: Queue) -> Result<(), Error<P::Error>> {
         self.ring_doorbell()?;
         self.drain(queue);

@@ -26,7 +26,7 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
     ) -> Result<u64, Error<P::Error>> {
         let (sg_list, num_sge, len) = self.sges(sges)?;
         if let Some(remote) = remote {
-            remote.slice(..len)?;
+            fits(remote, len)?;
         }
         self.post_send_now(SendWr {
             wr_id: 0,
@@ -82,4 +82,21 @@ fn queue(send: bool) -> Queue {
     } else {
         Queue::Recv
     }
+}
+
+/// Whether `remote` holds `len` bytes from its start. The error (as
+/// [`RemoteRegion::slice`] reports it) is built out of line, so the check inlines small.
+#[inline]
+pub(crate) fn fits<E>(remote: &RemoteRegion, len: u64) -> Result<(), Error<E>> {
+    if len <= remote.len {
+        return Ok(());
+    }
+    too_short(remote, len)
+}
+
+#[cold]
+#[inline(never)]
+fn too_short<E>(remote: &RemoteRegion, len: u64) -> Result<(), Error<E>> {
+    remote.slice(..len)?;
+    Ok(())
 }

@@ -225,7 +225,7 @@ impl<'env, P: Provider, const N: usize, const S: usize> Scope<'env, P, N, S> {
         op: SendOp,
     ) -> Result<u64, Error<P::Error>> {
         let (sg_list, num_sge, len) = self.ch.sges(sges)?;
-        remote.slice(..len)?;
+        super::raw::fits(remote, len)?;
         self.stage_wr(SendWr {
             wr_id: 0,
             sg_list,

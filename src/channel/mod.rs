@@ -262,7 +262,7 @@ enum Polled {
 
 /// Polls `cq` once into `wcs` and records what it returns in `ring`, retiring `want` at
 /// once if its completion comes first and it is the oldest request (the usual case).
-#[inline]
+#[inline(always)]
 fn poll_for<P: Provider, W: WorkRequest, const N: usize>(
     cq: &CompletionQueue<P>,
     ring: &mut Ring<W, N>,
@@ -531,29 +531,32 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
         seq: u64,
         ok: impl FnOnce(Completion) -> R,
     ) -> Result<R, Error<P::Error>> {
-        // Made at the first empty poll: most waits never need it.
-        let mut waiter = None;
+        // The first poll usually retires the request; the rest is out of line.
+        match self.poll_for(queue, seq)? {
+            Polled::Retired => self.retired(queue, seq, ok),
+            polled => self.wait_polled(queue, seq, polled, ok),
+        }
+    }
+
+    /// The rest of [`wait_fresh`](Self::wait_fresh), after a poll that brought `polled`.
+    #[inline(never)]
+    fn wait_polled<R>(
+        &mut self,
+        queue: Queue,
+        seq: u64,
+        mut polled: Polled,
+        ok: impl FnOnce(Completion) -> R,
+    ) -> Result<R, Error<P::Error>> {
+        let mut waiter = Waiter::new(self.config.timeout);
         loop {
-            let polled = match queue {
-                Queue::Send => poll_for(&self.send_cq, &mut self.sq, &mut self.wcs, seq)?,
-                Queue::Recv => poll_for(&self.recv_cq, &mut self.rq, &mut self.wcs, seq)?,
-            };
             match polled {
-                Polled::Retired => {
-                    let wc = &self.wcs[0];
-                    let r = match queue {
-                        Queue::Send => self.sq.retired_outcome(wc),
-                        Queue::Recv => self.rq.retired_outcome(wc),
-                    };
-                    return r.map(ok).map_err(|c| self.completion_error(seq, c));
-                }
+                Polled::Retired => return self.retired(queue, seq, ok),
                 Polled::Recorded => {
                     if let Some(r) = self.take(queue, seq) {
                         return r.map(ok);
                     }
                 }
                 Polled::Nothing => {
-                    let waiter = waiter.get_or_insert_with(|| Waiter::new(self.config.timeout));
                     if !waiter.pause() {
                         self.abort_until_done(queue, seq)?;
                         let _ = self.take(queue, seq);
@@ -561,7 +564,32 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
                     }
                 }
             }
+            polled = self.poll_for(queue, seq)?;
         }
+    }
+
+    #[inline(always)]
+    fn poll_for(&mut self, queue: Queue, seq: u64) -> Result<Polled, Error<P::Error>> {
+        match queue {
+            Queue::Send => poll_for(&self.send_cq, &mut self.sq, &mut self.wcs, seq),
+            Queue::Recv => poll_for(&self.recv_cq, &mut self.rq, &mut self.wcs, seq),
+        }
+    }
+
+    /// The outcome of `seq`, which [`poll_for`] retired from `wcs[0]`.
+    #[inline(always)]
+    fn retired<R>(
+        &self,
+        queue: Queue,
+        seq: u64,
+        ok: impl FnOnce(Completion) -> R,
+    ) -> Result<R, Error<P::Error>> {
+        let wc = &self.wcs[0];
+        let r = match queue {
+            Queue::Send => self.sq.retired_outcome(wc),
+            Queue::Recv => self.rq.retired_outcome(wc),
+        };
+        r.map(ok).map_err(|c| self.completion_error(seq, c))
     }
 
     /// Waits until `seq` is no longer in flight, without taking its outcome. On timeout the

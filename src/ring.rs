@@ -272,16 +272,24 @@ impl<W: WorkRequest, const N: usize> Ring<W, N> {
     #[inline]
     pub fn retire_oldest(&mut self, wc: &WorkCompletion, want: u64) -> bool {
         let seq = wc.wr_id;
-        if seq == want && seq == self.tail && seq < self.head {
-            let slot = &mut self.slots[(seq % N as u64) as usize];
-            if let SlotState::Posted | SlotState::PostedSignaled = slot.state {
-                slot.state = SlotState::Free;
-                self.tail += 1;
-                self.advance();
-                return true;
-            }
+        // Each miss is unlikely, so each is a branch of its own (not one combined test).
+        if seq != want {
+            return unlikely_false();
         }
-        false
+        if seq != self.tail {
+            return unlikely_false();
+        }
+        if seq >= self.head {
+            return unlikely_false();
+        }
+        let slot = &mut self.slots[(seq % N as u64) as usize];
+        if let SlotState::Posted | SlotState::PostedSignaled = slot.state {
+            slot.state = SlotState::Free;
+            self.tail += 1;
+            self.advance();
+            return true;
+        }
+        unlikely_false()
     }
 
     /// The outcome of the request [`retire_oldest`](Self::retire_oldest) just retired for
@@ -395,6 +403,12 @@ impl<W: WorkRequest, const N: usize> Ring<W, N> {
             self.tail += 1;
         }
     }
+}
+
+#[cold]
+#[inline]
+fn unlikely_false() -> bool {
+    false
 }
 
 /// What a completion reports; a failed request's opcode comes from its slot (the device

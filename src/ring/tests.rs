@@ -1,0 +1,185 @@
+//! Unit and model tests of the ring.
+
+use super::*;
+use crate::types::{SendFlags, SendOp};
+use proptest::prelude::*;
+
+type W = SendWr<1>;
+fn wr() -> W {
+    SendWr::new(0, SendOp::Send, SendFlags::empty())
+}
+fn wc(seq: u64, status: WcStatus) -> WorkCompletion {
+    WorkCompletion {
+        wr_id: seq,
+        status,
+        ..WorkCompletion::EMPTY
+    }
+}
+
+#[test]
+fn full_ring_refuses_with_typed_error() {
+    let mut r: Ring<W, 2> = Ring::new();
+    r.stage(wr(), true).unwrap();
+    r.stage(wr(), true).unwrap();
+    assert_eq!(r.stage(wr(), true), Err(QueueFull { capacity: 2 }));
+    assert_eq!(r.staged().len(), 2);
+}
+
+#[test]
+fn stale_generation_is_detected() {
+    let mut r: Ring<W, 2> = Ring::new();
+    let a = r.stage(wr(), true).unwrap();
+    r.clear_staged();
+    r.complete(&wc(a, WcStatus::Success)).unwrap();
+    assert!(r.take(a).unwrap().is_ok());
+    let _b = r.stage(wr(), true).unwrap();
+    let c = r.stage(wr(), true).unwrap();
+    assert_eq!(c % 2, a % 2, "c reuses a's slot");
+    // A duplicate completion for `a` must not land in `c`'s slot.
+    assert_eq!(
+        r.complete(&wc(a, WcStatus::Success)),
+        Err(UnknownCompletion { wr_id: a })
+    );
+    assert!(r.is_pending(c));
+}
+
+#[test]
+fn retire_oldest_retires_only_the_wanted_oldest_request() {
+    let mut r: Ring<W, 4> = Ring::new();
+    let a = r.stage(wr(), true).unwrap();
+    let b = r.stage(wr(), true).unwrap();
+    r.clear_staged();
+    // Not the wanted one, or not the oldest: nothing changes.
+    assert!(!r.retire_oldest(&wc(a, WcStatus::Success), b));
+    assert!(!r.retire_oldest(&wc(b, WcStatus::Success), b));
+    assert!(r.is_pending(a) && r.is_pending(b));
+    // The wanted oldest one, failed: retired at once, with the posted opcode.
+    let failed = wc(a, WcStatus::RemAccessErr);
+    assert!(r.retire_oldest(&failed, a));
+    let out = r.retired_outcome(&failed).unwrap_err();
+    assert_eq!(
+        (out.status, out.opcode),
+        (WcStatus::RemAccessErr, WcOpcode::Send)
+    );
+    assert!(!r.is_pending(a) && r.take(a).is_none());
+    // A duplicate is not the oldest any more: left to `complete`, which refuses it.
+    assert!(!r.retire_oldest(&failed, a));
+    assert!(r.complete(&failed).is_err());
+    assert!(r.retire_oldest(&wc(b, WcStatus::Success), b));
+    assert!(r.is_idle());
+    assert!(!r.retire_oldest(&wc(b, WcStatus::Success), b));
+}
+
+#[test]
+fn out_of_order_signaled_completion_is_refused() {
+    let mut r: Ring<W, 4> = Ring::new();
+    let _a = r.stage(wr(), true).unwrap();
+    let b = r.stage(wr(), true).unwrap();
+    assert!(r.complete(&wc(b, WcStatus::Success)).is_err());
+}
+
+#[test]
+fn reserve_takes_a_slot_without_staging_and_unreserve_gives_it_back() {
+    let mut r: Ring<W, 2> = Ring::new();
+    let mut w = wr();
+    let a = r.reserve(&mut w, true).unwrap();
+    assert_eq!(w.wr_id, a);
+    assert!(r.staged().is_empty() && r.is_pending(a));
+    let mut w = wr();
+    let b = r.reserve(&mut w, true).unwrap();
+    assert_eq!(r.reserve(&mut wr(), true), Err(QueueFull { capacity: 2 }));
+    r.unreserve();
+    assert!(!r.is_pending(b) && r.next_seq() == b && r.in_flight() == 1);
+    r.complete(&wc(a, WcStatus::Success)).unwrap();
+    assert!(r.take(a).unwrap().is_ok());
+    r.unreserve(); // nothing reserved: no effect
+    assert!(r.is_idle() && r.next_seq() == b);
+}
+
+#[test]
+fn unstage_returns_slots() {
+    let mut r: Ring<W, 4> = Ring::new();
+    r.stage(wr(), true).unwrap();
+    r.stage(wr(), true).unwrap();
+    r.stage(wr(), true).unwrap();
+    r.unstage(2);
+    assert_eq!(r.in_flight(), 1);
+    assert_eq!(r.next_seq(), 1);
+    assert!(r.staged().is_empty());
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Post { signaled: bool },
+    CompleteOldestSignaled { ok: bool },
+    TakeAny(usize),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        any::<bool>().prop_map(|signaled| Op::Post { signaled }),
+        any::<bool>().prop_map(|ok| Op::CompleteOldestSignaled { ok }),
+        (0usize..8).prop_map(Op::TakeAny),
+    ]
+}
+
+proptest! {
+    // Model: a FIFO of (seq, signaled, outcome). The ring must agree with it on which
+    // requests are pending, which outcomes are delivered (exactly once), and capacity.
+    #[test]
+    fn ring_matches_fifo_model(ops in proptest::collection::vec(op(), 1..200)) {
+        const N: usize = 4;
+        let mut r: Ring<W, N> = Ring::new();
+        // (seq, signaled, Some(ok) once completed, taken)
+        let mut model: Vec<(u64, bool, Option<bool>, bool)> = Vec::new();
+        for op in ops {
+            match op {
+                Op::Post { signaled } => {
+                    let in_flight = model.iter().position(|e| !e.3).map_or(0, |p| model.len() - p);
+                    let res = r.stage(wr(), signaled);
+                    r.clear_staged();
+                    if in_flight == N {
+                        prop_assert!(res.is_err());
+                    } else {
+                        let seq = res.unwrap();
+                        model.push((seq, signaled, None, false));
+                    }
+                }
+                Op::CompleteOldestSignaled { ok } => {
+                    // The device completes the next request in order that makes a CQE:
+                    // a signaled one, or (when failing) the oldest outstanding one.
+                    let pos = model.iter().position(|e| e.2.is_none() && !e.3 && (e.1 || !ok));
+                    if let Some(p) = pos {
+                        let status = if ok { WcStatus::Success } else { WcStatus::RemAccessErr };
+                        r.complete(&wc(model[p].0, status)).unwrap();
+                        for e in model.iter_mut().take(p) {
+                            if e.2.is_none() && !e.3 { e.2 = Some(true); e.3 = true; }
+                        }
+                        model[p].2 = Some(ok);
+                    }
+                }
+                Op::TakeAny(i) => {
+                    if let Some(e) = model.iter_mut().filter(|e| !e.3).nth(i) {
+                        let got = r.take(e.0);
+                        match e.2 {
+                            None => prop_assert!(got.is_none()),
+                            Some(ok) => {
+                                prop_assert_eq!(got.map(|g| g.is_ok()), Some(ok));
+                                e.3 = true;
+                            }
+                        }
+                        prop_assert!(r.take(e.0).is_none() || !e.3);
+                    }
+                }
+            }
+            for e in &model {
+                prop_assert_eq!(r.is_pending(e.0), e.2.is_none() && !e.3);
+            }
+            let live = model.iter().filter(|e| !e.3).count();
+            let first_live = model.iter().position(|e| !e.3);
+            let expect_in_flight = first_live.map_or(0, |p| model.len() - p);
+            prop_assert_eq!(r.in_flight(), expect_in_flight);
+            prop_assert!(live <= N);
+        }
+    }
+}

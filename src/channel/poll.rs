@@ -117,7 +117,9 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
     /// As [`wait_seq`](Self::wait_seq), for a request whose outcome is not in its slot (one
     /// just posted: only a poll completes it), so it polls before it looks.
     /// Success is handed to `ok`, so callers that want less than the whole completion
-    /// get code that does not gather it.
+    /// get code that does not gather it. Inlined into the blocking calls: its own frame
+    /// (saved registers, argument moves, returned result) cost more than its body.
+    #[inline(always)]
     pub(super) fn wait_fresh<R>(
         &mut self,
         queue: Queue,

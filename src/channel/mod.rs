@@ -336,6 +336,7 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
 
     /// Posts one request by itself: nothing is staged outside a scope, so it needs no
     /// trip through the staged batch.
+    #[inline(always)]
     fn post_send_now(&mut self, mut wr: SendWr<S>) -> Result<u64, Error<P::Error>> {
         let seq = self
             .sq

@@ -17,6 +17,7 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
     /// The caller must keep the memory named by `sges` borrowed (shared for sends and
     /// writes, exclusive for reads and atomics) until [`wait_posted`](Self::wait_posted)
     /// returned for the sequence number.
+    #[inline(always)]
     pub(crate) fn post_send_seq(
         &mut self,
         sges: impl IntoIterator<Item = Sge>,

@@ -128,6 +128,38 @@ fn write_lands_in_range_and_nowhere_else() {
 }
 
 #[test]
+fn each_request_uses_only_its_own_gather_entries() {
+    // Requests are built in place: a shorter one after a longer (or a refused) one must not
+    // pick up the earlier entries.
+    let (mut a, b) = default_pair();
+    let mut src = pattern(30, 7);
+    let mut target = [0u8; 64];
+    let src_mr = a.pd.register(&mut src).unwrap();
+    // SAFETY: nothing reads `target` until the writes have completed.
+    let target_mr = unsafe { b.pd.register_with_access(&mut target, ALL) }.unwrap();
+    let remote = target_mr.remote();
+    let thirds = [0..10, 10..20, 20..30].map(|r| src_mr.slice(r).unwrap());
+    a.ch.write(thirds, &remote.slice(..30).unwrap()).unwrap();
+    let five = [0..6, 6..12, 12..18, 18..24, 24..30].map(|r| src_mr.slice(r).unwrap());
+    let err = a.ch.write(five, &remote).unwrap_err();
+    assert!(matches!(err, Error::TooManySges { given: 5, .. }), "{err}");
+    a.ch.write(
+        [src_mr.slice(20..30).unwrap()],
+        &remote.slice(32..).unwrap(),
+    )
+    .unwrap();
+    let p = pattern(30, 7);
+    assert_eq!(&target_mr.as_slice()[..30], &p[..]);
+    assert_eq!(&target_mr.as_slice()[32..42], &p[20..30]);
+    assert_eq!(
+        &target_mr.as_slice()[42..],
+        &[0; 22],
+        "only one entry gathered"
+    );
+    assert_eq!(a.ch.in_flight(), (0, 0));
+}
+
+#[test]
 fn write_with_imm_consumes_a_receive() {
     let (mut a, mut b) = default_pair();
     let mut src = pattern(8, 7);

@@ -127,6 +127,7 @@ impl<P: Provider, const N: usize, const S: usize> PreparedChannel<P, N, S> {
             rq: self.rq,
             config: self.config,
             wcs: [WorkCompletion::EMPTY; POLL_BATCH],
+            wr: SendWr::new(0, SendOp::Send, SendFlags::empty()),
         })
     }
 }
@@ -144,6 +145,10 @@ pub struct Channel<P: Provider, const N: usize = 64, const S: usize = 4> {
     config: ChannelConfig,
     /// Where polls land: kept here, so a poll does not initialise a fresh array each time.
     wcs: [WorkCompletion; POLL_BATCH],
+    /// The request a lone send is built in, in place. Gather entries past `num_sge` are
+    /// left from earlier posts: providers read only the first `num_sge`, so they need no
+    /// zeroing.
+    wr: SendWr<S>,
 }
 
 /// Completions taken from a completion queue per poll.
@@ -222,6 +227,16 @@ fn gather<const S: usize>(
     it: impl IntoIterator<Item = Sge>,
 ) -> Result<([Sge; S], u8, u64), (usize, usize)> {
     let mut out = [Sge::default(); S];
+    gather_into(&mut out, it).map(|(n, len)| (out, n, len))
+}
+
+/// As [`gather`], into `out`; entries past the count returned are left as they were (on
+/// error, some may have been overwritten).
+#[inline(always)]
+fn gather_into<const S: usize>(
+    out: &mut [Sge; S],
+    it: impl IntoIterator<Item = Sge>,
+) -> Result<(u8, u64), (usize, usize)> {
     let mut n = 0usize;
     let mut len = 0u64;
     for sge in it {
@@ -234,7 +249,7 @@ fn gather<const S: usize>(
     if n > S || n > u8::MAX as usize {
         return Err((n, S.min(u8::MAX as usize)));
     }
-    Ok((out, n as u8, len))
+    Ok((n as u8, len))
 }
 
 impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
@@ -334,18 +349,29 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
         gather(it).map_err(|(given, max)| Error::TooManySges { given, max })
     }
 
-    /// Posts one request by itself: nothing is staged outside a scope, so it needs no
-    /// trip through the staged batch.
+    /// Collects the entries of one send into [`wr`](Channel::wr); returns their count and
+    /// total length. Its other fields are left as they were.
     #[inline(always)]
-    fn post_send_now(&mut self, mut wr: SendWr<S>) -> Result<u64, Error<P::Error>> {
+    fn sges_in_place(
+        &mut self,
+        it: impl IntoIterator<Item = Sge>,
+    ) -> Result<(u8, u64), Error<P::Error>> {
+        gather_into(&mut self.wr.sg_list, it)
+            .map_err(|(given, max)| Error::TooManySges { given, max })
+    }
+
+    /// Posts the request built in [`wr`](Channel::wr) by itself: nothing is staged outside
+    /// a scope, so it needs no trip through the staged batch.
+    #[inline(always)]
+    fn post_send_now(&mut self) -> Result<u64, Error<P::Error>> {
         let seq = self
             .sq
-            .reserve(&mut wr, true)
+            .reserve(&mut self.wr, true)
             .map_err(|f| Error::QueueFull {
                 capacity: f.capacity,
             })?;
         // SAFETY: as in `flush_sends`.
-        if let Err(e) = unsafe { self.qp.post_send(core::slice::from_ref(&wr)) } {
+        if let Err(e) = unsafe { self.qp.post_send(core::slice::from_ref(&self.wr)) } {
             self.sq.unreserve();
             return Err(Error::Provider {
                 op: "ibv_post_send",

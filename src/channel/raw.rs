@@ -8,7 +8,7 @@ use crate::error::Error;
 use crate::mr::RemoteRegion;
 use crate::provider::Provider;
 use crate::ring::Completion;
-use crate::types::{RecvWr, SendFlags, SendOp, SendWr, Sge};
+use crate::types::{RecvWr, SendFlags, SendOp, Sge};
 
 impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
     /// Posts one signaled send work request; returns its sequence number. For RDMA and
@@ -25,17 +25,14 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
         flags: SendFlags,
         remote: Option<&RemoteRegion>,
     ) -> Result<u64, Error<P::Error>> {
-        let (sg_list, num_sge, len) = self.sges(sges)?;
+        let (num_sge, len) = self.sges_in_place(sges)?;
         if let Some(remote) = remote {
             fits(remote, len)?;
         }
-        self.post_send_now(SendWr {
-            wr_id: 0,
-            sg_list,
-            num_sge,
-            op,
-            flags: flags | SendFlags::SIGNALED,
-        })
+        self.wr.num_sge = num_sge;
+        self.wr.op = op;
+        self.wr.flags = flags | SendFlags::SIGNALED;
+        self.post_send_now()
     }
 
     /// Posts one receive work request; returns its sequence number. Same borrowing rule as

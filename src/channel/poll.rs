@@ -27,26 +27,29 @@ enum Polled {
     Retired,
 }
 
-/// Polls `cq` once into `wcs` and records what it returns in `ring`, retiring `want` at
-/// once if its completion comes first and it is the oldest request (the usual case).
+/// Polls `cq` once for up to `max` completions into `wcs` and records what it returns in
+/// `ring`, retiring `want` at once if its completion comes first and it is the oldest
+/// request (the usual case).
 #[inline(always)]
 fn poll_for<P: Provider, W: WorkRequest, const N: usize>(
     cq: &CompletionQueue<P>,
     ring: &mut Ring<W, N>,
     wcs: &mut [WorkCompletion; POLL_BATCH],
     want: u64,
+    max: usize,
 ) -> Result<Polled, Error<P::Error>> {
-    let n = cq.poll(wcs)?;
+    let max = max.min(POLL_BATCH);
+    let n = cq.poll(&mut wcs[..max])?;
     if n == 0 {
         return Ok(Polled::Nothing);
     }
     if ring.retire_oldest(&wcs[0], want) {
         if n > 1 {
-            record::<P, W, N>(ring, &wcs[1..n])?;
+            record::<P, W, N>(ring, &wcs[1..n.min(max)])?;
         }
         return Ok(Polled::Retired);
     }
-    record::<P, W, N>(ring, &wcs[..n])?;
+    record::<P, W, N>(ring, &wcs[..n.min(max)])?;
     Ok(Polled::Recorded)
 }
 
@@ -126,8 +129,9 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
         seq: u64,
         ok: impl FnOnce(Completion) -> R,
     ) -> Result<R, Error<P::Error>> {
-        // The first poll usually retires the request; the rest is out of line.
-        match self.poll_for(queue, seq)? {
+        // The first poll usually retires the request; the rest is out of line. It asks for
+        // one completion: the one awaited is usually the only one there.
+        match self.poll_for(queue, seq, 1)? {
             Polled::Retired => self.retired(queue, seq, ok),
             polled => self.wait_polled(queue, seq, polled, ok),
         }
@@ -159,15 +163,15 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
                     }
                 }
             }
-            polled = self.poll_for(queue, seq)?;
+            polled = self.poll_for(queue, seq, POLL_BATCH)?;
         }
     }
 
     #[inline(always)]
-    fn poll_for(&mut self, queue: Queue, seq: u64) -> Result<Polled, Error<P::Error>> {
+    fn poll_for(&mut self, queue: Queue, seq: u64, max: usize) -> Result<Polled, Error<P::Error>> {
         match queue {
-            Queue::Send => poll_for(&self.send_cq, &mut self.sq, &mut self.wcs, seq),
-            Queue::Recv => poll_for(&self.recv_cq, &mut self.rq, &mut self.wcs, seq),
+            Queue::Send => poll_for(&self.send_cq, &mut self.sq, &mut self.wcs, seq, max),
+            Queue::Recv => poll_for(&self.recv_cq, &mut self.rq, &mut self.wcs, seq, max),
         }
     }
 

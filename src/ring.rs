@@ -329,14 +329,20 @@ impl<W: WorkRequest, const N: usize> Ring<W, N> {
         // up to the first outcome still to be taken, or to `seq`. (Slots behind the tail are
         // never read again, so retired ones there need not be marked free.) Usually every
         // one of them is unsignaled or taken already: one quick pass finds that.
+        // The pass runs over contiguous slices of slots (at most two: the range may wrap),
+        // not slot by slot through `% N`.
         let mut done = self.tail;
-        while done < seq
-            && matches!(
-                self.slots[(done % N as u64) as usize].state,
-                SlotState::Posted | SlotState::Free
-            )
-        {
-            done += 1;
+        while done < seq {
+            let start = (done % N as u64) as usize;
+            let run = ((seq - done) as usize).min(N - start);
+            let stop = self.slots[start..start + run]
+                .iter()
+                .position(|s| !matches!(s.state, SlotState::Posted | SlotState::Free));
+            if let Some(k) = stop {
+                done += k as u64;
+                break;
+            }
+            done += run as u64;
         }
         if done < seq {
             // `done` is signaled (refused below) or has an outcome to be taken; the rest

@@ -21,6 +21,9 @@ cd "$(dirname "$(readlink -f "$0")")/.."
 
 log() { printf 'rxe-perf: %s\n' "$*" >&2; }
 
+# The verbs build and the guest harness need host packages (idempotent, quick when present).
+scripts/install-verbs-deps.sh >&2
+
 json=$(cargo build --release --features verbs --example zverbs_perf --message-format=json 2>/dev/null) || {
     cargo build --release --features verbs --example zverbs_perf
     exit 1

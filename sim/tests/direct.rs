@@ -155,17 +155,7 @@ impl Env {
                 format!("{:?}", self.side(b).qp.post_recv(wrs))
             }
             Op::Poll { b, max } => {
-                let mut wcs = vec![
-                    Wc {
-                        wr_id: 0,
-                        status: WcStatus::GeneralErr,
-                        opcode: WcOpcode::Send,
-                        byte_len: 0,
-                        imm_data: None,
-                        qp_num: 0
-                    };
-                    usize::from(max)
-                ];
+                let mut wcs = vec![blank_wc(); usize::from(max)];
                 let n = self.side(b).cq.poll(&mut wcs);
                 format!("{n:?} {:?}", &wcs[..*n.as_ref().unwrap_or(&0)])
             }

@@ -286,7 +286,7 @@ impl World {
     }
 
     /// Validates and queues one receive WR (see `Qp::post_recv`).
-    pub(crate) fn post_recv(&mut self, q: usize, wr: RecvWr) -> Result<(), SimError> {
+    pub(crate) fn post_recv(&mut self, q: usize, wr: &RecvWr) -> Result<(), SimError> {
         let qp = self.qps.get_mut(q).expect("live QP");
         if qp.dead {
             return invalid("QP on a crashed device");
@@ -305,7 +305,7 @@ impl World {
             let cq = qp.recv_cq;
             self.push_cqe(cq, wc);
         } else {
-            qp.rq.push_back(wr);
+            qp.rq.push_back(*wr);
             let (dev, qpn) = (qp.dev, qp.qpn);
             self.trace(dev, qpn, TraceKind::PostRecv, None, Some(wr.wr_id));
             self.wake_parked(q);

@@ -594,11 +594,49 @@ impl Qp {
     /// The first request refused, and why: [`SimError::Invalid`] in RESET or for too many
     /// SGEs; [`SimError::QueueFull`] when `max_recv_wr` requests are queued.
     pub fn post_recv<I: IntoIterator<Item = RecvWr>>(&self, wrs: I) -> Result<(), PostError> {
+        let mut wrs = wrs.into_iter();
+        self.post_recv_list(|slot| wrs.next().map(|wr| *slot = wr).is_some())
+    }
+
+    /// Posts receive work requests built in place, as [`Qp::post_send_raw_with`] does
+    /// for sends: `fill(i, wr)` writes request `i` (of `n`) into a scratch request whose
+    /// scatter entries past the `num_sge` it sets are left over from earlier requests.
+    ///
+    /// # Errors
+    /// As [`Qp::post_recv`].
+    pub fn post_recv_with(
+        &self,
+        n: usize,
+        mut fill: impl FnMut(usize, &mut RecvWr),
+    ) -> Result<(), PostError> {
+        let mut i = 0;
+        self.post_recv_list(|slot| {
+            let more = i < n;
+            if more {
+                fill(i, slot);
+                i += 1;
+            }
+            more
+        })
+    }
+
+    fn post_recv_list(&self, mut next: impl FnMut(&mut RecvWr) -> bool) -> Result<(), PostError> {
+        let mut wr = RecvWr {
+            wr_id: 0,
+            sg_list: [Sge::default(); MAX_SGE],
+            num_sge: 0,
+        };
         let mut w = enter(&self.world);
-        let res = wrs.into_iter().enumerate().try_for_each(|(index, wr)| {
-            w.post_recv(self.id, wr)
-                .map_err(|error| PostError { index, error })
-        });
+        let mut res = Ok(());
+        for index in 0.. {
+            if !next(&mut wr) {
+                break;
+            }
+            if let Err(error) = w.post_recv(self.id, &wr) {
+                res = Err(PostError { index, error });
+                break;
+            }
+        }
         w.run_due();
         res
     }

@@ -144,16 +144,6 @@ fn sge_to(e: &Sge) -> s::Sge {
     }
 }
 
-fn sges_to(src: &[Sge]) -> ([s::Sge; s::MAX_SGE], usize) {
-    let mut out = [s::Sge::default(); s::MAX_SGE];
-    // Entries past MAX_SGE are dropped here, but `num_sge` keeps the real count so the
-    // simulator rejects the request exactly as a device rejects too many SGEs.
-    for (d, e) in out.iter_mut().zip(src) {
-        *d = sge_to(e);
-    }
-    (out, src.len())
-}
-
 fn op_to(op: SendOp) -> s::SendOp {
     match op {
         SendOp::Send => s::SendOp::Send,
@@ -372,14 +362,15 @@ impl Provider for Sim {
         qp: &s::Qp,
         wrs: &[RecvWr<S>],
     ) -> Result<(), PostError<s::SimError>> {
-        qp.post_recv(wrs.iter().map(|wr| {
-            let (sg_list, num_sge) = sges_to(wr.sges());
-            s::RecvWr {
-                wr_id: wr.wr_id,
-                sg_list,
-                num_sge,
+        qp.post_recv_with(wrs.len(), |i, out| {
+            let wr = &wrs[i];
+            let sges = wr.sges();
+            // As for sends: entries past MAX_SGE are dropped, `num_sge` keeps the count.
+            for (d, e) in out.sg_list.iter_mut().zip(sges) {
+                *d = sge_to(e);
             }
-        }))
+            (out.wr_id, out.num_sge) = (wr.wr_id, sges.len());
+        })
         .map_err(post_error)
     }
 }

@@ -4,9 +4,12 @@
 use core::time::Duration;
 
 /// Polls this many times one `spin_loop` hint apart before yielding between polls. A
-/// completion is then noticed within one pause for the first ~0.1-0.3 ms of a wait (an
-/// exponential backoff instead sleeps up to 512 pauses, ~10 µs, on the latency path).
-const SPIN_POLLS: u32 = 1 << 12;
+/// completion arriving in the first few microseconds of a wait is noticed within one pause
+/// (an exponential backoff instead slept up to 512 pauses, ~10 µs, on the latency path);
+/// after that, a thread that may be keeping the one it waits for off a core yields. 4096
+/// polls before the first yield made oversubscribed barriers (more ranks than cores) 4-10x
+/// slower; 128 kept the ping-pong as fast and made every barrier faster than before.
+const SPIN_POLLS: u32 = 1 << 7;
 
 /// Backoff with an optional deadline. Without `std` there is no clock: the deadline is
 /// counted in polls (one poll ≈ one microsecond is assumed), and the thread never yields.

@@ -602,6 +602,19 @@ impl Qp {
     /// for sends: `fill(i, wr)` writes request `i` (of `n`) into a scratch request whose
     /// scatter entries past the `num_sge` it sets are left over from earlier requests.
     ///
+    /// ```
+    /// # use zverbs_sim::*;
+    /// # let f = Fabric::with_devices(1);
+    /// # let ctx = f.open_device("sim0").unwrap();
+    /// # let pd = ctx.alloc_pd().unwrap();
+    /// # let cq = ctx.create_cq(8).unwrap();
+    /// # let cap = QpCap { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
+    /// # let qp = pd.create_qp(&QpInitAttr { send_cq: &cq, recv_cq: &cq, cap, sq_sig_all: false }).unwrap();
+    /// // In RESET a receive is refused; the error names request 0.
+    /// let res = qp.post_recv_with(3, |i, wr| (wr.wr_id, wr.num_sge) = (i as u64, 0));
+    /// assert_eq!(res.unwrap_err().index, 0);
+    /// ```
+    ///
     /// # Errors
     /// As [`Qp::post_recv`].
     pub fn post_recv_with(

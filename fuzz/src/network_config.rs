@@ -8,7 +8,8 @@
 //!   display alike);
 //! - an accepted configuration satisfies its invariants, checked against the document read
 //!   independently as a `serde_json::Value`: the list is `{"nodes": [...]}` with entries of
-//!   exactly `rank` (u32), `address` (string) and `port` (integer); there is at least one
+//!   exactly `rank` (u32), `address` (string) and `port` (integer), the document and every
+//!   entry JSON objects (never a sequence of field values); there is at least one
 //!   entry; the ranks are exactly `0..n`, each once; ports are in `1..=65535`; addresses are
 //!   unicast IPs; no two entries share an (address, port); and rank `r` maps to its entry's
 //!   socket address, nothing beyond `n`;
@@ -260,5 +261,9 @@ mod tests {
         check(br#"{"nodes":[{"rank":0,"rank":0,"address":"::1","port":1}]}"#);
         check(br#"{"nodes":[{"rank":-1,"address":"::1","port":1}]}"#);
         check(br#"{"nodes":[{"rank":0,"address":"::1","port":1.0}]}"#);
+        // Sequences where the format has objects (serde's derive reads a struct from one).
+        check(b"[[]]");
+        check(br#"{"nodes":[[0,"127.0.0.1",7000]]}"#);
+        check(br#"[[{"rank":0,"address":"127.0.0.1","port":7000}]]"#);
     }
 }

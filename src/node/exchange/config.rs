@@ -22,12 +22,16 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
-use serde::{Deserialize, Serialize};
+use serde::de::value::MapAccessDeserializer;
+use serde::de::{MapAccess, Visitor};
+use serde::{Deserialize, Deserializer, Serialize};
 
-/// The file format, as written.
+/// The file format, as written: an object with only `nodes`, a list of entry objects.
+/// Each level is read with [`Object`], so a sequence never stands in for an object.
 #[derive(Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawConfig {
+    #[serde(deserialize_with = "entry_objects")]
     nodes: Vec<RawNode>,
 }
 
@@ -39,6 +43,39 @@ struct RawNode {
     rank: u32,
     address: String,
     port: u64,
+}
+
+/// A `T` read from a JSON object only. serde's derived `Deserialize` also reads a struct
+/// from a sequence of its field values (`[[]]`, `{"nodes":[[0,"::1",7]]}`); the documented
+/// format has objects there, so anything but an object is a JSON error, at its position.
+struct Object<T>(T);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Object<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct ObjectVisitor<T>(std::marker::PhantomData<T>);
+
+        impl<'de, T: Deserialize<'de>> Visitor<'de> for ObjectVisitor<T> {
+            type Value = T;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+                // The derived impl reads the fields: unknown, duplicate and missing ones
+                // are still refused.
+                T::deserialize(MapAccessDeserializer::new(map))
+            }
+        }
+
+        d.deserialize_map(ObjectVisitor(std::marker::PhantomData))
+            .map(Object)
+    }
+}
+
+fn entry_objects<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<RawNode>, D::Error> {
+    let entries = Vec::<Object<RawNode>>::deserialize(d)?;
+    Ok(entries.into_iter().map(|Object(e)| e).collect())
 }
 
 /// A checked network configuration: rank `r` listens on `addrs[r]`, for ranks `0..len()`.
@@ -202,7 +239,7 @@ impl std::error::Error for ConfigError {
 
 /// Parses and checks a JSON network configuration.
 pub fn parse_config(s: &str) -> Result<NetworkConfig, ConfigError> {
-    let raw: RawConfig = serde_json::from_str(s).map_err(|e| ConfigError::Json {
+    let Object::<RawConfig>(raw) = serde_json::from_str(s).map_err(|e| ConfigError::Json {
         line: e.line(),
         column: e.column(),
         message: e.to_string(),
@@ -395,6 +432,33 @@ mod tests {
         assert_eq!(parse_config(&cfg.to_json()).unwrap(), cfg);
         let v6 = NetworkConfig::from_addrs(vec!["[::1]:5".parse().unwrap()]).unwrap();
         assert_eq!(parse_config(&v6.to_json()).unwrap(), v6);
+    }
+
+    #[test]
+    fn sequences_are_not_objects() {
+        // serde's derive would read each of these as a struct from its field values.
+        for doc in [
+            "[[]]",
+            r#"[[{"rank":0,"address":"127.0.0.1","port":7000}]]"#,
+            r#"{"nodes":[[0,"127.0.0.1",7000]]}"#,
+            r#"{"nodes":[{"rank":0,"address":"127.0.0.1","port":7000},[1,"::1",7000]]}"#,
+        ] {
+            let e = parse_config(doc).unwrap_err();
+            assert!(
+                matches!(&e, ConfigError::Json { line: 1, .. }),
+                "{doc}: {e:?}"
+            );
+            assert!(
+                e.to_string().contains("expected a JSON object"),
+                "{doc}: {e}"
+            );
+        }
+        // Objects still read as before, with their own errors.
+        assert!(parse_config(r#"{"nodes":[{"rank":0,"address":"::1","port":7}]}"#).is_ok());
+        let e = parse_config(r#"{"nodes":[{"rank":0,"rank":0,"address":"::1","port":7}]}"#);
+        assert!(matches!(e, Err(ConfigError::Json { .. })), "{e:?}");
+        let e = parse_config(r#"{"nodes":[{"rank":0,"port":7}]}"#).unwrap_err();
+        assert!(e.to_string().contains("address"), "{e}");
     }
 
     #[test]

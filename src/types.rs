@@ -236,7 +236,8 @@ pub struct SendWr<const S: usize> {
     pub wr_id: u64,
     /// Gather list; the first `num_sge` entries are used.
     pub sg_list: [Sge; S],
-    /// Number of valid entries in `sg_list`.
+    /// Number of valid entries in `sg_list`, at most `S` (a larger count is refused when
+    /// posted).
     pub num_sge: u8,
     /// Operation.
     pub op: SendOp,
@@ -260,9 +261,16 @@ impl<const S: usize> SendWr<S> {
         }
     }
 
-    /// The used part of the gather list.
+    /// The used part of the gather list: the first `num_sge` entries. A `num_sge` above
+    /// `S` names entries that do not exist: this gives the `S` there are, and providers
+    /// refuse to post such a request (see [`sges_fit`](Self::sges_fit)).
     pub fn sges(&self) -> &[Sge] {
-        &self.sg_list[..self.num_sge as usize]
+        &self.sg_list[..usize::from(self.num_sge).min(S)]
+    }
+
+    /// Whether `num_sge` is at most `S`, the entries `sg_list` holds.
+    pub fn sges_fit(&self) -> bool {
+        usize::from(self.num_sge) <= S
     }
 }
 
@@ -273,7 +281,8 @@ pub struct RecvWr<const S: usize> {
     pub wr_id: u64,
     /// Scatter list; the first `num_sge` entries are used.
     pub sg_list: [Sge; S],
-    /// Number of valid entries in `sg_list`.
+    /// Number of valid entries in `sg_list`, at most `S` (a larger count is refused when
+    /// posted).
     pub num_sge: u8,
 }
 
@@ -291,9 +300,15 @@ impl<const S: usize> RecvWr<S> {
         }
     }
 
-    /// The used part of the scatter list.
+    /// The used part of the scatter list: the first `num_sge` entries, at most `S` (as
+    /// [`SendWr::sges`]; providers refuse a request whose `num_sge` exceeds `S`).
     pub fn sges(&self) -> &[Sge] {
-        &self.sg_list[..self.num_sge as usize]
+        &self.sg_list[..usize::from(self.num_sge).min(S)]
+    }
+
+    /// Whether `num_sge` is at most `S`, the entries `sg_list` holds.
+    pub fn sges_fit(&self) -> bool {
+        usize::from(self.num_sge) <= S
     }
 }
 

@@ -201,6 +201,18 @@ fn wc_from(wc: &s::Wc) -> WorkCompletion {
     }
 }
 
+/// The simulator's `num_sge` for a request with `len` entries: a `num_sge` past the
+/// request's own list (`!fits`) becomes a count above every queue pair's SGE limit, so the
+/// simulator refuses that request (`EINVAL`, and the post stops there) without reading the
+/// entries the list does not have (the scratch request's are left from earlier posts).
+fn sge_count(len: usize, fits: bool) -> usize {
+    if fits {
+        len
+    } else {
+        usize::MAX
+    }
+}
+
 fn post_error(e: s::PostError) -> PostError<s::SimError> {
     PostError {
         index: e.index,
@@ -348,7 +360,7 @@ impl Provider for Sim {
             for (d, e) in out.sg_list.iter_mut().zip(sges) {
                 *d = sge_to(e);
             }
-            out.num_sge = sges.len();
+            out.num_sge = sge_count(sges.len(), wr.sges_fit());
             out.wr_id = wr.wr_id;
             out.op = op_to(wr.op);
             out.flags = s::SendFlags::from_bits_truncate(wr.flags.bits());
@@ -369,7 +381,7 @@ impl Provider for Sim {
             for (d, e) in out.sg_list.iter_mut().zip(sges) {
                 *d = sge_to(e);
             }
-            (out.wr_id, out.num_sge) = (wr.wr_id, sges.len());
+            (out.wr_id, out.num_sge) = (wr.wr_id, sge_count(sges.len(), wr.sges_fit()));
         })
         .map_err(post_error)
     }

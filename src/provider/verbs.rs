@@ -508,6 +508,7 @@ impl Provider for Verbs {
         qp: &Qp,
         wrs: &[SendWr<S>],
     ) -> Result<(), PostError<VerbsError>> {
+        let (wrs, malformed) = well_formed(wrs, SendWr::sges_fit, "ibv_post_send");
         let mut chain = [const { MaybeUninit::<ffi::ibv_send_wr>::uninit() }; CHAIN];
         for (c, batch) in wrs.chunks(CHAIN).enumerate() {
             let base = link(&mut chain, batch, wr::send_wr, |w, n| w.next = n);
@@ -524,13 +525,14 @@ impl Provider for Verbs {
                 });
             }
         }
-        Ok(())
+        malformed.map_or(Ok(()), Err)
     }
 
     unsafe fn post_recv<const S: usize>(
         qp: &Qp,
         wrs: &[RecvWr<S>],
     ) -> Result<(), PostError<VerbsError>> {
+        let (wrs, malformed) = well_formed(wrs, RecvWr::sges_fit, "ibv_post_recv");
         let mut chain = [const { MaybeUninit::<ffi::ibv_recv_wr>::uninit() }; CHAIN];
         for (c, batch) in wrs.chunks(CHAIN).enumerate() {
             let base = link(&mut chain, batch, wr::recv_wr, |w, n| w.next = n);
@@ -544,7 +546,27 @@ impl Provider for Verbs {
                 });
             }
         }
-        Ok(())
+        malformed.map_or(Ok(()), Err)
+    }
+}
+
+/// Splits `wrs` before the first request whose `num_sge` exceeds its own list (`!fits`):
+/// the requests to post, and the `EINVAL` to report for that one once they are posted.
+/// The verbs library would read such a list past its end.
+fn well_formed<'a, W>(
+    wrs: &'a [W],
+    fits: impl Fn(&W) -> bool,
+    verb: &'static str,
+) -> (&'a [W], Option<PostError<VerbsError>>) {
+    match wrs.iter().position(|w| !fits(w)) {
+        None => (wrs, None),
+        Some(index) => (
+            &wrs[..index],
+            Some(PostError {
+                index,
+                error: VerbsError::os(verb, error::errno::EINVAL),
+            }),
+        ),
     }
 }
 

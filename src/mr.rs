@@ -31,26 +31,37 @@ use crate::error::{verb, BoundsError, Error};
 use crate::provider::Provider;
 use crate::types::{AccessFlags, Sge};
 
-/// Resolves `range` against a region of `len` bytes.
+/// Resolves `range` against a region of `len` bytes: `(offset, length)` of the sub-range.
+///
+/// Total over every bound: the bounds are widened to `u128`, so `x..=u64::MAX` and an
+/// excluded start of `u64::MAX` are computed exactly instead of saturating (which would
+/// pass `0..=u64::MAX` on a region of `u64::MAX` bytes with a length one short).
 fn resolve(range: impl RangeBounds<u64>, len: u64) -> Result<(u64, u64), BoundsError> {
     let start = match range.start_bound() {
-        Bound::Included(&s) => s,
-        Bound::Excluded(&s) => s.saturating_add(1),
+        Bound::Included(&s) => u128::from(s),
+        Bound::Excluded(&s) => u128::from(s) + 1,
         Bound::Unbounded => 0,
     };
     let end = match range.end_bound() {
-        Bound::Included(&e) => e.saturating_add(1),
-        Bound::Excluded(&e) => e,
-        Bound::Unbounded => len,
+        Bound::Included(&e) => u128::from(e) + 1,
+        Bound::Excluded(&e) => u128::from(e),
+        Bound::Unbounded => u128::from(len),
     };
-    if start > end || end > len {
-        return Err(BoundsError {
-            offset: start,
-            len: end.saturating_sub(start),
-            region_len: len,
-        });
+    if start <= end && end <= u128::from(len) {
+        // Both fit in a u64: start <= end <= len.
+        let (start, end) = (clamp(start), clamp(end));
+        return Ok((start, end - start));
     }
-    Ok((start, end - start))
+    Err(BoundsError {
+        offset: clamp(start),
+        len: clamp(end.saturating_sub(start)),
+        region_len: len,
+    })
+}
+
+/// `v`, or `u64::MAX` if it does not fit (only error reports see that case).
+fn clamp(v: u128) -> u64 {
+    u64::try_from(v).unwrap_or(u64::MAX)
 }
 
 fn to_u64(r: impl RangeBounds<usize>) -> (Bound<u64>, Bound<u64>) {
@@ -188,13 +199,17 @@ impl<'a, P: Provider> MemoryRegion<'a, P> {
     }
 
     fn sge(&self, off: u64, len: u64) -> Result<Sge, BoundsError> {
-        let length = u32::try_from(len).map_err(|_| BoundsError {
+        let err = BoundsError {
             offset: off,
             len,
             region_len: self.len as u64,
-        })?;
+        };
+        let length = u32::try_from(len).map_err(|_| err)?;
+        // Cannot fail for `off <= len` of a live buffer (no allocation wraps the address
+        // space); checked so that no input makes this arithmetic wrap or panic.
+        let addr = (self.ptr as u64).checked_add(off).ok_or(err)?;
         Ok(Sge {
-            addr: self.ptr as u64 + off,
+            addr,
             length,
             lkey: self.lkey,
         })
@@ -235,19 +250,21 @@ impl LocalSlice<'_> {
     }
 }
 
+/// Splits `sge` at `mid` bytes. Total: a `mid` past the end, or (impossible for an entry
+/// of a registered buffer) an entry whose addresses would pass `u64::MAX`, is an error.
 fn split_sge(sge: Sge, mid: usize) -> Result<(Sge, Sge), BoundsError> {
-    let len = u64::from(sge.length);
-    if mid as u64 > len {
-        return Err(BoundsError {
-            offset: mid as u64,
-            len: 0,
-            region_len: len,
-        });
-    }
-    let mid = mid as u32;
+    let err = BoundsError {
+        offset: u64::try_from(mid).unwrap_or(u64::MAX),
+        len: 0,
+        region_len: u64::from(sge.length),
+    };
+    let mid = u32::try_from(mid)
+        .ok()
+        .filter(|&m| m <= sge.length)
+        .ok_or(err)?;
     let head = Sge { length: mid, ..sge };
     let tail = Sge {
-        addr: sge.addr + u64::from(mid),
+        addr: sge.addr.checked_add(u64::from(mid)).ok_or(err)?,
         length: sge.length - mid,
         lkey: sge.lkey,
     };
@@ -318,7 +335,9 @@ impl LocalSliceMut<'_> {
     }
 }
 
-/// Memory of a peer: address, length and remote key. Plain data.
+/// Memory of a peer: address, length and remote key. Plain data, usually received from
+/// the peer, so nothing about it is trusted: [`slice`](Self::slice) is total over every
+/// value of every field.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct RemoteRegion {
     /// Remote virtual address.
@@ -332,15 +351,35 @@ pub struct RemoteRegion {
 impl RemoteRegion {
     /// A sub-range, bounds-checked.
     ///
+    /// `Ok` exactly when the range lies inside `0..len` and its end address, `addr +
+    /// end`, does not pass `u64::MAX`; otherwise a [`BoundsError`], never a panic or a
+    /// wrapped address, whatever the fields hold. So the result's `addr + len` never
+    /// overflows. For a region (from a peer) whose addresses would pass `u64::MAX`, the
+    /// error reports the bytes it has up to there (`u64::MAX - addr`) as `region_len`.
+    ///
     /// ```
     /// use zverbs::RemoteRegion;
     /// let r = RemoteRegion { addr: 0x1000, len: 64, rkey: 7 };
     /// assert_eq!(r.slice(16..32).unwrap().addr, 0x1010);
     /// assert!(r.slice(60..70).is_err());
+    /// // A peer's nonsense: the region would run past the end of the address space.
+    /// let bad = RemoteRegion { addr: u64::MAX - 8, len: 64, rkey: 7 };
+    /// assert_eq!(bad.slice(..8).unwrap().len, 8);
+    /// assert_eq!(bad.slice(..9).unwrap_err().region_len, 8);
+    /// assert!(bad.slice(..).is_err());
     /// ```
     pub fn slice(&self, range: impl RangeBounds<u64>) -> Result<RemoteRegion, BoundsError> {
         let (off, len) = resolve(range, self.len)?;
+        // `off + len <= self.len`: the sum cannot overflow; the address may.
+        if self.addr.checked_add(off + len).is_none() {
+            return Err(BoundsError {
+                offset: off,
+                len,
+                region_len: u64::MAX - self.addr,
+            });
+        }
         Ok(RemoteRegion {
+            // `addr + off <= addr + off + len`, which was just checked.
             addr: self.addr + off,
             len,
             rkey: self.rkey,
@@ -363,6 +402,13 @@ mod tests {
         assert!(resolve(0..=u64::MAX, 10).is_err());
         let e = resolve(8..12, 10).unwrap_err();
         assert_eq!((e.offset, e.len, e.region_len), (8, 4, 10));
+        // The bounds at u64::MAX are exact, not saturated.
+        assert!(resolve(0..=u64::MAX, u64::MAX).is_err());
+        assert_eq!(resolve(0..=u64::MAX - 1, u64::MAX), Ok((0, u64::MAX)));
+        let past = (Bound::Excluded(u64::MAX), Bound::Unbounded);
+        assert!(resolve(past, u64::MAX).is_err());
+        let e = resolve(past, 1).unwrap_err();
+        assert_eq!((e.offset, e.len, e.region_len), (u64::MAX, 0, 1));
     }
 
     #[test]
@@ -376,5 +422,64 @@ mod tests {
         let b = a.slice(5..).unwrap();
         assert_eq!((b.addr, b.len, b.rkey), (115, 25, 1));
         assert!(a.slice(..31).is_err());
+    }
+
+    #[test]
+    fn split_sge_is_total() {
+        let sge = |addr, length| Sge {
+            addr,
+            length,
+            lkey: 3,
+        };
+        let (h, t) = split_sge(sge(u64::MAX - 10, 10), 4).unwrap();
+        assert_eq!(
+            (h.addr, h.length, t.addr, t.length),
+            (u64::MAX - 10, 4, u64::MAX - 6, 6)
+        );
+        assert!(split_sge(sge(u64::MAX - 2, 10), 4).is_err());
+        assert!(split_sge(sge(0, 10), 11).is_err());
+        assert!(split_sge(sge(0, u32::MAX), usize::MAX).is_err());
+        assert!(split_sge(sge(0, u32::MAX), u32::MAX as usize + 1).is_err());
+        assert!(split_sge(sge(0, u32::MAX), u32::MAX as usize).is_ok());
+    }
+
+    mod prop {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// Values spread over the whole range, with the edges often.
+        fn any_u64() -> impl Strategy<Value = u64> {
+            prop_oneof![
+                any::<u64>(),
+                0..64u64,
+                (0..64u64).prop_map(|d| u64::MAX - d),
+                (0..64u64).prop_map(|d| (1u64 << 32).wrapping_sub(32).wrapping_add(d)),
+            ]
+        }
+
+        proptest! {
+            #[test]
+            fn split_sge_ok_exactly_when_the_halves_fit(
+                addr in any_u64(),
+                length in prop_oneof![any::<u32>(), Just(u32::MAX), 0..8u32],
+                mid in prop_oneof![any::<usize>(), 0..16usize, Just(usize::MAX)],
+            ) {
+                let sge = Sge { addr, length, lkey: 9 };
+                let fits = (mid as u128) <= u128::from(length)
+                    && u128::from(addr) + mid as u128 <= u128::from(u64::MAX);
+                match split_sge(sge, mid) {
+                    Ok((h, t)) => {
+                        prop_assert!(fits);
+                        prop_assert_eq!((h.addr, h.length as usize, h.lkey), (addr, mid, 9));
+                        prop_assert_eq!(t.addr as u128, u128::from(addr) + mid as u128);
+                        prop_assert_eq!(t.length as usize, length as usize - mid);
+                    }
+                    Err(e) => {
+                        prop_assert!(!fits);
+                        prop_assert_eq!(e.region_len, u64::from(length));
+                    }
+                }
+            }
+        }
     }
 }

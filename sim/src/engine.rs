@@ -48,6 +48,7 @@ impl World {
 
     /// The timer of QP `q` fires.
     fn on_timer(&mut self, q: usize) {
+        let not_ready = self.cfg.instant_timers && self.responder_not_ready(q);
         let Some(qp) = self.qps.get_mut(q) else {
             return;
         };
@@ -64,6 +65,20 @@ impl World {
                     return;
                 };
                 let (psn, id) = (Some(head.psn), Some(head.wr.wr_id));
+                if not_ready && !qp.req.not_ready && qp.req.retries > 0 {
+                    // Hardware would retry into silence for `retries` more timeouts while
+                    // the peer finishes connecting: wait that long, or until it is ready.
+                    let code = qp.rts.map_or(0, |r| r.timeout);
+                    let budget =
+                        ack_timeout_ns(code).map(|ns| ns.saturating_mul(u64::from(qp.req.retries)));
+                    (qp.req.not_ready, qp.req.retries) = (true, 0);
+                    self.trace(dev, qpn, TraceKind::Timeout, psn, id);
+                    if let Some(budget) = budget {
+                        self.arm(q, self.now.saturating_add(budget), TimerKind::Ack);
+                    }
+                    return;
+                }
+                qp.req.not_ready = false;
                 let exhausted = qp.req.retries == 0;
                 qp.req.retries = qp.req.retries.saturating_sub(1);
                 self.trace(dev, qpn, TraceKind::Timeout, psn, id);
@@ -75,6 +90,45 @@ impl World {
         }
         self.go_back(q);
         self.pump(q);
+    }
+
+    /// Whether requester `q` talks to a live, reachable responder that is not yet in RTR
+    /// (still RESET or INIT): a connection whose other side has not finished connecting.
+    fn responder_not_ready(&self, q: usize) -> bool {
+        let Some(qp) = self.qps.get(q) else {
+            return false;
+        };
+        let (Some(rtr), Some(dev)) = (qp.rtr, qp.peer_dev) else {
+            return false;
+        };
+        if self.blocked(qp.dev, dev).is_some() {
+            return false;
+        }
+        self.qp_index(rtr.dest_qp_num)
+            .and_then(|r| self.qps.get(r))
+            .is_some_and(|r| {
+                !r.dead && r.dev == dev && matches!(r.state, QpState::Reset | QpState::Init)
+            })
+    }
+
+    /// Responder `p` reached RTR: wakes the requester its RTR attributes name if it waits
+    /// for `p` to become ready; it retransmits at once.
+    pub(crate) fn wake_not_ready(&mut self, p: usize) {
+        let Some(peer) = self.qps.get(p) else { return };
+        let (Some(rtr), qpn) = (peer.rtr, peer.qpn) else {
+            return;
+        };
+        let Some(r) = self.qp_index(rtr.dest_qp_num) else {
+            return;
+        };
+        let Some(req) = self.qps.get_mut(r) else {
+            return;
+        };
+        if req.req.not_ready && req.rtr.is_some_and(|a| a.dest_qp_num == qpn) {
+            req.req.not_ready = false;
+            req.req.retries = req.rts.map_or(0, |a| a.retry_cnt).saturating_add(1);
+            self.arm(r, self.now, TimerKind::Ack);
+        }
     }
 
     /// Processes the next event, advancing simulated time to it; false if there is none.

@@ -149,21 +149,28 @@ impl Fabric {
     }
 
     /// Drops the next `n` packets leaving device `dev` (requests and responses alike).
+    /// Calls add up, saturating at `u32::MAX` packets.
     ///
     /// # Errors
     /// [`SimError::NotFound`] if there is no device `dev`.
     pub fn drop_next(&self, dev: usize, n: u32) -> Result<(), SimError> {
-        self.with_dev(dev, |w| w.devices[dev].drop_next += n)
+        self.with_dev(dev, |w| {
+            let d = &mut w.devices[dev];
+            d.drop_next = d.drop_next.saturating_add(n);
+        })
     }
 
     /// Corrupts the next response (ACK, NAK or read/atomic response) leaving device `dev`
     /// into an opcode the requester does not expect: that requester's work request
-    /// completes with `BadRespErr` and its QP moves to ERR. Calls add up.
+    /// completes with `BadRespErr` and its QP moves to ERR. Calls add up (saturating).
     ///
     /// # Errors
     /// [`SimError::NotFound`] if there is no device `dev`.
     pub fn corrupt_next_response(&self, dev: usize) -> Result<(), SimError> {
-        self.with_dev(dev, |w| w.devices[dev].corrupt_next += 1)
+        self.with_dev(dev, |w| {
+            let d = &mut w.devices[dev];
+            d.corrupt_next = d.corrupt_next.saturating_add(1);
+        })
     }
 
     /// Takes device `dev`'s link down: packets to or from it are lost (also those already
@@ -212,9 +219,9 @@ impl Fabric {
     }
 
     /// Crashes device `dev` for good: its queue pairs vanish (they stop answering, their
-    /// queued work is gone without completions, posts on their handles fail with
-    /// [`SimError::Invalid`] and they read as ERR), its CQs empty, its port reads Down and
-    /// packets to or from it are lost. Peers find out by timeouts (`RetryExcErr`).
+    /// queued work is gone without completions, posts and state changes on their handles
+    /// fail with [`SimError::DeviceFatal`] (`EIO`) and they read as ERR), its CQs empty,
+    /// its port reads Down and packets to or from it are lost. Peers find out by timeouts (`RetryExcErr`).
     ///
     /// # Errors
     /// [`SimError::NotFound`] if there is no device `dev`.

@@ -171,6 +171,10 @@ pub(crate) struct ReqState {
     /// Instant timers: asleep on RNR until the responder posts a receive, leaves RTR/RTS
     /// or becomes unreachable (`wake_parked`, `wake_unreachable`).
     pub(crate) parked: bool,
+    /// Instant timers: its responder is not yet in RTR (a start-up race). Instead of
+    /// spending every retry at once, it waits the time its retries would take on hardware
+    /// (its timer), and is woken the moment the responder reaches RTR (`wake_not_ready`).
+    pub(crate) not_ready: bool,
     /// The armed timer: deadline and kind (mirrored in the event queue's timer heap).
     pub(crate) timer: Option<(u64, TimerKind)>,
 }

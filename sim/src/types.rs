@@ -31,6 +31,9 @@ pub enum SimError {
     Busy,
     /// The completion queue overflowed and is in the error state (`IBV_EVENT_CQ_ERR`).
     CqOverflow,
+    /// `EIO`: the device is dead ([`Fabric::crash`](crate::Fabric::crash)); it does no more
+    /// DMA and completes nothing, and its objects can only be destroyed.
+    DeviceFatal,
 }
 
 impl fmt::Display for SimError {
@@ -41,6 +44,7 @@ impl fmt::Display for SimError {
             SimError::NotFound => f.write_str("not found"),
             SimError::Busy => f.write_str("resource busy"),
             SimError::CqOverflow => f.write_str("completion queue overflowed"),
+            SimError::DeviceFatal => f.write_str("device is dead (fatal error)"),
         }
     }
 }

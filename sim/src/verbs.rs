@@ -23,7 +23,7 @@ impl World {
         }
         let qp = self.qps.get_mut(q).expect("live QP");
         if qp.dead {
-            return invalid("QP on a crashed device");
+            return core::result::Result::Err(SimError::DeviceFatal);
         }
         let to = match *m {
             Modify::Reset => {
@@ -82,6 +82,9 @@ impl World {
             }
         };
         self.set_state(q, to);
+        if to == Rtr {
+            self.wake_not_ready(q);
+        }
         if to == Rts {
             self.pump(q);
         }
@@ -179,7 +182,7 @@ impl World {
         let World { qps, mrs, cfg, .. } = self;
         let qp = qps.get_mut(q).expect("live QP");
         if qp.dead {
-            return invalid("QP on a crashed device");
+            return Err(SimError::DeviceFatal);
         }
         if !matches!(qp.state, QpState::Rts | QpState::Err) {
             return invalid("QP not in RTS");
@@ -289,7 +292,7 @@ impl World {
     pub(crate) fn post_recv(&mut self, q: usize, wr: &RecvWr) -> Result<(), SimError> {
         let qp = self.qps.get_mut(q).expect("live QP");
         if qp.dead {
-            return invalid("QP on a crashed device");
+            return Err(SimError::DeviceFatal);
         }
         if qp.state == QpState::Reset {
             return invalid("QP in RESET");

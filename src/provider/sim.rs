@@ -113,6 +113,7 @@ impl ProviderError for s::SimError {
             s::SimError::NotFound => ErrorKind::NotFound,
             s::SimError::Busy => ErrorKind::Busy,
             s::SimError::CqOverflow => ErrorKind::CqOverflow,
+            s::SimError::DeviceFatal => ErrorKind::DeviceFatal,
             _ => ErrorKind::Other,
         }
     }

@@ -44,11 +44,24 @@ impl<P: Provider, const N: usize, const R: usize, const S: usize> Node<P, N, R, 
         self.run(&parts[..participants.len()])
     }
 
-    /// [`barrier`](Self::barrier) without checking that the ranks belong to this world,
-    /// for hot paths that built the list once. The list's order and membership are still
-    /// checked by the barrier machine (a few comparisons); a rank outside the world shows
-    /// up as a failed, poisoning barrier instead of a refused call.
+    /// [`barrier`](Self::barrier) on a list of `u16` ranks, for hot paths that built the
+    /// list once.
+    ///
+    /// What it skips is only work: converting each `usize` rank and copying the list into
+    /// a stack array of `N`. It still checks, in one O(len) pass, every rank against the
+    /// world ([`NodeError::InvalidRank`], like `barrier`), and the barrier machine still
+    /// checks that the list is non-empty, at most `N` long, strictly increasing (sorted,
+    /// no duplicates) and holds this node's rank ([`NodeError::Barrier`]). Those checks
+    /// cost a few comparisons per rank; without them a bad list would index the per-peer
+    /// tables out of bounds or hang the protocol. A refused list leaves the node as it
+    /// was: it does not poison its barriers.
     pub fn barrier_unchecked(&mut self, participants: &[u16]) -> Result<(), NodeError<P::Error>> {
+        if let Some(&p) = participants.iter().find(|&&p| usize::from(p) >= self.world) {
+            return Err(NodeError::InvalidRank {
+                rank: usize::from(p),
+                world: self.world,
+            });
+        }
         self.run(participants)
     }
 

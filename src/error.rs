@@ -33,6 +33,9 @@ pub enum ErrorKind {
     Completion,
     /// A wait ran out of time.
     Timeout,
+    /// The local device is dead (`IBV_EVENT_DEVICE_FATAL`, or verbs failing with `EIO`):
+    /// it does no more DMA and completes nothing; its objects can only be destroyed.
+    DeviceFatal,
     /// A range lies outside a memory region or remote region.
     OutOfBounds,
     /// A queue pair is in a state that does not allow the operation (e.g. the error state).
@@ -137,6 +140,12 @@ pub enum Error<E> {
     /// A wait ran out of time. The queue pair was moved to the error state so that no
     /// work stays in flight on borrowed buffers.
     Timeout,
+    /// A [`close`](crate::Channel::close) ran out of time before every send posted was
+    /// acknowledged; those sends were ended as a timed-out wait ends its work.
+    Undrained {
+        /// Sends not acknowledged (nor failed) in time.
+        sends: usize,
+    },
     /// A completion arrived that matches no outstanding work request.
     UnexpectedCompletion {
         /// Its `wr_id`.
@@ -176,7 +185,7 @@ impl<E: ProviderError> Error<E> {
             | Error::ForeignPending { .. } => ErrorKind::InvalidArgument,
             Error::OutOfBounds(_) => ErrorKind::OutOfBounds,
             Error::InvalidState(_) => ErrorKind::InvalidState,
-            Error::Timeout => ErrorKind::Timeout,
+            Error::Timeout | Error::Undrained { .. } => ErrorKind::Timeout,
             Error::UnexpectedCompletion { .. } => ErrorKind::Other,
             Error::NoSuchPeer { .. } => ErrorKind::InvalidArgument,
         }
@@ -204,6 +213,9 @@ impl<E: fmt::Display> fmt::Display for Error<E> {
             Error::InvalidAttribute(why) => write!(f, "invalid attribute: {why}"),
             Error::InvalidState(s) => write!(f, "queue pair is in state {s:?}"),
             Error::Timeout => f.write_str("timed out waiting for completions"),
+            Error::Undrained { sends } => {
+                write!(f, "{sends} sends not acknowledged when the close timed out")
+            }
             Error::UnexpectedCompletion { wr_id } => {
                 write!(f, "completion for unknown work request {wr_id:#x}")
             }

@@ -60,7 +60,9 @@ pub use cq::CompletionQueue;
 pub use device::{Context, ProtectionDomain};
 pub use error::{BoundsError, CompletionError, Error, ErrorKind, ProviderError};
 pub use mr::{LocalSlice, LocalSliceMut, MemoryRegion, RemoteRegion};
-pub use multi_channel::{MultiChannel, MultiScope, PeerPending, PreparedMultiChannel};
+pub use multi_channel::{
+    MultiChannel, MultiScope, Outcome, PeerError, PeerPending, PreparedMultiChannel,
+};
 pub use qp::{Endpoint, EndpointError, QueuePair};
 pub use ring::Completion;
 pub use types::*;

@@ -394,6 +394,41 @@ impl<W: WorkRequest, const N: usize> Ring<W, N> {
             )
     }
 
+    /// Gives every posted request still waiting for its completion the outcome `status`, as
+    /// a flush would: for work the device discarded without completions (a queue pair moved
+    /// to RESET, a dead device). Staged requests are not posted and keep their slots.
+    /// Returns how many requests it completed.
+    pub(crate) fn discard_in_flight(&mut self, status: WcStatus) -> usize {
+        let posted_end = self.head - self.stage.len() as u64;
+        let mut n = 0;
+        for seq in self.tail..posted_end {
+            let slot = &mut self.slots[(seq % N as u64) as usize];
+            if let SlotState::Posted | SlotState::PostedSignaled = slot.state {
+                slot.state = SlotState::Done(Completion {
+                    status,
+                    opcode: slot.opcode,
+                    byte_len: 0,
+                    imm: None,
+                });
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Whether any posted request still waits for its completion.
+    pub(crate) fn has_pending(&self) -> bool {
+        self.pending_count() > 0
+    }
+
+    /// How many posted requests still wait for their completion.
+    pub(crate) fn pending_count(&self) -> usize {
+        let posted_end = self.head - self.stage.len() as u64;
+        (self.tail..posted_end)
+            .filter(|&seq| self.is_pending(seq))
+            .count()
+    }
+
     /// The oldest request not yet retired.
     pub fn oldest(&self) -> Option<u64> {
         (!self.is_idle()).then_some(self.tail)

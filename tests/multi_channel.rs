@@ -232,11 +232,19 @@ fn bad_peer_indices_are_typed_errors_and_nothing_is_posted() {
     let (a, b) = mr.slice_mut(..).unwrap().split_at(4).unwrap();
     assert!(matches!(
         mc.gather_receive([(1, a), (1, b)]),
-        Err(Error::InvalidAttribute(_))
+        Err(zverbs::PeerError {
+            peer: 1,
+            error: Error::InvalidAttribute(_),
+            ..
+        })
     ));
     assert!(matches!(
         mc.multicast_send([5, 1], mr.slice(..).unwrap()),
-        Err(Error::NoSuchPeer { peer: 5, .. })
+        Err(zverbs::PeerError {
+            peer: 5,
+            qp_num: None,
+            error: Error::NoSuchPeer { peer: 5, .. }
+        })
     ));
     // Posting stops at the first bad index: nothing went to peer 1.
     assert_eq!(mc.peer(1).unwrap().in_flight(), (0, 0));

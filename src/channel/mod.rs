@@ -76,8 +76,14 @@ pub struct ChannelConfig {
     pub rtr: RtrOptions,
     /// RTR → RTS attributes.
     pub rts: RtsOptions,
-    /// How long a blocking call or a scope waits for completions; `None` waits forever.
+    /// How long one call (a blocking call, a scope, a collective) waits for completions in
+    /// all; `None` waits forever.
     pub timeout: Option<Duration>,
+    /// After a timeout, how much longer the call waits for the device to flush the work it
+    /// gave up before it discards that work by moving the queue pair to RESET. A call
+    /// returns within `timeout + flush_grace` (plus the time of the verbs it calls), also
+    /// when the local device died.
+    pub flush_grace: Duration,
 }
 
 impl Default for ChannelConfig {
@@ -88,6 +94,7 @@ impl Default for ChannelConfig {
             rtr: RtrOptions::default(),
             rts: RtsOptions::default(),
             timeout: Some(Duration::from_secs(10)),
+            flush_grace: Duration::from_millis(100),
         }
     }
 }
@@ -293,9 +300,12 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
     }
 
     /// Tears the connection down so the channel can connect again (to the same peer after
-    /// a failure, or to another): moves the queue pair to the error state, waits until every
-    /// outstanding request has been flushed, then resets it to INIT. Outcomes not yet taken
-    /// stay available to their [`Pending`] handles.
+    /// a failure, or to another): moves the queue pair to the error state, waits at most
+    /// [`ChannelConfig::flush_grace`] for every outstanding request to be flushed (then
+    /// discards the rest through RESET, see the [guarantees](crate#guarantees)), and
+    /// resets it to INIT. Outcomes not yet taken stay available to their [`Pending`]
+    /// handles. On a dead device it fails with an error of kind
+    /// [`DeviceFatal`](crate::ErrorKind::DeviceFatal), after ending the work in flight.
     ///
     /// ```
     /// # use zverbs::provider::sim::Sim;
@@ -314,15 +324,10 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
     /// assert_eq!(a.queue_pair().state().unwrap(), QpState::ReadyToSend);
     /// ```
     pub fn reset(mut self) -> Result<PreparedChannel<P, N, S>, Error<P::Error>> {
-        let _ = self.qp.set_error();
-        for queue in [Queue::Send, Queue::Recv] {
-            let (from, to) = match queue {
-                Queue::Send => (self.sq.oldest(), self.sq.next_seq()),
-                Queue::Recv => (self.rq.oldest(), self.rq.next_seq()),
-            };
-            for seq in from.unwrap_or(to)..to {
-                self.settle(queue, seq)?;
-            }
+        let mut waiter = Waiter::new(Some(Duration::ZERO), self.config.flush_grace);
+        let e = self.quiesce(&mut waiter, Error::Timeout);
+        if e.kind() == crate::error::ErrorKind::DeviceFatal {
+            return Err(e);
         }
         let qp = self.qp.reset().map_err(|e| e.error)?;
         let qp = qp.into_init(&self.config.init).map_err(|e| e.error)?;
@@ -336,6 +341,49 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
             rq: self.rq,
             config: self.config,
         })
+    }
+
+    /// Closes the channel, lingering like `SO_LINGER`: waits at most `timeout` for every
+    /// send already posted (blocking calls and scopes have none left; unpolled ones may) to
+    /// be acknowledged by the peer's device or to fail, then destroys the queue pair.
+    /// Sends still unacknowledged then are ended as a timed-out wait ends its work (ERR,
+    /// the [`flush_grace`](ChannelConfig::flush_grace), RESET) and reported as
+    /// [`Error::Undrained`]. Receives still posted are discarded: nothing arrives into
+    /// them once the queue pair is gone. Dropping a channel does not linger.
+    ///
+    /// ```
+    /// # use zverbs::provider::sim::Sim;
+    /// # use zverbs::{Channel, ChannelConfig, Context};
+    /// # use std::time::Duration;
+    /// # let sim = Sim::with_devices(2);
+    /// # let (ca, cb) = (Context::open(&sim, "sim0").unwrap(), Context::open(&sim, "sim1").unwrap());
+    /// # let (pa, pb) = (ca.alloc_pd().unwrap(), cb.alloc_pd().unwrap());
+    /// # let a = Channel::<Sim>::prepare(&ca, &pa, &ChannelConfig::default()).unwrap();
+    /// # let b = Channel::<Sim>::prepare(&cb, &pb, &ChannelConfig::default()).unwrap();
+    /// # let (ea, eb) = (a.endpoint(), b.endpoint());
+    /// # let (a, b) = (a.connect(&eb).unwrap(), b.connect(&ea).unwrap());
+    /// a.close(Duration::from_secs(1)).unwrap(); // nothing in flight: returns at once
+    /// # drop(b);
+    /// ```
+    pub fn close(mut self, timeout: Duration) -> Result<(), Error<P::Error>> {
+        let mut waiter = Waiter::new(Some(timeout), self.config.flush_grace);
+        self.drain_sends(&mut waiter)
+    }
+
+    /// The lingering part of [`close`](Self::close), within the bound of `waiter`.
+    pub(crate) fn drain_sends(&mut self, waiter: &mut Waiter) -> Result<(), Error<P::Error>> {
+        waiter.rearm();
+        while self.sq.has_pending() {
+            match self.poll(Queue::Send) {
+                Ok(0) if !waiter.pause() => break,
+                Ok(_) => {}
+                Err(e) => return Err(self.quiesce(waiter, e)),
+            }
+        }
+        match self.sq.pending_count() {
+            0 => Ok(()),
+            sends => Err(self.quiesce(waiter, Error::Undrained { sends })),
+        }
     }
 
     // ---- machinery ----

@@ -2,6 +2,8 @@
 //! it (blocking calls, unpolled handles, scopes, reset).
 
 use super::*;
+use crate::error::{ErrorKind, ProviderError};
+use crate::types::WcStatus;
 
 /// Polls `cq` once into `wcs` and records what it returns in `ring`.
 fn poll_into<P: Provider, W: WorkRequest, const N: usize>(
@@ -103,9 +105,9 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
         }
     }
 
-    /// Waits for `seq` and takes its outcome. On timeout the queue pair is moved to the
-    /// error state and the request waited for until flushed, so no work stays in flight
-    /// on a buffer the caller gets back.
+    /// Waits for `seq` and takes its outcome, within one channel timeout plus the grace.
+    /// On timeout the work in flight is ended ([`quiesce`](Self::quiesce)), so no request
+    /// stays in flight on a buffer the caller gets back.
     pub(super) fn wait_seq(
         &mut self,
         queue: Queue,
@@ -115,6 +117,28 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
             Some(r) => r,
             None => self.wait_fresh(queue, seq, |c| c),
         }
+    }
+
+    /// As [`wait_seq`](Self::wait_seq), within the bound of `waiter`, shared with the
+    /// caller's other waits (a collective, a scope, a barrier).
+    pub(crate) fn wait_seq_within(
+        &mut self,
+        queue: Queue,
+        seq: u64,
+        waiter: &mut Waiter,
+    ) -> Result<Completion, Error<P::Error>> {
+        if let Some(r) = self.take(queue, seq) {
+            return r;
+        }
+        waiter.rearm();
+        let polled = self.poll_for(queue, seq, POLL_BATCH);
+        self.wait_polled_within(queue, seq, polled, |c| c, waiter)
+    }
+
+    /// A fresh [`Waiter`] for one call on this channel: its timeout and grace.
+    #[inline]
+    pub(crate) fn waiter(&self) -> Waiter {
+        Waiter::new(self.config.timeout, self.config.flush_grace)
     }
 
     /// As [`wait_seq`](Self::wait_seq), for a request whose outcome is not in its slot (one
@@ -131,8 +155,8 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
     ) -> Result<R, Error<P::Error>> {
         // The first poll usually retires the request; the rest is out of line. It asks for
         // one completion: the one awaited is usually the only one there.
-        match self.poll_for(queue, seq, 1)? {
-            Polled::Retired => self.retired(queue, seq, ok),
+        match self.poll_for(queue, seq, 1) {
+            Ok(Polled::Retired) => self.retired(queue, seq, ok),
             polled => self.wait_polled(queue, seq, polled, ok),
         }
     }
@@ -143,27 +167,44 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
         &mut self,
         queue: Queue,
         seq: u64,
-        mut polled: Polled,
+        polled: Result<Polled, Error<P::Error>>,
         ok: impl FnOnce(Completion) -> R,
     ) -> Result<R, Error<P::Error>> {
-        let mut waiter = Waiter::new(self.config.timeout);
+        let mut waiter = self.waiter();
+        self.wait_polled_within(queue, seq, polled, ok, &mut waiter)
+    }
+
+    fn wait_polled_within<R>(
+        &mut self,
+        queue: Queue,
+        seq: u64,
+        mut polled: Result<Polled, Error<P::Error>>,
+        ok: impl FnOnce(Completion) -> R,
+        waiter: &mut Waiter,
+    ) -> Result<R, Error<P::Error>> {
         loop {
             match polled {
-                Polled::Retired => return self.retired(queue, seq, ok),
-                Polled::Recorded => {
+                Ok(Polled::Retired) => return self.retired(queue, seq, ok),
+                Ok(Polled::Recorded) => {
                     if let Some(r) = self.take(queue, seq) {
                         return r.map(ok);
                     }
                 }
-                Polled::Nothing => {
+                Ok(Polled::Nothing) => {
                     if !waiter.pause() {
-                        self.abort_until_done(queue, seq)?;
+                        // Whatever `seq` became within the grace, the call timed out.
+                        let e = self.quiesce(waiter, Error::Timeout);
                         let _ = self.take(queue, seq);
-                        return Err(Error::Timeout);
+                        return Err(e);
                     }
                 }
+                Err(e) => {
+                    let e = self.quiesce(waiter, e);
+                    let _ = self.take(queue, seq);
+                    return Err(e);
+                }
             }
-            polled = self.poll_for(queue, seq, POLL_BATCH)?;
+            polled = self.poll_for(queue, seq, POLL_BATCH);
         }
     }
 
@@ -191,42 +232,101 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
         r.map(ok).map_err(|c| self.completion_error(seq, c))
     }
 
-    /// Waits until `seq` is no longer in flight, without taking its outcome. On timeout the
-    /// queue pair is aborted as in `wait_seq`.
-    pub(crate) fn wait_quiet(&mut self, queue: Queue, seq: u64) -> Result<(), Error<P::Error>> {
-        let mut waiter = Waiter::new(self.config.timeout);
-        while self.is_pending(queue, seq) {
-            if self.poll(queue)? == 0 && !waiter.pause() {
-                self.abort_until_done(queue, seq)?;
-                return Err(Error::Timeout);
-            }
-        }
-        Ok(())
-    }
-
-    /// Moves the queue pair to the error state and polls until `seq` is no longer in
-    /// flight (its flush completion arrives). Waits without a deadline: the device flushes
-    /// everything once the queue pair is in the error state.
-    pub(crate) fn abort_until_done(
+    /// Waits until `seq` is no longer in flight, without taking its outcome, within the
+    /// bound of `waiter`. On timeout the work in flight is ended as in `wait_seq`.
+    pub(crate) fn wait_quiet(
         &mut self,
         queue: Queue,
         seq: u64,
+        waiter: &mut Waiter,
     ) -> Result<(), Error<P::Error>> {
-        // If this fails the queue pair is already in the error state or gone; either way
-        // the device is flushing, so keep polling.
-        let _ = self.qp.set_error();
-        self.settle(queue, seq)
-    }
-
-    /// Polls, without a deadline, until `seq` is no longer in flight. Only for queue pairs
-    /// in the error state, where the device flushes everything.
-    pub(super) fn settle(&mut self, queue: Queue, seq: u64) -> Result<(), Error<P::Error>> {
-        let mut waiter = Waiter::new(None);
+        waiter.rearm();
         while self.is_pending(queue, seq) {
-            if self.poll(queue)? == 0 {
-                waiter.pause();
+            match self.poll(queue) {
+                Ok(0) if !waiter.pause() => return Err(self.quiesce(waiter, Error::Timeout)),
+                Ok(_) => {}
+                Err(e) => return Err(self.quiesce(waiter, e)),
             }
         }
         Ok(())
     }
+
+    /// Ends all work in flight on this channel, so that no buffer is handed back while the
+    /// device may still use it, within `waiter`'s bound plus one grace
+    /// ([`ChannelConfig::flush_grace`]). Returns the error the caller reports: `cause`, or
+    /// the device's fatal error if it turns out dead.
+    ///
+    /// 1. Move the queue pair to ERR: the device completes every outstanding request with
+    ///    `WR_FLUSH_ERR` "when possible" (IBA 1.3 §10.3.1 and Table 91, "Any State to
+    ///    Error"; `ibv_modify_qp(3)`). Poll for those flushes until the grace ends.
+    /// 2. If they did not all come, or the device is dead: move the queue pair to RESET. A
+    ///    queue pair in RESET has empty work queues, processes no request and sends or
+    ///    accepts no packet (IBA §10.3.1, "Reset"; `ibv_modify_qp(3)`: work requests and
+    ///    completions are removed), so once the verb returns the device no longer touches
+    ///    the memory those requests named. What the queues still held is given a
+    ///    `WR_FLUSH_ERR` outcome here, in the device's place.
+    /// 3. A device known dead (the simulator's crash; `EIO` or `IBV_EVENT_DEVICE_FATAL` on
+    ///    verbs) does no DMA at all, whether or not RESET succeeds: its work is given up the
+    ///    same way.
+    ///
+    /// Only a live device that neither flushes nor accepts RESET, which the specification
+    /// rules out, is polled without a bound: no other choice keeps the buffers sound.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn quiesce(
+        &mut self,
+        waiter: &mut Waiter,
+        cause: Error<P::Error>,
+    ) -> Error<P::Error> {
+        let mut fatal = self.qp.set_error().err().filter(is_fatal);
+        if fatal.is_none() {
+            waiter.enter_grace();
+            while self.awaits_device() {
+                match (self.poll(Queue::Send), self.poll(Queue::Recv)) {
+                    (Ok(0), Ok(0)) if !waiter.pause() => break,
+                    (Ok(_), Ok(_)) => {}
+                    (Err(e), _) | (_, Err(e)) => {
+                        fatal = Some(e).filter(is_fatal);
+                        break;
+                    }
+                }
+            }
+            if !self.awaits_device() {
+                return fatal.unwrap_or(cause);
+            }
+        }
+        match self.qp.discard_work() {
+            Ok(()) => {}
+            Err(e) if is_fatal(&e) => fatal = Some(e),
+            Err(_) if fatal.is_some() => {}
+            Err(_) => self.settle(),
+        }
+        // Completions the device wrote before RESET are real outcomes; none come after.
+        while matches!(self.poll(Queue::Send), Ok(n) if n > 0) {}
+        while matches!(self.poll(Queue::Recv), Ok(n) if n > 0) {}
+        self.sq.discard_in_flight(WcStatus::WrFlushErr);
+        self.rq.discard_in_flight(WcStatus::WrFlushErr);
+        fatal.unwrap_or(cause)
+    }
+
+    /// Whether any posted request still waits for a completion from the device.
+    pub(super) fn awaits_device(&self) -> bool {
+        self.sq.has_pending() || self.rq.has_pending()
+    }
+
+    /// Polls, without a deadline, until nothing is in flight. Only for a queue pair in the
+    /// error state on a live device, which flushes everything.
+    fn settle(&mut self) {
+        let mut waiter = Waiter::new(None, Duration::ZERO);
+        while self.awaits_device() {
+            let n = self.poll(Queue::Send).unwrap_or(0) + self.poll(Queue::Recv).unwrap_or(0);
+            if n == 0 {
+                waiter.pause();
+            }
+        }
+    }
+}
+
+fn is_fatal<E: ProviderError>(e: &Error<E>) -> bool {
+    e.kind() == ErrorKind::DeviceFatal
 }

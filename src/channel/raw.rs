@@ -3,6 +3,7 @@
 //! need the post/wait halves of the blocking calls separately. Each caller keeps the
 //! memory named by what it posts borrowed until the matching wait returned.
 
+use super::wait::Waiter;
 use super::{Channel, Queue};
 use crate::error::Error;
 use crate::mr::RemoteRegion;
@@ -49,14 +50,16 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
         })
     }
 
-    /// Waits for a request posted by `post_*_seq` and takes its outcome. On timeout the
-    /// queue pair is aborted and the request settled, as in the blocking calls.
-    pub(crate) fn wait_posted(
+    /// Waits for a request posted by `post_*_seq` and takes its outcome, within the bound
+    /// of the caller's `waiter` (on timeout the channel's work is ended, as in the blocking
+    /// calls).
+    pub(crate) fn wait_posted_within(
         &mut self,
         send: bool,
         seq: u64,
+        waiter: &mut Waiter,
     ) -> Result<Completion, Error<P::Error>> {
-        self.wait_seq(queue(send), seq)
+        self.wait_seq_within(queue(send), seq, waiter)
     }
 
     /// Polls once; the outcome of a request posted by `post_*_seq` if it completed.

@@ -3,6 +3,7 @@
 
 use core::marker::PhantomData;
 
+use super::wait::Waiter;
 use super::{Channel, Queue};
 use crate::error::Error;
 use crate::mr::{LocalSlice, LocalSliceMut, RemoteRegion};
@@ -23,13 +24,18 @@ pub struct Scope<'env, P: Provider, const N: usize, const S: usize> {
     recv_from: u64,
     first_error: Option<Error<P::Error>>,
     finished: bool,
+    /// One bound for every wait of the scope: it returns within one timeout plus the grace.
+    waiter: Waiter,
     // Invariant in 'env: a scope cannot be shrunk to accept shorter borrows.
     _env: PhantomData<&'env mut &'env ()>,
 }
 
 impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
     /// Runs `f` with a [`Scope`] to post work on; returns once every work request posted in
-    /// the scope has completed (also if `f` panics). The first error wins: `f`'s own, then
+    /// the scope has completed (also if `f` panics). Its waits together take at most one
+    /// [`timeout`](crate::ChannelConfig::timeout) plus the
+    /// [`flush_grace`](crate::ChannelConfig::flush_grace), however many requests it posted.
+    /// The first error wins: `f`'s own, then
     /// the first post or completion error, in posting order.
     ///
     /// ```
@@ -73,12 +79,14 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
         f: impl FnOnce(&mut Scope<'env, P, N, S>) -> Result<R, Error<P::Error>>,
     ) -> Result<R, Error<P::Error>> {
         let (send_from, recv_from) = (self.sq.next_seq(), self.rq.next_seq());
+        let waiter = self.waiter();
         let mut scope = Scope {
             ch: self,
             send_from,
             recv_from,
             first_error: None,
             finished: false,
+            waiter,
             _env: PhantomData,
         };
         let value = f(&mut scope);
@@ -293,7 +301,7 @@ impl<'env, P: Provider, const N: usize, const S: usize> Scope<'env, P, N, S> {
                 break;
             }
             if self.ch.is_pending(queue, seq) {
-                if let Err(e) = self.ch.wait_quiet(queue, seq) {
+                if let Err(e) = self.ch.wait_quiet(queue, seq, &mut self.waiter) {
                     self.first_error.get_or_insert(e);
                 }
             }

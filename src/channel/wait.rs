@@ -1,40 +1,60 @@
 //! Waiting for completions: spin first (one pause between polls), then yield, until a
-//! deadline.
+//! deadline; then, after a timeout, a bounded grace for the flush.
 
 use core::time::Duration;
 
 /// Polls this many times one `spin_loop` hint apart before yielding between polls. A
-/// completion arriving in the first few microseconds of a wait is noticed within one pause
-/// (an exponential backoff instead slept up to 512 pauses, ~10 µs, on the latency path);
-/// after that, a thread that may be keeping the one it waits for off a core yields. 4096
-/// polls before the first yield made oversubscribed barriers (more ranks than cores) 4-10x
-/// slower; 128 kept the ping-pong as fast and made every barrier faster than before.
+/// completion arriving in the first microseconds of a wait is noticed within one pause;
+/// after that, a thread that may be keeping the one it waits for off a core yields.
 const SPIN_POLLS: u32 = 1 << 7;
 
-/// Backoff with an optional deadline. Without `std` there is no clock: the deadline is
-/// counted in polls (one poll ≈ one microsecond is assumed), and the thread never yields.
+/// The bound of one call: a timeout that starts at the call's first slow pause and is
+/// shared by every wait inside the call, then at most one grace added to it for the flush
+/// after an abort. Without `std` there is no clock: the bound is counted in pauses (one
+/// pause ≈ one microsecond is assumed), and the thread never yields.
+///
+/// A call that waits for many requests (a scope, a collective over many peers, a barrier)
+/// threads one `Waiter` through all of its waits, so the whole call returns within
+/// `timeout + grace`, never one timeout per request or per peer.
 pub(crate) struct Waiter {
     round: u32,
     timeout: Option<Duration>,
+    grace: Duration,
+    graced: bool,
     #[cfg(feature = "std")]
     deadline: Option<std::time::Instant>,
     #[cfg(not(feature = "std"))]
-    polls: u64,
+    left: Option<u128>,
 }
 
 impl Waiter {
-    pub(crate) fn new(timeout: Option<Duration>) -> Self {
+    /// A bound of `timeout` (`None`: none) plus `grace` for the flush after an abort.
+    #[inline]
+    pub(crate) fn new(timeout: Option<Duration>, grace: Duration) -> Self {
         Waiter {
             round: 0,
             timeout,
+            grace,
+            graced: false,
             #[cfg(feature = "std")]
             deadline: None,
             #[cfg(not(feature = "std"))]
-            polls: 0,
+            left: None,
         }
     }
 
-    /// Pauses before the next poll; `false` once the deadline has passed.
+    /// The grace this waiter adds after a timeout.
+    pub(crate) fn grace(&self) -> Duration {
+        self.grace
+    }
+
+    /// Starts a new wait within the same bound: it spins first again.
+    #[inline]
+    pub(crate) fn rearm(&mut self) {
+        self.round = 0;
+    }
+
+    /// Pauses before the next poll; `false` once the bound has passed.
     #[inline]
     pub(crate) fn pause(&mut self) -> bool {
         #[cfg(loom)]
@@ -51,26 +71,56 @@ impl Waiter {
         self.slow_pause()
     }
 
-    #[cold]
-    fn slow_pause(&mut self) -> bool {
+    /// Whether the bound has passed (without pausing).
+    pub(crate) fn expired(&mut self) -> bool {
         let Some(timeout) = self.timeout else {
-            yield_now();
-            return true;
+            return false;
         };
         #[cfg(feature = "std")]
         {
             let now = std::time::Instant::now();
-            let deadline = *self.deadline.get_or_insert(now + timeout);
-            if now >= deadline {
-                return false;
-            }
+            now >= *self.deadline.get_or_insert_with(|| now + timeout)
         }
         #[cfg(not(feature = "std"))]
         {
-            self.polls += 1;
-            if u128::from(self.polls) >= timeout.as_micros() {
-                return false;
-            }
+            let left = self.left.get_or_insert(timeout.as_micros());
+            *left == 0
+        }
+    }
+
+    /// Extends the bound by the grace, once per call: a timed-out call waits this much
+    /// longer for the flush of the queue pair it moved to the error state. A call without
+    /// a timeout gets only the grace from now.
+    pub(crate) fn enter_grace(&mut self) {
+        if core::mem::replace(&mut self.graced, true) {
+            return;
+        }
+        self.round = SPIN_POLLS;
+        #[cfg(feature = "std")]
+        {
+            let now = std::time::Instant::now();
+            let end = self.deadline.map_or(now, |d| d.max(now));
+            self.deadline = Some(end + self.grace);
+        }
+        #[cfg(not(feature = "std"))]
+        {
+            self.left = Some(self.grace.as_micros());
+        }
+        self.timeout.get_or_insert(self.grace);
+    }
+
+    #[cold]
+    fn slow_pause(&mut self) -> bool {
+        if self.timeout.is_none() {
+            yield_now();
+            return true;
+        }
+        if self.expired() {
+            return false;
+        }
+        #[cfg(not(feature = "std"))]
+        if let Some(left) = self.left.as_mut() {
+            *left -= 1;
         }
         yield_now();
         true
@@ -87,17 +137,49 @@ fn yield_now() {
 #[cfg(all(test, feature = "std"))]
 mod tests {
     use super::*;
+    use std::time::Instant;
 
     #[test]
     fn deadline_expires_and_none_never_does() {
-        let mut w = Waiter::new(Some(Duration::from_millis(20)));
-        let start = std::time::Instant::now();
+        let mut w = Waiter::new(Some(Duration::from_millis(20)), Duration::ZERO);
+        let start = Instant::now();
         while w.pause() {}
         assert!(start.elapsed() >= Duration::from_millis(20));
 
-        let mut forever = Waiter::new(None);
+        let mut forever = Waiter::new(None, Duration::ZERO);
         for _ in 0..10_000 {
             assert!(forever.pause());
         }
+    }
+
+    #[test]
+    fn one_bound_for_many_waits_and_one_grace() {
+        let mut w = Waiter::new(Some(Duration::from_millis(20)), Duration::from_millis(30));
+        let start = Instant::now();
+        for _ in 0..5 {
+            w.rearm();
+            while w.pause() {}
+        }
+        let waited = start.elapsed();
+        assert!(waited >= Duration::from_millis(20), "{waited:?}");
+        assert!(
+            waited < Duration::from_millis(200),
+            "five waits share one bound: {waited:?}"
+        );
+        w.enter_grace();
+        w.enter_grace(); // once per call
+        while w.pause() {}
+        let total = start.elapsed();
+        assert!(total >= Duration::from_millis(50), "{total:?}");
+        assert!(total < Duration::from_millis(400), "{total:?}");
+    }
+
+    #[test]
+    fn grace_bounds_a_call_without_timeout() {
+        let mut w = Waiter::new(None, Duration::from_millis(10));
+        let start = Instant::now();
+        w.enter_grace();
+        while w.pause() {}
+        assert!(start.elapsed() >= Duration::from_millis(10));
     }
 }

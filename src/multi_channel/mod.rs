@@ -57,14 +57,17 @@ mod scope;
 
 pub use scope::MultiScope;
 
+use crate::channel::wait::Waiter;
 use crate::channel::{Channel, ChannelConfig, Pending, PreparedChannel};
 use crate::device::{Context, ProtectionDomain};
-use crate::error::Error;
+use crate::error::{Error, ErrorKind, ProviderError};
 use crate::mr::{LocalSlice, LocalSliceMut, RemoteRegion};
 use crate::provider::Provider;
 use crate::qp::Endpoint;
 use crate::ring::Completion;
 use crate::types::{SendFlags, SendOp, Sge};
+use core::fmt;
+use core::time::Duration;
 
 /// Channels created for a set of peers, not yet connected. Hand each
 /// [`endpoint`](Self::endpoint) to its peer, then [`connect`](Self::connect).
@@ -109,7 +112,10 @@ impl<P: Provider, const N: usize, const R: usize, const S: usize> PreparedMultiC
                 *slot = Some(ch.connect(&ep)?);
             }
         }
-        Ok(MultiChannel { peers })
+        Ok(MultiChannel {
+            peers,
+            outcomes: new_slots(),
+        })
     }
 }
 
@@ -117,6 +123,52 @@ impl<P: Provider, const N: usize, const R: usize, const S: usize> PreparedMultiC
 /// flight per direction per peer, `S` scatter/gather entries per request.
 pub struct MultiChannel<P: Provider, const N: usize, const R: usize = 64, const S: usize = 4> {
     peers: Slots<Channel<P, R, S>, N>,
+    /// Per peer, the outcome of the last collective or scope that named it.
+    outcomes: Slots<Outcome<P::Error>, N>,
+}
+
+/// One peer's outcome in a multi-peer call: its last receive completion (`None` for
+/// sends only), or its first error.
+pub type Outcome<E> = Result<Option<Completion>, Error<E>>;
+
+/// A multi-peer call failed: the first peer (the first refused post, else the lowest peer
+/// index whose work failed), its queue pair, and its error. The outcomes of the other
+/// peers of the same call, successes included, stay readable with
+/// [`MultiChannel::outcome`]. Converts into the [`Error`] it carries, so `?` works in
+/// functions returning `Error`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerError<E> {
+    /// The peer index.
+    pub peer: usize,
+    /// The local queue pair number of the channel to that peer (`None`: no such peer).
+    pub qp_num: Option<u32>,
+    /// What went wrong there.
+    pub error: Error<E>,
+}
+
+impl<E: ProviderError> PeerError<E> {
+    /// What the error means.
+    pub fn kind(&self) -> ErrorKind {
+        self.error.kind()
+    }
+}
+
+impl<E: fmt::Display> fmt::Display for PeerError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "peer {}", self.peer)?;
+        if let Some(qp) = self.qp_num {
+            write!(f, " (QP {qp:#x})")?;
+        }
+        write!(f, ": {}", self.error)
+    }
+}
+
+impl<E: fmt::Debug + fmt::Display> core::error::Error for PeerError<E> {}
+
+impl<E> From<PeerError<E>> for Error<E> {
+    fn from(e: PeerError<E>) -> Self {
+        e.error
+    }
 }
 
 /// Work posted by an unpolled call of a [`MultiChannel`]: the peer and its [`Pending`].
@@ -243,7 +295,7 @@ impl<P: Provider, const N: usize, const R: usize, const S: usize> MultiChannel<P
     pub fn scatter_send<'a>(
         &mut self,
         sends: impl IntoIterator<Item = (usize, LocalSlice<'a>)>,
-    ) -> Result<(), Error<P::Error>> {
+    ) -> Result<(), PeerError<P::Error>> {
         self.collective(
             sends
                 .into_iter()
@@ -257,7 +309,7 @@ impl<P: Provider, const N: usize, const R: usize, const S: usize> MultiChannel<P
         &mut self,
         peers: impl IntoIterator<Item = usize>,
         data: LocalSlice<'_>,
-    ) -> Result<(), Error<P::Error>> {
+    ) -> Result<(), PeerError<P::Error>> {
         self.scatter_send(peers.into_iter().map(|p| (p, data)))
     }
 
@@ -266,18 +318,20 @@ impl<P: Provider, const N: usize, const R: usize, const S: usize> MultiChannel<P
     pub fn gather_receive<'a>(
         &mut self,
         recvs: impl IntoIterator<Item = (usize, LocalSliceMut<'a>)>,
-    ) -> Result<[Option<Completion>; N], Error<P::Error>> {
+    ) -> Result<[Option<Completion>; N], PeerError<P::Error>> {
         // At most one receive per peer: check them all before posting any.
         let mut sges: [Option<Sge>; N] = [None; N];
         for (p, s) in recvs {
-            match sges.get_mut(p) {
-                _ if !self.has_peer(p) => return Err(no_such_peer::<P, N>(p)),
-                None => return Err(no_such_peer::<P, N>(p)),
-                Some(Some(_)) => {
-                    return Err(Error::InvalidAttribute("gather_receive names a peer twice"))
+            let error = match sges.get_mut(p) {
+                _ if !self.has_peer(p) => no_such_peer::<P, N>(p),
+                None => no_such_peer::<P, N>(p),
+                Some(Some(_)) => Error::InvalidAttribute("gather_receive names a peer twice"),
+                Some(slot) => {
+                    *slot = Some(s.sge());
+                    continue;
                 }
-                Some(slot) => *slot = Some(s.sge()),
-            }
+            };
+            return Err(self.peer_error(p, error));
         }
         self.collective(
             (0..N).filter_map(|p| sges[p].map(|sge| (p, false, sge, SendOp::Send, None))),
@@ -288,7 +342,7 @@ impl<P: Provider, const N: usize, const R: usize, const S: usize> MultiChannel<P
     pub fn scatter_write<'a, 'r>(
         &mut self,
         writes: impl IntoIterator<Item = (usize, LocalSlice<'a>, &'r RemoteRegion)>,
-    ) -> Result<(), Error<P::Error>> {
+    ) -> Result<(), PeerError<P::Error>> {
         self.collective(writes.into_iter().map(|(p, s, remote)| {
             let op = SendOp::Write {
                 remote_addr: remote.addr,
@@ -303,7 +357,7 @@ impl<P: Provider, const N: usize, const R: usize, const S: usize> MultiChannel<P
     pub fn gather_read<'a, 'r>(
         &mut self,
         reads: impl IntoIterator<Item = (usize, LocalSliceMut<'a>, &'r RemoteRegion)>,
-    ) -> Result<(), Error<P::Error>> {
+    ) -> Result<(), PeerError<P::Error>> {
         self.collective(reads.into_iter().map(|(p, s, remote)| {
             let op = SendOp::Read {
                 remote_addr: remote.addr,
@@ -315,16 +369,18 @@ impl<P: Provider, const N: usize, const R: usize, const S: usize> MultiChannel<P
     }
 
     /// Posts every item (stopping at the first refused post), then waits for everything
-    /// posted, collecting receive completions per peer. The first error wins.
+    /// posted, within one timeout (plus the grace) for the whole call, recording each
+    /// peer's outcome. The first refused post wins, then the lowest failed peer.
     ///
     /// Items are `(peer, is_send, sge, op, remote)`; callers hold the borrows of the sges'
     /// memory for the whole call, which returns only after all posted work completed.
     fn collective<'r>(
         &mut self,
         items: impl Iterator<Item = (usize, bool, Sge, SendOp, Option<&'r RemoteRegion>)>,
-    ) -> Result<[Option<Completion>; N], Error<P::Error>> {
+    ) -> Result<[Option<Completion>; N], PeerError<P::Error>> {
+        self.outcomes.iter_mut().for_each(|o| *o = None);
         let mut posted = Posted::<N>::new();
-        let mut first_error = None;
+        let mut refused = None;
         for (p, send, sge, op, remote) in items {
             let r = self.peer(p).and_then(|ch| {
                 if send {
@@ -336,44 +392,118 @@ impl<P: Provider, const N: usize, const R: usize, const S: usize> MultiChannel<P
             match r {
                 Ok(seq) => posted.record(p, send, seq),
                 Err(e) => {
-                    first_error = Some(e);
+                    refused = Some(self.peer_error(p, e));
                     break;
                 }
             }
         }
-        let mut got = [None; N];
-        self.wait_all(&posted, &mut got, &mut first_error);
-        match first_error {
-            Some(e) => Err(e),
-            None => Ok(got),
+        let mut waiter = self.waiter();
+        let failed = self.wait_all(&posted, &mut waiter);
+        if let Some(e) = refused.or(failed) {
+            return Err(e);
         }
+        let mut got = [None; N];
+        for (g, o) in got.iter_mut().zip(self.outcomes.iter()) {
+            *g = o.as_ref().and_then(|o| o.clone().ok().flatten());
+        }
+        Ok(got)
     }
 
-    /// Waits for everything in `posted`, keeping the last receive completion per peer in
-    /// `got` and the first error in `first_error`.
+    /// Waits for everything in `posted` within the one bound of `waiter`, and records each
+    /// peer's outcome (its last receive completion, or its first error). Returns the
+    /// failure of the lowest failed peer.
     pub(crate) fn wait_all(
         &mut self,
         posted: &Posted<N>,
-        got: &mut [Option<Completion>; N],
-        first_error: &mut Option<Error<P::Error>>,
-    ) {
-        for (p, (slot, got)) in self.peers.iter_mut().zip(got.iter_mut()).enumerate() {
+        waiter: &mut Waiter,
+    ) -> Option<PeerError<P::Error>> {
+        let mut first = None;
+        for (p, (slot, outcome)) in self
+            .peers
+            .iter_mut()
+            .zip(self.outcomes.iter_mut())
+            .enumerate()
+        {
             let Some(ch) = slot.as_mut() else {
                 continue;
             };
             for (send, span) in [(true, posted.send[p]), (false, posted.recv[p])] {
                 let Some(span) = span else { continue };
                 for seq in span.first..=span.last {
-                    match ch.wait_posted(send, seq) {
-                        Ok(c) if !send => *got = Some(c),
-                        Ok(_) => {}
-                        Err(e) => {
-                            first_error.get_or_insert(e);
+                    let r = ch.wait_posted_within(send, seq, waiter);
+                    match (r, outcome.get_or_insert(Ok(None))) {
+                        (Ok(c), Ok(got)) if !send => *got = Some(c),
+                        (Ok(_), _) => {}
+                        (Err(e), o @ Ok(_)) => {
+                            if first.is_none() {
+                                first = Some(PeerError {
+                                    peer: p,
+                                    qp_num: Some(ch.queue_pair().qp_num()),
+                                    error: e.clone(),
+                                });
+                            }
+                            *o = Err(e);
                         }
+                        (Err(_), Err(_)) => {}
                     }
                 }
             }
         }
+        first
+    }
+
+    /// The outcome `peer` had in the last collective or scope that named it; `None` if the
+    /// last one did not (or it was refused before anything was posted to that peer).
+    pub fn outcome(&self, peer: usize) -> Option<&Outcome<P::Error>> {
+        self.outcomes.get(peer)?.as_ref()
+    }
+
+    /// One bound for a whole multi-peer call: the channels' timeout and grace.
+    pub(crate) fn waiter(&self) -> Waiter {
+        match self.peers.iter().flatten().next() {
+            Some(ch) => ch.waiter(),
+            None => Waiter::new(None, Duration::ZERO),
+        }
+    }
+
+    /// `error` at `peer`, named with its queue pair.
+    fn peer_error(&self, peer: usize, error: Error<P::Error>) -> PeerError<P::Error> {
+        let qp_num = self
+            .peers
+            .get(peer)
+            .and_then(|c| c.as_ref())
+            .map(|c| c.queue_pair().qp_num());
+        PeerError {
+            peer,
+            qp_num,
+            error,
+        }
+    }
+
+    /// Closes every peer's channel as [`Channel::close`] does, lingering at most
+    /// `timeout` in all (plus the grace) for the sends already posted. The first peer
+    /// whose sends did not drain (or failed) is returned.
+    pub fn close(mut self, timeout: Duration) -> Result<(), PeerError<P::Error>> {
+        let grace = self.waiter().grace();
+        let mut waiter = Waiter::new(Some(timeout), grace);
+        self.drain_sends(&mut waiter)
+    }
+
+    /// The lingering part of [`close`](Self::close), within the bound of `waiter`.
+    pub(crate) fn drain_sends(&mut self, waiter: &mut Waiter) -> Result<(), PeerError<P::Error>> {
+        let mut first = None;
+        for (p, slot) in self.peers.iter_mut().enumerate() {
+            let Some(ch) = slot.as_mut() else { continue };
+            if let Err(error) = ch.drain_sends(waiter) {
+                let qp_num = Some(ch.queue_pair().qp_num());
+                first.get_or_insert(PeerError {
+                    peer: p,
+                    qp_num,
+                    error,
+                });
+            }
+        }
+        first.map_or(Ok(()), Err)
     }
 
     // ---- unpolled ----

@@ -4,6 +4,7 @@ use core::marker::PhantomData;
 
 use super::{MultiChannel, Posted};
 use crate::channel::collect_sges;
+use crate::channel::wait::Waiter;
 use crate::error::Error;
 use crate::mr::{LocalSlice, LocalSliceMut, RemoteRegion};
 use crate::provider::Provider;
@@ -18,14 +19,18 @@ pub struct MultiScope<'env, P: Provider, const N: usize, const R: usize, const S
     posted: Posted<N>,
     first_error: Option<Error<P::Error>>,
     finished: bool,
+    /// One bound for every wait of the scope.
+    waiter: Waiter,
     // Invariant in 'env: a scope cannot be shrunk to accept shorter borrows.
     _env: PhantomData<&'env mut &'env ()>,
 }
 
 impl<P: Provider, const N: usize, const R: usize, const S: usize> MultiChannel<P, N, R, S> {
     /// Runs `f` with a [`MultiScope`]; returns once every work request posted in it has
-    /// completed (also if `f` panics). The first error wins: `f`'s own, then the first post
-    /// or completion error.
+    /// completed (also if `f` panics), its waits together within one timeout plus the
+    /// grace. The first error wins: `f`'s own, then the first post or completion error;
+    /// every peer's outcome, successes included, is then readable with
+    /// [`outcome`](MultiChannel::outcome).
     ///
     /// ```
     /// # use zverbs::provider::sim::Sim;
@@ -58,7 +63,10 @@ impl<P: Provider, const N: usize, const R: usize, const S: usize> MultiChannel<P
         &'env mut self,
         f: impl FnOnce(&mut MultiScope<'env, P, N, R, S>) -> Result<T, Error<P::Error>>,
     ) -> Result<T, Error<P::Error>> {
+        self.outcomes.iter_mut().for_each(|o| *o = None);
+        let waiter = self.waiter();
         let mut scope = MultiScope {
+            waiter,
             mc: self,
             posted: Posted::new(),
             first_error: None,
@@ -200,9 +208,9 @@ impl<'env, P: Provider, const N: usize, const R: usize, const S: usize>
                     let mut just_peer = Posted::new();
                     core::mem::swap(&mut just_peer.send[peer], &mut self.posted.send[peer]);
                     core::mem::swap(&mut just_peer.recv[peer], &mut self.posted.recv[peer]);
-                    let mut got = [None; N];
-                    self.mc
-                        .wait_all(&just_peer, &mut got, &mut self.first_error);
+                    if let Some(e) = self.mc.wait_all(&just_peer, &mut self.waiter) {
+                        self.first_error.get_or_insert(e.error);
+                    }
                     room_made = true;
                 }
                 Err(e) => return Err(e),
@@ -212,8 +220,9 @@ impl<'env, P: Provider, const N: usize, const R: usize, const S: usize>
 
     fn finish(&mut self) -> Option<Error<P::Error>> {
         let posted = core::mem::replace(&mut self.posted, Posted::new());
-        let mut got = [None; N];
-        self.mc.wait_all(&posted, &mut got, &mut self.first_error);
+        if let Some(e) = self.mc.wait_all(&posted, &mut self.waiter) {
+            self.first_error.get_or_insert(e.error);
+        }
         self.finished = true;
         self.first_error.take()
     }

@@ -53,6 +53,7 @@ mod wire;
 use core::fmt;
 use core::time::Duration;
 
+use crate::channel::wait::Waiter;
 use crate::channel::ChannelConfig;
 use crate::device::{Context, ProtectionDomain};
 use crate::error::{Error, ErrorKind, ProviderError};
@@ -317,6 +318,18 @@ impl<P: Provider, const N: usize, const R: usize, const S: usize> Node<P, N, R, 
     /// The data channels to every other rank (peer index = rank).
     pub fn channels(&mut self) -> &mut MultiChannel<P, N, R, S> {
         &mut self.data
+    }
+
+    /// Leaves the world, lingering at most `timeout` in all (plus the grace) until every
+    /// message this rank already sent is acknowledged (see [`Channel::close`](crate::Channel::close)); then the
+    /// queue pairs are destroyed. Barriers need none of it: a barrier returns only once its
+    /// own messages are acknowledged, so a rank may drop its node right after its last
+    /// barrier without stranding a peer. `close` is for data sent unpolled.
+    pub fn close(mut self, timeout: Duration) -> Result<(), NodeError<P::Error>> {
+        let mut waiter = Waiter::new(Some(timeout), self.config.channel.flush_grace);
+        let data = self.data.drain_sends(&mut waiter);
+        let ctrl = self.ctrl.drain_sends(&mut waiter);
+        data.and(ctrl).map_err(|e| NodeError::Channel(e.error))
     }
 
     /// Whether a failed barrier poisoned this node's barriers.

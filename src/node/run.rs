@@ -90,8 +90,10 @@ impl<P: Provider, const N: usize, const R: usize, const S: usize> Node<P, N, R, 
                 .map(|&p| usize::from(p))
                 .filter(|&p| p != usize::from(me))
         };
+        // One bound for the whole barrier: the reaping, the rounds and the final acks.
+        let mut waiter = Waiter::new(self.config.barrier_timeout, self.config.channel.flush_grace);
         for p in peers() {
-            self.reap_sends(p)?;
+            self.reap_sends(p, &mut waiter)?;
             self.pair_epoch[p] = self.pair_epoch[p].wrapping_add(1);
         }
         let mut failed = None;
@@ -107,7 +109,6 @@ impl<P: Provider, const N: usize, const R: usize, const S: usize> Node<P, N, R, 
                 check(&mut failed)?;
             }
         }
-        let mut waiter = Waiter::new(self.config.barrier_timeout);
         while !m.is_complete() {
             let mut progress = false;
             for p in peers() {
@@ -132,6 +133,12 @@ impl<P: Provider, const N: usize, const R: usize, const S: usize> Node<P, N, R, 
                     participants: participants.len(),
                 });
             }
+        }
+        // Returns only once this rank's own messages are acknowledged: a rank that leaves
+        // (drops its node) right after the barrier cannot take with it a message a peer
+        // still needs, such as one lost once on the wire and waiting for its retransmission.
+        for p in peers() {
+            self.reap_sends(p, &mut waiter)?;
         }
         Ok(())
     }
@@ -187,12 +194,13 @@ impl<P: Provider, const N: usize, const R: usize, const S: usize> Node<P, N, R, 
         }
     }
 
-    /// Takes the outcomes of the barrier sends to `p` (long acknowledged, normally).
-    fn reap_sends(&mut self, p: usize) -> Result<(), NodeError<P::Error>> {
+    /// Takes the outcomes of the barrier sends to `p` (acknowledged already, normally),
+    /// within the barrier's bound.
+    fn reap_sends(&mut self, p: usize, waiter: &mut Waiter) -> Result<(), NodeError<P::Error>> {
         let (first, next) = self.sends[p];
         for seq in first..next {
             self.sends[p].0 = seq + 1;
-            self.ctrl.peer(p)?.wait_posted(true, seq)?;
+            self.ctrl.peer(p)?.wait_posted_within(true, seq, waiter)?;
         }
         Ok(())
     }

@@ -116,7 +116,7 @@ pub enum Transition {
 /// acts on a handle.
 pub trait Provider: Sized {
     /// The backend's error.
-    type Error: ProviderError;
+    type Error: ProviderError + Clone + Send + Sync;
     /// An open device (`ibv_context`).
     type Context: Send + Sync;
     /// A protection domain (`ibv_pd`).

@@ -428,6 +428,15 @@ impl<P: Provider, S: State> QueuePair<P, S> {
         verb("ibv_modify_qp", P::modify_qp(&self.raw, &Transition::Error))
     }
 
+    /// Moves the queue pair to RESET without changing its type: the device discards its
+    /// outstanding work without completions and no longer touches the memory it named
+    /// (IBA 1.4 §10.3.1 and `ibv_modify_qp(3)`: in RESET the work queues are empty and
+    /// nothing is processed). For the channel's bounded abort; the type is wrong until the
+    /// owner resets it properly.
+    pub(crate) fn discard_work(&self) -> Result<(), Error<P::Error>> {
+        verb("ibv_modify_qp", P::modify_qp(&self.raw, &Transition::Reset))
+    }
+
     /// Back to RESET, from any state: outstanding work is discarded without completions.
     pub fn reset(self) -> Result<QueuePair<P, Reset>, TransitionError<P, S>> {
         self.transition(Ok(Transition::Reset))

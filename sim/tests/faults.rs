@@ -218,6 +218,14 @@ fn drop_next_is_scripted_and_counted() {
     assert_eq!(o.trace.matches("\"reason\":\"scripted\"").count(), 2);
 }
 
+#[test]
+fn scripted_fault_counts_saturate_instead_of_overflowing() {
+    let f = stepped(0, Faults::none(), 2);
+    f.drop_next(0, u32::MAX).unwrap();
+    f.drop_next(0, u32::MAX).unwrap();
+    f.drop_next(0, 1).unwrap();
+}
+
 /// A stepped pair with `rts` and one 64-byte buffer per side (a: 1s, b: 0s).
 fn small(rts: RtsAttr) -> (Pair, Buf, Buf, Mr, Mr) {
     let p = pair_in(stepped(1, Faults::none(), 2), Cfg::default(), rts);

@@ -149,6 +149,9 @@ impl ProviderError for VerbsError {
                 EPERM | EACCES => ErrorKind::PermissionDenied,
                 EOPNOTSUPP | ENOSYS | EPROTONOSUPPORT | EAFNOSUPPORT => ErrorKind::Unsupported,
                 ETIMEDOUT => ErrorKind::Timeout,
+                // After IBV_EVENT_DEVICE_FATAL (or a hot-unplug) the kernel disassociates
+                // the context and every command fails with EIO.
+                EIO => ErrorKind::DeviceFatal,
                 _ => ErrorKind::Other,
             },
             VerbsError::NoSuchDevice { .. } | VerbsError::NoGid { .. } => ErrorKind::NotFound,
@@ -209,6 +212,7 @@ mod tests {
             ErrorKind::Unsupported
         );
         assert_eq!(k("x", 9999), ErrorKind::Other);
+        assert_eq!(k("ibv_modify_qp", errno::EIO), ErrorKind::DeviceFatal);
         assert_eq!(VerbsError::os("x", 0).errno(), Some(errno::EIO));
         assert_eq!(
             VerbsError::from_ret("x", -errno::EINVAL).errno(),

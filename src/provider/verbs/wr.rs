@@ -4,8 +4,8 @@
 //! Gather/scatter lists are not copied: an `ibv_send_wr` points straight into the
 //! [`SendWr`]'s own `[Sge; S]`, which is sound because [`Sge`] and `ibv_sge` have the same
 //! layout (asserted below). Flags and access rights are passed through bit for bit (values
-//! asserted below), and completion statuses through [`WcStatus::from_raw`] (every value
-//! asserted below).
+//! asserted below), and completion statuses through [`WcStatus::from_raw`] (every named
+//! value asserted below; a value without a name stays [`WcStatus::Unknown`]).
 
 use core::mem::{align_of, offset_of, size_of};
 
@@ -73,6 +73,8 @@ same_status! {
     FatalErr = IBV_WC_FATAL_ERR;
     RespTimeoutErr = IBV_WC_RESP_TIMEOUT_ERR;
     GeneralErr = IBV_WC_GENERAL_ERR;
+    TmErr = IBV_WC_TM_ERR;
+    TmRndvIncomplete = IBV_WC_TM_RNDV_INCOMPLETE;
 }
 
 /// Fills `out` from `wr` (the chain link `next` is left to the caller).
@@ -236,6 +238,37 @@ mod tests {
             unsafe { c.__bindgen_anon_1.imm_data },
             0x0102_0304u32.to_be()
         );
+    }
+
+    #[test]
+    fn wc_status_without_a_name_is_kept() {
+        // `ibv_wc` keeps `status` private; it follows the 8-byte `wr_id` (C layout).
+        assert_eq!(size_of::<u64>(), 8);
+        for (raw, want) in [
+            (
+                ffi::ibv_wc_status::IBV_WC_REM_ABORT_ERR,
+                WcStatus::RemAbortErr,
+            ),
+            (
+                ffi::ibv_wc_status::IBV_WC_TM_RNDV_INCOMPLETE,
+                WcStatus::TmRndvIncomplete,
+            ),
+            (99, WcStatus::Unknown(99)),
+        ] {
+            let mut c = ffi::ibv_wc::default();
+            // SAFETY: `ibv_wc` is `#[repr(C)]` with `wr_id: u64` then `status: u32` at
+            // offset 8, inside the struct; `c` is a live, exclusively borrowed value.
+            unsafe {
+                core::ptr::addr_of_mut!(c)
+                    .cast::<u8>()
+                    .add(8)
+                    .cast::<u32>()
+                    .write(raw)
+            };
+            assert_eq!(c.error().map(|e| e.0), Some(raw));
+            let wc = work_completion(&c);
+            assert_eq!((wc.status, wc.status.raw()), (want, raw));
+        }
     }
 
     #[test]

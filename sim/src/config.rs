@@ -153,7 +153,10 @@ pub struct FabricConfig {
 /// - an atomic at a remote address that is not 8-byte aligned is refused at post time
 ///   (`Invalid`, rxe's userspace provider), instead of a `RemInvReqErr` completion;
 /// - the receive consumed by a WRITE_WITH_IMM that fails its rkey check completes with
-///   `RemAccessErr` (regardless of [`FabricConfig::loc_access_err`]).
+///   `RemAccessErr` (regardless of [`FabricConfig::loc_access_err`]);
+/// - a response corrupted by `Fabric::corrupt_next_response` is an RDMA READ response,
+///   which fails a request that is not a read with `FatalErr` (rxe's `check_ack`), not
+///   `BadRespErr`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Personality {
     /// The IB specification, as hardware HCAs implement it.

@@ -411,6 +411,25 @@ impl World {
         self.set_err(q);
     }
 
+    /// The status of QP `q`'s oldest request when its response arrives with an opcode the
+    /// requester does not expect (`Fabric::corrupt_next_response`).
+    ///
+    /// The IB spec's answer, and mlx5's (syndrome `BAD_RESP_ERR` in `mlx5_handle_error_cqe`),
+    /// is `BadRespErr`. rxe's completer checks the response opcode against the request
+    /// (`check_ack` in `drivers/infiniband/sw/rxe/rxe_comp.c`): an RDMA READ response to a
+    /// request that is not a read fails it with `FatalErr`, so with the rxe personality the
+    /// corrupted response is a read response and a send, write or atomic completes with
+    /// `FatalErr`. A read has no error status there (a wrong response can even complete it),
+    /// so it keeps the spec's `BadRespErr`.
+    pub(crate) fn bad_response_status(&self, q: usize) -> WcStatus {
+        let front = self.qps.get(q).and_then(|qp| qp.sq.front());
+        let read = front.is_some_and(|e| matches!(e.wr.op, SendOp::Read { .. }));
+        match self.cfg.personality {
+            Personality::Rxe if !read => WcStatus::FatalErr,
+            _ => WcStatus::BadRespErr,
+        }
+    }
+
     /// Pushes a completion; on overflow the CQ enters its error state and every QP using it
     /// moves to ERR (completions it can no longer take are dropped).
     pub(crate) fn push_cqe(&mut self, cq: usize, wc: Wc) {

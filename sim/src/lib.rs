@@ -63,6 +63,9 @@
 //!   `retry_cnt` times, one ACK timeout (4.096 µs × 2^`timeout`) each, then gives up.
 //! - `RnrRetryExcErr`: a SEND or WRITE_WITH_IMM with no receive posted and `rnr_retry` < 7.
 //! - `BadRespErr`: [`Fabric::corrupt_next_response`] on the responder's device.
+//! - `FatalErr`: the same with [`Personality::Rxe`], for a request that is not a read
+//!   (rxe fails a request answered by an RDMA READ response with it; a read keeps
+//!   `BadRespErr`).
 //! - `LocQpOpErr`: an RDMA read or atomic posted on a queue pair whose RTS
 //!   `max_rd_atomic` is 0 (it may issue none).
 //! - `LocAccessErr`: the receive consumed by a WRITE_WITH_IMM whose rkey check fails (the
@@ -70,6 +73,8 @@
 //!   (every configured fabric; the untimed one flushes that receive instead).
 //! - `RemOpErr`: a SEND whose receive names memory the responder may not write.
 //! - `MwBindErr`: never; memory windows are not modelled (there is no bind operation).
+//! - `RemAbortErr`, `RespTimeoutErr`, `GeneralErr` and the RD-only statuses: never; no
+//!   queue pair the simulator models meets them (`zverbs::WcStatus` says why).
 
 #![deny(missing_docs, unsafe_op_in_unsafe_fn)]
 

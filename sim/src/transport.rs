@@ -144,7 +144,7 @@ impl World {
             }
             PacketKind::Nak(status) => return self.fail_front(q, status),
             PacketKind::Bad | PacketKind::Request => {
-                return self.fail_front(q, WcStatus::BadRespErr)
+                return self.fail_front(q, self.bad_response_status(q))
             }
             PacketKind::Rnr(_) => {}
         }

@@ -402,3 +402,65 @@ fn one_wc() -> Wc {
         qp_num: 0,
     }
 }
+
+/// A response of the wrong kind (`corrupt_next_response`): `BadRespErr` as the spec and
+/// mlx5 say; with the rxe personality, an RDMA READ response failing a request that is not
+/// a read (`FatalErr`, rxe's `check_ack`), while a read keeps `BadRespErr`. The responder
+/// executed the request and stays in RTS either way.
+#[test]
+fn wrong_response_opcode_per_personality() {
+    type Op = fn(&Env) -> SendWr;
+    let ops: [(&str, Op); 4] = [
+        ("write", |e| {
+            sig(1, e.write(8, e.b_mr.rkey()), &[sge(&e.a_mr, 0, 8)])
+        }),
+        ("send", |e| sig(1, SendOp::Send, &[sge(&e.a_mr, 0, 8)])),
+        ("fetch_add", |e| {
+            sig(1, e.fadd(8, e.b_mr.rkey()), &[sge(&e.a_mr, 8, 8)])
+        }),
+        ("read", |e| {
+            sig(1, e.read(8, e.b_mr.rkey()), &[sge(&e.a_mr, 8, 8)])
+        }),
+    ];
+    for personality in [Personality::Hca, Personality::Rxe] {
+        for (what, wr) in ops {
+            let cfg = FabricConfig {
+                personality,
+                ..FabricConfig::instant()
+            };
+            let fabric = Fabric::with_config(cfg, 2);
+            let c = Cfg::default();
+            let p = pair_in(fabric, c, rts_attr());
+            let (a_buf, b_buf) = (Buf::new(16, 0xaa), Buf::new(16, 0x55));
+            a_buf.set(0, &[1, 2, 3, 4, 5, 6, 7, 8]);
+            let (a_mr, b_mr) = (
+                a_buf.reg(&p.a.pd, all_access()),
+                b_buf.reg(&p.b.pd, all_access()),
+            );
+            let e = Env {
+                p,
+                a_buf,
+                b_buf,
+                a_mr,
+                b_mr,
+            };
+            e.p.b.qp.post_recv([rwr(7, &[sge(&e.b_mr, 0, 8)])]).unwrap();
+            e.p.fabric.corrupt_next_response(1).unwrap();
+            e.p.a.qp.post_send([wr(&e)]).unwrap();
+            e.p.fabric.run_until_idle();
+            let want = match (personality, what) {
+                (Personality::Rxe, "write" | "send" | "fetch_add") => FatalErr,
+                _ => BadRespErr,
+            };
+            let ctx = format!("{personality:?} {what}");
+            assert_eq!(ids(&drain(&e.p.a.cq)), [(1, want)], "{ctx}");
+            assert_eq!(e.p.a.qp.state(), QpState::Err, "{ctx}");
+            assert_eq!(e.p.b.qp.state(), QpState::Rts, "{ctx}");
+            let recv = drain(&e.p.b.cq);
+            match what {
+                "send" => assert_eq!(ids(&recv), [(7, Success)], "{ctx}"),
+                _ => assert!(recv.is_empty(), "{ctx}"),
+            }
+        }
+    }
+}

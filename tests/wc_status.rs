@@ -23,6 +23,7 @@
 //! | `REM_OP_ERR` | a send whose receive names memory of another PD at the responder | ERR | ERR |
 //! | `RETRY_EXC_ERR` | link down, partition, crash of the responder's device | ERR | RTS / gone |
 //! | `RNR_RETRY_EXC_ERR` | a send with no receive posted and `rnr_retry` 2 | ERR | RTS |
+//! | `FATAL_ERR` | `Fabric::corrupt_next_response` on the responder's device, rxe personality | ERR | RTS |
 //!
 //! `LOC_ACCESS_ERR` follows the verbs documentation of `IBV_WC_LOC_ACCESS_ERR` ("a
 //! protection error occurred on a local data buffer during the processing of a RDMA Write
@@ -31,11 +32,24 @@
 //! fabric flushes that receive (`WR_FLUSH_ERR`), as the simulator did before timing; a
 //! fabric built from a `FabricConfig` reports `LOC_ACCESS_ERR`.
 //!
-//! `MW_BIND_ERR` has no test: memory windows are not modelled. The provider seam has no
-//! `ibv_alloc_mw` / `ibv_bind_mw` and no bind work request, so no zverbs program can post
-//! the only operation that completes with this status. Modelling windows would mean a second
-//! rkey namespace (type 1 and type 2 windows), bind and invalidate work requests, and the
-//! window checks in the responder; until zverbs exposes windows that is cost without a user.
+//! `FATAL_ERR` is provoked as soft-RoCE reports it, on a fabric with the rxe personality:
+//! rxe's completer fails a request answered by an RDMA READ response when the request is
+//! not a read (`check_ack` in the kernel's `drivers/infiniband/sw/rxe/rxe_comp.c`); the same
+//! corrupted response gives `BAD_RESP_ERR` on the default (HCA) personality. Other devices
+//! report `FATAL_ERR` for catastrophic queue pair or device errors (irdma, bnxt_re, cxgb4);
+//! mlx5 never does.
+//!
+//! The statuses no test provokes, and why (the full argument, with citations, is in the
+//! `zverbs::WcStatus` docs); `raw_values_of_statuses_rc_never_reports` pins their verbs values:
+//!
+//! | status | why no RC test provokes it |
+//! |---|---|
+//! | `LOC_EEC_OP_ERR`, `LOC_RDD_VIOL_ERR`, `REM_INV_RD_REQ_ERR`, `INV_EECN_ERR`, `INV_EEC_STATE_ERR` | Reliable Datagram only (EE contexts, RD domains); Linux verbs has no RD queue pair (`enum ibv_qp_type`, rdma-core `libibverbs/verbs.h`) |
+//! | `MW_BIND_ERR` | completes only a memory-window bind, local invalidate or fast registration request (mlx5 `mlx5_handle_error_cqe`); zverbs has no `ibv_alloc_mw` / `ibv_bind_mw` and no such `SendOp`, so no zverbs program can post one |
+//! | `REM_ABORT_ERR` | defined for UD or UC receives from an SRQ (RDMAmojo's `ibv_poll_cq` reference, in `ibverbs-sys`'s `ibv_wc::error` docs); no AETH NAK code means "aborted", so an RC requester never gets it; mlx5 reports it on a shared-receive-queue receive whose message was abandoned half-way (lost middle packet, ODP fault; UCX `uct_rc_mlx5_iface_check_rx_completion`): zverbs has no SRQ or ODP, and the simulator moves messages whole |
+//! | `RESP_TIMEOUT_ERR` | not an RC status: an unanswered RC request ends in `RETRY_EXC_ERR`; only EFA's SRD (`providers/efa/verbs.c`) and the kernel's MAD layer (UD, `timeout_sends`) report it |
+//! | `GENERAL_ERR` | a provider's catch-all for vendor syndromes without a verbs name (`default:` in `mlx5_handle_error_cqe`); no RC error of mlx5 or rxe maps to it, and zverbs keeps an unknown value as `WcStatus::Unknown` instead |
+//! | `TM_ERR`, `TM_RNDV_INCOMPLETE` | tag-matching shared receive queues only (mlx5 `handle_tag_matching`); zverbs has no SRQ |
 #![cfg(feature = "sim")]
 
 mod common;
@@ -51,6 +65,7 @@ use zverbs::{
     AccessFlags, ChannelConfig, Error, ErrorKind, QpState, RemoteRegion, SendFlags, SendOp,
     WcOpcode, WcStatus,
 };
+use zverbs_sim::Personality;
 
 /// The seed of this run; prints itself if the test fails.
 struct Seed(u64);
@@ -372,6 +387,116 @@ fn bad_resp_err() {
     let t = target_mr.as_slice();
     assert_eq!((&t[..8], &t[16..]), (&[0x33; 8][..], &[0x33; 8][..]));
     assert_eq!(&t[8..16], &pattern(8, 2)[..]);
+}
+
+#[test]
+fn fatal_err() {
+    let seed = Seed::new();
+    // Soft-RoCE's completer: a response of the wrong kind (an RDMA READ response) to a
+    // request that is not a read.
+    let rxe = || {
+        let cfg = FabricConfig {
+            trace: true,
+            personality: Personality::Rxe,
+            ..FabricConfig::stepped(seed.0)
+        };
+        let sim = Sim::with_config(cfg, 2);
+        let (a, b): (S, S) = pair_on(&sim, &config(rts()), &config(rts()));
+        (sim, a, b)
+    };
+
+    // A write: it executed (its ACK was corrupted on the way back).
+    let (sim, mut a, b) = rxe();
+    let (mut src, mut target) = (pattern(8, 7), [0x33u8; 24]);
+    let src_mr = a.pd.register(&mut src).unwrap();
+    // SAFETY: read after the write completed.
+    let target_mr = unsafe { b.pd.register_with_access(&mut target, ALL) }.unwrap();
+    sim.fabric().corrupt_next_response(1).unwrap();
+    let dst = target_mr.remote().slice(8..16).unwrap();
+    let e = a.ch.write([src_mr.slice(..).unwrap()], &dst).unwrap_err();
+    assert_eq!(status(&e), WcStatus::FatalErr);
+    assert!(e.to_string().contains("IBV_WC_FATAL_ERR"), "{e}");
+    assert_eq!(
+        states(&a, &b),
+        (Err, Rts),
+        "the responder did nothing wrong"
+    );
+    let t = target_mr.as_slice();
+    assert_eq!((&t[..8], &t[16..]), (&[0x33; 8][..], &[0x33; 8][..]));
+    assert_eq!(&t[8..16], &pattern(8, 7)[..]);
+
+    // A send: the responder received it; only the requester fails.
+    let (sim, mut a, mut b) = rxe();
+    let (mut src, mut inbox) = (pattern(16, 8), [0x44u8; 24]);
+    let src_mr = a.pd.register(&mut src).unwrap();
+    let mut inbox_mr = b.pd.register(&mut inbox).unwrap();
+    let sge = inbox_mr.slice_mut(..).unwrap().sge();
+    // SAFETY: `inbox` is not accessed until the receive is redeemed.
+    let recv = unsafe { b.ch.post_receive_unpolled(&[sge]) }.unwrap();
+    sim.fabric().corrupt_next_response(1).unwrap();
+    let e = a.ch.send([src_mr.slice(..).unwrap()]).unwrap_err();
+    assert_eq!(status(&e), WcStatus::FatalErr);
+    let got = b.ch.wait(recv).unwrap();
+    assert_eq!((got.status, got.byte_len), (WcStatus::Success, 16));
+    assert_eq!(states(&a, &b), (Err, Rts));
+    let mut want = [0x44; 24];
+    want[..16].copy_from_slice(&pattern(16, 8));
+    assert_eq!(inbox_mr.as_slice(), &want[..]);
+
+    // A read: rxe has no error status for it, so it keeps the spec's BAD_RESP_ERR.
+    let (sim, mut a, b) = rxe();
+    let (mut local, mut target) = ([0xAAu8; 8], pattern(8, 9));
+    let mut local_mr = a.pd.register(&mut local).unwrap();
+    // SAFETY: read after the read completed.
+    let target_mr = unsafe { b.pd.register_with_access(&mut target, ALL) }.unwrap();
+    sim.fabric().corrupt_next_response(1).unwrap();
+    let dst = local_mr.slice_mut(..).unwrap();
+    let e = a.ch.read([dst], &target_mr.remote()).unwrap_err();
+    assert_eq!(status(&e), WcStatus::BadRespErr);
+    assert_eq!(states(&a, &b), (Err, Rts));
+    assert_eq!(
+        target_mr.as_slice(),
+        &pattern(8, 9)[..],
+        "a read writes nothing remote"
+    );
+}
+
+#[test]
+fn raw_values_of_statuses_rc_never_reports() {
+    use WcStatus::*;
+    // The verbs values (rdma-core `enum ibv_wc_status`) of the statuses no test above
+    // provokes, each with the reason in the module docs.
+    let never = [
+        (LocEecOpErr, 3, "IBV_WC_LOC_EEC_OP_ERR"),
+        (MwBindErr, 6, "IBV_WC_MW_BIND_ERR"),
+        (LocRddViolErr, 14, "IBV_WC_LOC_RDD_VIOL_ERR"),
+        (RemInvRdReqErr, 15, "IBV_WC_REM_INV_RD_REQ_ERR"),
+        (RemAbortErr, 16, "IBV_WC_REM_ABORT_ERR"),
+        (InvEecnErr, 17, "IBV_WC_INV_EECN_ERR"),
+        (InvEecStateErr, 18, "IBV_WC_INV_EEC_STATE_ERR"),
+        (RespTimeoutErr, 20, "IBV_WC_RESP_TIMEOUT_ERR"),
+        (GeneralErr, 21, "IBV_WC_GENERAL_ERR"),
+        (TmErr, 22, "IBV_WC_TM_ERR"),
+        (TmRndvIncomplete, 23, "IBV_WC_TM_RNDV_INCOMPLETE"),
+    ];
+    for (s, raw, name) in never {
+        assert_eq!((WcStatus::from_raw(raw), s.raw(), s.name()), (s, raw, name));
+        assert!(s.to_string().starts_with(name), "{s}");
+    }
+    // Every status the simulator can report reaches zverbs under its own name.
+    for raw in 0..=21 {
+        let ours = WcStatus::from_raw(raw);
+        assert!(!matches!(ours, Unknown(_)), "{raw}");
+        assert_eq!(ours.raw(), raw);
+    }
+    // A value no version of rdma-core zverbs knows is kept, not folded into GENERAL_ERR.
+    let unknown = WcStatus::from_raw(99);
+    assert_eq!((unknown, unknown.raw()), (Unknown(99), 99));
+    assert_ne!(unknown, GeneralErr);
+    assert!(
+        unknown.to_string().contains("unknown completion status 99"),
+        "{unknown}"
+    );
 }
 
 #[test]

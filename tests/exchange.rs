@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use zverbs::node::exchange::{
     encode_frame, exchange, exchange_with_listener, parse_config, read_frame, ConfigError,
-    ExchangeError, NetworkConfig, FRAME_MAGIC, MAX_PAYLOAD,
+    ExchangeError, NetworkConfig, FRAME_HEADER_LEN, FRAME_MAGIC, MAX_PAYLOAD,
 };
 
 /// Records the largest single allocation, to show that a peer's length claim is never
@@ -676,4 +676,61 @@ fn argument_errors_and_a_world_of_one() {
     let e = exchange(&cfg, 0, b"", LONG).unwrap_err();
     assert!(matches!(e, ExchangeError::Bind { .. }), "{e:?}");
     drop(ls);
+}
+
+// ---------------------------------------------------------------- strangers
+
+/// A stranger on `addr`: connects, then sends `bytes` one every `every` (never, if
+/// `bytes` is empty) until they run out, the other side hangs up, or `stop` is set.
+fn stranger(
+    addr: SocketAddr,
+    bytes: Vec<u8>,
+    every: Duration,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> thread::JoinHandle<()> {
+    // Connected before the real ranks start: first in the listener's queue.
+    let mut s = TcpStream::connect(addr).unwrap();
+    thread::spawn(move || {
+        let mut bytes = bytes.into_iter();
+        while !stop.load(Ordering::Relaxed) {
+            thread::sleep(every);
+            if let Some(b) = bytes.next() {
+                if s.write_all(&[b]).is_err() {
+                    return;
+                }
+            }
+        }
+    })
+}
+
+#[test]
+fn strangers_that_send_nothing_or_trickle_do_not_stall_the_exchange() {
+    // Rank 2 accepts from ranks 0 and 1, rank 1 from rank 0: a silent stranger on both,
+    // and on rank 2 one that trickles a plausible frame (rank 0, 1000 bytes) at 10 bytes
+    // a second. Before the exchange ended as soon as every rank was heard from, ranks 1
+    // and 2 waited for their strangers until the deadline.
+    let timeout = Duration::from_secs(5);
+    let (cfg, ls) = listeners(3);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let every = Duration::from_millis(100);
+    let mut trickle = header(FRAME_MAGIC, 1, 0, 1000);
+    trickle.resize(FRAME_HEADER_LEN + 1000, 0x5a);
+    let strangers = vec![
+        stranger(cfg.get(2).unwrap(), trickle, every, stop.clone()),
+        stranger(cfg.get(2).unwrap(), Vec::new(), every, stop.clone()),
+        stranger(cfg.get(1).unwrap(), Vec::new(), every, stop.clone()),
+    ];
+    let handles: Vec<_> = (0u32..)
+        .zip(ls)
+        .map(|(rank, l)| spawn_rank(&cfg, rank, l, timeout))
+        .collect();
+    let (results, took): (Vec<_>, Vec<_>) = handles.into_iter().map(|h| h.join().unwrap()).unzip();
+    stop.store(true, Ordering::Relaxed);
+    for s in strangers {
+        s.join().unwrap();
+    }
+    check_all(results, 3);
+    for (rank, t) in took.iter().enumerate() {
+        assert!(*t < timeout / 2, "rank {rank} took {t:?}");
+    }
 }

@@ -17,9 +17,13 @@
 //!   wake every 20 ms to notice the deadline or another connection's failure. The first
 //!   failure stops the whole exchange and is returned; a rank that has not completed by
 //!   the deadline is listed in [`ExchangeError::Timeout`].
+//! - The exchange ends as soon as every rank has been heard from. A connection that has
+//!   not delivered a whole frame by then is no rank (a stranger: a port scanner, a stuck
+//!   client, a connection that sends nothing or trickles bytes) and is closed then, within
+//!   one 20 ms read slice: it neither delays nor fails the exchange.
 //!
-//! The exchange is strict: any connection that sends a malformed frame or claims a rank
-//! it may not have fails the exchange, rather than being ignored.
+//! The exchange is strict: until it ends, any connection that sends a malformed frame or
+//! claims a rank it may not have fails the exchange, rather than being ignored.
 
 use std::fmt;
 use std::io::{self, Read, Write};
@@ -299,8 +303,11 @@ struct State {
 struct Shared<'a> {
     my_rank: u32,
     deadline: Instant,
-    /// Set on the first failure: everyone winds down.
+    /// Set on the first failure, or once every rank has been heard from: everyone winds
+    /// down.
     stop: AtomicBool,
+    /// Every rank has been heard from: later failures (strangers) are not reported.
+    complete: AtomicBool,
     /// This rank's encoded frame.
     frame: &'a [u8],
     state: Mutex<State>,
@@ -347,15 +354,28 @@ impl Shared<'_> {
 
     fn fail(&self, e: ExchangeError) {
         let mut s = self.state();
-        if s.error.is_none() {
+        if s.error.is_none() && !self.complete.load(Ordering::Relaxed) {
             s.error = Some(e);
         }
         self.stop.store(true, Ordering::Relaxed);
     }
 
+    /// Records `rank`'s payload; the last one stops every other connection.
     fn finish(&self, rank: u32, payload: Vec<u8>) {
-        if let Some(slot) = self.state().got.get_mut(rank as usize) {
+        let mut s = self.state();
+        if let Some(slot) = s.got.get_mut(rank as usize) {
             *slot = Some(payload);
+        }
+        let me = self.my_rank as usize;
+        let all = s
+            .got
+            .iter()
+            .enumerate()
+            .all(|(i, p)| i == me || p.is_some());
+        // Under the lock: a failure recorded before this is kept, any later one ignored.
+        if all && s.error.is_none() {
+            self.complete.store(true, Ordering::Relaxed);
+            self.stop.store(true, Ordering::Relaxed);
         }
     }
 
@@ -556,6 +576,7 @@ fn run(
         my_rank,
         deadline,
         stop: AtomicBool::new(false),
+        complete: AtomicBool::new(false),
         frame: &frame,
         state: Mutex::new(State {
             got: vec![None; n],

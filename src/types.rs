@@ -339,6 +339,7 @@ macro_rules! wc_status {
     ) => {
         $(#[$enum_doc])*
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        #[non_exhaustive]
         pub enum WcStatus {
             $($(#[$doc])* $name,)*
             /// A value with no name here (a newer provider's status), kept as the provider
@@ -376,7 +377,8 @@ wc_status! {
     /// Completion status (`ibv_wc_status`; [`WcStatus::raw`] is the verbs value).
     ///
     /// A provider's value that has no name here is kept as [`WcStatus::Unknown`], never
-    /// folded into another status.
+    /// folded into another status. The enum is `#[non_exhaustive]`: a status rdma-core adds
+    /// later can get its name without breaking a `match`.
     ///
     /// # Which statuses an RC queue pair reports
     ///

@@ -8,7 +8,8 @@ use std::net::TcpListener;
 use std::time::Duration;
 use std::vec::Vec;
 
-use super::exchange::{self, NetworkConfig};
+use super::exchange::tcp::{deadline_after, Session};
+use super::exchange::NetworkConfig;
 use super::{Node, NodeError, PreparedNode};
 use crate::provider::Provider;
 use crate::qp::{Endpoint, ENDPOINT_LEN};
@@ -33,7 +34,7 @@ impl<P: Provider, const N: usize, const R: usize, const S: usize> PreparedNode<P
     }
 
     /// Connects using every rank's endpoint table, indexed by rank (this node's own entry
-    /// is ignored), as [`exchange`](exchange::exchange) returns them.
+    /// is ignored), as [`exchange`](super::exchange::exchange) returns them.
     pub fn connect_tables(
         self,
         tables: &[Vec<u8>],
@@ -64,22 +65,34 @@ impl<P: Provider, const N: usize, const R: usize, const S: usize> PreparedNode<P
     }
 
     /// Exchanges endpoint tables with every rank of `config` over TCP (binding this rank's
-    /// configured address), then connects. `config` must have one entry per rank.
+    /// configured address), connects, then waits until every rank has connected: it
+    /// returns only when every rank's queue pairs are at RTS, so a send or
+    /// [`barrier_all`](Node::barrier_all) right after it finds every peer ready to
+    /// receive. `config` must have one entry per rank.
     ///
     /// `app` rides along (e.g. the addresses and keys of regions peers will access); every
-    /// rank's `app` bytes come back indexed by rank. One exchange serves both: running two
-    /// exchanges back to back on the same ports could mix their rounds.
+    /// rank's `app` bytes come back indexed by rank.
+    ///
+    /// `timeout` bounds the whole call: the exchange, the local connect and the readiness
+    /// round (see [`exchange::tcp`](super::exchange::tcp#readiness-round)). A rank that
+    /// could not connect its queue pairs tells the others, which fail at once with
+    /// [`ExchangeError::NotReady`](super::exchange::ExchangeError::NotReady) naming it;
+    /// ranks not ready by the deadline are named the same way. Once it returns `Ok`, every
+    /// rank is past the exchange (each said it was ready), so this rank may start another
+    /// `connect_tcp` on the same ports at once: its connections cannot reach a peer still
+    /// accepting for this one.
     pub fn connect_tcp(
         self,
         config: &NetworkConfig,
         app: &[u8],
         timeout: Duration,
     ) -> Connected<P, N, R, S> {
+        let deadline = deadline_after(timeout);
         self.check_config(config)?;
         let payload = self.payload(app);
-        let tables = exchange::exchange(config, self.rank as u32, &payload, timeout)
+        let session = Session::open(config, self.rank as u32, None, &payload, deadline)
             .map_err(NodeError::Exchange)?;
-        self.connect_payloads(tables)
+        self.connect_session(session)
     }
 
     /// Like [`connect_tcp`](Self::connect_tcp), on a listener already bound to this rank's
@@ -91,12 +104,29 @@ impl<P: Provider, const N: usize, const R: usize, const S: usize> PreparedNode<P
         app: &[u8],
         timeout: Duration,
     ) -> Connected<P, N, R, S> {
+        let deadline = deadline_after(timeout);
         self.check_config(config)?;
         let payload = self.payload(app);
-        let tables =
-            exchange::exchange_with_listener(config, self.rank as u32, listener, &payload, timeout)
-                .map_err(NodeError::Exchange)?;
-        self.connect_payloads(tables)
+        let session = Session::open(config, self.rank as u32, Some(listener), &payload, deadline)
+            .map_err(NodeError::Exchange)?;
+        self.connect_session(session)
+    }
+
+    /// Connects with the session's payloads, then runs its readiness round: ready if the
+    /// local connect succeeded (every queue pair at RTS), else tells the peers and returns
+    /// the local error.
+    fn connect_session(self, mut session: Session) -> Connected<P, N, R, S> {
+        match self.connect_payloads(session.take_payloads()) {
+            Ok(connected) => {
+                session.confirm(true).map_err(NodeError::Exchange)?;
+                Ok(connected)
+            }
+            Err(e) => {
+                // Best effort; this rank's own error is the one to report.
+                let _ = session.confirm(false);
+                Err(e)
+            }
+        }
     }
 
     fn payload(&self, app: &[u8]) -> Vec<u8> {

@@ -24,6 +24,17 @@
 //!
 //! The exchange is strict: until it ends, any connection that sends a malformed frame or
 //! claims a rank it may not have fails the exchange, rather than being ignored.
+//!
+//! # Readiness round
+//!
+//! [`PreparedNode::connect_tcp`](crate::node::PreparedNode::connect_tcp) keeps the
+//! connections of its exchange open (one per pair of ranks) for one more round once its
+//! queue pairs are connected: every rank sends each peer a frame with a one-byte payload,
+//! `1` (ready: all its queue pairs are at RTS) or `0` (it could not connect), then reads
+//! the peer's. The first round's frames were read to their last byte, so the rounds
+//! cannot mix; the same deadline bounds both. A rank that reads a `0`, or not every `1`
+//! by the deadline, fails with [`ExchangeError::NotReady`] naming the ranks; a rank that
+//! could not connect sends its `0`s and returns its own error without waiting.
 
 use std::fmt;
 use std::io::{self, Read, Write};
@@ -134,6 +145,15 @@ pub enum ExchangeError {
         /// Bytes it sent.
         got: usize,
     },
+    /// The readiness round after the exchange (see the [module docs](self#readiness-round))
+    /// did not end with every rank ready.
+    NotReady {
+        /// Ranks that reported they could not connect their queue pairs, ascending.
+        failed: Vec<u32>,
+        /// Ranks not heard from when the round ended (at the deadline, or at once after a
+        /// failure report), ascending.
+        waiting_for: Vec<u32>,
+    },
     /// A socket operation failed.
     Io {
         /// The peer's address, when the failure concerns one connection.
@@ -200,6 +220,23 @@ impl fmt::Display for ExchangeError {
                 f,
                 "peer {peer} closed the connection after {got} of {needed} frame bytes"
             ),
+            ExchangeError::NotReady {
+                failed,
+                waiting_for,
+            } => {
+                if failed.is_empty() {
+                    write!(
+                        f,
+                        "timed out waiting for ranks {waiting_for:?} to report their queue pairs ready"
+                    )
+                } else {
+                    write!(
+                        f,
+                        "ranks {failed:?} could not connect their queue pairs \
+                         (not heard from: {waiting_for:?})"
+                    )
+                }
+            }
             ExchangeError::Io {
                 peer: Some(peer),
                 source,
@@ -231,14 +268,7 @@ pub fn exchange(
     payload: &[u8],
     timeout: Duration,
 ) -> Result<Vec<Vec<u8>>, ExchangeError> {
-    let deadline = deadline_after(timeout);
-    let addr = check_args(config, my_rank, payload)?;
-    if config.len() == 1 {
-        return Ok(vec![payload.to_vec()]);
-    }
-    let listener =
-        TcpListener::bind(addr).map_err(|source| ExchangeError::Bind { addr, source })?;
-    run(config, my_rank, &listener, payload, deadline)
+    Session::open(config, my_rank, None, payload, deadline_after(timeout)).map(|s| s.payloads)
 }
 
 /// Like [`exchange`], on a listener the caller has already bound to this rank's
@@ -250,21 +280,178 @@ pub fn exchange_with_listener(
     payload: &[u8],
     timeout: Duration,
 ) -> Result<Vec<Vec<u8>>, ExchangeError> {
-    let deadline = deadline_after(timeout);
-    let configured = check_args(config, my_rank, payload)?;
-    let bound = listener
-        .local_addr()
-        .map_err(|source| ExchangeError::Io { peer: None, source })?;
-    if bound.port() != configured.port() {
-        return Err(ExchangeError::ListenerMismatch { configured, bound });
-    }
-    if config.len() == 1 {
-        return Ok(vec![payload.to_vec()]);
-    }
-    run(config, my_rank, listener, payload, deadline)
+    Session::open(
+        config,
+        my_rank,
+        Some(listener),
+        payload,
+        deadline_after(timeout),
+    )
+    .map(|s| s.payloads)
 }
 
-fn deadline_after(timeout: Duration) -> Instant {
+/// A finished exchange whose connections stay open for the readiness round.
+pub(crate) struct Session {
+    my_rank: u32,
+    deadline: Instant,
+    /// Every rank's payload, by rank.
+    payloads: Vec<Vec<u8>>,
+    /// The connection to every other rank and its address, by rank.
+    conns: Vec<Option<(TcpStream, SocketAddr)>>,
+}
+
+impl Session {
+    /// Runs the exchange on `listener`, or on a listener bound to this rank's configured
+    /// address, by `deadline`.
+    pub(crate) fn open(
+        config: &NetworkConfig,
+        my_rank: u32,
+        listener: Option<&TcpListener>,
+        payload: &[u8],
+        deadline: Instant,
+    ) -> Result<Session, ExchangeError> {
+        let configured = check_args(config, my_rank, payload)?;
+        if let Some(listener) = listener {
+            let bound = listener
+                .local_addr()
+                .map_err(|source| ExchangeError::Io { peer: None, source })?;
+            if bound.port() != configured.port() {
+                return Err(ExchangeError::ListenerMismatch { configured, bound });
+            }
+        }
+        if config.len() == 1 {
+            return Ok(Session {
+                my_rank,
+                deadline,
+                payloads: vec![payload.to_vec()],
+                conns: vec![None],
+            });
+        }
+        let (payloads, conns) = match listener {
+            Some(l) => run(config, my_rank, l, payload, deadline)?,
+            None => {
+                let l = TcpListener::bind(configured).map_err(|source| ExchangeError::Bind {
+                    addr: configured,
+                    source,
+                })?;
+                run(config, my_rank, &l, payload, deadline)?
+            }
+        };
+        Ok(Session {
+            my_rank,
+            deadline,
+            payloads,
+            conns,
+        })
+    }
+
+    /// Every rank's payload, by rank (left empty in the session).
+    pub(crate) fn take_payloads(&mut self) -> Vec<Vec<u8>> {
+        std::mem::take(&mut self.payloads)
+    }
+
+    /// The readiness round (see the [module docs](self#readiness-round)). `ready`: tells
+    /// every peer so and waits until each has said it is ready too, by the exchange's
+    /// deadline. Not `ready`: tells every peer (best effort) and returns at once.
+    pub(crate) fn confirm(self, ready: bool) -> Result<(), ExchangeError> {
+        let mut frame = Vec::new();
+        let status = if ready { READY } else { NOT_READY };
+        encode_frame(self.my_rank, &[status], &mut frame).map_err(|_| {
+            ExchangeError::PayloadTooLarge {
+                len: 1,
+                max: MAX_PAYLOAD,
+            }
+        })?;
+        let shared_val = Shared::new(self.my_rank, self.deadline, &frame, self.conns.len());
+        let shared = &shared_val;
+        // Every status goes out before any is read: a rank that stops early (on a peer's
+        // failure) has still told everyone its own. A frame this small fits the socket
+        // buffer, so no write waits for a read. A failed write is not fatal: reading
+        // from that peer says what became of it.
+        let mut conns = Vec::new();
+        for (rank, conn) in (0u32..).zip(self.conns) {
+            if let Some((stream, addr)) = conn {
+                if let Ok(mut conn) = Conn::new(stream, addr, shared) {
+                    let _ = conn.send_frame();
+                    conns.push((rank, conn));
+                }
+            }
+        }
+        if !ready {
+            for (_, conn) in conns {
+                let _ = conn.stream.shutdown(std::net::Shutdown::Write);
+            }
+            return Ok(());
+        }
+        thread::scope(|scope| {
+            for (rank, conn) in conns {
+                spawn(scope, shared, format!("zverbs-ready-{rank}"), move || {
+                    confirm_one(shared, rank, conn)
+                });
+            }
+        });
+        let State { got, error, .. } = shared_val.into_state();
+        let mut failed = Vec::new();
+        let mut waiting_for = Vec::new();
+        for (rank, status) in (0u32..).zip(&got) {
+            match status.as_deref() {
+                _ if rank == self.my_rank => {}
+                Some([READY]) => {}
+                Some(_) => failed.push(rank),
+                None => waiting_for.push(rank),
+            }
+        }
+        // A peer's own report of failure is the cause to name: a connection that broke
+        // meanwhile may be a peer that stopped on that report.
+        if failed.is_empty() {
+            if let Some(e) = error {
+                return Err(e);
+            }
+        }
+        if failed.is_empty() && waiting_for.is_empty() {
+            Ok(())
+        } else {
+            Err(ExchangeError::NotReady {
+                failed,
+                waiting_for,
+            })
+        }
+    }
+}
+
+/// Readiness round payloads.
+const READY: u8 = 1;
+const NOT_READY: u8 = 0;
+
+/// Reads one peer's readiness. A report of failure stops the round at once; a broken or
+/// misbehaving connection is recorded but does not stop the others, so that a peer's
+/// report, the likely cause, can still be read.
+fn confirm_one(shared: &Shared<'_>, rank: u32, mut conn: Conn<'_, '_>) -> Result<(), Halt> {
+    let e = match conn.recv_frame() {
+        Ok((got, status)) if got == rank => {
+            let ready = status == [READY];
+            shared.finish(rank, status, None);
+            if !ready {
+                shared.stop.store(true, Ordering::Relaxed);
+            }
+            return Ok(());
+        }
+        Ok((got, _)) => ExchangeError::UnexpectedRank {
+            peer: conn.peer,
+            expected: rank..rank.saturating_add(1),
+            got,
+        },
+        Err(Halt::Stopped) => return Ok(()),
+        Err(Halt::Failed(e)) => e,
+    };
+    let mut s = shared.state();
+    if s.error.is_none() {
+        s.error = Some(e);
+    }
+    Ok(())
+}
+
+pub(crate) fn deadline_after(timeout: Duration) -> Instant {
     let now = Instant::now();
     now.checked_add(timeout)
         .or_else(|| now.checked_add(Duration::from_secs(1 << 30)))
@@ -295,6 +482,8 @@ struct State {
     got: Vec<Option<Vec<u8>>>,
     /// Ranks claimed by an accepted connection.
     claimed: Vec<bool>,
+    /// The connection each rank was heard on, kept for the readiness round.
+    conns: Vec<Option<(TcpStream, SocketAddr)>>,
     /// The first failure.
     error: Option<ExchangeError>,
 }
@@ -337,7 +526,27 @@ fn is_stop(e: &io::Error) -> bool {
     e.get_ref().is_some_and(|inner| inner.is::<StopSignal>())
 }
 
-impl Shared<'_> {
+impl<'a> Shared<'a> {
+    fn new(my_rank: u32, deadline: Instant, frame: &'a [u8], n: usize) -> Self {
+        Shared {
+            my_rank,
+            deadline,
+            stop: AtomicBool::new(false),
+            complete: AtomicBool::new(false),
+            frame,
+            state: Mutex::new(State {
+                got: vec![None; n],
+                claimed: vec![false; n],
+                conns: (0..n).map(|_| None).collect(),
+                error: None,
+            }),
+        }
+    }
+
+    fn into_state(self) -> State {
+        self.state.into_inner().unwrap_or_else(|p| p.into_inner())
+    }
+
     fn state(&self) -> MutexGuard<'_, State> {
         // A panicking thread cannot leave `State` inconsistent: every update is one store.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
@@ -360,11 +569,15 @@ impl Shared<'_> {
         self.stop.store(true, Ordering::Relaxed);
     }
 
-    /// Records `rank`'s payload; the last one stops every other connection.
-    fn finish(&self, rank: u32, payload: Vec<u8>) {
-        let mut s = self.state();
-        if let Some(slot) = s.got.get_mut(rank as usize) {
+    /// Records `rank`'s payload (and the connection it came on); the last one stops every
+    /// other connection.
+    fn finish(&self, rank: u32, payload: Vec<u8>, conn: Option<(TcpStream, SocketAddr)>) {
+        let mut guard = self.state();
+        let s = &mut *guard;
+        let r = rank as usize;
+        if let (Some(slot), Some(c)) = (s.got.get_mut(r), s.conns.get_mut(r)) {
             *slot = Some(payload);
+            *c = conn;
         }
         let me = self.my_rank as usize;
         let all = s
@@ -513,7 +726,7 @@ fn dial(shared: &Shared<'_>, rank: u32, addr: SocketAddr) -> Result<(), Halt> {
             got,
         }));
     }
-    shared.finish(rank, payload);
+    shared.finish(rank, payload, Some((conn.stream, addr)));
     Ok(())
 }
 
@@ -536,7 +749,7 @@ fn serve(shared: &Shared<'_>, stream: TcpStream, peer: SocketAddr) -> Result<(),
         s.claimed[rank as usize] = true;
     }
     conn.send_frame()?;
-    shared.finish(rank, payload);
+    shared.finish(rank, payload, Some((conn.stream, peer)));
     Ok(())
 }
 
@@ -556,13 +769,16 @@ fn spawn<'scope, 'env: 'scope>(
     }
 }
 
+/// Every rank's payload and the connection to every other rank, by rank.
+type Gathered = (Vec<Vec<u8>>, Vec<Option<(TcpStream, SocketAddr)>>);
+
 fn run(
     config: &NetworkConfig,
     my_rank: u32,
     listener: &TcpListener,
     payload: &[u8],
     deadline: Instant,
-) -> Result<Vec<Vec<u8>>, ExchangeError> {
+) -> Result<Gathered, ExchangeError> {
     let mut frame = Vec::new();
     encode_frame(my_rank, payload, &mut frame).map_err(|_| ExchangeError::PayloadTooLarge {
         len: payload.len(),
@@ -571,19 +787,7 @@ fn run(
     listener
         .set_nonblocking(true)
         .map_err(|source| ExchangeError::Io { peer: None, source })?;
-    let n = config.len();
-    let shared_val = Shared {
-        my_rank,
-        deadline,
-        stop: AtomicBool::new(false),
-        complete: AtomicBool::new(false),
-        frame: &frame,
-        state: Mutex::new(State {
-            got: vec![None; n],
-            claimed: vec![false; n],
-            error: None,
-        }),
-    };
+    let shared_val = Shared::new(my_rank, deadline, &frame, config.len());
     let shared = &shared_val;
     thread::scope(|scope| {
         for (rank, &addr) in (0u32..).zip(config.addrs()).skip(my_rank as usize + 1) {
@@ -610,10 +814,12 @@ fn run(
     });
     // Best effort: leave a caller's listener blocking, as it was bound.
     let _ = listener.set_nonblocking(false);
-    let State { mut got, error, .. } = shared_val
-        .state
-        .into_inner()
-        .unwrap_or_else(|p| p.into_inner());
+    let State {
+        mut got,
+        conns,
+        error,
+        ..
+    } = shared_val.into_state();
     if let Some(e) = error {
         return Err(e);
     }
@@ -626,5 +832,68 @@ fn run(
     if !waiting_for.is_empty() {
         return Err(ExchangeError::Timeout { waiting_for });
     }
-    Ok(got.into_iter().map(Option::unwrap_or_default).collect())
+    Ok((
+        got.into_iter().map(Option::unwrap_or_default).collect(),
+        conns,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Opens a session for every rank of a loopback world of `n`, each on its own thread,
+    /// then runs its readiness round with `ready(rank)`.
+    fn rounds(n: usize, ready: fn(u32) -> bool) -> Vec<(Result<(), ExchangeError>, Duration)> {
+        let ls: Vec<TcpListener> = (0..n)
+            .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
+            .collect();
+        let addrs = ls.iter().map(|l| l.local_addr().unwrap()).collect();
+        let cfg = NetworkConfig::from_addrs(addrs).unwrap();
+        let deadline = deadline_after(Duration::from_secs(5));
+        thread::scope(|t| {
+            let handles: Vec<_> = (0u32..)
+                .zip(&ls)
+                .map(|(rank, l)| {
+                    let cfg = &cfg;
+                    t.spawn(move || {
+                        let start = Instant::now();
+                        let s = Session::open(cfg, rank, Some(l), &[rank as u8], deadline)?;
+                        assert_eq!(s.payloads.len(), n);
+                        let r = s.confirm(ready(rank));
+                        Ok::<_, ExchangeError>((r, start.elapsed()))
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap().unwrap())
+                .collect()
+        })
+    }
+
+    #[test]
+    fn every_rank_ready() {
+        for (r, _) in rounds(3, |_| true) {
+            r.unwrap();
+        }
+    }
+
+    #[test]
+    fn a_rank_that_is_not_ready_is_named_at_once() {
+        let results = rounds(4, |rank| rank != 1);
+        for (rank, (r, took)) in results.into_iter().enumerate() {
+            if rank == 1 {
+                // The failing rank reports its own error (its caller's); the round is Ok.
+                r.unwrap();
+            } else {
+                let e = r.unwrap_err();
+                assert!(
+                    matches!(&e, ExchangeError::NotReady { failed, .. } if failed == &[1]),
+                    "rank {rank}: {e:?}"
+                );
+            }
+            assert!(took < Duration::from_secs(2), "rank {rank}: {took:?}");
+        }
+    }
 }

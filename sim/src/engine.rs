@@ -93,7 +93,9 @@ impl World {
     }
 
     /// Whether requester `q` talks to a live, reachable responder that is not yet in RTR
-    /// (still RESET or INIT): a connection whose other side has not finished connecting.
+    /// but on its way (INIT: prepared, its endpoint handed out, not yet connected): a
+    /// connection whose other side has not finished connecting. A responder in RESET is
+    /// gone, not coming: the requester's retries run out at once, as before.
     fn responder_not_ready(&self, q: usize) -> bool {
         let Some(qp) = self.qps.get(q) else {
             return false;
@@ -106,9 +108,7 @@ impl World {
         }
         self.qp_index(rtr.dest_qp_num)
             .and_then(|r| self.qps.get(r))
-            .is_some_and(|r| {
-                !r.dead && r.dev == dev && matches!(r.state, QpState::Reset | QpState::Init)
-            })
+            .is_some_and(|r| !r.dead && r.dev == dev && r.state == QpState::Init)
     }
 
     /// Responder `p` reached RTR: wakes the requester its RTR attributes name if it waits

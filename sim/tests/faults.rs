@@ -283,7 +283,7 @@ fn crash_vanishes_the_device_and_peers_time_out() {
     assert_eq!(p.b.ctx.query_port(1).unwrap().state, PortState::Down);
     assert_eq!(p.b.qp.state(), QpState::Err);
     let refused = p.b.qp.post_send([write(5, &mb, &ma, 0)]).unwrap_err();
-    assert!(matches!(refused.error, SimError::Invalid(_)));
+    assert!(matches!(refused.error, SimError::DeviceFatal));
     assert!(p.b.qp.post_recv([rwr(6, &[])]).is_err());
     p.a.qp
         .post_send([write(1, &ma, &mb, 0), sig(2, SendOp::Send, &[])])

@@ -247,11 +247,13 @@ fn gather_into<const S: usize>(
     let mut n = 0usize;
     let mut len = 0u64;
     for sge in it {
+        // Only entries that fit are summed: at most S < 2^32 lengths below 2^32 each, so
+        // the total cannot overflow however long the iterator (an error then anyway).
         if n < S {
             out[n] = sge;
+            len += u64::from(sge.length);
         }
-        len += u64::from(sge.length);
-        n += 1;
+        n = n.saturating_add(1);
     }
     if n > S || n > u8::MAX as usize {
         return Err((n, S.min(u8::MAX as usize)));

@@ -89,7 +89,9 @@ fn queue(send: bool) -> Queue {
 /// [`RemoteRegion::slice`] reports it) is built out of line, so the check inlines small.
 #[inline]
 pub(crate) fn fits<E>(remote: &RemoteRegion, len: u64) -> Result<(), Error<E>> {
-    if len <= remote.len {
+    // A peer's region whose end wraps past the top of the address space holds nothing
+    // there: refused before posting, as `RemoteRegion::slice` refuses it.
+    if len <= remote.len && remote.addr.checked_add(len).is_some() {
         return Ok(());
     }
     too_short(remote, len)

@@ -79,7 +79,15 @@ impl Waiter {
         #[cfg(feature = "std")]
         {
             let now = std::time::Instant::now();
-            now >= *self.deadline.get_or_insert_with(|| now + timeout)
+            if self.deadline.is_none() {
+                // A timeout past what `Instant` can hold is no bound at all.
+                let Some(end) = now.checked_add(timeout) else {
+                    self.timeout = None;
+                    return false;
+                };
+                self.deadline = Some(end);
+            }
+            self.deadline.is_some_and(|end| now >= end)
         }
         #[cfg(not(feature = "std"))]
         {
@@ -100,7 +108,11 @@ impl Waiter {
         {
             let now = std::time::Instant::now();
             let end = self.deadline.map_or(now, |d| d.max(now));
-            self.deadline = Some(end + self.grace);
+            self.deadline = end.checked_add(self.grace);
+            if self.deadline.is_none() {
+                self.timeout = None; // a grace past what `Instant` holds: no bound
+                return;
+            }
         }
         #[cfg(not(feature = "std"))]
         {
@@ -172,6 +184,16 @@ mod tests {
         let total = start.elapsed();
         assert!(total >= Duration::from_millis(50), "{total:?}");
         assert!(total < Duration::from_millis(400), "{total:?}");
+    }
+
+    #[test]
+    fn huge_durations_mean_no_bound_not_a_panic() {
+        let mut w = Waiter::new(Some(Duration::MAX), Duration::MAX);
+        for _ in 0..1000 {
+            assert!(w.pause());
+        }
+        w.enter_grace();
+        assert!(w.pause());
     }
 
     #[test]

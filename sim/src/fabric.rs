@@ -162,7 +162,9 @@ impl Fabric {
 
     /// Corrupts the next response (ACK, NAK or read/atomic response) leaving device `dev`
     /// into an opcode the requester does not expect: that requester's work request
-    /// completes with `BadRespErr` and its QP moves to ERR. Calls add up (saturating).
+    /// completes with `BadRespErr` (with [`Personality::Rxe`](crate::Personality::Rxe),
+    /// `FatalErr` for anything but a read, as rxe reports it) and its QP moves to ERR.
+    /// Calls add up (saturating).
     ///
     /// # Errors
     /// [`SimError::NotFound`] if there is no device `dev`.

@@ -12,6 +12,7 @@
 
 mod collective;
 mod errors;
+mod liveness;
 mod rxe;
 mod scenarios;
 
@@ -28,6 +29,7 @@ use zverbs::{
 
 pub use collective::*;
 pub use errors::*;
+pub use liveness::*;
 pub use rxe::RXE_DEVIATIONS;
 pub use scenarios::*;
 
@@ -35,6 +37,7 @@ pub use scenarios::*;
 pub mod expected {
     pub use super::collective::expected::*;
     pub use super::errors::expected::*;
+    pub use super::liveness::expected::*;
     pub use super::scenarios::expected::*;
 }
 
@@ -413,7 +416,8 @@ macro_rules! conformance_tests {
             rem_access_write_out_of_bounds, rem_write_imm_bad_rkey, rem_qp_no_remote_write,
             rem_atomic_misaligned, loc_len_short_recv, flush_after_error, flush_on_modify_err,
             post_after_error, rnr_retry_exceeded, channel_roundtrip,
-            multi_channel_scatter_gather, node_barrier
+            multi_channel_scatter_gather, node_barrier, wait_bounded_on_silent_peer,
+            send_before_peer_connects, barrier_at_connect_and_exit
         );
     };
     (@each $env:expr; $($name:ident),* $(,)?) => {

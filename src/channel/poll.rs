@@ -157,7 +157,8 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
         // one completion: the one awaited is usually the only one there.
         match self.poll_for(queue, seq, 1) {
             Ok(Polled::Retired) => self.retired(queue, seq, ok),
-            polled => self.wait_polled(queue, seq, polled, ok),
+            Ok(polled) => self.wait_polled(queue, seq, polled, ok),
+            Err(e) => Err(self.poll_failed(e)),
         }
     }
 
@@ -167,11 +168,19 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
         &mut self,
         queue: Queue,
         seq: u64,
-        polled: Result<Polled, Error<P::Error>>,
+        polled: Polled,
         ok: impl FnOnce(Completion) -> R,
     ) -> Result<R, Error<P::Error>> {
         let mut waiter = self.waiter();
-        self.wait_polled_within(queue, seq, polled, ok, &mut waiter)
+        self.wait_polled_within(queue, seq, Ok(polled), ok, &mut waiter)
+    }
+
+    /// A poll failed with work in flight: end that work before reporting `e`.
+    #[cold]
+    #[inline(never)]
+    fn poll_failed(&mut self, e: Error<P::Error>) -> Error<P::Error> {
+        let mut waiter = self.waiter();
+        self.quiesce(&mut waiter, e)
     }
 
     fn wait_polled_within<R>(

@@ -408,3 +408,43 @@ fn close_reports_what_did_not_drain() {
         assert!(start.elapsed() >= TIMEOUT);
     });
 }
+
+/// A multi-peer scope where one peer stays silent: the scope returns the timeout within
+/// one bound, `failed_peers` names the silent peer, and the peer that sent keeps its
+/// completion.
+#[test]
+fn a_failed_multi_scope_names_the_peer_and_keeps_the_rest() {
+    within(TIMEOUT * 10, || {
+        let sim = Sim::with_devices(3);
+        let ctx: Vec<_> = (0..3)
+            .map(|i| Context::open(&sim, &format!("sim{i}")).unwrap())
+            .collect();
+        let pd: Vec<_> = ctx.iter().map(|c| c.alloc_pd().unwrap()).collect();
+        let cfg = cfg(TIMEOUT);
+        let root = MultiChannel::<Sim, 3, 4, 1>::prepare(&ctx[0], &pd[0], [1, 2], &cfg).unwrap();
+        let l1 = Channel::<Sim, 4, 1>::prepare(&ctx[1], &pd[1], &cfg).unwrap();
+        let l2 = Channel::<Sim, 4, 1>::prepare(&ctx[2], &pd[2], &cfg).unwrap();
+        let (r1, r2) = (root.endpoint(1).unwrap(), root.endpoint(2).unwrap());
+        let (e1, e2) = (l1.endpoint(), l2.endpoint());
+        let mut root = root.connect(|p| [None, Some(e1), Some(e2)][p]).unwrap();
+        let mut l1 = l1.connect(&r1).unwrap();
+        let _l2 = l2.connect(&r2).unwrap();
+        let mut inbox = [0u8; 16];
+        let mut inbox = pd[0].register(&mut inbox).unwrap();
+        let start = Instant::now();
+        let r = thread::scope(|t| {
+            t.spawn(|| l1.send_inline(b"one").unwrap());
+            root.scope(|s| {
+                let (a, b) = inbox.slice_mut(..)?.split_at(8)?;
+                s.post_receive(1, [a])?;
+                s.post_receive(2, [b])?;
+                Ok(())
+            })
+        });
+        assert_eq!(r, Err(Error::Timeout));
+        assert!(start.elapsed() < TIMEOUT * 5, "{:?}", start.elapsed());
+        let failed: Vec<_> = root.failed_peers().map(|(p, e)| (p, e.kind())).collect();
+        assert_eq!(failed, [(2, ErrorKind::Timeout)]);
+        assert!(matches!(root.outcome(1), Some(Ok(Some(c))) if c.byte_len == 3));
+    });
+}

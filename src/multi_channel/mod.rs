@@ -458,6 +458,20 @@ impl<P: Provider, const N: usize, const R: usize, const S: usize> MultiChannel<P
         self.outcomes.get(peer)?.as_ref()
     }
 
+    /// The peers whose work failed in the last collective or scope, with their errors, in
+    /// peer order. After a failed [`scope`](Self::scope), whose error is the first one
+    /// met, this names every peer that failed (the others' outcomes are in
+    /// [`outcome`](Self::outcome)).
+    pub fn failed_peers(&self) -> impl Iterator<Item = (usize, &Error<P::Error>)> + '_ {
+        self.outcomes
+            .iter()
+            .enumerate()
+            .filter_map(|(p, o)| match o {
+                Some(Err(e)) => Some((p, e)),
+                _ => None,
+            })
+    }
+
     /// One bound for a whole multi-peer call: the channels' timeout and grace.
     pub(crate) fn waiter(&self) -> Waiter {
         match self.peers.iter().flatten().next() {

@@ -932,6 +932,7 @@ mod ready {
                 "rank {rank}: {e:?}"
             );
             assert!(e.to_string().contains("[2] to report"), "{e}");
+            assert_eq!(e.kind(), zverbs::ErrorKind::Timeout, "{e}");
             assert!(took >= timeout, "rank {rank} took {took:?}");
             assert!(
                 took < timeout + Duration::from_millis(900),

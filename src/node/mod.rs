@@ -143,7 +143,7 @@ impl<E: ProviderError> NodeError<E> {
             NodeError::Poisoned => ErrorKind::InvalidState,
             NodeError::InvalidRank { .. } => ErrorKind::InvalidArgument,
             #[cfg(feature = "std")]
-            NodeError::Exchange(_) => ErrorKind::Other,
+            NodeError::Exchange(e) => e.kind(),
         }
     }
 }

@@ -47,6 +47,7 @@ use std::time::{Duration, Instant};
 
 use super::config::NetworkConfig;
 use super::frame::{encode_frame, read_frame, FrameError, MAX_PAYLOAD};
+use crate::error::ErrorKind;
 
 /// How often a blocked read wakes to check the deadline and the stop flag.
 const READ_SLICE: Duration = Duration::from_millis(20);
@@ -161,6 +162,23 @@ pub enum ExchangeError {
         /// What the OS said.
         source: io::Error,
     },
+}
+
+impl ExchangeError {
+    /// What the error means in the crate-wide classification: a deadline that passed is
+    /// [`Timeout`](ErrorKind::Timeout) (also a readiness round that only waited), bad
+    /// arguments are [`InvalidArgument`](ErrorKind::InvalidArgument), anything a peer got
+    /// wrong or the OS refused is [`Other`](ErrorKind::Other).
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            ExchangeError::Timeout { .. } => ErrorKind::Timeout,
+            ExchangeError::NotReady { failed, .. } if failed.is_empty() => ErrorKind::Timeout,
+            ExchangeError::NoSuchRank { .. }
+            | ExchangeError::PayloadTooLarge { .. }
+            | ExchangeError::ListenerMismatch { .. } => ErrorKind::InvalidArgument,
+            _ => ErrorKind::Other,
+        }
+    }
 }
 
 impl fmt::Display for ExchangeError {

@@ -13,10 +13,11 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::{pair, pair_on};
-use zverbs::node::{Node, NodeConfig};
+use zverbs::node::{Node, NodeConfig, PreparedNode};
 use zverbs::provider::sim::Sim;
 use zverbs::{
-    Channel, ChannelConfig, Context, Error, ErrorKind, MultiChannel, SendFlags, SendOp, WcStatus,
+    Channel, ChannelConfig, Context, Endpoint, Error, ErrorKind, MultiChannel, SendFlags, SendOp,
+    WcStatus,
 };
 use zverbs_sim::FabricConfig;
 
@@ -249,18 +250,30 @@ fn a_final_barrier_then_exit_strands_no_peer() {
     });
 }
 
-fn connect_nodes<const N: usize>(sim: &Sim, cfg: &NodeConfig) -> Vec<Node<Sim, N, 4, 1>> {
-    let ctx: Vec<_> = (0..N)
-        .map(|i| Context::open(sim, &format!("sim{i}")).unwrap())
-        .collect();
-    let pd: Vec<_> = ctx.iter().map(|c| c.alloc_pd().unwrap()).collect();
+/// Endpoints each rank made for each peer: `eps[rank][peer]`.
+type Tables = Vec<Vec<Option<(Endpoint, Endpoint)>>>;
+
+/// Ranks `0..N` of a world on devices `sim0..`, prepared, with their endpoint tables.
+fn prepare_nodes<const N: usize>(
+    sim: &Sim,
+    cfg: &NodeConfig,
+) -> (Vec<PreparedNode<Sim, N, 4, 1>>, Tables) {
     let prepared: Vec<_> = (0..N)
-        .map(|r| Node::<Sim, N, 4, 1>::prepare(&ctx[r], &pd[r], r, N, cfg).unwrap())
+        .map(|r| {
+            let ctx = Context::open(sim, &format!("sim{r}")).unwrap();
+            let pd = ctx.alloc_pd().unwrap();
+            Node::<Sim, N, 4, 1>::prepare(&ctx, &pd, r, N, cfg).unwrap()
+        })
         .collect();
-    let eps: Vec<Vec<_>> = prepared
+    let eps = prepared
         .iter()
         .map(|p| (0..N).map(|peer| p.endpoints(peer).ok()).collect())
         .collect();
+    (prepared, eps)
+}
+
+fn connect_nodes<const N: usize>(sim: &Sim, cfg: &NodeConfig) -> Vec<Node<Sim, N, 4, 1>> {
+    let (prepared, eps) = prepare_nodes::<N>(sim, cfg);
     prepared
         .into_iter()
         .enumerate()
@@ -337,18 +350,7 @@ fn ranks_barrier_the_moment_they_connect() {
     const W: usize = 4;
     within(Duration::from_secs(20), || {
         let sim = Sim::with_devices(W);
-        let cfg = NodeConfig::default();
-        let ctx: Vec<_> = (0..W)
-            .map(|i| Context::open(&sim, &format!("sim{i}")).unwrap())
-            .collect();
-        let pd: Vec<_> = ctx.iter().map(|c| c.alloc_pd().unwrap()).collect();
-        let prepared: Vec<_> = (0..W)
-            .map(|r| Node::<Sim, W, 4, 1>::prepare(&ctx[r], &pd[r], r, W, &cfg).unwrap())
-            .collect();
-        let eps: Vec<Vec<_>> = prepared
-            .iter()
-            .map(|p| (0..W).map(|peer| p.endpoints(peer).ok()).collect())
-            .collect();
+        let (prepared, eps) = prepare_nodes::<W>(&sim, &NodeConfig::default());
         thread::scope(|t| {
             for (r, p) in prepared.into_iter().enumerate() {
                 let eps = &eps;

@@ -114,17 +114,11 @@ impl World {
     /// Responder `p` reached RTR: wakes the requester its RTR attributes name if it waits
     /// for `p` to become ready; it retransmits at once.
     pub(crate) fn wake_not_ready(&mut self, p: usize) {
-        let Some(peer) = self.qps.get(p) else { return };
-        let (Some(rtr), qpn) = (peer.rtr, peer.qpn) else {
+        let Some(r) = self.requester_of(p) else {
             return;
         };
-        let Some(r) = self.qp_index(rtr.dest_qp_num) else {
-            return;
-        };
-        let Some(req) = self.qps.get_mut(r) else {
-            return;
-        };
-        if req.req.not_ready && req.rtr.is_some_and(|a| a.dest_qp_num == qpn) {
+        let req = self.qps.get_mut(r).expect("live QP");
+        if req.req.not_ready {
             req.req.not_ready = false;
             req.req.retries = req.rts.map_or(0, |a| a.retry_cnt).saturating_add(1);
             self.arm(r, self.now, TimerKind::Ack);

@@ -205,18 +205,24 @@ impl World {
     /// (with an RNR NAK) nothing but its own destination, and its RTR attributes change
     /// only through RESET, which wakes it first.
     pub(crate) fn wake_parked(&mut self, p: usize) {
-        let Some(peer) = self.qps.get(p) else { return };
-        let (Some(rtr), qpn) = (peer.rtr, peer.qpn) else {
-            return;
-        };
-        let Some(r) = self.qp_index(rtr.dest_qp_num) else {
+        let Some(r) = self.requester_of(p) else {
             return;
         };
         let req = self.qps.get_mut(r).expect("live QP");
-        if req.req.parked && req.rtr.is_some_and(|a| a.dest_qp_num == qpn) {
+        if req.req.parked {
             req.req.parked = false;
             self.arm(r, self.now, TimerKind::Rnr);
         }
+    }
+
+    /// The requester connected to responder `p`: the queue pair `p`'s RTR attributes name,
+    /// if its own RTR attributes name `p` back.
+    pub(crate) fn requester_of(&self, p: usize) -> Option<usize> {
+        let peer = self.qps.get(p)?;
+        let (rtr, qpn) = (peer.rtr?, peer.qpn);
+        let r = self.qp_index(rtr.dest_qp_num)?;
+        let req = self.qps.get(r)?;
+        req.rtr.is_some_and(|a| a.dest_qp_num == qpn).then_some(r)
     }
 
     /// Wakes every requester sleeping on RNR whose responder it can no longer reach (link

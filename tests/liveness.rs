@@ -70,6 +70,30 @@ fn dead_local_device_ends_a_blocking_wait() {
     assert_eq!(e.kind(), ErrorKind::DeviceFatal, "{e}");
 }
 
+/// The same on the stepped fabric (simulated time, auto-stepping polls): the bound is the
+/// wall clock's, whatever simulated time does.
+#[test]
+fn dead_local_device_ends_a_wait_on_the_stepped_fabric() {
+    const SEED: u64 = 13;
+    let e = within(TIMEOUT * 10, || {
+        let sim = Sim::with_config(FabricConfig::stepped(SEED), 2);
+        let (mut a, _b) = pair_on::<8>(&sim, &cfg(TIMEOUT), &cfg(TIMEOUT));
+        let mut buf = *b"doomed";
+        let mr = a.pd.register(&mut buf).unwrap();
+        let sge = mr.slice(..).unwrap().sge();
+        // SAFETY: the buffer outlives the wait below, which ends the work.
+        let p = unsafe {
+            a.ch.post_send_unpolled(&[sge], SendOp::Send, SendFlags::empty())
+        };
+        let p = p.unwrap();
+        sim.fabric().crash(0).unwrap();
+        let e = a.ch.wait(p).unwrap_err();
+        assert_eq!(a.ch.in_flight(), (0, 0), "seed {SEED}");
+        e
+    });
+    assert_eq!(e.kind(), ErrorKind::DeviceFatal, "seed {SEED}: {e}");
+}
+
 /// The same from inside a scope with 32 requests outstanding, then `reset` and drop on
 /// the dead device: each returns, with a typed error.
 #[test]

@@ -150,7 +150,7 @@ mod sim {
 
     use proptest::prelude::*;
     use zverbs::provider::sim::Sim;
-    use zverbs::{Context, Error, RemoteRegion, WcStatus};
+    use zverbs::{Context, Error, RemoteRegion, SendFlags, SendOp, WcStatus};
 
     fn usize_edgy() -> impl Strategy<Value = usize> + Clone {
         prop_oneof![
@@ -307,11 +307,12 @@ mod sim {
         }
     }
 
-    /// Remote addresses whose range wraps past `u64::MAX` reach the responder's memory
-    /// check, which refuses them with `REM_ACCESS_ERR` (no panic, no wrapped access). The
-    /// channel checks only the length against `remote.len`, so these regions are posted.
+    /// Remote ranges whose end wraps past `u64::MAX`: the channel's blocking calls refuse
+    /// them before posting (`OutOfBounds`, nothing in flight), and the same requests posted
+    /// unpolled reach the responder's memory check, which refuses them with
+    /// `REM_ACCESS_ERR` (no panic, no wrapped access).
     #[test]
-    fn wrapping_remote_ranges_complete_with_rem_access_err() {
+    fn wrapping_remote_ranges_are_refused_and_the_responder_checks_too() {
         #[derive(Debug, Clone, Copy)]
         enum Op {
             Write,
@@ -335,22 +336,51 @@ mod sim {
                 len: 16,
                 rkey: real.rkey,
             };
-            let e = match op {
-                Op::Write => a.ch.write([local_mr.slice(..).unwrap()], &hostile),
+            let write = SendOp::Write {
+                remote_addr: hostile.addr,
+                rkey: real.rkey,
+            };
+            let (refused, op_code, sge) = match op {
+                Op::Write => (
+                    a.ch.write([local_mr.slice(..).unwrap()], &hostile),
+                    write,
+                    local_mr.slice(..).unwrap().sge(),
+                ),
                 Op::WriteWrapsIntoRegion => {
                     hostile.len = real.addr + 16; // addr + len wraps to real.addr + 8
-                    a.ch.write([local_mr.slice(..).unwrap()], &hostile)
+                    (
+                        a.ch.write([local_mr.slice(..).unwrap()], &hostile),
+                        write,
+                        local_mr.slice(..).unwrap().sge(),
+                    )
                 }
-                Op::Read => a.ch.read([local_mr.slice_mut(..).unwrap()], &hostile),
+                Op::Read => (
+                    a.ch.read([local_mr.slice_mut(..).unwrap()], &hostile),
+                    SendOp::Read {
+                        remote_addr: hostile.addr,
+                        rkey: real.rkey,
+                    },
+                    local_mr.slice_mut(..).unwrap().sge(),
+                ),
                 Op::FetchAdd => {
-                    // Its bytes end at 2^64: `slice` refuses it, the channel posts it.
+                    // Its bytes end at 2^64.
                     let word = RemoteRegion { len: 8, ..hostile };
                     assert!(hostile.slice(..8).is_err());
-                    a.ch.fetch_add(local_mr.slice_mut(..8).unwrap(), &word, 1)
-                        .map(drop)
+                    let r = a.ch.fetch_add(local_mr.slice_mut(..8).unwrap(), &word, 1);
+                    let op = SendOp::FetchAdd {
+                        remote_addr: word.addr,
+                        rkey: real.rkey,
+                        add: 1,
+                    };
+                    (r.map(drop), op, local_mr.slice_mut(..8).unwrap().sge())
                 }
-            }
-            .unwrap_err();
+            };
+            let e = refused.unwrap_err();
+            assert!(matches!(e, Error::OutOfBounds(_)), "{op:?}: {e}");
+            assert_eq!(a.ch.in_flight(), (0, 0), "{op:?}: refused before posting");
+            // SAFETY: `local` and `target` outlive the wait below.
+            let p = unsafe { a.ch.post_send_unpolled(&[sge], op_code, SendFlags::empty()) };
+            let e = a.ch.wait(p.unwrap()).unwrap_err();
             assert_eq!(status(&e), WcStatus::RemAccessErr, "{op:?}: {e}");
             assert_eq!(target_mr.as_slice(), &[9; 32], "{op:?}: remote untouched");
             assert_eq!(local_mr.as_slice(), &[5; 16], "{op:?}: local untouched");

@@ -418,7 +418,8 @@ impl<W: WorkRequest, const N: usize> Ring<W, N> {
 
     /// Whether any posted request still waits for its completion.
     pub(crate) fn has_pending(&self) -> bool {
-        self.pending_count() > 0
+        let posted_end = self.head - self.stage.len() as u64;
+        (self.tail..posted_end).any(|seq| self.is_pending(seq))
     }
 
     /// How many posted requests still wait for their completion.

@@ -404,7 +404,9 @@ impl<P: Provider, const N: usize, const R: usize, const S: usize> MultiChannel<P
         }
         let mut got = [None; N];
         for (g, o) in got.iter_mut().zip(self.outcomes.iter()) {
-            *g = o.as_ref().and_then(|o| o.clone().ok().flatten());
+            if let Some(Ok(c)) = o {
+                *g = *c;
+            }
         }
         Ok(got)
     }

@@ -54,6 +54,12 @@ impl Env for SimEnv {
     fn imitates_deviations(&self) -> bool {
         self.rxe
     }
+    fn set_link(&self, up: bool) -> Result<(), String> {
+        // Side B's device: the pair's link.
+        let f = self.sim.fabric();
+        let r = if up { f.link_up(1) } else { f.link_down(1) };
+        r.map_err(|e| format!("link: {e}"))
+    }
 }
 
 fn env(personality: Personality) -> Result<SimEnv, String> {

@@ -44,6 +44,25 @@ impl Env for VerbsEnv {
     fn grace(&self) -> Duration {
         Duration::from_millis(50)
     }
+    fn set_link(&self, up: bool) -> Result<(), String> {
+        // The netdev under the device's GID (dummy0 in scripts/rxe-test.sh's guest).
+        let path = format!(
+            "/sys/class/infiniband/{}/ports/1/gid_attrs/ndevs/{}",
+            self.device, self.gid_index
+        );
+        let netdev = std::fs::read_to_string(&path).map_err(|e| format!("{path}: {e}"))?;
+        let netdev = netdev.trim();
+        let state = if up { "up" } else { "down" };
+        let out = std::process::Command::new("ip")
+            .args(["link", "set", netdev, state])
+            .output()
+            .map_err(|e| format!("ip link set {netdev} {state}: {e}"))?;
+        if !out.status.success() {
+            let why = String::from_utf8_lossy(&out.stderr);
+            return Err(format!("ip link set {netdev} {state}: {why}"));
+        }
+        Ok(())
+    }
     fn deviations(&self) -> &[Deviation] {
         if self.device.starts_with("rxe") {
             RXE_DEVIATIONS

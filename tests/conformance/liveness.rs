@@ -4,7 +4,8 @@
 //! connect returns, and leave the moment their last barrier returns, strand nobody.
 //!
 //! A dead local device cannot be provoked on rxe (no verbs call makes a device fatal);
-//! that case runs on the simulator only (`tests/liveness.rs`).
+//! that case runs on the simulator only (`tests/liveness.rs`). What rxe can do is take its
+//! link down (`ip link set <netdev> down`): [`link_down_bounded`].
 
 use std::thread;
 
@@ -162,10 +163,71 @@ pub fn barrier_at_connect_and_exit<E: Env>(env: &E) -> Run<Outcome> {
     Ok(o)
 }
 
+/// The link goes down under a connected pair: a send returns within its timeout plus the
+/// grace (asserted at 10×) with nothing left in flight, whatever the backend reports for
+/// it (retry exhaustion, a timeout, or delivery where rxe's loopback ignores the link).
+/// Then the link comes back, both sides reset and reconnect, and a send works again.
+pub fn link_down_bounded<E: Env>(env: &E) -> Run<Outcome> {
+    let (da, db) = env.devices();
+    let (pa, ca) = open(env, da)?;
+    let (pb, cb) = open(env, db)?;
+    let a = Channel::<E::P, 4, 1>::prepare(&ca, &pa, &channel_config(env, &ca, SHORT))
+        .map_err(err("prepare"))?;
+    let b = Channel::<E::P, 4, 1>::prepare(&cb, &pb, &channel_config(env, &cb, SHORT))
+        .map_err(err("prepare"))?;
+    let (ea, eb) = (a.endpoint(), b.endpoint());
+    let mut a = a.connect(&eb).map_err(err("connect"))?;
+    let b = b.connect(&ea).map_err(err("connect"))?;
+    let outbox = region(&pa, 4, AccessFlags::LOCAL_WRITE, b'l')?;
+    let mut inbox = region(&pb, 8, AccessFlags::LOCAL_WRITE, 0)?;
+
+    env.set_link(false)?;
+    let start = Instant::now();
+    let sent = a.send([outbox.slice(..).map_err(err("slice"))?]);
+    let took = start.elapsed();
+    let in_flight = a.in_flight();
+    env.set_link(true)?;
+    let mut o = Outcome::default();
+    let bound = SHORT + ChannelConfig::default().flush_grace;
+    o.check("bounded", took < bound * 10);
+    o.item("in_flight", format_args!("{in_flight:?}"));
+    let _ = sent; // its error (or success) is the backend's own
+
+    // Back up: the port must be active again before the queue pairs reconnect.
+    let deadline = Instant::now() + env.timeout();
+    while ca.query_port(1).map_err(err("query port"))?.state != zverbs::PortState::Active {
+        if Instant::now() >= deadline {
+            return Err("port did not come back up".into());
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+    let (a, b) = (
+        a.reset().map_err(err("reset"))?,
+        b.reset().map_err(err("reset"))?,
+    );
+    let (ea, eb) = (a.endpoint(), b.endpoint());
+    let mut a = a.connect(&eb).map_err(err("reconnect"))?;
+    let mut b = b.connect(&ea).map_err(err("reconnect"))?;
+    let got = thread::scope(|t| {
+        let receiver = t.spawn(|| {
+            let slice = inbox.slice_mut(..).map_err(err("slice"))?;
+            b.receive([slice]).map_err(err("receive"))
+        });
+        let slice = outbox.slice(..).map_err(err("slice"))?;
+        a.send([slice]).map_err(err("send after link up"))?;
+        receiver
+            .join()
+            .unwrap_or_else(|_| Err("receiver panicked".into()))
+    })?;
+    o.item("after_link_up", got.byte_len);
+    Ok(o)
+}
+
 /// What every backend must give.
 pub mod expected {
     #![allow(non_upper_case_globals)]
     pub const wait_bounded_on_silent_peer: &str = "receive=Timeout; bounded=ok; in_flight=(0, 0)";
     pub const send_before_peer_connects: &str = "send=ok; received=5; bytes=ok";
     pub const barrier_at_connect_and_exit: &str = "ranks=3; failed=[]";
+    pub const link_down_bounded: &str = "bounded=ok; in_flight=(0, 0); after_link_up=4";
 }

@@ -64,6 +64,12 @@ pub trait Env {
     fn grace(&self) -> Duration {
         Duration::ZERO
     }
+    /// Takes the link between the two devices down (`up == false`) or brings it back up,
+    /// for the liveness scenarios. Backends that cannot say so.
+    fn set_link(&self, up: bool) -> Run<()> {
+        let _ = up;
+        Err(format!("{} cannot take its link down", self.backend()))
+    }
     /// Scenarios where this backend is known to deviate from the verbs specification.
     fn deviations(&self) -> &[Deviation] {
         &[]
@@ -345,6 +351,11 @@ impl fmt::Display for Outcome {
 /// Runs `scenario` on `env`, records its outcome, and asserts it equals `expected` (or the
 /// backend's documented deviation for it).
 pub fn run<E: Env>(env: &E, name: &str, scenario: fn(&E) -> Run<Outcome>, expected: &str) {
+    // A scenario that takes the link down runs alone: on one device (rxe0) it would cut
+    // the others too.
+    let alone = name == "link_down_bounded";
+    let _shared = (!alone).then(|| LINK.read().unwrap_or_else(|e| e.into_inner()));
+    let _alone = alone.then(|| LINK.write().unwrap_or_else(|e| e.into_inner()));
     let got = match scenario(env) {
         Ok(o) => o.to_string(),
         Err(e) => format!("ERROR {e}"),
@@ -382,6 +393,9 @@ pub fn run<E: Env>(env: &E, name: &str, scenario: fn(&E) -> Run<Outcome>, expect
     }
 }
 
+/// Scenarios share the link; `link_down_bounded` takes it alone.
+static LINK: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
 /// Appends `backend<TAB>scenario<TAB>verdict<TAB>outcome<TAB>note` to
 /// `$ZVERBS_CONFORMANCE_OUT`, if set.
 fn record(backend: &str, name: &str, verdict: &str, outcome: &str, note: &str) {
@@ -417,7 +431,7 @@ macro_rules! conformance_tests {
             rem_atomic_misaligned, loc_len_short_recv, flush_after_error, flush_on_modify_err,
             post_after_error, rnr_retry_exceeded, channel_roundtrip,
             multi_channel_scatter_gather, node_barrier, wait_bounded_on_silent_peer,
-            send_before_peer_connects, barrier_at_connect_and_exit
+            send_before_peer_connects, barrier_at_connect_and_exit, link_down_bounded
         );
     };
     (@each $env:expr; $($name:ident),* $(,)?) => {

@@ -11,7 +11,7 @@ use std::thread;
 
 use super::*;
 use zverbs::node::{Node, NodeConfig};
-use zverbs::{Channel, ChannelConfig, Error};
+use zverbs::{Channel, ChannelConfig, Error, PreparedChannel};
 
 /// The timeout of the bounded waits here: short, so the scenarios stay quick.
 const SHORT: Duration = Duration::from_millis(300);
@@ -33,21 +33,43 @@ fn open<E: Env>(env: &E, name: &str) -> Run<Opened<E::P>> {
     Ok((pd, ctx))
 }
 
+/// Two channels, side A on the first device and B on the second, prepared (not connected)
+/// with `timeout`. Fields drop in order: the channels before their PDs and contexts.
+struct Ends<P: Provider> {
+    a: PreparedChannel<P, 4, 1>,
+    b: PreparedChannel<P, 4, 1>,
+    pa: ProtectionDomain<P>,
+    pb: ProtectionDomain<P>,
+    ca: Context<P>,
+    _cb: Context<P>,
+}
+
+fn prepare_pair<E: Env>(env: &E, timeout: Duration) -> Run<Ends<E::P>> {
+    let (da, db) = env.devices();
+    let (pa, ca) = open(env, da)?;
+    let (pb, cb) = open(env, db)?;
+    let a = Channel::prepare(&ca, &pa, &channel_config(env, &ca, timeout));
+    let b = Channel::prepare(&cb, &pb, &channel_config(env, &cb, timeout));
+    Ok(Ends {
+        a: a.map_err(err("prepare"))?,
+        b: b.map_err(err("prepare"))?,
+        pa,
+        pb,
+        ca,
+        _cb: cb,
+    })
+}
+
 /// A blocking receive that nobody answers: `Timeout` within the timeout plus the grace
 /// (asserted at 10×), the queue pair in ERR (flushed, or discarded through RESET), nothing
 /// left in flight.
 pub fn wait_bounded_on_silent_peer<E: Env>(env: &E) -> Run<Outcome> {
-    let (da, db) = env.devices();
-    let (pa, ca) = open(env, da)?;
-    let (pb, cb) = open(env, db)?;
-    let a = Channel::<E::P, 4, 1>::prepare(&ca, &pa, &channel_config(env, &ca, SHORT))
-        .map_err(err("prepare"))?;
-    let b = Channel::<E::P, 4, 1>::prepare(&cb, &pb, &channel_config(env, &cb, SHORT))
-        .map_err(err("prepare"))?;
-    let (ea, eb) = (a.endpoint(), b.endpoint());
-    let mut a = a.connect(&eb).map_err(err("connect"))?;
-    let _b = b.connect(&ea).map_err(err("connect"))?;
-    let mut inbox = region(&pa, 8, AccessFlags::LOCAL_WRITE, 0)?;
+    let ends = prepare_pair(env, SHORT)?;
+    let (ea, eb) = (ends.a.endpoint(), ends.b.endpoint());
+    let mut a = ends.a.connect(&eb).map_err(err("connect"))?;
+    let _b = ends.b.connect(&ea).map_err(err("connect"))?;
+    let pa = &ends.pa;
+    let mut inbox = region(pa, 8, AccessFlags::LOCAL_WRITE, 0)?;
     let start = Instant::now();
     let r = a.receive([inbox.slice_mut(..).map_err(err("slice"))?]);
     let took = start.elapsed();
@@ -68,18 +90,12 @@ pub fn wait_bounded_on_silent_peer<E: Env>(env: &E) -> Run<Outcome> {
 /// Side A connects and sends at once; side B connects only 50 ms later. On hardware the
 /// retries of A's send cover the gap; the simulator must not fail it either.
 pub fn send_before_peer_connects<E: Env>(env: &E) -> Run<Outcome> {
-    let (da, db) = env.devices();
-    let (pa, ca) = open(env, da)?;
-    let (pb, cb) = open(env, db)?;
-    let long = env.timeout();
-    let a = Channel::<E::P, 4, 1>::prepare(&ca, &pa, &channel_config(env, &ca, long))
-        .map_err(err("prepare"))?;
-    let b = Channel::<E::P, 4, 1>::prepare(&cb, &pb, &channel_config(env, &cb, long))
-        .map_err(err("prepare"))?;
+    let ends = prepare_pair(env, env.timeout())?;
+    let (a, b) = (ends.a, ends.b);
     let (ea, eb) = (a.endpoint(), b.endpoint());
     let mut a = a.connect(&eb).map_err(err("connect a"))?;
-    let outbox = region(&pa, 5, AccessFlags::LOCAL_WRITE, b'e')?;
-    let mut inbox = region(&pb, 8, AccessFlags::LOCAL_WRITE, 0)?;
+    let outbox = region(&ends.pa, 5, AccessFlags::LOCAL_WRITE, b'e')?;
+    let mut inbox = region(&ends.pb, 8, AccessFlags::LOCAL_WRITE, 0)?;
     let (sent, got) = thread::scope(|t| {
         let sender = t.spawn(|| {
             let slice = outbox.slice(..).map_err(err("slice"))?;
@@ -168,18 +184,13 @@ pub fn barrier_at_connect_and_exit<E: Env>(env: &E) -> Run<Outcome> {
 /// it (retry exhaustion, a timeout, or delivery where rxe's loopback ignores the link).
 /// Then the link comes back, both sides reset and reconnect, and a send works again.
 pub fn link_down_bounded<E: Env>(env: &E) -> Run<Outcome> {
-    let (da, db) = env.devices();
-    let (pa, ca) = open(env, da)?;
-    let (pb, cb) = open(env, db)?;
-    let a = Channel::<E::P, 4, 1>::prepare(&ca, &pa, &channel_config(env, &ca, SHORT))
-        .map_err(err("prepare"))?;
-    let b = Channel::<E::P, 4, 1>::prepare(&cb, &pb, &channel_config(env, &cb, SHORT))
-        .map_err(err("prepare"))?;
-    let (ea, eb) = (a.endpoint(), b.endpoint());
-    let mut a = a.connect(&eb).map_err(err("connect"))?;
-    let b = b.connect(&ea).map_err(err("connect"))?;
-    let outbox = region(&pa, 4, AccessFlags::LOCAL_WRITE, b'l')?;
-    let mut inbox = region(&pb, 8, AccessFlags::LOCAL_WRITE, 0)?;
+    let ends = prepare_pair(env, SHORT)?;
+    let (ea, eb) = (ends.a.endpoint(), ends.b.endpoint());
+    let mut a = ends.a.connect(&eb).map_err(err("connect"))?;
+    let b = ends.b.connect(&ea).map_err(err("connect"))?;
+    let ca = &ends.ca;
+    let outbox = region(&ends.pa, 4, AccessFlags::LOCAL_WRITE, b'l')?;
+    let mut inbox = region(&ends.pb, 8, AccessFlags::LOCAL_WRITE, 0)?;
 
     env.set_link(false)?;
     let start = Instant::now();

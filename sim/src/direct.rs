@@ -144,6 +144,11 @@ impl World {
         }
         if let Some(qp) = self.qps.get_mut(q) {
             qp.direct_count += 1;
+            if signaled {
+                qp.counters.send_completions += 1;
+            } else {
+                qp.counters.silent_sends += 1;
+            }
         }
         true
     }

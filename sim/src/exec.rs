@@ -403,6 +403,7 @@ impl World {
         } else {
             qp.unsig_done += 1;
         }
+        self.count_send_end(q, signaled || status != WcStatus::Success);
     }
 
     /// Completes the oldest SQ entry of QP `q` with error `status` and moves `q` to ERR.
@@ -486,6 +487,7 @@ impl World {
                 qp.send_cq,
             );
             self.push_cqe(cq, wc);
+            self.count_send_end(q, true);
         }
         while let Some(qp) = self.qps.get_mut(q) {
             let Some(r) = qp.rq.pop_front() else { break };

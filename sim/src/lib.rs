@@ -80,6 +80,7 @@
 
 mod clock;
 mod config;
+mod counters;
 mod direct;
 mod engine;
 mod exec;
@@ -98,6 +99,7 @@ pub use clock::PacketKind;
 pub use config::{
     ack_timeout_ns, rnr_timer_ns, FabricConfig, Faults, LinkModel, Mode, Personality,
 };
+pub use counters::QpCounters;
 pub use trace::{DropReason, TraceEvent, TraceKind};
 pub use types::*;
 pub use world::{Context, Cq, Fabric, Mr, Pd, PostError, Qp, QpInitAttr};

@@ -234,6 +234,8 @@ pub(crate) struct QpObj {
     /// Send WRs of this QP completed on the direct path (kept here, not in the shared
     /// world header, so that counting dirties only a line the post writes anyway).
     pub(crate) direct_count: u64,
+    /// Doorbells, posts and send completions (`Qp::counters`).
+    pub(crate) counters: crate::counters::QpCounters,
 }
 
 /// The whole simulated fabric.
@@ -509,6 +511,7 @@ impl World {
             rq: VecDeque::with_capacity(cap.max_recv_wr as usize),
             unsig_done: 0,
             direct_count: 0,
+            counters: Default::default(),
         };
         let (i, _) = self.qps.insert(qp);
         // Bound on events in flight per QP: a request and a response per WR, plus timers.

@@ -151,6 +151,7 @@ impl World {
             flags: SendFlags::empty(),
         };
         let mut res = Ok(());
+        let mut posted = 0;
         for index in 0.. {
             if !next(&mut wr) {
                 break;
@@ -162,7 +163,9 @@ impl World {
                 res = Err((index, error));
                 break;
             }
+            posted += 1;
         }
+        self.count_posts(q, true, posted);
         if self.untimed {
             self.run_direct(q);
             self.pump(q);
@@ -221,6 +224,7 @@ impl World {
             let wc = flush_wc(wr.wr_id, send_opcode(&wr.op), qp.qpn);
             let cq = qp.send_cq;
             self.push_cqe(cq, wc);
+            self.count_send_end(q, true);
             return Ok(());
         }
         // Inline data is resolved before anything is queued (a bad source refuses the

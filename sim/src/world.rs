@@ -470,6 +470,16 @@ impl Qp {
         self.cap
     }
 
+    /// What the queue pair did so far: doorbells, posts, send completions (see
+    /// [`QpCounters`](crate::QpCounters)).
+    pub fn counters(&self) -> crate::QpCounters {
+        enter(&self.world)
+            .qps
+            .get(self.id)
+            .expect("live QP")
+            .counters
+    }
+
     /// Moves the queue pair to another state (see [`Modify`] for the legal transitions).
     ///
     /// # Errors
@@ -641,6 +651,7 @@ impl Qp {
         };
         let mut w = enter(&self.world);
         let mut res = Ok(());
+        let mut posted = 0;
         for index in 0.. {
             if !next(&mut wr) {
                 break;
@@ -649,7 +660,9 @@ impl Qp {
                 res = Err(PostError { index, error });
                 break;
             }
+            posted += 1;
         }
+        w.count_posts(self.id, false, posted);
         w.run_due();
         res
     }

@@ -165,17 +165,19 @@ impl Env {
         }
     }
 
-    /// Everything observable at the end: completions, memory, states.
+    /// Everything observable at the end: completions, memory, states, counters.
     fn end(&self) -> String {
         let (a, b) = (&self.pair.a, &self.pair.b);
         format!(
-            "{:?} {:?} {:?} {:?} {:?} {:?}",
+            "{:?} {:?} {:?} {:?} {:?} {:?} {:?} {:?}",
             try_drain(&a.cq),
             try_drain(&b.cq),
             self.bufs[0].get(),
             self.bufs[1].get(),
             a.qp.state(),
-            b.qp.state()
+            b.qp.state(),
+            a.qp.counters(),
+            b.qp.counters()
         )
     }
 }

@@ -1,0 +1,88 @@
+//! Per-queue-pair counters at the host interface: doorbells rung, work requests posted,
+//! send completions written and held back. What a NIC's performance counters show, and
+//! what a test of doorbell batching or selective signaling counts.
+//!
+//! ```
+//! use zverbs_sim::*;
+//! let f = Fabric::with_devices(1);
+//! let ctx = f.open_device("sim0").unwrap();
+//! let pd = ctx.alloc_pd().unwrap();
+//! let cq = ctx.create_cq(8).unwrap();
+//! let cap = QpCap { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
+//! let qp = pd.create_qp(&QpInitAttr { send_cq: &cq, recv_cq: &cq, cap, sq_sig_all: false }).unwrap();
+//! qp.modify(&Modify::Init(InitAttr { port: 1, pkey_index: 0, access: Access::empty() })).unwrap();
+//! // Two receives in one call: one doorbell.
+//! qp.post_recv_with(2, |i, wr| (wr.wr_id, wr.num_sge) = (i as u64, 0)).unwrap();
+//! let c = qp.counters();
+//! assert_eq!((c.recv_doorbells, c.recvs_posted, c.send_doorbells), (1, 2, 0));
+//! assert_eq!(f.qp_counters(qp.qp_num()), Some(c));
+//! ```
+
+use crate::state::World;
+use crate::world::{enter, Fabric};
+
+/// What one queue pair did since it was created. Plain counts, kept under the fabric's
+/// lock, deterministic like everything else in the simulator.
+///
+/// Every send work request posted ends in exactly one of `send_completions` and
+/// `silent_sends` once it is executed or flushed (a reset or a crash discards the work
+/// still queued without either).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct QpCounters {
+    /// `post_send` calls that posted at least one work request: doorbells rung.
+    pub send_doorbells: u64,
+    /// Send work requests posted (accepted by a `post_send` call).
+    pub sends_posted: u64,
+    /// `post_recv` calls that posted at least one work request.
+    pub recv_doorbells: u64,
+    /// Receive work requests posted.
+    pub recvs_posted: u64,
+    /// Completions written for send work requests: one per signaled request, and one per
+    /// request that failed or was flushed (those complete signaled or not).
+    pub send_completions: u64,
+    /// Unsignaled send work requests that succeeded without a completion of their own.
+    pub silent_sends: u64,
+}
+
+impl World {
+    /// Counts one post call on QP `q` that posted `n` work requests.
+    pub(crate) fn count_posts(&mut self, q: usize, send: bool, n: usize) {
+        let (Some(qp), true) = (self.qps.get_mut(q), n > 0) else {
+            return;
+        };
+        let c = &mut qp.counters;
+        let n = n as u64;
+        if send {
+            c.send_doorbells += 1;
+            c.sends_posted += n;
+        } else {
+            c.recv_doorbells += 1;
+            c.recvs_posted += n;
+        }
+    }
+
+    /// Counts the end of one send work request on QP `q`: with a completion written for
+    /// it, or silently (unsignaled and successful).
+    pub(crate) fn count_send_end(&mut self, q: usize, completion: bool) {
+        if let Some(qp) = self.qps.get_mut(q) {
+            if completion {
+                qp.counters.send_completions += 1;
+            } else {
+                qp.counters.silent_sends += 1;
+            }
+        }
+    }
+}
+
+impl Fabric {
+    /// The counters of the live queue pair numbered `qp_num` (as [`Qp::counters`] gives
+    /// them), for a test that knows a queue pair by number only.
+    ///
+    /// [`Qp::counters`]: crate::Qp::counters
+    pub fn qp_counters(&self, qp_num: u32) -> Option<QpCounters> {
+        let w = enter(&self.world);
+        let q = w.qp_index(qp_num)?;
+        w.qps.get(q).map(|qp| qp.counters)
+    }
+}

@@ -44,6 +44,7 @@
 pub mod channel;
 pub mod cq;
 pub mod device;
+#[cfg(feature = "std")]
 pub mod dispatch;
 pub mod error;
 pub mod mr;
@@ -55,7 +56,7 @@ pub mod ring;
 mod sync;
 pub mod types;
 
-pub use channel::{Channel, ChannelConfig, Pending, PreparedChannel, Scope};
+pub use channel::{Channel, ChannelConfig, CqLayout, Pending, PreparedChannel, Scope};
 pub use cq::CompletionQueue;
 pub use device::{Context, ProtectionDomain};
 pub use error::{BoundsError, CompletionError, Error, ErrorKind, ProviderError};

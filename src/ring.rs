@@ -123,6 +123,10 @@ struct Slot {
 pub struct Ring<W, const N: usize> {
     head: u64,
     tail: u64,
+    /// A request's `wr_id` is `(seq & id_mask) | id_tag`: the sequence number itself on a
+    /// queue of its own, its low bits and the inbox's tag on a shared one.
+    id_mask: u64,
+    id_tag: u64,
     slots: [Slot; N],
     stage: heapless::Vec<W, N>,
 }
@@ -143,6 +147,8 @@ impl<W: WorkRequest, const N: usize> Ring<W, N> {
         Ring {
             head: 0,
             tail: 0,
+            id_mask: u64::MAX,
+            id_tag: 0,
             slots: [Slot {
                 opcode: WcOpcode::Send,
                 state: SlotState::Free,
@@ -178,7 +184,7 @@ impl<W: WorkRequest, const N: usize> Ring<W, N> {
             return Err(QueueFull { capacity: N });
         }
         let seq = self.head;
-        wr.set_wr_id(seq);
+        wr.set_wr_id(self.wr_id(seq));
         // Cannot fail: staged requests hold slots, so at most N are staged.
         let opcode = wr.opcode();
         self.stage.push(wr).map_err(|_| QueueFull { capacity: N })?;
@@ -195,9 +201,32 @@ impl<W: WorkRequest, const N: usize> Ring<W, N> {
             return Err(QueueFull { capacity: N });
         }
         let seq = self.head;
-        wr.set_wr_id(seq);
+        wr.set_wr_id(self.wr_id(seq));
         self.take_slot(wr.opcode(), signaled);
         Ok(seq)
+    }
+
+    /// Posts with `wr_id`s that carry `tag` in the bits above `mask` (a shared completion
+    /// queue's inbox, [`crate::dispatch`]); completions then come back through
+    /// [`widen`](Self::widen).
+    pub(crate) fn set_id_tag(&mut self, tag: u64, mask: u64) {
+        self.id_tag = tag;
+        self.id_mask = mask;
+    }
+
+    /// The `wr_id` of the request with sequence number `seq`.
+    #[inline]
+    pub(crate) fn wr_id(&self, seq: u64) -> u64 {
+        (seq & self.id_mask) | self.id_tag
+    }
+
+    /// The sequence number a tagged `wr_id` stands for: the one at or after the tail with
+    /// the same low bits (requests in flight span fewer than `mask + 1` numbers). Others
+    /// land far above the head and are refused as unknown.
+    #[inline]
+    pub(crate) fn widen(&self, wr_id: u64) -> u64 {
+        self.tail
+            .wrapping_add(wr_id.wrapping_sub(self.tail) & self.id_mask)
     }
 
     /// Gives back the slot of the request [`reserve`](Self::reserve) took last (it was not

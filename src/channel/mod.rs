@@ -44,15 +44,19 @@ mod blocking;
 mod poll;
 mod raw;
 mod scope;
+mod source;
 mod unpolled;
 pub(crate) mod wait;
 
 pub use scope::Scope;
 
+
 use core::sync::atomic::{AtomicUsize, Ordering};
 use core::time::Duration;
 
 use crate::cq::CompletionQueue;
+#[cfg(feature = "std")]
+use crate::dispatch::SharedCompletionQueue;
 use crate::device::{Context, ProtectionDomain};
 use crate::error::{CompletionError, Error};
 use crate::mr::{LocalSlice, LocalSliceMut, RemoteRegion};
@@ -62,6 +66,9 @@ use crate::qp::{
 };
 use crate::ring::{Completion, Ring, WorkRequest};
 use crate::types::{RecvWr, SendFlags, SendOp, SendWr, Sge, WorkCompletion};
+use source::Completions;
+#[cfg(feature = "std")]
+use std::sync::Arc;
 use wait::Waiter;
 
 /// Settings of a channel.
@@ -84,6 +91,22 @@ pub struct ChannelConfig {
     /// returns within `timeout + flush_grace` (plus the time of the verbs it calls), also
     /// when the local device died.
     pub flush_grace: Duration,
+    /// How the channels of a [`MultiChannel`](crate::MultiChannel) (and so of a
+    /// [`Node`](crate::node::Node)) get their completion queues. A channel made alone with
+    /// [`Channel::prepare`] has its own; [`Channel::prepare_shared`] names the shared ones.
+    pub completion_queues: CqLayout,
+}
+
+/// Where the channels of a multi-peer object take their completions from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CqLayout {
+    /// One send and one receive completion queue for all peers, routed to each channel by
+    /// the lock-free [dispatcher](crate::dispatch) (with `std`; without it, per channel).
+    #[default]
+    Shared,
+    /// Two completion queues per channel.
+    PerChannel,
 }
 
 impl Default for ChannelConfig {
@@ -95,6 +118,7 @@ impl Default for ChannelConfig {
             rts: RtsOptions::default(),
             timeout: Some(Duration::from_secs(10)),
             flush_grace: Duration::from_millis(100),
+            completion_queues: CqLayout::Shared,
         }
     }
 }
@@ -104,8 +128,8 @@ impl Default for ChannelConfig {
 pub struct PreparedChannel<P: Provider, const N: usize = 64, const S: usize = 4> {
     owner: Owner,
     qp: QueuePair<P, Init>,
-    send_cq: CompletionQueue<P>,
-    recv_cq: CompletionQueue<P>,
+    send_cq: Completions<P>,
+    recv_cq: Completions<P>,
     sq: Ring<SendWr<S>, N>,
     rq: Ring<RecvWr<S>, N>,
     config: ChannelConfig,
@@ -145,8 +169,8 @@ pub struct Channel<P: Provider, const N: usize = 64, const S: usize = 4> {
     owner: Owner,
     qp: QueuePair<P, ReadyToSend>,
     peer: u32,
-    send_cq: CompletionQueue<P>,
-    recv_cq: CompletionQueue<P>,
+    send_cq: Completions<P>,
+    recv_cq: Completions<P>,
     sq: Ring<SendWr<S>, N>,
     rq: Ring<RecvWr<S>, N>,
     config: ChannelConfig,
@@ -262,33 +286,76 @@ fn gather_into<const S: usize>(
 }
 
 impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
-    /// Creates the queue pair and completion queues, and moves the queue pair to INIT.
+    /// Creates the queue pair and two completion queues of its own, and moves the queue
+    /// pair to INIT.
     pub fn prepare(
         ctx: &Context<P>,
         pd: &ProtectionDomain<P>,
         config: &ChannelConfig,
     ) -> Result<PreparedChannel<P, N, S>, Error<P::Error>> {
-        let (Ok(depth), Ok(sges)) = (u32::try_from(N), u32::try_from(S)) else {
-            return Err(Error::InvalidAttribute("channel capacity too large"));
-        };
+        let depth = Self::depth()?;
+        let send_cq = Completions::Own(CompletionQueue::create(ctx, depth)?);
+        let recv_cq = Completions::Own(CompletionQueue::create(ctx, depth)?);
+        Self::prepare_on(ctx, pd, config, send_cq, recv_cq, Ring::new(), Ring::new())
+    }
+
+    /// Creates the queue pair on completion queues shared with other channels (sends
+    /// complete on `send`, receives on `recv`; the two may be one queue), and moves it to
+    /// INIT. The channel takes one inbox of each queue for as long as it lives; a queue
+    /// with no free inbox, or made for shallower channels than `N`, is an
+    /// [`Error::InvalidAttribute`]. See [`crate::dispatch`].
+    #[cfg(feature = "std")]
+    pub fn prepare_shared(
+        ctx: &Context<P>,
+        pd: &ProtectionDomain<P>,
+        config: &ChannelConfig,
+        send: &Arc<SharedCompletionQueue<P>>,
+        recv: &Arc<SharedCompletionQueue<P>>,
+    ) -> Result<PreparedChannel<P, N, S>, Error<P::Error>> {
+        Self::depth()?;
+        let (mut sq, mut rq) = (Ring::new(), Ring::new());
+        let send_cq = Completions::attach(send, &mut sq)?;
+        let recv_cq = Completions::attach(recv, &mut rq)?;
+        Self::prepare_on(ctx, pd, config, send_cq, recv_cq, sq, rq)
+    }
+
+    fn depth() -> Result<u32, Error<P::Error>> {
+        match (u32::try_from(N), u32::try_from(S)) {
+            (Ok(depth), Ok(_)) => Ok(depth),
+            _ => Err(Error::InvalidAttribute("channel capacity too large")),
+        }
+    }
+
+    fn prepare_on(
+        ctx: &Context<P>,
+        pd: &ProtectionDomain<P>,
+        config: &ChannelConfig,
+        send_cq: Completions<P>,
+        recv_cq: Completions<P>,
+        sq: Ring<SendWr<S>, N>,
+        rq: Ring<RecvWr<S>, N>,
+    ) -> Result<PreparedChannel<P, N, S>, Error<P::Error>> {
         let mut qp_cfg = config.qp;
-        qp_cfg.caps.max_send_wr = depth;
-        qp_cfg.caps.max_recv_wr = depth;
-        qp_cfg.caps.max_send_sge = sges;
-        qp_cfg.caps.max_recv_sge = sges;
-        let send_cq = CompletionQueue::create(ctx, depth)?;
-        let recv_cq = CompletionQueue::create(ctx, depth)?;
-        let qp = QueuePair::create(ctx, pd, &send_cq, &recv_cq, &qp_cfg)?;
+        qp_cfg.caps.max_send_wr = N as u32;
+        qp_cfg.caps.max_recv_wr = N as u32;
+        qp_cfg.caps.max_send_sge = S as u32;
+        qp_cfg.caps.max_recv_sge = S as u32;
+        let qp = QueuePair::create(ctx, pd, send_cq.queue(), recv_cq.queue(), &qp_cfg)?;
         let qp = qp.into_init(&config.init).map_err(|e| e.error)?;
         Ok(PreparedChannel {
             owner: Owner::next(qp.qp_num()),
             qp,
             send_cq,
             recv_cq,
-            sq: Ring::new(),
-            rq: Ring::new(),
+            sq,
+            rq,
             config: *config,
         })
+    }
+
+    /// Whether the channel's completion queues are shared with other channels.
+    pub fn shares_completion_queues(&self) -> bool {
+        self.send_cq.is_shared()
     }
 
     /// The queue pair.

@@ -7,11 +7,11 @@ use crate::types::WcStatus;
 
 /// Polls `cq` once into `wcs` and records what it returns in `ring`.
 fn poll_into<P: Provider, W: WorkRequest, const N: usize>(
-    cq: &CompletionQueue<P>,
+    cq: &mut Completions<P>,
     ring: &mut Ring<W, N>,
     wcs: &mut [WorkCompletion; POLL_BATCH],
 ) -> Result<usize, Error<P::Error>> {
-    let n = cq.poll(wcs)?;
+    let n = cq.poll(ring, wcs)?;
     for wc in &wcs[..n] {
         ring.complete(wc)
             .map_err(|u| Error::UnexpectedCompletion { wr_id: u.wr_id })?;
@@ -34,14 +34,14 @@ enum Polled {
 /// request (the usual case).
 #[inline(always)]
 fn poll_for<P: Provider, W: WorkRequest, const N: usize>(
-    cq: &CompletionQueue<P>,
+    cq: &mut Completions<P>,
     ring: &mut Ring<W, N>,
     wcs: &mut [WorkCompletion; POLL_BATCH],
     want: u64,
     max: usize,
 ) -> Result<Polled, Error<P::Error>> {
     let max = max.min(POLL_BATCH);
-    let n = cq.poll(&mut wcs[..max])?;
+    let n = cq.poll(ring, &mut wcs[..max])?;
     if n == 0 {
         return Ok(Polled::Nothing);
     }
@@ -71,9 +71,25 @@ fn record<P: Provider, W: WorkRequest, const N: usize>(
 impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
     pub(super) fn poll(&mut self, queue: Queue) -> Result<usize, Error<P::Error>> {
         match queue {
-            Queue::Send => poll_into(&self.send_cq, &mut self.sq, &mut self.wcs),
-            Queue::Recv => poll_into(&self.recv_cq, &mut self.rq, &mut self.wcs),
+            Queue::Send => poll_into(&mut self.send_cq, &mut self.sq, &mut self.wcs),
+            Queue::Recv => poll_into(&mut self.recv_cq, &mut self.rq, &mut self.wcs),
         }
+    }
+
+    /// As [`poll`](Self::poll), after routing everything the shared queue holds.
+    /// Completions of requests already given up are ignored.
+    fn poll_all(&mut self, queue: Queue) -> Result<usize, Error<P::Error>> {
+        let n = match queue {
+            Queue::Send => self.send_cq.poll_all(&self.sq, &mut self.wcs)?,
+            Queue::Recv => self.recv_cq.poll_all(&self.rq, &mut self.wcs)?,
+        };
+        for wc in &self.wcs[..n] {
+            let _ = match queue {
+                Queue::Send => self.sq.complete(wc),
+                Queue::Recv => self.rq.complete(wc),
+            };
+        }
+        Ok(n)
     }
 
     pub(super) fn take(
@@ -220,8 +236,8 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
     #[inline(always)]
     fn poll_for(&mut self, queue: Queue, seq: u64, max: usize) -> Result<Polled, Error<P::Error>> {
         match queue {
-            Queue::Send => poll_for(&self.send_cq, &mut self.sq, &mut self.wcs, seq, max),
-            Queue::Recv => poll_for(&self.recv_cq, &mut self.rq, &mut self.wcs, seq, max),
+            Queue::Send => poll_for(&mut self.send_cq, &mut self.sq, &mut self.wcs, seq, max),
+            Queue::Recv => poll_for(&mut self.recv_cq, &mut self.rq, &mut self.wcs, seq, max),
         }
     }
 
@@ -310,9 +326,11 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
             Err(_) if fatal.is_some() => {}
             Err(_) => self.settle(),
         }
-        // Completions the device wrote before RESET are real outcomes; none come after.
-        while matches!(self.poll(Queue::Send), Ok(n) if n > 0) {}
-        while matches!(self.poll(Queue::Recv), Ok(n) if n > 0) {}
+        // Completions the device wrote before RESET are real outcomes; none come after. On
+        // a shared queue, some may sit in another channel's poll batch: routing everything
+        // first (poll right held) brings them to this channel's inbox.
+        while matches!(self.poll_all(Queue::Send), Ok(n) if n > 0) {}
+        while matches!(self.poll_all(Queue::Recv), Ok(n) if n > 0) {}
         self.sq.discard_in_flight(WcStatus::WrFlushErr);
         self.rq.discard_in_flight(WcStatus::WrFlushErr);
         fatal.unwrap_or(cause)

@@ -241,23 +241,55 @@ impl<const N: usize> Posted<N> {
 }
 
 impl<P: Provider, const N: usize, const R: usize, const S: usize> MultiChannel<P, N, R, S> {
-    /// Creates a channel (queue pair and completion queues, in INIT) for each peer index in
-    /// `peers`, all in protection domain `pd`. Indices must be below `N` and distinct.
+    /// Creates a channel (a queue pair in INIT) for each peer index in `peers`, all in
+    /// protection domain `pd`. Indices must be below `N` and distinct. With
+    /// [`CqLayout::Shared`](crate::channel::CqLayout) (the default) every channel's sends
+    /// complete on one shared queue and its receives on another, sized for all of them
+    /// (see [`crate::dispatch`]); with `PerChannel`, each has two of its own.
     pub fn prepare(
         ctx: &Context<P>,
         pd: &ProtectionDomain<P>,
         peers: impl IntoIterator<Item = usize>,
         config: &ChannelConfig,
     ) -> Result<PreparedMultiChannel<P, N, R, S>, Error<P::Error>> {
-        let mut slots = new_slots::<PreparedChannel<P, R, S>, N>();
+        let mut named = [false; N];
         for p in peers {
-            let slot = slots.get_mut(p).ok_or(no_such_peer::<P, N>(p))?;
-            if slot.is_some() {
+            let slot = named.get_mut(p).ok_or(no_such_peer::<P, N>(p))?;
+            if *slot {
                 return Err(Error::InvalidAttribute("peer index listed twice"));
             }
+            *slot = true;
+        }
+        let mut slots = new_slots::<PreparedChannel<P, R, S>, N>();
+        let count = named.iter().filter(|&&n| n).count();
+        #[cfg(feature = "std")]
+        if config.completion_queues == crate::channel::CqLayout::Shared && count > 0 {
+            use crate::dispatch::SharedCompletionQueue;
+            use std::sync::Arc;
+            let depth = u32::try_from(R)
+                .map_err(|_| Error::InvalidAttribute("channel capacity too large"))?;
+            let send = Arc::new(SharedCompletionQueue::create(ctx, count, depth)?);
+            let recv = Arc::new(SharedCompletionQueue::create(ctx, count, depth)?);
+            for (slot, _) in slots.iter_mut().zip(named).filter(|(_, n)| *n) {
+                *slot = Some(Channel::prepare_shared(ctx, pd, config, &send, &recv)?);
+            }
+            return Ok(PreparedMultiChannel { peers: slots });
+        }
+        for (slot, _) in slots.iter_mut().zip(named).filter(|(_, n)| *n) {
             *slot = Some(Channel::prepare(ctx, pd, config)?);
         }
         Ok(PreparedMultiChannel { peers: slots })
+    }
+
+    /// Every peer's channel, with its index, for driving them from several threads at once
+    /// (each thread its own peers' channels: `std::thread::scope` and a split of this
+    /// iterator). Channels on shared completion queues route each other's completions
+    /// through the lock-free dispatcher; none waits for another.
+    pub fn channels_mut(&mut self) -> impl Iterator<Item = (usize, &mut Channel<P, R, S>)> + '_ {
+        self.peers
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(p, c)| c.as_mut().map(|c| (p, c)))
     }
 
     /// The channel to `peer`, for any per-peer call (blocking, scoped or unpolled).

@@ -1,0 +1,116 @@
+//! One inbox: a bounded single-producer single-consumer ring of completions, plus the
+//! attachment word that says whose it is.
+//!
+//! Invariants:
+//! - `head` is written only by the producer (the poll-right holder), `tail` only by the
+//!   consumer (the owner of the `Inbox` token); `tail <= head <= tail + cells.len()`.
+//! - A cell at `i % len` with `tail <= i < head` is written (before `head` passes it, with
+//!   a release store) and not yet read; the consumer reads it after an acquire load of
+//!   `head` and frees it with a release store of `tail`, which the producer loads with
+//!   acquire before writing the cell again.
+//! - `owner` is `generation << 1 | attached`. Only attach sets the bit; only detach, with
+//!   the poll right held, clears it, bumps the generation and empties the ring.
+
+use crate::sync::{AtomicU64, AtomicUsize, Ordering, UnsafeCell};
+use crate::types::WorkCompletion;
+
+pub(super) type Boxes = std::boxed::Box<[Mailbox]>;
+
+pub(super) fn boxes(inboxes: usize, capacity: usize) -> Boxes {
+    (0..inboxes).map(|_| Mailbox::new(capacity)).collect()
+}
+
+pub(super) struct Mailbox {
+    owner: AtomicU64,
+    head: AtomicUsize,
+    tail: AtomicUsize,
+    cells: std::boxed::Box<[UnsafeCell<WorkCompletion>]>,
+}
+
+// SAFETY: see the module invariants: a cell is written only by the one producer while it is
+// outside `tail..head`, and read only by the one consumer while inside; the release/acquire
+// pairs on `head` and `tail` order each write before its read and each read before the next
+// write of the same cell.
+unsafe impl Sync for Mailbox {}
+// SAFETY: plain data; moving it moves no borrowed state.
+unsafe impl Send for Mailbox {}
+
+const ATTACHED: u64 = 1;
+
+impl Mailbox {
+    fn new(capacity: usize) -> Self {
+        Mailbox {
+            owner: AtomicU64::new(0),
+            head: AtomicUsize::new(0),
+            tail: AtomicUsize::new(0),
+            cells: (0..capacity.max(1))
+                .map(|_| UnsafeCell::new(WorkCompletion::EMPTY))
+                .collect(),
+        }
+    }
+
+    /// Marks the inbox attached; its generation, or `None` if it was attached already.
+    pub(super) fn try_attach(&self) -> Option<u8> {
+        let s = self.owner.load(Ordering::Acquire);
+        if s & ATTACHED != 0 {
+            return None;
+        }
+        self.owner
+            .compare_exchange(s, s | ATTACHED, Ordering::AcqRel, Ordering::Relaxed)
+            .ok()
+            .map(|_| (s >> 1) as u8)
+    }
+
+    /// Whether the inbox is attached with `generation`. Producer side.
+    #[inline]
+    pub(super) fn is_attached_as(&self, generation: u8) -> bool {
+        let s = self.owner.load(Ordering::Acquire);
+        s & ATTACHED != 0 && (s >> 1) as u8 == generation
+    }
+
+    /// Detaches: a new generation, not attached, empty. Only with the poll right held (no
+    /// producer) and by the inbox's owner (no consumer).
+    pub(super) fn detach(&self) {
+        let s = self.owner.load(Ordering::Acquire);
+        let head = self.head.load(Ordering::Acquire);
+        self.tail.store(head, Ordering::Release);
+        let generation = ((s >> 1) + 1) & 0xff;
+        self.owner.store(generation << 1, Ordering::Release);
+    }
+
+    /// Appends `wc`; `false` if the ring is full. Producer side (poll right held).
+    #[inline]
+    pub(super) fn push(&self, wc: &WorkCompletion) -> bool {
+        // Only producers write `head`, and the poll right orders them: relaxed sees ours.
+        let head = self.head.load(Ordering::Relaxed);
+        let tail = self.tail.load(Ordering::Acquire);
+        if head.wrapping_sub(tail) >= self.cells.len() {
+            return false;
+        }
+        // SAFETY: the cell at `head` is outside `tail..head`: the consumer does not read it
+        // until the release store below, and is done with its last read (the acquire load
+        // of `tail` above saw that read's release).
+        self.cells[head % self.cells.len()].with_mut(|p| unsafe { *p = *wc });
+        self.head.store(head.wrapping_add(1), Ordering::Release);
+        true
+    }
+
+    /// Moves up to `out.len()` completions into `out`. Consumer side.
+    #[inline]
+    pub(super) fn pop(&self, out: &mut [WorkCompletion]) -> usize {
+        let tail = self.tail.load(Ordering::Relaxed);
+        let head = self.head.load(Ordering::Acquire);
+        let n = head.wrapping_sub(tail).min(out.len());
+        for (k, slot) in out[..n].iter_mut().enumerate() {
+            let i = tail.wrapping_add(k) % self.cells.len();
+            // SAFETY: `tail + k < head`: the producer wrote this cell before its release
+            // store of `head`, which the acquire load above saw, and does not write it again
+            // until our release store of `tail` below frees it.
+            *slot = self.cells[i].with(|p| unsafe { *p });
+        }
+        if n > 0 {
+            self.tail.store(tail.wrapping_add(n), Ordering::Release);
+        }
+        n
+    }
+}

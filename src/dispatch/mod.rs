@@ -1,0 +1,347 @@
+//! Lock-free completion dispatch: many channels, one shared completion queue, no mutex.
+//!
+//! The queue pairs of a [`MultiChannel`](crate::MultiChannel) or a [`Node`](crate::node::Node)
+//! share one send and one receive completion queue ([`SharedCompletionQueue`]). Each
+//! channel attaches an [`Inbox`] to the queue's [`Dispatcher`] and posts its work requests
+//! with a `wr_id` that names the inbox ([`WrId`]: inbox, attachment generation, sequence).
+//! Whoever holds the *poll right* (taken with one compare-and-swap, never waited for on the
+//! data path) drains the completion queue and routes each completion to its inbox; a
+//! channel takes only from its own inbox. So a completion for peer 7 found while peer 3's
+//! channel polls is recorded for peer 7, never lost or misattributed, and threads driving
+//! different peers' channels never take a lock.
+//!
+//! An inbox is a single-producer single-consumer ring: the producer is whoever holds the
+//! poll right (one thread at a time; the right's acquire/release orders successive holders),
+//! the consumer the channel that owns the [`Inbox`] token (`&mut`, not `Clone`). A
+//! completion whose inbox is not attached, or attached again since (its generation
+//! differs), is counted as stale and dropped: a queue pair destroyed with completions still
+//! in the shared queue cannot reach the channel that reuses its inbox.
+//!
+//! Capacity: a channel never has more requests in flight than its ring holds, and its
+//! inbox holds at least that many (checked at attach), so an inbox cannot overflow; the
+//! completion queue itself is sized for every inbox at once
+//! ([`SharedCompletionQueue::create`]).
+//!
+//! `RUSTFLAGS="--cfg loom" cargo test --release --features sim --test loom` model-checks
+//! the dispatcher alone and as channels over the simulator use it.
+//!
+//! ```
+//! use zverbs::dispatch::{CompletionSource, Dispatcher};
+//! use zverbs::WorkCompletion;
+//! use std::sync::Mutex;
+//!
+//! // A stand-in completion queue.
+//! struct Fake(Mutex<Vec<WorkCompletion>>);
+//! impl CompletionSource for Fake {
+//!     type Error = ();
+//!     fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize, ()> {
+//!         let mut q = self.0.lock().unwrap();
+//!         let n = q.len().min(out.len());
+//!         out[..n].copy_from_slice(&q[..n]);
+//!         q.drain(..n);
+//!         Ok(n)
+//!     }
+//! }
+//!
+//! let d = Dispatcher::new(2, 8);
+//! let (mut a, mut b) = (d.attach(8).unwrap(), d.attach(8).unwrap());
+//! let cq = Fake(Mutex::new(Vec::new()));
+//! // The device completes b's request first, then a's.
+//! cq.0.lock().unwrap().push(WorkCompletion { wr_id: b.wr_id(0), ..WorkCompletion::EMPTY });
+//! cq.0.lock().unwrap().push(WorkCompletion { wr_id: a.wr_id(0), byte_len: 5, ..WorkCompletion::EMPTY });
+//! assert_eq!(d.poll(&cq), Ok(2)); // whoever polls routes both
+//! let mut out = [WorkCompletion::EMPTY; 4];
+//! assert_eq!(d.take(&mut a, &mut out), 1);
+//! assert_eq!(out[0].byte_len, 5);
+//! assert_eq!(d.take(&mut b, &mut out), 1);
+//! ```
+
+mod mailbox;
+#[cfg(feature = "std")]
+mod shared;
+
+#[cfg(feature = "std")]
+pub use shared::SharedCompletionQueue;
+
+use core::fmt;
+
+use crate::cq::CompletionQueue;
+use crate::provider::Provider;
+use crate::sync::{spin, AtomicU64, AtomicUsize, Ordering};
+use crate::types::WorkCompletion;
+
+/// Bits of a [`WrId`] that carry the channel's sequence number.
+pub const SEQ_BITS: u32 = 40;
+/// The sequence part of a [`WrId`].
+pub const SEQ_MASK: u64 = (1 << SEQ_BITS) - 1;
+const INBOX_SHIFT: u32 = SEQ_BITS;
+const GEN_SHIFT: u32 = 56;
+
+/// A `wr_id` posted over a shared completion queue: bits 56..64 the inbox's attachment
+/// generation, 40..56 the inbox index, 0..40 the low bits of the channel's sequence number
+/// (a channel has at most its ring depth in flight, far below 2^40, so the low bits name
+/// the request exactly; [`Ring`](crate::ring::Ring) widens them back).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct WrId(pub u64);
+
+impl WrId {
+    /// Packs the three fields (`seq` is cut to its low [`SEQ_BITS`]).
+    pub const fn new(inbox: u16, generation: u8, seq: u64) -> WrId {
+        WrId(
+            ((generation as u64) << GEN_SHIFT)
+                | ((inbox as u64) << INBOX_SHIFT)
+                | (seq & SEQ_MASK),
+        )
+    }
+    /// The inbox (channel) index.
+    pub const fn inbox(self) -> u16 {
+        (self.0 >> INBOX_SHIFT) as u16
+    }
+    /// The inbox's attachment generation when the request was posted.
+    pub const fn generation(self) -> u8 {
+        (self.0 >> GEN_SHIFT) as u8
+    }
+    /// The low bits of the sequence number.
+    pub const fn seq(self) -> u64 {
+        self.0 & SEQ_MASK
+    }
+}
+
+impl fmt::Debug for WrId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "WrId(inbox {}, gen {}, seq {})",
+            self.inbox(),
+            self.generation(),
+            self.seq()
+        )
+    }
+}
+
+/// Anything that yields completions: a completion queue, or a fake in tests.
+pub trait CompletionSource {
+    /// Why polling failed.
+    type Error;
+    /// Moves up to `out.len()` completions into `out`; returns how many.
+    fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize, Self::Error>;
+}
+
+impl<P: Provider> CompletionSource for CompletionQueue<P> {
+    type Error = crate::error::Error<P::Error>;
+    fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize, Self::Error> {
+        CompletionQueue::poll(self, out)
+    }
+}
+
+/// Why [`Dispatcher::attach`] refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttachError {
+    /// Every inbox is attached.
+    NoFreeInbox,
+    /// The channel may have more requests in flight than an inbox holds.
+    TooDeep {
+        /// The depth asked for.
+        depth: usize,
+        /// What an inbox holds.
+        capacity: usize,
+    },
+}
+
+impl fmt::Display for AttachError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AttachError::NoFreeInbox => f.write_str("every inbox of the shared queue is in use"),
+            AttachError::TooDeep { depth, capacity } => write!(
+                f,
+                "a ring of {depth} requests does not fit an inbox of {capacity} completions"
+            ),
+        }
+    }
+}
+
+/// One channel's right to its inbox: the `wr_id`s it posts with and the completions routed
+/// to it. Not `Clone`: exactly one consumer per inbox. Give it back with
+/// [`Dispatcher::detach`].
+#[must_use = "an attached inbox stays in use until it is detached"]
+#[derive(Debug, PartialEq, Eq)]
+pub struct Inbox {
+    index: u16,
+    generation: u8,
+}
+
+impl Inbox {
+    /// The `wr_id` to post the request with sequence number `seq` with.
+    #[inline]
+    pub fn wr_id(&self, seq: u64) -> u64 {
+        WrId::new(self.index, self.generation, seq).0
+    }
+    /// The high bits every `wr_id` of this inbox carries: `wr_id(seq) == tag() | (seq &
+    /// SEQ_MASK)`.
+    #[inline]
+    pub fn tag(&self) -> u64 {
+        WrId::new(self.index, self.generation, 0).0
+    }
+    /// The inbox index.
+    pub fn index(&self) -> u16 {
+        self.index
+    }
+}
+
+/// Routes completions from one shared completion queue to the inboxes of the channels
+/// attached to it. See the module docs.
+pub struct Dispatcher {
+    boxes: mailbox::Boxes,
+    capacity: usize,
+    poll_right: AtomicUsize,
+    stale: AtomicU64,
+    overflow: AtomicU64,
+}
+
+/// Completions taken from the queue per turn of the poll right.
+const BATCH: usize = 16;
+
+impl Dispatcher {
+    /// `inboxes` inboxes (at most 65,536) of `capacity` completions each. Allocates once,
+    /// here.
+    pub fn new(inboxes: usize, capacity: usize) -> Self {
+        let inboxes = inboxes.min(1 << 16);
+        Dispatcher {
+            boxes: mailbox::boxes(inboxes, capacity),
+            capacity,
+            poll_right: AtomicUsize::new(0),
+            stale: AtomicU64::new(0),
+            overflow: AtomicU64::new(0),
+        }
+    }
+
+    /// How many inboxes there are.
+    pub fn inboxes(&self) -> usize {
+        self.boxes.len()
+    }
+
+    /// Attaches a free inbox for a channel with at most `depth` requests in flight.
+    pub fn attach(&self, depth: usize) -> Result<Inbox, AttachError> {
+        if depth > self.capacity {
+            return Err(AttachError::TooDeep {
+                depth,
+                capacity: self.capacity,
+            });
+        }
+        for (i, b) in self.boxes.iter().enumerate() {
+            if let Some(generation) = b.try_attach() {
+                return Ok(Inbox {
+                    index: i as u16,
+                    generation,
+                });
+            }
+        }
+        Err(AttachError::NoFreeInbox)
+    }
+
+    /// Gives an inbox back. Completions still routed to it are dropped (counted as stale),
+    /// now and later. Waits for the poll right (held for one batch at a time), so no
+    /// routing to the inbox is under way when it is emptied.
+    pub fn detach(&self, inbox: Inbox) {
+        self.with_poll_right(|| self.boxes[inbox.index as usize].detach());
+    }
+
+    /// If nobody else is polling, moves up to one batch of completions from `cq` to their
+    /// inboxes. Returns how many were taken from `cq` (0 if another thread holds the poll
+    /// right: it is routing for everyone).
+    pub fn poll<C: CompletionSource + ?Sized>(&self, cq: &C) -> Result<usize, C::Error> {
+        if self
+            .poll_right
+            .compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            return Ok(0);
+        }
+        let polled = self.route_batch(cq);
+        self.poll_right.store(0, Ordering::Release);
+        polled
+    }
+
+    /// Takes the poll right (waiting for it) and routes everything `cq` holds now. After it
+    /// returns, every completion the device wrote before the call is in its inbox: used
+    /// after a queue pair is reset, so its last completions are not left behind in
+    /// another thread's batch.
+    pub fn drain<C: CompletionSource + ?Sized>(&self, cq: &C) -> Result<(), C::Error> {
+        self.with_poll_right(|| loop {
+            match self.route_batch(cq) {
+                Ok(0) => return Ok(()),
+                Ok(_) => {}
+                Err(e) => return Err(e),
+            }
+        })
+    }
+
+    /// Moves the completions routed to `inbox` into `out`, oldest first; returns how many.
+    #[inline]
+    pub fn take(&self, inbox: &mut Inbox, out: &mut [WorkCompletion]) -> usize {
+        // The `&mut Inbox` makes this thread the inbox's only consumer.
+        self.boxes[inbox.index as usize].pop(out)
+    }
+
+    /// Completions dropped because their inbox was not attached (or attached again since).
+    pub fn stale_completions(&self) -> u64 {
+        self.stale.load(Ordering::Relaxed)
+    }
+
+    /// Completions dropped because their inbox was full. Zero unless a channel had more
+    /// requests in flight than the depth it attached with.
+    pub fn overflowed_completions(&self) -> u64 {
+        self.overflow.load(Ordering::Relaxed)
+    }
+
+    fn with_poll_right<R>(&self, f: impl FnOnce() -> R) -> R {
+        while self
+            .poll_right
+            .compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            spin();
+        }
+        let r = f();
+        self.poll_right.store(0, Ordering::Release);
+        r
+    }
+
+    /// One batch from `cq` to the inboxes; only with the poll right held.
+    fn route_batch<C: CompletionSource + ?Sized>(&self, cq: &C) -> Result<usize, C::Error> {
+        let mut wcs = [WorkCompletion::EMPTY; BATCH];
+        let n = cq.poll(&mut wcs)?;
+        for wc in &wcs[..n] {
+            self.route(wc);
+        }
+        Ok(n)
+    }
+
+    fn route(&self, wc: &WorkCompletion) {
+        let id = WrId(wc.wr_id);
+        let Some(b) = self.boxes.get(id.inbox() as usize) else {
+            self.stale.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        if !b.is_attached_as(id.generation()) {
+            self.stale.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        if !b.push(wc) {
+            self.overflow.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+impl fmt::Debug for Dispatcher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Dispatcher")
+            .field("inboxes", &self.boxes.len())
+            .field("capacity", &self.capacity)
+            .field("stale", &self.stale_completions())
+            .finish()
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests;

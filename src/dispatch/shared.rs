@@ -1,0 +1,108 @@
+//! A completion queue shared by many channels, with its dispatcher.
+
+use super::{AttachError, Dispatcher, Inbox};
+use crate::cq::CompletionQueue;
+use crate::device::Context;
+use crate::error::Error;
+use crate::provider::Provider;
+use crate::types::WorkCompletion;
+
+/// One completion queue and the [`Dispatcher`] that routes its completions to the channels
+/// on it. Shared by `Arc`: every channel on it holds one.
+///
+/// ```
+/// use std::sync::Arc;
+/// use zverbs::dispatch::SharedCompletionQueue;
+/// use zverbs::provider::sim::Sim;
+/// use zverbs::{Channel, ChannelConfig, Context};
+/// let sim = Sim::with_devices(2);
+/// let (ca, cb) = (Context::open(&sim, "sim0").unwrap(), Context::open(&sim, "sim1").unwrap());
+/// let (pa, pb) = (ca.alloc_pd().unwrap(), cb.alloc_pd().unwrap());
+/// // Room for two channels of depth 64 on a's side.
+/// let cq = Arc::new(SharedCompletionQueue::create(&ca, 2, 64).unwrap());
+/// let cfg = ChannelConfig::default();
+/// let a = Channel::<Sim>::prepare_shared(&ca, &pa, &cfg, &cq, &cq).unwrap();
+/// let b = Channel::<Sim>::prepare(&cb, &pb, &cfg).unwrap();
+/// let (ea, eb) = (a.endpoint(), b.endpoint());
+/// let (mut a, _b) = (a.connect(&eb).unwrap(), b.connect(&ea).unwrap());
+/// # let _ = &mut a;
+/// assert_eq!(cq.queue().depth(), 2 * 2 * 64);
+/// ```
+pub struct SharedCompletionQueue<P: Provider> {
+    cq: CompletionQueue<P>,
+    dispatch: Dispatcher,
+}
+
+impl<P: Provider> SharedCompletionQueue<P> {
+    /// A queue for up to `channels` channels of up to `depth` requests in flight each. Its
+    /// depth is `channels × depth × 2`, so that it holds every completion that can be
+    /// outstanding at once (one per request in flight), plus as many again for requests of
+    /// queue pairs destroyed or reset whose completions are still in it: it does not
+    /// overflow. (An overflowing queue is an error the device reports, as hardware does.)
+    pub fn create(ctx: &Context<P>, channels: usize, depth: u32) -> Result<Self, Error<P::Error>> {
+        let total = u32::try_from(channels)
+            .ok()
+            .filter(|&c| c <= 1 << 16)
+            .and_then(|c| c.checked_mul(depth))
+            .and_then(|d| d.checked_mul(2))
+            .ok_or(Error::InvalidAttribute(
+                "shared completion queue too large (channels × depth × 2 exceeds u32)",
+            ))?;
+        Ok(SharedCompletionQueue {
+            cq: CompletionQueue::create(ctx, total)?,
+            dispatch: Dispatcher::new(channels, depth as usize),
+        })
+    }
+
+    /// The completion queue, to create queue pairs on.
+    pub fn queue(&self) -> &CompletionQueue<P> {
+        &self.cq
+    }
+
+    /// The dispatcher: stale and overflow counts.
+    pub fn dispatcher(&self) -> &Dispatcher {
+        &self.dispatch
+    }
+
+    pub(crate) fn attach(&self, depth: usize) -> Result<Inbox, Error<P::Error>> {
+        self.dispatch.attach(depth).map_err(|e| match e {
+            AttachError::NoFreeInbox => {
+                Error::InvalidAttribute("every inbox of the shared completion queue is in use")
+            }
+            AttachError::TooDeep { .. } => Error::InvalidAttribute(
+                "ring deeper than the shared completion queue's per-channel depth",
+            ),
+        })
+    }
+
+    pub(crate) fn detach(&self, inbox: Inbox) {
+        self.dispatch.detach(inbox);
+    }
+
+    /// Takes `inbox`'s completions into `out`; if there are none, routes one batch (when
+    /// nobody else is) and looks again.
+    #[inline]
+    pub(crate) fn poll(
+        &self,
+        inbox: &mut Inbox,
+        out: &mut [WorkCompletion],
+    ) -> Result<usize, Error<P::Error>> {
+        let n = self.dispatch.take(inbox, out);
+        if n > 0 {
+            return Ok(n);
+        }
+        self.dispatch.poll(&self.cq)?;
+        Ok(self.dispatch.take(inbox, out))
+    }
+
+    /// Routes everything the queue holds now (waiting for the poll right), then takes
+    /// `inbox`'s completions as [`poll`](Self::poll) does.
+    pub(crate) fn drain(
+        &self,
+        inbox: &mut Inbox,
+        out: &mut [WorkCompletion],
+    ) -> Result<usize, Error<P::Error>> {
+        self.dispatch.drain(&self.cq)?;
+        Ok(self.dispatch.take(inbox, out))
+    }
+}

@@ -1,0 +1,162 @@
+use super::*;
+use std::sync::{Arc, Mutex};
+
+struct Fake(Mutex<Vec<WorkCompletion>>);
+
+impl Fake {
+    fn new() -> Self {
+        Fake(Mutex::new(Vec::new()))
+    }
+    fn push(&self, wr_id: u64, byte_len: u32) {
+        self.0.lock().unwrap().push(wc(wr_id, byte_len));
+    }
+}
+
+impl CompletionSource for Fake {
+    type Error = ();
+    fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize, ()> {
+        let mut q = self.0.lock().unwrap();
+        let n = q.len().min(out.len());
+        out[..n].copy_from_slice(&q[..n]);
+        q.drain(..n);
+        Ok(n)
+    }
+}
+
+fn wc(wr_id: u64, byte_len: u32) -> WorkCompletion {
+    WorkCompletion {
+        wr_id,
+        byte_len,
+        ..WorkCompletion::EMPTY
+    }
+}
+
+#[test]
+fn wr_id_round_trips() {
+    let id = WrId::new(0xBEEF, 0xA5, (1 << 45) | 0x12_3456_789A);
+    assert_eq!(
+        (id.inbox(), id.generation(), id.seq()),
+        (0xBEEF, 0xA5, 0x12_3456_789A)
+    );
+}
+
+#[test]
+fn completions_reach_their_own_inbox_in_any_order() {
+    let d = Dispatcher::new(3, 4);
+    let cq = Fake::new();
+    let mut a = d.attach(4).unwrap();
+    let mut b = d.attach(4).unwrap();
+    cq.push(b.wr_id(0), 20);
+    cq.push(a.wr_id(0), 10);
+    cq.push(b.wr_id(1), 21);
+    let mut out = [WorkCompletion::EMPTY; 4];
+    assert_eq!(d.take(&mut a, &mut out), 0, "nothing routed yet");
+    assert_eq!(d.poll(&cq), Ok(3));
+    assert_eq!(d.take(&mut a, &mut out), 1);
+    assert_eq!(out[0].byte_len, 10);
+    assert_eq!(d.take(&mut b, &mut out), 2);
+    assert_eq!((out[0].byte_len, out[1].byte_len), (20, 21));
+    assert_eq!(d.stale_completions(), 0);
+}
+
+#[test]
+fn attach_refuses_too_deep_and_when_full() {
+    let d = Dispatcher::new(1, 4);
+    assert_eq!(
+        d.attach(5),
+        Err(AttachError::TooDeep {
+            depth: 5,
+            capacity: 4
+        })
+    );
+    let a = d.attach(4).unwrap();
+    assert_eq!(d.attach(1), Err(AttachError::NoFreeInbox));
+    d.detach(a);
+    assert!(d.attach(1).is_ok());
+}
+
+#[test]
+fn a_reattached_inbox_never_sees_its_predecessors_completions() {
+    let d = Dispatcher::new(1, 4);
+    let cq = Fake::new();
+    let old = d.attach(4).unwrap();
+    let old_id = old.wr_id(0);
+    cq.push(old_id, 1);
+    d.poll(&cq).unwrap(); // routed to the old attachment, never taken
+    d.detach(old);
+    let mut new = d.attach(4).unwrap();
+    assert_eq!(new.index(), WrId(old_id).inbox());
+    assert_ne!(new.wr_id(0), old_id);
+    cq.push(old_id, 2); // still in the queue when the queue pair died
+    cq.push(new.wr_id(0), 3);
+    d.poll(&cq).unwrap();
+    let mut out = [WorkCompletion::EMPTY; 4];
+    assert_eq!(d.take(&mut new, &mut out), 1);
+    assert_eq!(out[0].byte_len, 3);
+    assert_eq!(d.stale_completions(), 1);
+    cq.push(u64::MAX, 0); // an inbox that does not exist
+    d.poll(&cq).unwrap();
+    assert_eq!(d.stale_completions(), 2);
+}
+
+#[test]
+fn a_full_inbox_counts_overflow_instead_of_overwriting() {
+    let d = Dispatcher::new(1, 2);
+    let cq = Fake::new();
+    let mut a = d.attach(2).unwrap();
+    for s in 0..3 {
+        cq.push(a.wr_id(s), s as u32);
+    }
+    d.poll(&cq).unwrap();
+    assert_eq!(d.overflowed_completions(), 1);
+    let mut out = [WorkCompletion::EMPTY; 4];
+    assert_eq!(d.take(&mut a, &mut out), 2);
+    assert_eq!((out[0].byte_len, out[1].byte_len), (0, 1));
+}
+
+#[test]
+fn drain_routes_everything_even_past_one_batch() {
+    let d = Dispatcher::new(1, 64);
+    let cq = Fake::new();
+    let mut a = d.attach(64).unwrap();
+    for s in 0..40 {
+        cq.push(a.wr_id(s), s as u32);
+    }
+    d.drain(&cq).unwrap();
+    let mut out = [WorkCompletion::EMPTY; 64];
+    assert_eq!(d.take(&mut a, &mut out), 40);
+    assert!(out[..40].iter().enumerate().all(|(i, w)| w.byte_len == i as u32));
+}
+
+#[test]
+fn threads_share_one_queue() {
+    let d = Arc::new(Dispatcher::new(4, 8));
+    let cq = Arc::new(Fake::new());
+    let handles: Vec<_> = (0..4u32)
+        .map(|t| {
+            let (d, cq) = (d.clone(), cq.clone());
+            std::thread::spawn(move || {
+                let mut inbox = d.attach(8).unwrap();
+                let mut out = [WorkCompletion::EMPTY; 8];
+                for i in 0..2000u64 {
+                    cq.push(inbox.wr_id(i), t);
+                    loop {
+                        d.poll(&*cq).unwrap();
+                        match d.take(&mut inbox, &mut out) {
+                            0 => std::thread::yield_now(),
+                            1 => break,
+                            n => panic!("{n} completions for one request"),
+                        }
+                    }
+                    assert_eq!(out[0].byte_len, t);
+                    assert_eq!(WrId(out[0].wr_id).seq(), i);
+                }
+                d.detach(inbox);
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    assert_eq!(d.stale_completions(), 0);
+}

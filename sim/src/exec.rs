@@ -25,6 +25,8 @@ pub(crate) struct RecvDone {
     pub(crate) opcode: WcOpcode,
     pub(crate) byte_len: u32,
     pub(crate) imm: Option<u32>,
+    /// The request asked for a solicited event (`SendFlags::SOLICITED`).
+    pub(crate) solicited: bool,
 }
 
 /// What executing a request at the responder did (its bytes have already moved).
@@ -201,6 +203,7 @@ impl World {
                     opcode: WcOpcode::Recv,
                     byte_len: len as u32,
                     imm,
+                    solicited: wr.flags.contains(SendFlags::SOLICITED),
                 };
                 let rsges = &rwr.sg_list[..rwr.num_sge];
                 if sg_len(rsges) < total {
@@ -236,6 +239,7 @@ impl World {
                         WriteWithImm { imm, .. } => Some(imm),
                         _ => None,
                     },
+                    solicited: wr.flags.contains(SendFlags::SOLICITED),
                 });
                 if len > 0 {
                     let target = remote(rkey, remote_addr, len);
@@ -369,7 +373,7 @@ impl World {
             qp_num: peer.qpn,
         };
         let cq = peer.recv_cq;
-        self.push_cqe(cq, wc);
+        self.push_cqe_se(cq, wc, rd.solicited);
     }
 
     /// Completes the oldest SQ entry of QP `q` with `status`: a CQE when signaled or
@@ -434,6 +438,13 @@ impl World {
     /// Pushes a completion; on overflow the CQ enters its error state and every QP using it
     /// moves to ERR (completions it can no longer take are dropped).
     pub(crate) fn push_cqe(&mut self, cq: usize, wc: Wc) {
+        self.push_cqe_se(cq, wc, false);
+    }
+
+    /// [`World::push_cqe`] for a receive whose request asked for a solicited event
+    /// (`se`): it raises the event of a CQ armed solicited-only, as does any completion
+    /// in error (`ibv_req_notify_cq(3)`).
+    pub(crate) fn push_cqe_se(&mut self, cq: usize, wc: Wc, se: bool) {
         let Some(c) = self.cqs.get_mut(cq) else {
             return;
         };
@@ -446,6 +457,7 @@ impl World {
             c.entries.push_back(wc);
             let kind = TraceKind::Complete(wc.status, wc.opcode);
             self.trace(dev, wc.qp_num, kind, None, Some(wc.wr_id));
+            self.notify_cq(cq, se || wc.status != WcStatus::Success);
             return;
         }
         c.overflowed = true;

@@ -79,6 +79,7 @@
 #![deny(missing_docs, unsafe_op_in_unsafe_fn)]
 
 mod clock;
+mod comp_channel;
 mod config;
 mod counters;
 mod direct;
@@ -96,6 +97,7 @@ mod verbs;
 mod world;
 
 pub use clock::PacketKind;
+pub use comp_channel::CompChannel;
 pub use config::{
     ack_timeout_ns, rnr_timer_ns, FabricConfig, Faults, LinkModel, Mode, Personality,
 };

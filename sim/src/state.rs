@@ -127,6 +127,8 @@ pub(crate) struct CqObj {
     /// Shared with the handle: false only while a poll has nothing to return and nothing
     /// to run (see `Cq::poll_map`). Set under the world's lock by every push.
     pub(crate) ready: Arc<AtomicBool>,
+    /// Its completion channel, arming and events (`comp_channel.rs`).
+    pub(crate) notify: crate::comp_channel::CqNotify,
     refs: u32,
     open: bool,
 }
@@ -262,6 +264,8 @@ pub(crate) struct World {
     pub(crate) untimed: bool,
     /// Send WRs completed on the direct path by QPs since destroyed.
     pub(crate) direct_retired: u64,
+    /// Completion channels and their events.
+    pub(crate) notifier: crate::comp_channel::Notifier,
 }
 
 pub(crate) fn invalid<T>(why: &'static str) -> Result<T, SimError> {
@@ -291,6 +295,7 @@ impl World {
             epochs: 0,
             untimed: crate::direct::untimed(&cfg),
             direct_retired: 0,
+            notifier: Default::default(),
         }
     }
 
@@ -404,6 +409,7 @@ impl World {
             entries: VecDeque::with_capacity(depth as usize),
             overflowed: false,
             ready: Arc::new(AtomicBool::new(true)),
+            notify: crate::comp_channel::CqNotify::new(self.notifier.next_key()),
             refs: 0,
             open: true,
         };

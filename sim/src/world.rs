@@ -126,8 +126,8 @@ impl Fabric {
 /// An open device (`ibv_context`).
 #[derive(Debug)]
 pub struct Context {
-    world: Shared,
-    dev: usize,
+    pub(crate) world: Shared,
+    pub(crate) dev: usize,
 }
 
 impl Context {
@@ -333,8 +333,8 @@ impl Drop for Mr {
 /// A completion queue (`ibv_cq`).
 #[derive(Debug)]
 pub struct Cq {
-    world: Shared,
-    id: usize,
+    pub(crate) world: Shared,
+    pub(crate) id: usize,
     depth: u32,
     /// The world's `CqObj::ready`: false lets an empty poll return without the lock...
     ready: std::sync::Arc<AtomicBool>,
@@ -419,7 +419,9 @@ impl Cq {
 
 impl Drop for Cq {
     fn drop(&mut self) {
-        enter(&self.world).release_cq(self.id, true);
+        let mut w = enter(&self.world);
+        w.detach_cq(self.id);
+        w.release_cq(self.id, true);
     }
 }
 

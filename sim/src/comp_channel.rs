@@ -1,0 +1,423 @@
+//! Completion channels (`ibv_comp_channel`): how the HCA wakes a host that sleeps.
+//!
+//! A CQ created on a channel ([`Context::create_cq_on`]) can be armed
+//! ([`Cq::req_notify`], `ibv_req_notify_cq`). Arming is one-shot, as on hardware: the next
+//! completion pushed into the CQ (armed solicited-only: the next *solicited* one, a
+//! receive of a request sent with [`SendFlags::SOLICITED`](crate::SendFlags::SOLICITED) or any completion in error)
+//! queues one event on the channel and disarms the CQ. Completions already in the CQ when
+//! it is armed raise nothing: the consumer must arm, then poll again, then sleep.
+//!
+//! The channel's file descriptor ([`CompChannel`] is `AsRawFd`) is readable exactly
+//! while events are queued: one byte sits in a socket pair whenever the queue is not
+//! empty. It is a side output: events are raised under the world's lock, in the order of
+//! the completions that raise them, and enter neither the trace nor any random choice,
+//! so a seed still gives the same trace.
+//!
+//! Time and sleepers: in [`Mode::Stepped`] nothing happens while a thread sleeps (step
+//! the fabric, then look at the descriptor). In [`Mode::Threaded`] with a timed link, an
+//! armed CQ keeps a clock thread running the events that fall due, so a thread asleep on
+//! the descriptor is woken as hardware would wake it; on the untimed fabric work completes
+//! inside the call of the thread that makes it possible, which raises the event itself.
+//!
+//! ```
+//! use zverbs_sim::*;
+//! let f = Fabric::with_devices(1);
+//! let ctx = f.open_device("sim0").unwrap();
+//! let ch = ctx.create_comp_channel().unwrap();
+//! let cq = ctx.create_cq_on(8, &ch).unwrap();
+//! cq.req_notify(false).unwrap();
+//! assert_eq!(ch.get_event(), None); // nothing completed yet
+//! ```
+//!
+//! Every event taken ([`CompChannel::get_event`]) must be acknowledged
+//! ([`Cq::ack_events`]) before the CQ is destroyed: `ibv_destroy_cq` waits for that
+//! forever. The simulator counts what is missing ([`Cq::unacked_events`],
+//! [`Fabric::unacked_events_destroyed`]).
+
+use std::collections::VecDeque;
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::os::unix::net::UnixStream;
+
+use crate::config::{LinkModel, Mode};
+use crate::state::World;
+use crate::types::SimError;
+use crate::world::{enter, Context, Cq, Fabric, Shared};
+
+/// How a CQ is armed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Arm {
+    /// For the next completion.
+    Next,
+    /// For the next solicited completion (or one in error).
+    Solicited,
+}
+
+/// A CQ's part in the event path.
+#[derive(Debug)]
+pub(crate) struct CqNotify {
+    /// What its events carry (`cq_context`): unique in the fabric, never reused.
+    pub(crate) key: u64,
+    /// The channel its events go to.
+    channel: Option<usize>,
+    armed: Option<Arm>,
+    /// Events taken from the channel and not yet acknowledged.
+    unacked: u32,
+}
+
+impl CqNotify {
+    pub(crate) fn new(key: u64) -> CqNotify {
+        CqNotify {
+            key,
+            channel: None,
+            armed: None,
+            unacked: 0,
+        }
+    }
+}
+
+/// A channel in the world.
+#[derive(Debug)]
+struct ChanObj {
+    dev: usize,
+    /// `(cq slab index, key)`, oldest first.
+    events: VecDeque<(usize, u64)>,
+    /// Holds one byte while `events` is not empty.
+    tx: UnixStream,
+    /// The same socket as the handle's, to take that byte back.
+    rx: UnixStream,
+    /// CQs on this channel.
+    refs: u32,
+    open: bool,
+}
+
+/// The world's completion channels.
+#[derive(Debug, Default)]
+pub(crate) struct Notifier {
+    chans: Vec<Option<ChanObj>>,
+    /// Last CQ key handed out.
+    keys: u64,
+    /// Events taken for CQs destroyed before they were acknowledged.
+    destroyed_unacked: u64,
+    /// A clock thread runs (threaded mode with a timed link).
+    clock: bool,
+}
+
+impl Notifier {
+    /// A fresh CQ key (from 1).
+    pub(crate) fn next_key(&mut self) -> u64 {
+        self.keys += 1;
+        self.keys
+    }
+}
+
+impl World {
+    /// A completion of CQ `cq` was pushed; `solicited` when it counts for a solicited-only
+    /// arm. Raises the CQ's event if it is armed for it.
+    pub(crate) fn notify_cq(&mut self, cq: usize, solicited: bool) {
+        let Some(c) = self.cqs.get_mut(cq) else {
+            return;
+        };
+        let n = &mut c.notify;
+        match n.armed {
+            Some(Arm::Next) => {}
+            Some(Arm::Solicited) if solicited => {}
+            _ => return,
+        }
+        n.armed = None;
+        let (key, ch) = (n.key, n.channel);
+        if let Some(ch) = ch.and_then(|i| self.notifier.chans.get_mut(i)?.as_mut()) {
+            if ch.events.is_empty() {
+                // Cannot fail short of a full socket buffer, and it holds at most one byte.
+                let _ = ch.tx.write(&[1]);
+            }
+            ch.events.push_back((cq, key));
+        }
+    }
+
+    /// Removes CQ `cq` from the event path (its handle is gone): disarmed, its queued
+    /// events withdrawn (as the kernel does at `ibv_destroy_cq`), its channel released.
+    pub(crate) fn detach_cq(&mut self, cq: usize) {
+        let Some(c) = self.cqs.get_mut(cq) else {
+            return;
+        };
+        let n = &mut c.notify;
+        n.armed = None;
+        self.notifier.destroyed_unacked += u64::from(n.unacked);
+        n.unacked = 0;
+        let Some(i) = n.channel.take() else {
+            return;
+        };
+        if let Some(ch) = self.notifier.chans[i].as_mut() {
+            let before = ch.events.len();
+            ch.events.retain(|&(c, _)| c != cq);
+            if before > 0 && ch.events.is_empty() {
+                drain(&mut ch.rx);
+            }
+            ch.refs -= 1;
+        }
+        self.free_channel(i);
+    }
+
+    fn free_channel(&mut self, i: usize) {
+        if self.notifier.chans[i]
+            .as_ref()
+            .is_some_and(|c| !c.open && c.refs == 0)
+        {
+            self.notifier.chans[i] = None;
+        }
+    }
+
+    /// Whether some CQ on a channel is armed (the clock thread runs while one is).
+    fn any_armed(&self) -> bool {
+        self.cqs
+            .iter()
+            .any(|c| c.notify.armed.is_some() && c.notify.channel.is_some())
+    }
+}
+
+/// Takes back the byte that marks a non-empty queue.
+fn drain(rx: &mut UnixStream) {
+    let mut b = [0u8; 1];
+    let _ = rx.read(&mut b);
+}
+
+/// A completion channel (`ibv_comp_channel`): a file descriptor that is readable while
+/// events of armed CQs are queued. See the [module docs](self).
+#[derive(Debug)]
+pub struct CompChannel {
+    world: Shared,
+    id: usize,
+    rx: UnixStream,
+}
+
+impl CompChannel {
+    /// Takes the oldest event without blocking (`ibv_get_cq_event` on a non-blocking
+    /// descriptor): the key of the CQ that raised it ([`Cq::key`]), or `None`.
+    ///
+    /// The event counts as unacknowledged on its CQ until [`Cq::ack_events`].
+    pub fn get_event(&self) -> Option<u64> {
+        let mut w = enter(&self.world);
+        let ch = w.notifier.chans[self.id].as_mut().expect("live channel");
+        let (cq, key) = ch.events.pop_front()?;
+        if ch.events.is_empty() {
+            drain(&mut ch.rx);
+        }
+        if let Some(c) = w.cqs.get_mut(cq) {
+            c.notify.unacked += 1;
+        }
+        Some(key)
+    }
+
+    /// Events queued.
+    pub fn pending(&self) -> usize {
+        let w = enter(&self.world);
+        w.notifier.chans[self.id]
+            .as_ref()
+            .map_or(0, |c| c.events.len())
+    }
+}
+
+impl AsFd for CompChannel {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.rx.as_fd()
+    }
+}
+
+impl AsRawFd for CompChannel {
+    fn as_raw_fd(&self) -> RawFd {
+        self.rx.as_raw_fd()
+    }
+}
+
+impl Drop for CompChannel {
+    fn drop(&mut self) {
+        let mut w = enter(&self.world);
+        if let Some(c) = w.notifier.chans[self.id].as_mut() {
+            c.open = false;
+        }
+        w.free_channel(self.id);
+    }
+}
+
+impl Context {
+    /// Creates a completion channel (`ibv_create_comp_channel`); its descriptor is
+    /// non-blocking.
+    ///
+    /// # Errors
+    /// [`SimError::QueueFull`] if the process is out of file descriptors.
+    pub fn create_comp_channel(&self) -> Result<CompChannel, SimError> {
+        let full = |_| SimError::QueueFull;
+        let (rx, tx) = UnixStream::pair().map_err(full)?;
+        rx.set_nonblocking(true).map_err(full)?;
+        tx.set_nonblocking(true).map_err(full)?;
+        let inner = rx.try_clone().map_err(full)?;
+        let mut w = enter(&self.world);
+        let obj = ChanObj {
+            dev: self.dev,
+            events: VecDeque::new(),
+            tx,
+            rx: inner,
+            refs: 0,
+            open: true,
+        };
+        let chans = &mut w.notifier.chans;
+        let id = match chans.iter().position(Option::is_none) {
+            Some(i) => {
+                chans[i] = Some(obj);
+                i
+            }
+            None => {
+                chans.push(Some(obj));
+                chans.len() - 1
+            }
+        };
+        Ok(CompChannel {
+            world: self.world.clone(),
+            id,
+            rx,
+        })
+    }
+
+    /// Creates a completion queue of `depth` entries whose events go to `channel`
+    /// (`ibv_create_cq` with a channel).
+    ///
+    /// # Errors
+    /// As [`Context::create_cq`]; [`SimError::Invalid`] for a channel of another device.
+    pub fn create_cq_on(&self, depth: u32, channel: &CompChannel) -> Result<Cq, SimError> {
+        let ours = std::sync::Arc::ptr_eq(&channel.world, &self.world);
+        {
+            let w = enter(&self.world);
+            let dev = w.notifier.chans[channel.id].as_ref().map(|c| c.dev);
+            if !ours || dev != Some(self.dev) {
+                return Err(SimError::Invalid("completion channel of another device"));
+            }
+        }
+        let cq = self.create_cq(depth)?;
+        let mut w = enter(&self.world);
+        w.cqs.get_mut(cq.id).expect("new CQ").notify.channel = Some(channel.id);
+        let ch = w.notifier.chans[channel.id].as_mut().expect("live channel");
+        ch.refs += 1;
+        ch.events.reserve(4);
+        Ok(cq)
+    }
+}
+
+impl Cq {
+    /// The key this CQ's events carry (its `cq_context`): unique in the fabric.
+    pub fn key(&self) -> u64 {
+        enter(&self.world)
+            .cqs
+            .get(self.id)
+            .expect("live CQ")
+            .notify
+            .key
+    }
+
+    /// Arms the CQ (`ibv_req_notify_cq`): the next completion pushed into it, or with
+    /// `solicited_only` the next solicited one (a receive of a request sent with
+    /// [`SendFlags::SOLICITED`](crate::SendFlags::SOLICITED), or any completion in error),
+    /// queues one event on its channel. One-shot; completions already queued raise none.
+    /// A CQ without a channel may be armed; its events go nowhere.
+    ///
+    /// # Errors
+    /// [`SimError::DeviceFatal`] once the device crashed.
+    pub fn req_notify(&self, solicited_only: bool) -> Result<(), SimError> {
+        let mut w = enter(&self.world);
+        let cq = w.cqs.get(self.id).expect("live CQ");
+        if w.devices[cq.dev].crashed {
+            return Err(SimError::DeviceFatal);
+        }
+        let n = &mut w.cqs.get_mut(self.id).expect("live CQ").notify;
+        n.armed = Some(if solicited_only {
+            Arm::Solicited
+        } else {
+            Arm::Next
+        });
+        if n.channel.is_some() {
+            start_clock(&self.world, &mut w);
+        }
+        Ok(())
+    }
+
+    /// Acknowledges `n` events taken for this CQ (`ibv_ack_cq_events`). Acknowledging more
+    /// than were taken acknowledges those there are.
+    pub fn ack_events(&self, n: u32) {
+        let mut w = enter(&self.world);
+        let c = &mut w.cqs.get_mut(self.id).expect("live CQ").notify;
+        c.unacked = c.unacked.saturating_sub(n);
+    }
+
+    /// Events taken for this CQ and not yet acknowledged (simulator only: on verbs,
+    /// destroying the CQ now would wait for them forever).
+    pub fn unacked_events(&self) -> u32 {
+        enter(&self.world)
+            .cqs
+            .get(self.id)
+            .expect("live CQ")
+            .notify
+            .unacked
+    }
+}
+
+impl Fabric {
+    /// Events taken for CQs that were destroyed before acknowledging them (simulator only:
+    /// on verbs each such `ibv_destroy_cq` would have waited forever). Should stay 0.
+    pub fn unacked_events_destroyed(&self) -> u64 {
+        enter(&self.world).notifier.destroyed_unacked
+    }
+}
+
+/// Whether events can fall due between calls: threaded mode with a link, timers or
+/// delays that take time.
+fn timed(w: &World) -> bool {
+    let c = &w.cfg;
+    c.mode == Mode::Threaded
+        && (c.link != LinkModel::INSTANT || !c.instant_timers || c.faults.delay > 0.0)
+}
+
+/// Starts the clock thread if events can fall due while every thread sleeps.
+#[cfg(not(loom))]
+fn start_clock(world: &Shared, w: &mut World) {
+    if w.notifier.clock || !timed(w) {
+        return;
+    }
+    let weak = std::sync::Arc::downgrade(world);
+    let spawned = std::thread::Builder::new()
+        .name("zverbs-sim-clock".into())
+        .spawn(move || clock(weak));
+    w.notifier.clock = spawned.is_ok();
+}
+
+#[cfg(loom)]
+fn start_clock(_: &Shared, _: &mut World) {}
+
+/// Longest the clock thread sleeps: how late it may notice work scheduled by a call.
+#[cfg(not(loom))]
+const TICK_NS: u64 = 100_000;
+
+/// The clock thread: runs the events that fall due while some CQ on a channel is armed,
+/// as the HCA would complete work while the host sleeps; ends when none is (or the
+/// fabric is gone).
+#[cfg(not(loom))]
+fn clock(weak: std::sync::Weak<std::sync::Mutex<World>>) {
+    loop {
+        let Some(world) = weak.upgrade() else {
+            return;
+        };
+        let sleep = {
+            let mut w = crate::world::lock(&world);
+            w.run_due();
+            if !w.any_armed() {
+                w.notifier.clock = false;
+                return;
+            }
+            let wall = w.wall();
+            w.events
+                .next_time()
+                .map_or(TICK_NS, |t| t.saturating_sub(wall).min(TICK_NS))
+        };
+        drop(world);
+        std::thread::sleep(std::time::Duration::from_nanos(sleep.max(1_000)));
+    }
+}

@@ -42,12 +42,14 @@
 
 mod blocking;
 mod poll;
+mod prepared;
 mod raw;
 mod scope;
 mod source;
 mod unpolled;
 pub(crate) mod wait;
 
+pub use prepared::PreparedChannel;
 pub use scope::Scope;
 
 
@@ -62,7 +64,7 @@ use crate::error::{CompletionError, Error};
 use crate::mr::{LocalSlice, LocalSliceMut, RemoteRegion};
 use crate::provider::Provider;
 use crate::qp::{
-    Endpoint, Init, InitOptions, QpConfig, QueuePair, ReadyToSend, RtrOptions, RtsOptions,
+    InitOptions, QpConfig, QueuePair, ReadyToSend, RtrOptions, RtsOptions,
 };
 use crate::ring::{Completion, Ring, WorkRequest};
 use crate::types::{RecvWr, SendFlags, SendOp, SendWr, Sge, WorkCompletion};
@@ -120,46 +122,6 @@ impl Default for ChannelConfig {
             flush_grace: Duration::from_millis(100),
             completion_queues: CqLayout::Shared,
         }
-    }
-}
-
-/// A channel whose queue pair is created but not connected: hand its
-/// [`endpoint`](PreparedChannel::endpoint) to the peer, then [`connect`](PreparedChannel::connect).
-pub struct PreparedChannel<P: Provider, const N: usize = 64, const S: usize = 4> {
-    owner: Owner,
-    qp: QueuePair<P, Init>,
-    send_cq: Completions<P>,
-    recv_cq: Completions<P>,
-    sq: Ring<SendWr<S>, N>,
-    rq: Ring<RecvWr<S>, N>,
-    config: ChannelConfig,
-}
-
-impl<P: Provider, const N: usize, const S: usize> PreparedChannel<P, N, S> {
-    /// This side's endpoint.
-    pub fn endpoint(&self) -> Endpoint {
-        self.qp.endpoint()
-    }
-
-    /// Connects to the peer at `remote` (INIT → RTR → RTS).
-    pub fn connect(self, remote: &Endpoint) -> Result<Channel<P, N, S>, Error<P::Error>> {
-        let qp = self
-            .qp
-            .into_rtr(remote, &self.config.rtr)
-            .map_err(|e| e.error)?;
-        let qp = qp.into_rts(&self.config.rts).map_err(|e| e.error)?;
-        Ok(Channel {
-            owner: self.owner,
-            peer: remote.qp_num,
-            qp,
-            send_cq: self.send_cq,
-            recv_cq: self.recv_cq,
-            sq: self.sq,
-            rq: self.rq,
-            config: self.config,
-            wcs: [WorkCompletion::EMPTY; POLL_BATCH],
-            wr: SendWr::new(0, SendOp::Send, SendFlags::empty()),
-        })
     }
 }
 

@@ -1,0 +1,124 @@
+//! A channel before `connect`: its endpoint to hand to the peer, and receives posted
+//! early, as C verbs programs post them in INIT so the peer's first message finds one.
+
+use super::source::Completions;
+use super::{collect_sges, Channel, ChannelConfig, Owner, Pending, Queue, POLL_BATCH};
+use crate::error::Error;
+use crate::provider::Provider;
+use crate::qp::{Endpoint, Init, QueuePair};
+use crate::ring::Ring;
+use crate::types::{RecvWr, SendFlags, SendOp, SendWr, Sge, WorkCompletion};
+
+/// A channel whose queue pair is created but not connected: hand its
+/// [`endpoint`](PreparedChannel::endpoint) to the peer, then [`connect`](PreparedChannel::connect).
+pub struct PreparedChannel<P: Provider, const N: usize = 64, const S: usize = 4> {
+    pub(super) owner: Owner,
+    pub(super) qp: QueuePair<P, Init>,
+    pub(super) send_cq: Completions<P>,
+    pub(super) recv_cq: Completions<P>,
+    pub(super) sq: Ring<SendWr<S>, N>,
+    pub(super) rq: Ring<RecvWr<S>, N>,
+    pub(super) config: ChannelConfig,
+}
+
+impl<P: Provider, const N: usize, const S: usize> PreparedChannel<P, N, S> {
+    /// This side's endpoint.
+    pub fn endpoint(&self) -> Endpoint {
+        self.qp.endpoint()
+    }
+
+    /// Posts a receive before the channel is connected, as C verbs programs do in INIT, so
+    /// that the peer's first message, which may come the moment the peer is connected,
+    /// finds a receive. Redeem the handle on the connected channel
+    /// ([`Channel::wait`], [`Channel::try_complete`]): it keeps its owner across
+    /// [`connect`](Self::connect).
+    ///
+    /// # Safety
+    /// As [`Channel::post_receive_unpolled`]: the memory named by `sges` must stay valid and
+    /// must not be accessed through Rust references until the handle is redeemed (also if
+    /// `connect` fails: the channel is gone then, and with it the work).
+    ///
+    /// ```
+    /// # use zverbs::provider::sim::Sim;
+    /// # use zverbs::{Channel, ChannelConfig, Context};
+    /// # let sim = Sim::with_devices(2);
+    /// # let (ca, cb) = (Context::open(&sim, "sim0").unwrap(), Context::open(&sim, "sim1").unwrap());
+    /// # let (pa, pb) = (ca.alloc_pd().unwrap(), cb.alloc_pd().unwrap());
+    /// let a = Channel::<Sim>::prepare(&ca, &pa, &ChannelConfig::default()).unwrap();
+    /// let mut b = Channel::<Sim>::prepare(&cb, &pb, &ChannelConfig::default()).unwrap();
+    /// let mut inbox = [0u8; 8];
+    /// let mut inbox = pb.register(&mut inbox).unwrap();
+    /// // SAFETY: `inbox` is not touched before the receive is redeemed below.
+    /// let first = unsafe { b.post_receive_unpolled(&[inbox.slice_mut(..).unwrap().sge()]) }.unwrap();
+    /// let (ea, eb) = (a.endpoint(), b.endpoint());
+    /// let mut a = a.connect(&eb).unwrap();
+    /// let mut msg = *b"early";
+    /// let msg = pa.register(&mut msg).unwrap();
+    /// // Sent while b is still in INIT; b's device takes it once b is connected.
+    /// // SAFETY: `msg` outlives the wait below.
+    /// let sent = unsafe {
+    ///     a.post_send_unpolled(&[msg.slice(..).unwrap().sge()], zverbs::SendOp::Send, zverbs::SendFlags::empty())
+    /// }.unwrap();
+    /// let mut b = b.connect(&ea).unwrap();
+    /// a.wait(sent).unwrap();
+    /// assert_eq!(b.wait(first).unwrap().byte_len, 5);
+    /// assert_eq!(&inbox.as_slice()[..5], b"early");
+    /// ```
+    pub unsafe fn post_receive_unpolled(
+        &mut self,
+        sges: &[Sge],
+    ) -> Result<Pending, Error<P::Error>> {
+        let (sg_list, num_sge) =
+            collect_sges::<S>(sges.iter().copied()).map_err(|(given, max)| Error::TooManySges {
+                given,
+                max,
+            })?;
+        let mut wr = RecvWr {
+            wr_id: 0,
+            sg_list,
+            num_sge,
+        };
+        let seq = self
+            .rq
+            .reserve(&mut wr, true)
+            .map_err(|f| Error::QueueFull {
+                capacity: f.capacity,
+            })?;
+        // SAFETY: the caller keeps the memory valid and untouched until the handle is
+        // redeemed, which is after the request completes.
+        if let Err(e) = unsafe { self.qp.post_recv(core::slice::from_ref(&wr)) } {
+            self.rq.unreserve();
+            return Err(Error::Provider {
+                op: "ibv_post_recv",
+                source: e.error,
+            });
+        }
+        Ok(Pending {
+            seq,
+            queue: Queue::Recv,
+            owner: self.owner,
+        })
+    }
+
+    /// Connects to the peer at `remote` (INIT → RTR → RTS).
+    pub fn connect(self, remote: &Endpoint) -> Result<Channel<P, N, S>, Error<P::Error>> {
+        let qp = self
+            .qp
+            .into_rtr(remote, &self.config.rtr)
+            .map_err(|e| e.error)?;
+        let qp = qp.into_rts(&self.config.rts).map_err(|e| e.error)?;
+        Ok(Channel {
+            owner: self.owner,
+            peer: remote.qp_num,
+            qp,
+            send_cq: self.send_cq,
+            recv_cq: self.recv_cq,
+            sq: self.sq,
+            rq: self.rq,
+            config: self.config,
+            wcs: [WorkCompletion::EMPTY; POLL_BATCH],
+            wr: SendWr::new(0, SendOp::Send, SendFlags::empty()),
+        })
+    }
+}
+

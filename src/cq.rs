@@ -1,4 +1,4 @@
-//! Completion queues, polled into caller-owned arrays.
+//! Completion queues, polled into caller-owned arrays, and armed for completion events.
 //!
 //! ```
 //! # #[cfg(feature = "sim")] {
@@ -9,29 +9,62 @@
 //! assert_eq!(cq.poll(&mut wcs).unwrap(), 0);
 //! # }
 //! ```
+//!
+//! A queue created on a [`CompletionChannel`] can be [armed](CompletionQueue::arm) to
+//! raise an event on it; see [`event`](crate::event) for the order that loses no wake-up.
 
 use crate::device::Context;
 use crate::error::{verb, Error};
+use crate::event::{CompletionChannel, CqEvent};
 use crate::provider::Provider;
+use crate::sync::{AtomicUsize, Ordering};
 use crate::types::WorkCompletion;
+
+/// Events acknowledged to the device at once (`ibv_ack_cq_events` takes a lock).
+const ACK_BATCH: usize = 16;
 
 /// A completion queue of fixed depth.
 pub struct CompletionQueue<P: Provider> {
     pub(crate) raw: P::Cq,
     depth: u32,
+    /// The key its events carry, read once at creation.
+    key: u64,
+    /// Events handed to [`ack_event`](Self::ack_event) and not yet acknowledged.
+    unacked: AtomicUsize,
 }
 
 impl<P: Provider> CompletionQueue<P> {
     /// Creates a queue with room for `depth` completions.
     pub fn create(ctx: &Context<P>, depth: u32) -> Result<Self, Error<P::Error>> {
+        Self::create_with(ctx, depth, None)
+    }
+
+    /// Creates a queue with room for `depth` completions whose events go to `channel`.
+    /// The queue keeps the channel alive.
+    pub fn create_on(
+        ctx: &Context<P>,
+        depth: u32,
+        channel: &CompletionChannel<P>,
+    ) -> Result<Self, Error<P::Error>> {
+        Self::create_with(ctx, depth, Some(&channel.raw))
+    }
+
+    fn create_with(
+        ctx: &Context<P>,
+        depth: u32,
+        channel: Option<&P::CompChannel>,
+    ) -> Result<Self, Error<P::Error>> {
         if depth == 0 {
             return Err(Error::InvalidAttribute(
                 "completion queue depth must be at least 1",
             ));
         }
+        let raw = verb("ibv_create_cq", P::create_cq(&ctx.raw, depth, channel))?;
         Ok(CompletionQueue {
-            raw: verb("ibv_create_cq", P::create_cq(&ctx.raw, depth))?,
+            key: P::cq_key(&raw),
+            raw,
             depth,
+            unacked: AtomicUsize::new(0),
         })
     }
 
@@ -42,6 +75,59 @@ impl<P: Provider> CompletionQueue<P> {
         verb("ibv_poll_cq", P::poll_cq(&self.raw, out))
     }
 
+    /// Arms the queue (`ibv_req_notify_cq`): its next completion (with `solicited_only`,
+    /// its next solicited one: a receive of a request sent with
+    /// [`SendFlags::SOLICITED`](crate::SendFlags::SOLICITED), or any completion in error)
+    /// raises one event on its channel. One-shot: arm again after each event.
+    ///
+    /// Completions already in the queue raise nothing: **poll again after arming**, and
+    /// sleep only if that finds nothing (see [`event`](crate::event)). A queue created
+    /// without a channel may be armed; its events go nowhere.
+    pub fn arm(&self, solicited_only: bool) -> Result<(), Error<P::Error>> {
+        verb(
+            "ibv_req_notify_cq",
+            P::req_notify_cq(&self.raw, solicited_only),
+        )
+    }
+
+    /// The key this queue's events carry ([`CqEvent::key`]).
+    pub fn key(&self) -> u64 {
+        self.key
+    }
+
+    /// Whether `event` was raised by this queue.
+    pub fn owns(&self, event: &CqEvent) -> bool {
+        event.key == self.key
+    }
+
+    /// Takes `event`, raised by this queue, for acknowledgement: the queue acknowledges
+    /// events to the device 16 at a time (`ibv_ack_cq_events`) and the rest when dropped.
+    /// Gives the event back if another queue raised it.
+    #[allow(clippy::result_large_err)] // the "error" is the event itself, 8 bytes
+    pub fn ack_event(&self, event: CqEvent) -> Result<(), CqEvent> {
+        if !self.owns(&event) {
+            return Err(event);
+        }
+        let mut n = self.unacked.fetch_add(1, Ordering::AcqRel) + 1;
+        // Whoever takes a batch out of the count acknowledges it; the count never goes
+        // below what was handed in and not yet acknowledged.
+        while n >= ACK_BATCH {
+            match self.unacked.compare_exchange(
+                n,
+                n - ACK_BATCH,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => {
+                    P::ack_cq_events(&self.raw, ACK_BATCH as u32);
+                    break;
+                }
+                Err(now) => n = now,
+            }
+        }
+        Ok(())
+    }
+
     /// The depth asked at creation.
     pub fn depth(&self) -> u32 {
         self.depth
@@ -50,5 +136,15 @@ impl<P: Provider> CompletionQueue<P> {
     /// The backend's handle.
     pub fn raw(&self) -> &P::Cq {
         &self.raw
+    }
+}
+
+impl<P: Provider> Drop for CompletionQueue<P> {
+    fn drop(&mut self) {
+        // Verbs: `ibv_destroy_cq` waits until every event taken is acknowledged.
+        let n = self.unacked.load(Ordering::Acquire);
+        if n > 0 {
+            P::ack_cq_events(&self.raw, u32::try_from(n).unwrap_or(u32::MAX));
+        }
     }
 }

@@ -47,6 +47,7 @@ pub mod device;
 #[cfg(feature = "std")]
 pub mod dispatch;
 pub mod error;
+pub mod event;
 pub mod mr;
 pub mod multi_channel;
 pub mod node;
@@ -60,6 +61,7 @@ pub use channel::{Channel, ChannelConfig, CqLayout, Pending, PreparedChannel, Sc
 pub use cq::CompletionQueue;
 pub use device::{Context, ProtectionDomain};
 pub use error::{BoundsError, CompletionError, Error, ErrorKind, ProviderError};
+pub use event::{CompletionChannel, CqEvent};
 pub use mr::{LocalSlice, LocalSliceMut, MemoryRegion, RemoteRegion};
 pub use multi_channel::{
     MultiChannel, MultiScope, Outcome, PeerError, PeerPending, PreparedMultiChannel,

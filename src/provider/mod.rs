@@ -127,6 +127,9 @@ pub trait Provider: Sized {
     type Cq: Send + Sync;
     /// A queue pair (`ibv_qp`).
     type Qp: Send + Sync;
+    /// A completion channel (`ibv_comp_channel`): a file descriptor that becomes readable
+    /// when an armed CQ on it gets a completion.
+    type CompChannel: Send + Sync;
 
     /// Calls `f` with the name of every device present.
     fn for_each_device(&self, f: &mut dyn FnMut(&str));
@@ -155,10 +158,40 @@ pub trait Provider: Sized {
     /// The local and remote keys of a registration: `(lkey, rkey)`.
     fn mr_keys(mr: &Self::Mr) -> (u32, u32);
 
-    /// Creates a completion queue of at least `depth` entries.
-    fn create_cq(ctx: &Self::Context, depth: u32) -> Result<Self::Cq, Self::Error>;
+    /// Creates a completion queue of at least `depth` entries, reporting its events to
+    /// `channel` if one is given. The queue keeps its channel alive.
+    fn create_cq(
+        ctx: &Self::Context,
+        depth: u32,
+        channel: Option<&Self::CompChannel>,
+    ) -> Result<Self::Cq, Self::Error>;
     /// Polls up to `out.len()` completions into `out`, oldest first; returns how many.
     fn poll_cq(cq: &Self::Cq, out: &mut [WorkCompletion]) -> Result<usize, Self::Error>;
+
+    /// Creates a completion channel (`ibv_create_comp_channel`) whose descriptor is in
+    /// non-blocking mode.
+    fn create_comp_channel(ctx: &Self::Context) -> Result<Self::CompChannel, Self::Error>;
+    /// The channel's file descriptor: readable while an event is pending.
+    #[cfg(all(feature = "std", unix))]
+    fn comp_channel_fd(ch: &Self::CompChannel) -> std::os::fd::RawFd;
+    /// The key the events of `cq` carry (verbs: its `cq_context`). No two queues of one
+    /// provider share a key.
+    fn cq_key(cq: &Self::Cq) -> u64;
+    /// Arms `cq` (`ibv_req_notify_cq`): the next completion added to it (with
+    /// `solicited_only`, the next solicited one: a receive of a request sent with
+    /// `SOLICITED`, or any completion in error) queues one event on its channel. One-shot:
+    /// after an event the queue must be armed again. Completions already in the queue
+    /// raise nothing, so a consumer arms, then polls again, then sleeps.
+    fn req_notify_cq(cq: &Self::Cq, solicited_only: bool) -> Result<(), Self::Error>;
+    /// Takes the oldest event from `ch` without blocking (`ibv_get_cq_event` on a
+    /// non-blocking descriptor): the [key](Provider::cq_key) of the queue that raised it,
+    /// or `None` when no event is pending. Every event taken must be acknowledged on its
+    /// queue ([`ack_cq_events`](Provider::ack_cq_events)) before the queue is destroyed:
+    /// on verbs the destroy waits for that forever.
+    fn get_cq_event(ch: &Self::CompChannel) -> Result<Option<u64>, Self::Error>;
+    /// Acknowledges `n` events taken for `cq` (`ibv_ack_cq_events`; it takes a lock, so
+    /// callers batch).
+    fn ack_cq_events(cq: &Self::Cq, n: u32);
 
     /// Creates an RC queue pair in the RESET state.
     fn create_qp(

@@ -228,6 +228,7 @@ impl Provider for Sim {
     type Mr = s::Mr;
     type Cq = s::Cq;
     type Qp = s::Qp;
+    type CompChannel = s::CompChannel;
 
     fn for_each_device(&self, f: &mut dyn FnMut(&str)) {
         self.fabric.for_each_device(f)
@@ -274,12 +275,43 @@ impl Provider for Sim {
         (mr.lkey(), mr.rkey())
     }
 
-    fn create_cq(ctx: &s::Context, depth: u32) -> Result<s::Cq, s::SimError> {
-        ctx.create_cq(depth)
+    fn create_cq(
+        ctx: &s::Context,
+        depth: u32,
+        channel: Option<&s::CompChannel>,
+    ) -> Result<s::Cq, s::SimError> {
+        match channel {
+            Some(ch) => ctx.create_cq_on(depth, ch),
+            None => ctx.create_cq(depth),
+        }
     }
 
     fn poll_cq(cq: &s::Cq, out: &mut [WorkCompletion]) -> Result<usize, s::SimError> {
         cq.poll_map(out, wc_from)
+    }
+
+    fn create_comp_channel(ctx: &s::Context) -> Result<s::CompChannel, s::SimError> {
+        ctx.create_comp_channel()
+    }
+
+    fn comp_channel_fd(ch: &s::CompChannel) -> std::os::fd::RawFd {
+        std::os::fd::AsRawFd::as_raw_fd(ch)
+    }
+
+    fn cq_key(cq: &s::Cq) -> u64 {
+        cq.key()
+    }
+
+    fn req_notify_cq(cq: &s::Cq, solicited_only: bool) -> Result<(), s::SimError> {
+        cq.req_notify(solicited_only)
+    }
+
+    fn get_cq_event(ch: &s::CompChannel) -> Result<Option<u64>, s::SimError> {
+        Ok(ch.get_event())
+    }
+
+    fn ack_cq_events(cq: &s::Cq, n: u32) {
+        cq.ack_events(n)
     }
 
     fn create_qp(

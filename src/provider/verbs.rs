@@ -8,9 +8,10 @@
 //! Handles own their verbs object and release it on drop; children hold their parents
 //! (`Arc`), so a queue pair keeps its PD, its CQs and the device context open.
 //!
-//! The inline verbs of `verbs.h` (`ibv_post_send`, `ibv_post_recv`, `ibv_poll_cq`) are
-//! not symbols of the library: they are calls through the context's op table, which this
-//! module reads once per queue (at creation) and calls directly on the data path.
+//! The inline verbs of `verbs.h` (`ibv_post_send`, `ibv_post_recv`, `ibv_poll_cq`,
+//! `ibv_req_notify_cq`) are not symbols of the library: they are calls through the
+//! context's op table, which this module reads once per queue (at creation) and calls
+//! directly on the data path.
 //!
 //! ```no_run
 //! use zverbs::provider::verbs::{GidSelect, Verbs};
@@ -30,10 +31,12 @@
 //! ```
 
 mod error;
+mod event;
 mod gid;
 mod wr;
 
 pub use error::VerbsError;
+pub use event::CompChannel;
 pub use gid::{GidEntry, GidSelect, GidType};
 
 use core::ffi::CStr;
@@ -165,12 +168,19 @@ type PostRecvFn = unsafe extern "C" fn(
 struct CqInner {
     cq: NonNull<ffi::ibv_cq>,
     poll: PollFn,
+    req_notify: event::ReqNotifyFn,
+    /// Its `cq_context`, which its events carry.
+    key: u64,
     _ctx: Arc<ContextInner>,
+    /// Destroyed after the CQ (fields drop after `drop`).
+    _channel: Option<Arc<event::ChannelInner>>,
 }
 
 impl Drop for CqInner {
     fn drop(&mut self) {
-        // SAFETY: created by `ibv_create_cq`, destroyed once, after the QPs using it.
+        // SAFETY: created by `ibv_create_cq`, destroyed once, after the QPs using it. It
+        // returns once every event taken for it is acknowledged (`zverbs::CompletionQueue`
+        // acknowledges on drop what it was handed).
         unsafe { ffi::ibv_destroy_cq(self.cq.as_ptr()) };
     }
 }
@@ -237,6 +247,7 @@ impl Provider for Verbs {
     type Mr = Mr;
     type Cq = Cq;
     type Qp = Qp;
+    type CompChannel = CompChannel;
 
     fn for_each_device(&self, f: &mut dyn FnMut(&str)) {
         let _ = with_device_list(|l| l.iter().for_each(|d| f(device_name(d))));
@@ -332,25 +343,61 @@ impl Provider for Verbs {
         (mr.lkey, mr.rkey)
     }
 
-    fn create_cq(ctx: &Context, depth: u32) -> Result<Cq, VerbsError> {
+    fn create_cq(
+        ctx: &Context,
+        depth: u32,
+        channel: Option<&CompChannel>,
+    ) -> Result<Cq, VerbsError> {
         let depth =
             i32::try_from(depth).map_err(|_| VerbsError::Invalid("CQ depth above i32::MAX"))?;
-        // SAFETY: open context; no completion channel, vector 0 (always valid).
-        let cq =
-            unsafe { ffi::ibv_create_cq(ctx.as_ptr(), depth, ptr::null_mut(), ptr::null_mut(), 0) };
+        let key = event::next_key();
+        let ch = channel.map_or(ptr::null_mut(), |c| c.0.ch.as_ptr());
+        // SAFETY: open context; `ch` is NULL or a live channel of the same process (kept
+        // alive below as long as the CQ); vector 0 is always valid. `cq_context` is an
+        // integer key, never dereferenced.
+        let cq = unsafe { ffi::ibv_create_cq(ctx.as_ptr(), depth, key as *mut _, ch, 0) };
         let cq = non_null(cq, "ibv_create_cq")?;
         // SAFETY: the context outlives the CQ (held below); its op table is fixed after open.
-        let poll = unsafe { (*ctx.as_ptr()).ops.poll_cq };
-        let Some(poll) = poll else {
+        let (poll, req_notify) =
+            unsafe { ((*ctx.as_ptr()).ops.poll_cq, (*ctx.as_ptr()).ops.req_notify_cq) };
+        let (Some(poll), Some(req_notify)) = (poll, req_notify) else {
             // SAFETY: just created, not shared.
             unsafe { ffi::ibv_destroy_cq(cq.as_ptr()) };
-            return Err(VerbsError::Unsupported("ibv_poll_cq"));
+            return Err(VerbsError::Unsupported("ibv_poll_cq/ibv_req_notify_cq"));
         };
         Ok(Cq(Arc::new(CqInner {
             cq,
             poll,
+            req_notify,
+            key,
             _ctx: ctx.0.clone(),
+            _channel: channel.map(|c| c.0.clone()),
         })))
+    }
+
+    fn create_comp_channel(ctx: &Context) -> Result<CompChannel, VerbsError> {
+        event::create(&ctx.0)
+    }
+
+    fn comp_channel_fd(ch: &CompChannel) -> std::os::fd::RawFd {
+        event::fd(ch)
+    }
+
+    fn cq_key(cq: &Cq) -> u64 {
+        cq.0.key
+    }
+
+    fn req_notify_cq(cq: &Cq, solicited_only: bool) -> Result<(), VerbsError> {
+        event::req_notify(cq.0.req_notify, cq.0.cq, solicited_only)
+    }
+
+    fn get_cq_event(ch: &CompChannel) -> Result<Option<u64>, VerbsError> {
+        event::get(ch)
+    }
+
+    fn ack_cq_events(cq: &Cq, n: u32) {
+        // SAFETY: live CQ; acknowledging is a counter update under the CQ's lock.
+        unsafe { ffi::ibv_ack_cq_events(cq.0.cq.as_ptr(), n) };
     }
 
     fn poll_cq(cq: &Cq, out: &mut [WorkCompletion]) -> Result<usize, VerbsError> {

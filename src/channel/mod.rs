@@ -46,6 +46,7 @@ mod prepared;
 mod raw;
 mod scope;
 mod source;
+mod stage;
 mod unpolled;
 pub(crate) mod wait;
 

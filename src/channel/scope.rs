@@ -8,7 +8,7 @@ use super::{Channel, Queue};
 use crate::error::Error;
 use crate::mr::{LocalSlice, LocalSliceMut, RemoteRegion};
 use crate::provider::Provider;
-use crate::types::{RecvWr, SendFlags, SendOp, SendWr, Sge};
+use crate::types::{SendOp, SendWr, Sge};
 
 /// Posts work inside [`Channel::scope`]. Every buffer handed to it stays borrowed for
 /// `'env`, which outlives the scope, so the buffers cannot be touched or freed before all
@@ -203,26 +203,17 @@ impl<'env, P: Provider, const N: usize, const S: usize> Scope<'env, P, N, S> {
         &mut self,
         data: impl IntoIterator<Item = LocalSliceMut<'env>>,
     ) -> Result<u64, Error<P::Error>> {
-        let (sg_list, num_sge, _) = self.ch.sges(data.into_iter().map(|s| s.sge()))?;
-        let wr = RecvWr {
-            wr_id: 0,
-            sg_list,
-            num_sge,
-        };
-        if self.ch.rq.in_flight() == N {
+        let wr = self.ch.recv_wr(data.into_iter().map(|s| s.sge()))?;
+        if self.ch.is_full(Queue::Recv) {
             self.make_room(Queue::Recv)?;
         }
-        self.ch.rq.stage(wr, true).map_err(|f| Error::QueueFull {
-            capacity: f.capacity,
-        })
+        self.ch.stage_recv(wr)
     }
 
     /// Posts everything staged: receives as one chain, then sends as one chain whose last
     /// request is signaled.
     pub fn ring_doorbell(&mut self) -> Result<(), Error<P::Error>> {
-        self.ch.flush_recvs()?;
-        self.ch.sq.signal_last_staged();
-        self.ch.flush_sends()
+        self.ch.ring_doorbell(&mut self.waiter)
     }
 
     #[inline]
@@ -232,15 +223,8 @@ impl<'env, P: Provider, const N: usize, const S: usize> Scope<'env, P, N, S> {
         remote: &RemoteRegion,
         op: SendOp,
     ) -> Result<u64, Error<P::Error>> {
-        let (sg_list, num_sge, len) = self.ch.sges(sges)?;
-        super::raw::fits(remote, len)?;
-        self.stage_wr(SendWr {
-            wr_id: 0,
-            sg_list,
-            num_sge,
-            op,
-            flags: SendFlags::empty(),
-        })
+        let wr = self.ch.send_wr(sges, op, Some(remote))?;
+        self.stage_wr(wr)
     }
 
     #[inline]
@@ -249,24 +233,16 @@ impl<'env, P: Provider, const N: usize, const S: usize> Scope<'env, P, N, S> {
         sges: impl IntoIterator<Item = Sge>,
         op: SendOp,
     ) -> Result<u64, Error<P::Error>> {
-        let (sg_list, num_sge, _) = self.ch.sges(sges)?;
-        self.stage_wr(SendWr {
-            wr_id: 0,
-            sg_list,
-            num_sge,
-            op,
-            flags: SendFlags::empty(),
-        })
+        let wr = self.ch.send_wr(sges, op, None)?;
+        self.stage_wr(wr)
     }
 
     #[inline]
     fn stage_wr(&mut self, wr: SendWr<S>) -> Result<u64, Error<P::Error>> {
-        if self.ch.sq.in_flight() == N {
+        if self.ch.is_full(Queue::Send) {
             self.make_room(Queue::Send)?;
         }
-        self.ch.sq.stage(wr, false).map_err(|f| Error::QueueFull {
-            capacity: f.capacity,
-        })
+        self.ch.stage_send(wr)
     }
 
     /// The ring is full: post what is staged and wait for this scope's work so far. Work
@@ -284,32 +260,16 @@ impl<'env, P: Provider, const N: usize, const S: usize> Scope<'env, P, N, S> {
     /// Waits for every request this scope posted on `queue` and takes its outcome,
     /// keeping the first error.
     fn drain(&mut self, queue: Queue) {
-        let (from, to) = match queue {
-            Queue::Send => (self.send_from, self.ch.sq.next_seq()),
-            Queue::Recv => (self.recv_from, self.ch.rq.next_seq()),
+        let from = match queue {
+            Queue::Send => self.send_from,
+            Queue::Recv => self.recv_from,
         };
-        let mut seq = from;
-        while seq < to {
-            // Requests older than the ring's oldest are retired, with nothing to wait for
-            // or take: one completion retires a whole batch, so skip to the oldest.
-            let oldest = match queue {
-                Queue::Send => self.ch.sq.oldest(),
-                Queue::Recv => self.ch.rq.oldest(),
-            };
-            seq = seq.max(oldest.unwrap_or(to));
-            if seq >= to {
-                break;
+        let first_error = &mut self.first_error;
+        let to = self.ch.settle_from(queue, from, &mut self.waiter, |r| {
+            if let Err(e) = r {
+                first_error.get_or_insert(e);
             }
-            if self.ch.is_pending(queue, seq) {
-                if let Err(e) = self.ch.wait_quiet(queue, seq, &mut self.waiter) {
-                    self.first_error.get_or_insert(e);
-                }
-            }
-            if let Some(Err(e)) = self.ch.take(queue, seq) {
-                self.first_error.get_or_insert(e);
-            }
-            seq += 1;
-        }
+        });
         match queue {
             Queue::Send => self.send_from = to,
             Queue::Recv => self.recv_from = to,
@@ -326,9 +286,7 @@ impl<'env, P: Provider, const N: usize, const S: usize> Scope<'env, P, N, S> {
 
     fn settle(&mut self) -> Option<Error<P::Error>> {
         // Anything still staged was refused by the device: give its slots back.
-        let (s, r) = (self.ch.sq.staged().len(), self.ch.rq.staged().len());
-        self.ch.sq.unstage(s);
-        self.ch.rq.unstage(r);
+        self.ch.unstage_all();
         self.drain(Queue::Recv);
         self.drain(Queue::Send);
         self.finished = true;

@@ -1,22 +1,33 @@
-//! Scoped posting across peers: post any mix, everything completes before the scope ends.
+//! Scoped posting across peers: post any mix, everything completes before the scope ends,
+//! in one doorbell batch per peer and queue, one completion per batch of sends.
 
 use core::marker::PhantomData;
 
-use super::{MultiChannel, Posted};
-use crate::channel::collect_sges;
+use super::MultiChannel;
 use crate::channel::wait::Waiter;
+use crate::channel::Queue;
 use crate::error::Error;
 use crate::mr::{LocalSlice, LocalSliceMut, RemoteRegion};
 use crate::provider::Provider;
-use crate::types::{SendFlags, SendOp, Sge};
+use crate::types::{SendOp, Sge};
 
 /// Posts work to many peers inside [`MultiChannel::scope`]. Every buffer handed to it
 /// stays borrowed for `'env`, which outlives the scope, so buffers cannot be touched or
-/// freed before all posted work has completed. Each post goes out at once (one doorbell
-/// per call); when a peer's ring is full the scope first waits for its own work there.
+/// freed before all posted work has completed.
+///
+/// Posts are staged in each peer's rings, as in a single-peer [`Scope`](crate::Scope),
+/// and go out as doorbell batches: per peer, its receives as one chain and its sends as
+/// another, when the closure returns or when a peer's ring is full (then every peer's
+/// doorbell rings, and the scope waits for its own work on the full queue before staging
+/// more). Sends are unsignaled except the last of each batch (selective signaling): one
+/// completion per batch and peer unless a request fails. So a scope that posts `k <= R`
+/// requests to each of its peers rings one doorbell per peer and queue, and waits for
+/// one send completion per peer. Post errors of the device come with the doorbell: they
+/// become the scope's error (if first) and the peer's [outcome](MultiChannel::outcome).
 pub struct MultiScope<'env, P: Provider, const N: usize, const R: usize, const S: usize> {
     mc: &'env mut MultiChannel<P, N, R, S>,
-    posted: Posted<N>,
+    /// Where each peer's queues start with this scope's work not yet settled.
+    from: Marks<N>,
     first_error: Option<Error<P::Error>>,
     finished: bool,
     /// One bound for every wait of the scope.
@@ -27,10 +38,12 @@ pub struct MultiScope<'env, P: Provider, const N: usize, const R: usize, const S
 
 impl<P: Provider, const N: usize, const R: usize, const S: usize> MultiChannel<P, N, R, S> {
     /// Runs `f` with a [`MultiScope`]; returns once every work request posted in it has
-    /// completed (also if `f` panics), its waits together within one timeout plus the
-    /// grace. The first error wins: `f`'s own, then the first post or completion error;
-    /// every peer's outcome, successes included, is then readable with
-    /// [`outcome`](MultiChannel::outcome).
+    /// completed (also if `f` panics: what is still staged then is not posted), its waits
+    /// together within one timeout plus the grace. The first error wins: `f`'s own, then
+    /// the first refused doorbell or completion error (at the end, peers are waited for in
+    /// index order); every peer's outcome, successes included, is then readable with
+    /// [`outcome`](MultiChannel::outcome), and [`failed_peers`](MultiChannel::failed_peers)
+    /// names every peer that failed.
     ///
     /// ```
     /// # use zverbs::provider::sim::Sim;
@@ -58,6 +71,9 @@ impl<P: Provider, const N: usize, const R: usize, const S: usize> MultiChannel<P
     /// })
     /// .unwrap();
     /// assert_eq!(remote.as_slice(), b"abcdefgh");
+    /// // The simulator counts: one doorbell for both writes, one completion for both.
+    /// let c = a.peer(1).unwrap().queue_pair().raw().counters();
+    /// assert_eq!((c.send_doorbells, c.sends_posted, c.send_completions), (1, 2, 1));
     /// ```
     pub fn scope<'env, T>(
         &'env mut self,
@@ -68,7 +84,7 @@ impl<P: Provider, const N: usize, const R: usize, const S: usize> MultiChannel<P
         let mut scope = MultiScope {
             waiter,
             mc: self,
-            posted: Posted::new(),
+            from: Marks::new(),
             first_error: None,
             finished: false,
             _env: PhantomData,
@@ -94,7 +110,7 @@ impl<'env, P: Provider, const N: usize, const R: usize, const S: usize>
     ) -> Result<u64, Error<P::Error>> {
         self.post(
             peer,
-            true,
+            Queue::Send,
             data.into_iter().map(|s| s.sge()),
             SendOp::Send,
             None,
@@ -109,7 +125,13 @@ impl<'env, P: Provider, const N: usize, const R: usize, const S: usize>
         imm: u32,
     ) -> Result<u64, Error<P::Error>> {
         let op = SendOp::SendWithImm(imm);
-        self.post(peer, true, data.into_iter().map(|s| s.sge()), op, None)
+        self.post(
+            peer,
+            Queue::Send,
+            data.into_iter().map(|s| s.sge()),
+            op,
+            None,
+        )
     }
 
     /// Posts the same `data` to every peer in `peers`.
@@ -137,7 +159,7 @@ impl<'env, P: Provider, const N: usize, const R: usize, const S: usize>
         };
         self.post(
             peer,
-            true,
+            Queue::Send,
             data.into_iter().map(|s| s.sge()),
             op,
             Some(remote),
@@ -157,7 +179,7 @@ impl<'env, P: Provider, const N: usize, const R: usize, const S: usize>
         };
         self.post(
             peer,
-            true,
+            Queue::Send,
             data.into_iter().map(|s| s.sge()),
             op,
             Some(remote),
@@ -172,7 +194,7 @@ impl<'env, P: Provider, const N: usize, const R: usize, const S: usize>
     ) -> Result<u64, Error<P::Error>> {
         self.post(
             peer,
-            false,
+            Queue::Recv,
             data.into_iter().map(|s| s.sge()),
             SendOp::Send,
             None,
@@ -182,49 +204,146 @@ impl<'env, P: Provider, const N: usize, const R: usize, const S: usize>
     fn post(
         &mut self,
         peer: usize,
-        send: bool,
+        queue: Queue,
         sges: impl IntoIterator<Item = Sge>,
         op: SendOp,
         remote: Option<&RemoteRegion>,
     ) -> Result<u64, Error<P::Error>> {
-        let (list, n) =
-            collect_sges::<S>(sges).map_err(|(given, max)| Error::TooManySges { given, max })?;
-        let sges = &list[..usize::from(n)];
-        let mut room_made = false;
-        loop {
-            let ch = self.mc.peer(peer)?;
-            let r = if send {
-                ch.post_send_seq(sges.iter().copied(), op, SendFlags::empty(), remote)
-            } else {
-                ch.post_recv_seq(sges.iter().copied())
-            };
-            match r {
-                Ok(seq) => {
-                    self.posted.record(peer, send, seq);
-                    return Ok(seq);
+        let ch = self.mc.peer(peer)?;
+        let seq = match queue {
+            Queue::Send => {
+                let wr = ch.send_wr(sges, op, remote)?;
+                if ch.is_full(queue) {
+                    self.make_room(peer, queue)?;
                 }
-                Err(Error::QueueFull { .. }) if !room_made => {
-                    // Wait for this scope's work on that peer, then try once more.
-                    let mut just_peer = Posted::new();
-                    core::mem::swap(&mut just_peer.send[peer], &mut self.posted.send[peer]);
-                    core::mem::swap(&mut just_peer.recv[peer], &mut self.posted.recv[peer]);
-                    if let Some(e) = self.mc.wait_all(&just_peer, &mut self.waiter) {
-                        self.first_error.get_or_insert(e.error);
-                    }
-                    room_made = true;
-                }
-                Err(e) => return Err(e),
+                self.mc.peer(peer)?.stage_send(wr)?
             }
-        }
+            Queue::Recv => {
+                let wr = ch.recv_wr(sges)?;
+                if ch.is_full(queue) {
+                    self.make_room(peer, queue)?;
+                }
+                self.mc.peer(peer)?.stage_recv(wr)?
+            }
+        };
+        self.from.at(queue, peer).get_or_insert(seq);
+        Ok(seq)
     }
 
-    fn finish(&mut self) -> Option<Error<P::Error>> {
-        let posted = core::mem::replace(&mut self.posted, Posted::new());
-        if let Some(e) = self.mc.wait_all(&posted, &mut self.waiter) {
-            self.first_error.get_or_insert(e.error);
+    /// `peer`'s ring for `queue` is full: ring every peer's doorbell (nothing staged stays
+    /// behind while the scope waits), then wait for this scope's work on that queue.
+    /// Work posted there before the scope (unpolled) is not ours to take: if that is what
+    /// fills the ring, it stays full. A refused doorbell of `peer` is returned at once.
+    ///
+    /// Out of line: staging checks for this first, and the common case inlines.
+    #[inline(never)]
+    fn make_room(&mut self, peer: usize, queue: Queue) -> Result<(), Error<P::Error>> {
+        if let Some(e) = self.flush(Some(peer)) {
+            return Err(e);
+        }
+        self.settle(peer, queue);
+        Ok(())
+    }
+
+    /// Rings the doorbell of every peer with staged work: one chain of receives and one of
+    /// sends each, the last send signaled. A refusal becomes that peer's outcome (and the
+    /// scope's error, if first); the one of `peer`, if any, is returned as well.
+    fn flush(&mut self, peer: Option<usize>) -> Option<Error<P::Error>> {
+        let mut refused = None;
+        for (p, (slot, outcome)) in self
+            .mc
+            .peers
+            .iter_mut()
+            .zip(self.mc.outcomes.iter_mut())
+            .enumerate()
+        {
+            let Some(ch) = slot.as_mut().filter(|_| self.from.touched(p)) else {
+                continue;
+            };
+            if let Err(e) = ch.ring_doorbell(&mut self.waiter) {
+                ch.unstage_all();
+                if Some(p) == peer {
+                    refused = Some(e.clone());
+                }
+                self.first_error.get_or_insert_with(|| e.clone());
+                if !matches!(outcome, Some(Err(_))) {
+                    *outcome = Some(Err(e));
+                }
+            }
+        }
+        refused
+    }
+
+    /// Waits for this scope's work on `peer`'s `queue` and records its outcomes: the
+    /// peer's last receive completion, or its first error (also the scope's, if first).
+    fn settle(&mut self, peer: usize, queue: Queue) {
+        let Some(from) = *self.from.at(queue, peer) else {
+            return;
+        };
+        let (Some(Some(ch)), Some(outcome)) =
+            (self.mc.peers.get_mut(peer), self.mc.outcomes.get_mut(peer))
+        else {
+            return;
+        };
+        // Anything still staged was refused by the device: give its slots back.
+        ch.unstage_all();
+        let outcome = outcome.get_or_insert(Ok(None));
+        let first_error = &mut self.first_error;
+        let to = ch.settle_from(queue, from, &mut self.waiter, |r| {
+            match (r, &mut *outcome) {
+                (Ok(c), Ok(got)) if queue == Queue::Recv => *got = Some(c),
+                (Ok(_), _) | (Err(_), Err(_)) => {}
+                (Err(e), o @ Ok(_)) => {
+                    first_error.get_or_insert_with(|| e.clone());
+                    *o = Err(e);
+                }
+            }
+        });
+        *self.from.at(queue, peer) = Some(to);
+    }
+
+    /// Waits for everything posted, peer by peer; returns the first error.
+    fn settle_all(&mut self) -> Option<Error<P::Error>> {
+        for p in 0..N {
+            self.settle(p, Queue::Send);
+            self.settle(p, Queue::Recv);
         }
         self.finished = true;
         self.first_error.take()
+    }
+
+    /// Rings every doorbell, then waits for everything; returns the first error.
+    fn finish(&mut self) -> Option<Error<P::Error>> {
+        self.flush(None);
+        self.settle_all()
+    }
+}
+
+/// Per peer and queue, the first of a scope's requests not yet settled; `None` until the
+/// scope stages something there.
+struct Marks<const N: usize> {
+    send: [Option<u64>; N],
+    recv: [Option<u64>; N],
+}
+
+impl<const N: usize> Marks<N> {
+    const fn new() -> Self {
+        Marks {
+            send: [None; N],
+            recv: [None; N],
+        }
+    }
+
+    fn at(&mut self, queue: Queue, peer: usize) -> &mut Option<u64> {
+        match queue {
+            Queue::Send => &mut self.send[peer],
+            Queue::Recv => &mut self.recv[peer],
+        }
+    }
+
+    /// Whether the scope staged anything for `peer`.
+    fn touched(&self, peer: usize) -> bool {
+        self.send[peer].is_some() || self.recv[peer].is_some()
     }
 }
 
@@ -233,8 +352,9 @@ impl<P: Provider, const N: usize, const R: usize, const S: usize> Drop
 {
     fn drop(&mut self) {
         // Unwinding out of the closure: posted work may still use the borrowed buffers.
+        // What is staged is not posted any more (settling gives its slots back).
         if !self.finished {
-            self.finish();
+            self.settle_all();
         }
     }
 }

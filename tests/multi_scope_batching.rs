@@ -1,0 +1,341 @@
+//! Doorbell batching and selective signaling in a multi-peer scope, counted by the
+//! simulator: one doorbell per peer and queue per flush, one send completion per batch,
+//! extra flushes exactly where a peer's ring fills, errors in the middle of a batch
+//! reported for the right peer with nothing left in flight, and no allocation.
+#![cfg(feature = "sim")]
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use zverbs::provider::sim::Sim;
+use zverbs::{
+    AccessFlags, Channel, ChannelConfig, Context, Error, MultiChannel, ProtectionDomain,
+    RemoteRegion, WcStatus,
+};
+use zverbs_sim::QpCounters;
+
+/// Counts allocations made by threads that set `COUNTING` (other tests run in parallel).
+struct Counting;
+static ALLOCS: AtomicUsize = AtomicUsize::new(0);
+thread_local! {
+    static COUNTING: Cell<bool> = const { Cell::new(false) };
+}
+
+// SAFETY: forwards to the system allocator; only counts.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        if COUNTING.try_with(Cell::get).unwrap_or(false) {
+            ALLOCS.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: same contract as ours.
+        unsafe { System.alloc(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        // SAFETY: same contract as ours.
+        unsafe { System.dealloc(p, l) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+const PEERS: usize = 4;
+
+/// A root (rank 0) with a `MultiChannel` to leaves `1..=n`, each a plain `Channel` back;
+/// rings of `R` slots, one gather entry per request. `pd[i]` is rank `i`'s.
+struct Star<const R: usize> {
+    pd: Vec<ProtectionDomain<Sim>>,
+    root: MultiChannel<Sim, PEERS, R, 1>,
+    leaves: Vec<Channel<Sim, R, 1>>,
+}
+
+fn star<const R: usize>(n: usize) -> Star<R> {
+    let sim = Sim::with_devices(n + 1);
+    let ctx: Vec<_> = (0..=n)
+        .map(|i| Context::open(&sim, &format!("sim{i}")).unwrap())
+        .collect();
+    let pd: Vec<_> = ctx.iter().map(|c| c.alloc_pd().unwrap()).collect();
+    let cfg = ChannelConfig::default();
+    let root = MultiChannel::<Sim, PEERS, R, 1>::prepare(&ctx[0], &pd[0], 1..=n, &cfg).unwrap();
+    let leaves: Vec<_> = (1..=n)
+        .map(|i| Channel::<Sim, R, 1>::prepare(&ctx[i], &pd[i], &cfg).unwrap())
+        .collect();
+    let eps: Vec<_> = leaves.iter().map(|l| l.endpoint()).collect();
+    let mine: Vec<_> = (1..=n).map(|p| root.endpoint(p).unwrap()).collect();
+    let root = root
+        .connect(|p| eps.get(p.wrapping_sub(1)).copied())
+        .unwrap();
+    let leaves = leaves
+        .into_iter()
+        .zip(&mine)
+        .map(|(l, ep)| l.connect(ep).unwrap())
+        .collect();
+    Star { pd, root, leaves }
+}
+
+impl<const R: usize> Star<R> {
+    /// What the simulator counted on the root's queue pair to `peer`.
+    fn counters(&mut self, peer: usize) -> QpCounters {
+        let ch = self.root.peer(peer).unwrap();
+        ch.queue_pair().raw().counters()
+    }
+}
+
+/// (doorbells, posted, completions written, completed silently) of the send queue.
+fn sends(c: QpCounters) -> (u64, u64, u64, u64) {
+    (
+        c.send_doorbells,
+        c.sends_posted,
+        c.send_completions,
+        c.silent_sends,
+    )
+}
+
+const RW: AccessFlags = AccessFlags::LOCAL_WRITE
+    .union(AccessFlags::REMOTE_WRITE)
+    .union(AccessFlags::REMOTE_READ);
+
+/// A zeroed target of `len` bytes at each leaf, registered for remote writes.
+fn targets(n: usize, len: usize) -> Vec<Vec<u8>> {
+    vec![vec![0u8; len]; n]
+}
+
+#[test]
+fn k_writes_to_each_peer_ring_one_doorbell_and_signal_once_per_peer() {
+    const K: usize = 8;
+    let mut s = star::<16>(3);
+    let mut bufs = targets(3, K);
+    let regions: Vec<_> = bufs
+        .iter_mut()
+        .zip(&s.pd[1..])
+        // SAFETY: the targets are read only after the scope, which waits for every write.
+        .map(|(b, pd)| unsafe { pd.register_with_access(b, RW) }.unwrap())
+        .collect();
+    let remotes: Vec<RemoteRegion> = regions.iter().map(|m| m.remote()).collect();
+    let mut src: Vec<u8> = (0..(3 * K) as u8).collect();
+    let src = s.pd[0].register(&mut src).unwrap();
+    s.root
+        .scope(|sc| {
+            for i in 0..K {
+                for (k, remote) in remotes.iter().enumerate() {
+                    let at = k * K + i;
+                    let dst = remote.slice(i as u64..i as u64 + 1)?;
+                    sc.post_write(k + 1, [src.slice(at..at + 1)?], &dst)?;
+                }
+            }
+            Ok(())
+        })
+        .unwrap();
+    for p in 1..=3 {
+        let c = s.counters(p);
+        assert_eq!(sends(c), (1, K as u64, 1, K as u64 - 1), "peer {p}");
+        assert_eq!(c.recv_doorbells, 0);
+        assert!(matches!(s.root.outcome(p), Some(Ok(None))));
+        assert_eq!(s.root.peer(p).unwrap().in_flight(), (0, 0));
+    }
+    drop(regions);
+    for (k, b) in bufs.iter().enumerate() {
+        let want: Vec<u8> = (0..K).map(|i| (k * K + i) as u8).collect();
+        assert_eq!(b, &want);
+    }
+}
+
+#[test]
+fn sends_and_receives_go_out_as_one_chain_each_per_peer() {
+    const K: usize = 5;
+    let mut s = star::<8>(2);
+    let Star { pd, root, leaves } = &mut s;
+    let mut out: Vec<u8> = (0..(2 * K) as u8).collect();
+    let out = pd[0].register(&mut out).unwrap();
+    let mut inbox_bytes = vec![0u8; 2 * K * 2];
+    let mut inbox = pd[0].register(&mut inbox_bytes).unwrap();
+    let mut leaf_bufs = vec![vec![0u8; K]; 2];
+    std::thread::scope(|t| {
+        for ((leaf, lpd), buf) in leaves.iter_mut().zip(&pd[1..]).zip(&mut leaf_bufs) {
+            t.spawn(move || {
+                let mut mr = lpd.register(buf).unwrap();
+                // Receive K one-byte messages, then echo each back.
+                leaf.scope(|sc| {
+                    let mut rest = mr.slice_mut(..)?;
+                    for _ in 0..K {
+                        let (one, more) = rest.split_at(1)?;
+                        sc.post_receive([one])?;
+                        rest = more;
+                    }
+                    Ok(())
+                })
+                .unwrap();
+                leaf.scope(|sc| {
+                    for i in 0..K {
+                        sc.post_send([mr.slice(i..i + 1)?])?;
+                    }
+                    Ok(())
+                })
+                .unwrap();
+            });
+        }
+        root.scope(|sc| {
+            let mut rest = inbox.slice_mut(..)?;
+            for p in 1..=2 {
+                for _ in 0..K {
+                    let (one, more) = rest.split_at(2)?;
+                    sc.post_receive(p, [one])?;
+                    rest = more;
+                }
+            }
+            for i in 0..K {
+                for p in 1..=2 {
+                    let at = (p - 1) * K + i;
+                    sc.post_send(p, [out.slice(at..at + 1)?])?;
+                }
+            }
+            Ok(())
+        })
+        .unwrap();
+    });
+    for p in 1..=2 {
+        let c = s.counters(p);
+        assert_eq!(sends(c), (1, K as u64, 1, K as u64 - 1), "peer {p}");
+        assert_eq!(
+            (c.recv_doorbells, c.recvs_posted),
+            (1, K as u64),
+            "peer {p}"
+        );
+        // The outcome keeps the peer's last receive completion.
+        assert!(matches!(s.root.outcome(p), Some(Ok(Some(c))) if c.byte_len == 1));
+        // The leaf's two scopes: one doorbell each.
+        let leaf = s.leaves[p - 1].queue_pair().raw().counters();
+        assert_eq!((leaf.recv_doorbells, leaf.send_doorbells), (1, 1));
+    }
+    drop((out, inbox));
+    for (k, b) in leaf_bufs.iter().enumerate() {
+        let want: Vec<u8> = (0..K).map(|i| (k * K + i) as u8).collect();
+        assert_eq!(b, &want);
+        // Each echo landed in its own two-byte slot at the root, in order.
+        let echoed: Vec<u8> = inbox_bytes[k * 2 * K..(k + 1) * 2 * K]
+            .chunks(2)
+            .map(|c| c[0])
+            .collect();
+        assert_eq!(echoed, want);
+    }
+}
+
+#[test]
+fn a_full_ring_flushes_every_peer_and_waits_only_for_its_own_queue() {
+    // Rings of 4: ten writes to peer 1 go out as 4 + 4 + 2; the one write staged for
+    // peer 2 before them goes out with the first flush.
+    let mut s = star::<4>(2);
+    let mut bufs = targets(2, 10);
+    let regions: Vec<_> = bufs
+        .iter_mut()
+        .zip(&s.pd[1..])
+        // SAFETY: the targets are read only after the scope, which waits for every write.
+        .map(|(b, pd)| unsafe { pd.register_with_access(b, RW) }.unwrap())
+        .collect();
+    let remotes: Vec<RemoteRegion> = regions.iter().map(|m| m.remote()).collect();
+    let mut src: Vec<u8> = (1..=10).collect();
+    let src = s.pd[0].register(&mut src).unwrap();
+    s.root
+        .scope(|sc| {
+            sc.post_write(2, [src.slice(..1)?], &remotes[1])?;
+            for i in 0..10 {
+                let dst = remotes[0].slice(i as u64..i as u64 + 1)?;
+                sc.post_write(1, [src.slice(i..i + 1)?], &dst)?;
+            }
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!(sends(s.counters(1)), (3, 10, 3, 7));
+    assert_eq!(sends(s.counters(2)), (1, 1, 1, 0));
+    drop(regions);
+    assert_eq!(bufs[0], (1..=10).collect::<Vec<u8>>());
+    assert_eq!(bufs[1][0], 1);
+    // A ring never holds more than its depth: a second scope starts from empty rings.
+    assert_eq!(s.root.peer(1).unwrap().in_flight(), (0, 0));
+}
+
+#[test]
+fn an_error_mid_batch_names_its_peer_and_leaves_nothing_in_flight() {
+    let mut s = star::<8>(2);
+    let mut bufs = targets(2, 5);
+    let regions: Vec<_> = bufs
+        .iter_mut()
+        .zip(&s.pd[1..])
+        // SAFETY: the targets are read only after the scope, which waits for every write.
+        .map(|(b, pd)| unsafe { pd.register_with_access(b, RW) }.unwrap())
+        .collect();
+    let remotes: Vec<RemoteRegion> = regions.iter().map(|m| m.remote()).collect();
+    let bad = RemoteRegion {
+        rkey: remotes[0].rkey ^ 0x100,
+        ..remotes[0]
+    };
+    let mut src = *b"abcde";
+    let src = s.pd[0].register(&mut src).unwrap();
+    let e = s
+        .root
+        .scope(|sc| {
+            for i in 0..5u64 {
+                let one = src.slice(i as usize..i as usize + 1)?;
+                // Peer 1's third write names a key its peer never issued.
+                let target = if i == 2 { &bad } else { &remotes[0] };
+                sc.post_write(1, [one], &target.slice(i..i + 1)?)?;
+                sc.post_write(2, [one], &remotes[1].slice(i..i + 1)?)?;
+            }
+            Ok(())
+        })
+        .unwrap_err();
+    let Error::Completion(c) = &e else {
+        panic!("{e}")
+    };
+    assert_eq!(c.status, WcStatus::RemAccessErr);
+    assert_eq!(c.qp_num, s.root.peer(1).unwrap().queue_pair().qp_num());
+    let failed: Vec<_> = s.root.failed_peers().map(|(p, e)| (p, *e)).collect();
+    assert_eq!(failed, [(1, e)]);
+    assert!(matches!(s.root.outcome(2), Some(Ok(None))));
+    for p in 1..=2 {
+        assert_eq!(s.root.peer(p).unwrap().in_flight(), (0, 0), "peer {p}");
+    }
+    // Two writes retired silently, then the failure and two flushes, each completed.
+    assert_eq!(sends(s.counters(1)), (1, 5, 3, 2));
+    assert_eq!(sends(s.counters(2)), (1, 5, 1, 4));
+    drop(regions);
+    assert_eq!(&bufs[0], b"ab\0\0\0");
+    assert_eq!(&bufs[1], b"abcde");
+}
+
+#[test]
+fn a_batching_scope_does_not_allocate_after_setup() {
+    let mut s = star::<8>(3);
+    let mut bufs = targets(3, 64);
+    let regions: Vec<_> = bufs
+        .iter_mut()
+        .zip(&s.pd[1..])
+        // SAFETY: the targets are never read while writes are in flight.
+        .map(|(b, pd)| unsafe { pd.register_with_access(b, RW) }.unwrap())
+        .collect();
+    let remotes: Vec<RemoteRegion> = regions.iter().map(|m| m.remote()).collect();
+    let mut src = [7u8; 64];
+    let src = s.pd[0].register(&mut src).unwrap();
+    let round = |root: &mut MultiChannel<Sim, PEERS, 8, 1>| {
+        // Twelve writes per peer: past the ring of 8, so a flush and a wait inside too.
+        root.scope(|sc| {
+            for i in 0..12u64 {
+                for (k, remote) in remotes.iter().enumerate() {
+                    let dst = remote.slice(i * 4..i * 4 + 4)?;
+                    sc.post_write(k + 1, [src.slice(..4)?], &dst)?;
+                }
+            }
+            Ok(())
+        })
+        .unwrap();
+    };
+    round(&mut s.root); // warm-up
+    COUNTING.with(|c| c.set(true));
+    for _ in 0..20 {
+        round(&mut s.root);
+    }
+    COUNTING.with(|c| c.set(false));
+    assert_eq!(ALLOCS.load(Ordering::SeqCst), 0, "allocations in a scope");
+    assert_eq!(s.counters(1).sends_posted, 21 * 12);
+}

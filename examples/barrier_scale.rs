@@ -8,7 +8,8 @@
 //! Each node is one simulated device running the library's sans-IO [`BarrierMachine`];
 //! its messages are zero-length RC SEND_WITH_IMM on [`Channel`]s, one per pair of nodes
 //! that the algorithm makes talk (found by a dry run of the machines), so a 1024-node
-//! dissemination barrier needs ~20 queue pairs per node, not 1023. The driver advances the
+//! dissemination barrier needs ~20 queue pairs per node, not 1023; a node's channels share
+//! one send and one receive completion queue (`zverbs::dispatch`). The driver advances the
 //! fabric to each next event time (`Fabric::next_event_at`), then polls every node: a
 //! completion is seen at the simulated instant it happens and CPU time counts as zero, so
 //! the figure is the network's share of a barrier.
@@ -26,8 +27,10 @@
 
 use std::collections::VecDeque;
 use std::error::Error as StdError;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use zverbs::dispatch::SharedCompletionQueue;
 use zverbs::node::barrier::{rounds, Algorithm, BarrierMachine, Msg};
 use zverbs::provider::sim::{FabricConfig, Sim};
 use zverbs::{Channel, ChannelConfig, Context, Pending, SendFlags, SendOp};
@@ -153,10 +156,28 @@ fn run(alg: Algorithm, n: usize, seed: u64) -> Result<Run> {
         })
         .collect::<Result<Vec<_>>>()?;
     let cfg = ChannelConfig::default();
-    for (a, b) in pairs(alg, n)? {
+    let pairs = pairs(alg, n)?;
+    // Every node's channels share one send and one receive completion queue.
+    let mut links_of = vec![0usize; n];
+    for &(a, b) in &pairs {
+        links_of[usize::from(a)] += 1;
+        links_of[usize::from(b)] += 1;
+    }
+    let cqs = ctxs
+        .iter()
+        .zip(&links_of)
+        .map(|(ctx, &links)| {
+            let links = links.max(1);
+            Ok((
+                Arc::new(SharedCompletionQueue::create(ctx, links, 4)?),
+                Arc::new(SharedCompletionQueue::create(ctx, links, 4)?),
+            ))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    for (a, b) in pairs {
         let (a, b) = (usize::from(a), usize::from(b));
-        let pa = Chan::prepare(&ctxs[a], &pds[a], &cfg)?;
-        let pb = Chan::prepare(&ctxs[b], &pds[b], &cfg)?;
+        let pa = Chan::prepare_shared(&ctxs[a], &pds[a], &cfg, &cqs[a].0, &cqs[a].1)?;
+        let pb = Chan::prepare_shared(&ctxs[b], &pds[b], &cfg, &cqs[b].0, &cqs[b].1)?;
         let (ea, eb) = (pa.endpoint(), pb.endpoint());
         for (me, peer, ch) in [(a, b, pa.connect(&eb)?), (b, a, pb.connect(&ea)?)] {
             let mut l = Link {

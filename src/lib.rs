@@ -8,8 +8,15 @@
 //!
 //! - [`provider`]: the seam: the verbs a real HCA offers.
 //! - [`qp`], [`cq`], [`mr`], [`ring`]: typestate queue pairs, completion queues, memory
-//!   regions, preallocated work-request rings.
-//! - [`channel`]: one RC peer at three levels: blocking, scoped, unpolled.
+//!   regions, preallocated work-request rings; [`event`]: completion channels, to sleep
+//!   until a queue has work.
+//! - [`dispatch`]: completion queues shared by many channels; whoever polls routes each
+//!   completion to its channel's inbox, lock-free.
+//! - [`channel`]: one RC peer at three levels: blocking, scoped, unpolled; on completion
+//!   queues of its own or shared ones.
+//! - [`multi_channel`]: one channel per peer on shared completion queues; scatter/gather,
+//!   multicast.
+//! - [`node`]: rank, world, barriers, endpoint exchange.
 //!
 //! ```
 //! # #[cfg(feature = "sim")] {
@@ -57,7 +64,7 @@ pub mod ring;
 mod sync;
 pub mod types;
 
-pub use channel::{Channel, ChannelConfig, CqLayout, Pending, PreparedChannel, Scope};
+pub use channel::{Channel, ChannelConfig, CqLayout, Pending, PreparedChannel, Scope, WaitPolicy};
 pub use cq::CompletionQueue;
 pub use device::{Context, ProtectionDomain};
 pub use error::{BoundsError, CompletionError, Error, ErrorKind, ProviderError};

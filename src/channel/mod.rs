@@ -50,6 +50,8 @@ mod stage;
 mod unpolled;
 pub(crate) mod wait;
 
+pub use wait::WaitPolicy;
+
 pub use prepared::PreparedChannel;
 pub use scope::Scope;
 
@@ -57,7 +59,6 @@ pub use scope::Scope;
 use core::sync::atomic::{AtomicUsize, Ordering};
 use core::time::Duration;
 
-use crate::cq::CompletionQueue;
 #[cfg(feature = "std")]
 use crate::dispatch::SharedCompletionQueue;
 use crate::device::{Context, ProtectionDomain};
@@ -98,6 +99,10 @@ pub struct ChannelConfig {
     /// [`Node`](crate::node::Node)) get their completion queues. A channel made alone with
     /// [`Channel::prepare`] has its own; [`Channel::prepare_shared`] names the shared ones.
     pub completion_queues: CqLayout,
+    /// What a waiting thread does once its first polls found nothing: spin, yield
+    /// (default), or sleep on a completion channel. Every policy is bounded by `timeout`
+    /// plus `flush_grace`.
+    pub wait: WaitPolicy,
 }
 
 /// Where the channels of a multi-peer object take their completions from.
@@ -122,6 +127,7 @@ impl Default for ChannelConfig {
             timeout: Some(Duration::from_secs(10)),
             flush_grace: Duration::from_millis(100),
             completion_queues: CqLayout::Shared,
+            wait: WaitPolicy::SpinYield,
         }
     }
 }
@@ -257,8 +263,9 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
         config: &ChannelConfig,
     ) -> Result<PreparedChannel<P, N, S>, Error<P::Error>> {
         let depth = Self::depth()?;
-        let send_cq = Completions::Own(CompletionQueue::create(ctx, depth)?);
-        let recv_cq = Completions::Own(CompletionQueue::create(ctx, depth)?);
+        let events = config.wait == WaitPolicy::SpinSleep;
+        let send_cq = Completions::own(ctx, depth, events)?;
+        let recv_cq = Completions::own(ctx, depth, events)?;
         Self::prepare_on(ctx, pd, config, send_cq, recv_cq, Ring::new(), Ring::new())
     }
 
@@ -407,7 +414,7 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
         waiter.rearm();
         while self.sq.has_pending() {
             match self.poll(Queue::Send) {
-                Ok(0) if !waiter.pause() => break,
+                Ok(0) if !self.pause(Queue::Send, waiter) => break,
                 Ok(_) => {}
                 Err(e) => return Err(self.quiesce(waiter, e)),
             }

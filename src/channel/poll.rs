@@ -154,7 +154,22 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
     /// A fresh [`Waiter`] for one call on this channel: its timeout and grace.
     #[inline]
     pub(crate) fn waiter(&self) -> Waiter {
-        Waiter::new(self.config.timeout, self.config.flush_grace)
+        Waiter::new(self.config.timeout, self.config.flush_grace).with_policy(self.config.wait)
+    }
+
+    /// One pause of a wait on `queue` after a poll found nothing, by the channel's
+    /// [`WaitPolicy`](super::WaitPolicy); `false` once `waiter`'s bound passed.
+    #[inline]
+    pub(crate) fn pause(&mut self, queue: Queue, waiter: &mut Waiter) -> bool {
+        #[cfg(all(feature = "std", unix))]
+        if waiter.wants_sleep() {
+            return match queue {
+                Queue::Send => self.send_cq.sleep(waiter),
+                Queue::Recv => self.recv_cq.sleep(waiter),
+            };
+        }
+        let _ = queue;
+        waiter.pause()
     }
 
     /// As [`wait_seq`](Self::wait_seq), for a request whose outcome is not in its slot (one
@@ -216,7 +231,7 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
                     }
                 }
                 Ok(Polled::Nothing) => {
-                    if !waiter.pause() {
+                    if !self.pause(queue, waiter) {
                         // Whatever `seq` became within the grace, the call timed out.
                         let e = self.quiesce(waiter, Error::Timeout);
                         let _ = self.take(queue, seq);
@@ -268,7 +283,9 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
         waiter.rearm();
         while self.is_pending(queue, seq) {
             match self.poll(queue) {
-                Ok(0) if !waiter.pause() => return Err(self.quiesce(waiter, Error::Timeout)),
+                Ok(0) if !self.pause(queue, waiter) => {
+                    return Err(self.quiesce(waiter, Error::Timeout))
+                }
                 Ok(_) => {}
                 Err(e) => return Err(self.quiesce(waiter, e)),
             }

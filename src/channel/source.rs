@@ -2,6 +2,8 @@
 //! a queue shared with other channels ([`crate::dispatch`]).
 
 use crate::cq::CompletionQueue;
+use crate::device::Context;
+use crate::event::CompletionChannel;
 #[cfg(feature = "std")]
 use crate::dispatch::{Inbox, SharedCompletionQueue, SEQ_MASK};
 use crate::error::Error;
@@ -11,10 +13,20 @@ use crate::types::WorkCompletion;
 #[cfg(feature = "std")]
 use std::sync::Arc;
 
-/// One direction's completions (send or receive).
-pub(crate) enum Completions<P: Provider> {
-    /// A queue of the channel's own: completions carry the ring's sequence numbers.
-    Own(CompletionQueue<P>),
+use super::wait::Waiter;
+use core::time::Duration;
+
+/// One direction's completions (send or receive), and whether its queue is armed for an
+/// event (a sleeping wait arms, polls again, then sleeps).
+pub(crate) struct Completions<P: Provider> {
+    source: Source<P>,
+    armed: bool,
+}
+
+enum Source<P: Provider> {
+    /// A queue of the channel's own (and the completion channel it raises events on):
+    /// completions carry the ring's sequence numbers.
+    Own(CompletionQueue<P>, Option<CompletionChannel<P>>),
     /// An inbox on a shared queue: completions carry the inbox's tag and the low bits of
     /// the sequence numbers.
     #[cfg(feature = "std")]
@@ -39,6 +51,20 @@ impl<P: Provider> Drop for Attached<P> {
 }
 
 impl<P: Provider> Completions<P> {
+    /// A queue of `depth` of its own; with `events`, on a completion channel of its own.
+    pub(crate) fn own(ctx: &Context<P>, depth: u32, events: bool) -> Result<Self, Error<P::Error>> {
+        let source = if events {
+            let ch = CompletionChannel::create(ctx)?;
+            Source::Own(CompletionQueue::create_on(ctx, depth, &ch)?, Some(ch))
+        } else {
+            Source::Own(CompletionQueue::create(ctx, depth)?, None)
+        };
+        Ok(Completions {
+            source,
+            armed: false,
+        })
+    }
+
     /// An inbox on `cq` for a ring of `depth`, with `ring` set to post tagged `wr_id`s.
     #[cfg(feature = "std")]
     pub(crate) fn attach<W: WorkRequest, const N: usize>(
@@ -47,24 +73,85 @@ impl<P: Provider> Completions<P> {
     ) -> Result<Self, Error<P::Error>> {
         let inbox = cq.attach(N)?;
         ring.set_id_tag(inbox.tag(), SEQ_MASK);
-        Ok(Completions::Shared(Attached {
-            cq: cq.clone(),
-            inbox: Some(inbox),
-        }))
+        Ok(Completions {
+            source: Source::Shared(Attached {
+                cq: cq.clone(),
+                inbox: Some(inbox),
+            }),
+            armed: false,
+        })
     }
 
     /// The completion queue, to create the queue pair on.
     pub(crate) fn queue(&self) -> &CompletionQueue<P> {
-        match self {
-            Completions::Own(cq) => cq,
+        match &self.source {
+            Source::Own(cq, _) => cq,
             #[cfg(feature = "std")]
-            Completions::Shared(a) => a.cq.queue(),
+            Source::Shared(a) => a.cq.queue(),
         }
     }
 
     /// Whether the queue is shared with other channels.
     pub(crate) fn is_shared(&self) -> bool {
-        !matches!(self, Completions::Own(_))
+        !matches!(self.source, Source::Own(..))
+    }
+
+    /// The completion channel the queue raises events on, if any.
+    fn events(&self) -> Option<&CompletionChannel<P>> {
+        match &self.source {
+            Source::Own(_, ch) => ch.as_ref(),
+            #[cfg(feature = "std")]
+            Source::Shared(a) => a.cq.events(),
+        }
+    }
+
+    /// One pause of a sleeping wait, after a poll that found nothing: the first arms the
+    /// queue and returns at once, so the caller polls again (a completion that came
+    /// before the arm raises no event, and that poll finds it); the next sleeps on the
+    /// completion channel until an event or the bound. `false` once the bound passed. A
+    /// queue without a completion channel pauses as `waiter` does.
+    #[cfg(all(feature = "std", unix))]
+    #[cold]
+    pub(crate) fn sleep(&mut self, waiter: &mut Waiter) -> bool {
+        let shared = self.is_shared();
+        if self.events().is_none() {
+            return waiter.pause();
+        }
+        let Some(left) = waiter.remaining() else {
+            return self.sleep_for(None, shared);
+        };
+        if left.is_zero() {
+            self.armed = false;
+            return false;
+        }
+        self.sleep_for(Some(left), shared)
+    }
+
+    #[cfg(all(feature = "std", unix))]
+    fn sleep_for(&mut self, left: Option<Duration>, shared: bool) -> bool {
+        if !self.armed {
+            if self.queue().arm(false).is_err() {
+                return true; // the next poll reports a broken queue
+            }
+            self.armed = true;
+            return true;
+        }
+        let slice = match (left, shared) {
+            (Some(l), true) => Some(l.min(SHARED_SLICE)),
+            (None, true) => Some(SHARED_SLICE),
+            (l, false) => l,
+        };
+        let Some(ch) = self.events() else {
+            return true;
+        };
+        let _ = ch.wait_readable(slice);
+        // Take every pending event (a shared queue's may have been raised for another
+        // sleeper's completion: it re-polls anyway) and acknowledge it.
+        while let Ok(Some(ev)) = ch.try_get_event() {
+            let _ = self.queue().ack_event(ev);
+        }
+        self.armed = false;
+        true
     }
 
     /// Polls up to `out.len()` of this channel's completions into `out`, with `wr_id`s that
@@ -75,14 +162,20 @@ impl<P: Provider> Completions<P> {
         ring: &Ring<W, N>,
         out: &mut [WorkCompletion],
     ) -> Result<usize, Error<P::Error>> {
-        match self {
-            Completions::Own(cq) => cq.poll(out),
+        match &mut self.source {
+            Source::Own(cq, _) => cq.poll(out),
             #[cfg(feature = "std")]
-            Completions::Shared(a) => {
+            Source::Shared(a) => {
                 let Some(inbox) = a.inbox.as_mut() else {
                     return Ok(0);
                 };
-                let n = a.cq.poll(inbox, out)?;
+                // Armed, about to sleep: every completion written before the arm must be
+                // routed first, also those in another thread's batch.
+                let n = if self.armed {
+                    a.cq.drain(inbox, out)?
+                } else {
+                    a.cq.poll(inbox, out)?
+                };
                 widen(ring, &mut out[..n]);
                 Ok(n)
             }
@@ -97,10 +190,10 @@ impl<P: Provider> Completions<P> {
         ring: &Ring<W, N>,
         out: &mut [WorkCompletion],
     ) -> Result<usize, Error<P::Error>> {
-        match self {
-            Completions::Own(cq) => cq.poll(out),
+        match &mut self.source {
+            Source::Own(cq, _) => cq.poll(out),
             #[cfg(feature = "std")]
-            Completions::Shared(a) => {
+            Source::Shared(a) => {
                 let Some(inbox) = a.inbox.as_mut() else {
                     return Ok(0);
                 };
@@ -111,6 +204,11 @@ impl<P: Provider> Completions<P> {
         }
     }
 }
+
+/// The longest sleep on a shared queue's completion channel (see
+/// [`WaitPolicy::SpinSleep`](super::wait::WaitPolicy::SpinSleep)).
+#[cfg(all(feature = "std", unix))]
+const SHARED_SLICE: Duration = Duration::from_millis(1);
 
 #[cfg(feature = "std")]
 #[inline]

@@ -1,5 +1,6 @@
-//! Waiting for completions: spin first (one pause between polls), then yield, until a
-//! deadline; then, after a timeout, a bounded grace for the flush.
+//! Waiting for completions: spin first (one pause between polls), then spin on, yield or
+//! sleep ([`WaitPolicy`]), until a deadline; then, after a timeout, a bounded grace for the
+//! flush.
 
 use core::time::Duration;
 
@@ -7,6 +8,25 @@ use core::time::Duration;
 /// completion arriving in the first microseconds of a wait is noticed within one pause;
 /// after that, a thread that may be keeping the one it waits for off a core yields.
 const SPIN_POLLS: u32 = 1 << 7;
+
+/// What a waiting thread does once the first polls (128, one `spin_loop` hint apart) found
+/// nothing. Every policy is bounded by the call's timeout plus the grace.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum WaitPolicy {
+    /// Keep polling, a `spin_loop` hint apart: the lowest latency, one core per waiter.
+    Spin,
+    /// Poll, yielding the core between polls: low latency while the waiter has a core to
+    /// itself, and the thread it may be waiting for gets one when cores are scarce.
+    #[default]
+    SpinYield,
+    /// Arm the completion queue, poll once more, and sleep on its completion channel
+    /// until an event (or the deadline): a thread that waits long uses almost no CPU, and
+    /// wakes within a scheduler's latency of its completion. On a completion queue shared
+    /// by several threads, a sleeper may miss an event another sleeper took, so it sleeps
+    /// at most 1 ms at a time: a missed event costs at most 1 ms, never the timeout.
+    SpinSleep,
+}
 
 /// The bound of one call: a timeout that starts at the call's first slow pause and is
 /// shared by every wait inside the call, then at most one grace added to it for the flush
@@ -18,6 +38,7 @@ const SPIN_POLLS: u32 = 1 << 7;
 /// `timeout + grace`, never one timeout per request or per peer.
 pub(crate) struct Waiter {
     round: u32,
+    policy: WaitPolicy,
     timeout: Option<Duration>,
     grace: Duration,
     graced: bool,
@@ -33,6 +54,7 @@ impl Waiter {
     pub(crate) fn new(timeout: Option<Duration>, grace: Duration) -> Self {
         Waiter {
             round: 0,
+            policy: WaitPolicy::SpinYield,
             timeout,
             grace,
             graced: false,
@@ -41,6 +63,30 @@ impl Waiter {
             #[cfg(not(feature = "std"))]
             left: None,
         }
+    }
+
+    /// The same bound, waiting by `policy`.
+    #[inline]
+    pub(crate) fn with_policy(mut self, policy: WaitPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// Whether the next pause should be a sleep on a completion channel: the policy says
+    /// so and the spinning is over.
+    #[inline]
+    pub(crate) fn wants_sleep(&self) -> bool {
+        self.policy == WaitPolicy::SpinSleep && self.round >= SPIN_POLLS
+    }
+
+    /// Time left before the bound passes (`None`: no bound).
+    #[cfg(feature = "std")]
+    pub(crate) fn remaining(&mut self) -> Option<Duration> {
+        if self.expired() {
+            return Some(Duration::ZERO);
+        }
+        let end = self.deadline?;
+        Some(end.saturating_duration_since(std::time::Instant::now()))
     }
 
     /// The grace this waiter adds after a timeout.
@@ -123,18 +169,18 @@ impl Waiter {
 
     #[cold]
     fn slow_pause(&mut self) -> bool {
-        if self.timeout.is_none() {
-            yield_now();
-            return true;
-        }
-        if self.expired() {
+        if self.timeout.is_some() && self.expired() {
             return false;
         }
         #[cfg(not(feature = "std"))]
         if let Some(left) = self.left.as_mut() {
             *left -= 1;
         }
-        yield_now();
+        match self.policy {
+            WaitPolicy::Spin => core::hint::spin_loop(),
+            // A sleep without a completion channel to sleep on is a yield.
+            _ => yield_now(),
+        }
         true
     }
 }

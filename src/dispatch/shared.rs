@@ -4,6 +4,7 @@ use super::{AttachError, Dispatcher, Inbox};
 use crate::cq::CompletionQueue;
 use crate::device::Context;
 use crate::error::Error;
+use crate::event::CompletionChannel;
 use crate::provider::Provider;
 use crate::types::WorkCompletion;
 
@@ -31,6 +32,7 @@ use crate::types::WorkCompletion;
 pub struct SharedCompletionQueue<P: Provider> {
     cq: CompletionQueue<P>,
     dispatch: Dispatcher,
+    events: Option<CompletionChannel<P>>,
 }
 
 impl<P: Provider> SharedCompletionQueue<P> {
@@ -40,6 +42,25 @@ impl<P: Provider> SharedCompletionQueue<P> {
     /// queue pairs destroyed or reset whose completions are still in it: it does not
     /// overflow. (An overflowing queue is an error the device reports, as hardware does.)
     pub fn create(ctx: &Context<P>, channels: usize, depth: u32) -> Result<Self, Error<P::Error>> {
+        Self::create_with(ctx, channels, depth, false)
+    }
+
+    /// As [`create`](Self::create), on a completion channel of its own, so that channels
+    /// with [`WaitPolicy::SpinSleep`](crate::channel::WaitPolicy) can sleep on it.
+    pub fn create_with_events(
+        ctx: &Context<P>,
+        channels: usize,
+        depth: u32,
+    ) -> Result<Self, Error<P::Error>> {
+        Self::create_with(ctx, channels, depth, true)
+    }
+
+    fn create_with(
+        ctx: &Context<P>,
+        channels: usize,
+        depth: u32,
+        events: bool,
+    ) -> Result<Self, Error<P::Error>> {
         let total = u32::try_from(channels)
             .ok()
             .filter(|&c| c <= 1 << 16)
@@ -48,15 +69,27 @@ impl<P: Provider> SharedCompletionQueue<P> {
             .ok_or(Error::InvalidAttribute(
                 "shared completion queue too large (channels × depth × 2 exceeds u32)",
             ))?;
+        let (cq, events) = if events {
+            let ch = CompletionChannel::create(ctx)?;
+            (CompletionQueue::create_on(ctx, total, &ch)?, Some(ch))
+        } else {
+            (CompletionQueue::create(ctx, total)?, None)
+        };
         Ok(SharedCompletionQueue {
-            cq: CompletionQueue::create(ctx, total)?,
+            cq,
             dispatch: Dispatcher::new(channels, depth as usize),
+            events,
         })
     }
 
     /// The completion queue, to create queue pairs on.
     pub fn queue(&self) -> &CompletionQueue<P> {
         &self.cq
+    }
+
+    /// The completion channel the queue raises events on, if it was made with one.
+    pub fn events(&self) -> Option<&CompletionChannel<P>> {
+        self.events.as_ref()
     }
 
     /// The dispatcher: stale and overflow counts.

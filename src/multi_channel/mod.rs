@@ -268,8 +268,13 @@ impl<P: Provider, const N: usize, const R: usize, const S: usize> MultiChannel<P
             use std::sync::Arc;
             let depth = u32::try_from(R)
                 .map_err(|_| Error::InvalidAttribute("channel capacity too large"))?;
-            let send = Arc::new(SharedCompletionQueue::create(ctx, count, depth)?);
-            let recv = Arc::new(SharedCompletionQueue::create(ctx, count, depth)?);
+            let create = if config.wait == crate::channel::WaitPolicy::SpinSleep {
+                SharedCompletionQueue::create_with_events
+            } else {
+                SharedCompletionQueue::create
+            };
+            let send = Arc::new(create(ctx, count, depth)?);
+            let recv = Arc::new(create(ctx, count, depth)?);
             for (slot, _) in slots.iter_mut().zip(named).filter(|(_, n)| *n) {
                 *slot = Some(Channel::prepare_shared(ctx, pd, config, &send, &recv)?);
             }

@@ -1,0 +1,145 @@
+//! Wait policies (issue 14, item 3): spin, spin then yield, spin then sleep on the
+//! completion channel. A sleeping waiter uses almost no CPU while it waits for a slow peer
+//! (measured with `getrusage(RUSAGE_THREAD)`), wakes when the completion comes, and every
+//! policy is bounded by the timeout.
+#![cfg(all(feature = "sim", target_os = "linux"))]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::pair_on;
+use zverbs::provider::sim::Sim;
+use zverbs::{ChannelConfig, Context, CqLayout, ErrorKind, MultiChannel, WaitPolicy};
+
+/// CPU time (user + system) this thread has used.
+fn thread_cpu() -> Duration {
+    // SAFETY: `getrusage` writes one `rusage` into the zeroed struct we own.
+    let ru = unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        assert_eq!(libc::getrusage(libc::RUSAGE_THREAD, &mut ru), 0);
+        ru
+    };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+fn cfg(wait: WaitPolicy) -> ChannelConfig {
+    ChannelConfig {
+        timeout: Some(Duration::from_secs(10)),
+        wait,
+        ..ChannelConfig::default()
+    }
+}
+
+const SLOW_PEER: Duration = Duration::from_secs(1);
+
+#[test]
+fn a_sleeping_receive_waits_a_second_on_almost_no_cpu() {
+    let c = cfg(WaitPolicy::SpinSleep);
+    let (a, mut b) = pair_on::<16>(&Sim::with_devices(2), &c, &c);
+    let (mut a_ch, a_pd) = (a.ch, a.pd);
+    let mut inbox = [0u8; 8];
+    let mut inbox = b.pd.register(&mut inbox).unwrap();
+    std::thread::scope(|t| {
+        t.spawn(move || {
+            std::thread::sleep(SLOW_PEER);
+            let mut msg = *b"slow";
+            a_ch.send([a_pd.register(&mut msg).unwrap().slice(..).unwrap()])
+                .unwrap();
+        });
+        let (cpu0, wall0) = (thread_cpu(), Instant::now());
+        let got = b.ch.receive([inbox.slice_mut(..).unwrap()]).unwrap();
+        let (cpu, wall) = (thread_cpu() - cpu0, wall0.elapsed());
+        assert_eq!(got.byte_len, 4);
+        assert!(wall >= SLOW_PEER - Duration::from_millis(50), "{wall:?}");
+        assert!(
+            cpu < wall / 5,
+            "a sleeping wait used {cpu:?} of CPU in {wall:?}"
+        );
+    });
+    assert_eq!(&inbox.as_slice()[..4], b"slow");
+}
+
+#[test]
+fn a_sleeping_receive_over_shared_queues_waits_on_almost_no_cpu() {
+    let sim = Sim::with_devices(2);
+    let c = ChannelConfig {
+        completion_queues: CqLayout::Shared,
+        ..cfg(WaitPolicy::SpinSleep)
+    };
+    let (c0, c1) = (
+        Context::open(&sim, "sim0").unwrap(),
+        Context::open(&sim, "sim1").unwrap(),
+    );
+    let (p0, p1) = (c0.alloc_pd().unwrap(), c1.alloc_pd().unwrap());
+    let a = MultiChannel::<Sim, 2, 16, 1>::prepare(&c0, &p0, [1], &c).unwrap();
+    let b = MultiChannel::<Sim, 2, 16, 1>::prepare(&c1, &p1, [0], &c).unwrap();
+    let (ea, eb) = (a.endpoint(1).unwrap(), b.endpoint(0).unwrap());
+    let mut a = a.connect(|_| Some(eb)).unwrap();
+    let mut b = b.connect(|_| Some(ea)).unwrap();
+    let mut inbox = [0u8; 8];
+    let mut inbox = p1.register(&mut inbox).unwrap();
+    std::thread::scope(|t| {
+        t.spawn(|| {
+            std::thread::sleep(SLOW_PEER);
+            let mut msg = *b"late";
+            let msg = p0.register(&mut msg).unwrap();
+            a.peer(1).unwrap().send([msg.slice(..).unwrap()]).unwrap();
+        });
+        let (cpu0, wall0) = (thread_cpu(), Instant::now());
+        let ch = b.peer(0).unwrap();
+        assert!(ch.shares_completion_queues());
+        let got = ch.receive([inbox.slice_mut(..).unwrap()]).unwrap();
+        let (cpu, wall) = (thread_cpu() - cpu0, wall0.elapsed());
+        assert_eq!(got.byte_len, 4);
+        assert!(cpu < wall / 5, "used {cpu:?} of CPU in {wall:?}");
+    });
+}
+
+#[test]
+fn every_policy_is_bounded_by_the_timeout() {
+    for wait in [WaitPolicy::Spin, WaitPolicy::SpinYield, WaitPolicy::SpinSleep] {
+        let c = ChannelConfig {
+            timeout: Some(Duration::from_millis(100)),
+            ..cfg(wait)
+        };
+        let (_a, mut b) = pair_on::<16>(&Sim::with_devices(2), &c, &c);
+        let mut inbox = [0u8; 8];
+        let mut inbox = b.pd.register(&mut inbox).unwrap();
+        let start = Instant::now();
+        // Nobody sends: the receive times out.
+        let e = b.ch.receive([inbox.slice_mut(..).unwrap()]).unwrap_err();
+        let took = start.elapsed();
+        assert_eq!(e.kind(), ErrorKind::Timeout, "{wait:?}: {e}");
+        assert!(took >= Duration::from_millis(100), "{wait:?}: {took:?}");
+        assert!(took < Duration::from_secs(2), "{wait:?}: {took:?}");
+    }
+}
+
+#[test]
+fn every_policy_carries_a_ping_pong() {
+    for wait in [WaitPolicy::Spin, WaitPolicy::SpinYield, WaitPolicy::SpinSleep] {
+        let c = cfg(wait);
+        let (mut a, mut b) = pair_on::<16>(&Sim::with_devices(2), &c, &c);
+        let (mut x, mut y) = ([0u8; 8], [0u8; 8]);
+        let mut x = a.pd.register(&mut x).unwrap();
+        let mut y = b.pd.register(&mut y).unwrap();
+        std::thread::scope(|t| {
+            t.spawn(|| {
+                for i in 0..200u64 {
+                    let got = b.ch.receive([y.slice_mut(..).unwrap()]).unwrap();
+                    assert_eq!(got.byte_len, 8);
+                    assert_eq!(u64::from_le_bytes(y.as_slice().try_into().unwrap()), i);
+                    b.ch.send([y.slice(..).unwrap()]).unwrap();
+                }
+            });
+            for i in 0..200u64 {
+                x.as_mut_slice().copy_from_slice(&i.to_le_bytes());
+                a.ch.send([x.slice(..).unwrap()]).unwrap();
+                a.ch.receive([x.slice_mut(..).unwrap()]).unwrap();
+                assert_eq!(u64::from_le_bytes(x.as_slice().try_into().unwrap()), i, "{wait:?}");
+            }
+        });
+    }
+}

@@ -64,7 +64,9 @@ pub mod ring;
 mod sync;
 pub mod types;
 
-pub use channel::{Channel, ChannelConfig, CqLayout, Pending, PreparedChannel, Scope, WaitPolicy};
+pub use channel::{
+    Channel, ChannelConfig, CqLayout, Pending, PostedReceive, PreparedChannel, Scope, WaitPolicy,
+};
 pub use cq::CompletionQueue;
 pub use device::{Context, ProtectionDomain};
 pub use error::{BoundsError, CompletionError, Error, ErrorKind, ProviderError};

@@ -413,6 +413,17 @@ impl<W: WorkRequest, const N: usize> Ring<W, N> {
         Some(split(done))
     }
 
+    /// Whether `seq` is in the ring: waiting for its completion, or completed with its
+    /// outcome not yet taken.
+    pub fn holds(&self, seq: u64) -> bool {
+        seq >= self.tail
+            && seq < self.head
+            && !matches!(
+                self.slots[(seq % N as u64) as usize].state,
+                SlotState::Free
+            )
+    }
+
     /// Whether `seq` is still waiting for its completion.
     pub fn is_pending(&self, seq: u64) -> bool {
         seq >= self.tail

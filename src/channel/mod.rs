@@ -53,7 +53,7 @@ pub(crate) mod wait;
 pub use wait::WaitPolicy;
 
 pub use prepared::PreparedChannel;
-pub use scope::Scope;
+pub use scope::{PostedReceive, Scope};
 
 
 use core::sync::atomic::{AtomicUsize, Ordering};

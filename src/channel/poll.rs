@@ -114,6 +114,14 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
         })
     }
 
+    /// Whether `seq` is in flight or completed and not yet taken.
+    pub(crate) fn holds(&self, queue: Queue, seq: u64) -> bool {
+        match queue {
+            Queue::Send => self.sq.holds(seq),
+            Queue::Recv => self.rq.holds(seq),
+        }
+    }
+
     pub(super) fn is_pending(&self, queue: Queue, seq: u64) -> bool {
         match queue {
             Queue::Send => self.sq.is_pending(seq),

@@ -8,7 +8,22 @@ use super::{Channel, Queue};
 use crate::error::Error;
 use crate::mr::{LocalSlice, LocalSliceMut, RemoteRegion};
 use crate::provider::Provider;
+use crate::ring::Completion;
 use crate::types::{SendOp, SendWr, Sge};
+
+/// A receive staged in a [`Scope`]: redeem it, once, with [`Scope::wait_receive`] for its
+/// completion.
+#[derive(Debug, PartialEq, Eq)]
+pub struct PostedReceive {
+    seq: u64,
+}
+
+impl PostedReceive {
+    /// The receive's `wr_id`.
+    pub fn wr_id(&self) -> u64 {
+        self.seq
+    }
+}
 
 /// Posts work inside [`Channel::scope`]. Every buffer handed to it stays borrowed for
 /// `'env`, which outlives the scope, so the buffers cannot be touched or freed before all
@@ -197,17 +212,70 @@ impl<'env, P: Provider, const N: usize, const S: usize> Scope<'env, P, N, S> {
         self.stage_rdma([result.sge()], remote, op)
     }
 
-    /// Stages a receive into `data`.
+    /// Stages a receive into `data`. The handle may be given to
+    /// [`wait_receive`](Self::wait_receive) for the receive's completion; ignored, the
+    /// scope waits for the receive when it ends.
     #[inline]
     pub fn post_receive(
         &mut self,
         data: impl IntoIterator<Item = LocalSliceMut<'env>>,
-    ) -> Result<u64, Error<P::Error>> {
+    ) -> Result<PostedReceive, Error<P::Error>> {
         let wr = self.ch.recv_wr(data.into_iter().map(|s| s.sge()))?;
         if self.ch.is_full(Queue::Recv) {
             self.make_room(Queue::Recv)?;
         }
-        self.ch.stage_recv(wr)
+        self.ch.stage_recv(wr).map(|seq| PostedReceive { seq })
+    }
+
+    /// Waits for the receive `wr_id` posted in this scope and returns its completion (the
+    /// byte count, the immediate data), as C programs read a receive's work completion
+    /// after "post a receive, then send". Rings the doorbell first, so the receive and any
+    /// staged sends go out. The receive's buffer stays borrowed until the scope ends (read
+    /// it after); its outcome is taken here, so the scope's end does not report it again.
+    /// Shares the scope's one bound.
+    ///
+    /// A handle of another scope is an [`Error::InvalidAttribute`].
+    ///
+    /// ```
+    /// # use zverbs::provider::sim::Sim;
+    /// # use zverbs::{Channel, ChannelConfig, Context};
+    /// # let sim = Sim::with_devices(2);
+    /// # let (ca, cb) = (Context::open(&sim, "sim0").unwrap(), Context::open(&sim, "sim1").unwrap());
+    /// # let (pa, pb) = (ca.alloc_pd().unwrap(), cb.alloc_pd().unwrap());
+    /// # let a = Channel::<Sim>::prepare(&ca, &pa, &ChannelConfig::default()).unwrap();
+    /// # let b = Channel::<Sim>::prepare(&cb, &pb, &ChannelConfig::default()).unwrap();
+    /// # let (ea, eb) = (a.endpoint(), b.endpoint());
+    /// # let (mut a, mut b) = (a.connect(&eb).unwrap(), b.connect(&ea).unwrap());
+    /// let (mut ask, mut answer) = (*b"ping", [0u8; 16]);
+    /// let ask = pa.register(&mut ask).unwrap();
+    /// let mut answer = pa.register(&mut answer).unwrap();
+    /// std::thread::scope(|t| {
+    ///     t.spawn(|| {
+    ///         let mut buf = [0u8; 16];
+    ///         let mut buf = pb.register(&mut buf).unwrap();
+    ///         let n = b.receive([buf.slice_mut(..).unwrap()]).unwrap().byte_len as usize;
+    ///         b.send_with_imm([buf.slice(..n).unwrap()], 7).unwrap(); // echo, tagged
+    ///     });
+    ///     // Post a receive, then send, then read the receive's completion.
+    ///     let got = a.scope(|s| {
+    ///         let reply = s.post_receive([answer.slice_mut(..)?])?;
+    ///         s.post_send([ask.slice(..)?])?;
+    ///         s.wait_receive(reply)
+    ///     })
+    ///     .unwrap();
+    ///     assert_eq!((got.byte_len, got.imm), (4, Some(7)));
+    /// });
+    /// assert_eq!(&answer.as_slice()[..4], b"ping");
+    /// ```
+    pub fn wait_receive(&mut self, posted: PostedReceive) -> Result<Completion, Error<P::Error>> {
+        let wr_id = posted.seq;
+        if wr_id < self.recv_from || !self.ch.holds(Queue::Recv, wr_id) {
+            return Err(Error::InvalidAttribute(
+                "not a receive of this scope still to be waited for",
+            ));
+        }
+        self.ring_doorbell()?;
+        self.ch.wait_seq_within(Queue::Recv, wr_id, &mut self.waiter)
     }
 
     /// Posts everything staged: receives as one chain, then sends as one chain whose last

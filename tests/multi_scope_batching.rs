@@ -7,13 +7,14 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
-use zverbs::provider::sim::Sim;
+use zverbs::provider::sim::{FabricConfig, Sim};
 use zverbs::{
     AccessFlags, Channel, ChannelConfig, Context, Error, MultiChannel, ProtectionDomain,
     RemoteRegion, WcStatus,
 };
-use zverbs_sim::QpCounters;
+use zverbs_sim::{Personality, QpCounters};
 
 /// Counts allocations made by threads that set `COUNTING` (other tests run in parallel).
 struct Counting;
@@ -51,9 +52,12 @@ struct Star<const R: usize> {
 }
 
 fn star<const R: usize>(n: usize) -> Star<R> {
-    let sim = Sim::with_devices(n + 1);
+    star_on(&Sim::with_devices(n + 1), n)
+}
+
+fn star_on<const R: usize>(sim: &Sim, n: usize) -> Star<R> {
     let ctx: Vec<_> = (0..=n)
-        .map(|i| Context::open(&sim, &format!("sim{i}")).unwrap())
+        .map(|i| Context::open(sim, &format!("sim{i}")).unwrap())
         .collect();
     let pd: Vec<_> = ctx.iter().map(|c| c.alloc_pd().unwrap()).collect();
     let cfg = ChannelConfig::default();
@@ -338,4 +342,54 @@ fn a_batching_scope_does_not_allocate_after_setup() {
     COUNTING.with(|c| c.set(false));
     assert_eq!(ALLOCS.load(Ordering::SeqCst), 0, "allocations in a scope");
     assert_eq!(s.counters(1).sends_posted, 21 * 12);
+}
+
+#[test]
+fn a_send_chain_refused_part_way_ends_the_batch_within_the_grace() {
+    // rxe refuses a misaligned atomic at post: the two writes before it in the chain go
+    // out unsignaled, with no signaled request behind them that would retire them. The
+    // scope ends the channel's work at once rather than wait out its 10 s timeout.
+    let cfg = FabricConfig {
+        personality: Personality::Rxe,
+        ..FabricConfig::instant()
+    };
+    let mut s = star_on::<8>(&Sim::with_config(cfg, 2), 1);
+    let mut target = [0u8; 32];
+    // SAFETY: the target is read only after the scope, which waits for every request.
+    let region = unsafe { s.pd[0].register_with_access(&mut target, AccessFlags::all()) }.unwrap();
+    let remote = region.remote();
+    let mut src = [9u8; 8];
+    let src = s.pd[1].register(&mut src).unwrap();
+    let mut old = [0u8; 8];
+    let mut old = s.pd[1].register(&mut old).unwrap();
+    let leaf = &mut s.leaves[0];
+    let start = Instant::now();
+    let e = leaf
+        .scope(|sc| {
+            sc.post_write([src.slice(..4)?], &remote.slice(..4)?)?;
+            sc.post_write([src.slice(4..)?], &remote.slice(4..8)?)?;
+            sc.post_fetch_add(old.slice_mut(..)?, &remote.slice(9..17)?, 1)?;
+            Ok(())
+        })
+        .unwrap_err();
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        start.elapsed()
+    );
+    assert!(
+        matches!(
+            e,
+            Error::Provider {
+                op: "ibv_post_send",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert_eq!(leaf.in_flight(), (0, 0));
+    let c = leaf.queue_pair().raw().counters();
+    assert_eq!(sends(c), (1, 2, 0, 2));
+    drop((region, old));
+    assert_eq!(target[..8], [9; 8]);
 }

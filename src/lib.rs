@@ -21,13 +21,13 @@
 //! ```
 //! # #[cfg(feature = "sim")] {
 //! use zverbs::provider::sim::Sim;
-//! use zverbs::{Channel, ChannelConfig, Context};
+//! use zverbs::{ChannelConfig, Context, SimChannel};
 //!
 //! let sim = Sim::with_devices(2);
 //! let (ca, cb) = (Context::open(&sim, "sim0")?, Context::open(&sim, "sim1")?);
 //! let (pa, pb) = (ca.alloc_pd()?, cb.alloc_pd()?);
-//! let a = Channel::<Sim>::prepare(&ca, &pa, &ChannelConfig::default())?;
-//! let b = Channel::<Sim>::prepare(&cb, &pb, &ChannelConfig::default())?;
+//! let a = SimChannel::<64, 4>::prepare(&ca, &pa, &ChannelConfig::default())?;
+//! let b = SimChannel::<64, 4>::prepare(&cb, &pb, &ChannelConfig::default())?;
 //! let (ea, eb) = (a.endpoint(), b.endpoint()); // exchanged out of band in real life
 //! let (mut a, mut b) = (a.connect(&eb)?, b.connect(&ea)?);
 //!
@@ -78,3 +78,29 @@ pub use multi_channel::{
 pub use qp::{Endpoint, EndpointError, QueuePair};
 pub use ring::Completion;
 pub use types::*;
+
+/// A [`Channel`] on the simulator: `DEPTH` requests in flight per direction, `SGES`
+/// scatter/gather entries per request.
+#[cfg(feature = "sim")]
+pub type SimChannel<const DEPTH: usize = 64, const SGES: usize = 4> =
+    Channel<provider::sim::Sim, DEPTH, SGES>;
+/// A [`MultiChannel`] on the simulator, to at most `PEERS` peers.
+#[cfg(feature = "sim")]
+pub type SimMultiChannel<const PEERS: usize, const DEPTH: usize = 64, const SGES: usize = 4> =
+    MultiChannel<provider::sim::Sim, PEERS, DEPTH, SGES>;
+/// A [`Node`](node::Node) on the simulator, in a world of at most `PEERS` ranks.
+#[cfg(feature = "sim")]
+pub type SimNode<const PEERS: usize, const DEPTH: usize = 64, const SGES: usize = 4> =
+    node::Node<provider::sim::Sim, PEERS, DEPTH, SGES>;
+/// A [`Channel`] on a verbs device (a NIC or soft-RoCE).
+#[cfg(feature = "verbs")]
+pub type VerbsChannel<const DEPTH: usize = 64, const SGES: usize = 4> =
+    Channel<provider::verbs::Verbs, DEPTH, SGES>;
+/// A [`MultiChannel`] on a verbs device.
+#[cfg(feature = "verbs")]
+pub type VerbsMultiChannel<const PEERS: usize, const DEPTH: usize = 64, const SGES: usize = 4> =
+    MultiChannel<provider::verbs::Verbs, PEERS, DEPTH, SGES>;
+/// A [`Node`](node::Node) on a verbs device.
+#[cfg(feature = "verbs")]
+pub type VerbsNode<const PEERS: usize, const DEPTH: usize = 64, const SGES: usize = 4> =
+    node::Node<provider::verbs::Verbs, PEERS, DEPTH, SGES>;

@@ -2,7 +2,7 @@
 
 use super::*;
 
-impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
+impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES> {
     /// Sends the concatenation of `data` and waits until the peer's HCA acknowledged it.
     #[inline]
     pub fn send<'a>(

@@ -13,7 +13,7 @@
 //!   channel refuses it with [`Error::ForeignPending`]).
 //!
 //! Each channel owns a queue pair, a send and a receive completion queue, and two rings of
-//! `N` slots whose work requests hold `S` scatter/gather entries. After setup nothing on
+//! `DEPTH` slots whose work requests hold `SGES` scatter/gather entries. After setup nothing on
 //! these paths allocates.
 //!
 //! ```
@@ -78,8 +78,8 @@ use wait::Waiter;
 /// Settings of a channel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ChannelConfig {
-    /// Queue pair settings. The queue depths and SGE counts are set from the channel's `N`
-    /// and `S`; the rest is used as given.
+    /// Queue pair settings. The queue depths and SGE counts are set from the channel's `DEPTH`
+    /// and `SGES`; the rest is used as given.
     pub qp: QpConfig,
     /// RESET → INIT attributes.
     pub init: InitOptions,
@@ -132,23 +132,23 @@ impl Default for ChannelConfig {
     }
 }
 
-/// One RC peer. `N` work requests may be in flight per direction; each holds up to `S`
+/// One RC peer. `DEPTH` work requests may be in flight per direction; each holds up to `SGES`
 /// scatter/gather entries. See the module docs.
-pub struct Channel<P: Provider, const N: usize = 64, const S: usize = 4> {
+pub struct Channel<P: Provider, const DEPTH: usize = 64, const SGES: usize = 4> {
     owner: Owner,
     qp: QueuePair<P, ReadyToSend>,
     peer: u32,
     send_cq: Completions<P>,
     recv_cq: Completions<P>,
-    sq: Ring<SendWr<S>, N>,
-    rq: Ring<RecvWr<S>, N>,
+    sq: Ring<SendWr<SGES>, DEPTH>,
+    rq: Ring<RecvWr<SGES>, DEPTH>,
     config: ChannelConfig,
     /// Where polls land: kept here, so a poll does not initialise a fresh array each time.
     wcs: [WorkCompletion; POLL_BATCH],
     /// The request a lone send is built in, in place. Gather entries past `num_sge` are
     /// left from earlier posts: providers read only the first `num_sge`, so they need no
     /// zeroing.
-    wr: SendWr<S>,
+    wr: SendWr<SGES>,
 }
 
 /// Completions taken from a completion queue per poll.
@@ -192,7 +192,7 @@ impl Owner {
 ///
 /// A handle that is dropped unredeemed (or refused by a channel that did not post it)
 /// keeps its ring slot busy: the ring retires slots in order, so its queue fills up after
-/// at most `N` more posts. Its buffers stay lent to the device.
+/// at most `DEPTH` more posts. Its buffers stay lent to the device.
 #[must_use = "unpolled work must be waited for; its slot stays busy until then"]
 #[derive(Debug, PartialEq, Eq)]
 pub struct Pending {
@@ -213,55 +213,55 @@ impl Pending {
     }
 }
 
-/// Collects up to `S` entries from `it`, or says how many were given.
-pub(crate) fn collect_sges<const S: usize>(
+/// Collects up to `SGES` entries from `it`, or says how many were given.
+pub(crate) fn collect_sges<const SGES: usize>(
     it: impl IntoIterator<Item = Sge>,
-) -> Result<([Sge; S], u8), (usize, usize)> {
+) -> Result<([Sge; SGES], u8), (usize, usize)> {
     gather(it).map(|(list, n, _)| (list, n))
 }
 
 /// As [`collect_sges`], with the total length of the entries (summed as they come, not
 /// in a second pass).
 #[inline]
-fn gather<const S: usize>(
+fn gather<const SGES: usize>(
     it: impl IntoIterator<Item = Sge>,
-) -> Result<([Sge; S], u8, u64), (usize, usize)> {
-    let mut out = [Sge::default(); S];
+) -> Result<([Sge; SGES], u8, u64), (usize, usize)> {
+    let mut out = [Sge::default(); SGES];
     gather_into(&mut out, it).map(|(n, len)| (out, n, len))
 }
 
 /// As [`gather`], into `out`; entries past the count returned are left as they were (on
 /// error, some may have been overwritten).
 #[inline(always)]
-fn gather_into<const S: usize>(
-    out: &mut [Sge; S],
+fn gather_into<const SGES: usize>(
+    out: &mut [Sge; SGES],
     it: impl IntoIterator<Item = Sge>,
 ) -> Result<(u8, u64), (usize, usize)> {
     let mut n = 0usize;
     let mut len = 0u64;
     for sge in it {
-        // Only entries that fit are summed: at most S < 2^32 lengths below 2^32 each, so
+        // Only entries that fit are summed: at most SGES < 2^32 lengths below 2^32 each, so
         // the total cannot overflow however long the iterator (an error then anyway).
-        if n < S {
+        if n < SGES {
             out[n] = sge;
             len += u64::from(sge.length);
         }
         n = n.saturating_add(1);
     }
-    if n > S || n > u8::MAX as usize {
-        return Err((n, S.min(u8::MAX as usize)));
+    if n > SGES || n > u8::MAX as usize {
+        return Err((n, SGES.min(u8::MAX as usize)));
     }
     Ok((n as u8, len))
 }
 
-impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
+impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES> {
     /// Creates the queue pair and two completion queues of its own, and moves the queue
     /// pair to INIT.
     pub fn prepare(
         ctx: &Context<P>,
         pd: &ProtectionDomain<P>,
         config: &ChannelConfig,
-    ) -> Result<PreparedChannel<P, N, S>, Error<P::Error>> {
+    ) -> Result<PreparedChannel<P, DEPTH, SGES>, Error<P::Error>> {
         let depth = Self::depth()?;
         let events = config.wait == WaitPolicy::SpinSleep;
         let send_cq = Completions::own(ctx, depth, events)?;
@@ -272,7 +272,7 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
     /// Creates the queue pair on completion queues shared with other channels (sends
     /// complete on `send`, receives on `recv`; the two may be one queue), and moves it to
     /// INIT. The channel takes one inbox of each queue for as long as it lives; a queue
-    /// with no free inbox, or made for shallower channels than `N`, is an
+    /// with no free inbox, or made for shallower channels than `DEPTH`, is an
     /// [`Error::InvalidAttribute`]. See [`crate::dispatch`].
     #[cfg(feature = "std")]
     pub fn prepare_shared(
@@ -281,7 +281,7 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
         config: &ChannelConfig,
         send: &Arc<SharedCompletionQueue<P>>,
         recv: &Arc<SharedCompletionQueue<P>>,
-    ) -> Result<PreparedChannel<P, N, S>, Error<P::Error>> {
+    ) -> Result<PreparedChannel<P, DEPTH, SGES>, Error<P::Error>> {
         Self::depth()?;
         let (mut sq, mut rq) = (Ring::new(), Ring::new());
         let send_cq = Completions::attach(send, &mut sq)?;
@@ -290,7 +290,7 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
     }
 
     fn depth() -> Result<u32, Error<P::Error>> {
-        match (u32::try_from(N), u32::try_from(S)) {
+        match (u32::try_from(DEPTH), u32::try_from(SGES)) {
             (Ok(depth), Ok(_)) => Ok(depth),
             _ => Err(Error::InvalidAttribute("channel capacity too large")),
         }
@@ -302,14 +302,14 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
         config: &ChannelConfig,
         send_cq: Completions<P>,
         recv_cq: Completions<P>,
-        sq: Ring<SendWr<S>, N>,
-        rq: Ring<RecvWr<S>, N>,
-    ) -> Result<PreparedChannel<P, N, S>, Error<P::Error>> {
+        sq: Ring<SendWr<SGES>, DEPTH>,
+        rq: Ring<RecvWr<SGES>, DEPTH>,
+    ) -> Result<PreparedChannel<P, DEPTH, SGES>, Error<P::Error>> {
         let mut qp_cfg = config.qp;
-        qp_cfg.caps.max_send_wr = N as u32;
-        qp_cfg.caps.max_recv_wr = N as u32;
-        qp_cfg.caps.max_send_sge = S as u32;
-        qp_cfg.caps.max_recv_sge = S as u32;
+        qp_cfg.caps.max_send_wr = DEPTH as u32;
+        qp_cfg.caps.max_recv_wr = DEPTH as u32;
+        qp_cfg.caps.max_send_sge = SGES as u32;
+        qp_cfg.caps.max_recv_sge = SGES as u32;
         let qp = QueuePair::create(ctx, pd, send_cq.queue(), recv_cq.queue(), &qp_cfg)?;
         let qp = qp.into_init(&config.init).map_err(|e| e.error)?;
         Ok(PreparedChannel {
@@ -362,7 +362,7 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
     /// let (a, _b) = (a.connect(&eb).unwrap(), b.connect(&ea).unwrap());
     /// assert_eq!(a.queue_pair().state().unwrap(), QpState::ReadyToSend);
     /// ```
-    pub fn reset(mut self) -> Result<PreparedChannel<P, N, S>, Error<P::Error>> {
+    pub fn reset(mut self) -> Result<PreparedChannel<P, DEPTH, SGES>, Error<P::Error>> {
         let mut waiter = Waiter::new(Some(Duration::ZERO), self.config.flush_grace);
         let e = self.quiesce(&mut waiter, Error::Timeout);
         if e.kind() == crate::error::ErrorKind::DeviceFatal {
@@ -432,7 +432,7 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
     fn sges(
         &self,
         it: impl IntoIterator<Item = Sge>,
-    ) -> Result<([Sge; S], u8, u64), Error<P::Error>> {
+    ) -> Result<([Sge; SGES], u8, u64), Error<P::Error>> {
         gather(it).map_err(|(given, max)| Error::TooManySges { given, max })
     }
 
@@ -468,7 +468,7 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
         Ok(seq)
     }
 
-    fn post_recv_now(&mut self, mut wr: RecvWr<S>) -> Result<u64, Error<P::Error>> {
+    fn post_recv_now(&mut self, mut wr: RecvWr<SGES>) -> Result<u64, Error<P::Error>> {
         let seq = self
             .rq
             .reserve(&mut wr, true)

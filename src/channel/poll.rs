@@ -6,9 +6,9 @@ use crate::error::{ErrorKind, ProviderError};
 use crate::types::WcStatus;
 
 /// Polls `cq` once into `wcs` and records what it returns in `ring`.
-fn poll_into<P: Provider, W: WorkRequest, const N: usize>(
+fn poll_into<P: Provider, W: WorkRequest, const DEPTH: usize>(
     cq: &mut Completions<P>,
-    ring: &mut Ring<W, N>,
+    ring: &mut Ring<W, DEPTH>,
     wcs: &mut [WorkCompletion; POLL_BATCH],
 ) -> Result<usize, Error<P::Error>> {
     let n = cq.poll(ring, wcs)?;
@@ -33,9 +33,9 @@ enum Polled {
 /// `ring`, retiring `want` at once if its completion comes first and it is the oldest
 /// request (the usual case).
 #[inline(always)]
-fn poll_for<P: Provider, W: WorkRequest, const N: usize>(
+fn poll_for<P: Provider, W: WorkRequest, const DEPTH: usize>(
     cq: &mut Completions<P>,
-    ring: &mut Ring<W, N>,
+    ring: &mut Ring<W, DEPTH>,
     wcs: &mut [WorkCompletion; POLL_BATCH],
     want: u64,
     max: usize,
@@ -47,18 +47,18 @@ fn poll_for<P: Provider, W: WorkRequest, const N: usize>(
     }
     if ring.retire_oldest(&wcs[0], want) {
         if n > 1 {
-            record::<P, W, N>(ring, &wcs[1..n.min(max)])?;
+            record::<P, W, DEPTH>(ring, &wcs[1..n.min(max)])?;
         }
         return Ok(Polled::Retired);
     }
-    record::<P, W, N>(ring, &wcs[..n.min(max)])?;
+    record::<P, W, DEPTH>(ring, &wcs[..n.min(max)])?;
     Ok(Polled::Recorded)
 }
 
 /// Records `wcs` in `ring` (out of line: the usual poll brings one completion).
 #[inline(never)]
-fn record<P: Provider, W: WorkRequest, const N: usize>(
-    ring: &mut Ring<W, N>,
+fn record<P: Provider, W: WorkRequest, const DEPTH: usize>(
+    ring: &mut Ring<W, DEPTH>,
     wcs: &[WorkCompletion],
 ) -> Result<(), Error<P::Error>> {
     for wc in wcs {
@@ -68,7 +68,7 @@ fn record<P: Provider, W: WorkRequest, const N: usize>(
     Ok(())
 }
 
-impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
+impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES> {
     pub(super) fn poll(&mut self, queue: Queue) -> Result<usize, Error<P::Error>> {
         match queue {
             Queue::Send => poll_into(&mut self.send_cq, &mut self.sq, &mut self.wcs),

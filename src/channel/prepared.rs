@@ -11,17 +11,17 @@ use crate::types::{RecvWr, SendFlags, SendOp, SendWr, Sge, WorkCompletion};
 
 /// A channel whose queue pair is created but not connected: hand its
 /// [`endpoint`](PreparedChannel::endpoint) to the peer, then [`connect`](PreparedChannel::connect).
-pub struct PreparedChannel<P: Provider, const N: usize = 64, const S: usize = 4> {
+pub struct PreparedChannel<P: Provider, const DEPTH: usize = 64, const SGES: usize = 4> {
     pub(super) owner: Owner,
     pub(super) qp: QueuePair<P, Init>,
     pub(super) send_cq: Completions<P>,
     pub(super) recv_cq: Completions<P>,
-    pub(super) sq: Ring<SendWr<S>, N>,
-    pub(super) rq: Ring<RecvWr<S>, N>,
+    pub(super) sq: Ring<SendWr<SGES>, DEPTH>,
+    pub(super) rq: Ring<RecvWr<SGES>, DEPTH>,
     pub(super) config: ChannelConfig,
 }
 
-impl<P: Provider, const N: usize, const S: usize> PreparedChannel<P, N, S> {
+impl<P: Provider, const DEPTH: usize, const SGES: usize> PreparedChannel<P, DEPTH, SGES> {
     /// This side's endpoint.
     pub fn endpoint(&self) -> Endpoint {
         self.qp.endpoint()
@@ -69,7 +69,7 @@ impl<P: Provider, const N: usize, const S: usize> PreparedChannel<P, N, S> {
         sges: &[Sge],
     ) -> Result<Pending, Error<P::Error>> {
         let (sg_list, num_sge) =
-            collect_sges::<S>(sges.iter().copied()).map_err(|(given, max)| Error::TooManySges {
+            collect_sges::<SGES>(sges.iter().copied()).map_err(|(given, max)| Error::TooManySges {
                 given,
                 max,
             })?;
@@ -101,7 +101,7 @@ impl<P: Provider, const N: usize, const S: usize> PreparedChannel<P, N, S> {
     }
 
     /// Connects to the peer at `remote` (INIT → RTR → RTS).
-    pub fn connect(self, remote: &Endpoint) -> Result<Channel<P, N, S>, Error<P::Error>> {
+    pub fn connect(self, remote: &Endpoint) -> Result<Channel<P, DEPTH, SGES>, Error<P::Error>> {
         let qp = self
             .qp
             .into_rtr(remote, &self.config.rtr)

@@ -11,7 +11,7 @@ use crate::provider::Provider;
 use crate::ring::Completion;
 use crate::types::{RecvWr, SendFlags, SendOp, Sge};
 
-impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
+impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES> {
     /// Posts one signaled send work request; returns its sequence number. For RDMA and
     /// atomic operations, `remote` is checked to hold the gathered bytes first.
     ///

@@ -33,8 +33,8 @@ impl PostedReceive {
 /// closure calls [`ring_doorbell`](Scope::ring_doorbell) or returns, or when the ring is
 /// full. Sends are unsignaled except the last of each batch (selective signaling): one
 /// completion per batch unless a request fails.
-pub struct Scope<'env, P: Provider, const N: usize, const S: usize> {
-    ch: &'env mut Channel<P, N, S>,
+pub struct Scope<'env, P: Provider, const DEPTH: usize, const SGES: usize> {
+    ch: &'env mut Channel<P, DEPTH, SGES>,
     send_from: u64,
     recv_from: u64,
     first_error: Option<Error<P::Error>>,
@@ -45,7 +45,7 @@ pub struct Scope<'env, P: Provider, const N: usize, const S: usize> {
     _env: PhantomData<&'env mut &'env ()>,
 }
 
-impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
+impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES> {
     /// Runs `f` with a [`Scope`] to post work on; returns once every work request posted in
     /// the scope has completed (also if `f` panics). Its waits together take at most one
     /// [`timeout`](crate::ChannelConfig::timeout) plus the
@@ -91,7 +91,7 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
     /// ```
     pub fn scope<'env, R>(
         &'env mut self,
-        f: impl FnOnce(&mut Scope<'env, P, N, S>) -> Result<R, Error<P::Error>>,
+        f: impl FnOnce(&mut Scope<'env, P, DEPTH, SGES>) -> Result<R, Error<P::Error>>,
     ) -> Result<R, Error<P::Error>> {
         let (send_from, recv_from) = (self.sq.next_seq(), self.rq.next_seq());
         let waiter = self.waiter();
@@ -114,7 +114,7 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
     }
 }
 
-impl<'env, P: Provider, const N: usize, const S: usize> Scope<'env, P, N, S> {
+impl<'env, P: Provider, const DEPTH: usize, const SGES: usize> Scope<'env, P, DEPTH, SGES> {
     /// Stages a send of the concatenation of `data`. Returns its `wr_id`.
     #[inline]
     pub fn post_send(
@@ -306,7 +306,7 @@ impl<'env, P: Provider, const N: usize, const S: usize> Scope<'env, P, N, S> {
     }
 
     #[inline]
-    fn stage_wr(&mut self, wr: SendWr<S>) -> Result<u64, Error<P::Error>> {
+    fn stage_wr(&mut self, wr: SendWr<SGES>) -> Result<u64, Error<P::Error>> {
         if self.ch.is_full(Queue::Send) {
             self.make_room(Queue::Send)?;
         }
@@ -362,7 +362,7 @@ impl<'env, P: Provider, const N: usize, const S: usize> Scope<'env, P, N, S> {
     }
 }
 
-impl<P: Provider, const N: usize, const S: usize> Drop for Scope<'_, P, N, S> {
+impl<P: Provider, const DEPTH: usize, const SGES: usize> Drop for Scope<'_, P, DEPTH, SGES> {
     fn drop(&mut self) {
         // Unwinding out of the closure: posted work may still use the borrowed buffers.
         if !self.finished {

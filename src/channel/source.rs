@@ -67,11 +67,11 @@ impl<P: Provider> Completions<P> {
 
     /// An inbox on `cq` for a ring of `depth`, with `ring` set to post tagged `wr_id`s.
     #[cfg(feature = "std")]
-    pub(crate) fn attach<W: WorkRequest, const N: usize>(
+    pub(crate) fn attach<W: WorkRequest, const DEPTH: usize>(
         cq: &Arc<SharedCompletionQueue<P>>,
-        ring: &mut Ring<W, N>,
+        ring: &mut Ring<W, DEPTH>,
     ) -> Result<Self, Error<P::Error>> {
-        let inbox = cq.attach(N)?;
+        let inbox = cq.attach(DEPTH)?;
         ring.set_id_tag(inbox.tag(), SEQ_MASK);
         Ok(Completions {
             source: Source::Shared(Attached {
@@ -157,9 +157,9 @@ impl<P: Provider> Completions<P> {
     /// Polls up to `out.len()` of this channel's completions into `out`, with `wr_id`s that
     /// are `ring`'s sequence numbers.
     #[inline(always)]
-    pub(crate) fn poll<W: WorkRequest, const N: usize>(
+    pub(crate) fn poll<W: WorkRequest, const DEPTH: usize>(
         &mut self,
-        ring: &Ring<W, N>,
+        ring: &Ring<W, DEPTH>,
         out: &mut [WorkCompletion],
     ) -> Result<usize, Error<P::Error>> {
         match &mut self.source {
@@ -185,9 +185,9 @@ impl<P: Provider> Completions<P> {
     /// As [`poll`](Self::poll), after every completion the device wrote so far has been
     /// routed (on a shared queue, waiting for the poll right): after a queue pair is reset,
     /// none of its completions is left behind in another thread's batch.
-    pub(crate) fn poll_all<W: WorkRequest, const N: usize>(
+    pub(crate) fn poll_all<W: WorkRequest, const DEPTH: usize>(
         &mut self,
-        ring: &Ring<W, N>,
+        ring: &Ring<W, DEPTH>,
         out: &mut [WorkCompletion],
     ) -> Result<usize, Error<P::Error>> {
         match &mut self.source {
@@ -212,7 +212,7 @@ const SHARED_SLICE: Duration = Duration::from_millis(1);
 
 #[cfg(feature = "std")]
 #[inline]
-fn widen<W: WorkRequest, const N: usize>(ring: &Ring<W, N>, wcs: &mut [WorkCompletion]) {
+fn widen<W: WorkRequest, const DEPTH: usize>(ring: &Ring<W, DEPTH>, wcs: &mut [WorkCompletion]) {
     for wc in wcs {
         wc.wr_id = ring.widen(wc.wr_id);
     }

@@ -11,7 +11,7 @@ use crate::provider::Provider;
 use crate::ring::Completion;
 use crate::types::{RecvWr, SendFlags, SendOp, SendWr, Sge};
 
-impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
+impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES> {
     /// A send work request (unsignaled) of the entries `sges`; for RDMA and atomic
     /// operations `remote` is checked to hold their bytes first.
     #[inline]
@@ -20,7 +20,7 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
         sges: impl IntoIterator<Item = Sge>,
         op: SendOp,
         remote: Option<&RemoteRegion>,
-    ) -> Result<SendWr<S>, Error<P::Error>> {
+    ) -> Result<SendWr<SGES>, Error<P::Error>> {
         let (sg_list, num_sge, len) = self.sges(sges)?;
         if let Some(remote) = remote {
             super::raw::fits(remote, len)?;
@@ -39,7 +39,7 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
     pub(crate) fn recv_wr(
         &self,
         sges: impl IntoIterator<Item = Sge>,
-    ) -> Result<RecvWr<S>, Error<P::Error>> {
+    ) -> Result<RecvWr<SGES>, Error<P::Error>> {
         let (sg_list, num_sge, _) = self.sges(sges)?;
         Ok(RecvWr {
             wr_id: 0,
@@ -52,15 +52,15 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
     #[inline]
     pub(crate) fn is_full(&self, queue: Queue) -> bool {
         match queue {
-            Queue::Send => self.sq.in_flight() == N,
-            Queue::Recv => self.rq.in_flight() == N,
+            Queue::Send => self.sq.in_flight() == DEPTH,
+            Queue::Recv => self.rq.in_flight() == DEPTH,
         }
     }
 
     /// Stages `wr` unsignaled (the doorbell signals the last of its batch); returns its
     /// sequence number.
     #[inline]
-    pub(crate) fn stage_send(&mut self, wr: SendWr<S>) -> Result<u64, Error<P::Error>> {
+    pub(crate) fn stage_send(&mut self, wr: SendWr<SGES>) -> Result<u64, Error<P::Error>> {
         self.sq.stage(wr, false).map_err(|f| Error::QueueFull {
             capacity: f.capacity,
         })
@@ -68,7 +68,7 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
 
     /// Stages `wr` (every receive completes); returns its sequence number.
     #[inline]
-    pub(crate) fn stage_recv(&mut self, wr: RecvWr<S>) -> Result<u64, Error<P::Error>> {
+    pub(crate) fn stage_recv(&mut self, wr: RecvWr<SGES>) -> Result<u64, Error<P::Error>> {
         self.rq.stage(wr, true).map_err(|f| Error::QueueFull {
             capacity: f.capacity,
         })

@@ -3,7 +3,7 @@
 
 use super::*;
 
-impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
+impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES> {
     /// Posts one send work request and returns without waiting.
     ///
     /// # Safety

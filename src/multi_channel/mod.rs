@@ -1,6 +1,6 @@
 //! `MultiChannel`: one reliable-connected [`Channel`] per peer, over one protection domain.
 //!
-//! `N` is the capacity: peers are indexed `0..N`, and any subset of the indices may be set
+//! `PEERS` is the capacity: peers are indexed `0..PEERS`, and any subset of the indices may be set
 //! up (a node's own rank is simply left out). A region registered once in the shared
 //! protection domain serves every peer. Per-peer work goes through
 //! [`peer`](MultiChannel::peer), which gives the peer's [`Channel`] with all of its blocking,
@@ -73,25 +73,25 @@ use core::time::Duration;
 /// [`endpoint`](Self::endpoint) to its peer, then [`connect`](Self::connect).
 pub struct PreparedMultiChannel<
     P: Provider,
-    const N: usize,
-    const R: usize = 64,
-    const S: usize = 4,
+    const PEERS: usize,
+    const DEPTH: usize = 64,
+    const SGES: usize = 4,
 > {
-    peers: Slots<PreparedChannel<P, R, S>, N>,
+    peers: Slots<PreparedChannel<P, DEPTH, SGES>, PEERS>,
 }
 
-impl<P: Provider, const N: usize, const R: usize, const S: usize> PreparedMultiChannel<P, N, R, S> {
+impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize> PreparedMultiChannel<P, PEERS, DEPTH, SGES> {
     /// The endpoint of the channel for `peer`.
     pub fn endpoint(&self, peer: usize) -> Result<Endpoint, Error<P::Error>> {
         match self.peers.get(peer) {
             Some(Some(ch)) => Ok(ch.endpoint()),
-            _ => Err(no_such_peer::<P, N>(peer)),
+            _ => Err(no_such_peer::<P, PEERS>(peer)),
         }
     }
 
     /// The peers set up, in increasing order.
     pub fn peers(&self) -> impl Iterator<Item = usize> + '_ {
-        (0..N).filter(|&p| self.peers[p].is_some())
+        (0..PEERS).filter(|&p| self.peers[p].is_some())
     }
 
     /// Connects every channel to the endpoint `remote(peer)` gives for it. A peer for which
@@ -99,14 +99,14 @@ impl<P: Provider, const N: usize, const R: usize, const S: usize> PreparedMultiC
     pub fn connect(
         mut self,
         mut remote: impl FnMut(usize) -> Option<Endpoint>,
-    ) -> Result<MultiChannel<P, N, R, S>, Error<P::Error>> {
-        let mut eps = [None; N];
+    ) -> Result<MultiChannel<P, PEERS, DEPTH, SGES>, Error<P::Error>> {
+        let mut eps = [None; PEERS];
         for (p, ep) in eps.iter_mut().enumerate() {
             if self.peers[p].is_some() {
-                *ep = Some(remote(p).ok_or(no_such_peer::<P, N>(p))?);
+                *ep = Some(remote(p).ok_or(no_such_peer::<P, PEERS>(p))?);
             }
         }
-        let mut peers = new_slots::<Channel<P, R, S>, N>();
+        let mut peers = new_slots::<Channel<P, DEPTH, SGES>, PEERS>();
         for (p, slot) in peers.iter_mut().enumerate() {
             if let (Some(ch), Some(ep)) = (self.peers[p].take(), eps[p]) {
                 *slot = Some(ch.connect(&ep)?);
@@ -119,12 +119,12 @@ impl<P: Provider, const N: usize, const R: usize, const S: usize> PreparedMultiC
     }
 }
 
-/// One RC channel per peer; see the module docs. `N` peers at most, `R` work requests in
-/// flight per direction per peer, `S` scatter/gather entries per request.
-pub struct MultiChannel<P: Provider, const N: usize, const R: usize = 64, const S: usize = 4> {
-    peers: Slots<Channel<P, R, S>, N>,
+/// One RC channel per peer; see the module docs. `PEERS` peers at most, `DEPTH` work requests in
+/// flight per direction per peer, `SGES` scatter/gather entries per request.
+pub struct MultiChannel<P: Provider, const PEERS: usize, const DEPTH: usize = 64, const SGES: usize = 4> {
+    peers: Slots<Channel<P, DEPTH, SGES>, PEERS>,
     /// Per peer, the outcome of the last collective or scope that named it.
-    outcomes: Slots<Outcome<P::Error>, N>,
+    outcomes: Slots<Outcome<P::Error>, PEERS>,
 }
 
 /// One peer's outcome in a multi-peer call: its last receive completion (`None` for
@@ -185,18 +185,18 @@ pub struct PeerPending {
 /// with `std` the slots live on the heap, allocated once at setup, and a multi-channel stays
 /// small to move; without `std` they are inline.
 #[cfg(feature = "std")]
-type Slots<T, const N: usize> = std::boxed::Box<[Option<T>; N]>;
+type Slots<T, const PEERS: usize> = std::boxed::Box<[Option<T>; PEERS]>;
 #[cfg(not(feature = "std"))]
-type Slots<T, const N: usize> = [Option<T>; N];
+type Slots<T, const PEERS: usize> = [Option<T>; PEERS];
 
-fn new_slots<T, const N: usize>() -> Slots<T, N> {
+fn new_slots<T, const PEERS: usize>() -> Slots<T, PEERS> {
     #[cfg(feature = "std")]
     {
         // Built element by element: never a whole array on the stack.
-        let v: std::vec::Vec<Option<T>> = (0..N).map(|_| None).collect();
+        let v: std::vec::Vec<Option<T>> = (0..PEERS).map(|_| None).collect();
         match v.into_boxed_slice().try_into() {
             Ok(b) => b,
-            Err(_) => unreachable!("exactly N elements"),
+            Err(_) => unreachable!("exactly PEERS elements"),
         }
     }
     #[cfg(not(feature = "std"))]
@@ -205,8 +205,8 @@ fn new_slots<T, const N: usize>() -> Slots<T, N> {
     }
 }
 
-fn no_such_peer<P: Provider, const N: usize>(peer: usize) -> Error<P::Error> {
-    Error::NoSuchPeer { peer, capacity: N }
+fn no_such_peer<P: Provider, const PEERS: usize>(peer: usize) -> Error<P::Error> {
+    Error::NoSuchPeer { peer, capacity: PEERS }
 }
 
 /// Sequence numbers posted on one peer's channel by one collective call: `first..=last`.
@@ -217,16 +217,16 @@ pub(crate) struct Span {
 }
 
 /// What one collective call posted, per peer and direction.
-pub(crate) struct Posted<const N: usize> {
-    send: [Option<Span>; N],
-    recv: [Option<Span>; N],
+pub(crate) struct Posted<const PEERS: usize> {
+    send: [Option<Span>; PEERS],
+    recv: [Option<Span>; PEERS],
 }
 
-impl<const N: usize> Posted<N> {
+impl<const PEERS: usize> Posted<PEERS> {
     pub(crate) const fn new() -> Self {
         Posted {
-            send: [None; N],
-            recv: [None; N],
+            send: [None; PEERS],
+            recv: [None; PEERS],
         }
     }
 
@@ -240,9 +240,9 @@ impl<const N: usize> Posted<N> {
     }
 }
 
-impl<P: Provider, const N: usize, const R: usize, const S: usize> MultiChannel<P, N, R, S> {
+impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize> MultiChannel<P, PEERS, DEPTH, SGES> {
     /// Creates a channel (a queue pair in INIT) for each peer index in `peers`, all in
-    /// protection domain `pd`. Indices must be below `N` and distinct. With
+    /// protection domain `pd`. Indices must be below `PEERS` and distinct. With
     /// [`CqLayout::Shared`](crate::channel::CqLayout) (the default) every channel's sends
     /// complete on one shared queue and its receives on another, sized for all of them
     /// (see [`crate::dispatch`]); with `PerChannel`, each has two of its own.
@@ -251,22 +251,22 @@ impl<P: Provider, const N: usize, const R: usize, const S: usize> MultiChannel<P
         pd: &ProtectionDomain<P>,
         peers: impl IntoIterator<Item = usize>,
         config: &ChannelConfig,
-    ) -> Result<PreparedMultiChannel<P, N, R, S>, Error<P::Error>> {
-        let mut named = [false; N];
+    ) -> Result<PreparedMultiChannel<P, PEERS, DEPTH, SGES>, Error<P::Error>> {
+        let mut named = [false; PEERS];
         for p in peers {
-            let slot = named.get_mut(p).ok_or(no_such_peer::<P, N>(p))?;
+            let slot = named.get_mut(p).ok_or(no_such_peer::<P, PEERS>(p))?;
             if *slot {
                 return Err(Error::InvalidAttribute("peer index listed twice"));
             }
             *slot = true;
         }
-        let mut slots = new_slots::<PreparedChannel<P, R, S>, N>();
+        let mut slots = new_slots::<PreparedChannel<P, DEPTH, SGES>, PEERS>();
         let count = named.iter().filter(|&&n| n).count();
         #[cfg(feature = "std")]
         if config.completion_queues == crate::channel::CqLayout::Shared && count > 0 {
             use crate::dispatch::SharedCompletionQueue;
             use std::sync::Arc;
-            let depth = u32::try_from(R)
+            let depth = u32::try_from(DEPTH)
                 .map_err(|_| Error::InvalidAttribute("channel capacity too large"))?;
             let create = if config.wait == crate::channel::WaitPolicy::SpinSleep {
                 SharedCompletionQueue::create_with_events
@@ -290,7 +290,7 @@ impl<P: Provider, const N: usize, const R: usize, const S: usize> MultiChannel<P
     /// (each thread its own peers' channels: `std::thread::scope` and a split of this
     /// iterator). Channels on shared completion queues route each other's completions
     /// through the lock-free dispatcher; none waits for another.
-    pub fn channels_mut(&mut self) -> impl Iterator<Item = (usize, &mut Channel<P, R, S>)> + '_ {
+    pub fn channels_mut(&mut self) -> impl Iterator<Item = (usize, &mut Channel<P, DEPTH, SGES>)> + '_ {
         self.peers
             .iter_mut()
             .enumerate()
@@ -298,10 +298,10 @@ impl<P: Provider, const N: usize, const R: usize, const S: usize> MultiChannel<P
     }
 
     /// The channel to `peer`, for any per-peer call (blocking, scoped or unpolled).
-    pub fn peer(&mut self, peer: usize) -> Result<&mut Channel<P, R, S>, Error<P::Error>> {
+    pub fn peer(&mut self, peer: usize) -> Result<&mut Channel<P, DEPTH, SGES>, Error<P::Error>> {
         match self.peers.get_mut(peer) {
             Some(Some(ch)) => Ok(ch),
-            _ => Err(no_such_peer::<P, N>(peer)),
+            _ => Err(no_such_peer::<P, PEERS>(peer)),
         }
     }
 
@@ -312,7 +312,7 @@ impl<P: Provider, const N: usize, const R: usize, const S: usize> MultiChannel<P
 
     /// The peers with a channel, in increasing order.
     pub fn peers(&self) -> impl Iterator<Item = usize> + '_ {
-        (0..N).filter(|&p| self.peers[p].is_some())
+        (0..PEERS).filter(|&p| self.peers[p].is_some())
     }
 
     /// How many peers have a channel.
@@ -355,13 +355,13 @@ impl<P: Provider, const N: usize, const R: usize, const S: usize> MultiChannel<P
     pub fn gather_receive<'a>(
         &mut self,
         recvs: impl IntoIterator<Item = (usize, LocalSliceMut<'a>)>,
-    ) -> Result<[Option<Completion>; N], PeerError<P::Error>> {
+    ) -> Result<[Option<Completion>; PEERS], PeerError<P::Error>> {
         // At most one receive per peer: check them all before posting any.
-        let mut sges: [Option<Sge>; N] = [None; N];
+        let mut sges: [Option<Sge>; PEERS] = [None; PEERS];
         for (p, s) in recvs {
             let error = match sges.get_mut(p) {
-                _ if !self.has_peer(p) => no_such_peer::<P, N>(p),
-                None => no_such_peer::<P, N>(p),
+                _ if !self.has_peer(p) => no_such_peer::<P, PEERS>(p),
+                None => no_such_peer::<P, PEERS>(p),
                 Some(Some(_)) => Error::InvalidAttribute("gather_receive names a peer twice"),
                 Some(slot) => {
                     *slot = Some(s.sge());
@@ -371,7 +371,7 @@ impl<P: Provider, const N: usize, const R: usize, const S: usize> MultiChannel<P
             return Err(self.peer_error(p, error));
         }
         self.collective(
-            (0..N).filter_map(|p| sges[p].map(|sge| (p, false, sge, SendOp::Send, None))),
+            (0..PEERS).filter_map(|p| sges[p].map(|sge| (p, false, sge, SendOp::Send, None))),
         )
     }
 
@@ -414,9 +414,9 @@ impl<P: Provider, const N: usize, const R: usize, const S: usize> MultiChannel<P
     fn collective<'r>(
         &mut self,
         items: impl Iterator<Item = (usize, bool, Sge, SendOp, Option<&'r RemoteRegion>)>,
-    ) -> Result<[Option<Completion>; N], PeerError<P::Error>> {
+    ) -> Result<[Option<Completion>; PEERS], PeerError<P::Error>> {
         self.outcomes.iter_mut().for_each(|o| *o = None);
-        let mut posted = Posted::<N>::new();
+        let mut posted = Posted::<PEERS>::new();
         let mut refused = None;
         for (p, send, sge, op, remote) in items {
             let r = self.peer(p).and_then(|ch| {
@@ -439,7 +439,7 @@ impl<P: Provider, const N: usize, const R: usize, const S: usize> MultiChannel<P
         if let Some(e) = refused.or(failed) {
             return Err(e);
         }
-        let mut got = [None; N];
+        let mut got = [None; PEERS];
         for (g, o) in got.iter_mut().zip(self.outcomes.iter()) {
             if let Some(Ok(c)) = o {
                 *g = *c;
@@ -453,7 +453,7 @@ impl<P: Provider, const N: usize, const R: usize, const S: usize> MultiChannel<P
     /// failure of the lowest failed peer.
     pub(crate) fn wait_all(
         &mut self,
-        posted: &Posted<N>,
+        posted: &Posted<PEERS>,
         waiter: &mut Waiter,
     ) -> Option<PeerError<P::Error>> {
         let mut first = None;

@@ -20,14 +20,14 @@ use crate::types::{SendOp, Sge};
 /// another, when the closure returns or when a peer's ring is full (then every peer's
 /// doorbell rings, and the scope waits for its own work on the full queue before staging
 /// more). Sends are unsignaled except the last of each batch (selective signaling): one
-/// completion per batch and peer unless a request fails. So a scope that posts `k <= R`
+/// completion per batch and peer unless a request fails. So a scope that posts `k <= DEPTH`
 /// requests to each of its peers rings one doorbell per peer and queue, and waits for
 /// one send completion per peer. Post errors of the device come with the doorbell: they
 /// become the scope's error (if first) and the peer's [outcome](MultiChannel::outcome).
-pub struct MultiScope<'env, P: Provider, const N: usize, const R: usize, const S: usize> {
-    mc: &'env mut MultiChannel<P, N, R, S>,
+pub struct MultiScope<'env, P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize> {
+    mc: &'env mut MultiChannel<P, PEERS, DEPTH, SGES>,
     /// Where each peer's queues start with this scope's work not yet settled.
-    from: Marks<N>,
+    from: Marks<PEERS>,
     first_error: Option<Error<P::Error>>,
     finished: bool,
     /// One bound for every wait of the scope.
@@ -36,7 +36,7 @@ pub struct MultiScope<'env, P: Provider, const N: usize, const R: usize, const S
     _env: PhantomData<&'env mut &'env ()>,
 }
 
-impl<P: Provider, const N: usize, const R: usize, const S: usize> MultiChannel<P, N, R, S> {
+impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize> MultiChannel<P, PEERS, DEPTH, SGES> {
     /// Runs `f` with a [`MultiScope`]; returns once every work request posted in it has
     /// completed (also if `f` panics: what is still staged then is not posted), its waits
     /// together within one timeout plus the grace. The first error wins: `f`'s own, then
@@ -77,7 +77,7 @@ impl<P: Provider, const N: usize, const R: usize, const S: usize> MultiChannel<P
     /// ```
     pub fn scope<'env, T>(
         &'env mut self,
-        f: impl FnOnce(&mut MultiScope<'env, P, N, R, S>) -> Result<T, Error<P::Error>>,
+        f: impl FnOnce(&mut MultiScope<'env, P, PEERS, DEPTH, SGES>) -> Result<T, Error<P::Error>>,
     ) -> Result<T, Error<P::Error>> {
         self.outcomes.iter_mut().for_each(|o| *o = None);
         let waiter = self.waiter();
@@ -99,8 +99,8 @@ impl<P: Provider, const N: usize, const R: usize, const S: usize> MultiChannel<P
     }
 }
 
-impl<'env, P: Provider, const N: usize, const R: usize, const S: usize>
-    MultiScope<'env, P, N, R, S>
+impl<'env, P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
+    MultiScope<'env, P, PEERS, DEPTH, SGES>
 {
     /// Posts a send of the concatenation of `data` to `peer`. Returns its `wr_id`.
     pub fn post_send(
@@ -304,7 +304,7 @@ impl<'env, P: Provider, const N: usize, const R: usize, const S: usize>
 
     /// Waits for everything posted, peer by peer; returns the first error.
     fn settle_all(&mut self) -> Option<Error<P::Error>> {
-        for p in 0..N {
+        for p in 0..PEERS {
             self.settle(p, Queue::Send);
             self.settle(p, Queue::Recv);
         }
@@ -321,16 +321,16 @@ impl<'env, P: Provider, const N: usize, const R: usize, const S: usize>
 
 /// Per peer and queue, the first of a scope's requests not yet settled; `None` until the
 /// scope stages something there.
-struct Marks<const N: usize> {
-    send: [Option<u64>; N],
-    recv: [Option<u64>; N],
+struct Marks<const PEERS: usize> {
+    send: [Option<u64>; PEERS],
+    recv: [Option<u64>; PEERS],
 }
 
-impl<const N: usize> Marks<N> {
+impl<const PEERS: usize> Marks<PEERS> {
     const fn new() -> Self {
         Marks {
-            send: [None; N],
-            recv: [None; N],
+            send: [None; PEERS],
+            recv: [None; PEERS],
         }
     }
 
@@ -347,8 +347,8 @@ impl<const N: usize> Marks<N> {
     }
 }
 
-impl<P: Provider, const N: usize, const R: usize, const S: usize> Drop
-    for MultiScope<'_, P, N, R, S>
+impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize> Drop
+    for MultiScope<'_, P, PEERS, DEPTH, SGES>
 {
     fn drop(&mut self) {
         // Unwinding out of the closure: posted work may still use the borrowed buffers.

@@ -113,7 +113,7 @@ pub enum NodeError<E> {
     /// An earlier barrier failed; barriers on this node fail fast from now on.
     Poisoned,
     /// A rank or world size out of range: `rank` must be below `world`, and `world` at
-    /// most the capacity `N` (and 65536).
+    /// most the capacity `PEERS` (and 65536).
     InvalidRank {
         /// The rank.
         rank: usize,
@@ -182,15 +182,15 @@ impl<E: fmt::Debug + fmt::Display> core::error::Error for NodeError<E> {}
 
 /// A node whose queue pairs exist but are not connected. Hand each peer its
 /// [`endpoints`](Self::endpoints), then [`connect`](Self::connect).
-pub struct PreparedNode<P: Provider, const N: usize, const R: usize = 64, const S: usize = 4> {
+pub struct PreparedNode<P: Provider, const PEERS: usize, const DEPTH: usize = 64, const SGES: usize = 4> {
     rank: usize,
     world: usize,
     config: NodeConfig,
-    data: PreparedMultiChannel<P, N, R, S>,
-    ctrl: PreparedMultiChannel<P, N, CTRL_DEPTH, 1>,
+    data: PreparedMultiChannel<P, PEERS, DEPTH, SGES>,
+    ctrl: PreparedMultiChannel<P, PEERS, CTRL_DEPTH, 1>,
 }
 
-impl<P: Provider, const N: usize, const R: usize, const S: usize> PreparedNode<P, N, R, S> {
+impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize> PreparedNode<P, PEERS, DEPTH, SGES> {
     /// This node's rank.
     pub fn rank(&self) -> usize {
         self.rank
@@ -206,8 +206,8 @@ impl<P: Provider, const N: usize, const R: usize, const S: usize> PreparedNode<P
     pub fn connect(
         self,
         mut remote: impl FnMut(usize) -> Option<(Endpoint, Endpoint)>,
-    ) -> Result<Node<P, N, R, S>, NodeError<P::Error>> {
-        let mut eps = [None; N];
+    ) -> Result<Node<P, PEERS, DEPTH, SGES>, NodeError<P::Error>> {
+        let mut eps = [None; PEERS];
         for (p, ep) in eps.iter_mut().enumerate().take(self.world) {
             if p != self.rank {
                 *ep = remote(p);
@@ -225,24 +225,24 @@ mod tables;
 pub use tables::Connected;
 
 /// A rank of a world: data channels to every peer, and barriers. See the module docs.
-pub struct Node<P: Provider, const N: usize, const R: usize = 64, const S: usize = 4> {
+pub struct Node<P: Provider, const PEERS: usize, const DEPTH: usize = 64, const SGES: usize = 4> {
     rank: usize,
     world: usize,
     config: NodeConfig,
-    data: MultiChannel<P, N, R, S>,
-    ctrl: MultiChannel<P, N, CTRL_DEPTH, 1>,
+    data: MultiChannel<P, PEERS, DEPTH, SGES>,
+    ctrl: MultiChannel<P, PEERS, CTRL_DEPTH, 1>,
     /// Per peer: barriers taken part in together.
-    pair_epoch: [u32; N],
+    pair_epoch: [u32; PEERS],
     /// Per peer: the oldest barrier receive still posted (`CTRL_RECVS` are posted).
-    recv_next: [u64; N],
+    recv_next: [u64; PEERS],
     /// Per peer: barrier sends not yet reaped, `first..next`.
-    sends: [(u64, u64); N],
+    sends: [(u64, u64); PEERS],
     /// Per peer: a message for the next barrier with that peer, received early.
-    early: [Option<barrier::Msg>; N],
+    early: [Option<barrier::Msg>; PEERS],
     poisoned: bool,
 }
 
-impl<P: Provider, const N: usize, const R: usize, const S: usize> Node<P, N, R, S> {
+impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize> Node<P, PEERS, DEPTH, SGES> {
     /// Creates the queue pairs of rank `rank` in a world of `world` ranks.
     pub fn prepare(
         ctx: &Context<P>,
@@ -250,8 +250,8 @@ impl<P: Provider, const N: usize, const R: usize, const S: usize> Node<P, N, R, 
         rank: usize,
         world: usize,
         config: &NodeConfig,
-    ) -> Result<PreparedNode<P, N, R, S>, NodeError<P::Error>> {
-        if rank >= world || world > N || world > usize::from(u16::MAX) + 1 {
+    ) -> Result<PreparedNode<P, PEERS, DEPTH, SGES>, NodeError<P::Error>> {
+        if rank >= world || world > PEERS || world > usize::from(u16::MAX) + 1 {
             return Err(NodeError::InvalidRank { rank, world });
         }
         let peers = (0..world).filter(|&p| p != rank);
@@ -270,10 +270,10 @@ impl<P: Provider, const N: usize, const R: usize, const S: usize> Node<P, N, R, 
         rank: usize,
         world: usize,
         config: NodeConfig,
-        data: MultiChannel<P, N, R, S>,
-        mut ctrl: MultiChannel<P, N, CTRL_DEPTH, 1>,
+        data: MultiChannel<P, PEERS, DEPTH, SGES>,
+        mut ctrl: MultiChannel<P, PEERS, CTRL_DEPTH, 1>,
     ) -> Result<Self, NodeError<P::Error>> {
-        let mut recv_next = [0; N];
+        let mut recv_next = [0; PEERS];
         for (p, next) in recv_next.iter_mut().enumerate().take(world) {
             if p == rank {
                 continue;
@@ -292,10 +292,10 @@ impl<P: Provider, const N: usize, const R: usize, const S: usize> Node<P, N, R, 
             config,
             data,
             ctrl,
-            pair_epoch: [0; N],
+            pair_epoch: [0; PEERS],
             recv_next,
-            sends: [(0, 0); N],
-            early: [None; N],
+            sends: [(0, 0); PEERS],
+            early: [None; PEERS],
             poisoned: false,
         })
     }
@@ -316,7 +316,7 @@ impl<P: Provider, const N: usize, const R: usize, const S: usize> Node<P, N, R, 
     }
 
     /// The data channels to every other rank (peer index = rank).
-    pub fn channels(&mut self) -> &mut MultiChannel<P, N, R, S> {
+    pub fn channels(&mut self) -> &mut MultiChannel<P, PEERS, DEPTH, SGES> {
         &mut self.data
     }
 

@@ -7,10 +7,10 @@ use crate::channel::wait::Waiter;
 use crate::provider::Provider;
 use crate::types::{SendFlags, SendOp};
 
-impl<P: Provider, const N: usize, const R: usize, const S: usize> Node<P, N, R, S> {
+impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize> Node<P, PEERS, DEPTH, SGES> {
     /// A barrier among all ranks.
     pub fn barrier_all(&mut self) -> Result<(), NodeError<P::Error>> {
-        let mut parts = [0u16; N];
+        let mut parts = [0u16; PEERS];
         for (i, p) in parts.iter_mut().enumerate() {
             *p = i as u16;
         }
@@ -25,13 +25,13 @@ impl<P: Provider, const N: usize, const R: usize, const S: usize> Node<P, N, R, 
     /// A refused list is an error that leaves the node as it was; a barrier that fails
     /// (timeout, a peer gone, a message out of protocol) poisons the node's barriers.
     pub fn barrier(&mut self, participants: &[usize]) -> Result<(), NodeError<P::Error>> {
-        if participants.len() > N {
+        if participants.len() > PEERS {
             return Err(NodeError::Barrier(BarrierError::TooMany {
                 given: participants.len(),
-                capacity: N,
+                capacity: PEERS,
             }));
         }
-        let mut parts = [0u16; N];
+        let mut parts = [0u16; PEERS];
         for (slot, &p) in parts.iter_mut().zip(participants) {
             if p >= self.world {
                 return Err(NodeError::InvalidRank {
@@ -48,9 +48,9 @@ impl<P: Provider, const N: usize, const R: usize, const S: usize> Node<P, N, R, 
     /// list once.
     ///
     /// What it skips is only work: converting each `usize` rank and copying the list into
-    /// a stack array of `N`. It still checks, in one O(len) pass, every rank against the
+    /// a stack array of `PEERS`. It still checks, in one O(len) pass, every rank against the
     /// world ([`NodeError::InvalidRank`], like `barrier`), and the barrier machine still
-    /// checks that the list is non-empty, at most `N` long, strictly increasing (sorted,
+    /// checks that the list is non-empty, at most `PEERS` long, strictly increasing (sorted,
     /// no duplicates) and holds this node's rank ([`NodeError::Barrier`]). Those checks
     /// cost a few comparisons per rank; without them a bad list would index the per-peer
     /// tables out of bounds or hang the protocol. A refused list leaves the node as it
@@ -69,7 +69,7 @@ impl<P: Provider, const N: usize, const R: usize, const S: usize> Node<P, N, R, 
         if self.poisoned {
             return Err(NodeError::Poisoned);
         }
-        let mut m = BarrierMachine::<N>::new(self.config.algorithm, self.rank as u16, participants)
+        let mut m = BarrierMachine::<PEERS>::new(self.config.algorithm, self.rank as u16, participants)
             .map_err(NodeError::Barrier)?;
         let r = self.drive(&mut m, participants);
         if r.is_err() {
@@ -80,7 +80,7 @@ impl<P: Provider, const N: usize, const R: usize, const S: usize> Node<P, N, R, 
 
     fn drive(
         &mut self,
-        m: &mut BarrierMachine<N>,
+        m: &mut BarrierMachine<PEERS>,
         participants: &[u16],
     ) -> Result<(), NodeError<P::Error>> {
         let me = self.rank as u16;

@@ -17,10 +17,10 @@ use crate::qp::{Endpoint, ENDPOINT_LEN};
 const ENTRY: usize = 2 * ENDPOINT_LEN;
 
 /// A connected node and every rank's app bytes, indexed by rank.
-pub type Connected<P, const N: usize, const R: usize, const S: usize> =
-    Result<(Node<P, N, R, S>, Vec<Vec<u8>>), NodeError<<P as Provider>::Error>>;
+pub type Connected<P, const PEERS: usize, const DEPTH: usize, const SGES: usize> =
+    Result<(Node<P, PEERS, DEPTH, SGES>, Vec<Vec<u8>>), NodeError<<P as Provider>::Error>>;
 
-impl<P: Provider, const N: usize, const R: usize, const S: usize> PreparedNode<P, N, R, S> {
+impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize> PreparedNode<P, PEERS, DEPTH, SGES> {
     /// This node's endpoint table (see the module docs).
     pub fn endpoint_table(&self) -> Vec<u8> {
         let mut table = vec![0u8; self.world * ENTRY];
@@ -38,14 +38,14 @@ impl<P: Provider, const N: usize, const R: usize, const S: usize> PreparedNode<P
     pub fn connect_tables(
         self,
         tables: &[Vec<u8>],
-    ) -> Result<Node<P, N, R, S>, NodeError<P::Error>> {
+    ) -> Result<Node<P, PEERS, DEPTH, SGES>, NodeError<P::Error>> {
         if tables.len() != self.world {
             return Err(NodeError::EndpointTable {
                 peer: tables.len(),
                 why: "one table per rank expected",
             });
         }
-        let mut eps = [None; N];
+        let mut eps = [None; PEERS];
         for (p, table) in tables.iter().enumerate() {
             if p == self.rank {
                 continue;
@@ -86,7 +86,7 @@ impl<P: Provider, const N: usize, const R: usize, const S: usize> PreparedNode<P
         config: &NetworkConfig,
         app: &[u8],
         timeout: Duration,
-    ) -> Connected<P, N, R, S> {
+    ) -> Connected<P, PEERS, DEPTH, SGES> {
         let deadline = deadline_after(timeout);
         self.check_config(config)?;
         let payload = self.payload(app);
@@ -103,7 +103,7 @@ impl<P: Provider, const N: usize, const R: usize, const S: usize> PreparedNode<P
         listener: &TcpListener,
         app: &[u8],
         timeout: Duration,
-    ) -> Connected<P, N, R, S> {
+    ) -> Connected<P, PEERS, DEPTH, SGES> {
         let deadline = deadline_after(timeout);
         self.check_config(config)?;
         let payload = self.payload(app);
@@ -115,7 +115,7 @@ impl<P: Provider, const N: usize, const R: usize, const S: usize> PreparedNode<P
     /// Connects with the session's payloads, then runs its readiness round: ready if the
     /// local connect succeeded (every queue pair at RTS), else tells the peers and returns
     /// the local error.
-    fn connect_session(self, mut session: Session) -> Connected<P, N, R, S> {
+    fn connect_session(self, mut session: Session) -> Connected<P, PEERS, DEPTH, SGES> {
         match self.connect_payloads(session.take_payloads()) {
             Ok(connected) => {
                 session.confirm(true).map_err(NodeError::Exchange)?;
@@ -136,7 +136,7 @@ impl<P: Provider, const N: usize, const R: usize, const S: usize> PreparedNode<P
     }
 
     /// Splits every payload into its endpoint table and the app bytes, then connects.
-    fn connect_payloads(self, mut payloads: Vec<Vec<u8>>) -> Connected<P, N, R, S> {
+    fn connect_payloads(self, mut payloads: Vec<Vec<u8>>) -> Connected<P, PEERS, DEPTH, SGES> {
         let table_len = self.world * ENTRY;
         let mut apps = Vec::with_capacity(payloads.len());
         for (peer, p) in payloads.iter_mut().enumerate() {

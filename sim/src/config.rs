@@ -156,7 +156,12 @@ pub struct FabricConfig {
 ///   `RemAccessErr` (regardless of [`FabricConfig::loc_access_err`]);
 /// - a response corrupted by `Fabric::corrupt_next_response` is an RDMA READ response,
 ///   which fails a request that is not a read with `FatalErr` (rxe's `check_ack`), not
-///   `BadRespErr`.
+///   `BadRespErr`;
+/// - the service level of an RTR path is not kept (rxe's address vector has none), so
+///   [`Qp::query`](crate::Qp::query) reports 0; and the hop limit of a GID-routed path is
+///   the IP route's, [`ROCE_ROUTE_HOP_LIMIT`](crate::ROCE_ROUTE_HOP_LIMIT), not the one
+///   asked for (Linux resolves every RoCE path through the IP stack,
+///   `ib_resolve_unicast_gid_dmac`, which overwrites it).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Personality {
     /// The IB specification, as hardware HCAs implement it.
@@ -165,6 +170,10 @@ pub enum Personality {
     /// Linux soft-RoCE (`rdma_rxe`).
     Rxe,
 }
+
+/// The hop limit Linux gives a RoCE path (the IP route's: the default TTL) in place of the
+/// one asked for; see [`Personality::Rxe`].
+pub const ROCE_ROUTE_HOP_LIMIT: u8 = 64;
 
 impl Default for FabricConfig {
     fn default() -> Self {

@@ -100,6 +100,7 @@ pub use clock::PacketKind;
 pub use comp_channel::CompChannel;
 pub use config::{
     ack_timeout_ns, rnr_timer_ns, FabricConfig, Faults, LinkModel, Mode, Personality,
+    ROCE_ROUTE_HOP_LIMIT,
 };
 pub use counters::QpCounters;
 pub use trace::{DropReason, TraceEvent, TraceKind};

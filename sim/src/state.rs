@@ -19,6 +19,8 @@ use crate::types::*;
 pub(crate) const QPN_BASE: u32 = 0x11;
 /// Largest 24-bit value (PSNs, QPNs).
 pub(crate) const MAX_24: u32 = (1 << 24) - 1;
+/// The largest GRH flow label (20 bits).
+pub(crate) const MAX_FLOW_LABEL: u32 = (1 << 20) - 1;
 /// Key bit that marks an rkey (lkeys have it clear), so a swapped key never validates.
 const RKEY_BIT: u32 = 0x80;
 /// Key bits holding the MR slot's generation (1..=127), so stale keys do not validate.

@@ -336,6 +336,14 @@ pub struct RtrAttr {
     pub sgid_index: u8,
     /// Local port.
     pub port: u8,
+    /// Service level (0..=15).
+    pub sl: u8,
+    /// Traffic class of the GRH (the IP DSCP and ECN bits on RoCE v2).
+    pub traffic_class: u8,
+    /// Flow label of the GRH (20 bits).
+    pub flow_label: u32,
+    /// Hop limit of the GRH (the IP TTL on RoCE v2).
+    pub hop_limit: u8,
 }
 
 /// Attributes of the RTS transition (requester-side reliability).
@@ -351,6 +359,23 @@ pub struct RtsAttr {
     pub rnr_retry: u8,
     /// RDMA reads and atomics in flight as requester.
     pub max_rd_atomic: u8,
+}
+
+/// What [`Qp::query`](crate::Qp::query) reports (`ibv_query_qp`): the state, the
+/// attributes the RTR and RTS transitions set (`None` before them and after RESET), and the
+/// packet sequence numbers in use now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QpAttr {
+    /// Current state.
+    pub state: QpState,
+    /// The path and responder attributes of the last RTR transition.
+    pub rtr: Option<RtrAttr>,
+    /// The requester attributes of the last RTS transition.
+    pub rts: Option<RtsAttr>,
+    /// The next PSN the requester sends.
+    pub sq_psn: u32,
+    /// The next PSN the responder expects.
+    pub rq_psn: u32,
 }
 
 /// A queue pair state transition (`ibv_modify_qp` with the attribute mask it implies).

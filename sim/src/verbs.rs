@@ -1,9 +1,9 @@
 //! Queue pair verbs: the state machine (`modify`) and posting.
 
-use crate::config::Personality;
+use crate::config::{Personality, ROCE_ROUTE_HOP_LIMIT};
 use crate::exec::{flush_wc, send_opcode};
 use crate::mem::{copy, Dst, RawInline, Src};
-use crate::state::{invalid, sg_len, ReqState, RespState, World, MAX_24};
+use crate::state::{invalid, sg_len, ReqState, RespState, World, MAX_24, MAX_FLOW_LABEL};
 use crate::trace::TraceKind;
 use crate::types::*;
 
@@ -60,7 +60,21 @@ impl World {
                 if a.min_rnr_timer > 31 || usize::from(a.sgid_index) >= 2 {
                     return invalid("bad min_rnr_timer or sgid_index");
                 }
+                if a.sl > 15 || a.flow_label > MAX_FLOW_LABEL {
+                    return invalid("sl exceeds 15 or flow_label exceeds 20 bits");
+                }
                 // The port's active MTU is 4096, the largest there is: any path_mtu fits.
+                let a = match self.cfg.personality {
+                    Personality::Hca => a,
+                    Personality::Rxe => RtrAttr {
+                        sl: 0,
+                        hop_limit: match a.dgid {
+                            Some(_) => ROCE_ROUTE_HOP_LIMIT,
+                            None => a.hop_limit,
+                        },
+                        ..a
+                    },
+                };
                 qp.rtr = Some(a);
                 qp.resp.epsn = a.rq_psn;
                 qp.peer_dev = peer_dev;

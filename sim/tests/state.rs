@@ -86,6 +86,11 @@ fn attribute_validation() {
             sgid_index: 2,
             ..good
         },
+        RtrAttr { sl: 16, ..good },
+        RtrAttr {
+            flow_label: 1 << 20,
+            ..good
+        },
     ];
     for bad in bads {
         assert!(invalid(qp.modify(&Modify::Rtr(bad))));
@@ -127,6 +132,67 @@ fn attribute_validation() {
         max_rd_atomic: 0,
     };
     qp.modify(&Modify::Rts(edge)).unwrap();
+}
+
+#[test]
+fn query_reports_the_applied_attributes() {
+    let f = Fabric::with_devices(1);
+    let s = side(&f, "sim0", &Cfg::default());
+    let qp = &s.qp;
+    let q = qp.query();
+    assert_eq!((q.state, q.rtr, q.rts), (QpState::Reset, None, None));
+    qp.modify(&Modify::Init(init_attr(Access::empty())))
+        .unwrap();
+    let rtr = RtrAttr {
+        path_mtu: Mtu::Mtu1024,
+        rq_psn: 77,
+        sl: 15,
+        traffic_class: 0xb8,
+        flow_label: (1 << 20) - 1,
+        hop_limit: 3,
+        ..rtr_attr(qp.qp_num(), 1, 1)
+    };
+    qp.modify(&Modify::Rtr(rtr)).unwrap();
+    let rts = RtsAttr {
+        sq_psn: 1234,
+        ..rts_attr()
+    };
+    qp.modify(&Modify::Rts(rts)).unwrap();
+    let q = qp.query();
+    assert_eq!(q.state, QpState::Rts);
+    assert_eq!((q.rtr, q.rts), (Some(rtr), Some(rts)));
+    assert_eq!((q.sq_psn, q.rq_psn), (1234, 77));
+    // RESET forgets the connection.
+    qp.modify(&Modify::Reset).unwrap();
+    let q = qp.query();
+    assert_eq!((q.state, q.rtr, q.rts), (QpState::Reset, None, None));
+}
+
+#[test]
+fn rxe_keeps_no_service_level_and_takes_the_routes_hop_limit() {
+    let cfg = FabricConfig {
+        personality: Personality::Rxe,
+        ..FabricConfig::default()
+    };
+    let f = Fabric::with_config(cfg, 1);
+    let s = side(&f, "sim0", &Cfg::default());
+    let qp = &s.qp;
+    qp.modify(&Modify::Init(init_attr(Access::empty())))
+        .unwrap();
+    let rtr = RtrAttr {
+        sl: 7,
+        traffic_class: 0x68,
+        flow_label: 0x1_2345,
+        hop_limit: 9,
+        dgid: Some(s.ctx.query_gid(1, 1).unwrap()),
+        ..rtr_attr(qp.qp_num(), 0, 1)
+    };
+    qp.modify(&Modify::Rtr(rtr)).unwrap();
+    let kept = qp.query().rtr.unwrap();
+    assert_eq!(
+        (kept.sl, kept.traffic_class, kept.flow_label, kept.hop_limit),
+        (0, 0x68, 0x1_2345, ROCE_ROUTE_HOP_LIMIT)
+    );
 }
 
 #[test]

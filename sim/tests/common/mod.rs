@@ -220,6 +220,10 @@ pub fn rtr_attr(dest_qp_num: u32, dlid: u16, max_dest_rd_atomic: u8) -> RtrAttr 
         dgid: None,
         sgid_index: 0,
         port: 1,
+        sl: 0,
+        traffic_class: 0,
+        flow_label: 0,
+        hop_limit: 64,
     }
 }
 

@@ -12,6 +12,7 @@
 
 mod collective;
 mod errors;
+mod events;
 mod liveness;
 mod rxe;
 mod scenarios;
@@ -23,12 +24,13 @@ use std::time::{Duration, Instant};
 use zverbs::provider::Provider;
 use zverbs::qp::{InitOptions, QpConfig, QueuePair, ReadyToSend, RtrOptions, RtsOptions};
 use zverbs::{
-    AccessFlags, CompletionQueue, Context, MemoryRegion, ProtectionDomain, RecvWr, SendFlags,
-    SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
+    AccessFlags, CompletionChannel, CompletionQueue, Context, MemoryRegion, ProtectionDomain,
+    RecvWr, SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
 };
 
 pub use collective::*;
 pub use errors::*;
+pub use events::*;
 pub use liveness::*;
 pub use rxe::RXE_DEVIATIONS;
 pub use scenarios::*;
@@ -37,6 +39,7 @@ pub use scenarios::*;
 pub mod expected {
     pub use super::collective::expected::*;
     pub use super::errors::expected::*;
+    pub use super::events::expected::*;
     pub use super::liveness::expected::*;
     pub use super::scenarios::expected::*;
 }
@@ -96,6 +99,8 @@ pub struct Deviation {
 /// Per-pair settings a scenario may change.
 #[derive(Clone, Copy, Debug)]
 pub struct PairOptions {
+    /// Side B's receive CQ reports to a completion channel ([`Side::events`]).
+    pub b_events: bool,
     /// Remote operations side B's queue pair accepts.
     pub b_access: AccessFlags,
     /// Side A's RNR retry count (7 = infinite).
@@ -107,6 +112,7 @@ pub struct PairOptions {
 impl Default for PairOptions {
     fn default() -> Self {
         PairOptions {
+            b_events: false,
             b_access: InitOptions::default().access,
             a_rnr_retry: 7,
             b_min_rnr_timer: 1,
@@ -119,6 +125,8 @@ pub struct Side<P: Provider> {
     pub qp: QueuePair<P, ReadyToSend>,
     pub scq: CompletionQueue<P>,
     pub rcq: CompletionQueue<P>,
+    /// The completion channel of `rcq`, if [`PairOptions::b_events`] asked for one.
+    pub events: Option<CompletionChannel<P>>,
     pub pd: ProtectionDomain<P>,
     pub ctx: Context<P>,
 }
@@ -136,11 +144,18 @@ pub type Pair<P> = (Side<P>, Side<P>);
 /// Two RC queue pairs connected to each other, A on the first device, B on the second.
 pub fn pair<E: Env>(env: &E, o: &PairOptions) -> Run<Pair<E::P>> {
     let (da, db) = env.devices();
-    let prep = |name: &str, access: AccessFlags| -> Run<_> {
+    let prep = |name: &str, access: AccessFlags, events: bool| -> Run<_> {
         let ctx = Context::open(env.provider(), name).map_err(err("open device"))?;
         let pd = ctx.alloc_pd().map_err(err("alloc pd"))?;
         let scq = CompletionQueue::create(&ctx, 64).map_err(err("create cq"))?;
-        let rcq = CompletionQueue::create(&ctx, 64).map_err(err("create cq"))?;
+        let ch = events
+            .then(|| CompletionChannel::create(&ctx).map_err(err("create channel")))
+            .transpose()?;
+        let rcq = match &ch {
+            Some(ch) => CompletionQueue::create_on(&ctx, 64, ch),
+            None => CompletionQueue::create(&ctx, 64),
+        };
+        let rcq = rcq.map_err(err("create cq"))?;
         let qp = QueuePair::create(&ctx, &pd, &scq, &rcq, &env.qp_config(&ctx))
             .map_err(err("create qp"))?;
         let init = InitOptions {
@@ -150,10 +165,10 @@ pub fn pair<E: Env>(env: &E, o: &PairOptions) -> Run<Pair<E::P>> {
         let qp = qp
             .into_init(&init)
             .map_err(|e| format!("init: {}", e.error))?;
-        Ok((ctx, pd, scq, rcq, qp))
+        Ok((ctx, pd, scq, (rcq, ch), qp))
     };
-    let (ca, pa, sa, ra, qa) = prep(da, InitOptions::default().access)?;
-    let (cb, pb, sb, rb, qb) = prep(db, o.b_access)?;
+    let (ca, pa, sa, ra, qa) = prep(da, InitOptions::default().access, false)?;
+    let (cb, pb, sb, rb, qb) = prep(db, o.b_access, o.b_events)?;
     let (ea, eb) = (qa.endpoint(), qb.endpoint());
     let rtr = |timer| RtrOptions {
         min_rnr_timer: timer,
@@ -172,10 +187,11 @@ pub fn pair<E: Env>(env: &E, o: &PairOptions) -> Run<Pair<E::P>> {
     let qb = qb
         .into_rts(&rts(7))
         .map_err(|e| format!("rts: {}", e.error))?;
-    let side = |qp, scq, rcq, pd, ctx| Side {
+    let side = |qp, scq, (rcq, events), pd, ctx| Side {
         qp,
         scq,
         rcq,
+        events,
         pd,
         ctx,
     };
@@ -429,7 +445,7 @@ macro_rules! conformance_tests {
             rem_access_bad_rkey, rem_access_no_remote_write, rem_access_no_remote_read,
             rem_access_write_out_of_bounds, rem_write_imm_bad_rkey, rem_qp_no_remote_write,
             rem_atomic_misaligned, loc_len_short_recv, flush_after_error, flush_on_modify_err,
-            post_after_error, rnr_retry_exceeded, channel_roundtrip,
+            post_after_error, rnr_retry_exceeded, channel_roundtrip, cq_events,
             multi_channel_scatter_gather, node_barrier, wait_bounded_on_silent_peer,
             send_before_peer_connects, barrier_at_connect_and_exit, link_down_bounded
         );

@@ -1,0 +1,119 @@
+//! Completion events (`ibv_comp_channel`): arming, the event, one-shot arms, the poll
+//! after the arm, and solicited-only arms, with outcomes that do not depend on timing.
+//!
+//! Side B's receive queue reports to a completion channel; A sends to it.
+
+use super::scenarios::{filled, LW, NONE};
+use super::*;
+
+/// How long a late event (the device's interrupt path, after the completion is visible)
+/// may take to reach the channel.
+const LATE: Duration = Duration::from_millis(200);
+
+/// Takes every pending event of `ch` and hands it to `cq`; how many there were, or an
+/// error naming an event of another queue.
+fn take_events<P: Provider>(ch: &CompletionChannel<P>, cq: &CompletionQueue<P>) -> Run<usize> {
+    let mut n = 0;
+    while let Some(ev) = ch.try_get_event().map_err(err("get event"))? {
+        cq.ack_event(ev)
+            .map_err(|ev| format!("event of an unknown queue {:#x}", ev.key()))?;
+        n += 1;
+    }
+    Ok(n)
+}
+
+/// Notify, event, poll again:
+///
+/// 1. armed with nothing completed: the poll after the arm is empty and the descriptor
+///    silent;
+/// 2. a receive completes: the sleeper wakes, one event names B's queue;
+/// 3. without a new arm, the next receive raises nothing (one-shot);
+/// 4. a receive completed before the arm (A's send completion proves the message was
+///    received) is found by the poll after the arm; whatever event it raised is taken,
+///    and once armed again over an empty queue the descriptor is silent;
+/// 5. armed solicited-only, a plain receive raises nothing and a SOLICITED one wakes the
+///    sleeper.
+pub fn cq_events<E: Env>(env: &E) -> Run<Outcome> {
+    let (a, b) = pair(
+        env,
+        &PairOptions {
+            b_events: true,
+            ..PairOptions::default()
+        },
+    )?;
+    let ch = b.events.as_ref().ok_or("no completion channel")?;
+    let src = filled(&a.pd, 32, LW, 3)?;
+    let dst = region(&b.pd, 6 * 32, LW, 0)?;
+    let readable = |t| ch.wait_readable(t).map_err(err("poll(2)"));
+    // Nothing raised an event within the grace period (zero on the simulator).
+    let silent = || readable(Some(env.grace())).map(|r| !r);
+    // A send of message `id` (1..=6) into slot `id - 1` of `dst`, and its receive.
+    let send = |id: u64, flags: SendFlags| -> Run<()> {
+        let slot = (id as usize - 1) * 32;
+        // SAFETY: leaked regions, read only after the completions below.
+        unsafe {
+            post_recv(&b, &[rwr(100 + id, &[sge(&dst, slot, 32)])])?;
+            post_send(&a, &[swr(id, SendOp::Send, flags, &[sge(&src, 0, 32)])])
+        }
+    };
+    let mut o = Outcome::default();
+
+    b.rcq.arm(false).map_err(err("arm"))?;
+    o.wcs("armed", &settle(env, &b.rcq)?);
+    o.item("silent", silent()?);
+
+    send(1, SendFlags::SIGNALED)?;
+    o.item("woken", readable(Some(env.timeout()))?);
+    o.item("events", take_events(ch, &b.rcq)?);
+    o.wcs("b", &wait(env, &b.rcq, 1)?);
+
+    send(2, SendFlags::SIGNALED)?;
+    let unarmed = wait(env, &b.rcq, 1)?;
+    o.wcs("unarmed", &unarmed);
+    o.item("unarmed_silent", silent()?);
+
+    send(3, SendFlags::SIGNALED)?;
+    wait(env, &a.scq, 3)?; // A's three sends, the last acknowledged: B received it
+    b.rcq.arm(false).map_err(err("arm"))?;
+    o.wcs("repoll", &wait(env, &b.rcq, 1)?);
+    // One event if the receive completed after the arm, none if before; a device may
+    // raise it just after the completion became visible.
+    if take_events(ch, &b.rcq)? == 0 && readable(Some(LATE))? {
+        take_events(ch, &b.rcq)?;
+    }
+    b.rcq.arm(false).map_err(err("arm"))?;
+    o.wcs("rearmed", &settle(env, &b.rcq)?);
+    o.item("rearmed_silent", silent()?);
+
+    // Still armed (for any completion): one plain receive spends that arm.
+    send(4, NONE)?;
+    o.item("next_woken", readable(Some(env.timeout()))?);
+    o.item("next_events", take_events(ch, &b.rcq)?);
+    o.wcs("next", &wait(env, &b.rcq, 1)?);
+
+    b.rcq.arm(true).map_err(err("arm"))?;
+    send(5, NONE)?;
+    o.wcs("unsolicited", &wait(env, &b.rcq, 1)?);
+    o.item("unsolicited_silent", silent()?);
+    send(6, SendFlags::SOLICITED)?;
+    o.item("solicited_woken", readable(Some(env.timeout()))?);
+    o.item("solicited_events", take_events(ch, &b.rcq)?);
+    o.wcs("solicited", &wait(env, &b.rcq, 1)?);
+    o.check(
+        "bytes",
+        dst.as_slice().chunks(32).all(|c| c == pattern(32, 3)),
+    );
+    Ok(o)
+}
+
+/// What the verbs specification requires.
+pub mod expected {
+    #![allow(non_upper_case_globals)]
+    pub const cq_events: &str = "armed=[]; silent=true; woken=true; events=1; \
+        b=[101:SUCCESS Recv len=32]; unarmed=[102:SUCCESS Recv len=32]; \
+        unarmed_silent=true; repoll=[103:SUCCESS Recv len=32]; rearmed=[]; \
+        rearmed_silent=true; next_woken=true; next_events=1; \
+        next=[104:SUCCESS Recv len=32]; unsolicited=[105:SUCCESS Recv len=32]; \
+        unsolicited_silent=true; solicited_woken=true; solicited_events=1; \
+        solicited=[106:SUCCESS Recv len=32]; bytes=ok";
+}

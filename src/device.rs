@@ -34,8 +34,10 @@ impl<P: Provider> Context<P> {
         verb("ibv_query_port", P::query_port(&self.raw, port))
     }
 
-    /// Reads GID table entry `index` of port `port`.
-    pub fn query_gid(&self, port: u8, index: u16) -> Result<Gid, Error<P::Error>> {
+    /// Reads GID table entry `index` of port `port`. GID indices are `u8` throughout, as in
+    /// the address vector (`ibv_global_route.sgid_index`): an entry past 255 cannot be used
+    /// for a path.
+    pub fn query_gid(&self, port: u8, index: u8) -> Result<Gid, Error<P::Error>> {
         verb("ibv_query_gid", P::query_gid(&self.raw, port, index))
     }
 

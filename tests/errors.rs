@@ -254,7 +254,7 @@ fn device_errors_are_typed() {
     let ctx = Context::open(&sim, "sim0").unwrap();
     assert_eq!(ctx.query_port(2).unwrap_err().kind(), ErrorKind::NotFound);
     assert_eq!(
-        ctx.query_gid(1, 999).unwrap_err().kind(),
+        ctx.query_gid(1, 255).unwrap_err().kind(),
         ErrorKind::NotFound
     );
     assert_eq!(

@@ -170,7 +170,7 @@ impl Context {
     ///
     /// # Errors
     /// [`SimError::NotFound`] for a port other than 1 or an index past the table.
-    pub fn query_gid(&self, port: u8, index: u16) -> Result<Gid, SimError> {
+    pub fn query_gid(&self, port: u8, index: u8) -> Result<Gid, SimError> {
         let w = enter(&self.world);
         let gids = &w.devices[self.dev].gids;
         let gid = gids.get(usize::from(index)).filter(|_| port == 1);
@@ -480,6 +480,20 @@ impl Qp {
             .get(self.id)
             .expect("live QP")
             .counters
+    }
+
+    /// The queue pair's attributes (`ibv_query_qp`): the state, the attributes of the RTR
+    /// and RTS transitions as applied, and the PSNs in use now.
+    pub fn query(&self) -> QpAttr {
+        let w = enter(&self.world);
+        let qp = w.qps.get(self.id).expect("live QP");
+        QpAttr {
+            state: qp.state,
+            rtr: qp.rtr,
+            rts: qp.rts,
+            sq_psn: qp.req.next_psn,
+            rq_psn: qp.resp.epsn,
+        }
     }
 
     /// Moves the queue pair to another state (see [`Modify`] for the legal transitions).

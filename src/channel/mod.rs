@@ -43,6 +43,7 @@
 mod blocking;
 mod poll;
 mod prepared;
+mod path;
 mod raw;
 mod scope;
 mod source;

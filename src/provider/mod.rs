@@ -77,6 +77,55 @@ pub struct RtrAttr {
     pub sgid_index: u8,
     /// Local port.
     pub port: u8,
+    /// Service level (0..=15): the lane on InfiniBand, the priority on RoCE.
+    pub sl: u8,
+    /// Traffic class of the GRH (on RoCE v2 the IP DSCP and ECN bits). Used with `dgid`.
+    pub traffic_class: u8,
+    /// Flow label of the GRH (20 bits). Used with `dgid`.
+    pub flow_label: u32,
+    /// Hop limit of the GRH (on RoCE v2 the IP TTL). Used with `dgid`.
+    pub hop_limit: u8,
+}
+
+/// A connected queue pair's path and connection attributes as the device applied them
+/// (`ibv_query_qp`): what a C program reads back from `ibv_qp_attr` after RTR and RTS.
+///
+/// The PSNs are the device's current ones (the next to send, the next expected), not the
+/// initial values given at the transitions. Fields set by RTS (`timeout`, `retry_cnt`,
+/// `rnr_retry`) read as zero before it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PathAttr {
+    /// The path MTU in use: the smallest of the one asked for, the local port's and the
+    /// peer's.
+    pub path_mtu: crate::types::Mtu,
+    /// The peer's queue pair number.
+    pub dest_qp_num: u32,
+    /// The next packet sequence number the requester sends.
+    pub sq_psn: u32,
+    /// The next packet sequence number the responder expects.
+    pub rq_psn: u32,
+    /// The peer's LID.
+    pub dlid: u16,
+    /// The peer's GID, when the path is routed by GID (a GRH is sent).
+    pub dgid: Option<Gid>,
+    /// Local GID index of the path.
+    pub sgid_index: u8,
+    /// Service level.
+    pub sl: u8,
+    /// Traffic class of the GRH.
+    pub traffic_class: u8,
+    /// Flow label of the GRH.
+    pub flow_label: u32,
+    /// Hop limit of the GRH.
+    pub hop_limit: u8,
+    /// RNR NAK timer code sent to the peer.
+    pub min_rnr_timer: u8,
+    /// ACK timeout code.
+    pub timeout: u8,
+    /// Transport retries.
+    pub retry_cnt: u8,
+    /// RNR retries.
+    pub rnr_retry: u8,
 }
 
 /// Attributes of the RTR → RTS transition.
@@ -138,7 +187,7 @@ pub trait Provider: Sized {
     /// Queries a port (1-based).
     fn query_port(ctx: &Self::Context, port: u8) -> Result<PortAttr, Self::Error>;
     /// Reads one entry of a port's GID table.
-    fn query_gid(ctx: &Self::Context, port: u8, index: u16) -> Result<Gid, Self::Error>;
+    fn query_gid(ctx: &Self::Context, port: u8, index: u8) -> Result<Gid, Self::Error>;
     /// Allocates a protection domain.
     fn alloc_pd(ctx: &Self::Context) -> Result<Self::Pd, Self::Error>;
 
@@ -206,6 +255,10 @@ pub trait Provider: Sized {
     fn modify_qp(qp: &Self::Qp, t: &Transition) -> Result<(), Self::Error>;
     /// The current state (the device may have moved it to the error state).
     fn query_qp_state(qp: &Self::Qp) -> Result<QpState, Self::Error>;
+    /// The path and connection attributes of a queue pair that has been through RTR
+    /// (`ibv_query_qp`). A queue pair without a path (RESET, INIT) gives an invalid-argument
+    /// error.
+    fn query_path(qp: &Self::Qp) -> Result<PathAttr, Self::Error>;
 
     /// Posts a chain of send work requests with one doorbell.
     ///

@@ -55,7 +55,7 @@ pub use zverbs_sim::{
     PacketKind, SimError, TraceEvent, TraceKind,
 };
 
-use super::{PostError, Provider, Transition};
+use super::{PathAttr, PostError, Provider, Transition};
 use crate::error::{ErrorKind, ProviderError};
 use crate::types::{
     AccessFlags, Gid, Mtu, PortAttr, PortState, QpCaps, QpState, RecvWr, SendFlags, SendOp, SendWr,
@@ -252,7 +252,7 @@ impl Provider for Sim {
         })
     }
 
-    fn query_gid(ctx: &s::Context, port: u8, index: u16) -> Result<Gid, s::SimError> {
+    fn query_gid(ctx: &s::Context, port: u8, index: u8) -> Result<Gid, s::SimError> {
         ctx.query_gid(port, index).map(Gid)
     }
 
@@ -357,6 +357,10 @@ impl Provider for Sim {
                 dgid: a.dgid.map(|g| g.0),
                 sgid_index: a.sgid_index,
                 port: a.port,
+                sl: a.sl,
+                traffic_class: a.traffic_class,
+                flow_label: a.flow_label,
+                hop_limit: a.hop_limit,
             }),
             Transition::Rts(a) => s::Modify::Rts(s::RtsAttr {
                 sq_psn: a.sq_psn,
@@ -378,6 +382,32 @@ impl Provider for Sim {
             s::QpState::Sqd => QpState::SendQueueDrained,
             s::QpState::Sqe => QpState::SendQueueError,
             s::QpState::Err => QpState::Error,
+        })
+    }
+
+    fn query_path(qp: &s::Qp) -> Result<PathAttr, s::SimError> {
+        let q = qp.query();
+        // RESET forgets the RTR attributes, so only a queue pair past RTR has them.
+        let r = q.rtr.ok_or(s::SimError::Invalid(
+            "the queue pair has no path before RTR",
+        ))?;
+        let rts = q.rts;
+        Ok(PathAttr {
+            path_mtu: mtu_from(r.path_mtu),
+            dest_qp_num: r.dest_qp_num,
+            sq_psn: q.sq_psn,
+            rq_psn: q.rq_psn,
+            dlid: r.dlid,
+            dgid: r.dgid.map(Gid),
+            sgid_index: r.sgid_index,
+            sl: r.sl,
+            traffic_class: r.traffic_class,
+            flow_label: r.flow_label,
+            hop_limit: r.hop_limit,
+            min_rnr_timer: r.min_rnr_timer,
+            timeout: rts.map_or(0, |a| a.timeout),
+            retry_cnt: rts.map_or(0, |a| a.retry_cnt),
+            rnr_retry: rts.map_or(0, |a| a.rnr_retry),
         })
     }
 

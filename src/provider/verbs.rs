@@ -21,7 +21,7 @@
 //! let pd = ctx.alloc_pd()?;
 //! let gid = Verbs::select_gid(ctx.raw(), 1, GidSelect::default())?;
 //! let config = ChannelConfig {
-//!     qp: QpConfig { gid_index: gid.index as u8, ..QpConfig::default() },
+//!     qp: QpConfig { gid_index: gid.index, ..QpConfig::default() },
 //!     ..ChannelConfig::default()
 //! };
 //! let prepared = Channel::<Verbs>::prepare(&ctx, &pd, &config)?;
@@ -46,7 +46,7 @@ use std::sync::Arc;
 
 use ibverbs_sys as ffi;
 
-use super::{PostError, Provider, Transition};
+use super::{PathAttr, PostError, Provider, Transition};
 use crate::types::{
     AccessFlags, Gid, Mtu, PortAttr, PortState, QpCaps, QpState, RecvWr, SendWr, WorkCompletion,
 };
@@ -299,7 +299,7 @@ impl Provider for Verbs {
         })
     }
 
-    fn query_gid(ctx: &Context, port: u8, index: u16) -> Result<Gid, VerbsError> {
+    fn query_gid(ctx: &Context, port: u8, index: u8) -> Result<Gid, VerbsError> {
         let mut g = ffi::ibv_gid::default();
         // SAFETY: open context; `g` is a valid out-pointer to a 16-byte GID.
         let ret = unsafe { ffi::ibv_query_gid(ctx.as_ptr(), port, index.into(), &mut g) };
@@ -497,12 +497,17 @@ impl Provider for Verbs {
                 a.max_dest_rd_atomic = r.max_dest_rd_atomic;
                 a.min_rnr_timer = r.min_rnr_timer;
                 a.ah_attr.dlid = r.dlid;
+                a.ah_attr.sl = r.sl;
                 a.ah_attr.port_num = r.port;
                 if let Some(dgid) = r.dgid {
                     a.ah_attr.is_global = 1;
-                    a.ah_attr.grh.dgid = ffi::ibv_gid { raw: dgid.0 };
-                    a.ah_attr.grh.sgid_index = r.sgid_index;
-                    a.ah_attr.grh.hop_limit = 64;
+                    a.ah_attr.grh = ffi::ibv_global_route {
+                        dgid: ffi::ibv_gid { raw: dgid.0 },
+                        flow_label: r.flow_label,
+                        sgid_index: r.sgid_index,
+                        hop_limit: r.hop_limit,
+                        traffic_class: r.traffic_class,
+                    };
                 }
                 m::IBV_QP_STATE
                     | m::IBV_QP_AV
@@ -533,21 +538,51 @@ impl Provider for Verbs {
     }
 
     fn query_qp_state(qp: &Qp) -> Result<QpState, VerbsError> {
-        use ffi::ibv_qp_state as s;
-        let mut a = ffi::ibv_qp_attr::default();
-        let mut init = ffi::ibv_qp_init_attr::default();
-        let mask = ffi::ibv_qp_attr_mask::IBV_QP_STATE.0 as i32;
-        // SAFETY: live QP; `a` and `init` are valid out-structs.
-        let ret = unsafe { ffi::ibv_query_qp(qp.qp.as_ptr(), &mut a, mask, &mut init) };
-        check("ibv_query_qp", ret)?;
-        Ok(match a.qp_state {
-            s::IBV_QPS_RESET => QpState::Reset,
-            s::IBV_QPS_INIT => QpState::Init,
-            s::IBV_QPS_RTR => QpState::ReadyToReceive,
-            s::IBV_QPS_RTS => QpState::ReadyToSend,
-            s::IBV_QPS_SQD => QpState::SendQueueDrained,
-            s::IBV_QPS_SQE => QpState::SendQueueError,
-            _ => QpState::Error,
+        let a = query_qp(qp, ffi::ibv_qp_attr_mask::IBV_QP_STATE)?;
+        Ok(qp_state(a.qp_state))
+    }
+
+    fn query_path(qp: &Qp) -> Result<PathAttr, VerbsError> {
+        use ffi::ibv_qp_attr_mask as m;
+        let mask = m::IBV_QP_STATE
+            | m::IBV_QP_AV
+            | m::IBV_QP_PATH_MTU
+            | m::IBV_QP_DEST_QPN
+            | m::IBV_QP_RQ_PSN
+            | m::IBV_QP_SQ_PSN
+            | m::IBV_QP_MIN_RNR_TIMER
+            | m::IBV_QP_TIMEOUT
+            | m::IBV_QP_RETRY_CNT
+            | m::IBV_QP_RNR_RETRY;
+        let a = query_qp(qp, mask)?;
+        // Before RTR (and after a reset) the device holds no path, or a stale one.
+        if matches!(qp_state(a.qp_state), QpState::Reset | QpState::Init) {
+            return Err(VerbsError::Invalid("the queue pair has no path before RTR"));
+        }
+        let path_mtu = u8::try_from(a.path_mtu)
+            .ok()
+            .and_then(Mtu::from_raw)
+            .ok_or(VerbsError::Invalid("ibv_query_qp gave no valid path MTU"))?;
+        let (ah, grh) = (&a.ah_attr, &a.ah_attr.grh);
+        let global = ah.is_global != 0;
+        // SAFETY: `raw` is the byte view of the GID union; every bit pattern is valid.
+        let dgid = Gid(unsafe { grh.dgid.raw });
+        Ok(PathAttr {
+            path_mtu,
+            dest_qp_num: a.dest_qp_num,
+            sq_psn: a.sq_psn,
+            rq_psn: a.rq_psn,
+            dlid: ah.dlid,
+            dgid: global.then_some(dgid),
+            sgid_index: if global { grh.sgid_index } else { 0 },
+            sl: ah.sl,
+            traffic_class: if global { grh.traffic_class } else { 0 },
+            flow_label: if global { grh.flow_label } else { 0 },
+            hop_limit: if global { grh.hop_limit } else { 0 },
+            min_rnr_timer: a.min_rnr_timer,
+            timeout: a.timeout,
+            retry_cnt: a.retry_cnt,
+            rnr_retry: a.rnr_retry,
         })
     }
 
@@ -594,6 +629,30 @@ impl Provider for Verbs {
             }
         }
         malformed.map_or(Ok(()), Err)
+    }
+}
+
+/// `ibv_query_qp` of the attributes in `mask`.
+fn query_qp(qp: &Qp, mask: ffi::ibv_qp_attr_mask) -> Result<ffi::ibv_qp_attr, VerbsError> {
+    let mut a = ffi::ibv_qp_attr::default();
+    let mut init = ffi::ibv_qp_init_attr::default();
+    // SAFETY: live QP; `a` and `init` are valid, writable out-structs of the library's
+    // layout; the call writes only them.
+    let ret = unsafe { ffi::ibv_query_qp(qp.qp.as_ptr(), &mut a, mask.0 as i32, &mut init) };
+    check("ibv_query_qp", ret)?;
+    Ok(a)
+}
+
+fn qp_state(state: ffi::ibv_qp_state::Type) -> QpState {
+    use ffi::ibv_qp_state as s;
+    match state {
+        s::IBV_QPS_RESET => QpState::Reset,
+        s::IBV_QPS_INIT => QpState::Init,
+        s::IBV_QPS_RTR => QpState::ReadyToReceive,
+        s::IBV_QPS_RTS => QpState::ReadyToSend,
+        s::IBV_QPS_SQD => QpState::SendQueueDrained,
+        s::IBV_QPS_SQE => QpState::SendQueueError,
+        _ => QpState::Error,
     }
 }
 

@@ -42,6 +42,7 @@ use core::marker::PhantomData;
 use crate::cq::CompletionQueue;
 use crate::device::{Context, ProtectionDomain};
 use crate::error::{verb, Error};
+pub use crate::provider::PathAttr;
 use crate::provider::{InitAttr, PostError, Provider, RtrAttr, RtsAttr, Transition};
 use crate::types::{AccessFlags, Mtu, QpCaps, QpState, RecvWr, SendWr};
 
@@ -81,7 +82,8 @@ pub struct QpConfig {
     pub caps: QpCaps,
     /// Physical port (1-based).
     pub port: u8,
-    /// GID table index used for addressing.
+    /// GID table index used for addressing (the path's `sgid_index`; on RoCE choose it with
+    /// `Verbs::select_gid`).
     pub gid_index: u8,
     /// First packet sequence number; `None` derives one from the queue pair number.
     pub psn: Option<u32>,
@@ -125,7 +127,26 @@ impl Default for InitOptions {
     }
 }
 
-/// Attributes of INIT → RTR besides the peer's endpoint.
+/// The largest flow label (20 bits).
+pub const MAX_FLOW_LABEL: u32 = (1 << 20) - 1;
+
+/// The largest service level.
+pub const MAX_SL: u8 = 15;
+
+/// Attributes of INIT → RTR besides the peer's endpoint: the receive side's limits and the
+/// address vector of the path (`ibv_qp_attr.ah_attr`).
+///
+/// The MTU used is the smallest of [`mtu`](Self::mtu), the local port's and the peer's;
+/// [`QueuePair::path`] reads back what the device applied. The GRH fields
+/// (`traffic_class`, `flow_label`, `hop_limit`) are sent when the path is routed by GID,
+/// which is whenever the peer's endpoint carries a GID (always on RoCE).
+///
+/// ```
+/// use zverbs::qp::RtrOptions;
+/// // A C program's `ah_attr.sl = 3; ah_attr.grh.traffic_class = 106;` (DSCP 26, ECT(0)).
+/// let opts = RtrOptions { sl: 3, traffic_class: 106, ..RtrOptions::default() };
+/// assert_eq!(opts.hop_limit, 64);
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RtrOptions {
     /// Cap on the path MTU; the MTU used is the smallest of this, ours and the peer's.
@@ -134,6 +155,19 @@ pub struct RtrOptions {
     pub min_rnr_timer: u8,
     /// Reads and atomics accepted in flight as responder.
     pub max_dest_rd_atomic: u8,
+    /// Service level (0..=[`MAX_SL`]): the virtual lane on InfiniBand, the priority (PCP)
+    /// on RoCE. Default 0. Soft-RoCE (`rxe`) does not keep it: its path reads back SL 0.
+    pub sl: u8,
+    /// Traffic class of the GRH: on RoCE v2 the IP DSCP (upper six bits) and ECN (lower
+    /// two). Default 0.
+    pub traffic_class: u8,
+    /// Flow label of the GRH (0..=[`MAX_FLOW_LABEL`]); on RoCE v2 devices may derive the
+    /// UDP source port from it. Default 0.
+    pub flow_label: u32,
+    /// Hop limit of the GRH: on RoCE v2 the IP TTL. Default 64. On RoCE, Linux resolves
+    /// the path through the IP stack and uses the route's hop limit instead;
+    /// [`QueuePair::path`] shows the one in use.
+    pub hop_limit: u8,
 }
 
 impl Default for RtrOptions {
@@ -142,6 +176,10 @@ impl Default for RtrOptions {
             mtu: Mtu::Mtu4096,
             min_rnr_timer: 12,
             max_dest_rd_atomic: 16,
+            sl: 0,
+            traffic_class: 0,
+            flow_label: 0,
+            hop_limit: 64,
         }
     }
 }
@@ -247,7 +285,7 @@ impl<P: Provider> QueuePair<P, Reset> {
             check(psn <= MAX_24BIT, "psn exceeds 24 bits").map_err(Error::InvalidAttribute)?;
         }
         let port = ctx.query_port(config.port)?;
-        let gid = ctx.query_gid(config.port, config.gid_index.into())?;
+        let gid = ctx.query_gid(config.port, config.gid_index)?;
         let raw = verb(
             "ibv_create_qp",
             P::create_qp(&pd.raw, &send_cq.raw, &recv_cq.raw, &config.caps),
@@ -297,6 +335,11 @@ impl<P: Provider> QueuePair<P, Init> {
         let attr = check(remote.qp_num <= MAX_24BIT, "remote qp_num exceeds 24 bits")
             .and(check(remote.psn <= MAX_24BIT, "remote psn exceeds 24 bits"))
             .and(check(opts.min_rnr_timer <= 31, "min_rnr_timer exceeds 31"))
+            .and(check(opts.sl <= MAX_SL, "sl exceeds 15"))
+            .and(check(
+                opts.flow_label <= MAX_FLOW_LABEL,
+                "flow_label exceeds 20 bits",
+            ))
             .map(|()| {
                 Transition::Rtr(RtrAttr {
                     path_mtu: opts.mtu.min(self.local.mtu).min(remote.mtu),
@@ -308,6 +351,10 @@ impl<P: Provider> QueuePair<P, Init> {
                     dgid: (remote.gid.0 != [0; 16]).then_some(remote.gid),
                     sgid_index: self.config.gid_index,
                     port: self.config.port,
+                    sl: opts.sl,
+                    traffic_class: opts.traffic_class,
+                    flow_label: opts.flow_label,
+                    hop_limit: opts.hop_limit,
                 })
             });
         self.transition(attr).map(|mut qp| {
@@ -318,6 +365,12 @@ impl<P: Provider> QueuePair<P, Init> {
 }
 
 impl<P: Provider> QueuePair<P, ReadyToReceive> {
+    /// The path and connection attributes the device applied (`ibv_query_qp`): the
+    /// effective path MTU, the address vector, the current PSNs.
+    pub fn path(&self) -> Result<PathAttr, Error<P::Error>> {
+        verb("ibv_query_qp", P::query_path(&self.raw))
+    }
+
     /// RTR → RTS.
     pub fn into_rts(
         self,
@@ -367,6 +420,36 @@ impl<P: Provider> QueuePair<P, Init> {
 }
 
 impl<P: Provider> QueuePair<P, ReadyToSend> {
+    /// The path and connection attributes the device applied (`ibv_query_qp`): the
+    /// effective path MTU, the address vector, the current PSNs, the retry settings.
+    ///
+    /// ```
+    /// # #[cfg(feature = "sim")] {
+    /// # use zverbs::provider::sim::Sim;
+    /// # use zverbs::qp::{QpConfig, QueuePair, InitOptions, RtrOptions, RtsOptions};
+    /// # use zverbs::{CompletionQueue, Context, Mtu};
+    /// # let sim = Sim::with_devices(2);
+    /// # let make = |name| {
+    /// #     let ctx = Context::open(&sim, name).unwrap();
+    /// #     let pd = ctx.alloc_pd().unwrap();
+    /// #     let cq = CompletionQueue::create(&ctx, 16).unwrap();
+    /// #     let qp = QueuePair::create(&ctx, &pd, &cq, &cq, &QpConfig::default()).unwrap();
+    /// #     (ctx, pd, cq, qp.into_init(&InitOptions::default()).unwrap())
+    /// # };
+    /// # let (_c1, _p1, _q1, a) = make("sim0");
+    /// # let (_c2, _p2, _q2, b) = make("sim1");
+    /// let opts = RtrOptions { mtu: Mtu::Mtu1024, sl: 5, ..RtrOptions::default() };
+    /// let a = a.into_rtr(&b.endpoint(), &opts).unwrap();
+    /// let a = a.into_rts(&RtsOptions::default()).unwrap();
+    /// let path = a.path().unwrap();
+    /// assert_eq!((path.path_mtu, path.sl, path.hop_limit), (Mtu::Mtu1024, 5, 64));
+    /// assert_eq!(path.dest_qp_num, b.qp_num());
+    /// # }
+    /// ```
+    pub fn path(&self) -> Result<PathAttr, Error<P::Error>> {
+        verb("ibv_query_qp", P::query_path(&self.raw))
+    }
+
     /// Posts a chain of send work requests with one doorbell.
     ///
     /// # Safety

@@ -176,10 +176,8 @@ pub mod verbs {
         let port = QpConfig::default().port;
         let gid = Verbs::select_gid(ctx.raw(), port, how)
             .map_err(|e| format!("{}: GID selection: {e}", ctx.raw().name()))?;
-        let gid_index =
-            u8::try_from(gid.index).map_err(|_| format!("GID index {} above 255", gid.index))?;
         Ok(QpConfig {
-            gid_index,
+            gid_index: gid.index,
             ..QpConfig::default()
         })
     }

@@ -80,8 +80,7 @@ impl VerbsBackend {
             Err(_) => GidSelect::default(),
         };
         let port = zverbs::qp::QpConfig::default().port;
-        let gid = Verbs::select_gid(ctx.raw(), port, how)?;
-        Ok(u8::try_from(gid.index).map_err(|_| format!("GID index {} above 255", gid.index))?)
+        Ok(Verbs::select_gid(ctx.raw(), port, how)?.index)
     }
 }
 

@@ -27,8 +27,9 @@ pub enum GidType {
 /// One populated GID table entry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GidEntry {
-    /// Index in the port's table (what `QpConfig::gid_index` takes).
-    pub index: u16,
+    /// Index in the port's table (what `QpConfig::gid_index` takes). `u8` like the
+    /// address vector's `sgid_index`: entries past 255 cannot carry a path.
+    pub index: u8,
     /// The GID.
     pub gid: Gid,
     /// Its type.
@@ -50,7 +51,7 @@ pub enum GidSelect {
     #[default]
     PreferRoceV2Ipv4,
     /// Exactly this index (it must be populated).
-    Index(u16),
+    Index(u8),
 }
 
 fn gid_type(t: u32) -> GidType {
@@ -67,7 +68,7 @@ impl Verbs {
     pub fn query_gid_entry(
         ctx: &Context,
         port: u8,
-        index: u16,
+        index: u8,
     ) -> Result<Option<GidEntry>, VerbsError> {
         let mut e = ffi::ibv_gid_entry::default();
         // SAFETY: `ctx` is an open context; `e` is a valid, writable `ibv_gid_entry` of the
@@ -102,12 +103,13 @@ impl Verbs {
         }))
     }
 
-    /// The populated entries of `port`'s GID table.
+    /// The populated entries of `port`'s GID table that a path can use (indices 0..=255:
+    /// the address vector's `sgid_index` is a `u8`).
     pub fn gid_table(ctx: &Context, port: u8) -> Result<Vec<GidEntry>, VerbsError> {
         use crate::provider::Provider;
         let len = Verbs::query_port(ctx, port)?.gid_table_len;
         let mut out = Vec::new();
-        for i in 0..len {
+        for i in (0..=u8::MAX).take_while(|&i| u16::from(i) < len) {
             if let Some(e) = Verbs::query_gid_entry(ctx, port, i)? {
                 out.push(e);
             }
@@ -123,7 +125,7 @@ impl Verbs {
     /// use zverbs::Context;
     /// let ctx = Context::open(&Verbs, "rxe0")?;
     /// let gid = Verbs::select_gid(ctx.raw(), 1, GidSelect::default())?;
-    /// let config = QpConfig { gid_index: gid.index as u8, ..QpConfig::default() };
+    /// let config = QpConfig { gid_index: gid.index, ..QpConfig::default() };
     /// # let _ = config;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```

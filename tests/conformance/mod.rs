@@ -14,6 +14,7 @@ mod collective;
 mod errors;
 mod events;
 mod liveness;
+mod path;
 mod rxe;
 mod scenarios;
 
@@ -32,6 +33,7 @@ pub use collective::*;
 pub use errors::*;
 pub use events::*;
 pub use liveness::*;
+pub use path::*;
 pub use rxe::RXE_DEVIATIONS;
 pub use scenarios::*;
 
@@ -41,6 +43,7 @@ pub mod expected {
     pub use super::errors::expected::*;
     pub use super::events::expected::*;
     pub use super::liveness::expected::*;
+    pub use super::path::expected::*;
     pub use super::scenarios::expected::*;
 }
 
@@ -107,6 +110,8 @@ pub struct PairOptions {
     pub a_rnr_retry: u8,
     /// Side B's RNR NAK timer code.
     pub b_min_rnr_timer: u8,
+    /// Side A's RTR options (its path to B).
+    pub a_rtr: RtrOptions,
 }
 
 impl Default for PairOptions {
@@ -116,6 +121,7 @@ impl Default for PairOptions {
             b_access: InitOptions::default().access,
             a_rnr_retry: 7,
             b_min_rnr_timer: 1,
+            a_rtr: RtrOptions::default(),
         }
     }
 }
@@ -178,7 +184,7 @@ pub fn pair<E: Env>(env: &E, o: &PairOptions) -> Run<Pair<E::P>> {
         rnr_retry,
         ..RtsOptions::default()
     };
-    let qa = qa.into_rtr(&eb, &rtr(RtrOptions::default().min_rnr_timer));
+    let qa = qa.into_rtr(&eb, &o.a_rtr);
     let qa = qa.map_err(|e| format!("rtr: {}", e.error))?;
     let qb = qb.into_rtr(&ea, &rtr(o.b_min_rnr_timer));
     let qb = qb.map_err(|e| format!("rtr: {}", e.error))?;
@@ -447,7 +453,8 @@ macro_rules! conformance_tests {
             rem_atomic_misaligned, loc_len_short_recv, flush_after_error, flush_on_modify_err,
             post_after_error, rnr_retry_exceeded, channel_roundtrip, cq_events,
             multi_channel_scatter_gather, node_barrier, wait_bounded_on_silent_peer,
-            send_before_peer_connects, barrier_at_connect_and_exit, link_down_bounded
+            send_before_peer_connects, barrier_at_connect_and_exit, link_down_bounded,
+            path_attributes
         );
     };
     (@each $env:expr; $($name:ident),* $(,)?) => {

@@ -35,4 +35,16 @@ pub const RXE_DEVIATIONS: &[Deviation] = &[
               ibv_poll_cq(3) give LOC_ACCESS_ERR for the responder of a failed RDMA WRITE \
               with immediate",
     },
+    Deviation {
+        scenario: "path_attributes",
+        outcome: "a=[1:SUCCESS Send]; b=[101:SUCCESS Recv len=64]; bytes=ok; a.sl=0; \
+                  a.traffic_class=0x68; a.flow_label=0x12345; a.hop_limit=64; a.path_mtu=ok; \
+                  a.dest_qp_num=ok; a.dgid=ok; b.sl=0; b.traffic_class=0x0; b.hop_limit=64; \
+                  b.path_mtu=ok",
+        why: "rxe keeps no service level (its address vector, rxe_av, has no SL field and \
+              rxe_qp_to_attr never sets it), so ibv_query_qp reports SL 0; and Linux \
+              resolves every RoCE path through the IP stack (ib_resolve_unicast_gid_dmac), \
+              which replaces the hop limit asked for with the route's (64). The traffic \
+              class and flow label are kept. The spec and IB HCAs keep all four",
+    },
 ];

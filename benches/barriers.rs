@@ -5,6 +5,10 @@
 //! cargo bench --features sim --bench barriers              # add `-- --quick` for a rougher, faster run
 //! ```
 //!
+//! `barrier_64_ranks_cq_layout/*` runs a 64-rank dissemination barrier with the node's
+//! channels on shared completion queues (4 per node) and on two queues per channel (252
+//! per node, the layout before the completion engine), in the same run.
+//!
 //! One iteration is one `barrier_all` on every rank; the figure is the slowest rank's time
 //! per barrier. **This machine has 2 cores**: from N = 4 on, the ranks' threads outnumber
 //! the cores and the figures measure the OS scheduler (every barrier needs every rank to
@@ -20,7 +24,7 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, SamplingMode};
 use zverbs::node::{barrier::Algorithm, Node, NodeConfig};
 use zverbs::provider::sim::Sim;
-use zverbs::Context;
+use zverbs::{ChannelConfig, Context, CqLayout};
 
 use common::{assert_no_allocs, count_allocs, CountingAlloc};
 
@@ -40,12 +44,16 @@ const ALGORITHMS: [(Algorithm, &str); 3] = [
     (Algorithm::BinaryTree, "binary_tree"),
 ];
 
-/// `n` connected nodes on one untimed simulator, rank `i` on device `sim{i}`.
-fn world(n: usize, algorithm: Algorithm) -> Vec<BNode> {
+/// `n` connected nodes on one untimed simulator, rank `i` on device `sim{i}`, their
+/// channels on completion queues laid out by `layout`.
+fn world(n: usize, algorithm: Algorithm, layout: CqLayout) -> Vec<BNode> {
     let cfg = NodeConfig {
         algorithm,
         barrier_timeout: Some(Duration::from_secs(120)),
-        ..NodeConfig::default()
+        channel: ChannelConfig {
+            completion_queues: layout,
+            ..ChannelConfig::default()
+        },
     };
     let sim = Sim::with_devices(n);
     let prepared: Vec<_> = (0..n)
@@ -101,13 +109,27 @@ fn barriers(c: &mut Criterion) {
         g.sample_size(10);
         g.sampling_mode(SamplingMode::Flat);
         for n in SIZES {
-            let mut nodes = world(n, algorithm);
+            let mut nodes = world(n, algorithm, CqLayout::Shared);
             g.bench_with_input(BenchmarkId::new("ranks", n), &n, |b, _| {
                 b.iter_custom(|iters| run(&mut nodes, iters))
             });
         }
         g.finish();
     }
+    // The same 64-rank barrier with two completion queues per peer channel (4 × 63 per
+    // node, the layout before shared queues) against the shared layout (4 per node), in
+    // one run.
+    let mut g = c.benchmark_group("barrier_64_ranks_cq_layout");
+    g.sample_size(10);
+    g.sampling_mode(SamplingMode::Flat);
+    for (layout, name) in [
+        (CqLayout::Shared, "shared_4_cqs_per_node"),
+        (CqLayout::PerChannel, "per_channel_252_cqs_per_node"),
+    ] {
+        let mut nodes = world(64, Algorithm::Dissemination, layout);
+        g.bench_function(name, |b| b.iter_custom(|iters| run(&mut nodes, iters)));
+    }
+    g.finish();
 }
 
 criterion_group! {

@@ -35,16 +35,16 @@ fn open<E: Env>(env: &E, name: &str) -> Run<Opened<E::P>> {
 
 /// Two channels, side A on the first device and B on the second, prepared (not connected)
 /// with `timeout`. Fields drop in order: the channels before their PDs and contexts.
-struct Ends<P: Provider> {
-    a: PreparedChannel<P, 4, 1>,
-    b: PreparedChannel<P, 4, 1>,
-    pa: ProtectionDomain<P>,
-    pb: ProtectionDomain<P>,
+pub(super) struct Ends<P: Provider> {
+    pub(super) a: PreparedChannel<P, 4, 1>,
+    pub(super) b: PreparedChannel<P, 4, 1>,
+    pub(super) pa: ProtectionDomain<P>,
+    pub(super) pb: ProtectionDomain<P>,
     ca: Context<P>,
     _cb: Context<P>,
 }
 
-fn prepare_pair<E: Env>(env: &E, timeout: Duration) -> Run<Ends<E::P>> {
+pub(super) fn prepare_pair<E: Env>(env: &E, timeout: Duration) -> Run<Ends<E::P>> {
     let (da, db) = env.devices();
     let (pa, ca) = open(env, da)?;
     let (pb, cb) = open(env, db)?;

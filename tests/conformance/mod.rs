@@ -15,6 +15,7 @@ mod errors;
 mod events;
 mod liveness;
 mod path;
+mod porting;
 mod rxe;
 mod scenarios;
 
@@ -34,6 +35,7 @@ pub use errors::*;
 pub use events::*;
 pub use liveness::*;
 pub use path::*;
+pub use porting::*;
 pub use rxe::RXE_DEVIATIONS;
 pub use scenarios::*;
 
@@ -44,6 +46,7 @@ pub mod expected {
     pub use super::events::expected::*;
     pub use super::liveness::expected::*;
     pub use super::path::expected::*;
+    pub use super::porting::expected::*;
     pub use super::scenarios::expected::*;
 }
 
@@ -454,7 +457,7 @@ macro_rules! conformance_tests {
             post_after_error, rnr_retry_exceeded, channel_roundtrip, cq_events,
             multi_channel_scatter_gather, node_barrier, wait_bounded_on_silent_peer,
             send_before_peer_connects, barrier_at_connect_and_exit, link_down_bounded,
-            path_attributes
+            path_attributes, recv_posted_in_init, scoped_receive_completion
         );
     };
     (@each $env:expr; $($name:ident),* $(,)?) => {

@@ -29,7 +29,7 @@ use core::ops::{Bound, RangeBounds};
 use crate::device::ProtectionDomain;
 use crate::error::{verb, BoundsError, Error};
 use crate::provider::Provider;
-use crate::types::{AccessFlags, Sge};
+use crate::types::{AccessFlags, SendOp, Sge};
 
 /// Resolves `range` against a region of `len` bytes: `(offset, length)` of the sub-range.
 ///
@@ -349,6 +349,51 @@ pub struct RemoteRegion {
 }
 
 impl RemoteRegion {
+    /// An RDMA write to the start of this region: the one place its [`SendOp`] is built
+    /// (every level posts what these return).
+    pub fn write_op(&self) -> SendOp {
+        SendOp::Write {
+            remote_addr: self.addr,
+            rkey: self.rkey,
+        }
+    }
+
+    /// An RDMA write with immediate data to the start of this region.
+    pub fn write_with_imm_op(&self, imm: u32) -> SendOp {
+        SendOp::WriteWithImm {
+            remote_addr: self.addr,
+            rkey: self.rkey,
+            imm,
+        }
+    }
+
+    /// An RDMA read from the start of this region.
+    pub fn read_op(&self) -> SendOp {
+        SendOp::Read {
+            remote_addr: self.addr,
+            rkey: self.rkey,
+        }
+    }
+
+    /// A fetch-and-add on the 8 bytes at the start of this region.
+    pub fn fetch_add_op(&self, add: u64) -> SendOp {
+        SendOp::FetchAdd {
+            remote_addr: self.addr,
+            rkey: self.rkey,
+            add,
+        }
+    }
+
+    /// A compare-and-swap on the 8 bytes at the start of this region.
+    pub fn compare_swap_op(&self, compare: u64, swap: u64) -> SendOp {
+        SendOp::CompareSwap {
+            remote_addr: self.addr,
+            rkey: self.rkey,
+            compare,
+            swap,
+        }
+    }
+
     /// A sub-range, bounds-checked.
     ///
     /// `Ok` exactly when the range lies inside `0..len` and its end address, `addr +

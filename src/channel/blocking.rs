@@ -64,10 +64,7 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
         data: impl IntoIterator<Item = LocalSlice<'a>>,
         remote: &RemoteRegion,
     ) -> Result<(), Error<P::Error>> {
-        let op = SendOp::Write {
-            remote_addr: remote.addr,
-            rkey: remote.rkey,
-        };
+        let op = remote.write_op();
         self.blocking_rdma(data.into_iter().map(|s| s.sge()), remote, op)
     }
 
@@ -78,11 +75,7 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
         remote: &RemoteRegion,
         imm: u32,
     ) -> Result<(), Error<P::Error>> {
-        let op = SendOp::WriteWithImm {
-            remote_addr: remote.addr,
-            rkey: remote.rkey,
-            imm,
-        };
+        let op = remote.write_with_imm_op(imm);
         self.blocking_rdma(data.into_iter().map(|s| s.sge()), remote, op)
     }
 
@@ -92,10 +85,7 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
         data: impl IntoIterator<Item = LocalSliceMut<'a>>,
         remote: &RemoteRegion,
     ) -> Result<(), Error<P::Error>> {
-        let op = SendOp::Read {
-            remote_addr: remote.addr,
-            rkey: remote.rkey,
-        };
+        let op = remote.read_op();
         self.blocking_rdma(data.into_iter().map(|s| s.sge()), remote, op)
     }
 
@@ -107,11 +97,7 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
         remote: &RemoteRegion,
         add: u64,
     ) -> Result<u64, Error<P::Error>> {
-        let op = SendOp::FetchAdd {
-            remote_addr: remote.addr,
-            rkey: remote.rkey,
-            add,
-        };
+        let op = remote.fetch_add_op(add);
         self.blocking_atomic(result, remote, op)
     }
 
@@ -124,12 +110,7 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
         compare: u64,
         swap: u64,
     ) -> Result<u64, Error<P::Error>> {
-        let op = SendOp::CompareSwap {
-            remote_addr: remote.addr,
-            rkey: remote.rkey,
-            compare,
-            swap,
-        };
+        let op = remote.compare_swap_op(compare, swap);
         self.blocking_atomic(result, remote, op)
     }
 

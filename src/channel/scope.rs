@@ -141,10 +141,7 @@ impl<'env, P: Provider, const DEPTH: usize, const SGES: usize> Scope<'env, P, DE
         data: impl IntoIterator<Item = LocalSlice<'env>>,
         remote: &RemoteRegion,
     ) -> Result<u64, Error<P::Error>> {
-        let op = SendOp::Write {
-            remote_addr: remote.addr,
-            rkey: remote.rkey,
-        };
+        let op = remote.write_op();
         self.stage_rdma(data.into_iter().map(|s| s.sge()), remote, op)
     }
 
@@ -156,11 +153,7 @@ impl<'env, P: Provider, const DEPTH: usize, const SGES: usize> Scope<'env, P, DE
         remote: &RemoteRegion,
         imm: u32,
     ) -> Result<u64, Error<P::Error>> {
-        let op = SendOp::WriteWithImm {
-            remote_addr: remote.addr,
-            rkey: remote.rkey,
-            imm,
-        };
+        let op = remote.write_with_imm_op(imm);
         self.stage_rdma(data.into_iter().map(|s| s.sge()), remote, op)
     }
 
@@ -171,10 +164,7 @@ impl<'env, P: Provider, const DEPTH: usize, const SGES: usize> Scope<'env, P, DE
         data: impl IntoIterator<Item = LocalSliceMut<'env>>,
         remote: &RemoteRegion,
     ) -> Result<u64, Error<P::Error>> {
-        let op = SendOp::Read {
-            remote_addr: remote.addr,
-            rkey: remote.rkey,
-        };
+        let op = remote.read_op();
         self.stage_rdma(data.into_iter().map(|s| s.sge()), remote, op)
     }
 
@@ -186,11 +176,7 @@ impl<'env, P: Provider, const DEPTH: usize, const SGES: usize> Scope<'env, P, DE
         remote: &RemoteRegion,
         add: u64,
     ) -> Result<u64, Error<P::Error>> {
-        let op = SendOp::FetchAdd {
-            remote_addr: remote.addr,
-            rkey: remote.rkey,
-            add,
-        };
+        let op = remote.fetch_add_op(add);
         self.stage_rdma([result.sge()], remote, op)
     }
 
@@ -203,12 +189,7 @@ impl<'env, P: Provider, const DEPTH: usize, const SGES: usize> Scope<'env, P, DE
         compare: u64,
         swap: u64,
     ) -> Result<u64, Error<P::Error>> {
-        let op = SendOp::CompareSwap {
-            remote_addr: remote.addr,
-            rkey: remote.rkey,
-            compare,
-            swap,
-        };
+        let op = remote.compare_swap_op(compare, swap);
         self.stage_rdma([result.sge()], remote, op)
     }
 

@@ -381,10 +381,7 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize> Mul
         writes: impl IntoIterator<Item = (usize, LocalSlice<'a>, &'r RemoteRegion)>,
     ) -> Result<(), PeerError<P::Error>> {
         self.collective(writes.into_iter().map(|(p, s, remote)| {
-            let op = SendOp::Write {
-                remote_addr: remote.addr,
-                rkey: remote.rkey,
-            };
+            let op = remote.write_op();
             (p, true, s.sge(), op, Some(remote))
         }))
         .map(drop)
@@ -396,10 +393,7 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize> Mul
         reads: impl IntoIterator<Item = (usize, LocalSliceMut<'a>, &'r RemoteRegion)>,
     ) -> Result<(), PeerError<P::Error>> {
         self.collective(reads.into_iter().map(|(p, s, remote)| {
-            let op = SendOp::Read {
-                remote_addr: remote.addr,
-                rkey: remote.rkey,
-            };
+            let op = remote.read_op();
             (p, true, s.sge(), op, Some(remote))
         }))
         .map(drop)

@@ -153,10 +153,7 @@ impl<'env, P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usiz
         data: impl IntoIterator<Item = LocalSlice<'env>>,
         remote: &RemoteRegion,
     ) -> Result<u64, Error<P::Error>> {
-        let op = SendOp::Write {
-            remote_addr: remote.addr,
-            rkey: remote.rkey,
-        };
+        let op = remote.write_op();
         self.post(
             peer,
             Queue::Send,
@@ -173,10 +170,7 @@ impl<'env, P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usiz
         data: impl IntoIterator<Item = LocalSliceMut<'env>>,
         remote: &RemoteRegion,
     ) -> Result<u64, Error<P::Error>> {
-        let op = SendOp::Read {
-            remote_addr: remote.addr,
-            rkey: remote.rkey,
-        };
+        let op = remote.read_op();
         self.post(
             peer,
             Queue::Send,

@@ -52,7 +52,7 @@ use zverbs_sim as s;
 
 pub use zverbs_sim::{
     ack_timeout_ns, rnr_timer_ns, DropReason, Fabric, FabricConfig, Faults, LinkModel, Mode,
-    PacketKind, SimError, TraceEvent, TraceKind,
+    PacketKind, QpCounters, SimError, TraceEvent, TraceKind,
 };
 
 use super::{PathAttr, PostError, Provider, Transition};

@@ -282,3 +282,9 @@ fn a_shared_queue_refuses_a_channel_it_has_no_room_for() {
     // Sizes that do not fit a completion queue are refused, not wrapped.
     assert!(SharedCompletionQueue::create(&ctx, 1 << 20, u32::MAX).is_err());
 }
+
+// Channels move to the thread that drives them; shared queues are shared by `Arc`.
+static_assertions::assert_impl_all!(zverbs::SimChannel: Send);
+static_assertions::assert_impl_all!(zverbs::SimMultiChannel<4>: Send);
+static_assertions::assert_impl_all!(SharedCompletionQueue<Sim>: Send, Sync);
+static_assertions::assert_impl_all!(zverbs::dispatch::Dispatcher: Send, Sync);

@@ -39,6 +39,11 @@ use std::io::{Read, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::os::unix::net::UnixStream;
 
+#[cfg(loom)]
+use loom::sync::Arc;
+#[cfg(not(loom))]
+use std::sync::Arc;
+
 use crate::config::{LinkModel, Mode};
 use crate::state::World;
 use crate::types::SimError;
@@ -100,6 +105,7 @@ pub(crate) struct Notifier {
     /// Events taken for CQs destroyed before they were acknowledged.
     destroyed_unacked: u64,
     /// A clock thread runs (threaded mode with a timed link).
+    #[cfg_attr(loom, allow(dead_code))]
     clock: bool,
 }
 
@@ -169,6 +175,7 @@ impl World {
     }
 
     /// Whether some CQ on a channel is armed (the clock thread runs while one is).
+    #[cfg_attr(loom, allow(dead_code))]
     fn any_armed(&self) -> bool {
         self.cqs
             .iter()
@@ -285,7 +292,7 @@ impl Context {
     /// # Errors
     /// As [`Context::create_cq`]; [`SimError::Invalid`] for a channel of another device.
     pub fn create_cq_on(&self, depth: u32, channel: &CompChannel) -> Result<Cq, SimError> {
-        let ours = std::sync::Arc::ptr_eq(&channel.world, &self.world);
+        let ours = Arc::ptr_eq(&channel.world, &self.world);
         {
             let w = enter(&self.world);
             let dev = w.notifier.chans[channel.id].as_ref().map(|c| c.dev);
@@ -370,6 +377,7 @@ impl Fabric {
 
 /// Whether events can fall due between calls: threaded mode with a link, timers or
 /// delays that take time.
+#[cfg_attr(loom, allow(dead_code))]
 fn timed(w: &World) -> bool {
     let c = &w.cfg;
     c.mode == Mode::Threaded
@@ -382,7 +390,7 @@ fn start_clock(world: &Shared, w: &mut World) {
     if w.notifier.clock || !timed(w) {
         return;
     }
-    let weak = std::sync::Arc::downgrade(world);
+    let weak = Arc::downgrade(world);
     let spawned = std::thread::Builder::new()
         .name("zverbs-sim-clock".into())
         .spawn(move || clock(weak));

@@ -16,7 +16,9 @@
 pub enum Mode {
     /// Simulated time is the wall clock (nanoseconds since the fabric was created). Every
     /// call on any handle first processes every event that is due; nothing runs between
-    /// calls (there is no background thread).
+    /// calls, except while a CQ on a completion channel is armed: then a clock thread runs
+    /// the events as they fall due, so a thread asleep on the channel's descriptor is woken
+    /// as hardware would wake it (see [`CompChannel`](crate::CompChannel)).
     #[default]
     Threaded,
     /// Simulated time advances only through [`Fabric::step`](crate::Fabric::step),

@@ -65,6 +65,8 @@
 use crate::device::Context;
 use crate::error::{verb, Error};
 use crate::provider::Provider;
+#[cfg(doc)]
+use crate::CompletionQueue;
 
 /// An event taken from a [`CompletionChannel`]: the queue named by
 /// [`key`](CqEvent::key) was armed and got a completion.

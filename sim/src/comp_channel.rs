@@ -190,7 +190,8 @@ fn drain(rx: &mut UnixStream) {
 }
 
 /// A completion channel (`ibv_comp_channel`): a file descriptor that is readable while
-/// events of armed CQs are queued. See the [module docs](self).
+/// events of armed CQs are queued: arming is one-shot ([`Cq::req_notify`]), and every
+/// event taken must be acknowledged ([`Cq::ack_events`]) before its CQ is destroyed.
 #[derive(Debug)]
 pub struct CompChannel {
     world: Shared,

@@ -11,7 +11,7 @@ use zverbs::dispatch::SharedCompletionQueue;
 use zverbs::provider::sim::{Faults, FabricConfig, Sim};
 use zverbs::{
     AccessFlags, Channel, ChannelConfig, Context, CqLayout, MultiChannel, ProtectionDomain,
-    SendFlags, SendOp,
+    SendFlags, SendOp, WaitPolicy,
 };
 
 const LEAVES: usize = 3;
@@ -26,9 +26,14 @@ struct Star {
 
 /// Rank 0 holds a multi-channel to ranks 1..=3; each of them a channel to rank 0.
 fn star(sim: &Sim, layout: CqLayout) -> Star {
+    star_waiting(sim, layout, WaitPolicy::default())
+}
+
+fn star_waiting(sim: &Sim, layout: CqLayout, wait: WaitPolicy) -> Star {
     let cfg = ChannelConfig {
         timeout: Some(Duration::from_secs(10)),
         completion_queues: layout,
+        wait,
         ..ChannelConfig::default()
     };
     let ctxs: Vec<_> = (0..=LEAVES)
@@ -109,8 +114,19 @@ fn a_completion_found_while_waiting_for_another_peer_is_kept_for_its_own() {
 
 #[test]
 fn threads_drive_their_own_peers_over_the_shared_queues() {
+    threads_drive_their_own_peers(WaitPolicy::SpinYield);
+}
+
+/// The same with every waiter asleep on the shared queues' completion channels: a lost
+/// wake-up would end a wait with `Timeout` after 10 s.
+#[test]
+fn threads_sleeping_on_the_shared_queues_lose_no_wake_up() {
+    threads_drive_their_own_peers(WaitPolicy::SpinSleep);
+}
+
+fn threads_drive_their_own_peers(wait: WaitPolicy) {
     const ROUNDS: u64 = 200;
-    let mut s = star(&Sim::with_devices(LEAVES + 1), CqLayout::Shared);
+    let mut s = star_waiting(&Sim::with_devices(LEAVES + 1), CqLayout::Shared, wait);
     let mut root_bufs: Vec<_> = (0..LEAVES).map(|_| [0u8; 8]).collect();
     let mut leaf_bufs: Vec<_> = (0..LEAVES).map(|_| [0u8; 8]).collect();
     let mut targets: Vec<_> = (0..LEAVES).map(|_| [0u8; 8]).collect();
@@ -133,8 +149,9 @@ fn threads_drive_their_own_peers_over_the_shared_queues() {
         })
         .collect();
     let remotes: Vec<_> = target_regs.iter().map(|t| t.remote()).collect();
-    // Per peer, one thread drives the root's channel (a send, then a write, per round) and
-    // one the leaf's (a receive per round, checked).
+    // Per peer, one thread drives the root's channel (a send, a write, and the receive of
+    // the leaf's echo, per round) and one the leaf's (a receive, checked, and the echo,
+    // now and then late so that the root's waiters go to sleep).
     std::thread::scope(|t| {
         let leaves = s.leaves.iter_mut().zip(leaf_regs);
         for (((peer, ch), mut reg), (leaf, mut lreg)) in
@@ -143,10 +160,12 @@ fn threads_drive_their_own_peers_over_the_shared_queues() {
             let remote = remotes[peer - 1];
             t.spawn(move || {
                 for i in 0..ROUNDS {
-                    reg.as_mut_slice()
-                        .copy_from_slice(&(i << 8 | peer as u64).to_le_bytes());
+                    let word = i << 8 | peer as u64;
+                    reg.as_mut_slice().copy_from_slice(&word.to_le_bytes());
                     ch.send([reg.slice(..).unwrap()]).unwrap();
                     ch.write([reg.slice(..).unwrap()], &remote).unwrap();
+                    let c = ch.receive([reg.slice_mut(..).unwrap()]).unwrap();
+                    assert_eq!(c.imm, Some(word as u32), "peer {peer} round {i}");
                 }
             });
             t.spawn(move || {
@@ -155,6 +174,11 @@ fn threads_drive_their_own_peers_over_the_shared_queues() {
                     assert_eq!(c.byte_len, 8);
                     let got = u64::from_le_bytes(lreg.as_slice().try_into().unwrap());
                     assert_eq!(got, i << 8 | peer as u64, "peer {peer} round {i}");
+                    if i % 8 == peer as u64 {
+                        std::thread::sleep(Duration::from_micros(300));
+                    }
+                    leaf.send_with_imm([lreg.slice(..0).unwrap()], got as u32)
+                        .unwrap();
                 }
             });
         }

@@ -143,3 +143,67 @@ fn every_policy_carries_a_ping_pong() {
         });
     }
 }
+
+#[test]
+fn three_threads_sleep_on_one_shared_queue_and_each_wakes_for_its_own() {
+    const LEAVES: usize = 3;
+    let sim = Sim::with_devices(LEAVES + 1);
+    let c = ChannelConfig {
+        completion_queues: CqLayout::Shared,
+        ..cfg(WaitPolicy::SpinSleep)
+    };
+    let ctxs: Vec<_> = (0..=LEAVES)
+        .map(|i| Context::open(&sim, &format!("sim{i}")).unwrap())
+        .collect();
+    let pds: Vec<_> = ctxs.iter().map(|c| c.alloc_pd().unwrap()).collect();
+    let root = MultiChannel::<Sim, 4, 8, 1>::prepare(&ctxs[0], &pds[0], 1..=LEAVES, &c).unwrap();
+    let leaves: Vec<_> = (1..=LEAVES)
+        .map(|i| zverbs::Channel::<Sim, 8, 1>::prepare(&ctxs[i], &pds[i], &c).unwrap())
+        .collect();
+    let leaf_eps: Vec<_> = leaves.iter().map(|l| l.endpoint()).collect();
+    let root_eps: Vec<_> = (1..=LEAVES).map(|p| root.endpoint(p).unwrap()).collect();
+    let mut root = root.connect(|p| leaf_eps.get(p.wrapping_sub(1)).copied()).unwrap();
+    let leaves: Vec<_> = leaves
+        .into_iter()
+        .zip(&root_eps)
+        .map(|(l, e)| l.connect(e).unwrap())
+        .collect();
+    let mut inboxes = [[0u8; 8]; LEAVES];
+    let mut regions: Vec<_> = inboxes.iter_mut().map(|b| pds[0].register(b).unwrap()).collect();
+    let wall0 = Instant::now();
+    std::thread::scope(|t| {
+        // Each leaf sends after its own delay: 300, 600 and 900 ms.
+        for (i, mut leaf) in leaves.into_iter().enumerate() {
+            let pd = &pds[i + 1];
+            t.spawn(move || {
+                std::thread::sleep(Duration::from_millis(300 * (i as u64 + 1)));
+                let mut msg = [b'0' + i as u8; 3];
+                leaf.send([pd.register(&mut msg).unwrap().slice(..).unwrap()])
+                    .unwrap();
+            });
+        }
+        // One thread per peer of the root, all sleeping on the root's shared queues.
+        let waiters: Vec<_> = root
+            .channels_mut()
+            .zip(regions.iter_mut())
+            .map(|((peer, ch), r)| {
+                t.spawn(move || {
+                    let cpu0 = thread_cpu();
+                    let got = ch.receive([r.slice_mut(..).unwrap()]).unwrap();
+                    (peer, got.byte_len, wall0.elapsed(), thread_cpu() - cpu0)
+                })
+            })
+            .collect();
+        for w in waiters {
+            let (peer, len, woke, cpu) = w.join().unwrap();
+            assert_eq!(len, 3);
+            let sent = Duration::from_millis(300 * peer as u64);
+            assert!(woke >= sent, "peer {peer} woke at {woke:?}, before its send");
+            assert!(cpu < woke / 5, "peer {peer}: {cpu:?} of CPU in {woke:?}");
+        }
+    });
+    drop(regions);
+    for (i, b) in inboxes.iter().enumerate() {
+        assert_eq!(&b[..3], &[b'0' + i as u8; 3]);
+    }
+}

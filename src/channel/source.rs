@@ -14,7 +14,6 @@ use crate::types::WorkCompletion;
 use std::sync::Arc;
 
 use super::wait::Waiter;
-use core::time::Duration;
 
 /// One direction's completions (send or receive), and whether its queue is armed for an
 /// event (a sleeping wait arms, polls again, then sleeps).
@@ -96,62 +95,42 @@ impl<P: Provider> Completions<P> {
         !matches!(self.source, Source::Own(..))
     }
 
-    /// The completion channel the queue raises events on, if any.
-    fn events(&self) -> Option<&CompletionChannel<P>> {
-        match &self.source {
-            Source::Own(_, ch) => ch.as_ref(),
-            #[cfg(feature = "std")]
-            Source::Shared(a) => a.cq.events(),
-        }
-    }
-
-    /// One pause of a sleeping wait, after a poll that found nothing: the first arms the
-    /// queue and returns at once, so the caller polls again (a completion that came
-    /// before the arm raises no event, and that poll finds it); the next sleeps on the
-    /// completion channel until an event or the bound. `false` once the bound passed. A
-    /// queue without a completion channel pauses as `waiter` does.
+    /// One pause of a sleeping wait, after a poll that found nothing; `false` once
+    /// `waiter`'s bound passed. A queue of its own: the first pause arms it and returns at
+    /// once, so the caller polls again (a completion that came before the arm raises no
+    /// event, and that poll finds it); the next sleeps on the completion channel until an
+    /// event or the bound. A shared queue: the dispatcher's leader/follower sleep
+    /// ([`crate::dispatch`]). A queue without a completion channel pauses as `waiter` does.
     #[cfg(all(feature = "std", unix))]
     #[cold]
     pub(crate) fn sleep(&mut self, waiter: &mut Waiter) -> bool {
-        let shared = self.is_shared();
-        if self.events().is_none() {
-            return waiter.pause();
-        }
-        let Some(left) = waiter.remaining() else {
-            return self.sleep_for(None, shared);
-        };
-        if left.is_zero() {
+        let left = waiter.remaining();
+        if left.is_some_and(|l| l.is_zero()) {
             self.armed = false;
             return false;
         }
-        self.sleep_for(Some(left), shared)
-    }
-
-    #[cfg(all(feature = "std", unix))]
-    fn sleep_for(&mut self, left: Option<Duration>, shared: bool) -> bool {
-        if !self.armed {
-            if self.queue().arm(false).is_err() {
-                return true; // the next poll reports a broken queue
+        match &self.source {
+            Source::Own(cq, Some(events)) => {
+                if !self.armed {
+                    // On failure the next poll reports the broken queue.
+                    self.armed = cq.arm(false).is_ok();
+                    return true;
+                }
+                let _ = events.wait_readable(left);
+                while let Ok(Some(ev)) = events.try_get_event() {
+                    let _ = cq.ack_event(ev);
+                }
+                self.armed = false;
+                true
             }
-            self.armed = true;
-            return true;
+            Source::Shared(a) if a.cq.events().is_some() => {
+                if let Some(inbox) = &a.inbox {
+                    let _ = a.cq.sleep(inbox, left);
+                }
+                true
+            }
+            _ => waiter.pause(),
         }
-        let slice = match (left, shared) {
-            (Some(l), true) => Some(l.min(SHARED_SLICE)),
-            (None, true) => Some(SHARED_SLICE),
-            (l, false) => l,
-        };
-        let Some(ch) = self.events() else {
-            return true;
-        };
-        let _ = ch.wait_readable(slice);
-        // Take every pending event (a shared queue's may have been raised for another
-        // sleeper's completion: it re-polls anyway) and acknowledge it.
-        while let Ok(Some(ev)) = ch.try_get_event() {
-            let _ = self.queue().ack_event(ev);
-        }
-        self.armed = false;
-        true
     }
 
     /// Polls up to `out.len()` of this channel's completions into `out`, with `wr_id`s that
@@ -169,13 +148,7 @@ impl<P: Provider> Completions<P> {
                 let Some(inbox) = a.inbox.as_mut() else {
                     return Ok(0);
                 };
-                // Armed, about to sleep: every completion written before the arm must be
-                // routed first, also those in another thread's batch.
-                let n = if self.armed {
-                    a.cq.drain(inbox, out)?
-                } else {
-                    a.cq.poll(inbox, out)?
-                };
+                let n = a.cq.poll(inbox, out)?;
                 widen(ring, &mut out[..n]);
                 Ok(n)
             }
@@ -204,11 +177,6 @@ impl<P: Provider> Completions<P> {
         }
     }
 }
-
-/// The longest sleep on a shared queue's completion channel (see
-/// [`WaitPolicy::SpinSleep`](super::wait::WaitPolicy::SpinSleep)).
-#[cfg(all(feature = "std", unix))]
-const SHARED_SLICE: Duration = Duration::from_millis(1);
 
 #[cfg(feature = "std")]
 #[inline]

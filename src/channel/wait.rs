@@ -23,8 +23,8 @@ pub enum WaitPolicy {
     /// Arm the completion queue, poll once more, and sleep on its completion channel
     /// until an event (or the deadline): a thread that waits long uses almost no CPU, and
     /// wakes within a scheduler's latency of its completion. On a completion queue shared
-    /// by several threads, a sleeper may miss an event another sleeper took, so it sleeps
-    /// at most 1 ms at a time: a missed event costs at most 1 ms, never the timeout.
+    /// by several threads, one sleeper leads (sleeps on the channel) and the others park
+    /// until a completion is routed to them ([`crate::dispatch`]).
     SpinSleep,
 }
 

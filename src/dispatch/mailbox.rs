@@ -95,6 +95,11 @@ impl Mailbox {
         true
     }
 
+    /// Whether completions wait to be taken. Consumer side.
+    pub(super) fn has_mail(&self) -> bool {
+        self.head.load(Ordering::Acquire) != self.tail.load(Ordering::Relaxed)
+    }
+
     /// Moves up to `out.len()` completions into `out`. Consumer side.
     #[inline]
     pub(super) fn pop(&self, out: &mut [WorkCompletion]) -> usize {

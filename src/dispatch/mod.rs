@@ -17,6 +17,11 @@
 //! differs), is counted as stale and dropped: a queue pair destroyed with completions still
 //! in the shared queue cannot reach the channel that reuses its inbox.
 //!
+//! Sleeping: channels with [`WaitPolicy::SpinSleep`](crate::WaitPolicy) on one shared
+//! queue sleep by a leader/follower scheme (one sleeps on the completion channel, the
+//! others park until a completion is routed to them); see `sleep.rs` for why no wake-up
+//! is lost.
+//!
 //! Capacity: a channel never has more requests in flight than its ring holds, and its
 //! inbox holds at least that many (checked at attach), so an inbox cannot overflow; the
 //! completion queue itself is sized for every inbox at once
@@ -59,6 +64,7 @@
 mod mailbox;
 #[cfg(feature = "std")]
 mod shared;
+mod sleep;
 
 #[cfg(feature = "std")]
 pub use shared::SharedCompletionQueue;
@@ -196,6 +202,7 @@ pub struct Dispatcher {
     poll_right: AtomicUsize,
     stale: AtomicU64,
     overflow: AtomicU64,
+    sleepers: sleep::Sleepers,
 }
 
 /// Completions taken from the queue per turn of the poll right.
@@ -212,6 +219,7 @@ impl Dispatcher {
             poll_right: AtomicUsize::new(0),
             stale: AtomicU64::new(0),
             overflow: AtomicU64::new(0),
+            sleepers: sleep::Sleepers::new(inboxes),
         }
     }
 
@@ -294,6 +302,15 @@ impl Dispatcher {
         self.overflow.load(Ordering::Relaxed)
     }
 
+    /// Whether completions wait in `inbox` (consumer side).
+    pub(crate) fn has_mail(&self, inbox: &Inbox) -> bool {
+        self.boxes[inbox.index as usize].has_mail()
+    }
+
+    pub(crate) fn sleepers(&self) -> &sleep::Sleepers {
+        &self.sleepers
+    }
+
     fn with_poll_right<R>(&self, f: impl FnOnce() -> R) -> R {
         while self
             .poll_right
@@ -327,7 +344,9 @@ impl Dispatcher {
             self.stale.fetch_add(1, Ordering::Relaxed);
             return;
         }
-        if !b.push(wc) {
+        if b.push(wc) {
+            self.sleepers.routed(id.inbox() as usize);
+        } else {
             self.overflow.fetch_add(1, Ordering::Relaxed);
         }
     }

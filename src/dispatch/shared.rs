@@ -128,6 +128,55 @@ impl<P: Provider> SharedCompletionQueue<P> {
         Ok(self.dispatch.take(inbox, out))
     }
 
+    /// Sleeps until a completion may have come for `inbox`, or `left` passes (`None`: no
+    /// bound): the leader/follower scheme of [`sleep`](super::sleep). Returns at once if
+    /// completions wait in the inbox; the caller polls after it returns, whatever woke it.
+    #[cfg(unix)]
+    pub(crate) fn sleep(
+        &self,
+        inbox: &Inbox,
+        left: Option<std::time::Duration>,
+    ) -> Result<(), Error<P::Error>> {
+        let sleepers = self.dispatch.sleepers();
+        let i = inbox.index() as usize;
+        sleepers.register(i);
+        let r = (|| {
+            self.dispatch.drain(&self.cq)?;
+            if self.dispatch.has_mail(inbox) {
+                return Ok(());
+            }
+            if !sleepers.try_lead() {
+                park(left);
+                return Ok(());
+            }
+            let r = self.lead(inbox, left);
+            sleepers.resign();
+            r
+        })();
+        sleepers.unregister(i);
+        r
+    }
+
+    /// The leader's sleep: arm, route what came before the arm, sleep on the descriptor,
+    /// take the events.
+    #[cfg(unix)]
+    fn lead(&self, inbox: &Inbox, left: Option<std::time::Duration>) -> Result<(), Error<P::Error>> {
+        let Some(events) = &self.events else {
+            park(left);
+            return Ok(());
+        };
+        self.cq.arm(false)?;
+        self.dispatch.drain(&self.cq)?;
+        if self.dispatch.has_mail(inbox) {
+            return Ok(());
+        }
+        let _ = events.wait_readable(left);
+        while let Some(ev) = events.try_get_event()? {
+            let _ = self.cq.ack_event(ev);
+        }
+        Ok(())
+    }
+
     /// Routes everything the queue holds now (waiting for the poll right), then takes
     /// `inbox`'s completions as [`poll`](Self::poll) does.
     pub(crate) fn drain(
@@ -137,5 +186,14 @@ impl<P: Provider> SharedCompletionQueue<P> {
     ) -> Result<usize, Error<P::Error>> {
         self.dispatch.drain(&self.cq)?;
         Ok(self.dispatch.take(inbox, out))
+    }
+}
+
+/// Parks this thread until unparked or `left` passes.
+#[cfg(unix)]
+fn park(left: Option<std::time::Duration>) {
+    match left {
+        Some(t) => std::thread::park_timeout(t),
+        None => std::thread::park(),
     }
 }

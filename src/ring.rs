@@ -209,6 +209,7 @@ impl<W: WorkRequest, const N: usize> Ring<W, N> {
     /// Posts with `wr_id`s that carry `tag` in the bits above `mask` (a shared completion
     /// queue's inbox, [`crate::dispatch`]); completions then come back through
     /// [`widen`](Self::widen).
+    #[cfg_attr(not(feature = "std"), allow(dead_code))]
     pub(crate) fn set_id_tag(&mut self, tag: u64, mask: u64) {
         self.id_tag = tag;
         self.id_mask = mask;
@@ -224,6 +225,7 @@ impl<W: WorkRequest, const N: usize> Ring<W, N> {
     /// the same low bits (requests in flight span fewer than `mask + 1` numbers). Others
     /// land far above the head and are refused as unknown.
     #[inline]
+    #[cfg_attr(not(feature = "std"), allow(dead_code))]
     pub(crate) fn widen(&self, wr_id: u64) -> u64 {
         self.tail
             .wrapping_add(wr_id.wrapping_sub(self.tail) & self.id_mask)
@@ -418,10 +420,7 @@ impl<W: WorkRequest, const N: usize> Ring<W, N> {
     pub fn holds(&self, seq: u64) -> bool {
         seq >= self.tail
             && seq < self.head
-            && !matches!(
-                self.slots[(seq % N as u64) as usize].state,
-                SlotState::Free
-            )
+            && !matches!(self.slots[(seq % N as u64) as usize].state, SlotState::Free)
     }
 
     /// Whether `seq` is still waiting for its completion.

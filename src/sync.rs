@@ -1,5 +1,7 @@
 //! The `sync` shim: atomics and cells from `core`, or from `loom` under `cfg(loom)` so the
 //! lock-free code can be model-checked (as tokio and bytes do).
+// Without std only the atomics serve (the dispatcher, which needs std, uses the rest).
+#![cfg_attr(not(feature = "std"), allow(dead_code, unused_imports))]
 
 #[cfg(not(loom))]
 pub(crate) use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};

@@ -38,7 +38,10 @@ fn a_receive_posted_before_connect_catches_the_first_message() {
     for n in [5, 13, 1] {
         a.send([msg.slice(..n).unwrap()]).unwrap();
     }
-    let lens: Vec<_> = early.into_iter().map(|p| b.wait(p).unwrap().byte_len).collect();
+    let lens: Vec<_> = early
+        .into_iter()
+        .map(|p| b.wait(p).unwrap().byte_len)
+        .collect();
     assert_eq!(lens, [5, 13, 1]);
     drop(regions);
     assert_eq!(&inbox[1][..13], b"first message");
@@ -57,12 +60,12 @@ fn a_scoped_receive_reports_its_completion_once() {
             let mut buf = [0u8; 8];
             let mut buf = b.pd.register(&mut buf).unwrap();
             b.ch.receive([buf.slice_mut(..).unwrap()]).unwrap();
-            b.ch.send_with_imm([buf.slice(..3).unwrap()], 0xfeed).unwrap();
+            b.ch.send_with_imm([buf.slice(..3).unwrap()], 0xfeed)
+                .unwrap();
             b.ch.send([buf.slice(..2).unwrap()]).unwrap();
         });
-        let (first, second) = a
-            .ch
-            .scope(|s| {
+        let (first, second) =
+            a.ch.scope(|s| {
                 let one = s.post_receive([r1.slice_mut(..)?])?;
                 let two = s.post_receive([r2.slice_mut(..)?])?;
                 s.post_send([ask.slice(..)?])?;

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use zverbs::dispatch::SharedCompletionQueue;
-use zverbs::provider::sim::{Faults, FabricConfig, Sim};
+use zverbs::provider::sim::{FabricConfig, Faults, Sim};
 use zverbs::{
     AccessFlags, Channel, ChannelConfig, Context, CqLayout, MultiChannel, ProtectionDomain,
     SendFlags, SendOp, WaitPolicy,
@@ -46,7 +46,9 @@ fn star_waiting(sim: &Sim, layout: CqLayout, wait: WaitPolicy) -> Star {
         .collect();
     let leaf_eps: Vec<_> = leaves.iter().map(|l| l.endpoint()).collect();
     let root_eps: Vec<_> = (1..=LEAVES).map(|p| root.endpoint(p).unwrap()).collect();
-    let root = root.connect(|p| leaf_eps.get(p.wrapping_sub(1)).copied()).unwrap();
+    let root = root
+        .connect(|p| leaf_eps.get(p.wrapping_sub(1)).copied())
+        .unwrap();
     let leaves = leaves
         .into_iter()
         .zip(&root_eps)
@@ -65,9 +67,15 @@ fn star_waiting(sim: &Sim, layout: CqLayout, wait: WaitPolicy) -> Star {
 #[test]
 fn a_multi_channel_shares_its_completion_queues_by_default() {
     let mut s = star(&Sim::with_devices(LEAVES + 1), CqLayout::default());
-    assert!(s.root.channels_mut().all(|(_, c)| c.shares_completion_queues()));
+    assert!(s
+        .root
+        .channels_mut()
+        .all(|(_, c)| c.shares_completion_queues()));
     let mut s2 = star(&Sim::with_devices(LEAVES + 1), CqLayout::PerChannel);
-    assert!(s2.root.channels_mut().all(|(_, c)| !c.shares_completion_queues()));
+    assert!(s2
+        .root
+        .channels_mut()
+        .all(|(_, c)| !c.shares_completion_queues()));
     assert!(!s.leaves[0].shares_completion_queues());
 }
 
@@ -86,25 +94,35 @@ fn a_completion_found_while_waiting_for_another_peer_is_kept_for_its_own() {
     let mut recvs = Vec::new();
     for (leaf, r) in s.leaves.iter_mut().zip(regions.iter_mut()) {
         // SAFETY: the region is not touched until the receive is waited for below.
-        recvs.push(unsafe { leaf.post_receive_unpolled(&[r.slice_mut(..).unwrap().sge()]) }.unwrap());
+        recvs.push(
+            unsafe { leaf.post_receive_unpolled(&[r.slice_mut(..).unwrap().sge()]) }.unwrap(),
+        );
     }
     // Peer 1's send completes on the shared queue while the root waits for peer 3's.
     // SAFETY: `m1` outlives the wait below.
     let first = unsafe {
-        s.root
-            .peer(1)
-            .unwrap()
-            .post_send_unpolled(&[m1.slice(..).unwrap().sge()], SendOp::Send, SendFlags::empty())
+        s.root.peer(1).unwrap().post_send_unpolled(
+            &[m1.slice(..).unwrap().sge()],
+            SendOp::Send,
+            SendFlags::empty(),
+        )
     }
     .unwrap();
-    s.root.peer(3).unwrap().send([m3.slice(..).unwrap()]).unwrap();
+    s.root
+        .peer(3)
+        .unwrap()
+        .send([m3.slice(..).unwrap()])
+        .unwrap();
     let c = s.root.peer(1).unwrap().wait(first).unwrap();
     assert_eq!(c.status, zverbs::WcStatus::Success);
     assert_eq!(s.root.peer(1).unwrap().in_flight(), (0, 0));
     let mut recvs = recvs.into_iter();
     let (r1, r2) = (recvs.next().unwrap(), recvs.next().unwrap());
     assert_eq!(s.leaves[0].wait(r1).unwrap().byte_len, 11);
-    assert_eq!(s.leaves[2].wait(recvs.next().unwrap()).unwrap().byte_len, 14);
+    assert_eq!(
+        s.leaves[2].wait(recvs.next().unwrap()).unwrap().byte_len,
+        14
+    );
     let r2 = s.leaves[1].try_complete(r2).unwrap();
     assert!(r2.is_err(), "peer two was sent nothing");
     drop(regions);
@@ -268,10 +286,11 @@ fn a_full_ring_on_every_peer_does_not_overflow_the_shared_queue() {
         for _ in 0..16 {
             // SAFETY: `reg` outlives the waits below.
             let p = unsafe {
-                s.root
-                    .peer(peer)
-                    .unwrap()
-                    .post_send_unpolled(&[reg.slice(..).unwrap().sge()], SendOp::Send, SendFlags::empty())
+                s.root.peer(peer).unwrap().post_send_unpolled(
+                    &[reg.slice(..).unwrap().sge()],
+                    SendOp::Send,
+                    SendFlags::empty(),
+                )
             }
             .unwrap();
             pending.push((peer, p));

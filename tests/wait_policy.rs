@@ -99,7 +99,11 @@ fn a_sleeping_receive_over_shared_queues_waits_on_almost_no_cpu() {
 
 #[test]
 fn every_policy_is_bounded_by_the_timeout() {
-    for wait in [WaitPolicy::Spin, WaitPolicy::SpinYield, WaitPolicy::SpinSleep] {
+    for wait in [
+        WaitPolicy::Spin,
+        WaitPolicy::SpinYield,
+        WaitPolicy::SpinSleep,
+    ] {
         let c = ChannelConfig {
             timeout: Some(Duration::from_millis(100)),
             ..cfg(wait)
@@ -119,7 +123,11 @@ fn every_policy_is_bounded_by_the_timeout() {
 
 #[test]
 fn every_policy_carries_a_ping_pong() {
-    for wait in [WaitPolicy::Spin, WaitPolicy::SpinYield, WaitPolicy::SpinSleep] {
+    for wait in [
+        WaitPolicy::Spin,
+        WaitPolicy::SpinYield,
+        WaitPolicy::SpinSleep,
+    ] {
         let c = cfg(wait);
         let (mut a, mut b) = pair_on::<16>(&Sim::with_devices(2), &c, &c);
         let (mut x, mut y) = ([0u8; 8], [0u8; 8]);
@@ -138,7 +146,11 @@ fn every_policy_carries_a_ping_pong() {
                 x.as_mut_slice().copy_from_slice(&i.to_le_bytes());
                 a.ch.send([x.slice(..).unwrap()]).unwrap();
                 a.ch.receive([x.slice_mut(..).unwrap()]).unwrap();
-                assert_eq!(u64::from_le_bytes(x.as_slice().try_into().unwrap()), i, "{wait:?}");
+                assert_eq!(
+                    u64::from_le_bytes(x.as_slice().try_into().unwrap()),
+                    i,
+                    "{wait:?}"
+                );
             }
         });
     }
@@ -162,14 +174,19 @@ fn three_threads_sleep_on_one_shared_queue_and_each_wakes_for_its_own() {
         .collect();
     let leaf_eps: Vec<_> = leaves.iter().map(|l| l.endpoint()).collect();
     let root_eps: Vec<_> = (1..=LEAVES).map(|p| root.endpoint(p).unwrap()).collect();
-    let mut root = root.connect(|p| leaf_eps.get(p.wrapping_sub(1)).copied()).unwrap();
+    let mut root = root
+        .connect(|p| leaf_eps.get(p.wrapping_sub(1)).copied())
+        .unwrap();
     let leaves: Vec<_> = leaves
         .into_iter()
         .zip(&root_eps)
         .map(|(l, e)| l.connect(e).unwrap())
         .collect();
     let mut inboxes = [[0u8; 8]; LEAVES];
-    let mut regions: Vec<_> = inboxes.iter_mut().map(|b| pds[0].register(b).unwrap()).collect();
+    let mut regions: Vec<_> = inboxes
+        .iter_mut()
+        .map(|b| pds[0].register(b).unwrap())
+        .collect();
     let wall0 = Instant::now();
     std::thread::scope(|t| {
         // Each leaf sends after its own delay: 300, 600 and 900 ms.
@@ -198,7 +215,10 @@ fn three_threads_sleep_on_one_shared_queue_and_each_wakes_for_its_own() {
             let (peer, len, woke, cpu) = w.join().unwrap();
             assert_eq!(len, 3);
             let sent = Duration::from_millis(300 * peer as u64);
-            assert!(woke >= sent, "peer {peer} woke at {woke:?}, before its send");
+            assert!(
+                woke >= sent,
+                "peer {peer} woke at {woke:?}, before its send"
+            );
             assert!(cpu < woke / 5, "peer {peer}: {cpu:?} of CPU in {woke:?}");
         }
     });

@@ -41,9 +41,9 @@
 //! A complete two-thread exchange is in `examples/pingpong.rs`.
 
 mod blocking;
+mod path;
 mod poll;
 mod prepared;
-mod path;
 mod raw;
 mod scope;
 mod source;
@@ -56,19 +56,16 @@ pub use wait::WaitPolicy;
 pub use prepared::PreparedChannel;
 pub use scope::{PostedReceive, Scope};
 
-
 use core::sync::atomic::{AtomicUsize, Ordering};
 use core::time::Duration;
 
+use crate::device::{Context, ProtectionDomain};
 #[cfg(feature = "std")]
 use crate::dispatch::SharedCompletionQueue;
-use crate::device::{Context, ProtectionDomain};
 use crate::error::{CompletionError, Error};
 use crate::mr::{LocalSlice, LocalSliceMut, RemoteRegion};
 use crate::provider::Provider;
-use crate::qp::{
-    InitOptions, QpConfig, QueuePair, ReadyToSend, RtrOptions, RtsOptions,
-};
+use crate::qp::{InitOptions, QpConfig, QueuePair, ReadyToSend, RtrOptions, RtsOptions};
 use crate::ring::{Completion, Ring, WorkRequest};
 use crate::types::{RecvWr, SendFlags, SendOp, SendWr, Sge, WorkCompletion};
 use source::Completions;

@@ -68,11 +68,8 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> PreparedChannel<P, DEPT
         &mut self,
         sges: &[Sge],
     ) -> Result<Pending, Error<P::Error>> {
-        let (sg_list, num_sge) =
-            collect_sges::<SGES>(sges.iter().copied()).map_err(|(given, max)| Error::TooManySges {
-                given,
-                max,
-            })?;
+        let (sg_list, num_sge) = collect_sges::<SGES>(sges.iter().copied())
+            .map_err(|(given, max)| Error::TooManySges { given, max })?;
         let mut wr = RecvWr {
             wr_id: 0,
             sg_list,
@@ -121,4 +118,3 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> PreparedChannel<P, DEPT
         })
     }
 }
-

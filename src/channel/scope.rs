@@ -256,7 +256,8 @@ impl<'env, P: Provider, const DEPTH: usize, const SGES: usize> Scope<'env, P, DE
             ));
         }
         self.ring_doorbell()?;
-        self.ch.wait_seq_within(Queue::Recv, wr_id, &mut self.waiter)
+        self.ch
+            .wait_seq_within(Queue::Recv, wr_id, &mut self.waiter)
     }
 
     /// Posts everything staged: receives as one chain, then sends as one chain whose last

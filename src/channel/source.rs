@@ -3,22 +3,24 @@
 
 use crate::cq::CompletionQueue;
 use crate::device::Context;
-use crate::event::CompletionChannel;
 #[cfg(feature = "std")]
 use crate::dispatch::{Inbox, SharedCompletionQueue, SEQ_MASK};
 use crate::error::Error;
+use crate::event::CompletionChannel;
 use crate::provider::Provider;
 use crate::ring::{Ring, WorkRequest};
 use crate::types::WorkCompletion;
 #[cfg(feature = "std")]
 use std::sync::Arc;
 
+#[cfg(all(feature = "std", unix))]
 use super::wait::Waiter;
 
 /// One direction's completions (send or receive), and whether its queue is armed for an
 /// event (a sleeping wait arms, polls again, then sleeps).
 pub(crate) struct Completions<P: Provider> {
     source: Source<P>,
+    #[cfg_attr(not(all(feature = "std", unix)), allow(dead_code))]
     armed: bool,
 }
 
@@ -136,6 +138,7 @@ impl<P: Provider> Completions<P> {
     /// Polls up to `out.len()` of this channel's completions into `out`, with `wr_id`s that
     /// are `ring`'s sequence numbers.
     #[inline(always)]
+    #[cfg_attr(not(feature = "std"), allow(unused_variables))]
     pub(crate) fn poll<W: WorkRequest, const DEPTH: usize>(
         &mut self,
         ring: &Ring<W, DEPTH>,
@@ -158,6 +161,7 @@ impl<P: Provider> Completions<P> {
     /// As [`poll`](Self::poll), after every completion the device wrote so far has been
     /// routed (on a shared queue, waiting for the poll right): after a queue pair is reset,
     /// none of its completions is left behind in another thread's batch.
+    #[cfg_attr(not(feature = "std"), allow(unused_variables))]
     pub(crate) fn poll_all<W: WorkRequest, const DEPTH: usize>(
         &mut self,
         ring: &Ring<W, DEPTH>,

@@ -75,6 +75,7 @@ impl Waiter {
     /// Whether the next pause should be a sleep on a completion channel: the policy says
     /// so and the spinning is over.
     #[inline]
+    #[cfg_attr(not(all(feature = "std", unix)), allow(dead_code))]
     pub(crate) fn wants_sleep(&self) -> bool {
         self.policy == WaitPolicy::SpinSleep && self.round >= SPIN_POLLS
     }

@@ -94,9 +94,7 @@ impl WrId {
     /// Packs the three fields (`seq` is cut to its low [`SEQ_BITS`]).
     pub const fn new(inbox: u16, generation: u8, seq: u64) -> WrId {
         WrId(
-            ((generation as u64) << GEN_SHIFT)
-                | ((inbox as u64) << INBOX_SHIFT)
-                | (seq & SEQ_MASK),
+            ((generation as u64) << GEN_SHIFT) | ((inbox as u64) << INBOX_SHIFT) | (seq & SEQ_MASK),
         )
     }
     /// The inbox (channel) index.

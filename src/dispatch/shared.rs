@@ -160,7 +160,11 @@ impl<P: Provider> SharedCompletionQueue<P> {
     /// The leader's sleep: arm, route what came before the arm, sleep on the descriptor,
     /// take the events.
     #[cfg(unix)]
-    fn lead(&self, inbox: &Inbox, left: Option<std::time::Duration>) -> Result<(), Error<P::Error>> {
+    fn lead(
+        &self,
+        inbox: &Inbox,
+        left: Option<std::time::Duration>,
+    ) -> Result<(), Error<P::Error>> {
         let Some(events) = &self.events else {
             park(left);
             return Ok(());

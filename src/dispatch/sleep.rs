@@ -72,7 +72,11 @@ impl Sleepers {
 
     #[cold]
     fn unpark(&self, i: usize) {
-        if let Some(t) = &*self.slots[i].thread.lock().unwrap_or_else(|e| e.into_inner()) {
+        if let Some(t) = &*self.slots[i]
+            .thread
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+        {
             t.unpark();
         }
     }

@@ -125,7 +125,10 @@ fn drain_routes_everything_even_past_one_batch() {
     d.drain(&cq).unwrap();
     let mut out = [WorkCompletion::EMPTY; 64];
     assert_eq!(d.take(&mut a, &mut out), 40);
-    assert!(out[..40].iter().enumerate().all(|(i, w)| w.byte_len == i as u32));
+    assert!(out[..40]
+        .iter()
+        .enumerate()
+        .all(|(i, w)| w.byte_len == i as u32));
 }
 
 #[test]

@@ -80,7 +80,9 @@ pub struct PreparedMultiChannel<
     peers: Slots<PreparedChannel<P, DEPTH, SGES>, PEERS>,
 }
 
-impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize> PreparedMultiChannel<P, PEERS, DEPTH, SGES> {
+impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
+    PreparedMultiChannel<P, PEERS, DEPTH, SGES>
+{
     /// The endpoint of the channel for `peer`.
     pub fn endpoint(&self, peer: usize) -> Result<Endpoint, Error<P::Error>> {
         match self.peers.get(peer) {
@@ -121,7 +123,12 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize> Pre
 
 /// One RC channel per peer; see the module docs. `PEERS` peers at most, `DEPTH` work requests in
 /// flight per direction per peer, `SGES` scatter/gather entries per request.
-pub struct MultiChannel<P: Provider, const PEERS: usize, const DEPTH: usize = 64, const SGES: usize = 4> {
+pub struct MultiChannel<
+    P: Provider,
+    const PEERS: usize,
+    const DEPTH: usize = 64,
+    const SGES: usize = 4,
+> {
     peers: Slots<Channel<P, DEPTH, SGES>, PEERS>,
     /// Per peer, the outcome of the last collective or scope that named it.
     outcomes: Slots<Outcome<P::Error>, PEERS>,
@@ -206,7 +213,10 @@ fn new_slots<T, const PEERS: usize>() -> Slots<T, PEERS> {
 }
 
 fn no_such_peer<P: Provider, const PEERS: usize>(peer: usize) -> Error<P::Error> {
-    Error::NoSuchPeer { peer, capacity: PEERS }
+    Error::NoSuchPeer {
+        peer,
+        capacity: PEERS,
+    }
 }
 
 /// Sequence numbers posted on one peer's channel by one collective call: `first..=last`.
@@ -240,7 +250,9 @@ impl<const PEERS: usize> Posted<PEERS> {
     }
 }
 
-impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize> MultiChannel<P, PEERS, DEPTH, SGES> {
+impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
+    MultiChannel<P, PEERS, DEPTH, SGES>
+{
     /// Creates a channel (a queue pair in INIT) for each peer index in `peers`, all in
     /// protection domain `pd`. Indices must be below `PEERS` and distinct. With
     /// [`CqLayout::Shared`](crate::channel::CqLayout) (the default) every channel's sends
@@ -261,6 +273,7 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize> Mul
             *slot = true;
         }
         let mut slots = new_slots::<PreparedChannel<P, DEPTH, SGES>, PEERS>();
+        #[cfg_attr(not(feature = "std"), allow(unused_variables))]
         let count = named.iter().filter(|&&n| n).count();
         #[cfg(feature = "std")]
         if config.completion_queues == crate::channel::CqLayout::Shared && count > 0 {
@@ -290,7 +303,9 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize> Mul
     /// (each thread its own peers' channels: `std::thread::scope` and a split of this
     /// iterator). Channels on shared completion queues route each other's completions
     /// through the lock-free dispatcher; none waits for another.
-    pub fn channels_mut(&mut self) -> impl Iterator<Item = (usize, &mut Channel<P, DEPTH, SGES>)> + '_ {
+    pub fn channels_mut(
+        &mut self,
+    ) -> impl Iterator<Item = (usize, &mut Channel<P, DEPTH, SGES>)> + '_ {
         self.peers
             .iter_mut()
             .enumerate()

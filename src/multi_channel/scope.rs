@@ -24,7 +24,8 @@ use crate::types::{SendOp, Sge};
 /// requests to each of its peers rings one doorbell per peer and queue, and waits for
 /// one send completion per peer. Post errors of the device come with the doorbell: they
 /// become the scope's error (if first) and the peer's [outcome](MultiChannel::outcome).
-pub struct MultiScope<'env, P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize> {
+pub struct MultiScope<'env, P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
+{
     mc: &'env mut MultiChannel<P, PEERS, DEPTH, SGES>,
     /// Where each peer's queues start with this scope's work not yet settled.
     from: Marks<PEERS>,
@@ -36,7 +37,9 @@ pub struct MultiScope<'env, P: Provider, const PEERS: usize, const DEPTH: usize,
     _env: PhantomData<&'env mut &'env ()>,
 }
 
-impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize> MultiChannel<P, PEERS, DEPTH, SGES> {
+impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
+    MultiChannel<P, PEERS, DEPTH, SGES>
+{
     /// Runs `f` with a [`MultiScope`]; returns once every work request posted in it has
     /// completed (also if `f` panics: what is still staged then is not posted), its waits
     /// together within one timeout plus the grace. The first error wins: `f`'s own, then

@@ -182,7 +182,12 @@ impl<E: fmt::Debug + fmt::Display> core::error::Error for NodeError<E> {}
 
 /// A node whose queue pairs exist but are not connected. Hand each peer its
 /// [`endpoints`](Self::endpoints), then [`connect`](Self::connect).
-pub struct PreparedNode<P: Provider, const PEERS: usize, const DEPTH: usize = 64, const SGES: usize = 4> {
+pub struct PreparedNode<
+    P: Provider,
+    const PEERS: usize,
+    const DEPTH: usize = 64,
+    const SGES: usize = 4,
+> {
     rank: usize,
     world: usize,
     config: NodeConfig,
@@ -190,7 +195,9 @@ pub struct PreparedNode<P: Provider, const PEERS: usize, const DEPTH: usize = 64
     ctrl: PreparedMultiChannel<P, PEERS, CTRL_DEPTH, 1>,
 }
 
-impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize> PreparedNode<P, PEERS, DEPTH, SGES> {
+impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
+    PreparedNode<P, PEERS, DEPTH, SGES>
+{
     /// This node's rank.
     pub fn rank(&self) -> usize {
         self.rank
@@ -242,7 +249,9 @@ pub struct Node<P: Provider, const PEERS: usize, const DEPTH: usize = 64, const 
     poisoned: bool,
 }
 
-impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize> Node<P, PEERS, DEPTH, SGES> {
+impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
+    Node<P, PEERS, DEPTH, SGES>
+{
     /// Creates the queue pairs of rank `rank` in a world of `world` ranks.
     pub fn prepare(
         ctx: &Context<P>,

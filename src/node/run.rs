@@ -7,7 +7,9 @@ use crate::channel::wait::Waiter;
 use crate::provider::Provider;
 use crate::types::{SendFlags, SendOp};
 
-impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize> Node<P, PEERS, DEPTH, SGES> {
+impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
+    Node<P, PEERS, DEPTH, SGES>
+{
     /// A barrier among all ranks.
     pub fn barrier_all(&mut self) -> Result<(), NodeError<P::Error>> {
         let mut parts = [0u16; PEERS];
@@ -69,8 +71,9 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize> Nod
         if self.poisoned {
             return Err(NodeError::Poisoned);
         }
-        let mut m = BarrierMachine::<PEERS>::new(self.config.algorithm, self.rank as u16, participants)
-            .map_err(NodeError::Barrier)?;
+        let mut m =
+            BarrierMachine::<PEERS>::new(self.config.algorithm, self.rank as u16, participants)
+                .map_err(NodeError::Barrier)?;
         let r = self.drive(&mut m, participants);
         if r.is_err() {
             self.poisoned = true;

@@ -20,7 +20,9 @@ const ENTRY: usize = 2 * ENDPOINT_LEN;
 pub type Connected<P, const PEERS: usize, const DEPTH: usize, const SGES: usize> =
     Result<(Node<P, PEERS, DEPTH, SGES>, Vec<Vec<u8>>), NodeError<<P as Provider>::Error>>;
 
-impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize> PreparedNode<P, PEERS, DEPTH, SGES> {
+impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
+    PreparedNode<P, PEERS, DEPTH, SGES>
+{
     /// This node's endpoint table (see the module docs).
     pub fn endpoint_table(&self) -> Vec<u8> {
         let mut table = vec![0u8; self.world * ENTRY];

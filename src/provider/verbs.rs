@@ -358,8 +358,12 @@ impl Provider for Verbs {
         let cq = unsafe { ffi::ibv_create_cq(ctx.as_ptr(), depth, key as *mut _, ch, 0) };
         let cq = non_null(cq, "ibv_create_cq")?;
         // SAFETY: the context outlives the CQ (held below); its op table is fixed after open.
-        let (poll, req_notify) =
-            unsafe { ((*ctx.as_ptr()).ops.poll_cq, (*ctx.as_ptr()).ops.req_notify_cq) };
+        let (poll, req_notify) = unsafe {
+            (
+                (*ctx.as_ptr()).ops.poll_cq,
+                (*ctx.as_ptr()).ops.req_notify_cq,
+            )
+        };
         let (Some(poll), Some(req_notify)) = (poll, req_notify) else {
             // SAFETY: just created, not shared.
             unsafe { ffi::ibv_destroy_cq(cq.as_ptr()) };

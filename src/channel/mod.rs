@@ -211,6 +211,26 @@ impl Pending {
     }
 }
 
+/// Takes a slot of `rq` for `wr` and posts it by itself with `post` (outside a staged
+/// batch; one doorbell); gives the slot back if the post fails. Returns the `wr_id`.
+pub(crate) fn post_recv_one<E, const DEPTH: usize, const SGES: usize>(
+    rq: &mut Ring<RecvWr<SGES>, DEPTH>,
+    mut wr: RecvWr<SGES>,
+    post: impl FnOnce(&[RecvWr<SGES>]) -> Result<(), crate::provider::PostError<E>>,
+) -> Result<u64, Error<E>> {
+    let seq = rq.reserve(&mut wr, true).map_err(|f| Error::QueueFull {
+        capacity: f.capacity,
+    })?;
+    if let Err(e) = post(core::slice::from_ref(&wr)) {
+        rq.unreserve();
+        return Err(Error::Provider {
+            op: "ibv_post_recv",
+            source: e.error,
+        });
+    }
+    Ok(seq)
+}
+
 /// Collects up to `SGES` entries from `it`, or says how many were given.
 pub(crate) fn collect_sges<const SGES: usize>(
     it: impl IntoIterator<Item = Sge>,
@@ -466,22 +486,10 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
         Ok(seq)
     }
 
-    fn post_recv_now(&mut self, mut wr: RecvWr<SGES>) -> Result<u64, Error<P::Error>> {
-        let seq = self
-            .rq
-            .reserve(&mut wr, true)
-            .map_err(|f| Error::QueueFull {
-                capacity: f.capacity,
-            })?;
+    fn post_recv_now(&mut self, wr: RecvWr<SGES>) -> Result<u64, Error<P::Error>> {
+        let qp = &self.qp;
         // SAFETY: as in `flush_sends`.
-        if let Err(e) = unsafe { self.qp.post_recv(core::slice::from_ref(&wr)) } {
-            self.rq.unreserve();
-            return Err(Error::Provider {
-                op: "ibv_post_recv",
-                source: e.error,
-            });
-        }
-        Ok(seq)
+        post_recv_one(&mut self.rq, wr, |wr| unsafe { qp.post_recv(wr) })
     }
 
     /// Posts the staged sends as one chain (one doorbell).

@@ -2,7 +2,9 @@
 //! early, as C verbs programs post them in INIT so the peer's first message finds one.
 
 use super::source::Completions;
-use super::{collect_sges, Channel, ChannelConfig, Owner, Pending, Queue, POLL_BATCH};
+use super::{
+    collect_sges, post_recv_one, Channel, ChannelConfig, Owner, Pending, Queue, POLL_BATCH,
+};
 use crate::error::Error;
 use crate::provider::Provider;
 use crate::qp::{Endpoint, Init, QueuePair};
@@ -70,26 +72,15 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> PreparedChannel<P, DEPT
     ) -> Result<Pending, Error<P::Error>> {
         let (sg_list, num_sge) = collect_sges::<SGES>(sges.iter().copied())
             .map_err(|(given, max)| Error::TooManySges { given, max })?;
-        let mut wr = RecvWr {
+        let wr = RecvWr {
             wr_id: 0,
             sg_list,
             num_sge,
         };
-        let seq = self
-            .rq
-            .reserve(&mut wr, true)
-            .map_err(|f| Error::QueueFull {
-                capacity: f.capacity,
-            })?;
+        let qp = &self.qp;
         // SAFETY: the caller keeps the memory valid and untouched until the handle is
         // redeemed, which is after the request completes.
-        if let Err(e) = unsafe { self.qp.post_recv(core::slice::from_ref(&wr)) } {
-            self.rq.unreserve();
-            return Err(Error::Provider {
-                op: "ibv_post_recv",
-                source: e.error,
-            });
-        }
+        let seq = post_recv_one(&mut self.rq, wr, |wr| unsafe { qp.post_recv(wr) })?;
         Ok(Pending {
             seq,
             queue: Queue::Recv,

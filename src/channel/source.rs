@@ -138,34 +138,32 @@ impl<P: Provider> Completions<P> {
     /// Polls up to `out.len()` of this channel's completions into `out`, with `wr_id`s that
     /// are `ring`'s sequence numbers.
     #[inline(always)]
-    #[cfg_attr(not(feature = "std"), allow(unused_variables))]
     pub(crate) fn poll<W: WorkRequest, const DEPTH: usize>(
         &mut self,
         ring: &Ring<W, DEPTH>,
         out: &mut [WorkCompletion],
     ) -> Result<usize, Error<P::Error>> {
-        match &mut self.source {
-            Source::Own(cq, _) => cq.poll(out),
-            #[cfg(feature = "std")]
-            Source::Shared(a) => {
-                let Some(inbox) = a.inbox.as_mut() else {
-                    return Ok(0);
-                };
-                let n = a.cq.poll(inbox, out)?;
-                widen(ring, &mut out[..n]);
-                Ok(n)
-            }
-        }
+        self.poll_routed(ring, out, false)
     }
 
     /// As [`poll`](Self::poll), after every completion the device wrote so far has been
     /// routed (on a shared queue, waiting for the poll right): after a queue pair is reset,
     /// none of its completions is left behind in another thread's batch.
-    #[cfg_attr(not(feature = "std"), allow(unused_variables))]
     pub(crate) fn poll_all<W: WorkRequest, const DEPTH: usize>(
         &mut self,
         ring: &Ring<W, DEPTH>,
         out: &mut [WorkCompletion],
+    ) -> Result<usize, Error<P::Error>> {
+        self.poll_routed(ring, out, true)
+    }
+
+    #[inline(always)]
+    #[cfg_attr(not(feature = "std"), allow(unused_variables))]
+    fn poll_routed<W: WorkRequest, const DEPTH: usize>(
+        &mut self,
+        ring: &Ring<W, DEPTH>,
+        out: &mut [WorkCompletion],
+        all: bool,
     ) -> Result<usize, Error<P::Error>> {
         match &mut self.source {
             Source::Own(cq, _) => cq.poll(out),
@@ -174,7 +172,11 @@ impl<P: Provider> Completions<P> {
                 let Some(inbox) = a.inbox.as_mut() else {
                     return Ok(0);
                 };
-                let n = a.cq.drain(inbox, out)?;
+                let n = if all {
+                    a.cq.drain(inbox, out)?
+                } else {
+                    a.cq.poll(inbox, out)?
+                };
                 widen(ring, &mut out[..n]);
                 Ok(n)
             }

@@ -1,0 +1,164 @@
+//! The completion engine's cost on a two-thread ping-pong of 64 B over the (untimed)
+//! simulator, every variant in one run so the ratios are fair:
+//!
+//! ```text
+//! cargo bench --features sim --bench completion          # add `-- --quick` for a rougher run
+//! ```
+//!
+//! - `pingpong_64B/own_cqs/{spin_yield,spin}`: each channel on completion queues of its own
+//!   (the layout before shared queues; `spin_yield` is the default policy);
+//! - `pingpong_64B/shared_cqs/spin`: each channel on a `SharedCompletionQueue`, its
+//!   completions routed through the dispatcher's inbox;
+//! - `pingpong_64B/{own,shared}_cqs/sleep`: `WaitPolicy::SpinSleep`, the event-driven round
+//!   trip (after 128 empty polls a waiter arms its queue, polls again and sleeps on the
+//!   completion channel).
+//!
+//! One iteration is one round trip: A posts its receive, sends, and waits for the echo; B
+//! waits for the message, posts its next receive, then echoes (so no message ever meets a
+//! missing receive). Both threads run with their allocations counted and panic if a round
+//! trip allocated. This machine has 2 cores: one per thread.
+
+mod common;
+
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use zverbs::dispatch::SharedCompletionQueue;
+use zverbs::provider::sim::Sim;
+use zverbs::{Channel, ChannelConfig, Context, MemoryRegion, SendFlags, SendOp, WaitPolicy};
+
+use common::{assert_no_allocs, count_allocs, CountingAlloc};
+
+#[global_allocator]
+static GLOBAL: CountingAlloc = CountingAlloc;
+
+const MSG: usize = 64;
+type Ch = Channel<Sim, 16, 1>;
+
+/// A buffer that lives for the whole run, so regions can be `'static`.
+fn buffer(len: usize) -> &'static mut [u8] {
+    Box::leak(vec![0u8; len].into_boxed_slice())
+}
+
+struct Side {
+    ch: Ch,
+    buf: MemoryRegion<'static, Sim>,
+    /// The receive posted ahead (B only, between iterations).
+    ahead: Option<zverbs::Pending>,
+}
+
+/// Two connected channels on sim0 and sim1, on queues of their own or shared ones.
+fn pair(shared: bool, wait: WaitPolicy) -> (Side, Side) {
+    let sim = Sim::with_devices(2);
+    let cfg = ChannelConfig {
+        wait,
+        ..ChannelConfig::default()
+    };
+    let side = |dev: &str| {
+        let ctx = Box::leak(Box::new(Context::open(&sim, dev).unwrap()));
+        let pd = Box::leak(Box::new(ctx.alloc_pd().unwrap()));
+        let ch = if shared {
+            let make = if wait == WaitPolicy::SpinSleep {
+                SharedCompletionQueue::create_with_events
+            } else {
+                SharedCompletionQueue::create
+            };
+            let cq = Arc::new(make(ctx, 2, 16).unwrap());
+            Ch::prepare_shared(ctx, pd, &cfg, &cq, &cq).unwrap()
+        } else {
+            Ch::prepare(ctx, pd, &cfg).unwrap()
+        };
+        let buf = pd.register(buffer(MSG)).unwrap();
+        (ch, buf)
+    };
+    let ((a, abuf), (b, bbuf)) = (side("sim0"), side("sim1"));
+    let (ea, eb) = (a.endpoint(), b.endpoint());
+    let (a, b) = (a.connect(&eb).unwrap(), b.connect(&ea).unwrap());
+    (
+        Side {
+            ch: a,
+            buf: abuf,
+            ahead: None,
+        },
+        Side {
+            ch: b,
+            buf: bbuf,
+            ahead: None,
+        },
+    )
+}
+
+/// `iters` round trips; returns A's time for them.
+fn round_trips(a: &mut Side, b: &mut Side, iters: u64) -> Duration {
+    let start = Barrier::new(2);
+    std::thread::scope(|t| {
+        let echo = t.spawn(|| {
+            start.wait();
+            let ((), allocs) = count_allocs(|| {
+                let sge = b.buf.slice_mut(..).unwrap().sge();
+                for _ in 0..iters {
+                    let got = match b.ahead.take() {
+                        Some(p) => p,
+                        // SAFETY: the buffer is leaked and touched only by the device.
+                        None => unsafe { b.ch.post_receive_unpolled(&[sge]) }.unwrap(),
+                    };
+                    b.ch.wait(got).unwrap();
+                    // SAFETY: as above; the next message lands after the echo below.
+                    b.ahead = Some(unsafe { b.ch.post_receive_unpolled(&[sge]) }.unwrap());
+                    // SAFETY: as above.
+                    let echo = unsafe {
+                        b.ch.post_send_unpolled(&[sge], SendOp::Send, SendFlags::empty())
+                    };
+                    b.ch.wait(echo.unwrap()).unwrap();
+                }
+            });
+            allocs
+        });
+        start.wait();
+        let (elapsed, allocs) = count_allocs(|| {
+            let sge = a.buf.slice_mut(..).unwrap().sge();
+            let t0 = Instant::now();
+            for _ in 0..iters {
+                // SAFETY: the buffer is leaked and touched only by the device.
+                let reply = unsafe { a.ch.post_receive_unpolled(&[sge]) }.unwrap();
+                // SAFETY: as above.
+                let sent = unsafe {
+                    a.ch.post_send_unpolled(&[sge], SendOp::Send, SendFlags::empty())
+                };
+                a.ch.wait(sent.unwrap()).unwrap();
+                a.ch.wait(reply).unwrap();
+            }
+            t0.elapsed()
+        });
+        assert_no_allocs("ping", allocs);
+        assert_no_allocs("echo", echo.join().expect("echo thread panicked"));
+        elapsed
+    })
+}
+
+fn pingpong(c: &mut Criterion) {
+    let mut g = c.benchmark_group("pingpong_64B");
+    g.throughput(Throughput::Elements(1));
+    let variants = [
+        ("own_cqs", "spin_yield", false, WaitPolicy::SpinYield),
+        ("own_cqs", "spin", false, WaitPolicy::Spin),
+        ("shared_cqs", "spin", true, WaitPolicy::Spin),
+        ("own_cqs", "sleep", false, WaitPolicy::SpinSleep),
+        ("shared_cqs", "sleep", true, WaitPolicy::SpinSleep),
+    ];
+    for (layout, policy, shared, wait) in variants {
+        let (mut a, mut b) = pair(shared, wait);
+        g.bench_function(BenchmarkId::new(layout, policy), |bch| {
+            bch.iter_custom(|iters| round_trips(&mut a, &mut b, iters))
+        });
+    }
+    g.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = common::config();
+    targets = pingpong
+}
+criterion_main!(benches);

@@ -1,139 +1,417 @@
 //! Model checks of the lock-free completion dispatch with loom:
 //! `RUSTFLAGS="--cfg loom" cargo test --release --features sim --test loom` (without
-//! `sim`, only the dispatch tests run). A barrier soak over the simulator:
-//! `LOOM_MAX_PERMUTATIONS=200000` with the same command.
+//! `sim`, only the dispatcher-alone tests run). Each test states its bounds (see
+//! `explore`); a soak of the barriers: `LOOM_MAX_PERMUTATIONS=200000` with the same
+//! command.
 //!
-//! Threads claim slots, "post" (the fake device pushes their completion into a shared
-//! completion queue), and wait; loom explores every interleaving of polls, publications
-//! and takes. Asserted: each waiter receives exactly its own completion, none is lost, a
-//! stale completion for a recycled slot is never delivered.
+//! The dispatcher alone: threads attach inboxes, "post" (the fake device pushes their
+//! completion into a shared completion queue), and poll and take until they have it; loom
+//! explores every interleaving of attaches, polls, routings and takes. Asserted: each
+//! thread receives exactly its own completion, none is lost, and a completion of a detached
+//! attachment never reaches the inbox's next owner.
+//!
+//! The dispatcher as channels use it: a `MultiChannel` over the simulator (whose fabric
+//! lock is loom's under `--cfg loom`) with its peers on shared completion queues, driven
+//! from several threads; and barriers among three `Node`s.
 #![cfg(loom)]
 
 use loom::sync::{Arc, Mutex};
 use loom::thread;
-use zverbs::dispatch::{CompletionSource, Dispatcher, WrId};
+use zverbs::dispatch::{CompletionSource, Dispatcher, Inbox, WrId};
 use zverbs::WorkCompletion;
 
-/// The device's completion queue. A mutex is fine here: it stands for hardware.
-struct FakeCq(Mutex<Vec<WorkCompletion>>);
+/// The device's completion queue, handing out at most `per_poll` completions per poll. A
+/// mutex is fine here: it stands for hardware.
+struct FakeCq {
+    queue: Mutex<Vec<WorkCompletion>>,
+    per_poll: usize,
+}
 
 impl FakeCq {
-    fn new() -> Self {
-        FakeCq(Mutex::new(Vec::new()))
+    fn new(per_poll: usize) -> Self {
+        FakeCq {
+            queue: Mutex::new(Vec::new()),
+            per_poll,
+        }
     }
     fn complete(&self, wr_id: u64, byte_len: u32) {
-        self.0.lock().unwrap().push(WorkCompletion {
+        self.queue.lock().unwrap().push(WorkCompletion {
             wr_id,
             byte_len,
             ..WorkCompletion::EMPTY
         });
+    }
+    fn is_empty(&self) -> bool {
+        self.queue.lock().unwrap().is_empty()
     }
 }
 
 impl CompletionSource for FakeCq {
     type Error = ();
     fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize, ()> {
-        let mut q = self.0.lock().unwrap();
-        let n = q.len().min(out.len());
+        let mut q = self.queue.lock().unwrap();
+        let n = q.len().min(out.len()).min(self.per_poll);
         out[..n].copy_from_slice(&q[..n]);
         q.drain(..n);
         Ok(n)
     }
 }
 
-fn model(f: impl Fn() + Sync + Send + 'static) {
-    model_bounded(2, f)
-}
-
-fn model_bounded(preemptions: usize, f: impl Fn() + Sync + Send + 'static) {
-    let mut b = loom::model::Builder::new();
-    // Waiters spin (with loom yields) until their completion is published; give the
-    // explorer room for those loops, and bound preemptions so the run takes minutes at most
-    // (LOOM_MAX_PREEMPTIONS overrides).
-    b.max_branches = 100_000;
-    if b.preemption_bound.is_none() {
-        b.preemption_bound = Some(preemptions);
+/// What a channel on a shared queue does (`SharedCompletionQueue::poll` in a wait loop):
+/// take from its inbox; if empty, route a batch (unless someone else is) and take again;
+/// yield between rounds. Returns the one completion it got.
+fn poll_until_own(d: &Dispatcher, cq: &FakeCq, inbox: &mut Inbox) -> WorkCompletion {
+    let mut out = [WorkCompletion::EMPTY; 2];
+    loop {
+        let mut n = d.take(inbox, &mut out);
+        if n == 0 {
+            d.poll(cq).unwrap();
+            n = d.take(inbox, &mut out);
+        }
+        match n {
+            0 => thread::yield_now(),
+            1 => return out[0],
+            n => panic!("{n} completions for one request"),
+        }
     }
-    b.check(f);
 }
 
+/// Runs `f` under loom once per pass `(preemption bound, executions)`: `None` explores the
+/// bound's whole space, `Some(n)` the first `n` executions, depth-first from the
+/// non-preemptive schedule. `LOOM_MAX_PERMUTATIONS` replaces the caps of the bound-1 passes
+/// (a soak); `LOOM_MAX_PREEMPTIONS` replaces all passes by one at that bound, with
+/// `LOOM_MAX_PERMUTATIONS` or the largest cap (none if no pass has one).
+///
+/// The caps of bound-2 passes stay: with three threads, two of which wait in yield loops
+/// for the third, loom charges no preemption for a switch after a yield, so past 100,000
+/// executions or so its depth-first order reaches schedules where the two waiters
+/// alternate forever while the thread they wait for (runnable, preempted once) never runs
+/// again, and the run fails on `max_branches`. Those schedules are unfair, not a livelock:
+/// every waiter's loop ends once the third thread runs.
+fn explore(passes: &[(usize, Option<usize>)], f: impl Fn() + Sync + Send + 'static) {
+    let f = std::sync::Arc::new(f);
+    let env = loom::model::Builder::new();
+    let passes: Vec<(usize, Option<usize>)> = match env.preemption_bound {
+        Some(p) => {
+            let largest = passes.iter().filter_map(|&(_, c)| c).max();
+            vec![(p, env.max_permutations.or(largest))]
+        }
+        None => passes
+            .iter()
+            .map(|&(p, c)| match (p, c) {
+                (1, Some(c)) => (p, Some(env.max_permutations.unwrap_or(c))),
+                _ => (p, c),
+            })
+            .collect(),
+    };
+    for (preemptions, cap) in passes {
+        let mut b = loom::model::Builder::new();
+        // Threads loop (with a loom yield per round) until their completion is routed to
+        // them: room for those loops.
+        b.max_branches = 100_000;
+        b.preemption_bound = Some(preemptions);
+        b.max_permutations = cap;
+        // loom compares the count with the cap only every `checkpoint_interval` executions
+        // (default 20,000): check it every 1,000, so a cap of thousands is the count run.
+        b.checkpoint_interval = b.checkpoint_interval.min(1_000);
+        let f = f.clone();
+        b.check(move || f());
+    }
+}
+
+/// Two threads, each attaching its own inbox (the attaches race too), posting, and polling
+/// and taking until it has its completion; the queue hands out one completion per poll, so
+/// either thread may route the other's. Preemption bound 8: the whole space at that bound,
+/// ~20,000 executions, ~1 s.
 #[test]
-fn two_waiters_each_get_their_own_completion() {
-    model(|| {
-        let d: Arc<Dispatcher<2>> = Arc::new(Dispatcher::new());
-        let cq = Arc::new(FakeCq::new());
-        let handles: Vec<_> = (0..2u16)
-            .map(|peer| {
+fn two_threads_each_get_their_own_completion() {
+    explore(&[(8, None)], || {
+        let d = Arc::new(Dispatcher::new(2, 2));
+        let cq = Arc::new(FakeCq::new(1));
+        let handles: Vec<_> = (0..2u32)
+            .map(|t| {
                 let (d, cq) = (d.clone(), cq.clone());
                 thread::spawn(move || {
-                    let t = d.claim(peer).unwrap();
-                    cq.complete(t.wr_id(), 100 + u32::from(peer));
-                    let wc = d.wait(&*cq, t).unwrap();
-                    assert_eq!(WrId(wc.wr_id).peer(), peer);
-                    assert_eq!(wc.byte_len, 100 + u32::from(peer));
+                    let mut inbox = d.attach(1).unwrap();
+                    cq.complete(inbox.wr_id(0), 100 + t);
+                    let wc = poll_until_own(&d, &cq, &mut inbox);
+                    assert_eq!(WrId(wc.wr_id).inbox(), inbox.index());
+                    assert_eq!(wc.byte_len, 100 + t);
+                    inbox.index()
                 })
             })
             .collect();
-        for h in handles {
+        let inboxes: Vec<u16> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        assert_ne!(inboxes[0], inboxes[1], "two owners of one inbox");
+        assert_eq!(d.stale_completions(), 0);
+        assert!(cq.is_empty(), "nothing left undelivered");
+    });
+}
+
+/// Both requests completed, out of order, before anyone polls; the two owners poll and take
+/// while a third thread only polls, for the others (one completion per poll, so each may be
+/// routed by any of the three). Three threads with spin loops: the whole space at preemption
+/// bound 1 (52 executions), then the first 20,000 executions at bound 2 (its whole space
+/// does not finish; see `explore`); ~5 s.
+#[test]
+fn three_threads_one_polls_for_the_others() {
+    explore(&[(1, None), (2, Some(20_000))], || {
+        let d = Arc::new(Dispatcher::new(2, 2));
+        let cq = Arc::new(FakeCq::new(1));
+        let (a, b) = (d.attach(2).unwrap(), d.attach(2).unwrap());
+        cq.complete(b.wr_id(0), 11);
+        cq.complete(a.wr_id(0), 10);
+        let owner = |mut inbox: Inbox, len| {
+            let (d, cq) = (d.clone(), cq.clone());
+            thread::spawn(move || {
+                assert_eq!(poll_until_own(&d, &cq, &mut inbox).byte_len, len);
+                d.detach(inbox);
+            })
+        };
+        let ta = owner(a, 10);
+        let tb = owner(b, 11);
+        let _ = d.poll(&*cq);
+        ta.join().unwrap();
+        tb.join().unwrap();
+        assert_eq!(
+            d.stale_completions(),
+            0,
+            "both were taken before their detach"
+        );
+        assert!(cq.is_empty(), "nothing left undelivered");
+    });
+}
+
+/// An inbox detached and attached again while another thread polls, with a completion of
+/// the old attachment still in the queue (its queue pair died with it outstanding). The
+/// poller routes it either after the detach (no attachment has its generation: counted
+/// stale) or before (into the old attachment, which the detach empties). Asserted: the new
+/// owner gets only its own completion, never the old one, in every interleaving; the stale
+/// count is 1 when the old completion was still queued after the detach.
+/// Preemption bound 8: the whole space (498 executions; more preemptions add none), <1 s.
+#[test]
+fn a_completion_of_the_old_attachment_never_reaches_the_new_one() {
+    explore(&[(8, None)], || {
+        let d = Arc::new(Dispatcher::new(1, 2));
+        let cq = Arc::new(FakeCq::new(1));
+        let old = d.attach(2).unwrap();
+        let old_id = old.wr_id(0);
+        cq.complete(old_id, 666);
+        let poller = {
+            let (d, cq) = (d.clone(), cq.clone());
+            thread::spawn(move || {
+                let _ = d.poll(&*cq);
+            })
+        };
+        d.detach(old);
+        let mut new = d.attach(2).unwrap();
+        assert_eq!(new.index(), WrId(old_id).inbox());
+        assert_ne!(new.wr_id(0), old_id, "a new generation");
+        // Whether the old completion was still queued at the detach.
+        let queued_at_detach = !cq.is_empty();
+        cq.complete(new.wr_id(0), 2);
+        let wc = poll_until_own(&d, &cq, &mut new);
+        assert_eq!((wc.wr_id, wc.byte_len), (new.wr_id(0), 2));
+        poller.join().unwrap();
+        d.drain(&*cq).unwrap();
+        let mut out = [WorkCompletion::EMPTY; 2];
+        assert_eq!(
+            d.take(&mut new, &mut out),
+            0,
+            "the old completion was delivered"
+        );
+        assert!(cq.is_empty());
+        let stale = d.stale_completions();
+        assert!(stale <= 1, "{stale} stale");
+        if queued_at_detach {
+            assert_eq!(stale, 1, "routed after the detach, not counted stale");
+        }
+    });
+}
+
+/// `std::thread::scope` for loom, which has none: threads spawned on the scope may borrow
+/// what lives outside it, and are joined before `scope` returns.
+#[cfg(feature = "sim")]
+mod scoped {
+    use core::marker::PhantomData;
+    use std::cell::RefCell;
+
+    pub struct Scope<'env> {
+        handles: RefCell<Vec<loom::thread::JoinHandle<()>>>,
+        _env: PhantomData<&'env mut &'env ()>,
+    }
+
+    impl<'env> Scope<'env> {
+        pub fn spawn(&self, f: impl FnOnce() + Send + 'env) {
+            let f: Box<dyn FnOnce() + Send + 'env> = Box::new(f);
+            // SAFETY: `scope` joins this thread before it returns, so before 'env ends, and
+            // aborts rather than unwind past borrows a running thread may still use.
+            let f: Box<dyn FnOnce() + Send + 'static> = unsafe { std::mem::transmute(f) };
+            self.handles.borrow_mut().push(loom::thread::spawn(f));
+        }
+    }
+
+    /// Runs `f`, then joins every thread it spawned on the scope. A panic inside (an
+    /// assertion; its message is printed first) aborts the process.
+    pub fn scope<'env, R>(f: impl FnOnce(&Scope<'env>) -> R) -> R {
+        struct AbortOnUnwind;
+        impl Drop for AbortOnUnwind {
+            fn drop(&mut self) {
+                eprintln!("panic inside a loom scope: aborting (its threads borrow the stack)");
+                std::process::abort();
+            }
+        }
+        let guard = AbortOnUnwind;
+        let s = Scope {
+            handles: RefCell::new(Vec::new()),
+            _env: PhantomData,
+        };
+        let r = f(&s);
+        for h in s.handles.take() {
             h.join().unwrap();
         }
-        assert_eq!(d.stale_completions(), 0);
-        assert!(cq.0.lock().unwrap().is_empty(), "nothing left undelivered");
-    });
+        std::mem::forget(guard);
+        r
+    }
 }
 
-#[test]
-fn three_threads_one_polls_for_all() {
-    // The device has completed both requests (out of order); two waiters and a third
-    // polling thread race for the poll right and the publications. Three threads with
-    // spin loops: one preemption keeps the exploration to seconds.
-    model_bounded(1, || {
-        let d: Arc<Dispatcher<2>> = Arc::new(Dispatcher::new());
-        let cq = Arc::new(FakeCq::new());
-        let (t0, t1) = (d.claim(0).unwrap(), d.claim(1).unwrap());
-        cq.complete(t1.wr_id(), 11);
-        cq.complete(t0.wr_id(), 10);
-        let waiter = |t, len| {
-            let (d, cq) = (d.clone(), cq.clone());
-            thread::spawn(move || assert_eq!(d.wait(&*cq, t).unwrap().byte_len, len))
-        };
-        let w0 = waiter(t0, 10);
-        let w1 = waiter(t1, 11);
-        let _ = d.poll(&*cq);
-        w0.join().unwrap();
-        w1.join().unwrap();
-        assert_eq!(d.stale_completions(), 0);
-        assert!(cq.0.lock().unwrap().is_empty(), "nothing left undelivered");
-    });
+/// Rank 0's multi-channel to ranks 1 and 2 (on shared completion queues: the default)
+/// and a plain channel on each leaf, all connected; `timeout: None` (loom has no clock).
+#[cfg(feature = "sim")]
+struct Star {
+    _sim: zverbs::provider::sim::Sim,
+    pds: Vec<zverbs::ProtectionDomain<zverbs::provider::sim::Sim>>,
+    root: zverbs::MultiChannel<zverbs::provider::sim::Sim, 3, 4, 1>,
+    leaves: Vec<zverbs::Channel<zverbs::provider::sim::Sim, 4, 1>>,
 }
 
-#[test]
-fn stale_completion_for_a_recycled_slot_is_not_delivered() {
-    model(|| {
-        let d: Arc<Dispatcher<1>> = Arc::new(Dispatcher::new());
-        let cq = Arc::new(FakeCq::new());
-        let first = d.claim(0).unwrap();
-        let old = first.wr_id();
-        cq.complete(old, 1);
-        assert_eq!(d.wait(&*cq, first).unwrap().byte_len, 1);
+#[cfg(feature = "sim")]
+fn star() -> Star {
+    use zverbs::provider::sim::Sim;
+    use zverbs::{Channel, ChannelConfig, Context, MultiChannel};
 
-        let second = d.claim(0).unwrap();
-        let new = second.wr_id();
-        let dup = {
-            let cq = cq.clone();
-            thread::spawn(move || cq.complete(old, 666)) // a duplicate of the first
-        };
-        let real = {
-            let cq = cq.clone();
-            thread::spawn(move || cq.complete(new, 2))
-        };
-        assert_eq!(d.wait(&*cq, second).unwrap().byte_len, 2);
-        dup.join().unwrap();
-        real.join().unwrap();
-        while !cq.0.lock().unwrap().is_empty() {
-            let _ = d.poll(&*cq);
+    let sim = Sim::with_devices(3);
+    let cfg = ChannelConfig {
+        timeout: None,
+        ..ChannelConfig::default()
+    };
+    let ctxs: Vec<_> = (0..3)
+        .map(|i| Context::open(&sim, &format!("sim{i}")).unwrap())
+        .collect();
+    let pds: Vec<_> = ctxs.iter().map(|c| c.alloc_pd().unwrap()).collect();
+    let root = MultiChannel::<Sim, 3, 4, 1>::prepare(&ctxs[0], &pds[0], [1, 2], &cfg).unwrap();
+    let leaves: Vec<_> = (1..3)
+        .map(|i| Channel::<Sim, 4, 1>::prepare(&ctxs[i], &pds[i], &cfg).unwrap())
+        .collect();
+    let leaf_eps: Vec<_> = leaves.iter().map(|l| l.endpoint()).collect();
+    let root_eps: Vec<_> = (1..3).map(|p| root.endpoint(p).unwrap()).collect();
+    let root = root
+        .connect(|p| leaf_eps.get(p.wrapping_sub(1)).copied())
+        .unwrap();
+    let leaves = leaves
+        .into_iter()
+        .zip(&root_eps)
+        .map(|(l, e)| l.connect(e).unwrap())
+        .collect();
+    Star {
+        _sim: sim,
+        pds,
+        root,
+        leaves,
+    }
+}
+
+/// The dispatcher as the channels use it: two threads drive the root's two channels at
+/// once over the shared queues — one a blocking send/receive exchange with leaf 1, the
+/// other a blocking write to leaf 2 — while leaf 1's thread receives and answers. Either
+/// root thread may route the other's send completion. Asserted: each gets its own data and
+/// completion, the write lands, and no request of the root is left in flight. Every post
+/// and poll takes the fabric's lock and every empty poll yields: the whole space at
+/// preemption bound 1 (29 executions), then the first 20,000 executions at bound 2; ~7 s.
+#[cfg(feature = "sim")]
+#[test]
+fn channels_of_a_multi_channel_on_shared_queues_in_two_threads() {
+    use zverbs::AccessFlags;
+
+    explore(&[(1, None), (2, Some(20_000))], || {
+        let mut s = star();
+        let (mut ping, mut pong) = (*b"ping", *b"pong");
+        let (mut root_in, mut leaf_in) = ([0u8; 4], [0u8; 4]);
+        let (mut data, mut target) = (*b"data", [0u8; 4]);
+        let ping = s.pds[0].register(&mut ping).unwrap();
+        let mut root_in = s.pds[0].register(&mut root_in).unwrap();
+        let data = s.pds[0].register(&mut data).unwrap();
+        let pong = s.pds[1].register(&mut pong).unwrap();
+        let mut leaf_in = s.pds[1].register(&mut leaf_in).unwrap();
+        // SAFETY: `target` is read only after every thread joined.
+        let target_reg = unsafe {
+            s.pds[2].register_with_access(
+                &mut target,
+                AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+            )
         }
-        assert_eq!(d.stale_completions(), 1);
+        .unwrap();
+        let remote = target_reg.remote();
+        let leaf1 = &mut s.leaves[0];
+        let (ping, pong, data) = (&ping, &pong, &data);
+        let (root_in, leaf_in) = (&mut root_in, &mut leaf_in);
+        scoped::scope(|t| {
+            let mut chans = s.root.channels_mut();
+            let ((p1, to_leaf1), (p2, to_leaf2)) = (chans.next().unwrap(), chans.next().unwrap());
+            assert_eq!((p1, p2), (1, 2));
+            t.spawn(move || {
+                to_leaf1.send([ping.slice(..).unwrap()]).unwrap();
+                let c = to_leaf1.receive([root_in.slice_mut(..).unwrap()]).unwrap();
+                assert_eq!(c.byte_len, 4);
+                assert_eq!(root_in.as_slice(), b"pong");
+            });
+            t.spawn(move || {
+                let c = leaf1.receive([leaf_in.slice_mut(..).unwrap()]).unwrap();
+                assert_eq!(c.byte_len, 4);
+                assert_eq!(leaf_in.as_slice(), b"ping");
+                leaf1.send([pong.slice(..).unwrap()]).unwrap();
+            });
+            to_leaf2.write([data.slice(..).unwrap()], &remote).unwrap();
+        });
+        assert!(s.root.channels_mut().all(|(_, c)| c.in_flight() == (0, 0)));
+        drop(target_reg);
+        assert_eq!(&target, b"data");
+    });
+}
+
+/// A collective among three threads: the root's `scatter_send` to both leaves (posted to
+/// both, then waited for on the shared send queue) while each leaf receives in its own
+/// thread. Asserted: each leaf gets its own part, and the root's sends all completed. The
+/// whole space at preemption bound 1 (37 executions), then the first 20,000 executions at
+/// bound 2; ~4 s.
+#[cfg(feature = "sim")]
+#[test]
+fn scatter_send_to_two_leaves_receiving_in_their_own_threads() {
+    explore(&[(1, None), (2, Some(20_000))], || {
+        let mut s = star();
+        let mut parts = *b"to-1to-2";
+        let parts = s.pds[0].register(&mut parts).unwrap();
+        let (mut in1, mut in2) = ([0u8; 4], [0u8; 4]);
+        let mut in1 = s.pds[1].register(&mut in1).unwrap();
+        let mut in2 = s.pds[2].register(&mut in2).unwrap();
+        let (leaf1, leaf2) = s.leaves.split_at_mut(1);
+        let (leaf1, leaf2) = (&mut leaf1[0], &mut leaf2[0]);
+        let (r1, r2) = (&mut in1, &mut in2);
+        scoped::scope(|t| {
+            t.spawn(move || {
+                let c = leaf1.receive([r1.slice_mut(..).unwrap()]).unwrap();
+                assert_eq!(c.byte_len, 4);
+            });
+            t.spawn(move || {
+                let c = leaf2.receive([r2.slice_mut(..).unwrap()]).unwrap();
+                assert_eq!(c.byte_len, 4);
+            });
+            let (one, two) = parts.slice(..).unwrap().split_at(4).unwrap();
+            s.root.scatter_send([(1, one), (2, two)]).unwrap();
+        });
+        assert_eq!(in1.as_slice(), b"to-1");
+        assert_eq!(in2.as_slice(), b"to-2");
+        assert!(s.root.channels_mut().all(|(_, c)| c.in_flight() == (0, 0)));
     });
 }
 
@@ -147,7 +425,7 @@ fn stale_completion_for_a_recycled_slot_is_not_delivered() {
 /// fabric's lock, so the full space at preemption bound 1 is large: more than 250,000
 /// executions for the centralized barrier alone did not finish in 20 minutes. The test
 /// explores the first `LOOM_MAX_PERMUTATIONS` (default 5,000) per algorithm, depth-first
-/// from the non-preemptive schedule; a soak sets it higher (see README).
+/// from the non-preemptive schedule, ~1 s each; a soak sets it higher (see README).
 #[cfg(feature = "sim")]
 fn barrier_over_the_simulator(alg: zverbs::node::barrier::Algorithm) {
     use loom::sync::atomic::{AtomicUsize, Ordering};
@@ -155,11 +433,7 @@ fn barrier_over_the_simulator(alg: zverbs::node::barrier::Algorithm) {
     use zverbs::provider::sim::Sim;
     use zverbs::{ChannelConfig, Context};
 
-    let mut b = loom::model::Builder::new();
-    b.max_branches = 100_000;
-    b.preemption_bound.get_or_insert(1);
-    b.max_permutations.get_or_insert(5_000);
-    b.check(move || {
+    explore(&[(1, Some(5_000))], move || {
         let sim = Sim::with_devices(3);
         let cfg = NodeConfig {
             algorithm: alg,

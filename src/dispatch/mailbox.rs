@@ -68,14 +68,17 @@ impl Mailbox {
         s & ATTACHED != 0 && (s >> 1) as u8 == generation
     }
 
-    /// Detaches: a new generation, not attached, empty. Only with the poll right held (no
-    /// producer) and by the inbox's owner (no consumer).
-    pub(super) fn detach(&self) {
+    /// Detaches: a new generation, not attached, empty. Returns how many completions it
+    /// dropped. Only with the poll right held (no producer) and by the inbox's owner (no
+    /// consumer).
+    pub(super) fn detach(&self) -> usize {
         let s = self.owner.load(Ordering::Acquire);
+        let tail = self.tail.load(Ordering::Relaxed);
         let head = self.head.load(Ordering::Acquire);
         self.tail.store(head, Ordering::Release);
         let generation = ((s >> 1) + 1) & 0xff;
         self.owner.store(generation << 1, Ordering::Release);
+        head.wrapping_sub(tail)
     }
 
     /// Appends `wc`; `false` if the ring is full. Producer side (poll right held).

@@ -249,7 +249,8 @@ impl Dispatcher {
     /// now and later. Waits for the poll right (held for one batch at a time), so no
     /// routing to the inbox is under way when it is emptied.
     pub fn detach(&self, inbox: Inbox) {
-        self.with_poll_right(|| self.boxes[inbox.index as usize].detach());
+        let dropped = self.with_poll_right(|| self.boxes[inbox.index as usize].detach());
+        self.stale.fetch_add(dropped as u64, Ordering::Relaxed);
     }
 
     /// If nobody else is polling, moves up to one batch of completions from `cq` to their
@@ -289,7 +290,8 @@ impl Dispatcher {
         self.boxes[inbox.index as usize].pop(out)
     }
 
-    /// Completions dropped because their inbox was not attached (or attached again since).
+    /// Completions dropped because their inbox was not attached (or attached again since),
+    /// or was detached before its channel took them.
     pub fn stale_completions(&self) -> u64 {
         self.stale.load(Ordering::Relaxed)
     }

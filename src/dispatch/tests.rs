@@ -84,6 +84,7 @@ fn a_reattached_inbox_never_sees_its_predecessors_completions() {
     cq.push(old_id, 1);
     d.poll(&cq).unwrap(); // routed to the old attachment, never taken
     d.detach(old);
+    assert_eq!(d.stale_completions(), 1, "dropped with the old attachment");
     let mut new = d.attach(4).unwrap();
     assert_eq!(new.index(), WrId(old_id).inbox());
     assert_ne!(new.wr_id(0), old_id);
@@ -93,10 +94,10 @@ fn a_reattached_inbox_never_sees_its_predecessors_completions() {
     let mut out = [WorkCompletion::EMPTY; 4];
     assert_eq!(d.take(&mut new, &mut out), 1);
     assert_eq!(out[0].byte_len, 3);
-    assert_eq!(d.stale_completions(), 1);
+    assert_eq!(d.stale_completions(), 2);
     cq.push(u64::MAX, 0); // an inbox that does not exist
     d.poll(&cq).unwrap();
-    assert_eq!(d.stale_completions(), 2);
+    assert_eq!(d.stale_completions(), 3);
 }
 
 #[test]

@@ -4,7 +4,8 @@
 //! cargo run --release --features sim --example post_poll_loop -- PATH OP ITERS [BATCH]
 //! ```
 //!
-//! `PATH` is `channel` (the library: blocking `Channel::send` / `Channel::write`) or `raw`
+//! `PATH` is `channel` (the library: blocking `Channel::send` / `Channel::write`),
+//! `shared` (the same on a `SharedCompletionQueue`, through the dispatcher) or `raw`
 //! (`Provider::post_send` + `Provider::poll_cq` on the queue pair and CQ handles); `OP` is
 //! `send` or `write`; each iteration posts one signaled 64-byte work request and polls its
 //! completion. A send needs a receive at the peer: the peer is a raw queue pair that keeps
@@ -17,6 +18,7 @@
 
 use std::process::ExitCode;
 
+use zverbs::dispatch::SharedCompletionQueue;
 use zverbs::provider::sim::Sim;
 use zverbs::provider::Provider;
 use zverbs::qp::{InitOptions, QpConfig, QueuePair, ReadyToReceive, RtrOptions, RtsOptions};
@@ -71,14 +73,20 @@ fn leak(len: usize) -> &'static mut [u8] {
 /// The library path: `iters` blocking sends or writes (or scopes of `batch` writes) on a
 /// `Channel`.
 #[inline(never)]
-fn run_channel(iters: u64, write: bool, batch: usize) {
+fn run_channel(iters: u64, write: bool, batch: usize, shared: bool) {
     let sim = Sim::with_devices(2);
     let (ca, cb) = (
         Context::open(&sim, "sim0").unwrap(),
         Context::open(&sim, "sim1").unwrap(),
     );
     let (pa, pb) = (ca.alloc_pd().unwrap(), cb.alloc_pd().unwrap());
-    let prepared = Channel::<Sim, 64, S>::prepare(&ca, &pa, &ChannelConfig::default()).unwrap();
+    let cfg = ChannelConfig::default();
+    let prepared = if shared {
+        let cq = std::sync::Arc::new(SharedCompletionQueue::create(&ca, 2, 64).unwrap());
+        Channel::<Sim, 64, S>::prepare_shared(&ca, &pa, &cfg, &cq, &cq).unwrap()
+    } else {
+        Channel::<Sim, 64, S>::prepare(&ca, &pa, &cfg).unwrap()
+    };
     let (mut sink, region) = sink(&cb, &pb, &prepared.endpoint());
     let mut ch = prepared.connect(&sink.qp.endpoint()).unwrap();
     let src = pa.register(leak(MSG)).unwrap();
@@ -288,10 +296,11 @@ fn main() -> ExitCode {
         }
     };
     match path.as_str() {
-        "channel" => run_channel(iters, write, batch),
+        "channel" => run_channel(iters, write, batch, false),
+        "shared" => run_channel(iters, write, batch, true),
         "raw" => run_raw(iters, write, batch),
         _ => {
-            eprintln!("PATH must be channel or raw");
+            eprintln!("PATH must be channel, shared or raw");
             return ExitCode::from(2);
         }
     }

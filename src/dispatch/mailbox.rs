@@ -99,6 +99,7 @@ impl Mailbox {
     }
 
     /// Whether completions wait to be taken. Consumer side.
+    #[inline]
     pub(super) fn has_mail(&self) -> bool {
         self.head.load(Ordering::Acquire) != self.tail.load(Ordering::Relaxed)
     }

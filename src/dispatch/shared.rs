@@ -120,12 +120,7 @@ impl<P: Provider> SharedCompletionQueue<P> {
         inbox: &mut Inbox,
         out: &mut [WorkCompletion],
     ) -> Result<usize, Error<P::Error>> {
-        let n = self.dispatch.take(inbox, out);
-        if n > 0 {
-            return Ok(n);
-        }
-        self.dispatch.poll(&self.cq)?;
-        Ok(self.dispatch.take(inbox, out))
+        self.dispatch.poll_for(&self.cq, inbox, out)
     }
 
     /// Sleeps until a completion may have come for `inbox`, or `left` passes (`None`: no

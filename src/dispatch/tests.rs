@@ -164,3 +164,28 @@ fn threads_share_one_queue() {
     }
     assert_eq!(d.stale_completions(), 0);
 }
+
+#[test]
+fn poll_for_keeps_its_own_in_order_and_routes_the_rest() {
+    let d = Dispatcher::new(2, 8);
+    let cq = Fake::new();
+    let mut a = d.attach(8).unwrap();
+    let mut b = d.attach(8).unwrap();
+    // a's first completion was routed by someone else before a polls.
+    cq.push(a.wr_id(0), 0);
+    d.poll(&cq).unwrap();
+    cq.push(b.wr_id(0), 100);
+    cq.push(a.wr_id(1), 1);
+    cq.push(b.wr_id(1), 101);
+    cq.push(a.wr_id(2), 2);
+    let mut out = [WorkCompletion::EMPTY; 8];
+    // The inbox first: what was routed before comes before what is polled now.
+    assert_eq!(d.poll_for(&cq, &mut a, &mut out), Ok(1));
+    assert_eq!(out[0].byte_len, 0);
+    // Then straight from the queue: a's own, compacted; b's routed to b.
+    assert_eq!(d.poll_for(&cq, &mut a, &mut out), Ok(2));
+    assert_eq!((out[0].byte_len, out[1].byte_len), (1, 2));
+    assert_eq!(d.take(&mut b, &mut out), 2);
+    assert_eq!((out[0].byte_len, out[1].byte_len), (100, 101));
+    assert_eq!(d.stale_completions(), 0);
+}

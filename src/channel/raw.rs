@@ -62,8 +62,11 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
         self.wait_seq_within(queue(send), seq, waiter)
     }
 
-    /// Polls once; the outcome of a request posted by `post_*_seq` if it completed.
-    pub(crate) fn try_posted(
+    /// The outcome of `seq` on the send (`send`) or receive queue if it completed, without
+    /// waiting. On a shared queue it does not poll the queue itself: it sees what
+    /// [`route`](Self::route) (of any channel on the queue) or another channel's poll
+    /// brought to this channel's inbox. A queue of its own is polled.
+    pub(crate) fn try_routed(
         &mut self,
         send: bool,
         seq: u64,
@@ -72,8 +75,17 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
         if let Some(r) = self.take(q, seq) {
             return r.map(Some);
         }
-        self.poll(q)?;
+        self.poll_taking_routed(q)?;
         self.take(q, seq).transpose()
+    }
+
+    /// Routes what the channel's (shared) queue for `send`/receive holds to the inboxes of
+    /// every channel on it.
+    pub(crate) fn route(&self, send: bool) -> Result<(), Error<P::Error>> {
+        match queue(send) {
+            Queue::Send => self.send_cq.route(),
+            Queue::Recv => self.recv_cq.route(),
+        }
     }
 }
 

@@ -157,6 +157,39 @@ impl<P: Provider> Completions<P> {
         self.poll_routed(ring, out, true)
     }
 
+    /// As [`poll`](Self::poll), but on a shared queue only what was routed already: no
+    /// poll of the queue itself (a caller that drives many channels of one queue routes
+    /// once, with [`route`](Self::route), then looks at each inbox).
+    #[cfg_attr(not(feature = "std"), allow(unused_variables))]
+    pub(crate) fn take_routed<W: WorkRequest, const DEPTH: usize>(
+        &mut self,
+        ring: &Ring<W, DEPTH>,
+        out: &mut [WorkCompletion],
+    ) -> Result<usize, Error<P::Error>> {
+        match &mut self.source {
+            Source::Own(cq, _) => cq.poll(out),
+            #[cfg(feature = "std")]
+            Source::Shared(a) => {
+                let Some(inbox) = a.inbox.as_mut() else {
+                    return Ok(0);
+                };
+                let n = a.cq.dispatcher().take(inbox, out);
+                widen(ring, &mut out[..n]);
+                Ok(n)
+            }
+        }
+    }
+
+    /// On a shared queue, routes what it holds now to the inboxes (if nobody else is);
+    /// nothing on a queue of its own.
+    pub(crate) fn route(&self) -> Result<(), Error<P::Error>> {
+        #[cfg(feature = "std")]
+        if let Source::Shared(a) = &self.source {
+            while a.cq.dispatcher().poll(a.cq.queue())? == BATCH_ROUTED {}
+        }
+        Ok(())
+    }
+
     #[inline(always)]
     #[cfg_attr(not(feature = "std"), allow(unused_variables))]
     fn poll_routed<W: WorkRequest, const DEPTH: usize>(
@@ -183,6 +216,11 @@ impl<P: Provider> Completions<P> {
         }
     }
 }
+
+/// Completions the dispatcher routes per turn of the poll right: a full turn means more
+/// may wait.
+#[cfg(feature = "std")]
+const BATCH_ROUTED: usize = 16;
 
 #[cfg(feature = "std")]
 #[inline]

@@ -114,8 +114,13 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
         }
         while !m.is_complete() {
             let mut progress = false;
+            // On shared queues: one poll of the receive queue routes every peer's message,
+            // then each peer's inbox is looked at (not the queue again per peer).
+            if let Some(p) = peers().next() {
+                self.ctrl.peer(p)?.route(false)?;
+            }
             for p in peers() {
-                let Some(c) = self.ctrl.peer(p)?.try_posted(false, self.recv_next[p])? else {
+                let Some(c) = self.ctrl.peer(p)?.try_routed(false, self.recv_next[p])? else {
                     continue;
                 };
                 progress = true;

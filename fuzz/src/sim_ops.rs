@@ -1536,7 +1536,7 @@ impl<'a> Rig<'a> {
                         s.post_send_with_imm(shared()?, *imm)?
                     }
                     ScopeKind::Send { imm: None, .. } => s.post_send(shared()?)?,
-                    ScopeKind::Recv { .. } => s.post_receive([one_mut()?])?,
+                    ScopeKind::Recv { .. } => s.post_receive([one_mut()?])?.wr_id(),
                 };
                 got_ids.push((p.q, id));
                 if p.doorbell {

@@ -303,6 +303,36 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
     /// (each thread its own peers' channels: `std::thread::scope` and a split of this
     /// iterator). Channels on shared completion queues route each other's completions
     /// through the lock-free dispatcher; none waits for another.
+    ///
+    /// ```
+    /// # use zverbs::provider::sim::Sim;
+    /// # use zverbs::{Channel, ChannelConfig, Context, MultiChannel};
+    /// let sim = Sim::with_devices(3);
+    /// let ctx: Vec<_> = (0..3).map(|i| Context::open(&sim, &format!("sim{i}")).unwrap()).collect();
+    /// let pd: Vec<_> = ctx.iter().map(|c| c.alloc_pd().unwrap()).collect();
+    /// let cfg = ChannelConfig::default();
+    /// let root = MultiChannel::<Sim, 3>::prepare(&ctx[0], &pd[0], [1, 2], &cfg).unwrap();
+    /// let leaves: Vec<_> = (1..3).map(|i| Channel::<Sim>::prepare(&ctx[i], &pd[i], &cfg).unwrap()).collect();
+    /// let eps: Vec<_> = leaves.iter().map(|l| l.endpoint()).collect();
+    /// let (r1, r2) = (root.endpoint(1).unwrap(), root.endpoint(2).unwrap());
+    /// let mut root = root.connect(|p| eps.get(p.wrapping_sub(1)).copied()).unwrap();
+    /// let mut leaves: Vec<_> = leaves.into_iter().zip([r1, r2]).map(|(l, e)| l.connect(&e).unwrap()).collect();
+    /// let mut msgs = [*b"to one", *b"to two"];
+    /// let regions: Vec<_> = msgs.iter_mut().map(|m| pd[0].register(m).unwrap()).collect();
+    /// std::thread::scope(|t| {
+    ///     // One thread per peer of the root, all on the root's two shared queues.
+    ///     for ((_peer, ch), msg) in root.channels_mut().zip(&regions) {
+    ///         t.spawn(move || ch.send([msg.slice(..).unwrap()]).unwrap());
+    ///     }
+    ///     for (leaf, pd) in leaves.iter_mut().zip(&pd[1..]) {
+    ///         t.spawn(move || {
+    ///             let mut buf = [0u8; 8];
+    ///             let mut buf = pd.register(&mut buf).unwrap();
+    ///             assert_eq!(leaf.receive([buf.slice_mut(..).unwrap()]).unwrap().byte_len, 6);
+    ///         });
+    ///     }
+    /// });
+    /// ```
     pub fn channels_mut(
         &mut self,
     ) -> impl Iterator<Item = (usize, &mut Channel<P, DEPTH, SGES>)> + '_ {

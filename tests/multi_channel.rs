@@ -5,9 +5,8 @@
 
 mod world;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-use std::sync::atomic::{AtomicUsize, Ordering};
+mod common;
+
 use std::time::Duration;
 
 use proptest::prelude::*;
@@ -15,30 +14,8 @@ use world::{config, world, ALGORITHMS};
 use zverbs::provider::sim::Sim;
 use zverbs::{AccessFlags, Error, MemoryRegion, ProtectionDomain, RemoteRegion};
 
-/// Counts allocations made by threads that set `COUNTING` (other tests run in parallel).
-struct Counting;
-static ALLOCS: AtomicUsize = AtomicUsize::new(0);
-thread_local! {
-    static COUNTING: Cell<bool> = const { Cell::new(false) };
-}
-
-// SAFETY: forwards to the system allocator; only counts.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        if COUNTING.try_with(Cell::get).unwrap_or(false) {
-            ALLOCS.fetch_add(1, Ordering::Relaxed);
-        }
-        // SAFETY: same contract as ours.
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        // SAFETY: same contract as ours.
-        unsafe { System.dealloc(p, l) }
-    }
-}
-
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: common::counting::Counting = common::counting::Counting;
 
 const RW: AccessFlags = AccessFlags::LOCAL_WRITE
     .union(AccessFlags::REMOTE_WRITE)
@@ -371,19 +348,15 @@ fn collectives_and_barriers_do_not_allocate_after_setup() {
                 // Warm up: first barrier and write.
                 node.barrier_all().unwrap();
                 ready.wait();
-                COUNTING.with(|c| c.set(true));
-                for _ in 0..50 {
-                    node.channels().scatter_write([(next, src, &dst)]).unwrap();
-                    node.barrier_all().unwrap();
-                }
-                COUNTING.with(|c| c.set(false));
+                let ((), allocs) = common::counting::count_allocs(|| {
+                    for _ in 0..50 {
+                        node.channels().scatter_write([(next, src, &dst)]).unwrap();
+                        node.barrier_all().unwrap();
+                    }
+                });
+                assert_eq!(allocs, 0, "allocations on the data path");
                 done.wait();
             });
         }
     });
-    assert_eq!(
-        ALLOCS.load(Ordering::SeqCst),
-        0,
-        "allocations on the data path"
-    );
 }

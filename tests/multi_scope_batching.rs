@@ -4,9 +4,8 @@
 //! reported for the right peer with nothing left in flight, and no allocation.
 #![cfg(feature = "sim")]
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-use std::sync::atomic::{AtomicUsize, Ordering};
+mod common;
+
 use std::time::{Duration, Instant};
 
 use zverbs::provider::sim::{FabricConfig, Sim};
@@ -16,30 +15,8 @@ use zverbs::{
 };
 use zverbs_sim::{Personality, QpCounters};
 
-/// Counts allocations made by threads that set `COUNTING` (other tests run in parallel).
-struct Counting;
-static ALLOCS: AtomicUsize = AtomicUsize::new(0);
-thread_local! {
-    static COUNTING: Cell<bool> = const { Cell::new(false) };
-}
-
-// SAFETY: forwards to the system allocator; only counts.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        if COUNTING.try_with(Cell::get).unwrap_or(false) {
-            ALLOCS.fetch_add(1, Ordering::Relaxed);
-        }
-        // SAFETY: same contract as ours.
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        // SAFETY: same contract as ours.
-        unsafe { System.dealloc(p, l) }
-    }
-}
-
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: common::counting::Counting = common::counting::Counting;
 
 const PEERS: usize = 4;
 
@@ -335,12 +312,12 @@ fn a_batching_scope_does_not_allocate_after_setup() {
         .unwrap();
     };
     round(&mut s.root); // warm-up
-    COUNTING.with(|c| c.set(true));
-    for _ in 0..20 {
-        round(&mut s.root);
-    }
-    COUNTING.with(|c| c.set(false));
-    assert_eq!(ALLOCS.load(Ordering::SeqCst), 0, "allocations in a scope");
+    let ((), allocs) = common::counting::count_allocs(|| {
+        for _ in 0..20 {
+            round(&mut s.root);
+        }
+    });
+    assert_eq!(allocs, 0, "allocations in a scope");
     assert_eq!(s.counters(1).sends_posted, 21 * 12);
 }
 

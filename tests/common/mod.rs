@@ -1,6 +1,8 @@
 //! Shared set-up for integration tests: two devices, two connected channels.
 #![allow(dead_code)]
 
+pub mod counting;
+
 use std::time::Duration;
 
 use zverbs::provider::sim::Sim;

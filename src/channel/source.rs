@@ -143,7 +143,7 @@ impl<P: Provider> Completions<P> {
         ring: &Ring<W, DEPTH>,
         out: &mut [WorkCompletion],
     ) -> Result<usize, Error<P::Error>> {
-        self.poll_routed(ring, out, false)
+        self.poll_with(ring, out, Shared::Poll)
     }
 
     /// As [`poll`](Self::poll), after every completion the device wrote so far has been
@@ -154,30 +154,18 @@ impl<P: Provider> Completions<P> {
         ring: &Ring<W, DEPTH>,
         out: &mut [WorkCompletion],
     ) -> Result<usize, Error<P::Error>> {
-        self.poll_routed(ring, out, true)
+        self.poll_with(ring, out, Shared::Drain)
     }
 
     /// As [`poll`](Self::poll), but on a shared queue only what was routed already: no
     /// poll of the queue itself (a caller that drives many channels of one queue routes
     /// once, with [`route`](Self::route), then looks at each inbox).
-    #[cfg_attr(not(feature = "std"), allow(unused_variables))]
     pub(crate) fn take_routed<W: WorkRequest, const DEPTH: usize>(
         &mut self,
         ring: &Ring<W, DEPTH>,
         out: &mut [WorkCompletion],
     ) -> Result<usize, Error<P::Error>> {
-        match &mut self.source {
-            Source::Own(cq, _) => cq.poll(out),
-            #[cfg(feature = "std")]
-            Source::Shared(a) => {
-                let Some(inbox) = a.inbox.as_mut() else {
-                    return Ok(0);
-                };
-                let n = a.cq.dispatcher().take(inbox, out);
-                widen(ring, &mut out[..n]);
-                Ok(n)
-            }
-        }
+        self.poll_with(ring, out, Shared::Take)
     }
 
     /// On a shared queue, routes what it holds now to the inboxes (if nobody else is);
@@ -190,13 +178,15 @@ impl<P: Provider> Completions<P> {
         Ok(())
     }
 
+    /// The one polling body: a queue of its own is polled; on a shared queue, `how` says
+    /// what is done before the inbox is taken from.
     #[inline(always)]
     #[cfg_attr(not(feature = "std"), allow(unused_variables))]
-    fn poll_routed<W: WorkRequest, const DEPTH: usize>(
+    fn poll_with<W: WorkRequest, const DEPTH: usize>(
         &mut self,
         ring: &Ring<W, DEPTH>,
         out: &mut [WorkCompletion],
-        all: bool,
+        how: Shared,
     ) -> Result<usize, Error<P::Error>> {
         match &mut self.source {
             Source::Own(cq, _) => cq.poll(out),
@@ -205,16 +195,28 @@ impl<P: Provider> Completions<P> {
                 let Some(inbox) = a.inbox.as_mut() else {
                     return Ok(0);
                 };
-                let n = if all {
-                    a.cq.drain(inbox, out)?
-                } else {
-                    a.cq.poll(inbox, out)?
+                let n = match how {
+                    Shared::Poll => a.cq.poll(inbox, out)?,
+                    Shared::Drain => a.cq.drain(inbox, out)?,
+                    Shared::Take => a.cq.dispatcher().take(inbox, out),
                 };
                 widen(ring, &mut out[..n]);
                 Ok(n)
             }
         }
     }
+}
+
+/// What a poll of a shared queue does before it takes from the channel's inbox.
+#[derive(Clone, Copy)]
+#[cfg_attr(not(feature = "std"), allow(dead_code))]
+enum Shared {
+    /// Poll the queue (if nobody else is), keeping this channel's completions.
+    Poll,
+    /// Route everything the queue holds, waiting for the poll right.
+    Drain,
+    /// Nothing: only what was routed already.
+    Take,
 }
 
 /// Completions the dispatcher routes per turn of the poll right: a full turn means more

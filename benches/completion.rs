@@ -7,8 +7,9 @@
 //!
 //! - `pingpong_64B/own_cqs/{spin_yield,spin}`: each channel on completion queues of its own
 //!   (the layout before shared queues; `spin_yield` is the default policy);
-//! - `pingpong_64B/shared_cqs/spin`: each channel on a `SharedCompletionQueue`, its
-//!   completions routed through the dispatcher's inbox;
+//! - `pingpong_64B/shared_cqs/spin`: each channel's sends on one `SharedCompletionQueue`
+//!   and its receives on another (as a `MultiChannel` lays them out), through the
+//!   dispatcher;
 //! - `pingpong_64B/{own,shared}_cqs/sleep`: `WaitPolicy::SpinSleep`, the event-driven round
 //!   trip (after 128 empty polls a waiter arms its queue, polls again and sleeps on the
 //!   completion channel).
@@ -64,8 +65,10 @@ fn pair(shared: bool, wait: WaitPolicy) -> (Side, Side) {
             } else {
                 SharedCompletionQueue::create
             };
-            let cq = Arc::new(make(ctx, 2, 16).unwrap());
-            Ch::prepare_shared(ctx, pd, &cfg, &cq, &cq).unwrap()
+            // One send and one receive queue, as a MultiChannel lays them out.
+            let send = Arc::new(make(ctx, 1, 16).unwrap());
+            let recv = Arc::new(make(ctx, 1, 16).unwrap());
+            Ch::prepare_shared(ctx, pd, &cfg, &send, &recv).unwrap()
         } else {
             Ch::prepare(ctx, pd, &cfg).unwrap()
         };

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use zverbs::provider::sim::{FabricConfig, Sim};
 use zverbs::{
-    AccessFlags, Channel, ChannelConfig, Context, Error, MultiChannel, ProtectionDomain,
-    RemoteRegion, WcStatus,
+    AccessFlags, Channel, ChannelConfig, Context, Error, MemoryRegion, MultiChannel,
+    ProtectionDomain, RemoteRegion, WcStatus,
 };
 use zverbs_sim::{Personality, QpCounters};
 
@@ -82,18 +82,30 @@ fn targets(n: usize, len: usize) -> Vec<Vec<u8>> {
     vec![vec![0u8; len]; n]
 }
 
+/// Registers each leaf's target buffer for remote writes; the regions and their remote
+/// tokens. The tests read a target only after the scope that writes it has ended (which
+/// waits for every write), or never while writes are in flight.
+fn register_targets<'b>(
+    pds: &[ProtectionDomain<Sim>],
+    bufs: &'b mut [Vec<u8>],
+) -> (Vec<MemoryRegion<'b, Sim>>, Vec<RemoteRegion>) {
+    let regions: Vec<_> = bufs
+        .iter_mut()
+        .zip(pds)
+        // SAFETY: see above: no target is read through a reference while the device
+        // may write it.
+        .map(|(b, pd)| unsafe { pd.register_with_access(b, RW) }.unwrap())
+        .collect();
+    let remotes = regions.iter().map(|m| m.remote()).collect();
+    (regions, remotes)
+}
+
 #[test]
 fn k_writes_to_each_peer_ring_one_doorbell_and_signal_once_per_peer() {
     const K: usize = 8;
     let mut s = star::<16>(3);
     let mut bufs = targets(3, K);
-    let regions: Vec<_> = bufs
-        .iter_mut()
-        .zip(&s.pd[1..])
-        // SAFETY: the targets are read only after the scope, which waits for every write.
-        .map(|(b, pd)| unsafe { pd.register_with_access(b, RW) }.unwrap())
-        .collect();
-    let remotes: Vec<RemoteRegion> = regions.iter().map(|m| m.remote()).collect();
+    let (regions, remotes) = register_targets(&s.pd[1..], &mut bufs);
     let mut src: Vec<u8> = (0..(3 * K) as u8).collect();
     let src = s.pd[0].register(&mut src).unwrap();
     s.root
@@ -208,13 +220,7 @@ fn a_full_ring_flushes_every_peer_and_waits_only_for_its_own_queue() {
     // peer 2 before them goes out with the first flush.
     let mut s = star::<4>(2);
     let mut bufs = targets(2, 10);
-    let regions: Vec<_> = bufs
-        .iter_mut()
-        .zip(&s.pd[1..])
-        // SAFETY: the targets are read only after the scope, which waits for every write.
-        .map(|(b, pd)| unsafe { pd.register_with_access(b, RW) }.unwrap())
-        .collect();
-    let remotes: Vec<RemoteRegion> = regions.iter().map(|m| m.remote()).collect();
+    let (regions, remotes) = register_targets(&s.pd[1..], &mut bufs);
     let mut src: Vec<u8> = (1..=10).collect();
     let src = s.pd[0].register(&mut src).unwrap();
     s.root
@@ -240,13 +246,7 @@ fn a_full_ring_flushes_every_peer_and_waits_only_for_its_own_queue() {
 fn an_error_mid_batch_names_its_peer_and_leaves_nothing_in_flight() {
     let mut s = star::<8>(2);
     let mut bufs = targets(2, 5);
-    let regions: Vec<_> = bufs
-        .iter_mut()
-        .zip(&s.pd[1..])
-        // SAFETY: the targets are read only after the scope, which waits for every write.
-        .map(|(b, pd)| unsafe { pd.register_with_access(b, RW) }.unwrap())
-        .collect();
-    let remotes: Vec<RemoteRegion> = regions.iter().map(|m| m.remote()).collect();
+    let (regions, remotes) = register_targets(&s.pd[1..], &mut bufs);
     let bad = RemoteRegion {
         rkey: remotes[0].rkey ^ 0x100,
         ..remotes[0]
@@ -289,13 +289,7 @@ fn an_error_mid_batch_names_its_peer_and_leaves_nothing_in_flight() {
 fn a_batching_scope_does_not_allocate_after_setup() {
     let mut s = star::<8>(3);
     let mut bufs = targets(3, 64);
-    let regions: Vec<_> = bufs
-        .iter_mut()
-        .zip(&s.pd[1..])
-        // SAFETY: the targets are never read while writes are in flight.
-        .map(|(b, pd)| unsafe { pd.register_with_access(b, RW) }.unwrap())
-        .collect();
-    let remotes: Vec<RemoteRegion> = regions.iter().map(|m| m.remote()).collect();
+    let (_regions, remotes) = register_targets(&s.pd[1..], &mut bufs);
     let mut src = [7u8; 64];
     let src = s.pd[0].register(&mut src).unwrap();
     let round = |root: &mut MultiChannel<Sim, PEERS, 8, 1>| {

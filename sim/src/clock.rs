@@ -272,7 +272,7 @@ pub(crate) struct Events {
     reserved: usize,
     /// Mirrors `!is_empty()` for lock-free readers (`Cq::poll_map`); written under the
     /// world's lock.
-    pending: Arc<AtomicBool>,
+    pending: Arc<crate::padded::Padded<AtomicBool>>,
 }
 
 impl Events {
@@ -282,7 +282,7 @@ impl Events {
             timers: Timers::default(),
             seq: 0,
             reserved: 0,
-            pending: Arc::new(AtomicBool::new(false)),
+            pending: Arc::new(crate::padded::Padded(AtomicBool::new(false))),
         }
     }
 
@@ -329,7 +329,7 @@ impl Events {
 
     /// A flag that is true exactly while events are scheduled, for readers without the
     /// world's lock.
-    pub(crate) fn pending_flag(&self) -> Arc<AtomicBool> {
+    pub(crate) fn pending_flag(&self) -> Arc<crate::padded::Padded<AtomicBool>> {
         self.pending.clone()
     }
 

@@ -88,6 +88,7 @@ mod exec;
 mod fabric;
 mod mem;
 mod net;
+mod padded;
 mod sq;
 mod state;
 mod trace;

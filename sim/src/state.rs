@@ -128,7 +128,7 @@ pub(crate) struct CqObj {
     pub(crate) overflowed: bool,
     /// Shared with the handle: false only while a poll has nothing to return and nothing
     /// to run (see `Cq::poll_map`). Set under the world's lock by every push.
-    pub(crate) ready: Arc<AtomicBool>,
+    pub(crate) ready: Arc<crate::padded::Padded<AtomicBool>>,
     /// Its completion channel, arming and events (`comp_channel.rs`).
     pub(crate) notify: crate::comp_channel::CqNotify,
     refs: u32,
@@ -410,7 +410,7 @@ impl World {
             depth: depth as usize,
             entries: VecDeque::with_capacity(depth as usize),
             overflowed: false,
-            ready: Arc::new(AtomicBool::new(true)),
+            ready: Arc::new(crate::padded::Padded(AtomicBool::new(true))),
             notify: crate::comp_channel::CqNotify::new(self.notifier.next_key()),
             refs: 0,
             open: true,

@@ -337,10 +337,10 @@ pub struct Cq {
     pub(crate) id: usize,
     depth: u32,
     /// The world's `CqObj::ready`: false lets an empty poll return without the lock...
-    ready: std::sync::Arc<AtomicBool>,
+    ready: std::sync::Arc<crate::padded::Padded<AtomicBool>>,
     /// ... unless events are scheduled (`Events::pending_flag`).
     #[cfg_attr(loom, allow(dead_code))]
-    pending: std::sync::Arc<AtomicBool>,
+    pending: std::sync::Arc<crate::padded::Padded<AtomicBool>>,
 }
 
 impl Cq {

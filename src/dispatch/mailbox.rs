@@ -20,6 +20,8 @@ pub(super) fn boxes(inboxes: usize, capacity: usize) -> Boxes {
     (0..inboxes).map(|_| Mailbox::new(capacity)).collect()
 }
 
+/// Aligned to a cache-line pair: inboxes consumed by different threads share no line.
+#[repr(align(128))]
 pub(super) struct Mailbox {
     owner: AtomicU64,
     head: AtomicUsize,

@@ -14,6 +14,18 @@
 //!   trip (after 128 empty polls a waiter arms its queue, polls again and sleeps on the
 //!   completion channel).
 //!
+//! Criterion runs the variants one after another, and this machine drifts between a fast
+//! and a ~3× slower mode over seconds, so a ratio of two criterion figures can be off by
+//! more than the difference measured. For the layout ratio that matters (shared against
+//! own queues, spin policy) set `INTERLEAVED=<rounds>`: the bench then alternates blocks of
+//! 100,000 round trips on the two layouts (own first, then shared, `rounds` times) and
+//! prints each layout's median, the median of the per-round ratios, and the ratio over the
+//! rounds where both blocks ran in the fast mode:
+//!
+//! ```text
+//! INTERLEAVED=30 cargo bench --features sim --bench completion
+//! ```
+//!
 //! One iteration is one round trip: A posts its receive, sends, and waits for the echo; B
 //! waits for the message, posts its next receive, then echoes (so no message ever meets a
 //! missing receive). Both threads run with their allocations counted and panic if a round
@@ -24,7 +36,7 @@ mod common;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use criterion::{criterion_group, BenchmarkId, Criterion, Throughput};
 use zverbs::dispatch::SharedCompletionQueue;
 use zverbs::provider::sim::Sim;
 use zverbs::{Channel, ChannelConfig, Context, MemoryRegion, SendFlags, SendOp, WaitPolicy};
@@ -164,4 +176,56 @@ criterion_group! {
     config = common::config();
     targets = pingpong
 }
-criterion_main!(benches);
+fn main() {
+    match std::env::var("INTERLEAVED")
+        .ok()
+        .and_then(|r| r.parse().ok())
+    {
+        Some(rounds) => interleaved(rounds),
+        None => {
+            benches();
+            Criterion::default().configure_from_args().final_summary();
+        }
+    }
+}
+
+/// Alternating blocks of round trips on own and shared queues (spin policy): the medians
+/// and ratios described in the module docs.
+fn interleaved(rounds: usize) {
+    const BLOCK: u64 = 100_000;
+    let (mut oa, mut ob) = pair(false, WaitPolicy::Spin);
+    let (mut sa, mut sb) = pair(true, WaitPolicy::Spin);
+    let per_op = |d: Duration| d.as_nanos() as f64 / BLOCK as f64;
+    let blocks: Vec<(f64, f64)> = (0..rounds.max(1))
+        .map(|_| {
+            let own = per_op(round_trips(&mut oa, &mut ob, BLOCK));
+            (own, per_op(round_trips(&mut sa, &mut sb, BLOCK)))
+        })
+        .collect();
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let own = median(blocks.iter().map(|b| b.0).collect());
+    let shared = median(blocks.iter().map(|b| b.1).collect());
+    let ratio = median(blocks.iter().map(|b| b.1 / b.0).collect());
+    // A block is fast-mode when it is within 1.5× of its layout's fastest block.
+    let fastest = |f: fn(&(f64, f64)) -> f64| blocks.iter().map(f).fold(f64::MAX, f64::min);
+    let (own_min, shared_min) = (fastest(|b| b.0), fastest(|b| b.1));
+    let fast: Vec<f64> = blocks
+        .iter()
+        .filter(|b| b.0 < 1.5 * own_min && b.1 < 1.5 * shared_min)
+        .map(|b| b.1 / b.0)
+        .collect();
+    println!("pingpong_64B spin, {rounds} rounds of {BLOCK} round trips per layout");
+    println!("  own_cqs    median {own:7.1} ns  fastest {own_min:7.1} ns");
+    println!("  shared_cqs median {shared:7.1} ns  fastest {shared_min:7.1} ns");
+    println!("  shared/own median of per-round ratios {ratio:.3}");
+    if !fast.is_empty() {
+        let n = fast.len();
+        println!(
+            "  shared/own over the {n} fast-mode rounds {:.3}",
+            median(fast)
+        );
+    }
+}

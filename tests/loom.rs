@@ -182,6 +182,61 @@ fn three_threads_one_polls_for_the_others() {
     });
 }
 
+/// The poll right biased to one thread (under loom a right biases after one exclusive turn)
+/// while another thread's first turn revokes it, maybe in the middle of a biased turn. Both
+/// keep polling for two completions each, routed by either; the two are never inside turns
+/// at once (loom's cell checks would catch two producers writing one inbox), and every
+/// completion reaches its owner once, in order. Preemption bound 3: the whole space.
+#[test]
+fn a_biased_poller_and_a_revoking_thread_never_route_at_once() {
+    explore(&[(3, None)], || {
+        let d = Arc::new(Dispatcher::new(2, 2));
+        let cq = Arc::new(FakeCq::new(1));
+        let (mut a, b) = (d.attach(2).unwrap(), d.attach(2).unwrap());
+        // The main thread's first turn biases the right to it.
+        assert_eq!(d.poll(&*cq), Ok(0));
+        assert!(d.is_biased());
+        for (id, len) in [
+            (a.wr_id(0), 1),
+            (b.wr_id(0), 2),
+            (a.wr_id(1), 3),
+            (b.wr_id(1), 4),
+        ] {
+            cq.complete(id, len);
+        }
+        let other = {
+            let (d, cq) = (d.clone(), cq.clone());
+            thread::spawn(move || {
+                let mut b = b;
+                assert_eq!(poll_until(&d, &cq, &mut b, 2), [2, 4]);
+            })
+        };
+        assert_eq!(poll_until(&d, &cq, &mut a, 2), [1, 3]);
+        other.join().unwrap();
+        assert_eq!(d.stale_completions(), 0);
+        assert!(cq.is_empty(), "nothing left undelivered");
+    });
+}
+
+/// As [`poll_until_own`], until `n` completions came; their byte lengths, in order.
+fn poll_until(d: &Dispatcher, cq: &FakeCq, inbox: &mut Inbox, n: usize) -> Vec<u32> {
+    let mut got = Vec::new();
+    let mut out = [WorkCompletion::EMPTY; 2];
+    while got.len() < n {
+        let mut k = d.take(inbox, &mut out);
+        if k == 0 {
+            d.poll(cq).unwrap();
+            k = d.take(inbox, &mut out);
+        }
+        got.extend(out[..k].iter().map(|wc| wc.byte_len));
+        if k == 0 {
+            thread::yield_now();
+        }
+    }
+    assert_eq!(got.len(), n, "more completions than requests");
+    got
+}
+
 /// An inbox detached and attached again while another thread polls, with a completion of
 /// the old attachment still in the queue (its queue pair died with it outstanding). The
 /// poller routes it either after the detach (no attachment has its generation: counted

@@ -4,15 +4,16 @@
 //! share one send and one receive completion queue ([`SharedCompletionQueue`]). Each
 //! channel attaches an [`Inbox`] to the queue's [`Dispatcher`] and posts its work requests
 //! with a `wr_id` that names the inbox ([`WrId`]: inbox, attachment generation, sequence).
-//! Whoever holds the *poll right* (taken with one compare-and-swap, never waited for on the
-//! data path) drains the completion queue and routes each completion to its inbox; a
-//! channel takes only from its own inbox. So a completion for peer 7 found while peer 3's
-//! channel polls is recorded for peer 7, never lost or misattributed, and threads driving
-//! different peers' channels never take a lock.
+//! Whoever holds the *poll right* (taken with one compare-and-swap, or with none by a thread
+//! it is biased to, see `right.rs`; never waited for on the data path) drains the queue
+//! and routes each completion to its inbox; a channel takes only from its own inbox. So a
+//! completion for peer 7 found while peer 3's channel polls is recorded for peer 7, never
+//! lost or misattributed, and threads driving different peers' channels never take a lock.
 //!
 //! An inbox is a single-producer single-consumer ring: the producer is whoever holds the
-//! poll right (one thread at a time; the right's acquire/release orders successive holders),
-//! the consumer the channel that owns the [`Inbox`] token (`&mut`, not `Clone`). A
+//! poll right (one thread at a time; the right's release at the end of a turn and the
+//! acquire at the start of the next order successive holders), the consumer the channel
+//! that owns the [`Inbox`] token (`&mut`, not `Clone`). A
 //! completion whose inbox is not attached, or attached again since (its generation
 //! differs), is counted as stale and dropped: a queue pair destroyed with completions still
 //! in the shared queue cannot reach the channel that reuses its inbox.
@@ -62,6 +63,7 @@
 //! ```
 
 mod mailbox;
+mod right;
 #[cfg(feature = "std")]
 mod shared;
 mod sleep;
@@ -73,7 +75,7 @@ use core::fmt;
 
 use crate::cq::CompletionQueue;
 use crate::provider::Provider;
-use crate::sync::{spin, AtomicU64, AtomicUsize, Ordering};
+use crate::sync::{AtomicU64, Ordering};
 use crate::types::WorkCompletion;
 
 /// Bits of a [`WrId`] that carry the channel's sequence number.
@@ -196,12 +198,12 @@ impl Inbox {
 /// attached to it. See the module docs.
 ///
 /// Aligned to a cache-line pair (the adjacent-line prefetcher fetches two), so the poll
-/// right, written at every poll, shares no line with a neighbour's data.
+/// right, written at every turn, shares no line with a neighbour's data.
 #[repr(align(128))]
 pub struct Dispatcher {
     boxes: mailbox::Boxes,
     capacity: usize,
-    poll_right: AtomicUsize,
+    right: right::PollRight,
     stale: AtomicU64,
     overflow: AtomicU64,
     sleepers: sleep::Sleepers,
@@ -218,7 +220,7 @@ impl Dispatcher {
         Dispatcher {
             boxes: mailbox::boxes(inboxes, capacity),
             capacity,
-            poll_right: AtomicUsize::new(0),
+            right: right::PollRight::new(),
             stale: AtomicU64::new(0),
             overflow: AtomicU64::new(0),
             sleepers: sleep::Sleepers::new(inboxes),
@@ -261,16 +263,10 @@ impl Dispatcher {
     /// inboxes. Returns how many were taken from `cq` (0 if another thread holds the poll
     /// right: it is routing for everyone).
     pub fn poll<C: CompletionSource + ?Sized>(&self, cq: &C) -> Result<usize, C::Error> {
-        if self
-            .poll_right
-            .compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
+        let Some(_turn) = self.right.try_turn() else {
             return Ok(0);
-        }
-        let polled = self.route_batch(cq);
-        self.poll_right.store(0, Ordering::Release);
-        polled
+        };
+        self.route_batch(cq)
     }
 
     /// What a channel's poll does: takes `inbox`'s completions into `out`; if there are
@@ -293,20 +289,14 @@ impl Dispatcher {
         if b.has_mail() {
             return Ok(b.pop(out));
         }
-        if self
-            .poll_right
-            .compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
+        let Some(_turn) = self.right.try_turn() else {
             return Ok(0);
-        }
-        let r = if b.has_mail() {
+        };
+        if b.has_mail() {
             Ok(b.pop(out))
         } else {
             self.poll_mine(cq, inbox.tag(), out)
-        };
-        self.poll_right.store(0, Ordering::Release);
-        r
+        }
     }
 
     /// Polls `cq` into `out` (poll right held), keeps the completions tagged `tag` there,
@@ -376,16 +366,16 @@ impl Dispatcher {
     }
 
     fn with_poll_right<R>(&self, f: impl FnOnce() -> R) -> R {
-        while self
-            .poll_right
-            .compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
-            spin();
-        }
-        let r = f();
-        self.poll_right.store(0, Ordering::Release);
-        r
+        let _turn = self.right.turn();
+        f()
+    }
+
+    /// Whether the poll right is biased to one thread: a thread that took 256 turns in a
+    /// row takes its next ones with no locked instruction, until another thread takes one
+    /// (which revokes the bias with one `membarrier`). Never on systems without
+    /// `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)` (Linux ≥ 4.14).
+    pub fn is_biased(&self) -> bool {
+        self.right.is_biased()
     }
 
     /// One batch from `cq` to the inboxes; only with the poll right held.

@@ -189,3 +189,49 @@ fn poll_for_keeps_its_own_in_order_and_routes_the_rest() {
     assert_eq!((out[0].byte_len, out[1].byte_len), (100, 101));
     assert_eq!(d.stale_completions(), 0);
 }
+
+#[test]
+fn the_poll_right_biases_to_a_thread_that_polls_alone_and_another_thread_revokes_it() {
+    let d = Dispatcher::new(2, 4);
+    let cq = Fake::new();
+    let mut a = d.attach(4).unwrap();
+    let mut out = [WorkCompletion::EMPTY; 4];
+    for _ in 0..right::REBIAS_AFTER {
+        assert!(!d.is_biased());
+        assert_eq!(d.poll_for(&cq, &mut a, &mut out), Ok(0));
+    }
+    if !right::biasing_available() {
+        eprintln!("membarrier unavailable here: the right never biases");
+        assert!(!d.is_biased());
+        return;
+    }
+    assert!(
+        d.is_biased(),
+        "biased after {} turns in a row",
+        right::REBIAS_AFTER
+    );
+    // Biased turns still route: another inbox's completion reaches it, ours stays ours.
+    let b = d.attach(4).unwrap();
+    cq.push(b.wr_id(0), 7);
+    cq.push(a.wr_id(0), 3);
+    assert_eq!(d.poll_for(&cq, &mut a, &mut out), Ok(1));
+    assert_eq!(out[0].byte_len, 3);
+    // Another thread finds its routed completion, then takes a turn of its own: that
+    // revokes the bias, and its poll works.
+    let mut b = b;
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut out = [WorkCompletion::EMPTY; 4];
+            assert_eq!(d.poll_for(&cq, &mut b, &mut out), Ok(1));
+            assert_eq!(out[0].byte_len, 7);
+            assert!(d.is_biased(), "taking routed mail is no turn");
+            cq.push(b.wr_id(1), 8);
+            assert_eq!(d.poll_for(&cq, &mut b, &mut out), Ok(1));
+            assert_eq!(out[0].byte_len, 8);
+        });
+    });
+    assert!(!d.is_biased());
+    assert_eq!(d.poll_for(&cq, &mut a, &mut out), Ok(0));
+    d.detach(a);
+    d.detach(b);
+}

@@ -58,6 +58,8 @@ pub mod event;
 pub mod mr;
 pub mod multi_channel;
 pub mod node;
+#[cfg(feature = "std")]
+pub mod pool;
 pub mod provider;
 pub mod qp;
 pub mod ring;

@@ -36,7 +36,7 @@ use crate::types::{AccessFlags, SendOp, Sge};
 /// Total over every bound: the bounds are widened to `u128`, so `x..=u64::MAX` and an
 /// excluded start of `u64::MAX` are computed exactly instead of saturating (which would
 /// pass `0..=u64::MAX` on a region of `u64::MAX` bytes with a length one short).
-fn resolve(range: impl RangeBounds<u64>, len: u64) -> Result<(u64, u64), BoundsError> {
+pub(crate) fn resolve(range: impl RangeBounds<u64>, len: u64) -> Result<(u64, u64), BoundsError> {
     let start = match range.start_bound() {
         Bound::Included(&s) => u128::from(s),
         Bound::Excluded(&s) => u128::from(s) + 1,
@@ -64,7 +64,7 @@ fn clamp(v: u128) -> u64 {
     u64::try_from(v).unwrap_or(u64::MAX)
 }
 
-fn to_u64(r: impl RangeBounds<usize>) -> (Bound<u64>, Bound<u64>) {
+pub(crate) fn to_u64(r: impl RangeBounds<usize>) -> (Bound<u64>, Bound<u64>) {
     let map = |b: Bound<&usize>| match b {
         Bound::Included(&v) => Bound::Included(v as u64),
         Bound::Excluded(&v) => Bound::Excluded(v as u64),
@@ -178,11 +178,7 @@ impl<'a, P: Provider> MemoryRegion<'a, P> {
     /// A byte range the device may read (sends, writes).
     pub fn slice(&self, range: impl RangeBounds<usize>) -> Result<LocalSlice<'_>, BoundsError> {
         let (off, len) = resolve(to_u64(range), self.len as u64)?;
-        let sge = self.sge(off, len)?;
-        Ok(LocalSlice {
-            sge,
-            _b: PhantomData,
-        })
+        Ok(LocalSlice::from_sge(self.sge(off, len)?))
     }
 
     /// A byte range the device may write (receives, reads, atomics).
@@ -191,11 +187,7 @@ impl<'a, P: Provider> MemoryRegion<'a, P> {
         range: impl RangeBounds<usize>,
     ) -> Result<LocalSliceMut<'_>, BoundsError> {
         let (off, len) = resolve(to_u64(range), self.len as u64)?;
-        let sge = self.sge(off, len)?;
-        Ok(LocalSliceMut {
-            sge,
-            _b: PhantomData,
-        })
+        Ok(LocalSliceMut::from_sge(self.sge(off, len)?))
     }
 
     fn sge(&self, off: u64, len: u64) -> Result<Sge, BoundsError> {
@@ -236,6 +228,14 @@ pub struct LocalSliceMut<'a> {
 }
 
 impl LocalSlice<'_> {
+    /// A slice over `sge`. The caller ties the lifetime to a shared borrow of the memory
+    /// the entry names (as [`MemoryRegion::slice`] does).
+    pub(crate) fn from_sge(sge: Sge) -> Self {
+        LocalSlice {
+            sge,
+            _b: PhantomData,
+        }
+    }
     /// The scatter/gather entry.
     pub fn sge(&self) -> Sge {
         self.sge
@@ -310,6 +310,14 @@ impl<'a> LocalSliceMut<'a> {
 }
 
 impl LocalSliceMut<'_> {
+    /// A slice over `sge`. The caller ties the lifetime to an exclusive borrow of the
+    /// memory the entry names (as [`MemoryRegion::slice_mut`] does).
+    pub(crate) fn from_sge(sge: Sge) -> Self {
+        LocalSliceMut {
+            sge,
+            _b: PhantomData,
+        }
+    }
     /// The scatter/gather entry.
     pub fn sge(&self) -> Sge {
         self.sge

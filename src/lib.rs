@@ -77,6 +77,8 @@ pub use mr::{LocalSlice, LocalSliceMut, MemoryRegion, RemoteRegion};
 pub use multi_channel::{
     MultiChannel, MultiScope, Outcome, PeerError, PeerPending, PreparedMultiChannel,
 };
+#[cfg(feature = "std")]
+pub use pool::{LocalBuf, MrPool, PoolError, PoolStats};
 pub use qp::{Endpoint, EndpointError, QueuePair};
 pub use ring::Completion;
 pub use types::*;

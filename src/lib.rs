@@ -64,6 +64,8 @@ pub mod provider;
 pub mod qp;
 pub mod ring;
 mod sync;
+#[cfg(all(feature = "tokio", unix))]
+pub mod tokio;
 pub mod types;
 
 pub use channel::{

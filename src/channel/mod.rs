@@ -41,6 +41,8 @@
 //! A complete two-thread exchange is in `examples/pingpong.rs`.
 
 mod blocking;
+#[cfg(all(feature = "tokio", unix))]
+mod events;
 mod path;
 mod poll;
 mod prepared;

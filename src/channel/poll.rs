@@ -362,9 +362,18 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
                 return fatal.unwrap_or(cause);
             }
         }
+        self.discard(&mut fatal);
+        fatal.unwrap_or(cause)
+    }
+
+    /// Ends the work still in flight through RESET (after the error state's flush was
+    /// waited for, or given up): afterwards the device touches none of its buffers, and
+    /// every request in flight has an outcome (flushed). A fatal error met on the way is
+    /// put in `fatal`, unless one is there already.
+    pub(crate) fn discard(&mut self, fatal: &mut Option<Error<P::Error>>) {
         match self.qp.discard_work() {
             Ok(()) => {}
-            Err(e) if is_fatal(&e) => fatal = Some(e),
+            Err(e) if is_fatal(&e) => *fatal = Some(e),
             Err(_) if fatal.is_some() => {}
             Err(_) => self.settle(),
         }
@@ -375,7 +384,6 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
         while matches!(self.poll_all(Queue::Recv), Ok(n) if n > 0) {}
         self.sq.discard_in_flight(WcStatus::WrFlushErr);
         self.rq.discard_in_flight(WcStatus::WrFlushErr);
-        fatal.unwrap_or(cause)
     }
 
     /// Whether any posted request still waits for a completion from the device.

@@ -168,6 +168,40 @@ impl<P: Provider> Completions<P> {
         self.poll_with(ring, out, Shared::Take)
     }
 
+    /// The descriptor of the queue's completion channel, if it has one of its own.
+    #[cfg(all(feature = "tokio", unix))]
+    pub(crate) fn event_fd(&self) -> Option<std::os::fd::RawFd> {
+        match &self.source {
+            Source::Own(_, Some(events)) => Some(std::os::fd::AsRawFd::as_raw_fd(events)),
+            _ => None,
+        }
+    }
+
+    /// Arms a queue of its own on a completion channel for its next completion.
+    #[cfg(all(feature = "tokio", unix))]
+    pub(crate) fn arm_events(&mut self) -> Result<(), Error<P::Error>> {
+        match &self.source {
+            Source::Own(cq, Some(_)) => cq.arm(false),
+            _ => Ok(()),
+        }
+    }
+
+    /// Takes and acknowledges the events waiting on the queue's completion channel;
+    /// whether there was one.
+    #[cfg(all(feature = "tokio", unix))]
+    pub(crate) fn take_events(&mut self) -> Result<bool, Error<P::Error>> {
+        let Source::Own(cq, Some(events)) = &self.source else {
+            return Ok(false);
+        };
+        let mut any = false;
+        while let Some(ev) = events.try_get_event()? {
+            // An event of another queue cannot come on this queue's own channel.
+            let _ = cq.ack_event(ev);
+            any = true;
+        }
+        Ok(any)
+    }
+
     /// On a shared queue, routes what it holds now to the inboxes (if nobody else is);
     /// nothing on a queue of its own.
     pub(crate) fn route(&self) -> Result<(), Error<P::Error>> {

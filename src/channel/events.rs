@@ -1,0 +1,134 @@
+//! What an event loop needs from a channel (the async layer, [`crate::tokio`]): queues on
+//! completion channels, their descriptors, arming, taking events, polling with no request
+//! in view, and whether a request has finished.
+
+use super::*;
+
+impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES> {
+    /// As [`prepare`](Self::prepare), with each completion queue on a completion channel of
+    /// its own whatever the wait policy: an event loop sleeps on their descriptors.
+    pub(crate) fn prepare_with_events(
+        ctx: &Context<P>,
+        pd: &ProtectionDomain<P>,
+        config: &ChannelConfig,
+    ) -> Result<PreparedChannel<P, DEPTH, SGES>, Error<P::Error>> {
+        let depth = Self::depth()?;
+        let send_cq = Completions::own(ctx, depth, true)?;
+        let recv_cq = Completions::own(ctx, depth, true)?;
+        Self::prepare_on(ctx, pd, config, send_cq, recv_cq, Ring::new(), Ring::new())
+    }
+
+    /// The descriptors of the send and the receive queue's completion channels (readable
+    /// when an armed queue got a completion); `None` for a queue without one.
+    pub(crate) fn event_fds(&self) -> [Option<std::os::fd::RawFd>; 2] {
+        [self.send_cq.event_fd(), self.recv_cq.event_fd()]
+    }
+
+    /// Arms both queues for their next completion. Arm, then poll: a completion that came
+    /// before the arm raises no event, and only the poll after it finds it.
+    pub(crate) fn arm_events(&mut self) -> Result<(), Error<P::Error>> {
+        self.send_cq.arm_events()?;
+        self.recv_cq.arm_events()
+    }
+
+    /// Takes (and acknowledges) every event waiting on both completion channels; whether
+    /// there was one.
+    pub(crate) fn take_events(&mut self) -> Result<bool, Error<P::Error>> {
+        Ok(self.send_cq.take_events()? | self.recv_cq.take_events()?)
+    }
+
+    /// Polls both queues until they are empty, recording every completion in its slot.
+    pub(crate) fn poll_queues(&mut self) -> Result<usize, Error<P::Error>> {
+        let mut total = 0;
+        for queue in [Queue::Send, Queue::Recv] {
+            loop {
+                let n = self.poll(queue)?;
+                total += n;
+                if n < POLL_BATCH {
+                    break;
+                }
+            }
+        }
+        Ok(total)
+    }
+
+    /// Whether `pending`'s request has finished (its outcome waits to be taken), without
+    /// polling.
+    pub(crate) fn has_finished(&self, pending: &Pending) -> bool {
+        !self.is_pending(pending.queue, pending.seq)
+    }
+
+    /// The channel's configuration.
+    pub(crate) fn config(&self) -> &ChannelConfig {
+        &self.config
+    }
+
+    /// Whether any posted request is still on the device.
+    pub(crate) fn busy(&self) -> bool {
+        self.awaits_device()
+    }
+
+    /// Posts one signaled send work request (for RDMA and atomics, `remote` checked to
+    /// hold the bytes first). The caller keeps the memory lent to the device until the
+    /// returned request has finished.
+    pub(crate) fn post_send_pending(
+        &mut self,
+        sge: Sge,
+        op: SendOp,
+        flags: SendFlags,
+        remote: Option<&RemoteRegion>,
+    ) -> Result<Pending, Error<P::Error>> {
+        let seq = self.post_send_seq([sge], op, flags, remote)?;
+        Ok(self.pending(Queue::Send, seq))
+    }
+
+    /// Posts one receive work request; as [`post_send_pending`](Self::post_send_pending).
+    pub(crate) fn post_receive_pending(&mut self, sge: Sge) -> Result<Pending, Error<P::Error>> {
+        let seq = self.post_recv_seq([sge])?;
+        Ok(self.pending(Queue::Recv, seq))
+    }
+
+    fn pending(&self, queue: Queue, seq: u64) -> Pending {
+        Pending {
+            seq,
+            queue,
+            owner: self.owner,
+        }
+    }
+
+    /// The outcome of `pending`'s request if it has finished (taken: asked again, `None`),
+    /// without polling.
+    pub(crate) fn take_finished(
+        &mut self,
+        pending: &Pending,
+    ) -> Option<Result<Completion, Error<P::Error>>> {
+        self.take(pending.queue, pending.seq)
+    }
+
+    /// Moves the queue pair to the error state, so the device flushes everything in flight.
+    pub(crate) fn abort(&mut self) -> Result<(), Error<P::Error>> {
+        self.qp.set_error()
+    }
+}
+
+impl Pending {
+    /// A second handle to the same request, for a table of who waits for what. Only one
+    /// of the two may be redeemed.
+    pub(crate) fn duplicate(&self) -> Pending {
+        Pending {
+            seq: self.seq,
+            queue: self.queue,
+            owner: self.owner,
+        }
+    }
+
+    /// Whether the request is a receive.
+    pub(crate) fn is_receive(&self) -> bool {
+        self.queue == Queue::Recv
+    }
+
+    /// Its slot in a table of `depth` per queue: the sequence number modulo `depth`.
+    pub(crate) fn slot(&self, depth: usize) -> usize {
+        (self.seq % depth as u64) as usize
+    }
+}

@@ -1,0 +1,116 @@
+//! The reactor of one async channel: sleeps on the descriptors of its two completion
+//! channels, and each pass arms the queues, polls them and wakes the tasks whose requests
+//! finished.
+
+use core::future::{poll_fn, Future};
+use core::pin::pin;
+use core::task::Poll;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::Arc;
+
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
+
+use super::{IoBuf, Shared};
+use crate::provider::Provider;
+
+/// A descriptor the channel owns; the reactor only watches it (and is dropped first: the
+/// reactor holds the channel alive).
+pub(super) struct Fd(RawFd);
+
+impl AsRawFd for Fd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0
+    }
+}
+
+/// The send and the receive queue's completion-channel descriptors, registered with the
+/// runtime's I/O driver.
+pub(super) struct Fds([AsyncFd<Fd>; 2]);
+
+impl Fds {
+    /// Registers the descriptors of `ch`'s completion channels.
+    ///
+    /// The caller keeps `ch` alive, with those channels open, for as long as the returned
+    /// value lives (the reactor holds both, and drops this first: [`Reactor`]).
+    pub(super) fn new(send: RawFd, recv: RawFd) -> std::io::Result<Fds> {
+        // SAFETY: the descriptors belong to completion channels the channel owns and does
+        // not close or replace while it lives; the reactor drops these registrations before
+        // its reference to the channel (field order of `Reactor`).
+        let register = |fd| unsafe {
+            AsyncFd::register_with_interest(Fd(fd), Interest::READABLE)
+                .map_err(std::io::Error::from)
+        };
+        Ok(Fds([register(send)?, register(recv)?]))
+    }
+}
+
+/// The reactor's state: the registrations drop before the channel (fields drop in order).
+pub(super) struct Reactor<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: usize> {
+    pub(super) fds: Fds,
+    pub(super) shared: Arc<Shared<P, B, DEPTH, SGES>>,
+}
+
+/// Runs until the last handle is gone and nothing is left in flight (or, after the close,
+/// the flush grace passed: then the rest is discarded through RESET).
+pub(super) async fn run<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: usize>(
+    reactor: Reactor<P, B, DEPTH, SGES>,
+) {
+    let Reactor { fds, shared } = &reactor;
+    let grace = tokio::time::sleep(shared.config.flush_grace);
+    let mut grace = pin!(grace);
+    let mut grace_set = false;
+    loop {
+        let released;
+        {
+            let mut inner = shared.lock();
+            // Arm, then poll: a completion that came before the arm raises no event, and
+            // this poll finds it.
+            let _ = inner.ch.arm_events();
+            let _ = inner.ch.poll_queues();
+            released = inner.wake_finished();
+            if inner.closing && !inner.ch.busy() && !inner.has_orphans() {
+                return;
+            }
+            if inner.closing && !grace_set {
+                grace
+                    .as_mut()
+                    .reset(tokio::time::Instant::now() + shared.config.flush_grace);
+                grace_set = true;
+            }
+        }
+        if released {
+            shared.space.notify_waiters();
+        }
+        poll_fn(|cx| {
+            {
+                let mut inner = shared.lock();
+                if inner.closing && !grace_set {
+                    // Closed since the pass: one more pass sets the grace.
+                    return Poll::Ready(());
+                }
+                inner.reactor = Some(cx.waker().clone());
+            }
+            for fd in &fds.0 {
+                if let Poll::Ready(Ok(mut ready)) = fd.poll_read_ready(cx) {
+                    // Take every event; readiness is cleared only once the descriptor said
+                    // would-block (`take_events` read until it did).
+                    let _ = ready.try_io(|_| {
+                        let _ = shared.lock().ch.take_events();
+                        Err::<(), _>(std::io::ErrorKind::WouldBlock.into())
+                    });
+                    return Poll::Ready(());
+                }
+            }
+            if grace_set && grace.as_mut().poll(cx).is_ready() {
+                let mut inner = shared.lock();
+                let mut fatal = None;
+                inner.ch.discard(&mut fatal);
+                inner.release_orphans();
+                return Poll::Ready(());
+            }
+            Poll::Pending
+        })
+        .await;
+    }
+}

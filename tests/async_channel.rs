@@ -1,0 +1,308 @@
+//! The async channel (`zverbs::tokio`) on the simulator: every operation, many tasks on one
+//! channel, both runtimes, and what happens to buffers when futures are dropped, time out
+//! or the channel closes.
+#![cfg(all(feature = "sim", feature = "tokio"))]
+
+use std::time::{Duration, Instant};
+
+use zverbs::provider::sim::Sim;
+use zverbs::tokio::AsyncChannel;
+use zverbs::{
+    AccessFlags, ChannelConfig, Context, Error, MemoryRegion, MrPool, ProtectionDomain,
+    RemoteRegion, WaitPolicy,
+};
+
+type Ch = AsyncChannel<Sim>;
+
+struct Side {
+    ch: Ch,
+    pool: MrPool<Sim>,
+    pd: &'static ProtectionDomain<Sim>,
+}
+
+/// Two connected async channels on sim0 and sim1, each with a 1 MiB pool.
+fn pair(cfg: &ChannelConfig) -> (Side, Side) {
+    let sim = Sim::with_devices(2);
+    let open = |dev: &str| {
+        let ctx: &'static Context<Sim> = Box::leak(Box::new(Context::open(&sim, dev).unwrap()));
+        let pd: &'static ProtectionDomain<Sim> = Box::leak(Box::new(ctx.alloc_pd().unwrap()));
+        (ctx, pd, Ch::prepare(ctx, pd, cfg).unwrap())
+    };
+    let ((_, pa, a), (_, pb, b)) = (open("sim0"), open("sim1"));
+    let (ea, eb) = (a.endpoint(), b.endpoint());
+    let (a, b) = (a.connect(&eb).unwrap(), b.connect(&ea).unwrap());
+    let side = |ch, pd: &'static ProtectionDomain<Sim>| Side {
+        ch: AsyncChannel::new(ch).unwrap(),
+        pool: MrPool::new(pd, 1 << 20).unwrap(),
+        pd,
+    };
+    (side(a, pa), side(b, pb))
+}
+
+fn cfg(timeout: Duration) -> ChannelConfig {
+    ChannelConfig {
+        timeout: Some(timeout),
+        flush_grace: Duration::from_millis(50),
+        ..ChannelConfig::default()
+    }
+}
+
+/// `len` bytes the peer may read, write and use atomics on (leaked for the test's life).
+fn target(pd: &ProtectionDomain<Sim>, len: usize) -> (MemoryRegion<'static, Sim>, RemoteRegion) {
+    let buf = Box::leak(vec![0u8; len].into_boxed_slice());
+    let access = AccessFlags::LOCAL_WRITE
+        | AccessFlags::REMOTE_WRITE
+        | AccessFlags::REMOTE_READ
+        | AccessFlags::REMOTE_ATOMIC;
+    // SAFETY: the test reads the bytes only after the peer's operation completed.
+    let mr = unsafe { pd.register_with_access(buf, access) }.unwrap();
+    let remote = mr.remote();
+    (mr, remote)
+}
+
+fn filled(pool: &MrPool<Sim>, bytes: &[u8]) -> zverbs::LocalBuf<Sim> {
+    let mut buf = pool.alloc(bytes.len()).unwrap();
+    buf.copy_from_slice(bytes);
+    buf
+}
+
+fn current_thread() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn multi_thread() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn send_and_receive_with_and_without_immediate() {
+    current_thread().block_on(async {
+        let (a, b) = pair(&cfg(Duration::from_secs(5)));
+        let inbox = b.pool.alloc(64).unwrap();
+        let (got, sent) = tokio::join!(b.ch.receive(inbox), a.ch.send(filled(&a.pool, b"hello")));
+        sent.0.unwrap();
+        let (done, inbox) = got;
+        assert_eq!(done.unwrap().byte_len, 5);
+        assert_eq!(&inbox[..5], b"hello");
+
+        let (got, sent) = tokio::join!(
+            b.ch.receive(inbox),
+            a.ch.send_with_imm(filled(&a.pool, b"imm!"), 0xfeed)
+        );
+        sent.0.unwrap();
+        let done = got.0.unwrap();
+        assert_eq!((done.byte_len, done.imm), (4, Some(0xfeed)));
+    });
+}
+
+#[test]
+fn write_read_and_atomics_on_a_remote_region() {
+    multi_thread().block_on(async {
+        let (a, b) = pair(&cfg(Duration::from_secs(5)));
+        let (mr, remote) = target(b.pd, 64);
+        let (r, _) = a.ch.write(filled(&a.pool, b"written"), &remote).await;
+        r.unwrap();
+        assert_eq!(&mr.as_slice()[..7], b"written");
+
+        let (r, back) = a.ch.read(a.pool.alloc(7).unwrap(), &remote).await;
+        r.unwrap();
+        assert_eq!(&back[..], b"written");
+
+        let counter = remote.slice(8..16).unwrap();
+        let (old, word) = a.ch.fetch_add(a.pool.alloc(8).unwrap(), &counter, 5).await;
+        assert_eq!(old.unwrap(), 0);
+        let (old, word) = a.ch.fetch_add(word, &counter, 2).await;
+        assert_eq!(old.unwrap(), 5);
+        let (old, word) = a.ch.compare_swap(word, &counter, 7, 100).await;
+        assert_eq!(old.unwrap(), 7);
+        let (old, _) = a.ch.compare_swap(word, &counter, 7, 1).await;
+        assert_eq!(old.unwrap(), 100, "no swap: the value was not 7");
+
+        // Write with immediate consumes a receive at the peer.
+        let tail = remote.slice(32..).unwrap();
+        let (got, wrote) = tokio::join!(
+            b.ch.receive(b.pool.alloc(8).unwrap()),
+            a.ch.write_with_imm(filled(&a.pool, b"imm"), &tail, 9)
+        );
+        wrote.0.unwrap();
+        assert_eq!(got.0.unwrap().imm, Some(9));
+        assert_eq!(&mr.as_slice()[32..35], b"imm");
+    });
+}
+
+#[test]
+fn bad_input_is_a_typed_error_and_the_buffer_comes_back() {
+    current_thread().block_on(async {
+        let (a, b) = pair(&cfg(Duration::from_secs(5)));
+        let (_mr, remote) = target(b.pd, 16);
+        // Longer than the remote region.
+        let (r, buf) = a.ch.write(a.pool.alloc(17).unwrap(), &remote).await;
+        assert!(matches!(r, Err(Error::OutOfBounds(_))), "{r:?}");
+        assert_eq!(buf.len(), 17);
+        drop(buf);
+        // An atomic's local buffer is 8 bytes.
+        let (r, buf) = a.ch.fetch_add(a.pool.alloc(4).unwrap(), &remote, 1).await;
+        assert!(matches!(r, Err(Error::InvalidAttribute(_))), "{r:?}");
+        drop(buf);
+        assert_eq!(a.pool.stats().allocations, 0);
+    });
+}
+
+#[test]
+fn many_tasks_share_one_channel_on_a_multi_thread_runtime() {
+    const MESSAGES: u32 = 200;
+    multi_thread().block_on(async {
+        let (a, b) = pair(&cfg(Duration::from_secs(10)));
+        // 200 receives and 200 sends from 16 tasks each side, more than the 64 slots.
+        let receivers: Vec<_> = (0..16)
+            .map(|t| {
+                let (ch, pool) = (b.ch.clone(), b.pool.clone());
+                tokio::spawn(async move {
+                    let mut sum = 0u64;
+                    for _ in (t..MESSAGES).step_by(16) {
+                        let (r, buf) = ch.receive(pool.alloc(8).unwrap()).await;
+                        assert_eq!(r.unwrap().byte_len, 8);
+                        sum += u64::from_le_bytes(buf[..8].try_into().unwrap());
+                    }
+                    sum
+                })
+            })
+            .collect();
+        let senders: Vec<_> = (0..16u32)
+            .map(|t| {
+                let (ch, pool) = (a.ch.clone(), a.pool.clone());
+                tokio::spawn(async move {
+                    for i in (t..MESSAGES).step_by(16) {
+                        let buf = filled(&pool, &u64::from(i).to_le_bytes());
+                        ch.send(buf).await.0.unwrap();
+                    }
+                })
+            })
+            .collect();
+        for s in senders {
+            s.await.unwrap();
+        }
+        let mut total = 0;
+        for r in receivers {
+            total += r.await.unwrap();
+        }
+        assert_eq!(total, (0..u64::from(MESSAGES)).sum::<u64>());
+        assert_eq!(a.pool.stats().allocations, 0);
+        assert_eq!(b.pool.stats().allocations, 0);
+    });
+}
+
+#[test]
+fn a_dropped_receive_keeps_its_buffer_until_the_message_lands() {
+    current_thread().block_on(async {
+        let (a, b) = pair(&cfg(Duration::from_secs(5)));
+        {
+            let fut = b.ch.receive(b.pool.alloc(32).unwrap());
+            // Posted on the first poll; then dropped.
+            assert!(tokio::time::timeout(Duration::from_millis(5), fut)
+                .await
+                .is_err());
+        }
+        assert_eq!(
+            b.pool.stats().allocations,
+            1,
+            "the device may still write the buffer: the channel keeps it"
+        );
+        a.ch.send(filled(&a.pool, b"late")).await.0.unwrap();
+        // The reactor sees the receive finish and drops the buffer back into the pool.
+        let t0 = Instant::now();
+        while b.pool.stats().allocations != 0 {
+            assert!(
+                t0.elapsed() < Duration::from_secs(5),
+                "orphan never released"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    });
+}
+
+#[test]
+fn a_receive_that_times_out_returns_its_buffer_with_timeout() {
+    current_thread().block_on(async {
+        let timeout = Duration::from_millis(100);
+        let (_a, b) = pair(&cfg(timeout));
+        let t0 = Instant::now();
+        let (r, buf) = b.ch.receive(b.pool.alloc(16).unwrap()).await;
+        assert!(matches!(r, Err(Error::Timeout)), "{r:?}");
+        assert_eq!(buf.len(), 16);
+        assert!(
+            t0.elapsed() < 10 * (timeout + Duration::from_millis(50)),
+            "bounded by the timeout and the grace"
+        );
+    });
+}
+
+#[test]
+fn dropping_the_channel_flushes_and_releases_the_buffers_of_dropped_futures() {
+    current_thread().block_on(async {
+        let (a, b) = pair(&cfg(Duration::from_secs(5)));
+        for _ in 0..4 {
+            let fut = b.ch.receive(b.pool.alloc(64).unwrap());
+            let _ = tokio::time::timeout(Duration::from_millis(1), fut).await;
+        }
+        assert_eq!(b.pool.stats().allocations, 4);
+        let pool = b.pool.clone();
+        drop(b);
+        let t0 = Instant::now();
+        while pool.stats().allocations != 0 {
+            assert!(
+                t0.elapsed() < Duration::from_secs(5),
+                "buffers never released"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        drop(a);
+    });
+}
+
+#[test]
+fn spinning_policy_ping_pong() {
+    let cfg = ChannelConfig {
+        wait: WaitPolicy::Spin,
+        ..cfg(Duration::from_secs(5))
+    };
+    multi_thread().block_on(async move {
+        let (a, b) = pair(&cfg);
+        // The echo posts its next receive before it echoes, so no message meets a missing
+        // receive (`join!` polls, and so posts, in order).
+        let echo = tokio::spawn(async move {
+            let (r, mut got) = b.ch.receive(b.pool.alloc(8).unwrap()).await;
+            r.unwrap();
+            let mut spare = b.pool.alloc(8).unwrap();
+            for i in 0..100 {
+                if i == 99 {
+                    b.ch.send(got).await.0.unwrap();
+                    break;
+                }
+                let ((r, next), (s, sent)) = tokio::join!(b.ch.receive(spare), b.ch.send(got));
+                s.unwrap();
+                r.unwrap();
+                (got, spare) = (next, sent);
+            }
+        });
+        let mut buf = filled(&a.pool, &7u64.to_le_bytes());
+        for _ in 0..100 {
+            let inbox = a.pool.alloc(8).unwrap();
+            let recv = a.ch.receive(inbox);
+            let send = a.ch.send(buf);
+            let ((r, inbox), (s, sent)) = tokio::join!(recv, send);
+            s.unwrap();
+            assert_eq!(r.unwrap().byte_len, 8);
+            assert_eq!(&inbox[..], &7u64.to_le_bytes());
+            buf = sent;
+        }
+        echo.await.unwrap();
+    });
+}

@@ -176,10 +176,150 @@ fn pingpong(c: &mut Criterion) {
     g.finish();
 }
 
+/// The async channel (`zverbs::tokio`, feature `tokio`) on the same ping-pong: each side a
+/// current-thread runtime on its own thread (its reactor task with it), so the counting
+/// allocator sees every allocation of a side, reactor included.
+#[cfg(feature = "tokio")]
+mod async_pingpong {
+    use super::*;
+    use tokio::runtime::Runtime;
+    use zverbs::tokio::AsyncChannel;
+    use zverbs::{LocalBuf, MrPool};
+
+    type ACh = AsyncChannel<Sim, LocalBuf<Sim>, 16, 1>;
+
+    /// The first byte of the message that ends the echo.
+    const STOP: u8 = 0xff;
+
+    /// A's side, and B's echo running on its own thread until [`Ping::stop`].
+    pub struct Ping {
+        rt: Runtime,
+        ch: ACh,
+        /// The message and the inbox.
+        bufs: Option<(LocalBuf<Sim>, LocalBuf<Sim>)>,
+        echo: Option<std::thread::JoinHandle<u64>>,
+    }
+
+    fn runtime() -> Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    pub fn pair(wait: WaitPolicy) -> Ping {
+        let sim = Sim::with_devices(2);
+        let cfg = ChannelConfig {
+            wait,
+            ..ChannelConfig::default()
+        };
+        let prep = |dev: &str| {
+            let ctx = Box::leak(Box::new(Context::open(&sim, dev).unwrap()));
+            let pd = Box::leak(Box::new(ctx.alloc_pd().unwrap()));
+            let pool = MrPool::new(pd, 1 << 16).unwrap();
+            let bufs = (pool.alloc(MSG).unwrap(), pool.alloc(MSG).unwrap());
+            (ACh::prepare(ctx, pd, &cfg).unwrap(), bufs)
+        };
+        let ((a, abufs), (b, bbufs)) = (prep("sim0"), prep("sim1"));
+        let (ea, eb) = (a.endpoint(), b.endpoint());
+        let (a, b) = (a.connect(&eb).unwrap(), b.connect(&ea).unwrap());
+        let (rt_a, rt_b) = (runtime(), runtime());
+        let a = {
+            let _in = rt_a.enter();
+            ACh::new(a).unwrap()
+        };
+        let b = {
+            let _in = rt_b.enter();
+            ACh::new(b).unwrap()
+        };
+        // B: echoes each message after posting the next receive (one `join!`, polled in
+        // that order, so a message never meets a missing receive), until the stop message.
+        let echo = std::thread::spawn(move || {
+            let (first, mut spare) = bbufs;
+            let ((), allocs) = count_allocs(|| {
+                rt_b.block_on(async {
+                    let (r, mut got) = b.receive(first).await;
+                    r.unwrap();
+                    while got[0] != STOP {
+                        let ((r, next), (s, sent)) = tokio::join!(b.receive(spare), b.send(got));
+                        s.unwrap();
+                        r.unwrap();
+                        (got, spare) = (next, sent);
+                    }
+                })
+            });
+            allocs
+        });
+        Ping {
+            rt: rt_a,
+            ch: a,
+            bufs: Some(abufs),
+            echo: Some(echo),
+        }
+    }
+
+    impl Ping {
+        /// `iters` round trips: post the receive and send (one `join!`), both finished.
+        pub fn round_trips(&mut self, iters: u64) -> Duration {
+            let (msg, inbox) = self.bufs.take().unwrap();
+            let ch = &self.ch;
+            let ((elapsed, bufs), allocs) = count_allocs(|| {
+                self.rt.block_on(async move {
+                    let (mut msg, mut inbox) = (msg, inbox);
+                    let t0 = Instant::now();
+                    for _ in 0..iters {
+                        let ((r, back), (s, sent)) = tokio::join!(ch.receive(inbox), ch.send(msg));
+                        s.unwrap();
+                        r.unwrap();
+                        (inbox, msg) = (back, sent);
+                    }
+                    (t0.elapsed(), (msg, inbox))
+                })
+            });
+            self.bufs = Some(bufs);
+            assert_no_allocs("async ping", allocs);
+            elapsed
+        }
+
+        /// Ends the echo; checks it never allocated.
+        pub fn stop(mut self) {
+            let (mut msg, _) = self.bufs.take().unwrap();
+            msg[0] = STOP;
+            let ch = &self.ch;
+            self.rt
+                .block_on(async move { ch.send(msg).await.0.unwrap() });
+            let allocs = self.echo.take().unwrap().join().expect("echo panicked");
+            assert_no_allocs("async echo", allocs);
+        }
+    }
+}
+
+#[cfg(feature = "tokio")]
+fn async_pingpong(c: &mut Criterion) {
+    let mut g = c.benchmark_group("pingpong_64B");
+    g.throughput(Throughput::Elements(1));
+    for (policy, wait) in [
+        ("spin", WaitPolicy::Spin),
+        ("events", WaitPolicy::SpinYield),
+    ] {
+        let mut ping = async_pingpong::pair(wait);
+        g.bench_function(BenchmarkId::new("async", policy), |bch| {
+            bch.iter_custom(|iters| ping.round_trips(iters))
+        });
+        ping.stop();
+    }
+    g.finish();
+}
+
+#[cfg(not(feature = "tokio"))]
+fn async_pingpong(_: &mut Criterion) {
+    eprintln!("pingpong_64B/async/*: build with --features sim,tokio");
+}
+
 criterion_group! {
     name = benches;
     config = common::config();
-    targets = pingpong
+    targets = pingpong, async_pingpong
 }
 fn main() {
     match std::env::var("INTERLEAVED")
@@ -194,42 +334,78 @@ fn main() {
     }
 }
 
-/// Alternating blocks of round trips on own and shared queues (spin policy): the medians
-/// and ratios described in the module docs.
+/// Alternating blocks of round trips: own against shared queues (spin policy), and with
+/// `tokio`, the blocking channel against the async one (default policy, spin-yield).
 fn interleaved(rounds: usize) {
-    const BLOCK: u64 = 100_000;
     let (mut oa, mut ob) = pair(false, WaitPolicy::Spin);
     let (mut sa, mut sb) = pair(true, WaitPolicy::Spin);
+    compare(
+        rounds,
+        "pingpong_64B spin: own_cqs against shared_cqs",
+        ("own_cqs", &mut |n| round_trips(&mut oa, &mut ob, n)),
+        ("shared_cqs", &mut |n| round_trips(&mut sa, &mut sb, n)),
+    );
+    #[cfg(feature = "tokio")]
+    {
+        let (mut ba, mut bb) = pair(false, WaitPolicy::SpinYield);
+        let mut ping = async_pingpong::pair(WaitPolicy::SpinYield);
+        compare(
+            rounds,
+            "pingpong_64B spin_yield: blocking Channel against AsyncChannel",
+            ("blocking", &mut |n| round_trips(&mut ba, &mut bb, n)),
+            ("async", &mut |n| ping.round_trips(n)),
+        );
+        ping.stop();
+    }
+}
+
+/// A round trip bench: `n` round trips, their time.
+type Trips<'a> = &'a mut dyn FnMut(u64) -> Duration;
+
+/// Alternates blocks of 100,000 round trips of `base` and `other`, `rounds` times; prints
+/// each one's median and fastest block, the median of the per-round ratios, and that
+/// median over the rounds where both ran in the host's fast mode (within 1.5× of their
+/// fastest block).
+fn compare(rounds: usize, title: &str, base: (&str, Trips<'_>), other: (&str, Trips<'_>)) {
+    const BLOCK: u64 = 100_000;
     let per_op = |d: Duration| d.as_nanos() as f64 / BLOCK as f64;
+    let (base_name, base_run) = base;
+    let (other_name, other_run) = other;
     let blocks: Vec<(f64, f64)> = (0..rounds.max(1))
-        .map(|_| {
-            let own = per_op(round_trips(&mut oa, &mut ob, BLOCK));
-            (own, per_op(round_trips(&mut sa, &mut sb, BLOCK)))
-        })
+        .map(|_| (per_op(base_run(BLOCK)), per_op(other_run(BLOCK))))
         .collect();
     let median = |mut v: Vec<f64>| {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
-    let own = median(blocks.iter().map(|b| b.0).collect());
-    let shared = median(blocks.iter().map(|b| b.1).collect());
-    let ratio = median(blocks.iter().map(|b| b.1 / b.0).collect());
-    // A block is fast-mode when it is within 1.5× of its layout's fastest block.
     let fastest = |f: fn(&(f64, f64)) -> f64| blocks.iter().map(f).fold(f64::MAX, f64::min);
-    let (own_min, shared_min) = (fastest(|b| b.0), fastest(|b| b.1));
+    let (base_min, other_min) = (fastest(|b| b.0), fastest(|b| b.1));
     let fast: Vec<f64> = blocks
         .iter()
-        .filter(|b| b.0 < 1.5 * own_min && b.1 < 1.5 * shared_min)
+        .filter(|b| b.0 < 1.5 * base_min && b.1 < 1.5 * other_min)
         .map(|b| b.1 / b.0)
         .collect();
-    println!("pingpong_64B spin, {rounds} rounds of {BLOCK} round trips per layout");
-    println!("  own_cqs    median {own:7.1} ns  fastest {own_min:7.1} ns");
-    println!("  shared_cqs median {shared:7.1} ns  fastest {shared_min:7.1} ns");
-    println!("  shared/own median of per-round ratios {ratio:.3}");
+    println!("{title}, {rounds} rounds of {BLOCK} round trips each");
+    for (name, v, min) in [
+        (
+            base_name,
+            median(blocks.iter().map(|b| b.0).collect()),
+            base_min,
+        ),
+        (
+            other_name,
+            median(blocks.iter().map(|b| b.1).collect()),
+            other_min,
+        ),
+    ] {
+        println!("  {name:<12} median {v:7.1} ns  fastest {min:7.1} ns");
+    }
+    let ratio = median(blocks.iter().map(|b| b.1 / b.0).collect());
+    println!("  {other_name}/{base_name} median of per-round ratios {ratio:.3}");
     if !fast.is_empty() {
         let n = fast.len();
         println!(
-            "  shared/own over the {n} fast-mode rounds {:.3}",
+            "  {other_name}/{base_name} over the {n} fast-mode rounds {:.3}",
             median(fast)
         );
     }

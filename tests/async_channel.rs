@@ -306,3 +306,50 @@ fn spinning_policy_ping_pong() {
         echo.await.unwrap();
     });
 }
+
+/// Two current-thread runtimes on two threads (thread-per-core), each with its channel's
+/// reactor: a thousand round trips.
+#[test]
+fn ping_pong_between_two_current_thread_runtimes() {
+    let (rt_a, rt_b) = (current_thread(), current_thread());
+    let sim = Sim::with_devices(2);
+    let cfg = cfg(Duration::from_secs(5));
+    let prep = |dev: &str| {
+        let ctx: &'static Context<Sim> = Box::leak(Box::new(Context::open(&sim, dev).unwrap()));
+        let pd: &'static ProtectionDomain<Sim> = Box::leak(Box::new(ctx.alloc_pd().unwrap()));
+        (
+            Ch::prepare(ctx, pd, &cfg).unwrap(),
+            MrPool::new(pd, 1 << 16).unwrap(),
+        )
+    };
+    let ((a, pa), (b, pb)) = (prep("sim0"), prep("sim1"));
+    let (ea, eb) = (a.endpoint(), b.endpoint());
+    let (a, b) = (a.connect(&eb).unwrap(), b.connect(&ea).unwrap());
+    let a = {
+        let _in = rt_a.enter();
+        Ch::new(a).unwrap()
+    };
+    let b = {
+        let _in = rt_b.enter();
+        Ch::new(b).unwrap()
+    };
+    let echo = std::thread::spawn(move || {
+        rt_b.block_on(async {
+            for i in 0..1000 {
+                let (r, got) = b.receive(pb.alloc(8).unwrap()).await;
+                r.unwrap_or_else(|e| panic!("echo receive {i}: {e:?}"));
+                b.send(got).await.0.unwrap();
+            }
+        })
+    });
+    rt_a.block_on(async {
+        for i in 0..1000u64 {
+            let msg = filled(&pa, &i.to_le_bytes());
+            let ((r, back), (s, _)) = tokio::join!(a.receive(pa.alloc(8).unwrap()), a.send(msg));
+            s.unwrap_or_else(|e| panic!("send {i}: {e:?}"));
+            r.unwrap_or_else(|e| panic!("receive {i}: {e:?}"));
+            assert_eq!(&back[..], &i.to_le_bytes());
+        }
+    });
+    echo.join().unwrap();
+}

@@ -52,6 +52,11 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
         Ok(total)
     }
 
+    /// Polls the queue `pending`'s request is on, once.
+    pub(crate) fn poll_queue_of(&mut self, pending: &Pending) -> Result<usize, Error<P::Error>> {
+        self.poll(pending.queue)
+    }
+
     /// Whether `pending`'s request has finished (its outcome waits to be taken), without
     /// polling.
     pub(crate) fn has_finished(&self, pending: &Pending) -> bool {

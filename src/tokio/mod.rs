@@ -44,9 +44,12 @@
 //! descriptors (tokio `AsyncFd`, readiness cleared only after the descriptor said
 //! would-block), and each pass arms the queues, polls them (arm, then poll: no completion
 //! slips between), and wakes the tasks whose requests finished. There is no polling timer.
-//! A task also polls once itself before it sleeps (and, with
-//! [`WaitPolicy::Spin`](crate::WaitPolicy), keeps polling for a few microseconds), so a
-//! completion that is already there costs no trip through the reactor.
+//! A waiting operation polls the queues itself first, once per turn of the runtime (busy
+//! polling that still lets other tasks and the I/O driver run): with
+//! [`WaitPolicy::Spin`](crate::WaitPolicy) until it is done, with `SpinYield` (the
+//! default) for 64 turns (32 polls each, about a hundred microseconds), with `SpinSleep`
+//! not at all; then it sleeps until the reactor
+//! wakes it. A completion that comes while it polls costs no trip through the reactor.
 //!
 //! **Bounds.** Every operation returns within the channel's
 //! [`timeout`](crate::ChannelConfig::timeout) plus its
@@ -65,7 +68,7 @@ mod reactor;
 
 pub use buf::IoBuf;
 
-use core::future::poll_fn;
+use core::future::{poll_fn, Future};
 use core::pin::pin;
 use core::task::{Context as TaskContext, Poll, Waker};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -130,8 +133,14 @@ pub(crate) struct Inner<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: u
     slots: [[Slot<B>; DEPTH]; 2],
     /// The reactor's waker, while it sleeps.
     reactor: Option<Waker>,
+    /// Operations waiting for a free slot: whoever takes an outcome notifies them.
+    space_waiters: usize,
     /// The last handle is gone.
     closing: bool,
+    /// The queues were armed and no event was taken since. Armed only while someone
+    /// sleeps (a task, an orphaned buffer, the close): busy-polling tasks need no events,
+    /// and an armed queue costs a write to the descriptor per completion.
+    armed: bool,
 }
 
 struct Slot<B> {
@@ -188,7 +197,9 @@ impl<P: Provider + 'static, B: IoBuf, const DEPTH: usize, const SGES: usize>
                     core::array::from_fn(|_| Slot::default()),
                 ],
                 reactor: None,
+                space_waiters: 0,
                 closing: false,
+                armed: false,
             }),
             space: tokio::sync::Notify::new(),
             config,
@@ -314,39 +325,194 @@ impl<P: Provider + 'static, B: IoBuf, const DEPTH: usize, const SGES: usize>
     }
 
     /// Posts with `post` (waiting for a free slot), then waits for the outcome, within the
-    /// channel's timeout plus grace.
+    /// channel's timeout plus grace. One timer serves every phase and is registered only
+    /// when the operation sleeps; the clock is read first when it has to wait at all.
     async fn run(
         &self,
         buf: B,
         mut post: impl FnMut(&mut Channel<P, DEPTH, SGES>) -> Result<Pending, Error<P::Error>>,
     ) -> BufResult<Completion, B, P::Error> {
         let shared = &*self.handle.shared;
+        let mut clock = Clock::new(shared.config.timeout);
+        let mut timer = pin!(None::<tokio::time::Sleep>);
         let pending = loop {
+            // (The lock is taken in a block of its own: it must not live across an await.)
+            let attempt = {
+                let mut inner = shared.lock();
+                match post(&mut inner.ch) {
+                    // Done at once (as a send on an idle link often is): no second trip
+                    // through the lock.
+                    Ok(p) => match inner.finish(&p) {
+                        Some(r) => {
+                            shared.freed(inner);
+                            Ok(Err(r))
+                        }
+                        None => Ok(Ok(p)),
+                    },
+                    Err(e) => Err(e),
+                }
+            };
+            match attempt {
+                Ok(Ok(p)) => break p,
+                Ok(Err(r)) => return (r, buf),
+                Err(Error::QueueFull { .. }) => {}
+                Err(e) => return (Err(e), buf),
+            }
+            // Full: count in as a waiter for space (so takers notify), then try once more
+            // before sleeping, so a slot freed in between is not missed. Nothing is posted
+            // yet: on timeout the buffer comes back as it went.
+            let _waiter = SpaceWaiter::new(shared);
             let notified = shared.space.notified();
             let mut notified = pin!(notified);
             notified.as_mut().enable();
             let posted = post(&mut shared.lock().ch);
             match posted {
                 Ok(p) => break p,
-                Err(Error::QueueFull { .. }) => notified.await,
+                Err(Error::QueueFull { .. }) => {}
                 Err(e) => return (Err(e), buf),
+            }
+            let end = clock.deadline();
+            let woken = poll_fn(|cx| {
+                if notified.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(true);
+                }
+                match end {
+                    Some(end) if expired(&mut timer, end, cx) => Poll::Ready(false),
+                    _ => Poll::Pending,
+                }
+            })
+            .await;
+            if !woken {
+                return (Err(Error::Timeout), buf);
             }
         };
         let mut op = InFlight {
             shared,
             pending: Some(pending),
             buf: Some(buf),
+            polls: 0,
         };
-        let r = match shared.config.timeout {
-            None => poll_fn(|cx| op.poll(cx)).await,
-            Some(t) => match tokio::time::timeout(t, poll_fn(|cx| op.poll(cx))).await {
-                Ok(r) => r,
-                Err(_) => op.time_out().await,
-            },
+        let outcome = poll_fn(|cx| {
+            if let Poll::Ready(r) = op.poll(cx) {
+                return Poll::Ready(Some(r));
+            }
+            let Some(end) = clock.deadline() else {
+                return Poll::Pending;
+            };
+            let late = if op.sleeping() {
+                expired(&mut timer, end, cx)
+            } else {
+                // Busy polling: the clock every few turns, no timer.
+                op.polls % CLOCK_EVERY == 0 && tokio::time::Instant::now() >= end
+            };
+            if late {
+                Poll::Ready(None)
+            } else {
+                Poll::Pending
+            }
+        })
+        .await;
+        let r = match outcome {
+            Some(r) => r,
+            None => {
+                // Timed out: error state, the flush awaited for the grace, then whatever
+                // is left discarded through RESET; the outcome is `Timeout`, the buffer
+                // free again.
+                let _ = shared.lock().ch.abort();
+                let end = tokio::time::Instant::now() + shared.config.flush_grace;
+                timer.set(None);
+                let flushed = poll_fn(|cx| match op.poll(cx) {
+                    Poll::Ready(_) => Poll::Ready(true),
+                    Poll::Pending if expired(&mut timer, end, cx) => Poll::Ready(false),
+                    Poll::Pending => Poll::Pending,
+                })
+                .await;
+                if flushed {
+                    Err(Error::Timeout)
+                } else {
+                    Err(op.discard().unwrap_or(Error::Timeout))
+                }
+            }
         };
         (r, op.give_back())
     }
 }
+
+/// An operation's deadline: read from the clock the first time it is asked for.
+struct Clock {
+    timeout: Option<core::time::Duration>,
+    deadline: Option<Option<tokio::time::Instant>>,
+}
+
+impl Clock {
+    fn new(timeout: Option<core::time::Duration>) -> Self {
+        Clock {
+            timeout,
+            deadline: None,
+        }
+    }
+
+    /// The deadline (`None`: no bound, also for a timeout past what `Instant` holds).
+    fn deadline(&mut self) -> Option<tokio::time::Instant> {
+        let timeout = self.timeout?;
+        *self
+            .deadline
+            .get_or_insert_with(|| tokio::time::Instant::now().checked_add(timeout))
+    }
+}
+
+/// Whether `end` has passed, by the timer in `timer` (set to `end` first if it is unset or
+/// set to another instant).
+fn expired(
+    timer: &mut core::pin::Pin<&mut Option<tokio::time::Sleep>>,
+    end: tokio::time::Instant,
+    cx: &mut TaskContext<'_>,
+) -> bool {
+    match timer.as_mut().as_pin_mut() {
+        Some(mut t) => {
+            if t.deadline() != end {
+                t.as_mut().reset(end);
+            }
+            t.poll(cx).is_ready()
+        }
+        None => {
+            timer.set(Some(tokio::time::sleep_until(end)));
+            timer
+                .as_mut()
+                .as_pin_mut()
+                .is_some_and(|t| t.poll(cx).is_ready())
+        }
+    }
+}
+
+/// Counts an operation in as waiting for a free slot while it lives.
+struct SpaceWaiter<'a, P: Provider, B: IoBuf, const DEPTH: usize, const SGES: usize>(
+    &'a Shared<P, B, DEPTH, SGES>,
+);
+
+impl<'a, P: Provider, B: IoBuf, const DEPTH: usize, const SGES: usize>
+    SpaceWaiter<'a, P, B, DEPTH, SGES>
+{
+    fn new(shared: &'a Shared<P, B, DEPTH, SGES>) -> Self {
+        shared.lock().space_waiters += 1;
+        SpaceWaiter(shared)
+    }
+}
+
+impl<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: usize> Drop
+    for SpaceWaiter<'_, P, B, DEPTH, SGES>
+{
+    fn drop(&mut self) {
+        self.0.lock().space_waiters -= 1;
+    }
+}
+
+/// How often a busy-polling operation reads the clock for its timeout (in turns).
+const CLOCK_EVERY: u32 = 16;
+
+/// Polls per turn of the runtime while busy polling (a microsecond or two; the lock is
+/// let go between them).
+const SPINS_PER_TURN: u32 = 1024;
 
 /// A posted request and its buffer; dropped unfinished, it leaves the buffer with the
 /// channel until the device is done with it.
@@ -356,6 +522,8 @@ struct InFlight<'a, P: Provider, B: IoBuf, const DEPTH: usize, const SGES: usize
     pending: Option<Pending>,
     /// `Some` until given back or left with the channel.
     buf: Option<B>,
+    /// Polls that found it unfinished.
+    polls: u32,
 }
 
 impl<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: usize> InFlight<'_, P, B, DEPTH, SGES> {
@@ -363,52 +531,69 @@ impl<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: usize> InFlight<'_, 
         let Some(pending) = self.pending.as_ref() else {
             return Poll::Ready(Err(Error::InvalidAttribute("polled after completion")));
         };
-        let mut spins = if self.shared.config.wait == WaitPolicy::Spin {
-            SPIN_POLLS
+        // Busy: a few polls here, then again at the runtime's next turn (busy polling
+        // that lets other tasks and the I/O driver run). Sleeping: one poll, then the
+        // reactor wakes us.
+        // The first poll returns at once: the task may have more to post first (a `join!`
+        // of a receive and a send polls the receive first).
+        let spins = if self.sleeping() || self.polls == 0 {
+            1
         } else {
-            0
+            SPINS_PER_TURN
         };
-        loop {
-            let mut inner = self.shared.lock();
+        let mut inner = self.shared.lock();
+        for spin in 1..=spins {
             if let Some(r) = inner.finish(pending) {
-                drop(inner);
+                self.shared.freed(inner);
                 self.pending = None;
-                self.shared.space.notify_waiters();
                 return Poll::Ready(r);
             }
-            if spins == 0 {
-                let slot = inner.slot(pending);
-                slot.waiting = Some((pending.duplicate(), cx.waker().clone()));
-                return Poll::Pending;
+            if spin < spins {
+                drop(inner);
+                core::hint::spin_loop();
+                inner = self.shared.lock();
             }
+        }
+        if !self.sleeping() {
+            self.polls += 1;
             drop(inner);
-            spins -= 1;
-            core::hint::spin_loop();
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        // Arm, then poll again: a completion before the arm raises no event.
+        if inner.arm() {
+            if let Some(r) = inner.finish(pending) {
+                self.shared.freed(inner);
+                self.pending = None;
+                return Poll::Ready(r);
+            }
+        }
+        inner.slot(pending).waiting = Some((pending.duplicate(), cx.waker().clone()));
+        Poll::Pending
+    }
+
+    /// Whether the operation waits for the reactor now (rather than polling at every turn
+    /// of the runtime), by the channel's wait policy.
+    fn sleeping(&self) -> bool {
+        match self.shared.config.wait {
+            WaitPolicy::Spin => false,
+            WaitPolicy::SpinYield => self.polls >= BUSY_POLLS,
+            _ => true,
         }
     }
 
-    /// After the timeout: error state, the flush awaited for the grace, then whatever is
-    /// left discarded through RESET; the outcome is `Timeout`, the buffer free again.
-    async fn time_out(&mut self) -> Result<Completion, Error<P::Error>> {
-        let _ = self.shared.lock().ch.abort();
-        let grace = self.shared.config.flush_grace;
-        if tokio::time::timeout(grace, poll_fn(|cx| self.poll(cx)))
-            .await
-            .is_err()
-        {
-            let mut inner = self.shared.lock();
-            let mut fatal = None;
-            inner.ch.discard(&mut fatal);
-            inner.release_orphans();
-            if let Some(p) = self.pending.take() {
-                let _ = inner.ch.take_finished(&p);
-            }
-            drop(inner);
-            self.shared.space.notify_waiters();
-            return Err(fatal.unwrap_or(Error::Timeout));
+    /// After the flush grace: discards what the device still holds through RESET, so the
+    /// buffer is free; a fatal error met on the way.
+    fn discard(&mut self) -> Option<Error<P::Error>> {
+        let mut inner = self.shared.lock();
+        let mut fatal = None;
+        inner.ch.discard(&mut fatal);
+        inner.release_orphans();
+        if let Some(p) = self.pending.take() {
+            let _ = inner.ch.take_finished(&p);
         }
-        self.pending = None;
-        Err(Error::Timeout)
+        self.shared.freed(inner);
+        fatal
     }
 
     fn give_back(&mut self) -> B {
@@ -427,9 +612,11 @@ impl<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: usize> Drop
         };
         let mut inner = self.shared.lock();
         inner.slot(&pending).waiting = None;
+        // The reactor releases the buffer on an event: arm, then look.
+        inner.arm();
+        let _ = inner.ch.poll_queues();
         if inner.ch.take_finished(&pending).is_some() {
-            drop(inner);
-            self.shared.space.notify_waiters();
+            self.shared.freed(inner);
             drop(buf);
         } else {
             let slot = inner.slot(&pending);
@@ -438,8 +625,10 @@ impl<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: usize> Drop
     }
 }
 
-/// Polls a task makes before it sleeps, with [`WaitPolicy::Spin`].
-const SPIN_POLLS: u32 = 128;
+/// Polls an operation makes, one per turn of the runtime, before it sleeps until the
+/// reactor wakes it, with [`WaitPolicy::SpinYield`] (a few tens of microseconds; with
+/// [`WaitPolicy::Spin`] it never sleeps, with [`WaitPolicy::SpinSleep`] at once).
+const BUSY_POLLS: u32 = 2;
 
 impl<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: usize> Shared<P, B, DEPTH, SGES> {
     /// The lock on the channel. Never held across an `.await`; a panic while it was held
@@ -448,11 +637,22 @@ impl<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: usize> Shared<P, B, 
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Slots came free (outcomes were taken) under `inner`: unlocks, then wakes the
+    /// operations waiting for room, if any.
+    fn freed(&self, inner: MutexGuard<'_, Inner<P, B, DEPTH, SGES>>) {
+        let waiting = inner.space_waiters > 0;
+        drop(inner);
+        if waiting {
+            self.space.notify_waiters();
+        }
+    }
+
     /// The last handle went: flush what is in flight and let the reactor end.
     fn close(&self) {
         let mut inner = self.lock();
         inner.closing = true;
         if inner.ch.busy() {
+            inner.arm();
             let _ = inner.ch.abort();
         }
         if let Some(w) = inner.reactor.take() {
@@ -462,6 +662,26 @@ impl<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: usize> Shared<P, B, 
 }
 
 impl<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: usize> Inner<P, B, DEPTH, SGES> {
+    /// Arms the queues unless they are; whether it armed them now (then the caller polls
+    /// again). An arm that fails is reported by the next poll.
+    fn arm(&mut self) -> bool {
+        if self.armed {
+            return false;
+        }
+        self.armed = self.ch.arm_events().is_ok();
+        true
+    }
+
+    /// Whether anyone waits for an event: a sleeping task, an orphaned buffer, the close.
+    fn needs_events(&self) -> bool {
+        self.closing
+            || self
+                .slots
+                .iter()
+                .flatten()
+                .any(|s| s.waiting.is_some() || s.orphan.is_some())
+    }
+
     fn slot(&mut self, p: &Pending) -> &mut Slot<B> {
         &mut self.slots[usize::from(p.is_receive())][p.slot(DEPTH)]
     }
@@ -474,7 +694,7 @@ impl<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: usize> Inner<P, B, D
         }
         // A failed poll (a dead device) is reported by the reactor's pass and bounded by
         // the timeout: the request is still lent to the device.
-        let _ = self.ch.poll_queues();
+        let _ = self.ch.poll_queue_of(p);
         let r = self.ch.take_finished(p)?;
         self.slot(p).waiting = None;
         Some(r)

@@ -61,14 +61,17 @@ pub(super) async fn run<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: u
     let mut grace = pin!(grace);
     let mut grace_set = false;
     loop {
-        let released;
         {
             let mut inner = shared.lock();
-            // Arm, then poll: a completion that came before the arm raises no event, and
-            // this poll finds it.
-            let _ = inner.ch.arm_events();
             let _ = inner.ch.poll_queues();
-            released = inner.wake_finished();
+            let mut freed = inner.wake_finished();
+            // Arm (only while someone sleeps), then poll again: a completion that came
+            // before the arm raises no event, and this poll finds it.
+            if inner.needs_events() && inner.arm() {
+                let _ = inner.ch.poll_queues();
+                freed |= inner.wake_finished();
+            }
+
             if inner.closing && !inner.ch.busy() && !inner.has_orphans() {
                 return;
             }
@@ -78,9 +81,9 @@ pub(super) async fn run<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: u
                     .reset(tokio::time::Instant::now() + shared.config.flush_grace);
                 grace_set = true;
             }
-        }
-        if released {
-            shared.space.notify_waiters();
+            if freed {
+                shared.freed(inner);
+            }
         }
         poll_fn(|cx| {
             {
@@ -96,7 +99,10 @@ pub(super) async fn run<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: u
                     // Take every event; readiness is cleared only once the descriptor said
                     // would-block (`take_events` read until it did).
                     let _ = ready.try_io(|_| {
-                        let _ = shared.lock().ch.take_events();
+                        let mut inner = shared.lock();
+                        // An event disarms its queue: the next pass arms again if needed.
+                        inner.armed = false;
+                        let _ = inner.ch.take_events();
                         Err::<(), _>(std::io::ErrorKind::WouldBlock.into())
                     });
                     return Poll::Ready(());

@@ -57,8 +57,16 @@ fn faults(seed: u64) -> Sim {
     Sim::with_config(cfg, 2)
 }
 
+/// A waker that does nothing: the test polls by hand.
+struct Noop;
+
+impl std::task::Wake for Noop {
+    fn wake(self: Arc<Self>) {}
+}
+
 /// What one program did: message `i` went to the `i`-th posted receive.
 fn run(seed: u64, steps: &[Step]) -> Result<(), TestCaseError> {
+    let noop = Waker::from(Arc::new(Noop));
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -100,7 +108,7 @@ fn run(seed: u64, steps: &[Step]) -> Result<(), TestCaseError> {
                         r.unwrap();
                         got.lock().unwrap().push((index, buf[..].to_vec()));
                     });
-                    let mut cx = TaskContext::from_waker(Waker::noop());
+                    let mut cx = TaskContext::from_waker(&noop);
                     if fut.as_mut().poll(&mut cx).is_pending() {
                         tasks.push(tokio::spawn(fut));
                     }
@@ -110,7 +118,7 @@ fn run(seed: u64, steps: &[Step]) -> Result<(), TestCaseError> {
                     {
                         let fut = b.receive(pool_b.alloc(MSG).unwrap());
                         let mut fut = pin!(fut);
-                        let mut cx = TaskContext::from_waker(Waker::noop());
+                        let mut cx = TaskContext::from_waker(&noop);
                         for _ in 0..polls {
                             if let Poll::Ready((r, _)) = fut.as_mut().poll(&mut cx) {
                                 // It finished: the message it took is gone with it.

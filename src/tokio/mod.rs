@@ -64,9 +64,15 @@
 //! flushed (at most the grace), then ends.
 
 mod buf;
+mod connect;
 mod reactor;
+mod remote;
+mod wire;
 
 pub use buf::IoBuf;
+pub use connect::ConnectError;
+pub use remote::{Connection, RemoteBuf, RemoteError};
+pub use wire::WireError;
 
 use core::future::{poll_fn, Future};
 use core::pin::pin;

@@ -123,7 +123,7 @@ fn check_len(claimed: u64) -> Result<u32, FrameError> {
 /// Checks the header fields present in `h` (a prefix of a header, up to
 /// [`FRAME_HEADER_LEN`] bytes) in wire order. Returns `(rank, payload length)` once the
 /// whole header is there and valid, `None` if it is valid so far but incomplete.
-fn check_header(h: &[u8]) -> Result<Option<(u32, usize)>, FrameError> {
+pub(crate) fn check_header(h: &[u8]) -> Result<Option<(u32, usize)>, FrameError> {
     if let Some(m) = h.get(0..4) {
         let magic = [m[0], m[1], m[2], m[3]];
         if magic != FRAME_MAGIC {

@@ -8,7 +8,8 @@
 #
 #   scripts/rxe-test.sh              conformance suite on rxe0 + on the simulator, and the
 #                                    differential table; then, in the same guest, the
-#                                    examples pingpong and network on rxe0 (--backend verbs);
+#                                    examples pingpong, network and async_remote_write on
+#                                    rxe0 (--backend verbs);
 #                                    exits non-zero if any of it fails
 #   scripts/rxe-test.sh --run PROG [ARGS...]
 #                                    run one host-built program in a fresh guest, exit with its
@@ -300,22 +301,26 @@ example_exe() {
 conformance() {
   cd "$ROOT"
   build_image
-  local t0=$SECONDS exe json pingpong network
-  log "building the verbs conformance tests and the examples pingpong and network"
+  local t0=$SECONDS exe json pingpong network async
+  log "building the verbs conformance tests and the examples pingpong, network and async_remote_write"
   exe=$(cargo test --features verbs --test conformance_verbs --no-run --message-format=json 2>/dev/null |
     grep -o '"executable":"[^"]*"' | tail -1 | cut -d'"' -f4)
   [ -n "$exe" ] || { cargo test --features verbs --test conformance_verbs --no-run; die "build failed"; }
   json=$(cargo build --features verbs --example pingpong --example network --message-format=json 2>/dev/null) || true
   pingpong=$(example_exe pingpong <<<"$json")
   network=$(example_exe network <<<"$json")
-  [ -n "$pingpong" ] && [ -n "$network" ] ||
-    { cargo build --features verbs --example pingpong --example network; die "build of the examples failed"; }
+  json=$(cargo build --features verbs,tokio --example async_remote_write --message-format=json 2>/dev/null) || true
+  async=$(example_exe async_remote_write <<<"$json")
+  [ -n "$pingpong" ] && [ -n "$network" ] && [ -n "$async" ] ||
+    { cargo build --features verbs --example pingpong --example network;
+      cargo build --features verbs,tokio --example async_remote_write; die "build of the examples failed"; }
   log "build done ($((SECONDS - t0)) s); booting the guest"
   mkdir -p "$W/runs"
   local d; d=$(mktemp -d "$W/runs/run.XXXXXX")
   cp "$exe" "$d/conformance"
   cp "$pingpong" "$d/pingpong"
   cp "$network" "$d/network"
+  cp "$async" "$d/async_remote_write"
   # Small counts: the guest is emulated (a round trip of pingpong or a barrier takes
   # milliseconds there).
   local rounds=${RXE_PINGPONG_ROUNDS:-1000} nodes=${RXE_NETWORK_NODES:-4}
@@ -325,10 +330,11 @@ conformance() {
     guest_step conformance env ZVERBS_CONFORMANCE_OUT=/mnt/host/rxe.tsv ./conformance --test-threads=2
     guest_step pingpong ./pingpong --backend verbs "$rounds"
     guest_step network ./network --backend verbs --nodes "$nodes" --barriers "$barriers"
+    guest_step async_remote_write ./async_remote_write --backend verbs
   } > "$d/test.sh"
   boot_share "$d"
   local out=$W/outcomes; mkdir -p "$out"; rm -f "$out"/{rxe,sim}.tsv
-  local grc=0 prc=0 nrc=0
+  local grc=0 prc=0 nrc=0 arc=0
   step_status "$d" conformance || grc=$?
   [ -f "$d/rxe.tsv" ] && cp "$d/rxe.tsv" "$out/rxe.tsv"
   log "guest leg: ${GUEST_SECONDS} s (boot, conformance suite, examples); in the guest:"
@@ -352,9 +358,13 @@ conformance() {
   echo "== examples on rxe0: network --backend verbs --nodes $nodes --barriers $barriers =="
   step_status "$d" network || nrc=$?
   echo
-  log "conformance on rxe: status $grc; on the simulator: status $src; sim-rxe vs rxe table: status $trc; pingpong: status $prc; network: status $nrc"
+  echo "== examples on rxe0: async_remote_write --backend verbs =="
+  step_status "$d" async_remote_write || arc=$?
+  echo
+  log "conformance on rxe: status $grc; on the simulator: status $src; sim-rxe vs rxe table: status $trc; pingpong: status $prc; network: status $nrc; async_remote_write: status $arc"
   [ "${RXE_KEEP:-0}" = 1 ] && log "kept $d" || rm -rf "$d"
-  [ "$grc" = 0 ] && [ "$src" = 0 ] && [ "$trc" = 0 ] && [ "$prc" = 0 ] && [ "$nrc" = 0 ]
+  [ "$grc" = 0 ] && [ "$src" = 0 ] && [ "$trc" = 0 ] && [ "$prc" = 0 ] && [ "$nrc" = 0 ] &&
+    [ "$arc" = 0 ]
 }
 
 case "${1:-}" in

@@ -303,9 +303,10 @@ conformance() {
   build_image
   local t0=$SECONDS exe json pingpong network async
   log "building the verbs conformance tests and the examples pingpong, network and async_remote_write"
-  exe=$(cargo test --features verbs --test conformance_verbs --no-run --message-format=json 2>/dev/null |
+  # With tokio: the async scenario joins the suite on both backends.
+  exe=$(cargo test --features verbs,tokio --test conformance_verbs --no-run --message-format=json 2>/dev/null |
     grep -o '"executable":"[^"]*"' | tail -1 | cut -d'"' -f4)
-  [ -n "$exe" ] || { cargo test --features verbs --test conformance_verbs --no-run; die "build failed"; }
+  [ -n "$exe" ] || { cargo test --features verbs,tokio --test conformance_verbs --no-run; die "build failed"; }
   json=$(cargo build --features verbs --example pingpong --example network --message-format=json 2>/dev/null) || true
   pingpong=$(example_exe pingpong <<<"$json")
   network=$(example_exe network <<<"$json")
@@ -341,7 +342,7 @@ conformance() {
   [ -f "$d/times" ] && awk '{ printf "rxe-test:   %-12s %6.1f s\n", $1, $3 - $2 }' "$d/times" >&2
   log "running the same scenarios on the simulator"
   local src=0
-  ZVERBS_CONFORMANCE_OUT="$out/sim.tsv" cargo test -q --features sim --test conformance_sim || src=$?
+  ZVERBS_CONFORMANCE_OUT="$out/sim.tsv" cargo test -q --features sim,tokio --test conformance_sim || src=$?
   touch "$out/rxe.tsv" "$out/sim.tsv"
   echo
   echo "== differential report: conformance scenarios on the simulator and on rxe =="

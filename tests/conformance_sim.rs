@@ -78,10 +78,14 @@ fn env(personality: Personality) -> Result<SimEnv, String> {
 mod hca {
     use super::*;
     conformance_tests!(env(Personality::Hca));
+    #[cfg(feature = "tokio")]
+    conformance_tests!(@each env(Personality::Hca); async_operations);
 }
 
 /// The simulator imitating soft-RoCE: rxe's outcomes, deviations included.
 mod rxe {
     use super::*;
     conformance_tests!(env(Personality::Rxe));
+    #[cfg(feature = "tokio")]
+    conformance_tests!(@each env(Personality::Rxe); async_operations);
 }

@@ -94,3 +94,5 @@ fn env() -> Result<VerbsEnv, String> {
 }
 
 conformance_tests!(env());
+#[cfg(feature = "tokio")]
+conformance_tests!(@each env(); async_operations);

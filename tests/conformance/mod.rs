@@ -10,6 +10,8 @@
 //! `scripts/rxe-test.sh` prints (set `ZVERBS_CONFORMANCE_OUT=<file>` to record).
 #![allow(dead_code)]
 
+#[cfg(feature = "tokio")]
+mod asynchronous;
 mod collective;
 mod errors;
 mod events;
@@ -30,6 +32,8 @@ use zverbs::{
     RecvWr, SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
 };
 
+#[cfg(feature = "tokio")]
+pub use asynchronous::*;
 pub use collective::*;
 pub use errors::*;
 pub use events::*;
@@ -41,6 +45,8 @@ pub use scenarios::*;
 
 /// What the verbs specification requires of each scenario.
 pub mod expected {
+    #[cfg(feature = "tokio")]
+    pub use super::asynchronous::expected::*;
     pub use super::collective::expected::*;
     pub use super::errors::expected::*;
     pub use super::events::expected::*;

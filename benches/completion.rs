@@ -294,6 +294,92 @@ mod async_pingpong {
     }
 }
 
+/// RDMA writes of 64 B, one at a time, on one thread: the blocking `Channel::write`
+/// against `AsyncChannel::write` on a current-thread runtime (the simulator completes a
+/// write inside its post, so this is the software cost per operation).
+#[cfg(feature = "tokio")]
+fn write_rate(c: &mut Criterion) {
+    use zverbs::tokio::AsyncChannel;
+    use zverbs::{AccessFlags, LocalBuf, MrPool};
+    let sim = Sim::with_devices(2);
+    let cfg = ChannelConfig::default();
+    let open = |dev: &str| {
+        let ctx = Box::leak(Box::new(Context::open(&sim, dev).unwrap()));
+        let pd: &'static _ = Box::leak(Box::new(ctx.alloc_pd().unwrap()));
+        (ctx, pd)
+    };
+    let ((ca, pa), (cb, pb)) = (open("sim0"), open("sim1"));
+    let target = buffer(4096);
+    let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+    // SAFETY: the buffer is leaked and never read.
+    let target = unsafe { pb.register_with_access(target, access) }.unwrap();
+    let remote = target.remote().slice(..MSG as u64).unwrap();
+    let mut g = c.benchmark_group("write_64B");
+    g.throughput(Throughput::Elements(1));
+    {
+        let a = Ch::prepare(ca, pa, &cfg).unwrap();
+        let b = Ch::prepare(cb, pb, &cfg).unwrap();
+        let (ea, eb) = (a.endpoint(), b.endpoint());
+        let (mut a, _b) = (a.connect(&eb).unwrap(), b.connect(&ea).unwrap());
+        let src = pa.register(buffer(MSG)).unwrap();
+        g.bench_function("blocking", |bch| {
+            bch.iter_custom(|iters| {
+                let (t, allocs) = count_allocs(|| {
+                    let t0 = Instant::now();
+                    for _ in 0..iters {
+                        a.write([src.slice(..).unwrap()], &remote).unwrap();
+                    }
+                    t0.elapsed()
+                });
+                assert_no_allocs("blocking write", allocs);
+                t
+            })
+        });
+    }
+    {
+        type ACh = AsyncChannel<Sim, LocalBuf<Sim>, 16, 1>;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let a = ACh::prepare(ca, pa, &cfg).unwrap();
+        let b = Ch::prepare(cb, pb, &cfg).unwrap();
+        let (ea, eb) = (a.endpoint(), b.endpoint());
+        let (a, _b) = (a.connect(&eb).unwrap(), b.connect(&ea).unwrap());
+        let a = {
+            let _in = rt.enter();
+            ACh::new(a).unwrap()
+        };
+        let pool = MrPool::new(pa, 1 << 16).unwrap();
+        let mut src = Some(pool.alloc(MSG).unwrap());
+        g.bench_function("async", |bch| {
+            bch.iter_custom(|iters| {
+                let (t, allocs) = count_allocs(|| {
+                    let mut buf = src.take().unwrap();
+                    let t0 = Instant::now();
+                    buf = rt.block_on(async {
+                        for _ in 0..iters {
+                            let (r, back) = a.write(buf, &remote).await;
+                            r.unwrap();
+                            buf = back;
+                        }
+                        buf
+                    });
+                    let t = t0.elapsed();
+                    src = Some(buf);
+                    t
+                });
+                assert_no_allocs("async write", allocs);
+                t
+            })
+        });
+    }
+    g.finish();
+}
+
+#[cfg(not(feature = "tokio"))]
+fn write_rate(_: &mut Criterion) {}
+
 #[cfg(feature = "tokio")]
 fn async_pingpong(c: &mut Criterion) {
     let mut g = c.benchmark_group("pingpong_64B");
@@ -319,7 +405,7 @@ fn async_pingpong(_: &mut Criterion) {
 criterion_group! {
     name = benches;
     config = common::config();
-    targets = pingpong, async_pingpong
+    targets = pingpong, async_pingpong, write_rate
 }
 fn main() {
     match std::env::var("INTERLEAVED")

@@ -85,7 +85,7 @@ use crate::error::Error;
 use crate::mr::RemoteRegion;
 use crate::provider::Provider;
 use crate::ring::Completion;
-use crate::types::{SendFlags, SendOp};
+use crate::types::{SendFlags, SendOp, Sge};
 
 /// What an operation returns: its result, and the buffer it took.
 pub type BufResult<T, B, E> = (Result<T, Error<E>>, B);
@@ -221,28 +221,26 @@ impl<P: Provider + 'static, B: IoBuf, const DEPTH: usize, const SGES: usize>
 
     /// Sends the whole of `buf` (a two-sided send: it consumes a receive at the peer).
     pub async fn send(&self, buf: B) -> BufResult<(), B, P::Error> {
-        self.post_send(buf, SendOp::Send, None).await
+        self.run(buf, Post::Send(SendOp::Send, None), done).await
     }
 
     /// Sends `buf` with 32 bits of immediate data for the receiver.
     pub async fn send_with_imm(&self, buf: B, imm: u32) -> BufResult<(), B, P::Error> {
-        self.post_send(buf, SendOp::SendWithImm(imm), None).await
+        self.run(buf, Post::Send(SendOp::SendWithImm(imm), None), done)
+            .await
     }
 
     /// Posts a receive into `buf` and waits for a message: its byte count and immediate
     /// data. If the future is dropped after the receive was posted, the receive stays
     /// posted: the next message the peer sends lands in `buf` and is lost with it.
     pub async fn receive(&self, buf: B) -> BufResult<Completion, B, P::Error> {
-        let sge = match buf.sge() {
-            Ok(sge) => sge,
-            Err(e) => return (Err(e.into()), buf),
-        };
-        self.run(buf, |ch| ch.post_receive_pending(sge)).await
+        self.run(buf, Post::Receive, |c, _| Ok(c)).await
     }
 
     /// Writes the whole of `buf` to the start of `remote` (which must hold it).
     pub async fn write(&self, buf: B, remote: &RemoteRegion) -> BufResult<(), B, P::Error> {
-        self.post_send(buf, remote.write_op(), Some(remote)).await
+        self.run(buf, Post::Send(remote.write_op(), Some(remote)), done)
+            .await
     }
 
     /// Writes `buf` to `remote` and hands `imm` to a receive the peer posted.
@@ -252,13 +250,14 @@ impl<P: Provider + 'static, B: IoBuf, const DEPTH: usize, const SGES: usize>
         remote: &RemoteRegion,
         imm: u32,
     ) -> BufResult<(), B, P::Error> {
-        self.post_send(buf, remote.write_with_imm_op(imm), Some(remote))
-            .await
+        let op = remote.write_with_imm_op(imm);
+        self.run(buf, Post::Send(op, Some(remote)), done).await
     }
 
     /// Reads the start of `remote` into the whole of `buf`.
     pub async fn read(&self, buf: B, remote: &RemoteRegion) -> BufResult<(), B, P::Error> {
-        self.post_send(buf, remote.read_op(), Some(remote)).await
+        self.run(buf, Post::Send(remote.read_op(), Some(remote)), done)
+            .await
     }
 
     /// Adds `add` to the 8 bytes at the start of `remote`; their value before lands in
@@ -269,7 +268,8 @@ impl<P: Provider + 'static, B: IoBuf, const DEPTH: usize, const SGES: usize>
         remote: &RemoteRegion,
         add: u64,
     ) -> BufResult<u64, B, P::Error> {
-        self.atomic(buf, remote, remote.fetch_add_op(add)).await
+        let op = remote.fetch_add_op(add);
+        self.run(buf, Post::Atomic(op, remote), old_value).await
     }
 
     /// Compares the 8 bytes at the start of `remote` with `compare` and, if equal, writes
@@ -281,63 +281,34 @@ impl<P: Provider + 'static, B: IoBuf, const DEPTH: usize, const SGES: usize>
         compare: u64,
         swap: u64,
     ) -> BufResult<u64, B, P::Error> {
-        self.atomic(buf, remote, remote.compare_swap_op(compare, swap))
-            .await
-    }
-
-    async fn atomic(
-        &self,
-        buf: B,
-        remote: &RemoteRegion,
-        op: SendOp,
-    ) -> BufResult<u64, B, P::Error> {
-        let sge = match buf.sge() {
-            Ok(sge) => sge,
-            Err(e) => return (Err(e.into()), buf),
-        };
-        if sge.length != 8 {
-            return (
-                Err(Error::InvalidAttribute(
-                    "an atomic's local buffer is 8 bytes",
-                )),
-                buf,
-            );
-        }
-        let (r, buf) = self.post_send(buf, op, Some(remote)).await;
-        // SAFETY: the operation finished, so the device wrote the 8 bytes `sge` names and
-        // touches them no more; `buf` owns that memory and is not borrowed elsewhere
-        // (`IoBuf`'s contract), so reading them through a shared pointer is sound. The read
-        // is unaligned-safe.
-        let value = r.map(|()| unsafe { (sge.addr as *const u64).read_unaligned() });
-        (value, buf)
-    }
-
-    async fn post_send(
-        &self,
-        buf: B,
-        op: SendOp,
-        remote: Option<&RemoteRegion>,
-    ) -> BufResult<(), B, P::Error> {
-        let sge = match buf.sge() {
-            Ok(sge) => sge,
-            Err(e) => return (Err(e.into()), buf),
-        };
-        let (r, buf) = self
-            .run(buf, |ch| {
-                ch.post_send_pending(sge, op, SendFlags::empty(), remote)
-            })
-            .await;
-        (r.map(|_| ()), buf)
+        let op = remote.compare_swap_op(compare, swap);
+        self.run(buf, Post::Atomic(op, remote), old_value).await
     }
 
     /// Posts with `post` (waiting for a free slot), then waits for the outcome, within the
     /// channel's timeout plus grace. One timer serves every phase and is registered only
     /// when the operation sleeps; the clock is read first when it has to wait at all.
-    async fn run(
+    async fn run<T>(
         &self,
         buf: B,
-        mut post: impl FnMut(&mut Channel<P, DEPTH, SGES>) -> Result<Pending, Error<P::Error>>,
-    ) -> BufResult<Completion, B, P::Error> {
+        what: Post<'_>,
+        finish: impl FnOnce(Completion, Sge) -> Result<T, Error<P::Error>>,
+    ) -> BufResult<T, B, P::Error> {
+        let sge = match buf.sge() {
+            Ok(sge) => sge,
+            Err(e) => return (Err(e.into()), buf),
+        };
+        if matches!(what, Post::Atomic(..)) && sge.length != 8 {
+            let why = "an atomic's local buffer is 8 bytes";
+            return (Err(Error::InvalidAttribute(why)), buf);
+        }
+        let post = |ch: &mut Channel<P, DEPTH, SGES>| match what {
+            Post::Receive => ch.post_receive_pending(sge),
+            Post::Send(op, remote) => ch.post_send_pending(sge, op, SendFlags::empty(), remote),
+            Post::Atomic(op, remote) => {
+                ch.post_send_pending(sge, op, SendFlags::empty(), Some(remote))
+            }
+        };
         let shared = &*self.handle.shared;
         let mut clock = Clock::new(shared.config.timeout);
         let mut timer = pin!(None::<tokio::time::Sleep>);
@@ -360,7 +331,7 @@ impl<P: Provider + 'static, B: IoBuf, const DEPTH: usize, const SGES: usize>
             };
             match attempt {
                 Ok(Ok(p)) => break p,
-                Ok(Err(r)) => return (r, buf),
+                Ok(Err(r)) => return (r.and_then(|c| finish(c, sge)), buf),
                 Err(Error::QueueFull { .. }) => {}
                 Err(e) => return (Err(e), buf),
             }
@@ -440,7 +411,7 @@ impl<P: Provider + 'static, B: IoBuf, const DEPTH: usize, const SGES: usize>
                 }
             }
         };
-        (r, op.give_back())
+        (r.and_then(|c| finish(c, sge)), op.give_back())
     }
 }
 
@@ -519,6 +490,30 @@ const CLOCK_EVERY: u32 = 16;
 /// Polls per turn of the runtime while busy polling (a microsecond or two; the lock is
 /// let go between them).
 const SPINS_PER_TURN: u32 = 1024;
+
+/// What an operation posts.
+#[derive(Clone, Copy)]
+enum Post<'a> {
+    Receive,
+    /// A send, write or read (`remote` checked to hold the buffer first).
+    Send(SendOp, Option<&'a RemoteRegion>),
+    /// An atomic: the local buffer is 8 bytes.
+    Atomic(SendOp, &'a RemoteRegion),
+}
+
+/// The outcome of a send, write or read: done.
+fn done<E>(_: Completion, _: Sge) -> Result<(), Error<E>> {
+    Ok(())
+}
+
+/// The outcome of an atomic: the remote value before, which the device wrote into the
+/// buffer `sge` names.
+fn old_value<E>(_: Completion, sge: Sge) -> Result<u64, Error<E>> {
+    // SAFETY: the operation finished, so the device wrote the 8 bytes `sge` names and
+    // touches them no more; the buffer owns that memory and nothing else borrows it
+    // (`IoBuf`'s contract), so reading them is sound. The read is unaligned-safe.
+    Ok(unsafe { (sge.addr as *const u64).read_unaligned() })
+}
 
 /// A posted request and its buffer; dropped unfinished, it leaves the buffer with the
 /// channel until the device is done with it.

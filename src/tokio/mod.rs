@@ -373,14 +373,16 @@ impl<P: Provider + 'static, B: IoBuf, const DEPTH: usize, const SGES: usize>
             if let Poll::Ready(r) = op.poll(cx) {
                 return Poll::Ready(Some(r));
             }
-            let Some(end) = clock.deadline() else {
-                return Poll::Pending;
-            };
+            // Busy polling: the clock every few turns (the first read starts the bound, a
+            // few microseconds after the post), no timer. Sleeping: the timer.
             let late = if op.sleeping() {
-                expired(&mut timer, end, cx)
+                clock.deadline().is_some_and(|end| expired(&mut timer, end, cx))
+            } else if op.polls % CLOCK_EVERY == 0 {
+                clock
+                    .deadline()
+                    .is_some_and(|end| tokio::time::Instant::now() >= end)
             } else {
-                // Busy polling: the clock every few turns, no timer.
-                op.polls % CLOCK_EVERY == 0 && tokio::time::Instant::now() >= end
+                false
             };
             if late {
                 Poll::Ready(None)
@@ -532,12 +534,17 @@ impl<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: usize> InFlight<'_, 
         let Some(pending) = self.pending.as_ref() else {
             return Poll::Ready(Err(Error::InvalidAttribute("polled after completion")));
         };
+        if self.polls == 0 && !self.sleeping() {
+            // The post just polled: let the task post more first (a `join!` of a receive
+            // and a send polls the receive first), and come back at the next turn.
+            self.polls = 1;
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
         // Busy: a few polls here, then again at the runtime's next turn (busy polling
         // that lets other tasks and the I/O driver run). Sleeping: one poll, then the
         // reactor wakes us.
-        // The first poll returns at once: the task may have more to post first (a `join!`
-        // of a receive and a send polls the receive first).
-        let spins = if self.sleeping() || self.polls == 0 {
+        let spins = if self.sleeping() {
             1
         } else {
             SPINS_PER_TURN

@@ -17,6 +17,10 @@
 //! - [`multi_channel`]: one channel per peer on shared completion queues; scatter/gather,
 //!   multicast.
 //! - [`node`]: rank, world, barriers, endpoint exchange.
+//! - [`pool`]: a registered slab carved into owned buffers ([`LocalBuf`]), for layers that
+//!   hand buffers to the device by value.
+//! - `tokio` (feature `tokio`): async operations on owned buffers, woken by completion
+//!   events; connections that lend and borrow registered memory.
 //!
 //! ```
 //! # #[cfg(feature = "sim")] {

@@ -376,7 +376,9 @@ impl<P: Provider + 'static, B: IoBuf, const DEPTH: usize, const SGES: usize>
             // Busy polling: the clock every few turns (the first read starts the bound, a
             // few microseconds after the post), no timer. Sleeping: the timer.
             let late = if op.sleeping() {
-                clock.deadline().is_some_and(|end| expired(&mut timer, end, cx))
+                clock
+                    .deadline()
+                    .is_some_and(|end| expired(&mut timer, end, cx))
             } else if op.polls % CLOCK_EVERY == 0 {
                 clock
                     .deadline()
@@ -544,11 +546,7 @@ impl<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: usize> InFlight<'_, 
         // Busy: a few polls here, then again at the runtime's next turn (busy polling
         // that lets other tasks and the I/O driver run). Sleeping: one poll, then the
         // reactor wakes us.
-        let spins = if self.sleeping() {
-            1
-        } else {
-            SPINS_PER_TURN
-        };
+        let spins = if self.sleeping() { 1 } else { SPINS_PER_TURN };
         let mut inner = self.shared.lock();
         for spin in 1..=spins {
             if let Some(r) = inner.finish(pending) {

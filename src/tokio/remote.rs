@@ -1,20 +1,5 @@
 //! A connection to one peer that lends and borrows registered memory: async-rdma's
-//! remote-region exchange, with leases that end.
-//!
-//! A [`Connection`] owns its device context, protection domain and [`MrPool`], a data
-//! channel for the user's operations ([`Connection::channel`]) and a **control queue pair**
-//! of its own, so control messages never mix with the user's sends and receives. The
-//! messages are fixed-size, versioned and checked (`wire.rs`); a malformed one, or one
-//! naming a lease that does not exist, is a protocol error that tears the connection down.
-//!
-//! Leases: memory lent to the peer gets a **registration of its own**, over exactly the
-//! lent range, with exactly the rights asked for. The pool's slab stays local-only, so the
-//! peer can touch nothing else, and once the lease ends (returned with
-//! [`send_remote`](Connection::send_remote), the peer's [`RemoteBuf`] dropped, or the
-//! connection gone) the registration is dropped before the buffer goes back: the range is
-//! no longer remotely accessible. (A registration per lease costs a verb call; memory
-//! windows would be cheaper to bind but rxe's support is partial, and a lease is not on the
-//! data path.)
+//! remote-region exchange, with leases that end. See [`Connection`].
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -113,7 +98,50 @@ impl<P: Provider + 'static> core::fmt::Debug for RemoteBuf<P> {
     }
 }
 
-/// A connection to one peer: see the [module docs](self).
+/// A connection to one peer that lends and borrows registered memory: async-rdma's
+/// remote-region exchange, with leases that end.
+///
+/// It owns its device context, protection domain and [`MrPool`], a data channel for the
+/// user's operations ([`channel`](Self::channel)) and a **control queue pair** of its own,
+/// so control messages never mix with the user's sends and receives. The messages are
+/// fixed-size (40 bytes), versioned and checked; a malformed one, or one naming a lease
+/// that is not out, is a protocol error ([`RemoteError::Protocol`]) that tears the
+/// connection down.
+///
+/// **Leases.** Memory lent to the peer gets a registration of its own, over exactly the
+/// lent range, with exactly the rights asked for. The pool's slab stays local-only, so the
+/// peer can touch nothing else; once the lease ends (handed back with
+/// [`send_remote`](Self::send_remote), the peer's [`RemoteBuf`] dropped, or the connection
+/// gone) the registration is dropped before the buffer goes back, and the range is no
+/// longer remotely accessible. A registration per lease costs a verb call (memory windows
+/// would bind faster, but rxe supports them only in part, and a lease is not on the data
+/// path).
+///
+/// ```
+/// # #[cfg(feature = "sim")] {
+/// use zverbs::provider::sim::Sim;
+/// use zverbs::tokio::Connection;
+/// use zverbs::{AccessFlags, ChannelConfig};
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// let sim = Sim::with_devices(2);
+/// let cfg = ChannelConfig::default();
+/// let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+/// let addr = listener.local_addr().unwrap();
+/// let (client, server) = tokio::join!(
+///     Connection::connect(&sim, "sim0", addr, 1 << 16, &cfg),
+///     Connection::listen(&sim, "sim1", &listener, 1 << 16, &cfg),
+/// );
+/// let (client, server) = (client.unwrap(), server.unwrap());
+/// let lease = client.request_remote(8, AccessFlags::REMOTE_WRITE).await.unwrap();
+/// let mut bytes = client.pool().alloc(8).unwrap();
+/// bytes.copy_from_slice(b"leased!!");
+/// let (r, _) = client.channel().write(bytes, &lease.region()).await;
+/// r.unwrap();
+/// client.send_remote(lease).await.unwrap();
+/// assert_eq!(&server.receive_local().await.unwrap()[..], b"leased!!");
+/// # });
+/// # }
+/// ```
 pub struct Connection<P: Provider + 'static> {
     data: AsyncChannel<P>,
     inner: Arc<Inner<P>>,

@@ -56,7 +56,7 @@ pub(crate) const REFUSED_BAD: u16 = 2;
 /// Why bytes are not a control message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WireError {
-    /// Not [`MSG_LEN`] bytes.
+    /// Not 40 bytes.
     Length(usize),
     /// The magic is not `"ZVRX"`.
     Magic([u8; 4]),

@@ -40,6 +40,13 @@ fn runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
+/// Eight bytes of the peer's, writable.
+async fn lease8(conn: &Connection<Sim>) -> zverbs::tokio::RemoteBuf<Sim> {
+    conn.request_remote(8, AccessFlags::REMOTE_WRITE)
+        .await
+        .unwrap()
+}
+
 /// Waits (bounded) until `f` holds.
 async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
     let t0 = Instant::now();
@@ -56,10 +63,7 @@ fn request_write_and_hand_back() {
     runtime().block_on(async {
         let sim = Sim::with_devices(2);
         let (client, server) = pair(&sim, &cfg(Duration::from_secs(5))).await;
-        let remote = client
-            .request_remote(8, AccessFlags::REMOTE_WRITE)
-            .await
-            .unwrap();
+        let remote = lease8(&client).await;
         assert_eq!(remote.len(), 8);
         assert_eq!(server.leases_out(), 1);
         let mut local = client.pool().alloc(8).unwrap();
@@ -112,10 +116,7 @@ fn an_ended_lease_is_no_longer_remotely_accessible() {
     runtime().block_on(async {
         let sim = Sim::with_devices(2);
         let (client, server) = pair(&sim, &cfg(Duration::from_secs(5))).await;
-        let remote = client
-            .request_remote(8, AccessFlags::REMOTE_WRITE)
-            .await
-            .unwrap();
+        let remote = lease8(&client).await;
         let region = remote.region();
         client.send_remote(remote).await.unwrap();
         let _back = server.receive_local().await.unwrap();
@@ -165,10 +166,7 @@ fn a_token_of_another_connection_is_refused() {
         let c = cfg(Duration::from_secs(5));
         let (client, _server) = pair(&sim, &c).await;
         let (other, _other_server) = pair(&sim, &c).await;
-        let token = other
-            .request_remote(8, AccessFlags::REMOTE_WRITE)
-            .await
-            .unwrap();
+        let token = lease8(&other).await;
         let r = client.send_remote(token).await;
         assert!(matches!(r, Err(RemoteError::ForeignToken)), "{r:?}");
     });
@@ -180,10 +178,7 @@ fn a_dropped_peer_ends_its_leases_and_requests_fail_within_the_timeout() {
         let sim = Sim::with_devices(2);
         let timeout = Duration::from_millis(300);
         let (client, server) = pair(&sim, &cfg(timeout)).await;
-        let _remote = client
-            .request_remote(8, AccessFlags::REMOTE_WRITE)
-            .await
-            .unwrap();
+        let _remote = lease8(&client).await;
         let pool = server.pool().clone();
         // The lease and the control loop's two receive buffers (once the grant's own
         // message buffer is back: its send completes after the client has the grant).
@@ -230,5 +225,91 @@ fn strangers_on_the_setup_port_get_typed_errors_within_the_timeout() {
         assert!(matches!(r, Err(ConnectError::Timeout)), "{:?}", r.err());
         assert!(t0.elapsed() < 10 * timeout);
         silent.abort();
+    });
+}
+
+/// The server's device crashes while the client holds a lease and waits for an offer: the
+/// waiting future and the next request end with an error within the timeout (the control
+/// queue pair's retries run out, or no answer comes), never a hang.
+#[test]
+fn a_crashed_peer_fails_every_pending_future_within_the_timeout() {
+    runtime().block_on(async {
+        let sim = Sim::with_devices(2);
+        let timeout = Duration::from_millis(300);
+        let (client, server) = pair(&sim, &cfg(timeout)).await;
+        let lease = lease8(&client).await;
+        let t0 = Instant::now();
+        let waiting = client.receive_remote();
+        sim.fabric().crash(1).unwrap();
+        let region = lease.region();
+        let (offer, request, write) = tokio::join!(
+            waiting,
+            client.request_remote(8, AccessFlags::REMOTE_WRITE),
+            client
+                .channel()
+                .write(client.pool().alloc(8).unwrap(), &region)
+        );
+        assert!(offer.is_err(), "{offer:?}");
+        assert!(request.is_err(), "{request:?}");
+        assert!(write.0.is_err(), "{:?}", write.0);
+        assert!(t0.elapsed() < 10 * timeout, "bounded: {:?}", t0.elapsed());
+        drop((lease, server));
+    });
+}
+
+/// A peer that speaks the set-up correctly, then sends a malformed control message: the
+/// connection ends with a typed protocol error, and waiting calls return it.
+#[test]
+fn a_malformed_control_message_tears_the_connection_down() {
+    use zverbs::node::exchange::encode_frame;
+    use zverbs::tokio::{AsyncChannel, WireError};
+    use zverbs::{Context, LocalBuf, MrPool};
+    runtime().block_on(async {
+        let sim = Sim::with_devices(2);
+        let c = cfg(Duration::from_secs(5));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        // The rogue: a data and a control channel of its own on sim1, the set-up by hand.
+        let rogue = async {
+            let ctx = Box::leak(Box::new(Context::open(&sim, "sim1").unwrap()));
+            let pd = Box::leak(Box::new(ctx.alloc_pd().unwrap()));
+            let data = AsyncChannel::<Sim>::prepare(ctx, pd, &c).unwrap();
+            let ctrl = AsyncChannel::<Sim, LocalBuf<Sim>, 16, 1>::prepare(ctx, pd, &c).unwrap();
+            let mut s = TcpStream::connect(addr).await.unwrap();
+            let mut mine = data.endpoint().encode().to_vec();
+            mine.extend_from_slice(&ctrl.endpoint().encode());
+            let mut frame = Vec::new();
+            encode_frame(0, &mine, &mut frame).unwrap();
+            s.write_all(&frame).await.unwrap();
+            use tokio::io::AsyncReadExt;
+            let mut theirs = vec![0u8; frame.len()];
+            s.read_exact(&mut theirs).await.unwrap();
+            let (d, k) = (&theirs[14..48], &theirs[48..82]);
+            let _data = data.connect(&zverbs::Endpoint::decode(d).unwrap()).unwrap();
+            let ctrl = ctrl.connect(&zverbs::Endpoint::decode(k).unwrap()).unwrap();
+            // The readiness round: say ready, read theirs.
+            frame.clear();
+            encode_frame(0, &[1], &mut frame).unwrap();
+            s.write_all(&frame).await.unwrap();
+            let mut ready = vec![0u8; frame.len()];
+            s.read_exact(&mut ready).await.unwrap();
+            let ctrl = AsyncChannel::new(ctrl).unwrap();
+            let pool = MrPool::new(pd, 1 << 12).unwrap();
+            let mut junk = pool.alloc(40).unwrap();
+            junk.copy_from_slice(&[0x5a; 40]);
+            ctrl.send(junk).await.0.unwrap();
+            (s, ctrl)
+        };
+        let (rogue, victim) =
+            tokio::join!(rogue, Connection::listen(&sim, "sim0", &listener, POOL, &c));
+        let victim = victim.unwrap();
+        let r = victim.receive_remote().await;
+        assert!(
+            matches!(r, Err(RemoteError::Protocol(WireError::Magic(_)))),
+            "{r:?}"
+        );
+        let r = victim.request_remote(8, AccessFlags::REMOTE_WRITE).await;
+        assert!(matches!(r, Err(RemoteError::Protocol(_))), "{r:?}");
+        drop(rogue);
     });
 }

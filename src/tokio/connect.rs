@@ -127,8 +127,15 @@ impl SetUp {
             got = end;
             check_header(&header[..got]).map_err(ConnectError::Frame)?;
         }
-        let Ok(Some((_, len))) = check_header(&header) else {
-            unreachable!("a whole, checked header has a length");
+        let len = match check_header(&header).map_err(ConnectError::Frame)? {
+            Some((_, len)) => len,
+            // A whole header that checked out has its length; said, not assumed.
+            None => {
+                return Err(ConnectError::Frame(FrameError::Truncated {
+                    needed: FRAME_HEADER_LEN,
+                    got: header.len(),
+                }))
+            }
         };
         if len > max {
             return Err(ConnectError::Frame(FrameError::Oversized {

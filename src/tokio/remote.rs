@@ -430,7 +430,18 @@ impl<P: Provider + 'static> Inner<P> {
             .alloc(MSG_LEN)
             .map_err(|_| RemoteError::Exhausted)?;
         buf.copy_from_slice(&msg.encode());
-        self.ctrl.send(buf).await.0.map_err(RemoteError::Verbs)
+        // The control queue pair has no timeout of its own (its receives wait as long as
+        // the connection lives): a send is bounded here. Timed out, the future is dropped
+        // and its buffer stays with the channel until the send is flushed.
+        let sent = self.ctrl.send(buf);
+        let r = match self.config.timeout {
+            None => sent.await.0,
+            Some(t) => match tokio::time::timeout(t, sent).await {
+                Ok((r, _)) => r,
+                Err(_) => return Err(RemoteError::Timeout),
+            },
+        };
+        r.map_err(RemoteError::Verbs)
     }
 
     /// Waits until `take` finds what it wants in the state, the connection ends, or the

@@ -373,6 +373,39 @@ fn write_rate(c: &mut Criterion) {
                 t
             })
         });
+        // Four writes in flight at once from one task (`join!`: no allocation), the
+        // message rate of a pipelined async writer.
+        let mut four = Some([(); 4].map(|()| pool.alloc(MSG).unwrap()));
+        g.throughput(Throughput::Elements(4));
+        g.bench_function("async_x4", |bch| {
+            bch.iter_custom(|iters| {
+                let (t, allocs) = count_allocs(|| {
+                    let [b0, b1, b2, b3] = four.take().unwrap();
+                    let t0 = Instant::now();
+                    let bufs = rt.block_on(async {
+                        let (mut b0, mut b1, mut b2, mut b3) = (b0, b1, b2, b3);
+                        for _ in 0..iters {
+                            let (r0, r1, r2, r3) = tokio::join!(
+                                a.write(b0, &remote),
+                                a.write(b1, &remote),
+                                a.write(b2, &remote),
+                                a.write(b3, &remote)
+                            );
+                            for r in [&r0.0, &r1.0, &r2.0, &r3.0] {
+                                r.as_ref().unwrap();
+                            }
+                            (b0, b1, b2, b3) = (r0.1, r1.1, r2.1, r3.1);
+                        }
+                        [b0, b1, b2, b3]
+                    });
+                    let t = t0.elapsed();
+                    four = Some(bufs);
+                    t
+                });
+                assert_no_allocs("async write x4", allocs);
+                t
+            })
+        });
     }
     g.finish();
 }

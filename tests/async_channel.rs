@@ -353,3 +353,87 @@ fn ping_pong_between_two_current_thread_runtimes() {
     });
     echo.join().unwrap();
 }
+
+/// A root and three leaves: the root scatters one part to each leaf, then gathers one
+/// answer from each; a gather dropped midway leaves its posted buffers with the channels
+/// until messages land in them.
+#[test]
+fn a_group_scatters_gathers_and_keeps_the_buffers_of_a_dropped_gather() {
+    use zverbs::tokio::AsyncGroup;
+    multi_thread().block_on(async {
+        let sim = Sim::with_devices(4);
+        let cfg = cfg(Duration::from_secs(5));
+        let ctx: Vec<&'static Context<Sim>> = (0..4)
+            .map(|i| &*Box::leak(Box::new(Context::open(&sim, &format!("sim{i}")).unwrap())))
+            .collect();
+        let pd: Vec<&'static ProtectionDomain<Sim>> = ctx
+            .iter()
+            .map(|c| &*Box::leak(Box::new(c.alloc_pd().unwrap())))
+            .collect();
+        let pools: Vec<MrPool<Sim>> = pd
+            .iter()
+            .map(|p| MrPool::new(p, 1 << 16).unwrap())
+            .collect();
+        let pair = |i: usize| {
+            let a = Ch::prepare(ctx[0], pd[0], &cfg).unwrap();
+            let b = Ch::prepare(ctx[i], pd[i], &cfg).unwrap();
+            let (ea, eb) = (a.endpoint(), b.endpoint());
+            let (a, b) = (a.connect(&eb).unwrap(), b.connect(&ea).unwrap());
+            (Ch::new(a).unwrap(), Ch::new(b).unwrap())
+        };
+        let ((r1, l1), (r2, l2), (r3, l3)) = (pair(1), pair(2), pair(3));
+        let root = AsyncGroup::new([r1, r2, r3]);
+        let leaves = [l1, l2, l3];
+        let parts = [b"p1", b"p2", b"p3"].map(|p| filled(&pools[0], p));
+        let inboxes: [_; 3] = core::array::from_fn(|i| pools[i + 1].alloc(8).unwrap());
+        let mut inboxes = inboxes.map(Some);
+        let (sent, got) = tokio::join!(root.scatter(parts), async {
+            let mut out = Vec::new();
+            for (i, leaf) in leaves.iter().enumerate() {
+                let (r, buf) = leaf.receive(inboxes[i].take().unwrap()).await;
+                out.push((r.unwrap().byte_len, buf[..2].to_vec()));
+            }
+            out
+        });
+        assert!(sent.iter().all(|(r, _)| r.is_ok()));
+        assert_eq!(
+            got,
+            [
+                (2, b"p1".to_vec()),
+                (2, b"p2".to_vec()),
+                (2, b"p3".to_vec())
+            ]
+        );
+
+        // A gather dropped before any leaf answered: its three buffers stay lent.
+        let before = pools[0].stats().allocations;
+        {
+            let bufs: [_; 3] = core::array::from_fn(|_| pools[0].alloc(8).unwrap());
+            let _ = tokio::time::timeout(Duration::from_millis(5), root.gather(bufs)).await;
+        }
+        assert_eq!(pools[0].stats().allocations, before + 3);
+        // The leaves answer; a second gather gets the next answers.
+        for (i, leaf) in leaves.iter().enumerate() {
+            let (r, _) = leaf.send(filled(&pools[i + 1], b"late")).await;
+            r.unwrap();
+        }
+        let t0 = Instant::now();
+        while pools[0].stats().allocations != before {
+            assert!(
+                t0.elapsed() < Duration::from_secs(5),
+                "gather buffers never released"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let bufs: [_; 3] = core::array::from_fn(|_| pools[0].alloc(8).unwrap());
+        let (got, ()) = tokio::join!(root.gather(bufs), async {
+            for (i, leaf) in leaves.iter().enumerate() {
+                leaf.send(filled(&pools[i + 1], b"ok")).await.0.unwrap();
+            }
+        });
+        for (r, buf) in &got {
+            assert_eq!(r.as_ref().unwrap().byte_len, 2);
+            assert_eq!(&buf[..2], b"ok");
+        }
+    });
+}

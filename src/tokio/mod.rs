@@ -65,12 +65,14 @@
 
 mod buf;
 mod connect;
+mod group;
 mod reactor;
 mod remote;
 mod wire;
 
 pub use buf::IoBuf;
 pub use connect::ConnectError;
+pub use group::AsyncGroup;
 pub use remote::{Connection, RemoteBuf, RemoteError};
 pub use wire::WireError;
 

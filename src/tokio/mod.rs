@@ -319,6 +319,8 @@ impl<P: Provider + 'static, B: IoBuf, const DEPTH: usize, const SGES: usize>
             let attempt = {
                 let mut inner = shared.lock();
                 match post(&mut inner.ch) {
+                    // A receive just posted cannot have finished yet.
+                    Ok(p) if matches!(what, Post::Receive) => Ok(Ok(p)),
                     // Done at once (as a send on an idle link often is): no second trip
                     // through the lock.
                     Ok(p) => match inner.finish(&p) {

@@ -299,6 +299,7 @@ mod async_pingpong {
 /// write inside its post, so this is the software cost per operation).
 #[cfg(feature = "tokio")]
 fn write_rate(c: &mut Criterion) {
+    use common::timed_no_alloc;
     use zverbs::tokio::AsyncChannel;
     use zverbs::{AccessFlags, LocalBuf, MrPool};
     let sim = Sim::with_devices(2);
@@ -324,15 +325,11 @@ fn write_rate(c: &mut Criterion) {
         let src = pa.register(buffer(MSG)).unwrap();
         g.bench_function("blocking", |bch| {
             bch.iter_custom(|iters| {
-                let (t, allocs) = count_allocs(|| {
-                    let t0 = Instant::now();
-                    for _ in 0..iters {
+                timed_no_alloc("blocking write", iters, |n| {
+                    for _ in 0..n {
                         a.write([src.slice(..).unwrap()], &remote).unwrap();
                     }
-                    t0.elapsed()
-                });
-                assert_no_allocs("blocking write", allocs);
-                t
+                })
             })
         });
     }
@@ -354,23 +351,18 @@ fn write_rate(c: &mut Criterion) {
         let mut src = Some(pool.alloc(MSG).unwrap());
         g.bench_function("async", |bch| {
             bch.iter_custom(|iters| {
-                let (t, allocs) = count_allocs(|| {
+                timed_no_alloc("async write", iters, |n| {
                     let mut buf = src.take().unwrap();
-                    let t0 = Instant::now();
                     buf = rt.block_on(async {
-                        for _ in 0..iters {
+                        for _ in 0..n {
                             let (r, back) = a.write(buf, &remote).await;
                             r.unwrap();
                             buf = back;
                         }
                         buf
                     });
-                    let t = t0.elapsed();
                     src = Some(buf);
-                    t
-                });
-                assert_no_allocs("async write", allocs);
-                t
+                })
             })
         });
         // Four writes in flight at once from one task (`join!`: no allocation), the
@@ -379,12 +371,11 @@ fn write_rate(c: &mut Criterion) {
         g.throughput(Throughput::Elements(4));
         g.bench_function("async_x4", |bch| {
             bch.iter_custom(|iters| {
-                let (t, allocs) = count_allocs(|| {
+                timed_no_alloc("async write x4", iters, |n| {
                     let [b0, b1, b2, b3] = four.take().unwrap();
-                    let t0 = Instant::now();
                     let bufs = rt.block_on(async {
                         let (mut b0, mut b1, mut b2, mut b3) = (b0, b1, b2, b3);
-                        for _ in 0..iters {
+                        for _ in 0..n {
                             let (r0, r1, r2, r3) = tokio::join!(
                                 a.write(b0, &remote),
                                 a.write(b1, &remote),
@@ -398,12 +389,8 @@ fn write_rate(c: &mut Criterion) {
                         }
                         [b0, b1, b2, b3]
                     });
-                    let t = t0.elapsed();
                     four = Some(bufs);
-                    t
-                });
-                assert_no_allocs("async write x4", allocs);
-                t
+                })
             })
         });
     }

@@ -42,7 +42,7 @@ use zverbs::{
     Sge, WcStatus, WorkCompletion,
 };
 
-use common::{assert_no_allocs, count_allocs, spsc, CountingAlloc};
+use common::{assert_no_allocs, count_allocs, spsc, timed_no_alloc, CountingAlloc};
 
 #[global_allocator]
 static GLOBAL: CountingAlloc = CountingAlloc;
@@ -249,17 +249,6 @@ impl RawSender {
         while Sim::poll_cq(self.end.cq.raw(), &mut wc).unwrap() == 0 {}
         assert_eq!(wc[0].status, WcStatus::Success);
     }
-}
-
-/// Runs `f(iters)` with allocations counted; panics if it allocated; returns its time.
-fn timed_no_alloc(what: &str, iters: u64, f: impl FnOnce(u64)) -> Duration {
-    let (elapsed, allocs) = count_allocs(|| {
-        let t0 = Instant::now();
-        f(iters);
-        t0.elapsed()
-    });
-    assert_no_allocs(what, allocs);
-    elapsed
 }
 
 fn post_poll(c: &mut Criterion) {

@@ -25,29 +25,18 @@ mod common;
 
 use std::hint::black_box;
 use std::sync::{Arc, Barrier, Mutex};
-use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use zverbs::provider::sim::Sim;
 use zverbs::{Context, MrPool};
 
-use common::{assert_no_allocs, count_allocs, CountingAlloc};
+use common::{timed_no_alloc, CountingAlloc};
 
 #[global_allocator]
 static GLOBAL: CountingAlloc = CountingAlloc;
 
 const SIZES: [usize; 3] = [64, 4096, 65536];
 const CAPACITY: usize = 16 << 20;
-
-fn timed_no_alloc(what: &str, iters: u64, f: impl FnOnce(u64)) -> Duration {
-    let (elapsed, allocs) = count_allocs(|| {
-        let t0 = Instant::now();
-        f(iters);
-        t0.elapsed()
-    });
-    assert_no_allocs(what, allocs);
-    elapsed
-}
 
 fn new_pool() -> MrPool<Sim> {
     let ctx = Context::open(&Sim::with_devices(1), "sim0").unwrap();

@@ -74,6 +74,17 @@ pub fn count_allocs<R>(f: impl FnOnce() -> R) -> (R, u64) {
     (r, COUNT.with(Cell::get))
 }
 
+/// Runs `f(iters)` with allocations counted; panics if it allocated; returns its time.
+pub fn timed_no_alloc(what: &str, iters: u64, f: impl FnOnce(u64)) -> Duration {
+    let (elapsed, allocs) = count_allocs(|| {
+        let t0 = std::time::Instant::now();
+        f(iters);
+        t0.elapsed()
+    });
+    assert_no_allocs(what, allocs);
+    elapsed
+}
+
 /// Panics unless `allocs` is zero: the data path must not allocate after setup.
 #[track_caller]
 pub fn assert_no_allocs(what: &str, allocs: u64) {

@@ -437,3 +437,38 @@ fn a_group_scatters_gathers_and_keeps_the_buffers_of_a_dropped_gather() {
         }
     });
 }
+
+/// Timeouts and graces past what `Instant` holds mean no bound, not a panic: operations
+/// work, and closing with a receive still posted does not spin or panic.
+#[test]
+fn huge_timeouts_and_graces_are_no_bound_not_a_panic() {
+    current_thread().block_on(async {
+        let cfg = ChannelConfig {
+            timeout: Some(Duration::MAX),
+            flush_grace: Duration::MAX,
+            ..ChannelConfig::default()
+        };
+        let (a, b) = pair(&cfg);
+        let (got, sent) = tokio::join!(
+            b.ch.receive(b.pool.alloc(8).unwrap()),
+            a.ch.send(filled(&a.pool, b"x"))
+        );
+        sent.0.unwrap();
+        let (got, inbox) = got;
+        assert_eq!(got.unwrap().byte_len, 1);
+        drop(inbox);
+        // A receive left posted, then the channel closed: the flush releases it.
+        let _ = tokio::time::timeout(
+            Duration::from_millis(5),
+            b.ch.receive(b.pool.alloc(8).unwrap()),
+        )
+        .await;
+        let pool = b.pool.clone();
+        drop(b);
+        let t0 = Instant::now();
+        while pool.stats().allocations != 0 {
+            assert!(t0.elapsed() < Duration::from_secs(5), "never released");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    });
+}

@@ -404,11 +404,14 @@ impl<P: Provider + 'static, B: IoBuf, const DEPTH: usize, const SGES: usize>
                 // is left discarded through RESET; the outcome is `Timeout`, the buffer
                 // free again.
                 let _ = shared.lock().ch.abort();
-                let end = tokio::time::Instant::now() + shared.config.flush_grace;
+                // A grace past what `Instant` holds is no bound (as for the blocking calls).
+                let end = tokio::time::Instant::now().checked_add(shared.config.flush_grace);
                 timer.set(None);
                 let flushed = poll_fn(|cx| match op.poll(cx) {
                     Poll::Ready(_) => Poll::Ready(true),
-                    Poll::Pending if expired(&mut timer, end, cx) => Poll::Ready(false),
+                    Poll::Pending if end.is_some_and(|e| expired(&mut timer, e, cx)) => {
+                        Poll::Ready(false)
+                    }
                     Poll::Pending => Poll::Pending,
                 })
                 .await;

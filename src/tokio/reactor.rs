@@ -59,6 +59,8 @@ pub(super) async fn run<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: u
     let Reactor { fds, shared } = &reactor;
     let grace = tokio::time::sleep(shared.config.flush_grace);
     let mut grace = pin!(grace);
+    // The close was seen by a pass (and the grace set, if it is a bound).
+    let mut close_seen = false;
     let mut grace_set = false;
     loop {
         {
@@ -75,11 +77,15 @@ pub(super) async fn run<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: u
             if inner.closing && !inner.ch.busy() && !inner.has_orphans() {
                 return;
             }
-            if inner.closing && !grace_set {
-                grace
-                    .as_mut()
-                    .reset(tokio::time::Instant::now() + shared.config.flush_grace);
-                grace_set = true;
+            if inner.closing && !close_seen {
+                close_seen = true;
+                // A grace past what `Instant` holds: the flush is awaited without a bound.
+                if let Some(end) =
+                    tokio::time::Instant::now().checked_add(shared.config.flush_grace)
+                {
+                    grace.as_mut().reset(end);
+                    grace_set = true;
+                }
             }
             if freed {
                 shared.freed(inner);
@@ -88,7 +94,7 @@ pub(super) async fn run<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: u
         poll_fn(|cx| {
             {
                 let mut inner = shared.lock();
-                if inner.closing && !grace_set {
+                if inner.closing && !close_seen {
                     // Closed since the pass: one more pass sets the grace.
                     return Poll::Ready(());
                 }

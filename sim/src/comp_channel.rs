@@ -44,10 +44,10 @@ use loom::sync::Arc;
 #[cfg(not(loom))]
 use std::sync::Arc;
 
+use crate::api::{enter, Context, Cq, Fabric, Shared};
 use crate::config::{LinkModel, Mode};
 use crate::state::World;
 use crate::types::SimError;
-use crate::world::{enter, Context, Cq, Fabric, Shared};
 
 /// How a CQ is armed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -415,7 +415,7 @@ fn clock(weak: std::sync::Weak<std::sync::Mutex<World>>) {
             return;
         };
         let sleep = {
-            let mut w = crate::world::lock(&world);
+            let mut w = crate::api::lock(&world);
             w.run_due();
             if !w.any_armed() {
                 w.notifier.clock = false;

@@ -194,6 +194,17 @@ impl Default for FabricConfig {
 }
 
 impl FabricConfig {
+    /// Whether this fabric's exchanges cannot depend on time (threaded, instant link and
+    /// timers, no faults, no trace): requests on idle connections may then run inside their
+    /// post (`direct.rs`).
+    pub(crate) fn untimed(&self) -> bool {
+        self.mode == Mode::Threaded
+            && self.link == LinkModel::INSTANT
+            && self.instant_timers
+            && self.faults == Faults::none()
+            && !self.trace
+    }
+
     /// The untimed fabric of [`Fabric::with_devices`](crate::Fabric::with_devices):
     /// threaded, [`LinkModel::INSTANT`], instant timers, receives of failed
     /// WRITE_WITH_IMMs flushed. Work completes inside the call that makes it possible.

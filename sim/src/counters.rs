@@ -18,8 +18,8 @@
 //! assert_eq!(f.qp_counters(qp.qp_num()), Some(c));
 //! ```
 
+use crate::api::{enter, Fabric};
 use crate::state::World;
-use crate::world::{enter, Fabric};
 
 /// What one queue pair did since it was created. Plain counts, kept under the fabric's
 /// lock, deterministic like everything else in the simulator.

@@ -23,19 +23,9 @@
 //! [`LinkModel::INSTANT`]: crate::LinkModel::INSTANT
 
 use crate::clock::PSN_MASK;
-use crate::config::{FabricConfig, Faults, LinkModel, Mode};
 use crate::exec::{local_limits, send_opcode};
 use crate::state::{sg_len, World};
 use crate::types::*;
-
-/// Whether `cfg` describes a fabric on which a request's exchange cannot depend on time.
-pub(crate) fn untimed(cfg: &FabricConfig) -> bool {
-    cfg.mode == Mode::Threaded
-        && cfg.link == LinkModel::INSTANT
-        && cfg.instant_timers
-        && cfg.faults == Faults::none()
-        && !cfg.trace
-}
 
 impl World {
     /// Executes the send queue of QP `q` from its head on the direct path, as far as it

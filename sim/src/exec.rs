@@ -13,7 +13,8 @@ use std::sync::atomic::Ordering;
 
 use crate::config::Personality;
 use crate::mem::{self, Dst, Src};
-use crate::state::{sg_len, QpObj, ReqState, SqEntry, World};
+use crate::sq::SqEntry;
+use crate::state::{sg_len, QpObj, ReqState, World};
 use crate::trace::TraceKind;
 use crate::types::*;
 

@@ -3,10 +3,10 @@
 use std::io;
 use std::time::Duration;
 
+use crate::api::{enter, lock, Fabric};
 use crate::config::{FabricConfig, Faults, Mode};
 use crate::trace::{write_chrome, TraceEvent};
 use crate::types::SimError;
-use crate::world::{enter, lock, Fabric};
 
 impl Fabric {
     /// The configuration the fabric was created with (faults as last set).
@@ -131,7 +131,7 @@ impl Fabric {
     pub fn set_faults(&self, faults: Faults) {
         let mut w = enter(&self.world);
         w.cfg.faults = faults;
-        w.untimed = crate::direct::untimed(&w.cfg);
+        w.untimed = w.cfg.untimed();
         w.wake_polls();
     }
 

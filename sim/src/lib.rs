@@ -78,6 +78,7 @@
 
 #![deny(missing_docs, unsafe_op_in_unsafe_fn)]
 
+mod api;
 mod clock;
 mod comp_channel;
 mod config;
@@ -95,8 +96,8 @@ mod trace;
 mod transport;
 mod types;
 mod verbs;
-mod world;
 
+pub use api::{Context, Cq, Fabric, Mr, Pd, PostError, Qp, QpInitAttr};
 pub use clock::PacketKind;
 pub use comp_channel::CompChannel;
 pub use config::{
@@ -106,4 +107,3 @@ pub use config::{
 pub use counters::QpCounters;
 pub use trace::{DropReason, TraceEvent, TraceKind};
 pub use types::*;
-pub use world::{Context, Cq, Fabric, Mr, Pd, PostError, Qp, QpInitAttr};

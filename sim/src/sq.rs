@@ -4,8 +4,20 @@
 //! 256 bytes of inline room, over 500 bytes) on every push and pop. Here a post writes only
 //! the fields and bytes it uses into the next slot, and retiring the head moves an index.
 
-use crate::state::SqEntry;
 use crate::types::{SendFlags, SendOp, SendWr, Sge, MAX_INLINE, MAX_SGE};
+
+/// A queued send work request, with its inline payload copied at post time.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SqEntry {
+    pub(crate) wr: SendWr,
+    pub(crate) inline: [u8; MAX_INLINE],
+    /// First PSN, once transmitted.
+    pub(crate) psn: u32,
+    /// PSNs the message uses (path-MTU segments, at least 1).
+    pub(crate) npkts: u32,
+    /// Transmitted at least once (later transmissions are retransmissions).
+    pub(crate) sent_once: bool,
+}
 
 /// Send work requests not yet executed, oldest first, at most `capacity` of them.
 #[derive(Debug)]

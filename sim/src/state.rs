@@ -135,19 +135,6 @@ pub(crate) struct CqObj {
     open: bool,
 }
 
-/// A queued send work request, with its inline payload copied at post time.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct SqEntry {
-    pub(crate) wr: SendWr,
-    pub(crate) inline: [u8; MAX_INLINE],
-    /// First PSN, once transmitted.
-    pub(crate) psn: u32,
-    /// PSNs the message uses (path-MTU segments, at least 1).
-    pub(crate) npkts: u32,
-    /// Transmitted at least once (later transmissions are retransmissions).
-    pub(crate) sent_once: bool,
-}
-
 /// Which timer a requester runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum TimerKind {
@@ -295,7 +282,7 @@ impl World {
             partitions: Vec::new(),
             trace: Vec::new(),
             epochs: 0,
-            untimed: crate::direct::untimed(&cfg),
+            untimed: cfg.untimed(),
             direct_retired: 0,
             notifier: Default::default(),
         }

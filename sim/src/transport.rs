@@ -124,7 +124,7 @@ impl World {
         } else {
             None
         };
-        let covers = |e: &crate::state::SqEntry| psn_diff(pkt.psn, e.psn) < e.npkts;
+        let covers = |e: &crate::sq::SqEntry| psn_diff(pkt.psn, e.psn) < e.npkts;
         let i = qp.sq.iter().take(qp.req.sent).position(covers);
         let (Some(i), None) = (i, why) else {
             let why = why.unwrap_or(DropReason::Stale);

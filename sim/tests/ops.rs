@@ -37,7 +37,7 @@ fn no_hashmap_in_sources() {
     let sources = [
         include_str!("../src/lib.rs"),
         include_str!("../src/types.rs"),
-        include_str!("../src/world.rs"),
+        include_str!("../src/api.rs"),
         include_str!("../src/state.rs"),
         include_str!("../src/exec.rs"),
         include_str!("../src/mem.rs"),

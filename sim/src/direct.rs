@@ -22,10 +22,10 @@
 //!
 //! [`LinkModel::INSTANT`]: crate::LinkModel::INSTANT
 
-use crate::clock::PSN_MASK;
 use crate::exec::{local_limits, send_opcode};
 use crate::state::{sg_len, World};
 use crate::types::*;
+use crate::wire::PSN_MASK;
 
 impl World {
     /// Executes the send queue of QP `q` from its head on the direct path, as far as it

@@ -6,8 +6,8 @@
 //! timer leaves no event behind, so `run_until_idle` ends as soon as no work remains and
 //! simulated time never jumps to a deadline that no longer matters.
 
-use crate::clock::EvKind;
 use crate::config::{ack_timeout_ns, Mode};
+use crate::sched::EvKind;
 use crate::state::{TimerKind, World};
 use crate::trace::TraceKind;
 use crate::types::{QpState, WcStatus};

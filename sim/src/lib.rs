@@ -79,7 +79,6 @@
 #![deny(missing_docs, unsafe_op_in_unsafe_fn)]
 
 mod api;
-mod clock;
 mod comp_channel;
 mod config;
 mod counters;
@@ -90,15 +89,17 @@ mod fabric;
 mod mem;
 mod net;
 mod padded;
+mod rng;
+mod sched;
 mod sq;
 mod state;
 mod trace;
 mod transport;
 mod types;
 mod verbs;
+mod wire;
 
 pub use api::{Context, Cq, Fabric, Mr, Pd, PostError, Qp, QpInitAttr};
-pub use clock::PacketKind;
 pub use comp_channel::CompChannel;
 pub use config::{
     ack_timeout_ns, rnr_timer_ns, FabricConfig, Faults, LinkModel, Mode, Personality,
@@ -107,3 +108,4 @@ pub use config::{
 pub use counters::QpCounters;
 pub use trace::{DropReason, TraceEvent, TraceKind};
 pub use types::*;
+pub use wire::PacketKind;

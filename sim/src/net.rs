@@ -4,9 +4,9 @@
 //! faults, in that order, each drawing from the seeded generator only when its probability
 //! is non-zero) and once when it arrives (crash and link state of the destination).
 
-use crate::clock::{Packet, PacketKind};
 use crate::state::World;
 use crate::trace::{DropReason, TraceKind};
+use crate::wire::{Packet, PacketKind};
 
 /// Bytes of headers per packet (per path-MTU segment) on the wire.
 pub(crate) const HEADER_BYTES: u64 = 64;

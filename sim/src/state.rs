@@ -9,9 +9,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::clock::{Events, Rng};
 use crate::config::FabricConfig;
 use crate::mem::Region;
+use crate::rng::Rng;
+use crate::sched::Events;
 use crate::trace::{TraceEvent, TraceKind};
 use crate::types::*;
 

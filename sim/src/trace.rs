@@ -6,8 +6,8 @@
 
 use std::io::{self, Write};
 
-use crate::clock::PacketKind;
 use crate::types::{QpState, WcOpcode, WcStatus};
+use crate::wire::PacketKind;
 
 /// Why a packet was lost.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -11,13 +11,13 @@
 //! by `max_rd_atomic`), runs one timer per queue pair, and on a timeout goes back to the
 //! oldest unacknowledged request, spending one of `retry_cnt`.
 
-use crate::clock::{psn_diff, Packet, PacketKind, PSN_MASK};
 use crate::config::rnr_timer_ns;
 use crate::exec::{msg_len, rd_atomic};
 use crate::net::HEADER_BYTES;
 use crate::state::{TimerKind, World};
 use crate::trace::{DropReason, TraceKind};
 use crate::types::*;
+use crate::wire::{psn_diff, Packet, PacketKind, PSN_MASK};
 
 /// PSN distances from here on (half the space) count as "behind": duplicates.
 const HALF: u32 = 1 << 23;

@@ -1,4 +1,4 @@
-//! Simulated time: the event queue, packets and the seeded random generator.
+//! Simulated time: the event queue (packets in flight and timers) and its order.
 //!
 //! Packets in flight sit in a binary heap, timers (at most one per queue pair) in an
 //! indexed heap that moves or cancels a timer in place. Events run in (time, class,
@@ -13,95 +13,7 @@ use std::collections::BinaryHeap;
 use std::sync::atomic::{self, AtomicBool};
 use std::sync::Arc;
 
-use crate::types::WcStatus;
-
-/// PSNs are 24-bit.
-pub(crate) const PSN_MASK: u32 = (1 << 24) - 1;
-
-/// `a - b` in 24-bit PSN space.
-pub(crate) fn psn_diff(a: u32, b: u32) -> u32 {
-    a.wrapping_sub(b) & PSN_MASK
-}
-
-/// SplitMix64: small, fast, and good enough to decide faults.
-#[derive(Clone, Debug)]
-pub(crate) struct Rng(u64);
-
-impl Rng {
-    pub(crate) fn new(seed: u64) -> Rng {
-        Rng(seed)
-    }
-
-    pub(crate) fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// True with probability `p`; draws nothing when `p <= 0`.
-    pub(crate) fn chance(&mut self, p: f64) -> bool {
-        p > 0.0 && ((self.next_u64() >> 11) as f64) < p * (1u64 << 53) as f64
-    }
-
-    /// Uniform in `0..=max`.
-    pub(crate) fn upto(&mut self, max: u64) -> u64 {
-        match max.checked_add(1) {
-            Some(n) => self.next_u64() % n,
-            None => self.next_u64(),
-        }
-    }
-}
-
-/// What a packet says (as the trace reports it).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum PacketKind {
-    /// A request (the operation is the requester's send-queue entry with this PSN).
-    Request,
-    /// Positive acknowledgement of every PSN up to this one.
-    Ack,
-    /// Read response. (In-process shortcut: the data lands when the read executes at the
-    /// responder; the requester completes the read when this arrives.)
-    ReadResp,
-    /// Atomic response (the old value already landed).
-    AtomicResp,
-    /// RNR NAK carrying the responder's timer code.
-    Rnr(u8),
-    /// NAK with the requester's completion status.
-    Nak(WcStatus),
-    /// A response corrupted into an opcode the requester does not expect.
-    Bad,
-}
-
-impl PacketKind {
-    /// The name the Chrome trace uses (`"request"`, `"ack"`, `"rnr_nak"`, ...).
-    pub fn name(self) -> &'static str {
-        match self {
-            PacketKind::Request => "request",
-            PacketKind::Ack => "ack",
-            PacketKind::ReadResp => "read_response",
-            PacketKind::AtomicResp => "atomic_response",
-            PacketKind::Rnr(_) => "rnr_nak",
-            PacketKind::Nak(_) => "nak",
-            PacketKind::Bad => "bad_response",
-        }
-    }
-}
-
-/// One packet (a whole message: PSNs `psn .. psn + npkts`).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Packet {
-    pub(crate) src_dev: u32,
-    pub(crate) dst_dev: u32,
-    pub(crate) src_qpn: u32,
-    pub(crate) dst_qpn: u32,
-    pub(crate) psn: u32,
-    pub(crate) npkts: u32,
-    /// Requests: the requester QP's incarnation, so stale packets are recognised.
-    pub(crate) epoch: u32,
-    pub(crate) kind: PacketKind,
-}
+use crate::wire::Packet;
 
 /// What happens at an event.
 #[derive(Clone, Copy, Debug)]
@@ -387,6 +299,7 @@ impl Events {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wire::PacketKind;
 
     fn pkt(psn: u32) -> Packet {
         Packet {
@@ -448,20 +361,5 @@ mod tests {
         assert!(got.windows(2).all(|w| w[0].0 <= w[1].0), "{got:?}");
         assert!(got.iter().all(|g| g.2 % 3 != 0));
         assert_eq!(q.len(), 0);
-    }
-
-    #[test]
-    fn rng_is_seeded_and_psns_wrap() {
-        let draw = |seed| {
-            let mut r = Rng::new(seed);
-            (0..4).map(|_| r.next_u64()).collect::<Vec<_>>()
-        };
-        assert_eq!(draw(7), draw(7));
-        assert_ne!(draw(7), draw(8));
-        let mut r = Rng::new(1);
-        assert!(!r.chance(0.0) && r.chance(1.0));
-        assert!((0..100).all(|_| r.upto(3) <= 3));
-        assert_eq!(psn_diff(1, PSN_MASK), 2);
-        assert_eq!(psn_diff(0, 1), PSN_MASK);
     }
 }

@@ -1,0 +1,71 @@
+//! A packet on the wire, and 24-bit PSN arithmetic.
+
+use crate::types::WcStatus;
+
+/// PSNs are 24-bit.
+pub(crate) const PSN_MASK: u32 = (1 << 24) - 1;
+
+/// `a - b` in 24-bit PSN space.
+pub(crate) fn psn_diff(a: u32, b: u32) -> u32 {
+    a.wrapping_sub(b) & PSN_MASK
+}
+
+/// What a packet says (as the trace reports it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PacketKind {
+    /// A request (the operation is the requester's send-queue entry with this PSN).
+    Request,
+    /// Positive acknowledgement of every PSN up to this one.
+    Ack,
+    /// Read response. (In-process shortcut: the data lands when the read executes at the
+    /// responder; the requester completes the read when this arrives.)
+    ReadResp,
+    /// Atomic response (the old value already landed).
+    AtomicResp,
+    /// RNR NAK carrying the responder's timer code.
+    Rnr(u8),
+    /// NAK with the requester's completion status.
+    Nak(WcStatus),
+    /// A response corrupted into an opcode the requester does not expect.
+    Bad,
+}
+
+impl PacketKind {
+    /// The name the Chrome trace uses (`"request"`, `"ack"`, `"rnr_nak"`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            PacketKind::Request => "request",
+            PacketKind::Ack => "ack",
+            PacketKind::ReadResp => "read_response",
+            PacketKind::AtomicResp => "atomic_response",
+            PacketKind::Rnr(_) => "rnr_nak",
+            PacketKind::Nak(_) => "nak",
+            PacketKind::Bad => "bad_response",
+        }
+    }
+}
+
+/// One packet (a whole message: PSNs `psn .. psn + npkts`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Packet {
+    pub(crate) src_dev: u32,
+    pub(crate) dst_dev: u32,
+    pub(crate) src_qpn: u32,
+    pub(crate) dst_qpn: u32,
+    pub(crate) psn: u32,
+    pub(crate) npkts: u32,
+    /// Requests: the requester QP's incarnation, so stale packets are recognised.
+    pub(crate) epoch: u32,
+    pub(crate) kind: PacketKind,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn psns_wrap() {
+        assert_eq!(psn_diff(1, PSN_MASK), 2);
+        assert_eq!(psn_diff(0, 1), PSN_MASK);
+    }
+}

@@ -85,7 +85,6 @@ mod counters;
 mod direct;
 mod engine;
 mod exec;
-mod fabric;
 mod mem;
 mod net;
 mod padded;

@@ -37,7 +37,9 @@ fn no_hashmap_in_sources() {
     let sources = [
         include_str!("../src/lib.rs"),
         include_str!("../src/types.rs"),
-        include_str!("../src/api.rs"),
+        include_str!("../src/api/mod.rs"),
+        include_str!("../src/api/qp.rs"),
+        include_str!("../src/api/fabric.rs"),
         include_str!("../src/state.rs"),
         include_str!("../src/exec.rs"),
         include_str!("../src/mem.rs"),

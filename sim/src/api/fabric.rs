@@ -3,7 +3,7 @@
 use std::io;
 use std::time::Duration;
 
-use crate::api::{enter, lock, Fabric};
+use super::{enter, lock, Fabric};
 use crate::config::{FabricConfig, Faults, Mode};
 use crate::trace::{write_chrome, TraceEvent};
 use crate::types::SimError;

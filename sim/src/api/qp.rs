@@ -1,0 +1,268 @@
+//! The queue pair handle and its posting error.
+
+use super::*;
+
+/// A synchronous posting error (`bad_wr` plus `errno`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PostError {
+    /// Position of the first work request NOT posted; the earlier ones were posted.
+    pub index: usize,
+    /// Why it was refused.
+    pub error: SimError,
+}
+
+impl fmt::Display for PostError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "work request {} not posted: {}", self.index, self.error)
+    }
+}
+
+impl std::error::Error for PostError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
+/// A reliable-connected queue pair (`ibv_qp`); dropping it destroys it, discarding
+/// outstanding work without completions.
+#[derive(Debug)]
+pub struct Qp {
+    pub(super) world: Shared,
+    pub(super) id: usize,
+    pub(super) qpn: u32,
+    pub(super) cap: QpCap,
+}
+
+impl Qp {
+    /// The queue pair number, unique in the fabric.
+    pub fn qp_num(&self) -> u32 {
+        self.qpn
+    }
+
+    /// Current state.
+    pub fn state(&self) -> QpState {
+        enter(&self.world).qps.get(self.id).expect("live QP").state
+    }
+
+    /// Capacities granted (exactly those asked).
+    pub fn cap(&self) -> QpCap {
+        self.cap
+    }
+
+    /// What the queue pair did so far: doorbells, posts, send completions (see
+    /// [`QpCounters`](crate::QpCounters)).
+    pub fn counters(&self) -> crate::QpCounters {
+        enter(&self.world)
+            .qps
+            .get(self.id)
+            .expect("live QP")
+            .counters
+    }
+
+    /// The queue pair's attributes (`ibv_query_qp`): the state, the attributes of the RTR
+    /// and RTS transitions as applied, and the PSNs in use now.
+    pub fn query(&self) -> QpAttr {
+        let w = enter(&self.world);
+        let qp = w.qps.get(self.id).expect("live QP");
+        QpAttr {
+            state: qp.state,
+            rtr: qp.rtr,
+            rts: qp.rts,
+            sq_psn: qp.req.next_psn,
+            rq_psn: qp.resp.epsn,
+        }
+    }
+
+    /// Moves the queue pair to another state (see [`Modify`] for the legal transitions).
+    ///
+    /// # Errors
+    /// [`SimError::Invalid`] for an illegal transition or attribute; the state is unchanged.
+    pub fn modify(&self, m: &Modify) -> Result<(), SimError> {
+        let mut w = enter(&self.world);
+        let res = w.modify(self.id, m);
+        w.run_due();
+        res
+    }
+
+    /// Posts send work requests in order; each goes on the wire at once. INLINE entries are copied
+    /// now; their SGEs must lie in memory registered in this QP's PD (their lkeys are not
+    /// checked). See [`Qp::post_send_raw`] for inline data from unregistered memory.
+    ///
+    /// In ERR the requests are accepted and complete at once with `WrFlushErr`.
+    ///
+    /// # Errors
+    /// The first request refused, and why: [`SimError::Invalid`] outside RTS/ERR or once
+    /// the device crashed, for too
+    /// many SGEs, or for bad inline data; [`SimError::QueueFull`] when all `max_send_wr`
+    /// slots are held (an unsignaled request holds its slot until a later one completes
+    /// with a completion).
+    pub fn post_send<I: IntoIterator<Item = SendWr>>(&self, wrs: I) -> Result<(), PostError> {
+        self.post_sends(wrs, None)
+    }
+
+    /// Like [`Qp::post_send`], but INLINE SGEs are read straight from their addresses, as
+    /// a real driver does, and need not be registered.
+    ///
+    /// # Errors
+    /// As [`Qp::post_send`].
+    ///
+    /// # Safety
+    /// For every request with [`SendFlags::INLINE`], each SGE's `addr..addr + length` must
+    /// be valid for reads during this call.
+    pub unsafe fn post_send_raw<I: IntoIterator<Item = SendWr>>(
+        &self,
+        wrs: I,
+    ) -> Result<(), PostError> {
+        // SAFETY: the caller vouches for the inline SGE ranges, which are read only inside
+        // this call.
+        let raw = unsafe { RawInline::new() };
+        self.post_sends(wrs, Some(&raw))
+    }
+
+    fn post_sends<I: IntoIterator<Item = SendWr>>(
+        &self,
+        wrs: I,
+        raw: Option<&RawInline>,
+    ) -> Result<(), PostError> {
+        let mut wrs = wrs.into_iter();
+        let next = |slot: &mut SendWr| wrs.next().map(|wr| *slot = wr).is_some();
+        self.post_send_list(next, raw)
+    }
+
+    /// Posts send work requests built in place: `fill(i, wr)` writes request `i` (of `n`)
+    /// into a scratch request whose gather entries past the `num_sge` it sets are left over
+    /// from earlier requests (only the first `num_sge` are read). INLINE entries are read
+    /// straight from their addresses, as with [`Qp::post_send_raw`]. This is the form
+    /// without copies of whole requests: an adapter converting its own request type fills
+    /// only the fields and entries it uses.
+    ///
+    /// ```
+    /// # use zverbs_sim::*;
+    /// # let f = Fabric::with_devices(1);
+    /// # let ctx = f.open_device("sim0").unwrap();
+    /// # let pd = ctx.alloc_pd().unwrap();
+    /// # let cq = ctx.create_cq(8).unwrap();
+    /// # let cap = QpCap { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
+    /// # let qp = pd.create_qp(&QpInitAttr { send_cq: &cq, recv_cq: &cq, cap, sq_sig_all: false }).unwrap();
+    /// // In RESET a post is refused; the error names request 0.
+    /// let res = unsafe {
+    ///     qp.post_send_raw_with(2, |i, wr| {
+    ///         (wr.wr_id, wr.op, wr.flags, wr.num_sge) = (i as u64, SendOp::Send, SendFlags::SIGNALED, 0);
+    ///     })
+    /// };
+    /// assert_eq!(res.unwrap_err().index, 0);
+    /// ```
+    ///
+    /// # Errors
+    /// As [`Qp::post_send`].
+    ///
+    /// # Safety
+    /// As [`Qp::post_send_raw`].
+    pub unsafe fn post_send_raw_with(
+        &self,
+        n: usize,
+        mut fill: impl FnMut(usize, &mut SendWr),
+    ) -> Result<(), PostError> {
+        // SAFETY: the caller vouches for the inline SGE ranges, which are read only inside
+        // this call.
+        let raw = unsafe { RawInline::new() };
+        let mut i = 0;
+        let next = |slot: &mut SendWr| {
+            let more = i < n;
+            if more {
+                fill(i, slot);
+                i += 1;
+            }
+            more
+        };
+        self.post_send_list(next, Some(&raw))
+    }
+
+    fn post_send_list(
+        &self,
+        next: impl FnMut(&mut SendWr) -> bool,
+        raw: Option<&RawInline>,
+    ) -> Result<(), PostError> {
+        let mut w = enter(&self.world);
+        let res = w.post_send_list(self.id, next, raw);
+        w.run_due();
+        res.map_err(|(index, error)| PostError { index, error })
+    }
+
+    /// Posts receive work requests in order.
+    ///
+    /// In ERR the requests are accepted and complete at once with `WrFlushErr`.
+    ///
+    /// # Errors
+    /// The first request refused, and why: [`SimError::Invalid`] in RESET or for too many
+    /// SGEs; [`SimError::QueueFull`] when `max_recv_wr` requests are queued.
+    pub fn post_recv<I: IntoIterator<Item = RecvWr>>(&self, wrs: I) -> Result<(), PostError> {
+        let mut wrs = wrs.into_iter();
+        self.post_recv_list(|slot| wrs.next().map(|wr| *slot = wr).is_some())
+    }
+
+    /// Posts receive work requests built in place, as [`Qp::post_send_raw_with`] does
+    /// for sends: `fill(i, wr)` writes request `i` (of `n`) into a scratch request whose
+    /// scatter entries past the `num_sge` it sets are left over from earlier requests.
+    ///
+    /// ```
+    /// # use zverbs_sim::*;
+    /// # let f = Fabric::with_devices(1);
+    /// # let ctx = f.open_device("sim0").unwrap();
+    /// # let pd = ctx.alloc_pd().unwrap();
+    /// # let cq = ctx.create_cq(8).unwrap();
+    /// # let cap = QpCap { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
+    /// # let qp = pd.create_qp(&QpInitAttr { send_cq: &cq, recv_cq: &cq, cap, sq_sig_all: false }).unwrap();
+    /// // In RESET a receive is refused; the error names request 0.
+    /// let res = qp.post_recv_with(3, |i, wr| (wr.wr_id, wr.num_sge) = (i as u64, 0));
+    /// assert_eq!(res.unwrap_err().index, 0);
+    /// ```
+    ///
+    /// # Errors
+    /// As [`Qp::post_recv`].
+    pub fn post_recv_with(
+        &self,
+        n: usize,
+        mut fill: impl FnMut(usize, &mut RecvWr),
+    ) -> Result<(), PostError> {
+        let mut i = 0;
+        self.post_recv_list(|slot| {
+            let more = i < n;
+            if more {
+                fill(i, slot);
+                i += 1;
+            }
+            more
+        })
+    }
+
+    fn post_recv_list(&self, mut next: impl FnMut(&mut RecvWr) -> bool) -> Result<(), PostError> {
+        let mut wr = RecvWr {
+            wr_id: 0,
+            sg_list: [Sge::default(); MAX_SGE],
+            num_sge: 0,
+        };
+        let mut w = enter(&self.world);
+        let mut res = Ok(());
+        let mut posted = 0;
+        for index in 0.. {
+            if !next(&mut wr) {
+                break;
+            }
+            if let Err(error) = w.post_recv(self.id, &wr) {
+                res = Err(PostError { index, error });
+                break;
+            }
+            posted += 1;
+        }
+        w.count_posts(self.id, false, posted);
+        w.run_due();
+        res
+    }
+}
+
+impl Drop for Qp {
+    fn drop(&mut self) {
+        enter(&self.world).destroy_qp(self.id);
+    }
+}

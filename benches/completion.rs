@@ -13,6 +13,9 @@
 //! - `pingpong_64B/{own,shared}_cqs/sleep`: `WaitPolicy::SpinSleep`, the event-driven round
 //!   trip (after 128 empty polls a waiter arms its queue, polls again and sleeps on the
 //!   completion channel).
+//! - With `--features sim,tokio`: `pingpong_64B/async/*` (the same round trip through
+//!   `AsyncChannel`), `write_64B/*` and `send_64B/*` (message rates, blocking against
+//!   async, on one thread).
 //!
 //! Criterion runs the variants one after another, and this machine drifts between a fast
 //! and a ~3× slower mode over seconds, so a ratio of two criterion figures can be off by
@@ -400,6 +403,124 @@ fn write_rate(c: &mut Criterion) {
 #[cfg(not(feature = "tokio"))]
 fn write_rate(_: &mut Criterion) {}
 
+/// Messages in flight per window of `send_64B`.
+const WINDOW: usize = 4;
+
+/// The message rate of two-sided sends, 64 B in windows of [`WINDOW`]: both channels on
+/// one thread, the receiver's `WINDOW` receives posted first, then `WINDOW` sends, then
+/// every completion reaped. `blocking` posts with `Channel::post_*_unpolled` and waits on
+/// each `Pending`; `async` is one `join!` of the same eight operations on a current-thread
+/// runtime (both channels on it). One element is one message, both ends' work included.
+#[cfg(feature = "tokio")]
+fn send_rate(c: &mut Criterion) {
+    use common::timed_no_alloc;
+    use zverbs::tokio::AsyncChannel;
+    use zverbs::{LocalBuf, MrPool};
+    type ACh = AsyncChannel<Sim, LocalBuf<Sim>, 16, 1>;
+    let sim = Sim::with_devices(2);
+    let cfg = ChannelConfig::default();
+    let open = |dev: &str| {
+        let ctx = Box::leak(Box::new(Context::open(&sim, dev).unwrap()));
+        let pd: &'static _ = Box::leak(Box::new(ctx.alloc_pd().unwrap()));
+        (ctx, pd)
+    };
+    let ((ca, pa), (cb, pb)) = (open("sim0"), open("sim1"));
+    let mut g = c.benchmark_group("send_64B");
+    g.throughput(Throughput::Elements(WINDOW as u64));
+    {
+        let a = Ch::prepare(ca, pa, &cfg).unwrap();
+        let b = Ch::prepare(cb, pb, &cfg).unwrap();
+        let (ea, eb) = (a.endpoint(), b.endpoint());
+        let (mut a, mut b) = (a.connect(&eb).unwrap(), b.connect(&ea).unwrap());
+        let src = pa.register(buffer(MSG)).unwrap();
+        let mut dst = pb.register(buffer(MSG * WINDOW)).unwrap();
+        let sge = src.slice(..).unwrap().sge();
+        let slots: [_; WINDOW] =
+            core::array::from_fn(|i| dst.slice_mut(i * MSG..(i + 1) * MSG).unwrap().sge());
+        g.bench_function("blocking", |bch| {
+            bch.iter_custom(|iters| {
+                timed_no_alloc("blocking send window", iters, |n| {
+                    for _ in 0..n {
+                        // SAFETY: both buffers are leaked and only the device touches
+                        // them; each receive has a slot of its own.
+                        let recvs = slots.map(|s| unsafe { b.post_receive_unpolled(&[s]) });
+                        let sends = slots.map(|_| {
+                            // SAFETY: as above.
+                            unsafe {
+                                a.post_send_unpolled(&[sge], SendOp::Send, SendFlags::empty())
+                            }
+                        });
+                        for p in sends {
+                            a.wait(p.unwrap()).unwrap();
+                        }
+                        for p in recvs {
+                            b.wait(p.unwrap()).unwrap();
+                        }
+                    }
+                })
+            })
+        });
+    }
+    {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let a = ACh::prepare(ca, pa, &cfg).unwrap();
+        let b = ACh::prepare(cb, pb, &cfg).unwrap();
+        let (ea, eb) = (a.endpoint(), b.endpoint());
+        let (a, b) = (a.connect(&eb).unwrap(), b.connect(&ea).unwrap());
+        let (a, b) = {
+            let _in = rt.enter();
+            (ACh::new(a).unwrap(), ACh::new(b).unwrap())
+        };
+        let (pool_a, pool_b) = (
+            MrPool::new(pa, 1 << 16).unwrap(),
+            MrPool::new(pb, 1 << 16).unwrap(),
+        );
+        let mut bufs = Some((
+            [(); WINDOW].map(|()| pool_a.alloc(MSG).unwrap()),
+            [(); WINDOW].map(|()| pool_b.alloc(MSG).unwrap()),
+        ));
+        g.bench_function("async", |bch| {
+            bch.iter_custom(|iters| {
+                timed_no_alloc("async send window", iters, |n| {
+                    let ([s0, s1, s2, s3], [r0, r1, r2, r3]) = bufs.take().unwrap();
+                    bufs = Some(rt.block_on(async {
+                        let (mut s, mut r) = ((s0, s1, s2, s3), (r0, r1, r2, r3));
+                        for _ in 0..n {
+                            // Polled in order: the receives are posted before the sends.
+                            let (g0, g1, g2, g3, t0, t1, t2, t3) = tokio::join!(
+                                b.receive(r.0),
+                                b.receive(r.1),
+                                b.receive(r.2),
+                                b.receive(r.3),
+                                a.send(s.0),
+                                a.send(s.1),
+                                a.send(s.2),
+                                a.send(s.3)
+                            );
+                            for (res, _) in [&g0, &g1, &g2, &g3] {
+                                res.as_ref().unwrap();
+                            }
+                            for (res, _) in [&t0, &t1, &t2, &t3] {
+                                res.as_ref().unwrap();
+                            }
+                            r = (g0.1, g1.1, g2.1, g3.1);
+                            s = (t0.1, t1.1, t2.1, t3.1);
+                        }
+                        ([s.0, s.1, s.2, s.3], [r.0, r.1, r.2, r.3])
+                    }));
+                })
+            })
+        });
+    }
+    g.finish();
+}
+
+#[cfg(not(feature = "tokio"))]
+fn send_rate(_: &mut Criterion) {}
+
 #[cfg(feature = "tokio")]
 fn async_pingpong(c: &mut Criterion) {
     let mut g = c.benchmark_group("pingpong_64B");
@@ -425,7 +546,7 @@ fn async_pingpong(_: &mut Criterion) {
 criterion_group! {
     name = benches;
     config = common::config();
-    targets = pingpong, async_pingpong, write_rate
+    targets = pingpong, async_pingpong, write_rate, send_rate
 }
 fn main() {
     match std::env::var("INTERLEAVED")

@@ -7,8 +7,12 @@
 //! [`is_complete`](BarrierMachine::is_complete). It never allocates: `N` bounds the number
 //! of participants.
 //!
-//! Participants are a strictly increasing list of ranks; the algorithms work on indices
-//! into that list (index 0 is the root where there is one). With `P` participants:
+//! Participants are a strictly increasing list of ranks ([`BarrierMachine::new`], at most
+//! `N`), or every rank of a world `0..P` ([`BarrierMachine::new_world`], up to 65,536
+//! ranks whatever `N`: then `N` bounds only the fan-in, the ARRIVEs one participant
+//! collects). The algorithms work on indices into the participants (index 0 is the root
+//! where there is one); [`neighbours`] names the indices one participant exchanges
+//! messages with, so a node can connect to those alone. With `P` participants:
 //!
 //! | [`Algorithm`] | messages | critical path ([`rounds`]) |
 //! |---|---|---|
@@ -43,6 +47,9 @@ use core::fmt;
 
 use crate::error::ErrorKind;
 
+mod msg;
+pub use msg::{Msg, MsgError, MsgKind, MSG_LEN};
+
 /// Which barrier algorithm a machine runs. See the module docs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Algorithm {
@@ -54,6 +61,59 @@ pub enum Algorithm {
     /// ARRIVE up a binary tree over indices (children of `i` are `2i+1`, `2i+2`), RELEASE
     /// down from index 0.
     BinaryTree,
+}
+
+/// The index participant `i` sends ARRIVE to (centralized and tree; not meaningful for 0).
+fn parent(alg: Algorithm, i: usize) -> usize {
+    match alg {
+        Algorithm::BinaryTree => i.saturating_sub(1) / 2,
+        _ => 0,
+    }
+}
+
+/// The indices that ARRIVE at `i` and that `i` RELEASEs, of `p` (centralized and tree).
+fn children(alg: Algorithm, i: usize, p: usize) -> core::ops::Range<usize> {
+    match alg {
+        Algorithm::Centralized if i == 0 => 1..p,
+        Algorithm::BinaryTree => (2 * i + 1).min(p)..(2 * i + 3).min(p),
+        _ => 0..0,
+    }
+}
+
+/// The participant indices that index `i` of `p` sends to or receives from in a barrier
+/// of `alg`, each once, in increasing order: dissemination `i ± 2^k (mod p)`, the tree's
+/// parent and children, the centralized root's everyone (a leaf's the root). Empty for
+/// `i >= p` or `p` over 65,536. A node that connects to these ranks alone can run
+/// whole-world barriers.
+///
+/// ```
+/// use zverbs::node::barrier::{neighbours, Algorithm};
+/// let n: Vec<_> = neighbours(Algorithm::Dissemination, 0, 8).collect();
+/// assert_eq!(n, [1, 2, 4, 6, 7]); // sends to 1, 2, 4; hears from 7, 6, 4
+/// assert_eq!(neighbours(Algorithm::BinaryTree, 1, 8).collect::<Vec<_>>(), [0, 3, 4]);
+/// ```
+pub fn neighbours(alg: Algorithm, i: usize, p: usize) -> impl Iterator<Item = usize> {
+    let valid = i < p && p <= usize::from(u16::MAX) + 1;
+    let rounds = match alg {
+        Algorithm::Dissemination if valid => ceil_log2(p), // at most 16
+        _ => 0,
+    };
+    // Dissemination: 2^k < p for every round k < ⌈log2 p⌉, so `p - 2^k` does not wrap.
+    let mut ring = [0usize; 32];
+    let mut n = 0;
+    for k in 0..rounds {
+        for j in [(i + (1 << k)) % p, (i + p - (1 << k)) % p] {
+            if j != i && !ring[..n].contains(&j) {
+                ring[n] = j;
+                n += 1;
+            }
+        }
+    }
+    ring[..n].sort_unstable();
+    // Tree and centralized: the parent is below `i`, the children above.
+    let up = (valid && alg != Algorithm::Dissemination && i != 0).then(|| parent(alg, i));
+    let down = if valid { children(alg, i, p) } else { 0..0 };
+    ring.into_iter().take(n).chain(up).chain(down)
 }
 
 /// `⌈log2 p⌉`, 0 for `p <= 1`.
@@ -80,109 +140,6 @@ pub fn rounds(alg: Algorithm, p: usize) -> u32 {
     }
 }
 
-/// What a barrier message means.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum MsgKind {
-    /// Centralized and tree: the sender (and, in the tree, its subtree) has started.
-    Arrive,
-    /// Centralized and tree: everyone has started; complete.
-    Release,
-    /// Dissemination: the sender has finished the previous rounds.
-    Round,
-}
-
-impl MsgKind {
-    const fn to_byte(self) -> u8 {
-        match self {
-            MsgKind::Arrive => 1,
-            MsgKind::Release => 2,
-            MsgKind::Round => 3,
-        }
-    }
-}
-
-/// One barrier message. On the wire: 8 bytes, `[kind, round, 0, 0, epoch (big endian)]`,
-/// with kind 1 = ARRIVE, 2 = RELEASE, 3 = ROUND.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Msg {
-    /// The barrier epoch it belongs to.
-    pub epoch: u32,
-    /// The dissemination round; 0 for the other algorithms.
-    pub round: u8,
-    /// What it means.
-    pub kind: MsgKind,
-}
-
-/// Size of an encoded [`Msg`].
-pub const MSG_LEN: usize = 8;
-
-impl Msg {
-    /// The wire form.
-    pub fn encode(&self) -> [u8; MSG_LEN] {
-        let e = self.epoch.to_be_bytes();
-        [
-            self.kind.to_byte(),
-            self.round,
-            0,
-            0,
-            e[0],
-            e[1],
-            e[2],
-            e[3],
-        ]
-    }
-
-    /// Parses the wire form. The length, the kind and the reserved bytes are checked;
-    /// whether the round makes sense is for the [`BarrierMachine`] to judge.
-    pub fn decode(bytes: &[u8]) -> Result<Msg, MsgError> {
-        let b: &[u8; MSG_LEN] = bytes
-            .try_into()
-            .map_err(|_| MsgError::Length { got: bytes.len() })?;
-        let kind = match b[0] {
-            1 => MsgKind::Arrive,
-            2 => MsgKind::Release,
-            3 => MsgKind::Round,
-            k => return Err(MsgError::Kind(k)),
-        };
-        if b[2] != 0 || b[3] != 0 {
-            return Err(MsgError::Reserved([b[2], b[3]]));
-        }
-        Ok(Msg {
-            epoch: u32::from_be_bytes([b[4], b[5], b[6], b[7]]),
-            round: b[1],
-            kind,
-        })
-    }
-}
-
-/// Bytes that are not a barrier message.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum MsgError {
-    /// Not [`MSG_LEN`] bytes long.
-    Length {
-        /// Bytes given.
-        got: usize,
-    },
-    /// An unknown kind byte.
-    Kind(u8),
-    /// The reserved bytes 2..4 are not zero.
-    Reserved([u8; 2]),
-}
-
-impl fmt::Display for MsgError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            MsgError::Length { got } => {
-                write!(f, "barrier message of {got} bytes, expected {MSG_LEN}")
-            }
-            MsgError::Kind(k) => write!(f, "unknown barrier message kind {k}"),
-            MsgError::Reserved(r) => write!(f, "reserved barrier message bytes {r:?} not zero"),
-        }
-    }
-}
-
-impl core::error::Error for MsgError {}
-
 /// A barrier call that was refused. The machine is unchanged by a refused call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BarrierError {
@@ -192,6 +149,14 @@ pub enum BarrierError {
     TooMany {
         /// Participants given.
         given: usize,
+        /// The capacity.
+        capacity: usize,
+    },
+    /// A whole-world machine whose participant collects more ARRIVEs than its capacity
+    /// `N` (the centralized root collects `P - 1`, a tree node at most 2).
+    FanIn {
+        /// ARRIVEs this participant would collect.
+        children: usize,
         /// The capacity.
         capacity: usize,
     },
@@ -260,6 +225,12 @@ impl fmt::Display for BarrierError {
             BarrierError::TooMany { given, capacity } => {
                 write!(f, "{given} barrier participants, capacity is {capacity}")
             }
+            BarrierError::FanIn { children, capacity } => {
+                write!(
+                    f,
+                    "a barrier participant collecting {children} arrivals, capacity is {capacity}"
+                )
+            }
             BarrierError::Unsorted { index } => {
                 write!(f, "barrier participants not sorted at index {index}")
             }
@@ -298,7 +269,7 @@ impl core::error::Error for BarrierError {}
 /// What one epoch has received.
 #[derive(Clone, Copy)]
 struct Inbox<const N: usize> {
-    /// ARRIVE received, by sender index.
+    /// ARRIVE received, by sender index less the first child's.
     arrived: [bool; N],
     /// ARRIVEs received.
     arrivals: usize,
@@ -321,7 +292,9 @@ impl<const N: usize> Inbox<N> {
 #[derive(Clone)]
 pub struct BarrierMachine<const N: usize> {
     alg: Algorithm,
+    /// The participants' ranks, `..len`, if listed; unused for a whole world.
     parts: [u16; N],
+    listed: bool,
     len: usize,
     me: usize,
     epoch: u32,
@@ -340,6 +313,7 @@ impl<const N: usize> fmt::Debug for BarrierMachine<N> {
         f.debug_struct("BarrierMachine")
             .field("alg", &self.alg)
             .field("participants", &self.participants())
+            .field("count", &self.len)
             .field("index", &self.me)
             .field("epoch", &self.epoch)
             .field("complete", &!self.running)
@@ -376,6 +350,7 @@ impl<const N: usize> BarrierMachine<N> {
         Ok(BarrierMachine {
             alg,
             parts,
+            listed: true,
             len: participants.len(),
             me,
             epoch: 0,
@@ -386,9 +361,73 @@ impl<const N: usize> BarrierMachine<N> {
         })
     }
 
-    /// The participating ranks, in increasing order.
-    pub fn participants(&self) -> &[u16] {
-        &self.parts[..self.len]
+    /// A participant with rank `me` in a barrier over every rank of a world of `world`
+    /// (`0..world`, at most 65,536), with no list stored: `N` need only hold the ARRIVEs
+    /// this participant collects (the centralized root `world - 1`, a tree node 2, none for
+    /// dissemination), else [`BarrierError::FanIn`].
+    pub fn new_world(alg: Algorithm, me: u16, world: usize) -> Result<Self, BarrierError> {
+        if world == 0 {
+            return Err(BarrierError::Empty);
+        }
+        if world > usize::from(u16::MAX) + 1 {
+            return Err(BarrierError::TooMany {
+                given: world,
+                capacity: usize::from(u16::MAX) + 1,
+            });
+        }
+        if usize::from(me) >= world {
+            return Err(BarrierError::NotMember(me));
+        }
+        let m = BarrierMachine {
+            alg,
+            parts: [0; N],
+            listed: false,
+            len: world,
+            me: usize::from(me),
+            epoch: 0,
+            running: false,
+            sent: 0,
+            cur: Inbox::EMPTY,
+            next: Inbox::EMPTY,
+        };
+        let children = m.children().len();
+        if children > N {
+            return Err(BarrierError::FanIn {
+                children,
+                capacity: N,
+            });
+        }
+        Ok(m)
+    }
+
+    /// The participating ranks in increasing order; `None` for a whole-world machine
+    /// (ranks `0..`[`count`](Self::count)).
+    pub fn participants(&self) -> Option<&[u16]> {
+        self.listed.then(|| &self.parts[..self.len])
+    }
+
+    /// The number of participants.
+    pub fn count(&self) -> usize {
+        self.len
+    }
+
+    /// The rank of participant index `j` (below `len`).
+    fn rank(&self, j: usize) -> u16 {
+        if self.listed {
+            self.parts[j]
+        } else {
+            j as u16 // j < len <= 65,536
+        }
+    }
+
+    /// The participant index of `rank`.
+    fn index_of(&self, rank: u16) -> Option<usize> {
+        if self.listed {
+            self.parts[..self.len].binary_search(&rank).ok()
+        } else {
+            let j = usize::from(rank);
+            (j < self.len).then_some(j)
+        }
     }
 
     /// This participant's index into [`participants`](Self::participants).
@@ -434,9 +473,8 @@ impl<const N: usize> BarrierMachine<N> {
         out: &mut impl FnMut(u16, Msg),
     ) -> Result<(), BarrierError> {
         let j = self
-            .participants()
-            .binary_search(&from)
-            .map_err(|_| BarrierError::NotParticipant(from))?;
+            .index_of(from)
+            .ok_or(BarrierError::NotParticipant(from))?;
         let (current, got) = (self.epoch, msg.epoch);
         let ahead = got.wrapping_sub(current);
         let is_cur = match ahead {
@@ -461,10 +499,11 @@ impl<const N: usize> BarrierMachine<N> {
                 }
             }
             (Algorithm::Centralized | Algorithm::BinaryTree, MsgKind::Arrive) => {
-                if msg.round != 0 || !self.children().contains(&j) {
+                let children = self.children();
+                if msg.round != 0 || !children.contains(&j) {
                     return unexpected;
                 }
-                if inbox.arrived[j] {
+                if inbox.arrived[j - children.start] {
                     return duplicate;
                 }
             }
@@ -483,6 +522,7 @@ impl<const N: usize> BarrierMachine<N> {
             }
             _ => return unexpected,
         }
+        let first_child = self.children().start;
         let inbox = if is_cur {
             &mut self.cur
         } else {
@@ -491,7 +531,8 @@ impl<const N: usize> BarrierMachine<N> {
         match msg.kind {
             MsgKind::Round => inbox.rounds |= 1 << msg.round,
             MsgKind::Arrive => {
-                inbox.arrived[j] = true;
+                // `j` is a child (checked above), and children fit in `N` (`new`, `new_world`).
+                inbox.arrived[j - first_child] = true;
                 inbox.arrivals += 1;
             }
             MsgKind::Release => inbox.released = true,
@@ -504,26 +545,18 @@ impl<const N: usize> BarrierMachine<N> {
 
     /// The index ARRIVE goes to and RELEASE comes from (not meaningful for index 0).
     fn parent(&self) -> usize {
-        match self.alg {
-            Algorithm::BinaryTree => self.me.saturating_sub(1) / 2,
-            _ => 0,
-        }
+        parent(self.alg, self.me)
     }
 
     /// The indices that ARRIVE at this one and that it RELEASEs (centralized and tree).
     fn children(&self) -> core::ops::Range<usize> {
-        let (p, i) = (self.len, self.me);
-        match self.alg {
-            Algorithm::Centralized if i == 0 => 1..p,
-            Algorithm::BinaryTree => (2 * i + 1).min(p)..(2 * i + 3).min(p),
-            _ => 0..0,
-        }
+        children(self.alg, self.me, self.len)
     }
 
     /// Sends RELEASE to the children and completes.
     fn release(&mut self, out: &mut impl FnMut(u16, Msg)) {
         let msg = self.msg(MsgKind::Release, 0);
-        self.children().for_each(|j| out(self.parts[j], msg));
+        self.children().for_each(|j| out(self.rank(j), msg));
         self.running = false;
     }
 
@@ -550,7 +583,7 @@ impl<const N: usize> BarrierMachine<N> {
                 {
                     let k = self.sent;
                     out(
-                        self.parts[(i + (1 << k)) % p],
+                        self.rank((i + (1 << k)) % p),
                         self.msg(MsgKind::Round, k as u8),
                     );
                     self.sent += 1;
@@ -564,7 +597,7 @@ impl<const N: usize> BarrierMachine<N> {
                     if i == 0 {
                         return self.release(out);
                     }
-                    out(self.parts[self.parent()], self.msg(MsgKind::Arrive, 0));
+                    out(self.rank(self.parent()), self.msg(MsgKind::Arrive, 0));
                     self.sent = 1;
                 }
                 if self.sent == 1 && self.cur.released {

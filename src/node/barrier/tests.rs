@@ -74,7 +74,7 @@ fn validation() {
     assert_eq!(new(2, &[1, 3]), Err(E::NotMember(2)));
     assert_eq!(new(3, &[1, 3, 9, 10]), Ok(()));
     let b = BarrierMachine::<4>::new(BinaryTree, 9, &[1, 3, 9]).unwrap();
-    assert_eq!((b.participants(), b.index()), (&[1, 3, 9][..], 2));
+    assert_eq!((b.participants(), b.index()), (Some(&[1, 3, 9][..]), 2));
     assert!(b.is_complete() && b.epoch() == 0 && b.algorithm() == BinaryTree);
     assert_eq!(E::InProgress { epoch: 1 }.kind(), ErrorKind::InvalidState);
     assert_eq!(E::Empty.kind(), ErrorKind::InvalidArgument);
@@ -259,4 +259,107 @@ fn errors_display() {
     let msg = mk(Arrive, 1, 0);
     write!(s, "{}", E::Duplicate { from: 3, msg }).unwrap();
     assert!(s.starts_with("duplicate barrier message"));
+}
+
+/// Runs one barrier epoch of `ms` (indexed by rank) to completion, delivering messages in
+/// FIFO order; returns every (from, to, msg) in the order sent.
+fn run_epoch<const N: usize>(ms: &mut [BarrierMachine<N>]) -> std::vec::Vec<(u16, u16, Msg)> {
+    let mut queue = std::collections::VecDeque::new();
+    let mut log = std::vec::Vec::new();
+    for (r, b) in ms.iter_mut().enumerate() {
+        b.start(&mut |to, msg| queue.push_back((r as u16, to, msg)))
+            .unwrap();
+    }
+    while let Some((from, to, msg)) = queue.pop_front() {
+        log.push((from, to, msg));
+        let dst = &mut ms[usize::from(to)];
+        dst.on_message(from, msg, &mut |next, m| queue.push_back((to, next, m)))
+            .unwrap();
+    }
+    assert!(ms.iter().all(BarrierMachine::is_complete));
+    log
+}
+
+#[test]
+fn a_world_machine_is_the_listed_machine_over_every_rank() {
+    for alg in ALGS {
+        for p in 1..=33u16 {
+            let ranks: std::vec::Vec<u16> = (0..p).collect();
+            let mut listed: std::vec::Vec<_> = (0..p)
+                .map(|r| BarrierMachine::<40>::new(alg, r, &ranks).unwrap())
+                .collect();
+            let mut world: std::vec::Vec<_> = (0..p)
+                .map(|r| BarrierMachine::<40>::new_world(alg, r, usize::from(p)).unwrap())
+                .collect();
+            assert_eq!(world[0].participants(), None);
+            assert_eq!(world[0].count(), usize::from(p));
+            for _ in 0..3 {
+                assert_eq!(
+                    run_epoch(&mut listed),
+                    run_epoch(&mut world),
+                    "{alg:?} p={p}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_world_machine_needs_capacity_for_its_fan_in_only() {
+    let p = 1000;
+    for alg in [Dissemination, BinaryTree] {
+        let mut ms: std::vec::Vec<_> = (0..p as u16)
+            .map(|r| BarrierMachine::<2>::new_world(alg, r, p).unwrap())
+            .collect();
+        run_epoch(&mut ms);
+        run_epoch(&mut ms);
+        assert_eq!(ms[0].epoch(), 2);
+    }
+    let root = BarrierMachine::<2>::new_world(Centralized, 0, p).map(drop);
+    let fan_in = E::FanIn {
+        children: 999,
+        capacity: 2,
+    };
+    assert_eq!(root, Err(fan_in));
+    assert!(BarrierMachine::<2>::new_world(Centralized, 7, p).is_ok());
+    assert!(BarrierMachine::<0>::new_world(Dissemination, 7, 65536).is_ok());
+    let new = |me, world| BarrierMachine::<4>::new_world(Dissemination, me, world).map(drop);
+    assert_eq!(new(0, 0), Err(E::Empty));
+    let too_many = E::TooMany {
+        given: 65537,
+        capacity: 65536,
+    };
+    assert_eq!(new(0, 65537), Err(too_many));
+    assert_eq!(new(5, 5), Err(E::NotMember(5)));
+    assert_eq!(new(65535, 65536), Ok(()));
+}
+
+#[test]
+fn neighbours_are_exactly_who_a_participant_talks_to() {
+    for alg in ALGS {
+        for p in 1..=70usize {
+            let mut ms: std::vec::Vec<_> = (0..p as u16)
+                .map(|r| BarrierMachine::<80>::new_world(alg, r, p).unwrap())
+                .collect();
+            let log = run_epoch(&mut ms);
+            for i in 0..p {
+                let mut talked: std::vec::Vec<usize> = log
+                    .iter()
+                    .filter_map(|&(f, t, _)| match (usize::from(f), usize::from(t)) {
+                        (f, t) if f == i => Some(t),
+                        (f, t) if t == i => Some(f),
+                        _ => None,
+                    })
+                    .collect();
+                talked.sort_unstable();
+                talked.dedup();
+                let named: std::vec::Vec<usize> = neighbours(alg, i, p).collect();
+                assert_eq!(named, talked, "{alg:?} p={p} i={i}");
+            }
+        }
+    }
+    assert_eq!(neighbours(Dissemination, 3, 3).count(), 0);
+    assert_eq!(neighbours(Dissemination, 0, 65537).count(), 0);
+    // 16 rounds each way; ±2^15 is one rank.
+    assert_eq!(neighbours(Dissemination, 65535, 65536).count(), 31);
 }

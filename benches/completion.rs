@@ -403,17 +403,16 @@ fn write_rate(c: &mut Criterion) {
 #[cfg(not(feature = "tokio"))]
 fn write_rate(_: &mut Criterion) {}
 
-/// Messages in flight per window of `send_64B`.
-const WINDOW: usize = 4;
-
-/// The message rate of two-sided sends, 64 B in windows of [`WINDOW`]: both channels on
-/// one thread, the receiver's `WINDOW` receives posted first, then `WINDOW` sends, then
+/// The message rate of two-sided sends, 64 B in windows of 4: both channels on
+/// one thread, the receiver's receives posted first, then the sends, then
 /// every completion reaped. `blocking` posts with `Channel::post_*_unpolled` and waits on
 /// each `Pending`; `async` is one `join!` of the same eight operations on a current-thread
 /// runtime (both channels on it). One element is one message, both ends' work included.
 #[cfg(feature = "tokio")]
 fn send_rate(c: &mut Criterion) {
     use common::timed_no_alloc;
+    /// Messages in flight per window.
+    const WINDOW: usize = 4;
     use zverbs::tokio::AsyncChannel;
     use zverbs::{LocalBuf, MrPool};
     type ACh = AsyncChannel<Sim, LocalBuf<Sim>, 16, 1>;

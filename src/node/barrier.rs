@@ -411,6 +411,11 @@ impl<const N: usize> BarrierMachine<N> {
         self.len
     }
 
+    /// The rank of participant index `j`, if there is one.
+    pub fn participant(&self, j: usize) -> Option<u16> {
+        (j < self.len).then(|| self.rank(j))
+    }
+
     /// The rank of participant index `j` (below `len`).
     fn rank(&self, j: usize) -> u16 {
         if self.listed {

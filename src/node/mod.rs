@@ -1,8 +1,14 @@
-//! `Node`: rank, world size, a [`MultiChannel`] to every other rank, and barriers.
+//! `Node`: rank, world size, a [`MultiChannel`] to its peers, and barriers.
 //!
 //! A node of rank `r` in a world of `W` ranks holds two RC queue pairs per peer: one for
 //! the caller's data ([`channels`](Node::channels)) and one the barriers use, so barrier
-//! traffic never meets user receives. Barriers run one of the sans-IO algorithms of
+//! traffic never meets user receives. Its peers are every other rank ([`Node::prepare`],
+//! `W` at most `PEERS`) or ranks it chooses ([`Node::prepare_with_peers`], `W` up to
+//! 65,536): with the partners [`barrier::neighbours`] names, a node of a 65,536-rank world
+//! runs whole-world dissemination barriers over 31 peers. A barrier blocks
+//! ([`Node::barrier_all`]) or is started and polled without waiting
+//! ([`Node::start_barrier_all`], [`Node::poll_barrier`]), so one thread can drive many
+//! nodes. Barriers run one of the sans-IO algorithms of
 //! [`barrier`] (chosen at build time) over any subset of ranks, with a timeout; a barrier
 //! that fails poisons the node's barriers, so later calls fail fast instead of hanging.
 //! Barrier messages are zero-length sends with 32 bits of immediate data: no registered
@@ -47,6 +53,7 @@
 pub mod barrier;
 #[cfg(feature = "std")]
 pub mod exchange;
+mod peers;
 mod run;
 mod wire;
 
@@ -60,7 +67,8 @@ use crate::error::{Error, ErrorKind, ProviderError};
 use crate::multi_channel::{MultiChannel, PreparedMultiChannel};
 use crate::provider::Provider;
 use crate::qp::Endpoint;
-use barrier::{Algorithm, BarrierError};
+use barrier::{Algorithm, BarrierError, BarrierMachine};
+use peers::{PeerMap, PeersRefused, MAX_WORLD};
 
 /// Work requests in flight per peer on the barrier queue pairs.
 const CTRL_DEPTH: usize = 8;
@@ -113,12 +121,22 @@ pub enum NodeError<E> {
     /// An earlier barrier failed; barriers on this node fail fast from now on.
     Poisoned,
     /// A rank or world size out of range: `rank` must be below `world`, and `world` at
-    /// most the capacity `PEERS` (and 65536).
+    /// most 65,536 (and, for a node connected to every rank, at most `PEERS`).
     InvalidRank {
         /// The rank.
         rank: usize,
         /// The world size.
         world: usize,
+    },
+    /// A node with chosen peers was given more than `PEERS` of them.
+    TooManyPeers {
+        /// The capacity.
+        capacity: usize,
+    },
+    /// A barrier needs a rank this node has no channel to (a node with chosen peers).
+    NotConnected {
+        /// The rank.
+        rank: usize,
     },
     /// The out-of-band endpoint exchange failed.
     #[cfg(feature = "std")]
@@ -141,7 +159,9 @@ impl<E: ProviderError> NodeError<E> {
             NodeError::Protocol { .. } | NodeError::EndpointTable { .. } => ErrorKind::Other,
             NodeError::Timeout { .. } => ErrorKind::Timeout,
             NodeError::Poisoned => ErrorKind::InvalidState,
-            NodeError::InvalidRank { .. } => ErrorKind::InvalidArgument,
+            NodeError::InvalidRank { .. }
+            | NodeError::TooManyPeers { .. }
+            | NodeError::NotConnected { .. } => ErrorKind::InvalidArgument,
             #[cfg(feature = "std")]
             NodeError::Exchange(e) => e.kind(),
         }
@@ -169,6 +189,15 @@ impl<E: fmt::Display> fmt::Display for NodeError<E> {
             NodeError::InvalidRank { rank, world } => {
                 write!(f, "rank {rank} in a world of {world} is out of range")
             }
+            NodeError::TooManyPeers { capacity } => {
+                write!(f, "more peers than the node's capacity of {capacity}")
+            }
+            NodeError::NotConnected { rank } => {
+                write!(
+                    f,
+                    "the barrier needs rank {rank}, which this node has no channel to"
+                )
+            }
             #[cfg(feature = "std")]
             NodeError::Exchange(e) => write!(f, "endpoint exchange: {e}"),
             NodeError::EndpointTable { peer, why } => {
@@ -188,8 +217,7 @@ pub struct PreparedNode<
     const DEPTH: usize = 64,
     const SGES: usize = 4,
 > {
-    rank: usize,
-    world: usize,
+    map: PeerMap<PEERS>,
     config: NodeConfig,
     data: PreparedMultiChannel<P, PEERS, DEPTH, SGES>,
     ctrl: PreparedMultiChannel<P, PEERS, CTRL_DEPTH, 1>,
@@ -200,29 +228,36 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
 {
     /// This node's rank.
     pub fn rank(&self) -> usize {
-        self.rank
+        self.map.rank
     }
 
-    /// The endpoints (data, barrier) this node made for `peer`.
+    /// The ranks this node connects to, in increasing order.
+    pub fn peers(&self) -> impl Iterator<Item = usize> + '_ {
+        self.map.indices().map(|i| self.map.rank_of(i))
+    }
+
+    /// The endpoints (data, barrier) this node made for rank `peer`.
     pub fn endpoints(&self, peer: usize) -> Result<(Endpoint, Endpoint), NodeError<P::Error>> {
-        Ok((self.data.endpoint(peer)?, self.ctrl.endpoint(peer)?))
+        let i = self
+            .map
+            .index(peer)
+            .ok_or(NodeError::NotConnected { rank: peer })?;
+        Ok((self.data.endpoint(i)?, self.ctrl.endpoint(i)?))
     }
 
-    /// Connects to every peer with the endpoints `remote(peer)` gives: the ones that peer
+    /// Connects to every peer with the endpoints `remote(rank)` gives: the ones that rank
     /// made for this node. Then posts the barrier receives.
     pub fn connect(
         self,
         mut remote: impl FnMut(usize) -> Option<(Endpoint, Endpoint)>,
     ) -> Result<Node<P, PEERS, DEPTH, SGES>, NodeError<P::Error>> {
         let mut eps = [None; PEERS];
-        for (p, ep) in eps.iter_mut().enumerate().take(self.world) {
-            if p != self.rank {
-                *ep = remote(p);
-            }
+        for i in self.map.indices() {
+            eps[i] = remote(self.map.rank_of(i));
         }
-        let data = self.data.connect(|p| eps[p].map(|e| e.0))?;
-        let ctrl = self.ctrl.connect(|p| eps[p].map(|e| e.1))?;
-        Node::start(self.rank, self.world, self.config, data, ctrl)
+        let data = self.data.connect(|i| eps[i].map(|e| e.0))?;
+        let ctrl = self.ctrl.connect(|i| eps[i].map(|e| e.1))?;
+        Node::start(self.map, self.config, data, ctrl)
     }
 }
 
@@ -233,11 +268,14 @@ pub use tables::Connected;
 
 /// A rank of a world: data channels to every peer, and barriers. See the module docs.
 pub struct Node<P: Provider, const PEERS: usize, const DEPTH: usize = 64, const SGES: usize = 4> {
-    rank: usize,
-    world: usize,
+    map: PeerMap<PEERS>,
     config: NodeConfig,
     data: MultiChannel<P, PEERS, DEPTH, SGES>,
     ctrl: MultiChannel<P, PEERS, CTRL_DEPTH, 1>,
+    /// The barrier running, from its start until it completes or fails.
+    running: Option<BarrierMachine<PEERS>>,
+    /// The peer indices the running (or last) barrier exchanges messages with.
+    partners: heapless::Vec<u32, PEERS>,
     /// Per peer: barriers taken part in together.
     pair_epoch: [u32; PEERS],
     /// Per peer: the oldest barrier receive still posted (`CTRL_RECVS` are posted).
@@ -252,7 +290,8 @@ pub struct Node<P: Provider, const PEERS: usize, const DEPTH: usize = 64, const 
 impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
     Node<P, PEERS, DEPTH, SGES>
 {
-    /// Creates the queue pairs of rank `rank` in a world of `world` ranks.
+    /// Creates the queue pairs of rank `rank` in a world of `world` ranks, to every other
+    /// rank (`world` at most `PEERS`); peer index = rank.
     pub fn prepare(
         ctx: &Context<P>,
         pd: &ProtectionDomain<P>,
@@ -260,15 +299,62 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
         world: usize,
         config: &NodeConfig,
     ) -> Result<PreparedNode<P, PEERS, DEPTH, SGES>, NodeError<P::Error>> {
-        if rank >= world || world > PEERS || world > usize::from(u16::MAX) + 1 {
+        if rank >= world || world > PEERS || world > MAX_WORLD {
             return Err(NodeError::InvalidRank { rank, world });
         }
-        let peers = (0..world).filter(|&p| p != rank);
-        let data = MultiChannel::prepare(ctx, pd, peers.clone(), &config.channel)?;
-        let ctrl = MultiChannel::prepare(ctx, pd, peers, &config.channel)?;
+        Self::prepare_map(ctx, pd, PeerMap::full(rank, world), config)
+    }
+
+    /// Creates the queue pairs of rank `rank` in a world of `world` ranks (at most 65,536)
+    /// to the ranks `peers` only (any order, repeats ignored, at most `PEERS`); peer index
+    /// = position in increasing rank order ([`Node::peer_index`]). Barriers work among
+    /// ranks whose messages stay between connected pairs: with the peers
+    /// [`barrier::neighbours`] names for this node's algorithm, whole-world barriers
+    /// ([`barrier_all`](Node::barrier_all)) work, which is how a world of 65,536 nodes runs
+    /// dissemination with 31 peers each.
+    ///
+    /// ```
+    /// use zverbs::node::{barrier::{neighbours, Algorithm}, Node, NodeConfig};
+    /// use zverbs::provider::sim::Sim;
+    /// use zverbs::Context;
+    /// let (sim, world, rank) = (Sim::with_devices(1), 1 << 16, 5);
+    /// let ctx = Context::open(&sim, "sim0").unwrap();
+    /// let pd = ctx.alloc_pd().unwrap();
+    /// let cfg = NodeConfig { algorithm: Algorithm::Dissemination, ..NodeConfig::default() };
+    /// let partners = neighbours(cfg.algorithm, rank, world);
+    /// let node = Node::<Sim, 32, 4, 1>::prepare_with_peers(&ctx, &pd, rank, world, partners, &cfg)
+    ///     .unwrap();
+    /// assert_eq!(node.peers().count(), 31);
+    /// assert!(node.endpoints(6).is_ok() && node.endpoints(8).is_err()); // 5 + 1; 5 ± 3 is none
+    /// ```
+    pub fn prepare_with_peers(
+        ctx: &Context<P>,
+        pd: &ProtectionDomain<P>,
+        rank: usize,
+        world: usize,
+        peers: impl IntoIterator<Item = usize>,
+        config: &NodeConfig,
+    ) -> Result<PreparedNode<P, PEERS, DEPTH, SGES>, NodeError<P::Error>> {
+        if rank >= world || world > MAX_WORLD {
+            return Err(NodeError::InvalidRank { rank, world });
+        }
+        let map = PeerMap::chosen(rank, world, peers).map_err(|e| match e {
+            PeersRefused::Rank(rank) => NodeError::InvalidRank { rank, world },
+            PeersRefused::TooMany => NodeError::TooManyPeers { capacity: PEERS },
+        })?;
+        Self::prepare_map(ctx, pd, map, config)
+    }
+
+    fn prepare_map(
+        ctx: &Context<P>,
+        pd: &ProtectionDomain<P>,
+        map: PeerMap<PEERS>,
+        config: &NodeConfig,
+    ) -> Result<PreparedNode<P, PEERS, DEPTH, SGES>, NodeError<P::Error>> {
+        let data = MultiChannel::prepare(ctx, pd, map.indices(), &config.channel)?;
+        let ctrl = MultiChannel::prepare(ctx, pd, map.indices(), &config.channel)?;
         Ok(PreparedNode {
-            rank,
-            world,
+            map,
             config: *config,
             data,
             ctrl,
@@ -276,31 +362,28 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
     }
 
     fn start(
-        rank: usize,
-        world: usize,
+        map: PeerMap<PEERS>,
         config: NodeConfig,
         data: MultiChannel<P, PEERS, DEPTH, SGES>,
         mut ctrl: MultiChannel<P, PEERS, CTRL_DEPTH, 1>,
     ) -> Result<Self, NodeError<P::Error>> {
         let mut recv_next = [0; PEERS];
-        for (p, next) in recv_next.iter_mut().enumerate().take(world) {
-            if p == rank {
-                continue;
-            }
+        for p in map.indices() {
             let ch = ctrl.peer(p)?;
             for i in 0..CTRL_RECVS {
                 let seq = ch.post_recv_seq(core::iter::empty())?;
                 if i == 0 {
-                    *next = seq;
+                    recv_next[p] = seq;
                 }
             }
         }
         Ok(Node {
-            rank,
-            world,
+            map,
             config,
             data,
             ctrl,
+            running: None,
+            partners: heapless::Vec::new(),
             pair_epoch: [0; PEERS],
             recv_next,
             sends: [(0, 0); PEERS],
@@ -311,12 +394,23 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
 
     /// This node's rank.
     pub fn rank(&self) -> usize {
-        self.rank
+        self.map.rank
     }
 
     /// The number of ranks.
     pub fn world(&self) -> usize {
-        self.world
+        self.map.world
+    }
+
+    /// The peer index of rank `rank` in [`channels`](Self::channels), if this node has a
+    /// channel to it: the rank itself for a node of every rank ([`Node::prepare`]).
+    pub fn peer_index(&self, rank: usize) -> Option<usize> {
+        self.map.index(rank)
+    }
+
+    /// The ranks this node has channels to, in increasing order.
+    pub fn peers(&self) -> impl Iterator<Item = usize> + '_ {
+        self.map.indices().map(|i| self.map.rank_of(i))
     }
 
     /// The barrier algorithm.
@@ -324,7 +418,8 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
         self.config.algorithm
     }
 
-    /// The data channels to every other rank (peer index = rank).
+    /// The data channels to the peers, by peer index ([`peer_index`](Self::peer_index):
+    /// the rank, for a node of every rank).
     pub fn channels(&mut self) -> &mut MultiChannel<P, PEERS, DEPTH, SGES> {
         &mut self.data
     }

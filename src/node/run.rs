@@ -1,9 +1,12 @@
 //! Running a barrier: the sans-IO machine of [`super::barrier`] driven over the barrier
-//! queue pairs.
+//! queue pairs. Blocking ([`Node::barrier`], [`Node::barrier_all`]), or split into a start
+//! and polls that never wait ([`Node::start_barrier_all`], [`Node::poll_barrier`]), so one
+//! thread can drive many nodes, as the stepped simulator does with 65,536 of them.
 
-use super::barrier::{BarrierError, BarrierMachine, Msg};
+use super::barrier::{neighbours, BarrierError, BarrierMachine, Msg};
 use super::{wire, Node, NodeError, CTRL_RECVS};
 use crate::channel::wait::Waiter;
+use crate::multi_channel::MultiChannel;
 use crate::provider::Provider;
 use crate::types::{SendFlags, SendOp};
 
@@ -12,11 +15,8 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
 {
     /// A barrier among all ranks.
     pub fn barrier_all(&mut self) -> Result<(), NodeError<P::Error>> {
-        let mut parts = [0u16; PEERS];
-        for (i, p) in parts.iter_mut().enumerate() {
-            *p = i as u16;
-        }
-        self.run(&parts[..self.world])
+        self.start_barrier_all()?;
+        self.finish()
     }
 
     /// A barrier among `participants`: ranks of this world in increasing order, including
@@ -27,23 +27,8 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
     /// A refused list is an error that leaves the node as it was; a barrier that fails
     /// (timeout, a peer gone, a message out of protocol) poisons the node's barriers.
     pub fn barrier(&mut self, participants: &[usize]) -> Result<(), NodeError<P::Error>> {
-        if participants.len() > PEERS {
-            return Err(NodeError::Barrier(BarrierError::TooMany {
-                given: participants.len(),
-                capacity: PEERS,
-            }));
-        }
-        let mut parts = [0u16; PEERS];
-        for (slot, &p) in parts.iter_mut().zip(participants) {
-            if p >= self.world {
-                return Err(NodeError::InvalidRank {
-                    rank: p,
-                    world: self.world,
-                });
-            }
-            *slot = p as u16;
-        }
-        self.run(&parts[..participants.len()])
+        self.start_barrier(participants)?;
+        self.finish()
     }
 
     /// [`barrier`](Self::barrier) on a list of `u16` ranks, for hot paths that built the
@@ -58,131 +43,305 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
     /// tables out of bounds or hang the protocol. A refused list leaves the node as it
     /// was: it does not poison its barriers.
     pub fn barrier_unchecked(&mut self, participants: &[u16]) -> Result<(), NodeError<P::Error>> {
-        if let Some(&p) = participants.iter().find(|&&p| usize::from(p) >= self.world) {
-            return Err(NodeError::InvalidRank {
-                rank: usize::from(p),
-                world: self.world,
-            });
-        }
-        self.run(participants)
+        self.start_list(participants)?;
+        self.finish()
     }
 
-    fn run(&mut self, participants: &[u16]) -> Result<(), NodeError<P::Error>> {
+    /// Starts a barrier among all ranks and returns at once; [`poll_barrier`] drives it.
+    ///
+    /// [`poll_barrier`]: Self::poll_barrier
+    pub fn start_barrier_all(&mut self) -> Result<(), NodeError<P::Error>> {
+        self.check_idle()?;
+        let (alg, world) = (self.config.algorithm, self.map.world);
+        let m = BarrierMachine::new_world(alg, self.map.rank as u16, world)
+            .map_err(NodeError::Barrier)?;
+        self.begin(m)
+    }
+
+    /// Starts a barrier among `participants` (as [`barrier`](Self::barrier) takes them) and
+    /// returns at once; [`poll_barrier`](Self::poll_barrier) drives it.
+    pub fn start_barrier(&mut self, participants: &[usize]) -> Result<(), NodeError<P::Error>> {
+        if participants.len() > PEERS {
+            return Err(NodeError::Barrier(BarrierError::TooMany {
+                given: participants.len(),
+                capacity: PEERS,
+            }));
+        }
+        let mut parts = [0u16; PEERS];
+        for (slot, &p) in parts.iter_mut().zip(participants) {
+            if p >= self.map.world {
+                return Err(NodeError::InvalidRank {
+                    rank: p,
+                    world: self.map.world,
+                });
+            }
+            *slot = p as u16;
+        }
+        self.start_list(&parts[..participants.len()])
+    }
+
+    /// Drives the running barrier as far as the completions already there allow, without
+    /// waiting: `Ok(true)` once it is complete and this node's own messages are
+    /// acknowledged (also when no barrier runs), `Ok(false)` while it still needs peers.
+    /// Nothing bounds a polled barrier but its caller: to give up, call
+    /// [`abandon_barrier`](Self::abandon_barrier). An error poisons the node's barriers.
+    pub fn poll_barrier(&mut self) -> Result<bool, NodeError<P::Error>> {
         if self.poisoned {
             return Err(NodeError::Poisoned);
         }
-        let mut m =
-            BarrierMachine::<PEERS>::new(self.config.algorithm, self.rank as u16, participants)
-                .map_err(NodeError::Barrier)?;
-        let r = self.drive(&mut m, participants);
-        if r.is_err() {
-            self.poisoned = true;
+        self.step()
+            .map(|(done, _)| done)
+            .inspect_err(|_| self.fail())
+    }
+
+    /// Gives up the running barrier, if any: the node's barriers are poisoned (its peers
+    /// may be waiting for messages it will not send).
+    pub fn abandon_barrier(&mut self) {
+        if self.running.is_some() {
+            self.fail();
+        }
+    }
+
+    /// Waits for the running barrier, within the barrier timeout.
+    fn finish(&mut self) -> Result<(), NodeError<P::Error>> {
+        let count = self.running.as_ref().map_or(0, BarrierMachine::count);
+        let mut waiter = Waiter::new(self.config.barrier_timeout, self.config.channel.flush_grace);
+        loop {
+            match self.step() {
+                Ok((true, _)) => return Ok(()),
+                Ok((false, progress)) => {
+                    if !progress && !waiter.pause() {
+                        self.fail();
+                        return Err(NodeError::Timeout {
+                            participants: count,
+                        });
+                    }
+                }
+                Err(e) => {
+                    self.fail();
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    fn fail(&mut self) {
+        self.poisoned = true;
+        self.running = None;
+    }
+
+    fn check_idle(&self) -> Result<(), NodeError<P::Error>> {
+        if self.poisoned {
+            return Err(NodeError::Poisoned);
+        }
+        match &self.running {
+            Some(m) => Err(NodeError::Barrier(BarrierError::InProgress {
+                epoch: m.epoch(),
+            })),
+            None => Ok(()),
+        }
+    }
+
+    fn start_list(&mut self, participants: &[u16]) -> Result<(), NodeError<P::Error>> {
+        if let Some(&p) = participants
+            .iter()
+            .find(|&&p| usize::from(p) >= self.map.world)
+        {
+            return Err(NodeError::InvalidRank {
+                rank: usize::from(p),
+                world: self.map.world,
+            });
+        }
+        self.check_idle()?;
+        let me = self.map.rank as u16;
+        let m = BarrierMachine::new(self.config.algorithm, me, participants)
+            .map_err(NodeError::Barrier)?;
+        self.begin(m)
+    }
+
+    /// Starts `m`: its partners (the peers it exchanges messages with) must all have
+    /// channels, else the barrier is refused and the node left as it was.
+    fn begin(&mut self, mut m: BarrierMachine<PEERS>) -> Result<(), NodeError<P::Error>> {
+        let mut partners = heapless::Vec::new();
+        for j in neighbours(m.algorithm(), m.index(), m.count()) {
+            let rank = m.participant(j).map_or(usize::MAX, usize::from);
+            let p = self
+                .map
+                .index(rank)
+                .ok_or(NodeError::NotConnected { rank })?;
+            // Distinct ranks have distinct peer indices, below `PEERS`: it always fits.
+            partners
+                .push(p as u32)
+                .map_err(|_| NodeError::TooManyPeers { capacity: PEERS })?;
+        }
+        self.partners = partners;
+        let r = self.open(&mut m);
+        match r {
+            Ok(()) => self.running = Some(m),
+            Err(_) => self.fail(),
         }
         r
     }
 
-    fn drive(
-        &mut self,
-        m: &mut BarrierMachine<PEERS>,
-        participants: &[u16],
-    ) -> Result<(), NodeError<P::Error>> {
-        let me = self.rank as u16;
-        let peers = || {
-            participants
-                .iter()
-                .map(|&p| usize::from(p))
-                .filter(|&p| p != usize::from(me))
+    /// The first moves of a started barrier: epochs counted, the machine started, early
+    /// messages handed in.
+    fn open(&mut self, m: &mut BarrierMachine<PEERS>) -> Result<(), NodeError<P::Error>> {
+        let Node {
+            map,
+            ctrl,
+            pair_epoch,
+            sends,
+            early,
+            partners,
+            ..
+        } = self;
+        for &p in partners.iter() {
+            let p = p as usize;
+            pair_epoch[p] = pair_epoch[p].wrapping_add(1);
+        }
+        let mut out = Out {
+            ctrl,
+            map,
+            pair_epoch,
+            sends,
+            failed: None,
         };
-        // One bound for the whole barrier: the reaping, the rounds and the final acks.
-        let mut waiter = Waiter::new(self.config.barrier_timeout, self.config.channel.flush_grace);
-        for p in peers() {
-            self.reap_sends(p, &mut waiter)?;
-            self.pair_epoch[p] = self.pair_epoch[p].wrapping_add(1);
-        }
-        let mut failed = None;
-        m.start(&mut |to, msg| self.send(to, msg, &mut failed))
+        m.start(&mut |to, msg| out.send(to, msg))
             .map_err(NodeError::Barrier)?;
-        check(&mut failed)?;
-        for p in peers() {
-            if let Some(msg) = self.early[p].take() {
-                m.on_message(p as u16, msg, &mut |to, msg| {
-                    self.send(to, msg, &mut failed)
-                })
-                .map_err(NodeError::Barrier)?;
-                check(&mut failed)?;
+        out.check()?;
+        for &p in partners.iter() {
+            let p = p as usize;
+            if let Some(msg) = early[p].take() {
+                let from = out.map.rank_of(p) as u16;
+                m.on_message(from, msg, &mut |to, msg| out.send(to, msg))
+                    .map_err(NodeError::Barrier)?;
+                out.check()?;
             }
-        }
-        while !m.is_complete() {
-            let mut progress = false;
-            // On shared queues: one poll of the receive queue routes every peer's message,
-            // then each peer's inbox is looked at (not the queue again per peer).
-            if let Some(p) = peers().next() {
-                self.ctrl.peer(p)?.route(false)?;
-            }
-            for p in peers() {
-                let Some(c) = self.ctrl.peer(p)?.try_routed(false, self.recv_next[p])? else {
-                    continue;
-                };
-                progress = true;
-                self.recv_next[p] += 1;
-                self.ctrl.peer(p)?.post_recv_seq(core::iter::empty())?;
-                let imm = c.imm.unwrap_or(0);
-                let Some(msg) = self.classify(p, imm)? else {
-                    continue; // for the next barrier with p: kept
-                };
-                m.on_message(p as u16, msg, &mut |to, msg| {
-                    self.send(to, msg, &mut failed)
-                })
-                .map_err(NodeError::Barrier)?;
-                check(&mut failed)?;
-            }
-            if !progress && !waiter.pause() {
-                return Err(NodeError::Timeout {
-                    participants: participants.len(),
-                });
-            }
-        }
-        // Returns only once this rank's own messages are acknowledged: a rank that leaves
-        // (drops its node) right after the barrier cannot take with it a message a peer
-        // still needs, such as one lost once on the wire and waiting for its retransmission.
-        for p in peers() {
-            self.reap_sends(p, &mut waiter)?;
         }
         Ok(())
     }
 
-    /// A received message from `p`: `Some` if it belongs to the running barrier, `None`
-    /// after keeping it for the next barrier with `p`.
-    fn classify(&mut self, p: usize, imm: u32) -> Result<Option<Msg>, NodeError<P::Error>> {
-        let bad = NodeError::Protocol { from: p, imm };
-        let Some((kind, round, epoch)) = wire::decode(imm) else {
-            return Err(bad);
+    /// One pass over the partners: messages in, messages out, and once complete, this
+    /// node's sends reaped. Returns (complete, anything happened).
+    fn step(&mut self) -> Result<(bool, bool), NodeError<P::Error>> {
+        let Node {
+            map,
+            ctrl,
+            running,
+            pair_epoch,
+            recv_next,
+            sends,
+            early,
+            partners,
+            ..
+        } = self;
+        let Some(m) = running.as_mut() else {
+            return Ok((true, false));
         };
-        let msg = wire::to_msg(kind, round);
-        let current = self.pair_epoch[p] & wire::EPOCH_MASK;
-        if epoch == current {
-            return Ok(Some(msg));
+        let mut progress = false;
+        if !m.is_complete() {
+            // On shared queues: one poll of the receive queue routes every peer's message,
+            // then each partner's inbox is looked at (not the queue again per peer).
+            if let Some(&p) = partners.first() {
+                ctrl.peer(p as usize)?.route(false)?;
+            }
+            for &p in partners.iter() {
+                let p = p as usize;
+                let Some(c) = ctrl.peer(p)?.try_routed(false, recv_next[p])? else {
+                    continue;
+                };
+                progress = true;
+                recv_next[p] += 1;
+                ctrl.peer(p)?.post_recv_seq(core::iter::empty())?;
+                let from = map.rank_of(p);
+                let Some(msg) = classify(from, c.imm.unwrap_or(0), pair_epoch[p], &mut early[p])?
+                else {
+                    continue; // for the next barrier with p: kept
+                };
+                let mut out = Out {
+                    ctrl,
+                    map,
+                    pair_epoch,
+                    sends,
+                    failed: None,
+                };
+                m.on_message(from as u16, msg, &mut |to, msg| out.send(to, msg))
+                    .map_err(NodeError::Barrier)?;
+                out.check()?;
+            }
+            if !m.is_complete() {
+                return Ok((false, progress));
+            }
         }
-        if epoch == (current + 1) & wire::EPOCH_MASK && self.early[p].is_none() {
-            self.early[p] = Some(msg);
-            return Ok(None);
+        // Complete only once this rank's own messages are acknowledged: a rank that leaves
+        // (drops its node) right after the barrier cannot take with it a message a peer
+        // still needs, such as one lost once on the wire and waiting for its retransmission.
+        if let Some(&p) = partners.first() {
+            ctrl.peer(p as usize)?.route(true)?;
         }
-        Err(bad)
+        for &p in partners.iter() {
+            let (span, ch) = (&mut sends[p as usize], ctrl.peer(p as usize)?);
+            while span.0 < span.1 {
+                if ch.try_routed(true, span.0)?.is_none() {
+                    return Ok((false, progress));
+                }
+                span.0 += 1;
+                progress = true;
+            }
+        }
+        *running = None;
+        Ok((true, progress))
     }
+}
 
-    /// Posts `msg` to rank `to` as a zero-length send with immediate data. Errors land in
-    /// `failed` (the machine's callback cannot return one).
-    fn send(&mut self, to: u16, msg: Msg, failed: &mut Option<NodeError<P::Error>>) {
-        if failed.is_some() {
+/// A received message from rank `from`: `Some` if it belongs to the running barrier,
+/// `None` after keeping it in `early` for the next barrier with that rank.
+fn classify<E>(
+    from: usize,
+    imm: u32,
+    pair_epoch: u32,
+    early: &mut Option<Msg>,
+) -> Result<Option<Msg>, NodeError<E>> {
+    let bad = NodeError::Protocol { from, imm };
+    let Some((kind, round, epoch)) = wire::decode(imm) else {
+        return Err(bad);
+    };
+    let msg = wire::to_msg(kind, round);
+    let current = pair_epoch & wire::EPOCH_MASK;
+    if epoch == current {
+        return Ok(Some(msg));
+    }
+    if epoch == (current + 1) & wire::EPOCH_MASK && early.is_none() {
+        *early = Some(msg);
+        return Ok(None);
+    }
+    Err(bad)
+}
+
+/// Where a machine's messages go: the barrier queue pairs. Errors wait in `failed` (the
+/// machine's callback cannot return one).
+struct Out<'a, P: Provider, const PEERS: usize> {
+    ctrl: &'a mut MultiChannel<P, PEERS, { super::CTRL_DEPTH }, 1>,
+    map: &'a super::PeerMap<PEERS>,
+    pair_epoch: &'a [u32; PEERS],
+    sends: &'a mut [(u64, u64); PEERS],
+    failed: Option<NodeError<P::Error>>,
+}
+
+impl<P: Provider, const PEERS: usize> Out<'_, P, PEERS> {
+    /// Posts `msg` to rank `to` as a zero-length send with immediate data.
+    fn send(&mut self, to: u16, msg: Msg) {
+        if self.failed.is_some() {
             return;
         }
-        let to = usize::from(to);
-        let imm = wire::encode(
-            msg.kind,
-            msg.round,
-            self.pair_epoch.get(to).copied().unwrap_or(0),
-        );
-        let r = self.ctrl.peer(to).and_then(|ch| {
+        let rank = usize::from(to);
+        // `begin` checked that every partner has a channel.
+        let Some(p) = self.map.index(rank) else {
+            self.failed = Some(NodeError::NotConnected { rank });
+            return;
+        };
+        let imm = wire::encode(msg.kind, msg.round, self.pair_epoch[p]);
+        let r = self.ctrl.peer(p).and_then(|ch| {
             ch.post_send_seq(
                 core::iter::empty(),
                 SendOp::SendWithImm(imm),
@@ -192,30 +351,19 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
         });
         match r {
             Ok(seq) => {
-                let span = &mut self.sends[to];
+                let span = &mut self.sends[p];
                 if span.0 == span.1 {
                     span.0 = seq;
                 }
                 span.1 = seq + 1;
             }
-            Err(e) => *failed = Some(e.into()),
+            Err(e) => self.failed = Some(e.into()),
         }
     }
 
-    /// Takes the outcomes of the barrier sends to `p` (acknowledged already, normally),
-    /// within the barrier's bound.
-    fn reap_sends(&mut self, p: usize, waiter: &mut Waiter) -> Result<(), NodeError<P::Error>> {
-        let (first, next) = self.sends[p];
-        for seq in first..next {
-            self.sends[p].0 = seq + 1;
-            self.ctrl.peer(p)?.wait_posted_within(true, seq, waiter)?;
-        }
-        Ok(())
+    fn check(&mut self) -> Result<(), NodeError<P::Error>> {
+        self.failed.take().map_or(Ok(()), Err)
     }
-}
-
-fn check<E>(failed: &mut Option<NodeError<E>>) -> Result<(), NodeError<E>> {
-    failed.take().map_or(Ok(()), Err)
 }
 
 const _: () = assert!(CTRL_RECVS >= 2, "a peer may be one barrier ahead");

@@ -25,7 +25,7 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
 {
     /// This node's endpoint table (see the module docs).
     pub fn endpoint_table(&self) -> Vec<u8> {
-        let mut table = vec![0u8; self.world * ENTRY];
+        let mut table = vec![0u8; self.map.world * ENTRY];
         for (p, entry) in table.chunks_exact_mut(ENTRY).enumerate() {
             if let Ok((data, ctrl)) = self.endpoints(p) {
                 entry[..ENDPOINT_LEN].copy_from_slice(&data.encode());
@@ -41,29 +41,30 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
         self,
         tables: &[Vec<u8>],
     ) -> Result<Node<P, PEERS, DEPTH, SGES>, NodeError<P::Error>> {
-        if tables.len() != self.world {
+        if tables.len() != self.map.world {
             return Err(NodeError::EndpointTable {
                 peer: tables.len(),
                 why: "one table per rank expected",
             });
         }
+        let (rank, world) = (self.map.rank, self.map.world);
         let mut eps = [None; PEERS];
-        for (p, table) in tables.iter().enumerate() {
-            if p == self.rank {
-                continue;
-            }
+        for i in self.map.indices() {
+            let p = self.map.rank_of(i);
             let bad = |why| NodeError::EndpointTable { peer: p, why };
-            if table.len() != self.world * ENTRY {
+            let table = &tables[p];
+            if table.len() != world * ENTRY {
                 return Err(bad("wrong length for this world"));
             }
-            let entry = &table[self.rank * ENTRY..][..ENTRY];
+            let entry = &table[rank * ENTRY..][..ENTRY];
             let data =
                 Endpoint::decode(&entry[..ENDPOINT_LEN]).map_err(|_| bad("bad data endpoint"))?;
             let ctrl = Endpoint::decode(&entry[ENDPOINT_LEN..])
                 .map_err(|_| bad("bad barrier endpoint"))?;
-            eps[p] = Some((data, ctrl));
+            eps[i] = Some((data, ctrl));
         }
-        self.connect(|p| eps[p])
+        let map = self.map;
+        self.connect(|p| eps[map.index(p)?])
     }
 
     /// Exchanges endpoint tables with every rank of `config` over TCP (binding this rank's
@@ -92,7 +93,7 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
         let deadline = deadline_after(timeout);
         self.check_config(config)?;
         let payload = self.payload(app);
-        let session = Session::open(config, self.rank as u32, None, &payload, deadline)
+        let session = Session::open(config, self.map.rank as u32, None, &payload, deadline)
             .map_err(NodeError::Exchange)?;
         self.connect_session(session)
     }
@@ -109,8 +110,14 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
         let deadline = deadline_after(timeout);
         self.check_config(config)?;
         let payload = self.payload(app);
-        let session = Session::open(config, self.rank as u32, Some(listener), &payload, deadline)
-            .map_err(NodeError::Exchange)?;
+        let session = Session::open(
+            config,
+            self.map.rank as u32,
+            Some(listener),
+            &payload,
+            deadline,
+        )
+        .map_err(NodeError::Exchange)?;
         self.connect_session(session)
     }
 
@@ -139,7 +146,7 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
 
     /// Splits every payload into its endpoint table and the app bytes, then connects.
     fn connect_payloads(self, mut payloads: Vec<Vec<u8>>) -> Connected<P, PEERS, DEPTH, SGES> {
-        let table_len = self.world * ENTRY;
+        let table_len = self.map.world * ENTRY;
         let mut apps = Vec::with_capacity(payloads.len());
         for (peer, p) in payloads.iter_mut().enumerate() {
             if p.len() < table_len {
@@ -154,9 +161,9 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
     }
 
     fn check_config(&self, config: &NetworkConfig) -> Result<(), NodeError<P::Error>> {
-        if config.len() != self.world {
+        if config.len() != self.map.world {
             return Err(NodeError::InvalidRank {
-                rank: self.rank,
+                rank: self.map.rank,
                 world: config.len(),
             });
         }

@@ -55,7 +55,7 @@ impl Msg {
     }
 
     /// Parses the wire form. The length, the kind and the reserved bytes are checked;
-    /// whether the round makes sense is for the [`BarrierMachine`] to judge.
+    /// whether the round makes sense is for the [`BarrierMachine`](super::BarrierMachine) to judge.
     pub fn decode(bytes: &[u8]) -> Result<Msg, MsgError> {
         let b: &[u8; MSG_LEN] = bytes
             .try_into()

@@ -1,135 +1,181 @@
-//! Barrier algorithms at scale on the simulator's stepped mode: N = 2, 4, ..., 1024
-//! simulated nodes on one thread, no OS thread per node.
+//! Barriers and a scatter at scale on the simulator's stepped mode: worlds of N = 2, 4, ...
+//! up to 65,536 [`Node`]s on one thread, no OS thread per node.
 //!
 //! ```sh
-//! cargo run --release --features sim --example barrier_scale [-- --max-nodes 1024 --seed 1]
+//! cargo run --release --features sim --example barrier_scale [-- --max-nodes 65536 --seed 1]
 //! ```
 //!
-//! Each node is one simulated device running the library's sans-IO [`BarrierMachine`];
-//! its messages are zero-length RC SEND_WITH_IMM on [`Channel`]s, one per pair of nodes
-//! that the algorithm makes talk (found by a dry run of the machines), so a 1024-node
-//! dissemination barrier needs ~20 queue pairs per node, not 1023; a node's channels share
-//! one send and one receive completion queue (`zverbs::dispatch`). The driver advances the
-//! fabric to each next event time (`Fabric::next_event_at`), then polls every node: a
-//! completion is seen at the simulated instant it happens and CPU time counts as zero, so
-//! the figure is the network's share of a barrier.
+//! Each rank is one simulated device with one [`Node`], prepared with the peers its
+//! algorithm talks to ([`Node::prepare_with_peers`] with [`barrier::neighbours`]): 31 for
+//! dissemination at 65,536 ranks, 3 for the tree, the centralized root everyone. Every
+//! node starts a whole-world barrier ([`Node::start_barrier_all`]); the driver then
+//! advances the fabric to its next event ([`Fabric::next_event_at`]) and polls the nodes
+//! not yet done ([`Node::poll_barrier`]), so a completion is seen at the simulated instant
+//! it happens and CPU time counts as zero: the figure is the network's share of a barrier.
+//! A node is done when it is released *and* its own messages are acknowledged (what
+//! `barrier_all` waits for), one one-way latency after the release at most.
 //!
-//! Printed per algorithm and N: the simulated barrier latency (all nodes start at 0; the
-//! last one released), the `⌈log2 N⌉ × one-way latency` bound and the ratio to it, the
-//! algorithm's own critical path (`rounds(alg, N)` one-way latencies: centralized 2,
-//! dissemination ⌈log2 N⌉, tree 2⌊log2 N⌋; the centralized root also serialises N - 1
-//! arrivals on its link), the messages sent, and the wall-clock time the simulation took
-//! (setup excluded). After each algorithm's sweep a line checks its growth and fails the
-//! run if it is off: dissemination and tree must add a constant per doubling of N (log2 N)
-//! and end within 10 % of their critical path at the largest N (the tree's path is twice
-//! the `⌈log2 N⌉` bound by construction: ARRIVE up, RELEASE down); centralized must grow
-//! linearly.
+//! Printed per algorithm and N: the simulated time until the last node was done, the
+//! `⌈log2 N⌉ × one-way latency` bound and the ratio to it, the algorithm's critical path
+//! (`rounds(alg, N)` one-way latencies, plus one for the last acknowledgement), the
+//! simulator's events and events per second of wall time, the wall time (setup excluded),
+//! and the peak heap during the run per node and per queue pair (every queue pair: two per
+//! peer of every node, data and barrier). After each sweep a line checks the growth and
+//! fails the run if it is off: dissemination and tree must add a constant per doubling of N
+//! (log2 N), end within 10 % of their critical path, and process O(N log N) events (events
+//! per node growing by a constant per doubling); centralized must grow linearly. The
+//! centralized sweep stops at 4,096 ranks unless `--max-centralized` says otherwise: its
+//! root takes N - 1 arrivals one after another on one link, N distinct instants at which
+//! this driver polls every node (O(N²) polls).
+//!
+//! Last, a scatter on the dissemination world: every node writes 64 bytes to each of its
+//! `⌈log2 N⌉` partners `rank + 2^k` over its data channels, and every byte is checked.
 
-use std::collections::VecDeque;
+use std::alloc::{GlobalAlloc, Layout, System};
 use std::error::Error as StdError;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
-use zverbs::dispatch::SharedCompletionQueue;
-use zverbs::node::barrier::{rounds, Algorithm, BarrierMachine, Msg};
-use zverbs::provider::sim::{FabricConfig, Sim};
-use zverbs::{Channel, ChannelConfig, Context, Pending, SendFlags, SendOp};
-
-/// Largest world; also the machines' capacity.
-const MAX: usize = 1024;
-/// Receives kept posted per channel (the most messages one peer sends in one barrier).
-const RECVS: usize = 2;
+use zverbs::node::barrier::{self, rounds, Algorithm};
+use zverbs::node::{Node, NodeConfig, NodeError, PreparedNode};
+use zverbs::provider::sim::{FabricConfig, Sim, SimError};
+use zverbs::{AccessFlags, Channel, Context, Endpoint, Pending, ProtectionDomain, SendFlags};
 
 type Result<T> = core::result::Result<T, Box<dyn StdError>>;
-type Chan = Channel<Sim, 4, 1>;
 
-/// One end of a pair: the channel to `peer`, its posted receives and unreaped sends.
-struct Link {
-    peer: u16,
-    ch: Chan,
-    recvs: VecDeque<Pending>,
-    sends: VecDeque<Pending>,
-}
+/// The largest world (ranks are 16 bits on the barrier wire).
+const MAX: usize = 1 << 16;
+/// Data channel depth and SGEs: the scatter keeps one write per peer in flight.
+const DEPTH: usize = 2;
+const SGES: usize = 1;
+/// Peer capacities: dissemination has at most 2 × 16 - 1 partners, the tree 3, a
+/// centralized leaf 1 and its root everyone.
+const DISSEMINATION_PEERS: usize = 32;
+const TREE_PEERS: usize = 3;
+/// Bytes each scatter write carries.
+const PIECE: usize = 64;
 
-struct SimNode {
-    machine: BarrierMachine<MAX>,
-    links: Vec<Link>, // sorted by peer
-    released_at: Option<Duration>,
-}
+/// Live and peak heap bytes (the peak reset per run).
+struct Heap;
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+static PEAK: AtomicUsize = AtomicUsize::new(0);
 
-/// A message in 32 bits of immediate data: `[0, 0, kind, round]`; the epoch is implied
-/// (one barrier per world).
-fn to_imm(msg: &Msg) -> u32 {
-    let b = msg.encode();
-    u32::from_be_bytes([0, 0, b[0], b[1]])
-}
-
-fn from_imm(imm: u32, epoch: u32) -> Result<Msg> {
-    let [_, _, kind, round] = imm.to_be_bytes();
-    let e = epoch.to_be_bytes();
-    Ok(Msg::decode(&[kind, round, 0, 0, e[0], e[1], e[2], e[3]])?)
-}
-
-/// The (unordered) pairs of ranks that exchange messages in one barrier of `alg` over
-/// `0..n`, found by running the machines with instant delivery.
-fn pairs(alg: Algorithm, n: usize) -> Result<Vec<(u16, u16)>> {
-    let parts: Vec<u16> = (0..n as u16).collect();
-    let mut ms = parts
-        .iter()
-        .map(|&r| BarrierMachine::<MAX>::new(alg, r, &parts))
-        .collect::<core::result::Result<Vec<_>, _>>()?;
-    let mut queue = VecDeque::new();
-    let mut out = Vec::new();
-    for (r, m) in ms.iter_mut().enumerate() {
-        m.start(&mut |to, msg| queue.push_back((r as u16, to, msg)))?;
+// SAFETY: forwards every call to `System` unchanged; it only counts bytes.
+unsafe impl GlobalAlloc for Heap {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        let live = LIVE.fetch_add(l.size(), Relaxed) + l.size();
+        PEAK.fetch_max(live, Relaxed);
+        // SAFETY: same contract as the caller's.
+        unsafe { System.alloc(l) }
     }
-    while let Some((from, to, msg)) = queue.pop_front() {
-        out.push((from.min(to), from.max(to)));
-        ms[usize::from(to)].on_message(from, msg, &mut |t, m| queue.push_back((to, t, m)))?;
+    unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
+        let live = LIVE.fetch_add(l.size(), Relaxed) + l.size();
+        PEAK.fetch_max(live, Relaxed);
+        // SAFETY: same contract as the caller's.
+        unsafe { System.alloc_zeroed(l) }
     }
-    if !ms.iter().all(|m| m.is_complete()) {
-        return Err(format!("{alg:?} with {n}: dry run did not complete").into());
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        LIVE.fetch_sub(l.size(), Relaxed);
+        // SAFETY: same contract as the caller's.
+        unsafe { System.dealloc(p, l) }
     }
-    out.sort_unstable();
-    out.dedup();
-    Ok(out)
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
+        if new >= l.size() {
+            let live = LIVE.fetch_add(new - l.size(), Relaxed) + new - l.size();
+            PEAK.fetch_max(live, Relaxed);
+        } else {
+            LIVE.fetch_sub(l.size() - new, Relaxed);
+        }
+        // SAFETY: same contract as the caller's.
+        unsafe { System.realloc(p, l, new) }
+    }
 }
 
-/// Sends `msg` from `node` to `to`, reaping finished sends first.
-fn send(node: &mut SimNode, to: u16, msg: Msg, sent: &mut u64) -> Result<()> {
-    let i = node
-        .links
-        .binary_search_by_key(&to, |l| l.peer)
-        .map_err(|_| format!("no link to {to}"))?;
-    let l = &mut node.links[i];
-    reap(l)?;
-    // SAFETY: a zero-length send names no memory.
-    let p = unsafe {
-        l.ch.post_send_unpolled(&[], SendOp::SendWithImm(to_imm(&msg)), SendFlags::empty())
-    }?;
-    l.sends.push_back(p);
-    *sent += 1;
-    Ok(())
+#[global_allocator]
+static GLOBAL: Heap = Heap;
+
+type Chan = Channel<Sim, DEPTH, SGES>;
+type NodeResult<T> = core::result::Result<T, NodeError<SimError>>;
+/// The data and barrier endpoints one rank made for another.
+type Eps = (Endpoint, Endpoint);
+
+/// One rank, whatever its peer capacity (the centralized root's differs from its leaves').
+trait Rank {
+    fn start(&mut self) -> NodeResult<()>;
+    fn poll(&mut self) -> NodeResult<bool>;
+    /// The data channel to `rank`.
+    fn data(&mut self, rank: usize) -> Option<&mut Chan>;
+    fn peers(&self) -> usize;
 }
 
-/// Redeems the sends of `l` that have completed (the ring has 4 slots).
-fn reap(l: &mut Link) -> Result<()> {
-    while let Some(p) = l.sends.pop_front() {
-        if let Err(p) = l.ch.try_complete(p)? {
-            l.sends.push_front(p);
-            break;
+impl<const PEERS: usize> Rank for Node<Sim, PEERS, DEPTH, SGES> {
+    fn start(&mut self) -> NodeResult<()> {
+        self.start_barrier_all()
+    }
+    fn poll(&mut self) -> NodeResult<bool> {
+        self.poll_barrier()
+    }
+    fn data(&mut self, rank: usize) -> Option<&mut Chan> {
+        let i = self.peer_index(rank)?;
+        self.channels().peer(i).ok()
+    }
+    fn peers(&self) -> usize {
+        Node::peers(self).count()
+    }
+}
+
+/// A world of `n` ranks on a stepped fabric, each node connected to its partners.
+struct World {
+    sim: Sim,
+    pds: Vec<ProtectionDomain<Sim>>,
+    nodes: Vec<Box<dyn Rank>>,
+    queue_pairs: usize,
+}
+
+fn prepared<const PEERS: usize>(
+    ctx: &Context<Sim>,
+    pd: &ProtectionDomain<Sim>,
+    alg: Algorithm,
+    r: usize,
+    n: usize,
+) -> Result<PreparedNode<Sim, PEERS, DEPTH, SGES>> {
+    let cfg = NodeConfig {
+        algorithm: alg,
+        barrier_timeout: None,
+        ..NodeConfig::default()
+    };
+    let peers = barrier::neighbours(alg, r, n);
+    Ok(Node::prepare_with_peers(ctx, pd, r, n, peers, &cfg)?)
+}
+
+/// Connects `prep` with the endpoints its peers made for it.
+fn connect<const PEERS: usize>(
+    prep: PreparedNode<Sim, PEERS, DEPTH, SGES>,
+    eps: impl Fn(usize) -> Option<Eps>,
+) -> Result<Box<dyn Rank>> {
+    Ok(Box::new(prep.connect(eps)?))
+}
+
+/// Prepared nodes of every capacity in one list (the centralized root is big).
+enum Prep {
+    Dissemination(PreparedNode<Sim, DISSEMINATION_PEERS, DEPTH, SGES>),
+    Tree(PreparedNode<Sim, TREE_PEERS, DEPTH, SGES>),
+    Root(Box<PreparedNode<Sim, MAX, DEPTH, SGES>>),
+    Leaf(PreparedNode<Sim, 1, DEPTH, SGES>),
+}
+
+impl Prep {
+    fn endpoints(&self, peer: usize) -> Option<Eps> {
+        match self {
+            Prep::Dissemination(p) => p.endpoints(peer).ok(),
+            Prep::Tree(p) => p.endpoints(peer).ok(),
+            Prep::Root(p) => p.endpoints(peer).ok(),
+            Prep::Leaf(p) => p.endpoints(peer).ok(),
         }
     }
-    Ok(())
 }
 
-struct Run {
-    latency: Duration,
-    messages: u64,
-    wall: Duration,
-}
-
-fn run(alg: Algorithm, n: usize, seed: u64) -> Result<Run> {
+fn build(alg: Algorithm, n: usize, seed: u64) -> Result<World> {
     let sim = Sim::with_config(
         FabricConfig {
             auto_step: false,
@@ -137,122 +183,176 @@ fn run(alg: Algorithm, n: usize, seed: u64) -> Result<Run> {
         },
         n,
     );
-    let ctxs = (0..n)
-        .map(|r| Context::open(&sim, &format!("sim{r}")))
-        .collect::<core::result::Result<Vec<_>, _>>()?;
-    let pds = ctxs
-        .iter()
-        .map(|c| c.alloc_pd())
-        .collect::<core::result::Result<Vec<_>, _>>()?;
-    let parts: Vec<u16> = (0..n as u16).collect();
-    let mut nodes = parts
-        .iter()
-        .map(|&r| {
-            Ok(SimNode {
-                machine: BarrierMachine::new(alg, r, &parts)?,
-                links: Vec::new(),
-                released_at: None,
-            })
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let cfg = ChannelConfig::default();
-    let pairs = pairs(alg, n)?;
-    // Every node's channels share one send and one receive completion queue.
-    let mut links_of = vec![0usize; n];
-    for &(a, b) in &pairs {
-        links_of[usize::from(a)] += 1;
-        links_of[usize::from(b)] += 1;
-    }
-    let cqs = ctxs
-        .iter()
-        .zip(&links_of)
-        .map(|(ctx, &links)| {
-            let links = links.max(1);
-            Ok((
-                Arc::new(SharedCompletionQueue::create(ctx, links, 4)?),
-                Arc::new(SharedCompletionQueue::create(ctx, links, 4)?),
-            ))
-        })
-        .collect::<Result<Vec<_>>>()?;
-    for (a, b) in pairs {
-        let (a, b) = (usize::from(a), usize::from(b));
-        let pa = Chan::prepare_shared(&ctxs[a], &pds[a], &cfg, &cqs[a].0, &cqs[a].1)?;
-        let pb = Chan::prepare_shared(&ctxs[b], &pds[b], &cfg, &cqs[b].0, &cqs[b].1)?;
-        let (ea, eb) = (pa.endpoint(), pb.endpoint());
-        for (me, peer, ch) in [(a, b, pa.connect(&eb)?), (b, a, pb.connect(&ea)?)] {
-            let mut l = Link {
-                peer: peer as u16,
-                ch,
-                recvs: VecDeque::new(),
-                sends: VecDeque::new(),
-            };
-            for _ in 0..RECVS {
-                // SAFETY: a zero-length receive names no memory.
-                l.recvs
-                    .push_back(unsafe { l.ch.post_receive_unpolled(&[]) }?);
+    let mut pds = Vec::with_capacity(n);
+    let mut preps = Vec::with_capacity(n);
+    for r in 0..n {
+        let ctx = Context::open(&sim, &format!("sim{r}"))?;
+        let pd = ctx.alloc_pd()?;
+        preps.push(match alg {
+            Algorithm::Dissemination => Prep::Dissemination(prepared(&ctx, &pd, alg, r, n)?),
+            Algorithm::BinaryTree => Prep::Tree(prepared(&ctx, &pd, alg, r, n)?),
+            Algorithm::Centralized if r == 0 => {
+                Prep::Root(Box::new(prepared(&ctx, &pd, alg, r, n)?))
             }
-            nodes[me].links.push(l); // pairs are sorted: links stay sorted by peer
-        }
+            Algorithm::Centralized => Prep::Leaf(prepared(&ctx, &pd, alg, r, n)?),
+        });
+        pds.push(pd);
     }
-    sim.fabric().run_until_idle(); // nothing should be in flight before the start
-    let t0 = sim.fabric().now();
-    let wall = Instant::now();
-    let mut messages = 0;
-    let mut outbox = Vec::new();
-    for node in nodes.iter_mut() {
-        node.machine.start(&mut |to, msg| outbox.push((to, msg)))?;
-        for (to, msg) in outbox.drain(..) {
-            send(node, to, msg, &mut messages)?;
-        }
-    }
-    let mut left = nodes.iter().filter(|n| !n.machine.is_complete()).count();
-    while left > 0 {
-        let f = sim.fabric();
-        let Some(next) = f.next_event_at() else {
-            return Err(format!("{alg:?} with {n}: stalled, {left} nodes not released").into());
+    // Per rank, the endpoints its partners made for it (read before any node is consumed),
+    // in increasing partner order.
+    let table: Vec<Vec<(usize, Eps)>> = (0..n)
+        .map(|me| {
+            barrier::neighbours(alg, me, n)
+                .filter_map(|peer| preps[peer].endpoints(me).map(|e| (peer, e)))
+                .collect()
+        })
+        .collect();
+    let mut nodes = Vec::with_capacity(n);
+    let mut queue_pairs = 0;
+    for (prep, mine) in preps.into_iter().zip(&table) {
+        let eps = |peer: usize| {
+            let i = mine.binary_search_by_key(&peer, |e| e.0).ok()?;
+            Some(mine[i].1)
         };
-        f.run_for(next.saturating_sub(f.now()));
-        let now = f.now();
-        for node in nodes.iter_mut().filter(|n| n.released_at.is_none()) {
-            let epoch = node.machine.epoch();
-            for i in 0..node.links.len() {
-                let l = &mut node.links[i];
-                let Some(p) = l.recvs.pop_front() else {
-                    continue;
-                };
-                let c = match l.ch.try_complete(p)? {
-                    Ok(c) => c,
-                    Err(p) => {
-                        l.recvs.push_front(p);
-                        continue;
-                    }
-                };
-                // SAFETY: as above, no memory.
-                l.recvs
-                    .push_back(unsafe { l.ch.post_receive_unpolled(&[]) }?);
-                let from = l.peer;
-                let msg = from_imm(c.imm.ok_or("a barrier message without imm")?, epoch)?;
-                node.machine
-                    .on_message(from, msg, &mut |to, m| outbox.push((to, m)))?;
-                for (to, msg) in outbox.drain(..) {
-                    send(node, to, msg, &mut messages)?;
-                }
+        let node = match prep {
+            Prep::Dissemination(p) => connect(p, eps)?,
+            Prep::Tree(p) => connect(p, eps)?,
+            Prep::Root(p) => connect(*p, eps)?,
+            Prep::Leaf(p) => connect(p, eps)?,
+        };
+        queue_pairs += 2 * node.peers();
+        nodes.push(node);
+    }
+    sim.fabric().run_until_idle(); // nothing in flight before the start
+    Ok(World {
+        sim,
+        pds,
+        nodes,
+        queue_pairs,
+    })
+}
+
+struct Run {
+    /// Simulated time until the last node was done.
+    latency: Duration,
+    events: usize,
+    wall: Duration,
+}
+
+/// Advances the fabric to its next event; the events run (0: nothing scheduled).
+fn step(sim: &Sim) -> usize {
+    let f = sim.fabric();
+    match f.next_event_at() {
+        Some(next) => f.run_for(next.saturating_sub(f.now())).max(1),
+        None => 0,
+    }
+}
+
+fn barrier_run(w: &mut World) -> Result<Run> {
+    let t0 = w.sim.fabric().now();
+    let wall = Instant::now();
+    for node in w.nodes.iter_mut() {
+        node.start()?;
+    }
+    let mut waiting: Vec<usize> = (0..w.nodes.len()).collect();
+    let mut events = 0;
+    let mut last = t0;
+    loop {
+        let now = w.sim.fabric().now();
+        let before = waiting.len();
+        let mut i = 0;
+        while i < waiting.len() {
+            if w.nodes[waiting[i]].poll()? {
+                waiting.swap_remove(i);
+            } else {
+                i += 1;
             }
-            if node.machine.is_complete() {
-                node.released_at = Some(now - t0);
-                left -= 1;
+        }
+        if waiting.len() < before {
+            last = now;
+        }
+        if waiting.is_empty() {
+            break;
+        }
+        match step(&w.sim) {
+            0 => return Err(format!("stalled, {} nodes not done", waiting.len()).into()),
+            n => events += n,
+        }
+    }
+    Ok(Run {
+        latency: last - t0,
+        events,
+        wall: wall.elapsed(),
+    })
+}
+
+/// Every node writes `PIECE` bytes to each partner `rank + 2^k` (slot `k` of the target's
+/// region); checks every byte once all writes completed.
+fn scatter_run(w: &mut World) -> Result<Run> {
+    let n = w.nodes.len();
+    let r = ceil_log2(n) as usize;
+    let mut memory = vec![0u8; n * (r + 1) * PIECE];
+    let mut regions = Vec::with_capacity(n);
+    for (rank, (chunk, pd)) in memory.chunks_mut((r + 1) * PIECE).zip(&w.pds).enumerate() {
+        chunk[..PIECE].fill(rank as u8); // the source: this rank's byte
+        let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+        // SAFETY: no Rust code touches `memory` until every write completed and the
+        // regions are dropped (below).
+        regions.push(unsafe { pd.register_with_access(chunk, access) }?);
+    }
+    let remotes: Vec<_> = regions.iter().map(|m| m.remote()).collect();
+    let t0 = w.sim.fabric().now();
+    let wall = Instant::now();
+    let mut pending: Vec<(usize, usize, Pending)> = Vec::with_capacity(n * r);
+    for (rank, region) in regions.iter().enumerate() {
+        let sge = region.slice(..PIECE)?.sge();
+        for k in 0..r {
+            let to = (rank + (1 << k)) % n;
+            let at = ((k + 1) * PIECE) as u64;
+            let target = remotes[to].slice(at..at + PIECE as u64)?;
+            let ch = w.nodes[rank]
+                .data(to)
+                .ok_or("no data channel to a partner")?;
+            // SAFETY: the source lives in `memory`, which outlives every write (all are
+            // completed below before it is dropped) and is not written meanwhile.
+            let p =
+                unsafe { ch.post_send_unpolled(&[sge], target.write_op(), SendFlags::empty()) }?;
+            pending.push((rank, to, p));
+        }
+    }
+    let mut events = 0;
+    while !pending.is_empty() {
+        let mut left = Vec::with_capacity(pending.len());
+        for (rank, to, p) in pending.drain(..) {
+            let ch = w.nodes[rank].data(to).ok_or("no data channel")?;
+            if let Err(p) = ch.try_complete(p)? {
+                left.push((rank, to, p));
+            }
+        }
+        pending = left;
+        if pending.is_empty() {
+            break;
+        }
+        match step(&w.sim) {
+            0 => return Err(format!("scatter stalled, {} writes pending", pending.len()).into()),
+            e => events += e,
+        }
+    }
+    let latency = w.sim.fabric().now() - t0;
+    let wall = wall.elapsed();
+    drop(regions);
+    for (rank, chunk) in memory.chunks((r + 1) * PIECE).enumerate() {
+        for k in 0..r {
+            let from = (rank + n - (1 << k) % n) % n;
+            let piece = &chunk[(k + 1) * PIECE..(k + 2) * PIECE];
+            if piece.iter().any(|&b| b != from as u8) {
+                return Err(format!("rank {rank} slot {k}: not rank {from}'s bytes").into());
             }
         }
     }
-    let wall = wall.elapsed();
-    let latency = nodes
-        .iter()
-        .filter_map(|n| n.released_at)
-        .max()
-        .unwrap_or_default();
     Ok(Run {
         latency,
-        messages,
+        events,
         wall,
     })
 }
@@ -271,9 +371,26 @@ fn arg(args: &[String], name: &str, default: u64) -> Result<u64> {
     }
 }
 
+/// One sweep point: what gets printed and checked.
+struct Point {
+    n: usize,
+    latency: Duration,
+    events: usize,
+}
+
 fn main() -> Result<()> {
+    // The centralized root's tables are a few MiB: room for them on the stack. The sweep's
+    // error comes back as text (a boxed error is not `Send`).
+    let worker = std::thread::Builder::new()
+        .stack_size(256 << 20)
+        .spawn(|| sweep().map_err(|e| e.to_string()))?;
+    Ok(worker.join().map_err(|_| "the sweep panicked")??)
+}
+
+fn sweep() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let max = arg(&args, "--max-nodes", MAX as u64)? as usize;
+    let max = arg(&args, "--max-nodes", 1024)? as usize;
+    let max_central = arg(&args, "--max-centralized", 4096)? as usize;
     let seed = arg(&args, "--seed", 1)?;
     if !(2..=MAX).contains(&max) {
         return Err(format!("--max-nodes must be in 2..={MAX}").into());
@@ -281,46 +398,75 @@ fn main() -> Result<()> {
     let one_way = Duration::from_nanos(FabricConfig::default().link.latency_ns);
     println!("barrier_scale: stepped simulator, seed {seed}, one-way latency {one_way:?}");
     println!(
-        "{:<14} {:>5} {:>12} {:>12} {:>7} {:>14} {:>9} {:>10}",
+        "{:<14} {:>6} {:>10} {:>6} {:>10} {:>10} {:>10} {:>9} {:>8} {:>8}",
         "algorithm",
         "N",
-        "sim latency",
-        "log2N bound",
-        "ratio",
-        "critical path",
-        "messages",
-        "wall"
+        "sim time",
+        "/log2N",
+        "crit+ack",
+        "events",
+        "events/s",
+        "wall",
+        "B/node",
+        "B/QP"
     );
     for alg in [
-        Algorithm::Centralized,
         Algorithm::Dissemination,
         Algorithm::BinaryTree,
+        Algorithm::Centralized,
     ] {
-        let mut n = 2;
+        let top = if alg == Algorithm::Centralized {
+            max.min(max_central)
+        } else {
+            max
+        };
         let mut sweep = Vec::new();
-        while n <= max {
-            let r = run(alg, n, seed).map_err(|e| format!("{alg:?}, N = {n}, seed {seed}: {e}"))?;
-            sweep.push((n, r.latency));
+        let mut n = 2;
+        while n <= top {
+            PEAK.store(LIVE.load(Relaxed), Relaxed);
+            let base = LIVE.load(Relaxed);
+            let mut w = build(alg, n, seed).map_err(|e| format!("{alg:?}, N = {n}: {e}"))?;
+            let r =
+                barrier_run(&mut w).map_err(|e| format!("{alg:?}, N = {n}, seed {seed}: {e}"))?;
+            let peak = PEAK.load(Relaxed) - base;
+            let critical = one_way * (rounds(alg, n) + 1);
             let bound = one_way * ceil_log2(n);
-            let critical = one_way * rounds(alg, n);
-            if r.latency < critical {
+            if r.latency < one_way * rounds(alg, n) {
                 return Err(format!(
-                    "{alg:?}, N = {n}, seed {seed}: released after {:?}, before its critical path {critical:?}",
+                    "{alg:?}, N = {n}, seed {seed}: done after {:?}, before its critical path",
                     r.latency
                 )
                 .into());
             }
             println!(
-                "{:<14} {:>5} {:>12} {:>12} {:>7.2} {:>14} {:>9} {:>10}",
+                "{:<14} {:>6} {:>10} {:>6.2} {:>10} {:>10} {:>10.2e} {:>9} {:>8} {:>8}",
                 format!("{alg:?}"),
                 n,
                 format!("{:.2?}", r.latency),
-                format!("{bound:.2?}"),
                 r.latency.as_secs_f64() / bound.as_secs_f64(),
                 format!("{critical:.2?}"),
-                r.messages,
+                r.events,
+                r.events as f64 / r.wall.as_secs_f64(),
                 format!("{:.1?}", r.wall),
+                peak / n,
+                peak / w.queue_pairs.max(1),
             );
+            sweep.push(Point {
+                n,
+                latency: r.latency,
+                events: r.events,
+            });
+            if alg == Algorithm::Dissemination && n == top {
+                let s = scatter_run(&mut w).map_err(|e| format!("scatter, N = {n}: {e}"))?;
+                println!(
+                    "  scatter: each of {n} nodes writes {PIECE} B to its {} partners rank + 2^k: {:.2?} simulated ({:.1} one-way latencies), {} events, {:.1?} wall, every byte checked",
+                    ceil_log2(n),
+                    s.latency,
+                    s.latency.as_secs_f64() / one_way.as_secs_f64(),
+                    s.events,
+                    s.wall
+                );
+            }
             n *= 2;
         }
         println!("  {}", growth(alg, &sweep, one_way)?);
@@ -328,51 +474,56 @@ fn main() -> Result<()> {
     Ok(())
 }
 
-/// Checks and describes how the latency grows over the sweep (N doubling each step):
-/// dissemination and tree by a constant per doubling (log2 N) and within 10 % of their
-/// critical path at the largest N; centralized linearly in N (the root's link serialises
-/// the N - 1 arrivals and releases), so its increment per doubling doubles.
-fn growth(alg: Algorithm, sweep: &[(usize, Duration)], one_way: Duration) -> Result<String> {
-    let (&(n_max, l_max), Some(&(_, l_prev)), Some(&(_, l_prev2))) = (
-        sweep.last().ok_or("empty sweep")?,
-        sweep.iter().rev().nth(1),
-        sweep.iter().rev().nth(2),
-    ) else {
+/// Checks and describes how time and events grow over the sweep (N doubling each step):
+/// dissemination and tree by a constant per doubling (log2 N), within 10 % of their
+/// critical path plus the last acknowledgement at the largest N, and O(N log N) events
+/// (events per node growing by a constant per doubling, within 25 %); centralized linearly
+/// in N (the root's link serialises the N - 1 arrivals and releases).
+fn growth(alg: Algorithm, sweep: &[Point], one_way: Duration) -> Result<String> {
+    let [.., a, b, c] = sweep else {
         return Ok("(sweep too short to judge growth)".into());
     };
     let ns = |d: Duration| d.as_secs_f64() * 1e9;
-    let (step, step_prev) = (ns(l_max) - ns(l_prev), ns(l_prev) - ns(l_prev2));
-    let critical = ns(one_way * rounds(alg, n_max));
-    let off = ns(l_max) / critical - 1.0;
-    let verdict = match alg {
-        Algorithm::Centralized => {
-            let r = step / step_prev;
-            if !(1.8..=2.2).contains(&r) {
-                return Err(format!(
-                    "centralized: last increments {step_prev:.0} ns, {step:.0} ns: not linear"
-                )
-                .into());
-            }
-            format!(
-                "linear in N: the last doubling added {step:.0} ns, the one before {step_prev:.0} ns (x{r:.2}); {:.1} ns per participant at the root",
-                (ns(l_max) - critical) / (n_max - 1) as f64
+    let (step, step_prev) = (ns(c.latency) - ns(b.latency), ns(b.latency) - ns(a.latency));
+    let critical = ns(one_way * (rounds(alg, c.n) + 1));
+    let off = ns(c.latency) / critical - 1.0;
+    if alg == Algorithm::Centralized {
+        let r = step / step_prev;
+        if !(1.8..=2.2).contains(&r) {
+            return Err(format!(
+                "centralized: last increments {step_prev:.0} ns, {step:.0} ns: not linear"
             )
+            .into());
         }
-        _ => {
-            if off > 0.10 || (step - step_prev).abs() > 0.10 * step_prev {
-                return Err(format!(
-                    "{alg:?}: {:.2?} at N = {n_max} is {:.1} % over its critical path, increments {step_prev:.0} / {step:.0} ns: not log2 N",
-                    l_max,
-                    off * 100.0
-                )
-                .into());
-            }
-            format!(
-                "log2 N: {step:.0} ns per doubling; at N = {n_max}, {:.1} % over its critical path of {} one-way latencies",
-                off * 100.0,
-                rounds(alg, n_max)
-            )
-        }
-    };
-    Ok(verdict)
+        return Ok(format!(
+            "linear in N: the last doubling added {step:.0} ns, the one before {step_prev:.0} ns (x{r:.2}); {:.1} ns per rank at the root",
+            (ns(c.latency) - critical) / (c.n - 1) as f64
+        ));
+    }
+    let per_node = |p: &Point| p.events as f64 / p.n as f64;
+    let (e_step, e_prev) = (per_node(c) - per_node(b), per_node(b) - per_node(a));
+    if off > 0.10 || (step - step_prev).abs() > 0.10 * step_prev {
+        return Err(format!(
+            "{alg:?}: {:.2?} at N = {} is {:.1} % over its critical path, increments {step_prev:.0} / {step:.0} ns: not log2 N",
+            c.latency,
+            c.n,
+            off * 100.0
+        )
+        .into());
+    }
+    if (e_step - e_prev).abs() > 0.25 * e_prev.abs().max(1.0) {
+        return Err(format!(
+            "{alg:?}: events per node {:.1} → {:.1} → {:.1}: not O(N log N)",
+            per_node(a),
+            per_node(b),
+            per_node(c)
+        )
+        .into());
+    }
+    Ok(format!(
+        "log2 N: {step:.0} ns per doubling; at N = {}, {:.1} % over its critical path of {} one-way latencies and the ack; events per node +{e_step:.1} per doubling (O(N log N))",
+        c.n,
+        off * 100.0,
+        rounds(alg, c.n) + 1
+    ))
 }

@@ -80,8 +80,9 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
     }
 
     /// Routes what the channel's (shared) queue for `send`/receive holds to the inboxes of
-    /// every channel on it.
-    pub(crate) fn route(&self, send: bool) -> Result<(), Error<P::Error>> {
+    /// every channel on it; how many (`None` for a queue of its own, see
+    /// `Completions::route`).
+    pub(crate) fn route(&self, send: bool) -> Result<Option<usize>, Error<P::Error>> {
         match queue(send) {
             Queue::Send => self.send_cq.route(),
             Queue::Recv => self.recv_cq.route(),

@@ -202,14 +202,22 @@ impl<P: Provider> Completions<P> {
         Ok(any)
     }
 
-    /// On a shared queue, routes what it holds now to the inboxes (if nobody else is);
-    /// nothing on a queue of its own.
-    pub(crate) fn route(&self) -> Result<(), Error<P::Error>> {
+    /// On a shared queue, routes what it holds now to the inboxes (if nobody else is) and
+    /// says how many it routed (0 also when another thread held the poll right: that one
+    /// routes for everyone); `None` on a queue of its own, which it leaves alone.
+    pub(crate) fn route(&self) -> Result<Option<usize>, Error<P::Error>> {
         #[cfg(feature = "std")]
         if let Source::Shared(a) = &self.source {
-            while a.cq.dispatcher().poll(a.cq.queue())? == BATCH_ROUTED {}
+            let mut routed = 0;
+            loop {
+                let n = a.cq.dispatcher().poll(a.cq.queue())?;
+                routed += n;
+                if n != BATCH_ROUTED {
+                    return Ok(Some(routed));
+                }
+            }
         }
-        Ok(())
+        Ok(None)
     }
 
     /// The one polling body: a queue of its own is polled; on a shared queue, `how` says

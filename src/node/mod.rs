@@ -276,6 +276,9 @@ pub struct Node<P: Provider, const PEERS: usize, const DEPTH: usize = 64, const 
     running: Option<BarrierMachine<PEERS>>,
     /// The peer indices the running (or last) barrier exchanges messages with.
     partners: heapless::Vec<u32, PEERS>,
+    /// The partners' inboxes may hold messages (the last pass took one, or a barrier just
+    /// started): the next pass looks at each even if nothing new was routed.
+    rescan: bool,
     /// Per peer: barriers taken part in together.
     pair_epoch: [u32; PEERS],
     /// Per peer: the oldest barrier receive still posted (`CTRL_RECVS` are posted).
@@ -384,6 +387,7 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
             ctrl,
             running: None,
             partners: heapless::Vec::new(),
+            rescan: true,
             pair_epoch: [0; PEERS],
             recv_next,
             sends: [(0, 0); PEERS],

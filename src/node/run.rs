@@ -175,6 +175,7 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
                 .map_err(|_| NodeError::TooManyPeers { capacity: PEERS })?;
         }
         self.partners = partners;
+        self.rescan = true;
         let r = self.open(&mut m);
         match r {
             Ok(()) => self.running = Some(m),
@@ -233,6 +234,7 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
             sends,
             early,
             partners,
+            rescan,
             ..
         } = self;
         let Some(m) = running.as_mut() else {
@@ -241,16 +243,22 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
         let mut progress = false;
         if !m.is_complete() {
             // On shared queues: one poll of the receive queue routes every peer's message,
-            // then each partner's inbox is looked at (not the queue again per peer).
-            if let Some(&p) = partners.first() {
-                ctrl.peer(p as usize)?.route(false)?;
-            }
-            for &p in partners.iter() {
+            // then each partner's inbox is looked at (not the queue again per peer). Only
+            // this node polls its barrier queues and its inboxes fill only here, so with
+            // nothing routed and nothing taken on the last pass, they are all empty: no
+            // pass over the partners (what keeps a poll of an idle node at one queue poll).
+            let routed = match partners.first() {
+                Some(&p) => ctrl.peer(p as usize)?.route(false)?,
+                None => None,
+            };
+            let scan = core::mem::replace(rescan, false) || routed != Some(0);
+            for &p in partners.iter().filter(|_| scan) {
                 let p = p as usize;
                 let Some(c) = ctrl.peer(p)?.try_routed(false, recv_next[p])? else {
                     continue;
                 };
                 progress = true;
+                *rescan = true; // a partner may have more than one message waiting
                 recv_next[p] += 1;
                 ctrl.peer(p)?.post_recv_seq(core::iter::empty())?;
                 let from = map.rank_of(p);

@@ -70,8 +70,11 @@ use crate::qp::Endpoint;
 use barrier::{Algorithm, BarrierError, BarrierMachine};
 use peers::{PeerMap, PeersRefused, MAX_WORLD};
 
-/// Work requests in flight per peer on the barrier queue pairs.
-const CTRL_DEPTH: usize = 8;
+/// Work requests in flight per peer and queue on the barrier queue pairs: the
+/// `CTRL_RECVS` receives, and at most one send (a barrier sends a peer at most one
+/// message, and its sends are reaped before it completes). Small, because a node of a
+/// large world holds one such queue pair per peer.
+const CTRL_DEPTH: usize = 4;
 /// Receives kept posted per peer for barrier messages. At most one message per peer per
 /// barrier, and a peer runs at most one barrier ahead: two would do; four leaves slack.
 const CTRL_RECVS: u64 = 4;

@@ -375,3 +375,7 @@ impl<P: Provider, const PEERS: usize> Out<'_, P, PEERS> {
 }
 
 const _: () = assert!(CTRL_RECVS >= 2, "a peer may be one barrier ahead");
+const _: () = assert!(
+    CTRL_RECVS as usize <= super::CTRL_DEPTH,
+    "the receives fit the ring"
+);

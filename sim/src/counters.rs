@@ -18,9 +18,6 @@
 //! assert_eq!(f.qp_counters(qp.qp_num()), Some(c));
 //! ```
 
-use crate::api::{enter, Fabric};
-use crate::state::World;
-
 /// What one queue pair did since it was created. Plain counts, kept under the fabric's
 /// lock, deterministic like everything else in the simulator.
 ///
@@ -43,46 +40,4 @@ pub struct QpCounters {
     pub send_completions: u64,
     /// Unsignaled send work requests that succeeded without a completion of their own.
     pub silent_sends: u64,
-}
-
-impl World {
-    /// Counts one post call on QP `q` that posted `n` work requests.
-    pub(crate) fn count_posts(&mut self, q: usize, send: bool, n: usize) {
-        let (Some(qp), true) = (self.qps.get_mut(q), n > 0) else {
-            return;
-        };
-        let c = &mut qp.counters;
-        let n = n as u64;
-        if send {
-            c.send_doorbells += 1;
-            c.sends_posted += n;
-        } else {
-            c.recv_doorbells += 1;
-            c.recvs_posted += n;
-        }
-    }
-
-    /// Counts the end of one send work request on QP `q`: with a completion written for
-    /// it, or silently (unsignaled and successful).
-    pub(crate) fn count_send_end(&mut self, q: usize, completion: bool) {
-        if let Some(qp) = self.qps.get_mut(q) {
-            if completion {
-                qp.counters.send_completions += 1;
-            } else {
-                qp.counters.silent_sends += 1;
-            }
-        }
-    }
-}
-
-impl Fabric {
-    /// The counters of the live queue pair numbered `qp_num` (as [`Qp::counters`] gives
-    /// them), for a test that knows a queue pair by number only.
-    ///
-    /// [`Qp::counters`]: crate::Qp::counters
-    pub fn qp_counters(&self, qp_num: u32) -> Option<QpCounters> {
-        let w = enter(&self.world);
-        let q = w.qp_index(qp_num)?;
-        w.qps.get(q).map(|qp| qp.counters)
-    }
 }

@@ -79,27 +79,18 @@
 #![deny(missing_docs, unsafe_op_in_unsafe_fn)]
 
 mod api;
-mod comp_channel;
 mod config;
 mod counters;
-mod direct;
-mod engine;
-mod exec;
-mod mem;
+mod hca;
 mod net;
 mod padded;
 mod rng;
 mod sched;
-mod sq;
-mod state;
 mod trace;
-mod transport;
 mod types;
-mod verbs;
 mod wire;
 
-pub use api::{Context, Cq, Fabric, Mr, Pd, PostError, Qp, QpInitAttr};
-pub use comp_channel::CompChannel;
+pub use api::{CompChannel, Context, Cq, Fabric, Mr, Pd, PostError, Qp, QpInitAttr};
 pub use config::{
     ack_timeout_ns, rnr_timer_ns, FabricConfig, Faults, LinkModel, Mode, Personality,
     ROCE_ROUTE_HOP_LIMIT,

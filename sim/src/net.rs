@@ -4,7 +4,7 @@
 //! faults, in that order, each drawing from the seeded generator only when its probability
 //! is non-zero) and once when it arrives (crash and link state of the destination).
 
-use crate::state::World;
+use crate::hca::World;
 use crate::trace::{DropReason, TraceKind};
 use crate::wire::{Packet, PacketKind};
 

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use super::{enter, lock, Fabric};
 use crate::config::{FabricConfig, Faults, Mode};
+use crate::counters::QpCounters;
 use crate::trace::{write_chrome, TraceEvent};
 use crate::types::SimError;
 
@@ -44,6 +45,16 @@ impl Fabric {
     pub fn direct_executions(&self) -> u64 {
         let w = lock(&self.world);
         w.direct_retired + w.qps.iter().map(|qp| qp.direct_count).sum::<u64>()
+    }
+
+    /// The counters of the live queue pair numbered `qp_num` (as [`Qp::counters`] gives
+    /// them), for a test that knows a queue pair by number only.
+    ///
+    /// [`Qp::counters`]: crate::Qp::counters
+    pub fn qp_counters(&self, qp_num: u32) -> Option<QpCounters> {
+        let w = enter(&self.world);
+        let q = w.qp_index(qp_num)?;
+        w.qps.get(q).map(|qp| qp.counters)
     }
 
     /// Events scheduled and not yet processed.
@@ -135,11 +146,7 @@ impl Fabric {
         w.wake_polls();
     }
 
-    fn with_dev(
-        &self,
-        dev: usize,
-        f: impl FnOnce(&mut crate::state::World),
-    ) -> Result<(), SimError> {
+    fn with_dev(&self, dev: usize, f: impl FnOnce(&mut crate::hca::World)) -> Result<(), SimError> {
         let mut w = enter(&self.world);
         if dev >= w.devices.len() {
             return Err(SimError::NotFound);

@@ -17,13 +17,15 @@ use std::sync::PoisonError;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::config::{FabricConfig, Mode};
-use crate::mem::{RawInline, Region};
-use crate::state::World;
+use crate::hca::mem::{RawInline, Region};
+use crate::hca::World;
 use crate::types::*;
 
+mod comp_channel;
 mod fabric;
 mod qp;
 
+pub use comp_channel::CompChannel;
 pub use qp::{PostError, Qp};
 
 pub(crate) type Shared = Arc<Mutex<World>>;

@@ -34,8 +34,6 @@
 //! forever. The simulator counts what is missing ([`Cq::unacked_events`],
 //! [`Fabric::unacked_events_destroyed`]).
 
-use std::collections::VecDeque;
-use std::io::{Read, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::os::unix::net::UnixStream;
 
@@ -44,150 +42,10 @@ use loom::sync::Arc;
 #[cfg(not(loom))]
 use std::sync::Arc;
 
-use crate::api::{enter, Context, Cq, Fabric, Shared};
+use super::{enter, Context, Cq, Fabric, Shared};
 use crate::config::{LinkModel, Mode};
-use crate::state::World;
+use crate::hca::World;
 use crate::types::SimError;
-
-/// How a CQ is armed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Arm {
-    /// For the next completion.
-    Next,
-    /// For the next solicited completion (or one in error).
-    Solicited,
-}
-
-/// A CQ's part in the event path.
-#[derive(Debug)]
-pub(crate) struct CqNotify {
-    /// What its events carry (`cq_context`): unique in the fabric, never reused.
-    pub(crate) key: u64,
-    /// The channel its events go to.
-    channel: Option<usize>,
-    armed: Option<Arm>,
-    /// Events taken from the channel and not yet acknowledged.
-    unacked: u32,
-}
-
-impl CqNotify {
-    pub(crate) fn new(key: u64) -> CqNotify {
-        CqNotify {
-            key,
-            channel: None,
-            armed: None,
-            unacked: 0,
-        }
-    }
-}
-
-/// A channel in the world.
-#[derive(Debug)]
-struct ChanObj {
-    dev: usize,
-    /// `(cq slab index, key)`, oldest first.
-    events: VecDeque<(usize, u64)>,
-    /// Holds one byte while `events` is not empty.
-    tx: UnixStream,
-    /// The same socket as the handle's, to take that byte back.
-    rx: UnixStream,
-    /// CQs on this channel.
-    refs: u32,
-    open: bool,
-}
-
-/// The world's completion channels.
-#[derive(Debug, Default)]
-pub(crate) struct Notifier {
-    chans: Vec<Option<ChanObj>>,
-    /// Last CQ key handed out.
-    keys: u64,
-    /// Events taken for CQs destroyed before they were acknowledged.
-    destroyed_unacked: u64,
-    /// A clock thread runs (threaded mode with a timed link).
-    #[cfg_attr(loom, allow(dead_code))]
-    clock: bool,
-}
-
-impl Notifier {
-    /// A fresh CQ key (from 1).
-    pub(crate) fn next_key(&mut self) -> u64 {
-        self.keys += 1;
-        self.keys
-    }
-}
-
-impl World {
-    /// A completion of CQ `cq` was pushed; `solicited` when it counts for a solicited-only
-    /// arm. Raises the CQ's event if it is armed for it.
-    pub(crate) fn notify_cq(&mut self, cq: usize, solicited: bool) {
-        let Some(c) = self.cqs.get_mut(cq) else {
-            return;
-        };
-        let n = &mut c.notify;
-        match n.armed {
-            Some(Arm::Next) => {}
-            Some(Arm::Solicited) if solicited => {}
-            _ => return,
-        }
-        n.armed = None;
-        let (key, ch) = (n.key, n.channel);
-        if let Some(ch) = ch.and_then(|i| self.notifier.chans.get_mut(i)?.as_mut()) {
-            if ch.events.is_empty() {
-                // Cannot fail short of a full socket buffer, and it holds at most one byte.
-                let _ = ch.tx.write(&[1]);
-            }
-            ch.events.push_back((cq, key));
-        }
-    }
-
-    /// Removes CQ `cq` from the event path (its handle is gone): disarmed, its queued
-    /// events withdrawn (as the kernel does at `ibv_destroy_cq`), its channel released.
-    pub(crate) fn detach_cq(&mut self, cq: usize) {
-        let Some(c) = self.cqs.get_mut(cq) else {
-            return;
-        };
-        let n = &mut c.notify;
-        n.armed = None;
-        self.notifier.destroyed_unacked += u64::from(n.unacked);
-        n.unacked = 0;
-        let Some(i) = n.channel.take() else {
-            return;
-        };
-        if let Some(ch) = self.notifier.chans[i].as_mut() {
-            let before = ch.events.len();
-            ch.events.retain(|&(c, _)| c != cq);
-            if before > 0 && ch.events.is_empty() {
-                drain(&mut ch.rx);
-            }
-            ch.refs -= 1;
-        }
-        self.free_channel(i);
-    }
-
-    fn free_channel(&mut self, i: usize) {
-        if self.notifier.chans[i]
-            .as_ref()
-            .is_some_and(|c| !c.open && c.refs == 0)
-        {
-            self.notifier.chans[i] = None;
-        }
-    }
-
-    /// Whether some CQ on a channel is armed (the clock thread runs while one is).
-    #[cfg_attr(loom, allow(dead_code))]
-    fn any_armed(&self) -> bool {
-        self.cqs
-            .iter()
-            .any(|c| c.notify.armed.is_some() && c.notify.channel.is_some())
-    }
-}
-
-/// Takes back the byte that marks a non-empty queue.
-fn drain(rx: &mut UnixStream) {
-    let mut b = [0u8; 1];
-    let _ = rx.read(&mut b);
-}
 
 /// A completion channel (`ibv_comp_channel`): a file descriptor that is readable while
 /// events of armed CQs are queued: arming is one-shot ([`Cq::req_notify`]), and every
@@ -205,24 +63,12 @@ impl CompChannel {
     ///
     /// The event counts as unacknowledged on its CQ until [`Cq::ack_events`].
     pub fn get_event(&self) -> Option<u64> {
-        let mut w = enter(&self.world);
-        let ch = w.notifier.chans[self.id].as_mut().expect("live channel");
-        let (cq, key) = ch.events.pop_front()?;
-        if ch.events.is_empty() {
-            drain(&mut ch.rx);
-        }
-        if let Some(c) = w.cqs.get_mut(cq) {
-            c.notify.unacked += 1;
-        }
-        Some(key)
+        enter(&self.world).take_channel_event(self.id)
     }
 
     /// Events queued.
     pub fn pending(&self) -> usize {
-        let w = enter(&self.world);
-        w.notifier.chans[self.id]
-            .as_ref()
-            .map_or(0, |c| c.events.len())
+        enter(&self.world).notifier.pending(self.id)
     }
 }
 
@@ -240,11 +86,7 @@ impl AsRawFd for CompChannel {
 
 impl Drop for CompChannel {
     fn drop(&mut self) {
-        let mut w = enter(&self.world);
-        if let Some(c) = w.notifier.chans[self.id].as_mut() {
-            c.open = false;
-        }
-        w.free_channel(self.id);
+        enter(&self.world).notifier.close(self.id);
     }
 }
 
@@ -260,26 +102,7 @@ impl Context {
         rx.set_nonblocking(true).map_err(full)?;
         tx.set_nonblocking(true).map_err(full)?;
         let inner = rx.try_clone().map_err(full)?;
-        let mut w = enter(&self.world);
-        let obj = ChanObj {
-            dev: self.dev,
-            events: VecDeque::new(),
-            tx,
-            rx: inner,
-            refs: 0,
-            open: true,
-        };
-        let chans = &mut w.notifier.chans;
-        let id = match chans.iter().position(Option::is_none) {
-            Some(i) => {
-                chans[i] = Some(obj);
-                i
-            }
-            None => {
-                chans.push(Some(obj));
-                chans.len() - 1
-            }
-        };
+        let id = enter(&self.world).notifier.open(self.dev, tx, inner);
         Ok(CompChannel {
             world: self.world.clone(),
             id,
@@ -296,17 +119,13 @@ impl Context {
         let ours = Arc::ptr_eq(&channel.world, &self.world);
         {
             let w = enter(&self.world);
-            let dev = w.notifier.chans[channel.id].as_ref().map(|c| c.dev);
+            let dev = w.notifier.dev(channel.id);
             if !ours || dev != Some(self.dev) {
                 return Err(SimError::Invalid("completion channel of another device"));
             }
         }
         let cq = self.create_cq(depth)?;
-        let mut w = enter(&self.world);
-        w.cqs.get_mut(cq.id).expect("new CQ").notify.channel = Some(channel.id);
-        let ch = w.notifier.chans[channel.id].as_mut().expect("live channel");
-        ch.refs += 1;
-        ch.events.reserve(4);
+        enter(&self.world).attach_channel(cq.id, channel.id);
         Ok(cq)
     }
 }
@@ -337,12 +156,7 @@ impl Cq {
             return Err(SimError::DeviceFatal);
         }
         let n = &mut w.cqs.get_mut(self.id).expect("live CQ").notify;
-        n.armed = Some(if solicited_only {
-            Arm::Solicited
-        } else {
-            Arm::Next
-        });
-        if n.channel.is_some() {
+        if n.arm(solicited_only) {
             start_clock(&self.world, &mut w);
         }
         Ok(())
@@ -352,8 +166,7 @@ impl Cq {
     /// than were taken acknowledges those there are.
     pub fn ack_events(&self, n: u32) {
         let mut w = enter(&self.world);
-        let c = &mut w.cqs.get_mut(self.id).expect("live CQ").notify;
-        c.unacked = c.unacked.saturating_sub(n);
+        w.cqs.get_mut(self.id).expect("live CQ").notify.ack(n);
     }
 
     /// Events taken for this CQ and not yet acknowledged (simulator only: on verbs,
@@ -364,7 +177,7 @@ impl Cq {
             .get(self.id)
             .expect("live CQ")
             .notify
-            .unacked
+            .unacked()
     }
 }
 

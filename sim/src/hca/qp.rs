@@ -1,13 +1,241 @@
-//! Queue pair verbs: the state machine (`modify`) and posting.
+//! The queue pair: its requester and responder state, its send queue, the verbs state
+//! machine (`modify`) and posting.
+//!
+//! The send queue is a fixed ring of work request slots, written in place. A `VecDeque` of
+//! whole entries copies each entry (a request with 16 gather entries and 256 bytes of
+//! inline room, over 500 bytes) on every push and pop. Here a post writes only the fields
+//! and bytes it uses into the next slot, and retiring the head moves an index.
 
+use std::collections::VecDeque;
+
+use super::cq::{flush_wc, send_opcode};
+use super::mem::{copy, Dst, RawInline, Src};
+use super::{invalid, sg_len, World};
 use crate::config::{Personality, ROCE_ROUTE_HOP_LIMIT};
-use crate::exec::{flush_wc, send_opcode};
-use crate::mem::{copy, Dst, RawInline, Src};
-use crate::state::{invalid, sg_len, ReqState, RespState, World, MAX_24, MAX_FLOW_LABEL};
 use crate::trace::TraceKind;
 use crate::types::*;
 
+/// Largest 24-bit value (PSNs, QPNs).
+pub(crate) const MAX_24: u32 = (1 << 24) - 1;
+/// The largest GRH flow label (20 bits).
+pub(crate) const MAX_FLOW_LABEL: u32 = (1 << 20) - 1;
+
+/// Which timer a requester runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TimerKind {
+    /// Local ACK timeout.
+    Ack,
+    /// Waiting out an RNR NAK.
+    Rnr,
+}
+
+/// Requester side of a queue pair (the transport state of its send queue).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct ReqState {
+    /// PSN of the next packet sent.
+    pub(crate) next_psn: u32,
+    /// SQ entries `0..sent` are on the wire, awaiting their response.
+    pub(crate) sent: usize,
+    /// Reads and atomics among them.
+    pub(crate) rd_inflight: u8,
+    /// Transport retries left (reset on progress).
+    pub(crate) retries: u8,
+    /// RNR retries left (reset on progress; unused when `rnr_retry` is 7).
+    pub(crate) rnr_left: u8,
+    /// Waiting out an RNR NAK: nothing is sent.
+    pub(crate) rnr_wait: bool,
+    /// Instant timers: asleep on RNR until the responder posts a receive, leaves RTR/RTS
+    /// or becomes unreachable (`wake_parked`, `wake_unreachable`).
+    pub(crate) parked: bool,
+    /// Instant timers: its responder is not yet in RTR (a start-up race). Instead of
+    /// spending every retry at once, it waits the time its retries would take on hardware
+    /// (its timer), and is woken the moment the responder reaches RTR (`wake_not_ready`).
+    pub(crate) not_ready: bool,
+    /// The armed timer: deadline and kind (mirrored in the event queue's timer heap).
+    pub(crate) timer: Option<(u64, TimerKind)>,
+}
+
+/// Atomic results a responder remembers for replay (as many as `max_dest_rd_atomic`).
+pub(crate) const ATOMIC_CACHE: usize = 16;
+
+/// Responder side of a queue pair.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct RespState {
+    /// Expected PSN.
+    pub(crate) epsn: u32,
+    /// (PSN, old value) of recent atomics, a ring.
+    pub(crate) atomics: [(u32, u64); ATOMIC_CACHE],
+    pub(crate) next_atomic: usize,
+}
+
+impl RespState {
+    pub(crate) fn remember(&mut self, psn: u32, old: u64) {
+        self.atomics[self.next_atomic] = (psn, old);
+        self.next_atomic = (self.next_atomic + 1) % ATOMIC_CACHE;
+    }
+
+    pub(crate) fn recall(&self, psn: u32) -> Option<u64> {
+        self.atomics.iter().find(|a| a.0 == psn).map(|a| a.1)
+    }
+}
+
+/// A reliable-connected queue pair.
+#[derive(Debug)]
+pub(crate) struct QpObj {
+    pub(crate) qpn: u32,
+    pub(crate) dev: usize,
+    /// Incarnation, fabric-unique; changes on RESET, ERR and crash.
+    pub(crate) epoch: u32,
+    /// Its device crashed: the QP is gone but for its handle.
+    pub(crate) dead: bool,
+    /// Device the RTR path resolves to.
+    pub(crate) peer_dev: Option<usize>,
+    pub(crate) req: ReqState,
+    pub(crate) resp: RespState,
+    pub(crate) pd: usize,
+    pub(crate) send_cq: usize,
+    pub(crate) recv_cq: usize,
+    pub(crate) cap: QpCap,
+    pub(crate) sig_all: bool,
+    pub(crate) state: QpState,
+    pub(crate) init: Option<InitAttr>,
+    pub(crate) rtr: Option<RtrAttr>,
+    pub(crate) rts: Option<RtsAttr>,
+    /// Send WRs not yet executed, oldest first.
+    pub(crate) sq: SendQueue,
+    /// Receive WRs not yet consumed, oldest first.
+    pub(crate) rq: VecDeque<RecvWr>,
+    /// Executed unsignaled WRs still holding SQ slots (released by the next send CQE).
+    pub(crate) unsig_done: usize,
+    /// Send WRs of this QP completed on the direct path (kept here, not in the shared
+    /// world header, so that counting dirties only a line the post writes anyway).
+    pub(crate) direct_count: u64,
+    /// Doorbells, posts and send completions (`Qp::counters`).
+    pub(crate) counters: crate::counters::QpCounters,
+}
+
+/// A queued send work request, with its inline payload copied at post time.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SqEntry {
+    pub(crate) wr: SendWr,
+    pub(crate) inline: [u8; MAX_INLINE],
+    /// First PSN, once transmitted.
+    pub(crate) psn: u32,
+    /// PSNs the message uses (path-MTU segments, at least 1).
+    pub(crate) npkts: u32,
+    /// Transmitted at least once (later transmissions are retransmissions).
+    pub(crate) sent_once: bool,
+}
+
+/// Send work requests not yet executed, oldest first, at most `capacity` of them.
+#[derive(Debug)]
+pub(crate) struct SendQueue {
+    slots: Vec<SqEntry>,
+    head: usize,
+    len: usize,
+}
+
+impl SendQueue {
+    /// An empty queue of `capacity` (at least 1) slots, allocated now.
+    pub(crate) fn new(capacity: usize) -> SendQueue {
+        let blank = SqEntry {
+            wr: SendWr {
+                wr_id: 0,
+                sg_list: [Sge::default(); MAX_SGE],
+                num_sge: 0,
+                op: SendOp::Send,
+                flags: SendFlags::empty(),
+            },
+            inline: [0; MAX_INLINE],
+            psn: 0,
+            npkts: 1,
+            sent_once: false,
+        };
+        SendQueue {
+            slots: vec![blank; capacity.max(1)],
+            head: 0,
+            len: 0,
+        }
+    }
+
+    fn slot(&self, i: usize) -> usize {
+        let at = self.head + i;
+        if at >= self.slots.len() {
+            at - self.slots.len()
+        } else {
+            at
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Entry `i` from the head.
+    pub(crate) fn get(&self, i: usize) -> Option<&SqEntry> {
+        (i < self.len).then(|| &self.slots[self.slot(i)])
+    }
+
+    /// Entry `i` from the head, mutably.
+    pub(crate) fn get_mut(&mut self, i: usize) -> Option<&mut SqEntry> {
+        let at = self.slot(i);
+        (i < self.len).then(|| &mut self.slots[at])
+    }
+
+    pub(crate) fn front(&self) -> Option<&SqEntry> {
+        self.get(0)
+    }
+
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &SqEntry> {
+        (0..self.len).map(|i| &self.slots[self.slot(i)])
+    }
+
+    /// Appends an entry written in place by `fill` into a slot that holds a stale entry:
+    /// `fill` must set every field a reader uses (`wr` but the gather entries past its
+    /// `num_sge`, the inline bytes it uses, `psn`, `npkts`, `sent_once`).
+    ///
+    /// # Panics
+    /// If the queue is full (callers check `max_send_wr` first).
+    pub(crate) fn push_with(&mut self, fill: impl FnOnce(&mut SqEntry)) {
+        assert!(self.len < self.slots.len(), "send queue overflow");
+        let at = self.slot(self.len);
+        fill(&mut self.slots[at]);
+        self.len += 1;
+    }
+
+    /// Removes the head and returns a copy of it.
+    pub(crate) fn pop_front(&mut self) -> Option<SqEntry> {
+        let e = *self.front()?;
+        self.drop_front();
+        Some(e)
+    }
+
+    /// Removes the head, if any, without copying it.
+    pub(crate) fn drop_front(&mut self) {
+        if self.len > 0 {
+            self.head = self.slot(1);
+            self.len -= 1;
+        }
+    }
+
+    pub(crate) fn clear(&mut self) {
+        (self.head, self.len) = (0, 0);
+    }
+}
+
 impl World {
+    /// Sets QP `q`'s state, tracing the change.
+    pub(crate) fn set_state(&mut self, q: usize, to: QpState) {
+        let Some(qp) = self.qps.get_mut(q) else {
+            return;
+        };
+        let (from, dev, qpn) = (qp.state, qp.dev, qp.qpn);
+        qp.state = to;
+        if from != to {
+            self.trace(dev, qpn, TraceKind::State(from, to), None, None);
+        }
+    }
+
     /// Applies a state transition (see [`Modify`]).
     pub(crate) fn modify(&mut self, q: usize, m: &Modify) -> Result<(), SimError> {
         use QpState::*;
@@ -114,32 +342,6 @@ impl World {
                 (i < self.devices.len()).then_some(i)
             }
         }
-    }
-
-    /// Crashes device `dev`: its queue pairs vanish without completions, its CQs empty,
-    /// and packets to or from it are lost from now on.
-    pub(crate) fn crash(&mut self, dev: usize) {
-        self.devices[dev].crashed = true;
-        for q in 0..self.qps.slots() {
-            let epoch = self.next_epoch();
-            let Some(qp) = self.qps.get_mut(q).filter(|qp| qp.dev == dev) else {
-                continue;
-            };
-            qp.sq.clear();
-            qp.rq.clear();
-            qp.unsig_done = 0;
-            (qp.req, qp.resp, qp.dead, qp.epoch) =
-                (ReqState::default(), RespState::default(), true, epoch);
-            self.events.cancel_timer(q);
-            self.set_state(q, QpState::Err);
-        }
-        for c in 0..self.cqs.slots() {
-            if let Some(cq) = self.cqs.get_mut(c).filter(|c| c.dev == dev) {
-                cq.entries.clear();
-            }
-        }
-        // Peers asleep on an RNR NAK from a queue pair that just vanished.
-        self.wake_unreachable();
     }
 
     /// Posts send WRs in order (see `Qp::post_send`); the error names the first refused
@@ -332,5 +534,67 @@ impl World {
             self.wake_parked(q);
         }
         Ok(())
+    }
+
+    /// Counts one post call on QP `q` that posted `n` work requests.
+    pub(crate) fn count_posts(&mut self, q: usize, send: bool, n: usize) {
+        let (Some(qp), true) = (self.qps.get_mut(q), n > 0) else {
+            return;
+        };
+        let c = &mut qp.counters;
+        let n = n as u64;
+        if send {
+            c.send_doorbells += 1;
+            c.sends_posted += n;
+        } else {
+            c.recv_doorbells += 1;
+            c.recvs_posted += n;
+        }
+    }
+
+    /// Counts the end of one send work request on QP `q`: with a completion written for
+    /// it, or silently (unsignaled and successful).
+    pub(crate) fn count_send_end(&mut self, q: usize, completion: bool) {
+        if let Some(qp) = self.qps.get_mut(q) {
+            if completion {
+                qp.counters.send_completions += 1;
+            } else {
+                qp.counters.silent_sends += 1;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn push(q: &mut SendQueue, id: u64) {
+        q.push_with(|e| e.wr.wr_id = id);
+    }
+
+    #[test]
+    fn fifo_across_the_wrap() {
+        let mut q = SendQueue::new(3);
+        for round in 0..5u64 {
+            push(&mut q, round * 10);
+            push(&mut q, round * 10 + 1);
+            assert_eq!(q.len(), 2);
+            let ids: Vec<u64> = q.iter().map(|e| e.wr.wr_id).collect();
+            assert_eq!(ids, [round * 10, round * 10 + 1]);
+            assert_eq!(q.get(1).map(|e| e.wr.wr_id), Some(round * 10 + 1));
+            assert!(q.get(2).is_none());
+            assert_eq!(q.pop_front().map(|e| e.wr.wr_id), Some(round * 10));
+            q.drop_front();
+            assert!(q.len() == 0 && q.front().is_none() && q.pop_front().is_none());
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "send queue overflow")]
+    fn refuses_past_capacity() {
+        let mut q = SendQueue::new(1);
+        push(&mut q, 1);
+        push(&mut q, 2);
     }
 }

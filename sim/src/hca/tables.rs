@@ -1,27 +1,21 @@
-//! The fabric's state: object tables, the queue pair state machine and posting.
+//! The object tables: devices, protection domains, memory regions, completion queues and
+//! queue pairs; their creation and destruction, and the lookups by index, key and number.
 //!
-//! Everything lives in one [`World`] behind the fabric's mutex. Objects sit in slabs indexed
-//! by small integers (no hashing, so iteration order is deterministic). Queues are
-//! preallocated at creation and never grow: posting, executing and polling do not allocate.
+//! Objects sit in slabs indexed by small integers (no hashing, so iteration order is
+//! deterministic); a memory key carries its slot's generation, so a stale key does not
+//! validate. Queues are preallocated at creation and never grow.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
-use std::time::Instant;
 
-use crate::config::FabricConfig;
-use crate::mem::Region;
-use crate::rng::Rng;
-use crate::sched::Events;
-use crate::trace::{TraceEvent, TraceKind};
+use super::mem::{Dst, Region, Src};
+use super::qp::{QpObj, ReqState, RespState, MAX_24};
+use super::{invalid, World};
 use crate::types::*;
 
 /// Number of the first queue pair; QPN = `QPN_BASE` + slab index.
 pub(crate) const QPN_BASE: u32 = 0x11;
-/// Largest 24-bit value (PSNs, QPNs).
-pub(crate) const MAX_24: u32 = (1 << 24) - 1;
-/// The largest GRH flow label (20 bits).
-pub(crate) const MAX_FLOW_LABEL: u32 = (1 << 20) - 1;
 /// Key bit that marks an rkey (lkeys have it clear), so a swapped key never validates.
 const RKEY_BIT: u32 = 0x80;
 /// Key bits holding the MR slot's generation (1..=127), so stale keys do not validate.
@@ -34,7 +28,7 @@ pub(crate) struct Slab<T> {
 }
 
 impl<T> Slab<T> {
-    const fn new() -> Self {
+    pub(crate) const fn new() -> Self {
         Slab { slots: Vec::new() }
     }
 
@@ -130,212 +124,13 @@ pub(crate) struct CqObj {
     /// Shared with the handle: false only while a poll has nothing to return and nothing
     /// to run (see `Cq::poll_map`). Set under the world's lock by every push.
     pub(crate) ready: Arc<crate::padded::Padded<AtomicBool>>,
-    /// Its completion channel, arming and events (`comp_channel.rs`).
-    pub(crate) notify: crate::comp_channel::CqNotify,
+    /// Its completion channel, arming and events (`cq.rs`).
+    pub(crate) notify: super::cq::CqNotify,
     refs: u32,
     open: bool,
 }
 
-/// Which timer a requester runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum TimerKind {
-    /// Local ACK timeout.
-    Ack,
-    /// Waiting out an RNR NAK.
-    Rnr,
-}
-
-/// Requester side of a queue pair (the transport state of its send queue).
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct ReqState {
-    /// PSN of the next packet sent.
-    pub(crate) next_psn: u32,
-    /// SQ entries `0..sent` are on the wire, awaiting their response.
-    pub(crate) sent: usize,
-    /// Reads and atomics among them.
-    pub(crate) rd_inflight: u8,
-    /// Transport retries left (reset on progress).
-    pub(crate) retries: u8,
-    /// RNR retries left (reset on progress; unused when `rnr_retry` is 7).
-    pub(crate) rnr_left: u8,
-    /// Waiting out an RNR NAK: nothing is sent.
-    pub(crate) rnr_wait: bool,
-    /// Instant timers: asleep on RNR until the responder posts a receive, leaves RTR/RTS
-    /// or becomes unreachable (`wake_parked`, `wake_unreachable`).
-    pub(crate) parked: bool,
-    /// Instant timers: its responder is not yet in RTR (a start-up race). Instead of
-    /// spending every retry at once, it waits the time its retries would take on hardware
-    /// (its timer), and is woken the moment the responder reaches RTR (`wake_not_ready`).
-    pub(crate) not_ready: bool,
-    /// The armed timer: deadline and kind (mirrored in the event queue's timer heap).
-    pub(crate) timer: Option<(u64, TimerKind)>,
-}
-
-/// Atomic results a responder remembers for replay (as many as `max_dest_rd_atomic`).
-pub(crate) const ATOMIC_CACHE: usize = 16;
-
-/// Responder side of a queue pair.
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct RespState {
-    /// Expected PSN.
-    pub(crate) epsn: u32,
-    /// (PSN, old value) of recent atomics, a ring.
-    pub(crate) atomics: [(u32, u64); ATOMIC_CACHE],
-    pub(crate) next_atomic: usize,
-}
-
-impl RespState {
-    pub(crate) fn remember(&mut self, psn: u32, old: u64) {
-        self.atomics[self.next_atomic] = (psn, old);
-        self.next_atomic = (self.next_atomic + 1) % ATOMIC_CACHE;
-    }
-
-    pub(crate) fn recall(&self, psn: u32) -> Option<u64> {
-        self.atomics.iter().find(|a| a.0 == psn).map(|a| a.1)
-    }
-}
-
-/// A reliable-connected queue pair.
-#[derive(Debug)]
-pub(crate) struct QpObj {
-    pub(crate) qpn: u32,
-    pub(crate) dev: usize,
-    /// Incarnation, fabric-unique; changes on RESET, ERR and crash.
-    pub(crate) epoch: u32,
-    /// Its device crashed: the QP is gone but for its handle.
-    pub(crate) dead: bool,
-    /// Device the RTR path resolves to.
-    pub(crate) peer_dev: Option<usize>,
-    pub(crate) req: ReqState,
-    pub(crate) resp: RespState,
-    pub(crate) pd: usize,
-    pub(crate) send_cq: usize,
-    pub(crate) recv_cq: usize,
-    pub(crate) cap: QpCap,
-    pub(crate) sig_all: bool,
-    pub(crate) state: QpState,
-    pub(crate) init: Option<InitAttr>,
-    pub(crate) rtr: Option<RtrAttr>,
-    pub(crate) rts: Option<RtsAttr>,
-    /// Send WRs not yet executed, oldest first.
-    pub(crate) sq: crate::sq::SendQueue,
-    /// Receive WRs not yet consumed, oldest first.
-    pub(crate) rq: VecDeque<RecvWr>,
-    /// Executed unsignaled WRs still holding SQ slots (released by the next send CQE).
-    pub(crate) unsig_done: usize,
-    /// Send WRs of this QP completed on the direct path (kept here, not in the shared
-    /// world header, so that counting dirties only a line the post writes anyway).
-    pub(crate) direct_count: u64,
-    /// Doorbells, posts and send completions (`Qp::counters`).
-    pub(crate) counters: crate::counters::QpCounters,
-}
-
-/// The whole simulated fabric.
-#[derive(Debug)]
-pub(crate) struct World {
-    pub(crate) devices: Vec<Device>,
-    pub(crate) pds: Slab<PdObj>,
-    pub(crate) mrs: Slab<MrObj>,
-    pub(crate) cqs: Slab<CqObj>,
-    pub(crate) qps: Slab<QpObj>,
-    pub(crate) cfg: FabricConfig,
-    /// Threaded mode: time zero.
-    pub(crate) start: Instant,
-    /// Simulated time, ns.
-    pub(crate) now: u64,
-    pub(crate) events: Events,
-    pub(crate) rng: Rng,
-    /// Partitioned device pairs, `(low, high)`.
-    pub(crate) partitions: Vec<(usize, usize)>,
-    pub(crate) trace: Vec<TraceEvent>,
-    /// Last epoch handed out.
-    pub(crate) epochs: u32,
-    /// `cfg` is untimed: requests may complete on the direct path (`direct.rs`).
-    pub(crate) untimed: bool,
-    /// Send WRs completed on the direct path by QPs since destroyed.
-    pub(crate) direct_retired: u64,
-    /// Completion channels and their events.
-    pub(crate) notifier: crate::comp_channel::Notifier,
-}
-
-pub(crate) fn invalid<T>(why: &'static str) -> Result<T, SimError> {
-    Err(SimError::Invalid(why))
-}
-
-/// Total byte length of a scatter/gather list.
-pub(crate) fn sg_len(sges: &[Sge]) -> u64 {
-    sges.iter().map(|s| u64::from(s.length)).sum()
-}
-
 impl World {
-    pub(crate) fn new(cfg: FabricConfig) -> World {
-        World {
-            devices: Vec::new(),
-            pds: Slab::new(),
-            mrs: Slab::new(),
-            cqs: Slab::new(),
-            qps: Slab::new(),
-            cfg,
-            start: Instant::now(),
-            now: 0,
-            events: Events::new(),
-            rng: Rng::new(cfg.seed),
-            partitions: Vec::new(),
-            trace: Vec::new(),
-            epochs: 0,
-            untimed: cfg.untimed(),
-            direct_retired: 0,
-            notifier: Default::default(),
-        }
-    }
-
-    /// Records a trace event at the current time (when tracing).
-    pub(crate) fn trace(
-        &mut self,
-        dev: usize,
-        qpn: u32,
-        kind: TraceKind,
-        psn: Option<u32>,
-        wr_id: Option<u64>,
-    ) {
-        if self.cfg.trace {
-            let t = self.now;
-            self.trace.push(TraceEvent {
-                time_ns: t,
-                device: dev as u32,
-                qpn,
-                psn,
-                wr_id,
-                kind,
-            });
-        }
-    }
-
-    /// Every CQ's poll must lock again (the fabric stopped being untimed).
-    pub(crate) fn wake_polls(&self) {
-        for cq in self.cqs.iter() {
-            cq.ready.store(true, Ordering::Release);
-        }
-    }
-
-    /// A fresh QP incarnation number.
-    pub(crate) fn next_epoch(&mut self) -> u32 {
-        self.epochs = self.epochs.wrapping_add(1);
-        self.epochs
-    }
-
-    /// Sets QP `q`'s state, tracing the change.
-    pub(crate) fn set_state(&mut self, q: usize, to: QpState) {
-        let Some(qp) = self.qps.get_mut(q) else {
-            return;
-        };
-        let (from, dev, qpn) = (qp.state, qp.dev, qp.qpn);
-        qp.state = to;
-        if from != to {
-            self.trace(dev, qpn, TraceKind::State(from, to), None, None);
-        }
-    }
-
     pub(crate) fn add_device(&mut self, name: &str) -> Result<(), SimError> {
         if name.is_empty() || self.devices.iter().any(|d| d.name == name) {
             return invalid("device name empty or taken");
@@ -399,7 +194,7 @@ impl World {
             entries: VecDeque::with_capacity(depth as usize),
             overflowed: false,
             ready: Arc::new(crate::padded::Padded(AtomicBool::new(true))),
-            notify: crate::comp_channel::CqNotify::new(self.notifier.next_key()),
+            notify: super::cq::CqNotify::new(self.notifier.next_key()),
             refs: 0,
             open: true,
         };
@@ -458,6 +253,56 @@ impl World {
         (m.pd == pd).then_some(m)
     }
 
+    /// Resolves a local gather list in `pd` into `out`; false on a protection error.
+    /// Zero-length entries are skipped unchecked, as rxe does.
+    ///
+    /// `out` may be shorter than `sges` (even empty, to check only): spans past its end
+    /// are checked and not stored.
+    pub(crate) fn gather<'w>(&'w self, pd: usize, sges: &[Sge], out: &mut [Src<'w>]) -> bool {
+        sges.iter().enumerate().all(|(i, s)| {
+            s.length == 0 || {
+                let src = self.mr(s.lkey, false, pd);
+                let span = src.and_then(|m| m.region.src(s.addr, s.length as usize));
+                if let (Some(span), Some(o)) = (span, out.get_mut(i)) {
+                    *o = span;
+                }
+                span.is_some()
+            }
+        })
+    }
+
+    /// Resolves the entries of a scatter list in `pd` that the first `len` bytes reach into
+    /// `out`; false if one names no MR of `pd`, leaves it, or lacks LOCAL_WRITE.
+    /// `out` may be shorter than `sges` (even empty, to check only), as for `gather`.
+    pub(crate) fn scatter<'w>(
+        &'w self,
+        pd: usize,
+        sges: &[Sge],
+        len: usize,
+        out: &mut [Dst<'w>],
+    ) -> bool {
+        let mut left = len;
+        for (i, s) in sges.iter().enumerate() {
+            if left == 0 {
+                break;
+            }
+            if s.length == 0 {
+                continue;
+            }
+            let dst = self.mr(s.lkey, false, pd);
+            match dst.and_then(|m| m.region.dst(s.addr, s.length as usize)) {
+                Some(span) => {
+                    if let Some(o) = out.get_mut(i) {
+                        *o = span;
+                    }
+                }
+                None => return false,
+            }
+            left -= left.min(s.length as usize);
+        }
+        true
+    }
+
     pub(crate) fn create_qp(
         &mut self,
         pd: usize,
@@ -503,7 +348,7 @@ impl World {
             init: None,
             rtr: None,
             rts: None,
-            sq: crate::sq::SendQueue::new(cap.max_send_wr as usize),
+            sq: super::qp::SendQueue::new(cap.max_send_wr as usize),
             rq: VecDeque::with_capacity(cap.max_recv_wr as usize),
             unsig_done: 0,
             direct_count: 0,

@@ -22,8 +22,9 @@
 //!
 //! [`LinkModel::INSTANT`]: crate::LinkModel::INSTANT
 
-use crate::exec::{local_limits, send_opcode};
-use crate::state::{sg_len, World};
+use super::cq::send_opcode;
+use super::requester::local_limits;
+use super::{sg_len, World};
 use crate::types::*;
 use crate::wire::PSN_MASK;
 

@@ -82,7 +82,6 @@ mod api;
 mod config;
 mod counters;
 mod hca;
-mod net;
 mod padded;
 mod rng;
 mod sched;
@@ -96,6 +95,6 @@ pub use config::{
     ROCE_ROUTE_HOP_LIMIT,
 };
 pub use counters::QpCounters;
-pub use trace::{DropReason, TraceEvent, TraceKind};
+pub use trace::{TraceEvent, TraceKind};
 pub use types::*;
-pub use wire::PacketKind;
+pub use wire::{DropReason, PacketKind};

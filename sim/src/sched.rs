@@ -1,4 +1,5 @@
-//! Simulated time: the event queue (packets in flight and timers) and its order.
+//! Simulated time: the clock ([`Sched`]), the event queue (packets in flight and timers)
+//! and its order.
 //!
 //! Packets in flight sit in a binary heap, timers (at most one per queue pair) in an
 //! indexed heap that moves or cancels a timer in place. Events run in (time, class,
@@ -12,8 +13,34 @@ use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 use std::sync::atomic::{self, AtomicBool};
 use std::sync::Arc;
+use std::time::Instant;
 
-use crate::wire::Packet;
+use crate::wire::packet::Packet;
+
+/// Simulated time and what is scheduled in it.
+#[derive(Debug)]
+pub(crate) struct Sched {
+    /// Threaded mode: time zero (simulated time follows the wall clock from it).
+    start: Instant,
+    /// Simulated time, ns.
+    pub(crate) now: u64,
+    pub(crate) events: Events,
+}
+
+impl Sched {
+    pub(crate) fn new() -> Sched {
+        Sched {
+            start: Instant::now(),
+            now: 0,
+            events: Events::new(),
+        }
+    }
+
+    /// Wall-clock nanoseconds since the fabric was created.
+    pub(crate) fn wall(&self) -> u64 {
+        u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+}
 
 /// What happens at an event.
 #[derive(Clone, Copy, Debug)]
@@ -299,7 +326,7 @@ impl Events {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::PacketKind;
+    use crate::wire::packet::PacketKind;
 
     fn pkt(psn: u32) -> Packet {
         Packet {

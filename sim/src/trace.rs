@@ -1,60 +1,13 @@
 //! The event trace and its Chrome trace-event JSON form.
 //!
-//! Records are small `Copy` values (no strings) pushed only when tracing is on. The writer
+//! Records are small `Copy` values (no strings) pushed only when tracing is on ([`Trace`]). The writer
 //! formats integers only (timestamps as `µs.nnn` by integer division), so the same trace
 //! always gives the same bytes.
 
 use std::io::{self, Write};
 
 use crate::types::{QpState, WcOpcode, WcStatus};
-use crate::wire::PacketKind;
-
-/// Why a packet was lost.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum DropReason {
-    /// A random fault ([`Faults::drop`](crate::Faults::drop)).
-    Random,
-    /// [`Fabric::drop_next`](crate::Fabric::drop_next).
-    Scripted,
-    /// A link on the way is down.
-    LinkDown,
-    /// The two devices are partitioned.
-    Partition,
-    /// An end device crashed.
-    Crash,
-    /// The path names no device.
-    NoRoute,
-    /// No live queue pair has the destination number on that device.
-    NoQp,
-    /// The destination queue pair is not in a state that accepts the packet.
-    NotReady,
-    /// The packet does not come from the queue pair's connected peer.
-    WrongSource,
-    /// A request ahead of the expected PSN.
-    OutOfOrder,
-    /// A packet about work that no longer exists (flushed, reset, completed).
-    Stale,
-}
-
-impl DropReason {
-    /// The reason as the Chrome trace writes it (`"random"`, `"link down"`, ...).
-    pub fn name(self) -> &'static str {
-        match self {
-            DropReason::Random => "random",
-            DropReason::Scripted => "scripted",
-            DropReason::LinkDown => "link down",
-            DropReason::Partition => "partition",
-            DropReason::Crash => "crash",
-            DropReason::NoRoute => "no route",
-            DropReason::NoQp => "no QP",
-            DropReason::NotReady => "QP not ready",
-            DropReason::WrongSource => "wrong source",
-            DropReason::OutOfOrder => "out of order",
-            DropReason::Stale => "stale",
-        }
-    }
-}
+use crate::wire::packet::{DropReason, PacketKind};
 
 /// What happened (see [`TraceEvent`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -109,6 +62,46 @@ pub struct TraceEvent {
     pub wr_id: Option<u64>,
     /// What happened.
     pub kind: TraceKind,
+}
+
+/// The trace being recorded: nothing unless [`FabricConfig::trace`](crate::FabricConfig::trace)
+/// turned it on at creation.
+#[derive(Debug, Default)]
+pub(crate) struct Trace {
+    on: bool,
+    pub(crate) events: Vec<TraceEvent>,
+}
+
+impl Trace {
+    /// A trace that records when `on`.
+    pub(crate) fn new(on: bool) -> Trace {
+        Trace {
+            on,
+            events: Vec::new(),
+        }
+    }
+
+    /// Records an event at simulated time `time_ns` (when tracing).
+    pub(crate) fn record(
+        &mut self,
+        time_ns: u64,
+        dev: usize,
+        qpn: u32,
+        kind: TraceKind,
+        psn: Option<u32>,
+        wr_id: Option<u64>,
+    ) {
+        if self.on {
+            self.events.push(TraceEvent {
+                time_ns,
+                device: dev as u32,
+                qpn,
+                psn,
+                wr_id,
+                kind,
+            });
+        }
+    }
 }
 
 /// Writes `s` as a JSON string literal.

@@ -68,7 +68,7 @@ impl CompChannel {
 
     /// Events queued.
     pub fn pending(&self) -> usize {
-        enter(&self.world).notifier.pending(self.id)
+        enter(&self.world).tables.notifier.pending(self.id)
     }
 }
 
@@ -86,7 +86,7 @@ impl AsRawFd for CompChannel {
 
 impl Drop for CompChannel {
     fn drop(&mut self) {
-        enter(&self.world).notifier.close(self.id);
+        enter(&self.world).tables.notifier.close(self.id);
     }
 }
 
@@ -102,7 +102,7 @@ impl Context {
         rx.set_nonblocking(true).map_err(full)?;
         tx.set_nonblocking(true).map_err(full)?;
         let inner = rx.try_clone().map_err(full)?;
-        let id = enter(&self.world).notifier.open(self.dev, tx, inner);
+        let id = enter(&self.world).tables.notifier.open(self.dev, tx, inner);
         Ok(CompChannel {
             world: self.world.clone(),
             id,
@@ -119,7 +119,7 @@ impl Context {
         let ours = Arc::ptr_eq(&channel.world, &self.world);
         {
             let w = enter(&self.world);
-            let dev = w.notifier.dev(channel.id);
+            let dev = w.tables.notifier.dev(channel.id);
             if !ours || dev != Some(self.dev) {
                 return Err(SimError::Invalid("completion channel of another device"));
             }
@@ -134,6 +134,7 @@ impl Cq {
     /// The key this CQ's events carry (its `cq_context`): unique in the fabric.
     pub fn key(&self) -> u64 {
         enter(&self.world)
+            .tables
             .cqs
             .get(self.id)
             .expect("live CQ")
@@ -151,11 +152,11 @@ impl Cq {
     /// [`SimError::DeviceFatal`] once the device crashed.
     pub fn req_notify(&self, solicited_only: bool) -> Result<(), SimError> {
         let mut w = enter(&self.world);
-        let cq = w.cqs.get(self.id).expect("live CQ");
-        if w.devices[cq.dev].crashed {
+        let cq = w.tables.cqs.get(self.id).expect("live CQ");
+        if w.net.wire.ports[cq.dev].crashed {
             return Err(SimError::DeviceFatal);
         }
-        let n = &mut w.cqs.get_mut(self.id).expect("live CQ").notify;
+        let n = &mut w.tables.cqs.get_mut(self.id).expect("live CQ").notify;
         if n.arm(solicited_only) {
             start_clock(&self.world, &mut w);
         }
@@ -166,13 +167,19 @@ impl Cq {
     /// than were taken acknowledges those there are.
     pub fn ack_events(&self, n: u32) {
         let mut w = enter(&self.world);
-        w.cqs.get_mut(self.id).expect("live CQ").notify.ack(n);
+        w.tables
+            .cqs
+            .get_mut(self.id)
+            .expect("live CQ")
+            .notify
+            .ack(n);
     }
 
     /// Events taken for this CQ and not yet acknowledged (simulator only: on verbs,
     /// destroying the CQ now would wait for them forever).
     pub fn unacked_events(&self) -> u32 {
         enter(&self.world)
+            .tables
             .cqs
             .get(self.id)
             .expect("live CQ")
@@ -185,7 +192,7 @@ impl Fabric {
     /// Events taken for CQs that were destroyed before acknowledging them (simulator only:
     /// on verbs each such `ibv_destroy_cq` would have waited forever). Should stay 0.
     pub fn unacked_events_destroyed(&self) -> u64 {
-        enter(&self.world).notifier.destroyed_unacked
+        enter(&self.world).tables.notifier.destroyed_unacked
     }
 }
 
@@ -193,7 +200,7 @@ impl Fabric {
 /// delays that take time.
 #[cfg_attr(loom, allow(dead_code))]
 fn timed(w: &World) -> bool {
-    let c = &w.cfg;
+    let c = &w.net.cfg;
     c.mode == Mode::Threaded
         && (c.link != LinkModel::INSTANT || !c.instant_timers || c.faults.delay > 0.0)
 }
@@ -201,14 +208,14 @@ fn timed(w: &World) -> bool {
 /// Starts the clock thread if events can fall due while every thread sleeps.
 #[cfg(not(loom))]
 fn start_clock(world: &Shared, w: &mut World) {
-    if w.notifier.clock || !timed(w) {
+    if w.tables.notifier.clock || !timed(w) {
         return;
     }
     let weak = Arc::downgrade(world);
     let spawned = std::thread::Builder::new()
         .name("zverbs-sim-clock".into())
         .spawn(move || clock(weak));
-    w.notifier.clock = spawned.is_ok();
+    w.tables.notifier.clock = spawned.is_ok();
 }
 
 #[cfg(loom)]
@@ -231,11 +238,13 @@ fn clock(weak: std::sync::Weak<std::sync::Mutex<World>>) {
             let mut w = crate::api::lock(&world);
             w.run_due();
             if !w.any_armed() {
-                w.notifier.clock = false;
+                w.tables.notifier.clock = false;
                 return;
             }
-            let wall = w.wall();
-            w.events
+            let wall = w.net.sched.wall();
+            w.net
+                .sched
+                .events
                 .next_time()
                 .map_or(TICK_NS, |t| t.saturating_sub(wall).min(TICK_NS))
         };

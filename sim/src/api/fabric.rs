@@ -12,13 +12,14 @@ use crate::types::SimError;
 impl Fabric {
     /// The configuration the fabric was created with (faults as last set).
     pub fn config(&self) -> FabricConfig {
-        lock(&self.world).cfg
+        lock(&self.world).net.cfg
     }
 
     /// Index of the device called `name` (devices are numbered from 0 in order of
     /// addition), as the fault controls take it.
     pub fn device_index(&self, name: &str) -> Option<usize> {
         lock(&self.world)
+            .tables
             .devices
             .iter()
             .position(|d| d.name == name)
@@ -27,10 +28,10 @@ impl Fabric {
     /// Current simulated time (threaded mode: wall-clock time since creation).
     pub fn now(&self) -> Duration {
         let mut w = enter(&self.world);
-        if w.cfg.mode == Mode::Threaded {
-            w.now = w.now.max(w.wall());
+        if w.net.cfg.mode == Mode::Threaded {
+            w.net.sched.now = w.net.sched.now.max(w.net.sched.wall());
         }
-        Duration::from_nanos(w.now)
+        Duration::from_nanos(w.net.sched.now)
     }
 
     /// How many send work requests have completed on the untimed fabric's direct path
@@ -44,7 +45,7 @@ impl Fabric {
     /// ```
     pub fn direct_executions(&self) -> u64 {
         let w = lock(&self.world);
-        w.direct_retired + w.qps.iter().map(|qp| qp.direct_count).sum::<u64>()
+        w.tables.direct_retired + w.tables.qps.iter().map(|qp| qp.direct_count).sum::<u64>()
     }
 
     /// The counters of the live queue pair numbered `qp_num` (as [`Qp::counters`] gives
@@ -53,13 +54,13 @@ impl Fabric {
     /// [`Qp::counters`]: crate::Qp::counters
     pub fn qp_counters(&self, qp_num: u32) -> Option<QpCounters> {
         let w = enter(&self.world);
-        let q = w.qp_index(qp_num)?;
-        w.qps.get(q).map(|qp| qp.counters)
+        let q = w.tables.qp_index(qp_num)?;
+        w.tables.qps.get(q).map(|qp| qp.counters)
     }
 
     /// Events scheduled and not yet processed.
     pub fn pending_events(&self) -> usize {
-        enter(&self.world).events.len()
+        enter(&self.world).net.sched.events.len()
     }
 
     /// Simulated time of the next scheduled event, if any. With
@@ -73,6 +74,8 @@ impl Fabric {
     /// ```
     pub fn next_event_at(&self) -> Option<Duration> {
         enter(&self.world)
+            .net
+            .sched
             .events
             .next_time()
             .map(Duration::from_nanos)
@@ -89,7 +92,7 @@ impl Fabric {
     /// ```
     pub fn step(&self) -> bool {
         let mut w = lock(&self.world);
-        match w.cfg.mode {
+        match w.net.cfg.mode {
             Mode::Stepped => w.step(),
             Mode::Threaded => w.run_due_one(),
         }
@@ -107,7 +110,7 @@ impl Fabric {
         let mut w = lock(&self.world);
         let mut n = 0;
         while n < max_events {
-            let more = match w.cfg.mode {
+            let more = match w.net.cfg.mode {
                 Mode::Stepped => w.step(),
                 Mode::Threaded => w.run_due_one(),
             };
@@ -123,32 +126,32 @@ impl Fabric {
     /// returns how many ran. In threaded mode, sleeps `d` and then runs the due events.
     pub fn run_for(&self, d: Duration) -> usize {
         let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
-        if lock(&self.world).cfg.mode == Mode::Threaded {
+        if lock(&self.world).net.cfg.mode == Mode::Threaded {
             std::thread::sleep(d);
             return lock(&self.world).run_due();
         }
         let mut w = lock(&self.world);
-        let end = w.now.saturating_add(ns);
+        let end = w.net.sched.now.saturating_add(ns);
         let mut n = 0;
-        while w.events.next_time().is_some_and(|t| t <= end) {
+        while w.net.sched.events.next_time().is_some_and(|t| t <= end) {
             w.step();
             n += 1;
         }
-        w.now = end;
+        w.net.sched.now = end;
         n
     }
 
     /// Replaces the random packet faults from now on.
     pub fn set_faults(&self, faults: Faults) {
         let mut w = enter(&self.world);
-        w.cfg.faults = faults;
-        w.untimed = w.cfg.untimed();
+        w.net.cfg.faults = faults;
+        w.net.untimed = w.net.cfg.untimed();
         w.wake_polls();
     }
 
     fn with_dev(&self, dev: usize, f: impl FnOnce(&mut crate::hca::World)) -> Result<(), SimError> {
         let mut w = enter(&self.world);
-        if dev >= w.devices.len() {
+        if dev >= w.tables.devices.len() {
             return Err(SimError::NotFound);
         }
         f(&mut w);
@@ -162,8 +165,8 @@ impl Fabric {
     /// [`SimError::NotFound`] if there is no device `dev`.
     pub fn drop_next(&self, dev: usize, n: u32) -> Result<(), SimError> {
         self.with_dev(dev, |w| {
-            let d = &mut w.devices[dev];
-            d.drop_next = d.drop_next.saturating_add(n);
+            let port = &mut w.net.wire.ports[dev];
+            port.drop_next = port.drop_next.saturating_add(n);
         })
     }
 
@@ -177,8 +180,8 @@ impl Fabric {
     /// [`SimError::NotFound`] if there is no device `dev`.
     pub fn corrupt_next_response(&self, dev: usize) -> Result<(), SimError> {
         self.with_dev(dev, |w| {
-            let d = &mut w.devices[dev];
-            d.corrupt_next = d.corrupt_next.saturating_add(1);
+            let port = &mut w.net.wire.ports[dev];
+            port.corrupt_next = port.corrupt_next.saturating_add(1);
         })
     }
 
@@ -189,7 +192,7 @@ impl Fabric {
     /// [`SimError::NotFound`] if there is no device `dev`.
     pub fn link_down(&self, dev: usize) -> Result<(), SimError> {
         self.with_dev(dev, |w| {
-            w.devices[dev].link_up = false;
+            w.net.wire.ports[dev].link_up = false;
             w.wake_unreachable();
         })
     }
@@ -199,7 +202,7 @@ impl Fabric {
     /// # Errors
     /// [`SimError::NotFound`] if there is no device `dev`.
     pub fn link_up(&self, dev: usize) -> Result<(), SimError> {
-        self.with_dev(dev, |w| w.devices[dev].link_up = true)
+        self.with_dev(dev, |w| w.net.wire.ports[dev].link_up = true)
     }
 
     /// Cuts devices `a` and `b` off from each other (both directions) until
@@ -209,10 +212,7 @@ impl Fabric {
     /// [`SimError::NotFound`] if a device does not exist.
     pub fn partition(&self, a: usize, b: usize) -> Result<(), SimError> {
         self.with_dev(a.max(b), |w| {
-            let key = (a.min(b), a.max(b));
-            if !w.partitions.contains(&key) {
-                w.partitions.push(key);
-            }
+            w.net.wire.partition(a, b);
             w.wake_unreachable();
         })
     }
@@ -222,9 +222,7 @@ impl Fabric {
     /// # Errors
     /// [`SimError::NotFound`] if a device does not exist.
     pub fn heal(&self, a: usize, b: usize) -> Result<(), SimError> {
-        self.with_dev(a.max(b), |w| {
-            w.partitions.retain(|&p| p != (a.min(b), a.max(b)))
-        })
+        self.with_dev(a.max(b), |w| w.net.wire.heal(a, b))
     }
 
     /// Crashes device `dev` for good: its queue pairs vanish (they stop answering, their
@@ -240,7 +238,7 @@ impl Fabric {
 
     /// Number of trace records (0 unless [`FabricConfig::trace`]).
     pub fn trace_len(&self) -> usize {
-        lock(&self.world).trace.len()
+        lock(&self.world).net.trace.events.len()
     }
 
     /// A copy of the trace recorded so far, oldest first (empty unless
@@ -252,12 +250,12 @@ impl Fabric {
     /// assert!(f.trace_events().is_empty());
     /// ```
     pub fn trace_events(&self) -> Vec<TraceEvent> {
-        lock(&self.world).trace.clone()
+        lock(&self.world).net.trace.events.clone()
     }
 
     /// Forgets the trace recorded so far.
     pub fn clear_trace(&self) {
-        lock(&self.world).trace.clear();
+        lock(&self.world).net.trace.events.clear();
     }
 
     /// Writes the trace as Chrome trace-event JSON (`{"traceEvents":[...]}`), loadable in
@@ -278,7 +276,7 @@ impl Fabric {
     /// ```
     pub fn write_chrome_trace(&self, out: &mut impl io::Write) -> io::Result<()> {
         let w = lock(&self.world);
-        let names: Vec<String> = w.devices.iter().map(|d| d.name.clone()).collect();
-        write_chrome(out, &names, &w.trace)
+        let names: Vec<String> = w.tables.devices.iter().map(|d| d.name.clone()).collect();
+        write_chrome(out, &names, &w.net.trace.events)
     }
 }

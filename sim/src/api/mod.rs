@@ -109,7 +109,12 @@ impl Fabric {
     /// Calls `f` with each device's name, in order of addition. `f` may use the fabric.
     pub fn for_each_device(&self, f: &mut dyn FnMut(&str)) {
         for i in 0.. {
-            let Some(name) = enter(&self.world).devices.get(i).map(|d| d.name.clone()) else {
+            let Some(name) = enter(&self.world)
+                .tables
+                .devices
+                .get(i)
+                .map(|d| d.name.clone())
+            else {
                 break;
             };
             f(&name);
@@ -122,7 +127,7 @@ impl Fabric {
     /// [`SimError::NotFound`] if no device has that name.
     pub fn open_device(&self, name: &str) -> Result<Context, SimError> {
         let w = enter(&self.world);
-        let dev = w.devices.iter().position(|d| d.name == name);
+        let dev = w.tables.devices.iter().position(|d| d.name == name);
         Ok(Context {
             world: self.world.clone(),
             dev: dev.ok_or(SimError::NotFound)?,
@@ -146,7 +151,7 @@ impl Context {
 
     /// The device's name.
     pub fn name(&self) -> String {
-        enter(&self.world).devices[self.dev].name.clone()
+        enter(&self.world).tables.devices[self.dev].name.clone()
     }
 
     /// Attributes of `port` (only port 1 exists).
@@ -158,18 +163,18 @@ impl Context {
             return Err(SimError::NotFound);
         }
         let w = enter(&self.world);
-        let dev = &w.devices[self.dev];
-        let up = dev.link_up && !dev.crashed;
+        let port = &w.net.wire.ports[self.dev];
+        let up = port.link_up && !port.crashed;
         Ok(PortAttr {
             state: if up {
                 PortState::Active
             } else {
                 PortState::Down
             },
-            lid: w.devices[self.dev].lid,
+            lid: w.tables.devices[self.dev].lid,
             max_mtu: Mtu::Mtu4096,
             active_mtu: Mtu::Mtu4096,
-            gid_table_len: w.devices[self.dev].gids.len() as u16,
+            gid_table_len: w.tables.devices[self.dev].gids.len() as u16,
         })
     }
 
@@ -179,7 +184,7 @@ impl Context {
     /// [`SimError::NotFound`] for a port other than 1 or an index past the table.
     pub fn query_gid(&self, port: u8, index: u8) -> Result<Gid, SimError> {
         let w = enter(&self.world);
-        let gids = &w.devices[self.dev].gids;
+        let gids = &w.tables.devices[self.dev].gids;
         let gid = gids.get(usize::from(index)).filter(|_| port == 1);
         gid.copied().ok_or(SimError::NotFound)
     }
@@ -189,7 +194,7 @@ impl Context {
     /// # Errors
     /// None today; the `Result` mirrors `ibv_alloc_pd`.
     pub fn alloc_pd(&self) -> Result<Pd, SimError> {
-        let id = enter(&self.world).alloc_pd(self.dev);
+        let id = enter(&self.world).tables.alloc_pd(self.dev);
         Ok(Pd {
             world: self.world.clone(),
             id,
@@ -202,14 +207,14 @@ impl Context {
     /// [`SimError::Invalid`] unless `1 <= depth <= MAX_CQE`.
     pub fn create_cq(&self, depth: u32) -> Result<Cq, SimError> {
         let mut w = enter(&self.world);
-        let id = w.create_cq(self.dev, depth)?;
-        let ready = w.cqs.get(id).expect("new CQ").ready.clone();
+        let id = w.tables.create_cq(self.dev, depth)?;
+        let ready = w.tables.cqs.get(id).expect("new CQ").ready.clone();
         Ok(Cq {
             world: self.world.clone(),
             id,
             depth,
             ready,
-            pending: w.events.pending_flag(),
+            pending: w.net.sched.events.pending_flag(),
         })
     }
 }
@@ -223,7 +228,7 @@ pub struct Pd {
 
 impl Drop for Pd {
     fn drop(&mut self) {
-        enter(&self.world).release_pd(self.id, true);
+        enter(&self.world).tables.release_pd(self.id, true);
     }
 }
 
@@ -261,7 +266,9 @@ impl Pd {
         // SAFETY: the caller keeps the range valid (writable when LOCAL_WRITE) until the Mr
         // is dropped; `Mr::drop` removes the region from the world before returning.
         let region = unsafe { Region::new(addr, len, writable) };
-        let (idx, lkey, rkey) = enter(&self.world).register_mr(self.id, region, access)?;
+        let (idx, lkey, rkey) = enter(&self.world)
+            .tables
+            .register_mr(self.id, region, access)?;
         Ok(Mr {
             world: self.world.clone(),
             idx,
@@ -333,7 +340,7 @@ impl Mr {
 
 impl Drop for Mr {
     fn drop(&mut self) {
-        enter(&self.world).deregister_mr(self.idx);
+        enter(&self.world).tables.deregister_mr(self.idx);
     }
 }
 
@@ -392,9 +399,9 @@ impl Cq {
             return Ok(0);
         }
         let mut w = enter(&self.world);
-        if w.cfg.mode == Mode::Stepped && w.cfg.auto_step {
+        if w.net.cfg.mode == Mode::Stepped && w.net.cfg.auto_step {
             let waiting = |w: &World| {
-                let cq = w.cqs.get(self.id).expect("live CQ");
+                let cq = w.tables.cqs.get(self.id).expect("live CQ");
                 cq.entries.is_empty() && !cq.overflowed
             };
             let mut budget = AUTO_STEP_BUDGET;
@@ -402,7 +409,7 @@ impl Cq {
                 budget -= 1;
             }
         }
-        let cq = w.cqs.get_mut(self.id).expect("live CQ");
+        let cq = w.tables.cqs.get_mut(self.id).expect("live CQ");
         if cq.overflowed {
             return Err(SimError::CqOverflow);
         }
@@ -412,7 +419,7 @@ impl Cq {
         }
         // Cleared under the lock, which every push takes before setting it again: a poll
         // that sees it clear is ordered before the next push.
-        if cq.entries.is_empty() && w.untimed && w.events.is_empty() {
+        if cq.entries.is_empty() && w.net.untimed && w.net.sched.events.is_empty() {
             self.ready.store(false, Ordering::Relaxed);
         }
         Ok(n)
@@ -428,6 +435,6 @@ impl Drop for Cq {
     fn drop(&mut self) {
         let mut w = enter(&self.world);
         w.detach_cq(self.id);
-        w.release_cq(self.id, true);
+        w.tables.release_cq(self.id, true);
     }
 }

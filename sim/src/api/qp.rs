@@ -41,7 +41,12 @@ impl Qp {
 
     /// Current state.
     pub fn state(&self) -> QpState {
-        enter(&self.world).qps.get(self.id).expect("live QP").state
+        enter(&self.world)
+            .tables
+            .qps
+            .get(self.id)
+            .expect("live QP")
+            .state
     }
 
     /// Capacities granted (exactly those asked).
@@ -53,6 +58,7 @@ impl Qp {
     /// [`QpCounters`](crate::QpCounters)).
     pub fn counters(&self) -> crate::QpCounters {
         enter(&self.world)
+            .tables
             .qps
             .get(self.id)
             .expect("live QP")
@@ -63,7 +69,7 @@ impl Qp {
     /// and RTS transitions as applied, and the PSNs in use now.
     pub fn query(&self) -> QpAttr {
         let w = enter(&self.world);
-        let qp = w.qps.get(self.id).expect("live QP");
+        let qp = w.tables.qps.get(self.id).expect("live QP");
         QpAttr {
             state: qp.state,
             rtr: qp.rtr,

@@ -50,7 +50,7 @@ impl World {
     /// Retires the head of responder `p`'s receive queue, which the transfer `rd` consumed,
     /// with its completion.
     pub(crate) fn complete_recv(&mut self, p: usize, rd: RecvDone) {
-        let peer = self.qps.get_mut(p).expect("live QP");
+        let peer = self.tables.qps.get_mut(p).expect("live QP");
         peer.rq.pop_front();
         let wc = Wc {
             wr_id: rd.wr_id,
@@ -67,7 +67,7 @@ impl World {
     /// Completes the oldest SQ entry of QP `q` with `status`: a CQE when signaled or
     /// failed (releasing earlier unsignaled slots), else the slot stays held.
     pub(crate) fn complete_front(&mut self, q: usize, status: WcStatus) {
-        let Some(qp) = self.qps.get_mut(q) else {
+        let Some(qp) = self.tables.qps.get_mut(q) else {
             return;
         };
         let Some(e) = qp.sq.pop_front() else {
@@ -114,7 +114,7 @@ impl World {
     /// (`se`): it raises the event of a CQ armed solicited-only, as does any completion
     /// in error (`ibv_req_notify_cq(3)`).
     pub(crate) fn push_cqe_se(&mut self, cq: usize, wc: Wc, se: bool) {
-        let Some(c) = self.cqs.get_mut(cq) else {
+        let Some(c) = self.tables.cqs.get_mut(cq) else {
             return;
         };
         if c.overflowed {
@@ -130,8 +130,9 @@ impl World {
             return;
         }
         c.overflowed = true;
-        for q in 0..self.qps.slots() {
+        for q in 0..self.tables.qps.slots() {
             let uses = self
+                .tables
                 .qps
                 .get(q)
                 .is_some_and(|qp| qp.send_cq == cq || qp.recv_cq == cq);
@@ -143,7 +144,7 @@ impl World {
 
     /// Moves QP `q` to ERR, flushing its SQ then its RQ in posting order (once).
     pub(crate) fn set_err(&mut self, q: usize) {
-        let Some(qp) = self.qps.get_mut(q) else {
+        let Some(qp) = self.tables.qps.get_mut(q) else {
             return;
         };
         if qp.state == QpState::Err {
@@ -152,16 +153,16 @@ impl World {
         // A responder in ERR answers nothing: a requester asleep on its RNR NAK must wake
         // and find that out by retrying.
         self.wake_parked(q);
-        let qp = self.qps.get_mut(q).expect("live QP");
+        let qp = self.tables.qps.get_mut(q).expect("live QP");
         qp.unsig_done = 0;
         // Timers and packets of the old incarnation become stale.
         qp.req = ReqState::default();
-        self.epochs = self.epochs.wrapping_add(1);
-        qp.epoch = self.epochs;
-        self.events.cancel_timer(q);
+        self.tables.epochs = self.tables.epochs.wrapping_add(1);
+        qp.epoch = self.tables.epochs;
+        self.net.sched.events.cancel_timer(q);
         self.set_state(q, QpState::Err);
         // Pop one at a time: a flush CQE may overflow a CQ, which re-enters `set_err`.
-        while let Some(qp) = self.qps.get_mut(q) {
+        while let Some(qp) = self.tables.qps.get_mut(q) {
             let Some(e) = qp.sq.pop_front() else { break };
             let (wc, cq) = (
                 flush_wc(e.wr.wr_id, send_opcode(&e.wr.op), qp.qpn),
@@ -170,7 +171,7 @@ impl World {
             self.push_cqe(cq, wc);
             self.count_send_end(q, true);
         }
-        while let Some(qp) = self.qps.get_mut(q) {
+        while let Some(qp) = self.tables.qps.get_mut(q) {
             let Some(r) = qp.rq.pop_front() else { break };
             let (wc, cq) = (flush_wc(r.wr_id, WcOpcode::Recv, qp.qpn), qp.recv_cq);
             self.push_cqe(cq, wc);
@@ -322,7 +323,7 @@ impl World {
     /// A completion of CQ `cq` was pushed; `solicited` when it counts for a solicited-only
     /// arm. Raises the CQ's event if it is armed for it.
     pub(crate) fn notify_cq(&mut self, cq: usize, solicited: bool) {
-        let Some(c) = self.cqs.get_mut(cq) else {
+        let Some(c) = self.tables.cqs.get_mut(cq) else {
             return;
         };
         let n = &mut c.notify;
@@ -333,7 +334,7 @@ impl World {
         }
         n.armed = None;
         let (key, ch) = (n.key, n.channel);
-        if let Some(ch) = ch.and_then(|i| self.notifier.chans.get_mut(i)?.as_mut()) {
+        if let Some(ch) = ch.and_then(|i| self.tables.notifier.chans.get_mut(i)?.as_mut()) {
             if ch.events.is_empty() {
                 // Cannot fail short of a full socket buffer, and it holds at most one byte.
                 let _ = ch.tx.write(&[1]);
@@ -345,17 +346,17 @@ impl World {
     /// Removes CQ `cq` from the event path (its handle is gone): disarmed, its queued
     /// events withdrawn (as the kernel does at `ibv_destroy_cq`), its channel released.
     pub(crate) fn detach_cq(&mut self, cq: usize) {
-        let Some(c) = self.cqs.get_mut(cq) else {
+        let Some(c) = self.tables.cqs.get_mut(cq) else {
             return;
         };
         let n = &mut c.notify;
         n.armed = None;
-        self.notifier.destroyed_unacked += u64::from(n.unacked);
+        self.tables.notifier.destroyed_unacked += u64::from(n.unacked);
         n.unacked = 0;
         let Some(i) = n.channel.take() else {
             return;
         };
-        if let Some(ch) = self.notifier.chans[i].as_mut() {
+        if let Some(ch) = self.tables.notifier.chans[i].as_mut() {
             let before = ch.events.len();
             ch.events.retain(|&(c, _)| c != cq);
             if before > 0 && ch.events.is_empty() {
@@ -363,13 +364,15 @@ impl World {
             }
             ch.refs -= 1;
         }
-        self.notifier.free(i);
+        self.tables.notifier.free(i);
     }
 
     /// Puts CQ `cq` (new) on channel `id`.
     pub(crate) fn attach_channel(&mut self, cq: usize, id: usize) {
-        self.cqs.get_mut(cq).expect("new CQ").notify.channel = Some(id);
-        let ch = self.notifier.chans[id].as_mut().expect("live channel");
+        self.tables.cqs.get_mut(cq).expect("new CQ").notify.channel = Some(id);
+        let ch = self.tables.notifier.chans[id]
+            .as_mut()
+            .expect("live channel");
         ch.refs += 1;
         ch.events.reserve(4);
     }
@@ -377,12 +380,14 @@ impl World {
     /// Takes the oldest event of channel `id` (`ibv_get_cq_event`): the key of the CQ
     /// that raised it, which counts it as unacknowledged.
     pub(crate) fn take_channel_event(&mut self, id: usize) -> Option<u64> {
-        let ch = self.notifier.chans[id].as_mut().expect("live channel");
+        let ch = self.tables.notifier.chans[id]
+            .as_mut()
+            .expect("live channel");
         let (cq, key) = ch.events.pop_front()?;
         if ch.events.is_empty() {
             drain(&mut ch.rx);
         }
-        if let Some(c) = self.cqs.get_mut(cq) {
+        if let Some(c) = self.tables.cqs.get_mut(cq) {
             c.notify.unacked += 1;
         }
         Some(key)
@@ -391,7 +396,8 @@ impl World {
     /// Whether some CQ on a channel is armed (the clock thread runs while one is).
     #[cfg_attr(loom, allow(dead_code))]
     pub(crate) fn any_armed(&self) -> bool {
-        self.cqs
+        self.tables
+            .cqs
             .iter()
             .any(|c| c.notify.armed.is_some() && c.notify.channel.is_some())
     }

@@ -38,10 +38,10 @@ impl World {
     /// Executes the head of QP `q`'s send queue at once, as the packet path would on this
     /// fabric; false, having changed nothing, when it must take the packet path instead.
     fn direct_one(&mut self, q: usize) -> bool {
-        if !self.untimed || !self.events.is_empty() {
+        if !self.net.untimed || !self.net.sched.events.is_empty() {
             return false;
         }
-        let Some(qp) = self.qps.get(q) else {
+        let Some(qp) = self.tables.qps.get(q) else {
             return false;
         };
         let r = &qp.req;
@@ -53,14 +53,14 @@ impl World {
             return false;
         };
         let (dev, qpn, psn) = (qp.dev, qp.qpn, qp.req.next_psn);
-        let scripted = |d: usize| self.devices[d].drop_next > 0 || self.devices[d].corrupt_next > 0;
-        if self.blocked(dev, pdev).is_some() || scripted(dev) || scripted(pdev) {
+        let wire = &self.net.wire;
+        if wire.blocked(dev, pdev).is_some() || wire.scripted(dev) || wire.scripted(pdev) {
             return false;
         }
-        let Some(p) = self.qp_index(rtr.dest_qp_num) else {
+        let Some(p) = self.tables.qp_index(rtr.dest_qp_num) else {
             return false;
         };
-        let peer = self.qps.get(p).expect("live QP");
+        let peer = self.tables.qps.get(p).expect("live QP");
         let connected = peer.rtr.is_some_and(|a| a.dest_qp_num == qpn)
             && peer.peer_dev == Some(dev)
             && peer.dev == pdev
@@ -77,7 +77,8 @@ impl World {
         }
         // Room for both completions, so that neither can overflow a CQ here.
         let room = |c: usize, n: usize| {
-            self.cqs
+            self.tables
+                .cqs
                 .get(c)
                 .is_some_and(|c| !c.overflowed && c.entries.len() + n <= c.depth)
         };
@@ -104,7 +105,7 @@ impl World {
         let next = psn.wrapping_add(npkts) & PSN_MASK;
 
         // The responder, as `on_request` leaves it.
-        let peer = self.qps.get_mut(p).expect("live QP");
+        let peer = self.tables.qps.get_mut(p).expect("live QP");
         peer.resp.epsn = next;
         if let Some(old) = ex.old {
             peer.resp.remember(psn, old);
@@ -114,7 +115,7 @@ impl World {
         }
 
         // The requester, as `on_response` and `complete_front` leave it.
-        let qp = self.qps.get_mut(q).expect("live QP");
+        let qp = self.tables.qps.get_mut(q).expect("live QP");
         qp.sq.drop_front();
         qp.req.next_psn = next;
         (qp.req.retries, qp.req.rnr_left) = (rts.retry_cnt, rts.rnr_retry);
@@ -133,7 +134,7 @@ impl World {
         } else {
             qp.unsig_done += 1;
         }
-        if let Some(qp) = self.qps.get_mut(q) {
+        if let Some(qp) = self.tables.qps.get_mut(q) {
             qp.direct_count += 1;
             if signaled {
                 qp.counters.send_completions += 1;

@@ -1,8 +1,10 @@
 //! The HCAs: everything a device does between the host's doorbell and the wire.
 //!
-//! Everything lives in one [`World`] behind the fabric's mutex. Objects sit in slabs indexed
-//! by small integers (no hashing, so iteration order is deterministic). Queues are
-//! preallocated at creation and never grow: posting, executing and polling do not allocate.
+//! The whole fabric is one [`World`] behind the fabric's mutex, in two parts that are
+//! borrowed apart: the [`Tables`] of objects the HCAs hold (looked up by index, key or
+//! number), and the [`Net`] they all share (the configuration, simulated time and its
+//! events, the wire, the trace), which no lookup reaches. A block that holds a queue pair
+//! from the tables can still send, arm its timer and trace through the `Net`.
 //!
 //! The blocks, where a NIC engineer would look for them:
 //!
@@ -14,17 +16,17 @@
 //! - [`direct`]: the untimed fabric's fast path (a request executed inside its post);
 //! - [`mem`]: raw access to registered memory (the only `unsafe` module).
 //!
-//! Here: the world itself, and the event loop (processing events in order, and how
-//! simulated time follows the wall clock in threaded mode).
+//! Here: the world itself, a packet's arrival at a device, a device's crash, and the event
+//! loop (processing events in order, and how simulated time follows the wall clock in
+//! threaded mode).
 
 use std::sync::atomic::Ordering;
-use std::time::Instant;
 
 use crate::config::{FabricConfig, Mode};
-use crate::rng::Rng;
-use crate::sched::{EvKind, Events};
-use crate::trace::{TraceEvent, TraceKind};
+use crate::sched::{EvKind, Sched};
+use crate::trace::{Trace, TraceKind};
 use crate::types::*;
+use crate::wire::{DropReason, Packet, PacketKind, Transit, Wire};
 
 pub(crate) mod cq;
 pub(crate) mod direct;
@@ -34,35 +36,29 @@ pub(crate) mod requester;
 pub(crate) mod responder;
 pub(crate) mod tables;
 
-use qp::{QpObj, ReqState, RespState};
-use tables::{CqObj, Device, MrObj, PdObj, Slab};
+use qp::{ReqState, RespState};
+pub(crate) use tables::Tables;
 
 /// The whole simulated fabric.
 #[derive(Debug)]
 pub(crate) struct World {
-    pub(crate) devices: Vec<Device>,
-    pub(crate) pds: Slab<PdObj>,
-    pub(crate) mrs: Slab<MrObj>,
-    pub(crate) cqs: Slab<CqObj>,
-    pub(crate) qps: Slab<QpObj>,
+    /// What the HCAs hold: devices, PDs, MRs, CQs with their channels, QPs.
+    pub(crate) tables: Tables,
+    /// What they share: configuration, time and events, the wire, the trace.
+    pub(crate) net: Net,
+}
+
+/// What every HCA block shares, apart from the object tables.
+#[derive(Debug)]
+pub(crate) struct Net {
     pub(crate) cfg: FabricConfig,
-    /// Threaded mode: time zero.
-    pub(crate) start: Instant,
-    /// Simulated time, ns.
-    pub(crate) now: u64,
-    pub(crate) events: Events,
-    pub(crate) rng: Rng,
-    /// Partitioned device pairs, `(low, high)`.
-    pub(crate) partitions: Vec<(usize, usize)>,
-    pub(crate) trace: Vec<TraceEvent>,
-    /// Last epoch handed out.
-    pub(crate) epochs: u32,
     /// `cfg` is untimed: requests may complete on the direct path (`direct.rs`).
     pub(crate) untimed: bool,
-    /// Send WRs completed on the direct path by QPs since destroyed.
-    pub(crate) direct_retired: u64,
-    /// Completion channels and their events.
-    pub(crate) notifier: cq::Notifier,
+    /// Simulated time, packets in flight and timers.
+    pub(crate) sched: Sched,
+    /// Ports, partitions and the fault generator.
+    pub(crate) wire: Wire,
+    pub(crate) trace: Trace,
 }
 
 pub(crate) fn invalid<T>(why: &'static str) -> Result<T, SimError> {
@@ -74,25 +70,54 @@ pub(crate) fn sg_len(sges: &[Sge]) -> u64 {
     sges.iter().map(|s| u64::from(s.length)).sum()
 }
 
+impl Net {
+    /// Records a trace event at the current time (when tracing).
+    pub(crate) fn trace(
+        &mut self,
+        dev: usize,
+        qpn: u32,
+        kind: TraceKind,
+        psn: Option<u32>,
+        wr_id: Option<u64>,
+    ) {
+        let now = self.sched.now;
+        self.trace.record(now, dev, qpn, kind, psn, wr_id);
+    }
+
+    /// Puts `pkt` (`bytes` on the wire) on the link: schedules its arrival (twice when
+    /// duplicated), or traces its loss.
+    pub(crate) fn send(&mut self, mut pkt: Packet, bytes: u64) {
+        let (src, qpn, psn) = (pkt.src_dev as usize, pkt.src_qpn, Some(pkt.psn));
+        match self
+            .wire
+            .transmit(&mut pkt, bytes, self.sched.now, &self.cfg)
+        {
+            Transit::Lost(why) => self.trace(src, qpn, TraceKind::Drop(pkt.kind, why), psn, None),
+            Transit::Arrives { at, delay, twice } => {
+                if let Some(extra) = delay {
+                    self.trace(src, qpn, TraceKind::Delay(pkt.kind, extra), psn, None);
+                }
+                self.sched.events.push_packet(at, pkt);
+                if twice {
+                    self.trace(src, qpn, TraceKind::Duplicate(pkt.kind), psn, None);
+                    self.sched.events.push_packet(at, pkt);
+                }
+            }
+        }
+    }
+}
+
 impl World {
     pub(crate) fn new(cfg: FabricConfig) -> World {
         World {
-            devices: Vec::new(),
-            pds: Slab::new(),
-            mrs: Slab::new(),
-            cqs: Slab::new(),
-            qps: Slab::new(),
-            cfg,
-            start: Instant::now(),
-            now: 0,
-            events: Events::new(),
-            rng: Rng::new(cfg.seed),
-            partitions: Vec::new(),
-            trace: Vec::new(),
-            epochs: 0,
-            untimed: cfg.untimed(),
-            direct_retired: 0,
-            notifier: Default::default(),
+            tables: Tables::new(),
+            net: Net {
+                cfg,
+                untimed: cfg.untimed(),
+                sched: Sched::new(),
+                wire: Wire::new(cfg.seed),
+                trace: Trace::new(cfg.trace),
+            },
         }
     }
 
@@ -105,39 +130,52 @@ impl World {
         psn: Option<u32>,
         wr_id: Option<u64>,
     ) {
-        if self.cfg.trace {
-            let t = self.now;
-            self.trace.push(TraceEvent {
-                time_ns: t,
-                device: dev as u32,
-                qpn,
-                psn,
-                wr_id,
-                kind,
-            });
-        }
+        self.net.trace(dev, qpn, kind, psn, wr_id);
     }
 
     /// Every CQ's poll must lock again (the fabric stopped being untimed).
     pub(crate) fn wake_polls(&self) {
-        for cq in self.cqs.iter() {
+        for cq in self.tables.cqs.iter() {
             cq.ready.store(true, Ordering::Release);
         }
     }
 
-    /// A fresh QP incarnation number.
-    pub(crate) fn next_epoch(&mut self) -> u32 {
-        self.epochs = self.epochs.wrapping_add(1);
-        self.epochs
+    /// A packet arrives: hands it to its queue pair, or loses it.
+    pub(crate) fn deliver(&mut self, pkt: Packet) {
+        let dst = pkt.dst_dev as usize;
+        let (qpn, psn) = (pkt.dst_qpn, Some(pkt.psn));
+        let why = self.net.wire.arrival(dst);
+        let qps = &self.tables.qps;
+        let q = self
+            .tables
+            .qp_index(pkt.dst_qpn)
+            .filter(|&q| qps.get(q).is_some_and(|qp| qp.dev == dst && !qp.dead));
+        match (why, q) {
+            (Some(why), _) => self.trace(dst, qpn, TraceKind::Drop(pkt.kind, why), psn, None),
+            (None, None) => self.trace(
+                dst,
+                qpn,
+                TraceKind::Drop(pkt.kind, DropReason::NoQp),
+                psn,
+                None,
+            ),
+            (None, Some(q)) => {
+                self.trace(dst, qpn, TraceKind::Deliver(pkt.kind), psn, None);
+                match pkt.kind {
+                    PacketKind::Request => self.on_request(q, pkt),
+                    _ => self.on_response(q, pkt),
+                }
+            }
+        }
     }
 
     /// Crashes device `dev`: its queue pairs vanish without completions, its CQs empty,
     /// and packets to or from it are lost from now on.
     pub(crate) fn crash(&mut self, dev: usize) {
-        self.devices[dev].crashed = true;
-        for q in 0..self.qps.slots() {
-            let epoch = self.next_epoch();
-            let Some(qp) = self.qps.get_mut(q).filter(|qp| qp.dev == dev) else {
+        self.net.wire.ports[dev].crashed = true;
+        for q in 0..self.tables.qps.slots() {
+            let epoch = self.tables.next_epoch();
+            let Some(qp) = self.tables.qps.get_mut(q).filter(|qp| qp.dev == dev) else {
                 continue;
             };
             qp.sq.clear();
@@ -145,11 +183,11 @@ impl World {
             qp.unsig_done = 0;
             (qp.req, qp.resp, qp.dead, qp.epoch) =
                 (ReqState::default(), RespState::default(), true, epoch);
-            self.events.cancel_timer(q);
+            self.net.sched.events.cancel_timer(q);
             self.set_state(q, QpState::Err);
         }
-        for c in 0..self.cqs.slots() {
-            if let Some(cq) = self.cqs.get_mut(c).filter(|c| c.dev == dev) {
+        for c in 0..self.tables.cqs.slots() {
+            if let Some(cq) = self.tables.cqs.get_mut(c).filter(|c| c.dev == dev) {
                 cq.entries.clear();
             }
         }
@@ -159,10 +197,11 @@ impl World {
 
     /// Processes the next event, advancing simulated time to it; false if there is none.
     pub(crate) fn step(&mut self) -> bool {
-        let Some(ev) = self.events.pop() else {
+        let sched = &mut self.net.sched;
+        let Some(ev) = sched.events.pop() else {
             return false;
         };
-        self.now = self.now.max(ev.time);
+        sched.now = sched.now.max(ev.time);
         match ev.kind {
             EvKind::Deliver(pkt) => self.deliver(pkt),
             EvKind::Timer { qp } => self.on_timer(qp as usize),
@@ -170,19 +209,15 @@ impl World {
         true
     }
 
-    /// Wall-clock nanoseconds since the fabric was created.
-    pub(crate) fn wall(&self) -> u64 {
-        u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX)
-    }
-
     /// Threaded mode: processes the next event if the wall clock has reached it (at its
     /// own time, so responses leave when they would have); false if none is due.
     pub(crate) fn run_due_one(&mut self) -> bool {
-        let wall = self.wall();
-        if self.events.next_time().is_some_and(|t| t <= wall) {
+        let sched = &mut self.net.sched;
+        let wall = sched.wall();
+        if sched.events.next_time().is_some_and(|t| t <= wall) {
             return self.step();
         }
-        self.now = self.now.max(wall);
+        sched.now = sched.now.max(wall);
         false
     }
 
@@ -190,21 +225,21 @@ impl World {
     /// clock has reached, then moves simulated time to the wall clock. Returns how many
     /// ran. Does nothing in stepped mode.
     pub(crate) fn run_due(&mut self) -> usize {
-        if self.cfg.mode != Mode::Threaded {
+        if self.net.cfg.mode != Mode::Threaded {
             return 0;
         }
-        if self.untimed && self.events.is_empty() {
+        if self.net.untimed && self.net.sched.events.is_empty() {
             // Nothing to run, and on an untimed fabric nothing reads the time: skip the
             // clock (two thirds of an idle poll's cost). `Fabric::now` reads it itself.
             return 0;
         }
-        let wall = self.wall();
+        let wall = self.net.sched.wall();
         let mut n = 0;
-        while self.events.next_time().is_some_and(|t| t <= wall) {
+        while self.net.sched.events.next_time().is_some_and(|t| t <= wall) {
             self.step();
             n += 1;
         }
-        self.now = self.now.max(wall);
+        self.net.sched.now = self.net.sched.now.max(wall);
         n
     }
 }

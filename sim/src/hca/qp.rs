@@ -10,7 +10,7 @@ use std::collections::VecDeque;
 
 use super::cq::{flush_wc, send_opcode};
 use super::mem::{copy, Dst, RawInline, Src};
-use super::{invalid, sg_len, World};
+use super::{invalid, sg_len, Tables, World};
 use crate::config::{Personality, ROCE_ROUTE_HOP_LIMIT};
 use crate::trace::TraceKind;
 use crate::types::*;
@@ -226,7 +226,7 @@ impl SendQueue {
 impl World {
     /// Sets QP `q`'s state, tracing the change.
     pub(crate) fn set_state(&mut self, q: usize, to: QpState) {
-        let Some(qp) = self.qps.get_mut(q) else {
+        let Some(qp) = self.tables.qps.get_mut(q) else {
             return;
         };
         let (from, dev, qpn) = (qp.state, qp.dev, qp.qpn);
@@ -239,17 +239,17 @@ impl World {
     /// Applies a state transition (see [`Modify`]).
     pub(crate) fn modify(&mut self, q: usize, m: &Modify) -> Result<(), SimError> {
         use QpState::*;
-        let epoch = self.next_epoch();
+        let epoch = self.tables.next_epoch();
         let peer_dev = match m {
             Modify::Rtr(a) => self.route(a),
             _ => None,
         };
-        if matches!(m, Modify::Reset) && self.qps.get(q).is_some_and(|qp| !qp.dead) {
+        if matches!(m, Modify::Reset) && self.tables.qps.get(q).is_some_and(|qp| !qp.dead) {
             // A responder in RESET answers nothing (and forgets its RTR attributes, which
             // name the requester that may sleep on its RNR NAK): wake that requester.
             self.wake_parked(q);
         }
-        let qp = self.qps.get_mut(q).expect("live QP");
+        let qp = self.tables.qps.get_mut(q).expect("live QP");
         if qp.dead {
             return core::result::Result::Err(SimError::DeviceFatal);
         }
@@ -261,7 +261,7 @@ impl World {
                 (qp.init, qp.rtr, qp.rts) = (None, None, None);
                 (qp.req, qp.resp, qp.peer_dev) = (ReqState::default(), RespState::default(), None);
                 qp.epoch = epoch;
-                self.events.cancel_timer(q);
+                self.net.sched.events.cancel_timer(q);
                 Reset
             }
             Modify::Err => {
@@ -292,7 +292,7 @@ impl World {
                     return invalid("sl exceeds 15 or flow_label exceeds 20 bits");
                 }
                 // The port's active MTU is 4096, the largest there is: any path_mtu fits.
-                let a = match self.cfg.personality {
+                let a = match self.net.cfg.personality {
                     Personality::Hca => a,
                     Personality::Rxe => RtrAttr {
                         sl: 0,
@@ -336,10 +336,14 @@ impl World {
     /// The device an RTR path leads to: by GID when it has one, else by LID.
     fn route(&self, a: &RtrAttr) -> Option<usize> {
         match a.dgid {
-            Some(gid) => self.devices.iter().position(|d| d.gids.contains(&gid)),
+            Some(gid) => self
+                .tables
+                .devices
+                .iter()
+                .position(|d| d.gids.contains(&gid)),
             None => {
                 let i = usize::from(a.dlid).checked_sub(1)?;
-                (i < self.devices.len()).then_some(i)
+                (i < self.tables.devices.len()).then_some(i)
             }
         }
     }
@@ -372,7 +376,7 @@ impl World {
             if !next(&mut wr) {
                 break;
             }
-            if self.untimed && index > 0 {
+            if self.net.untimed && index > 0 {
                 self.fail_head_now(q);
             }
             if let Err(error) = self.post_send(q, &wr, raw) {
@@ -382,7 +386,7 @@ impl World {
             posted += 1;
         }
         self.count_posts(q, true, posted);
-        if self.untimed {
+        if self.net.untimed {
             self.run_direct(q);
             self.pump(q);
         }
@@ -398,7 +402,7 @@ impl World {
         wr: &SendWr,
         raw: Option<&RawInline>,
     ) -> Result<(), SimError> {
-        let World { qps, mrs, cfg, .. } = self;
+        let (Tables { qps, mrs, .. }, cfg) = (&mut self.tables, &self.net.cfg);
         let qp = qps.get_mut(q).expect("live QP");
         if qp.dead {
             return Err(SimError::DeviceFatal);
@@ -486,7 +490,7 @@ impl World {
             None,
             Some(wr.wr_id),
         );
-        if !self.untimed {
+        if !self.net.untimed {
             self.pump(q);
         }
         Ok(())
@@ -498,7 +502,7 @@ impl World {
     /// flushed rather than refused as `QueueFull`). Nothing else it does is visible before
     /// the list is posted.
     fn fail_head_now(&mut self, q: usize) {
-        let qp = self.qps.get(q).expect("live QP");
+        let qp = self.tables.qps.get(q).expect("live QP");
         let head = qp
             .sq
             .front()
@@ -510,7 +514,7 @@ impl World {
 
     /// Validates and queues one receive WR (see `Qp::post_recv`).
     pub(crate) fn post_recv(&mut self, q: usize, wr: &RecvWr) -> Result<(), SimError> {
-        let qp = self.qps.get_mut(q).expect("live QP");
+        let qp = self.tables.qps.get_mut(q).expect("live QP");
         if qp.dead {
             return Err(SimError::DeviceFatal);
         }
@@ -538,7 +542,7 @@ impl World {
 
     /// Counts one post call on QP `q` that posted `n` work requests.
     pub(crate) fn count_posts(&mut self, q: usize, send: bool, n: usize) {
-        let (Some(qp), true) = (self.qps.get_mut(q), n > 0) else {
+        let (Some(qp), true) = (self.tables.qps.get_mut(q), n > 0) else {
             return;
         };
         let c = &mut qp.counters;
@@ -555,7 +559,7 @@ impl World {
     /// Counts the end of one send work request on QP `q`: with a completion written for
     /// it, or silently (unsignaled and successful).
     pub(crate) fn count_send_end(&mut self, q: usize, completion: bool) {
-        if let Some(qp) = self.qps.get_mut(q) {
+        if let Some(qp) = self.tables.qps.get_mut(q) {
             if completion {
                 qp.counters.send_completions += 1;
             } else {

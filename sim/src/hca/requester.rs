@@ -16,10 +16,9 @@
 use super::qp::{QpObj, SqEntry, TimerKind};
 use super::{sg_len, World};
 use crate::config::{ack_timeout_ns, rnr_timer_ns, Personality};
-use crate::net::HEADER_BYTES;
-use crate::trace::{DropReason, TraceKind};
+use crate::trace::TraceKind;
 use crate::types::*;
-use crate::wire::{psn_diff, Packet, PacketKind, PSN_MASK};
+use crate::wire::{psn_diff, DropReason, Packet, PacketKind, HEADER_BYTES, PSN_MASK};
 
 fn mtu_bytes(m: Mtu) -> u64 {
     128 << (m as u8)
@@ -61,7 +60,9 @@ impl World {
     /// is the oldest (all before it completed).
     pub(crate) fn pump(&mut self, q: usize) {
         loop {
-            let Some(qp) = self.qps.get(q) else { return };
+            let Some(qp) = self.tables.qps.get(q) else {
+                return;
+            };
             if qp.state != QpState::Rts || qp.req.rnr_wait {
                 return;
             }
@@ -88,7 +89,7 @@ impl World {
                 _ => len + u64::from(npkts) * HEADER_BYTES,
             };
             let (retx, wr_id) = (e.sent_once, e.wr.wr_id);
-            let qp = self.qps.get_mut(q).expect("live QP");
+            let qp = self.tables.qps.get_mut(q).expect("live QP");
             let psn = qp.req.next_psn;
             let e = qp.sq.get_mut(i).expect("queued entry");
             (e.psn, e.npkts, e.sent_once) = (psn, npkts, true);
@@ -114,7 +115,7 @@ impl World {
             };
             self.trace(dev, qpn, what, Some(psn), Some(wr_id));
             match peer_dev {
-                Some(_) => self.send_pkt(pkt, wire),
+                Some(_) => self.net.send(pkt, wire),
                 None => {
                     let why = TraceKind::Drop(PacketKind::Request, DropReason::NoRoute);
                     self.trace(dev, qpn, why, Some(psn), Some(wr_id));
@@ -128,7 +129,7 @@ impl World {
 
     /// Go-back-N: everything outstanding will be sent again, from the oldest.
     pub(crate) fn go_back(&mut self, q: usize) {
-        let Some(qp) = self.qps.get_mut(q) else {
+        let Some(qp) = self.tables.qps.get_mut(q) else {
             return;
         };
         (qp.req.sent, qp.req.rd_inflight) = (0, 0);
@@ -139,7 +140,7 @@ impl World {
 
     /// A response (ACK, NAK, read/atomic response) arrives at requester `q`.
     pub(crate) fn on_response(&mut self, q: usize, pkt: Packet) {
-        let qp = self.qps.get(q).expect("live QP");
+        let qp = self.tables.qps.get(q).expect("live QP");
         let (dev, qpn, psn) = (qp.dev, qp.qpn, Some(pkt.psn));
         let from_peer = qp.rtr.is_some_and(|r| r.dest_qp_num == pkt.src_qpn)
             && qp.peer_dev == Some(pkt.src_dev as usize);
@@ -163,7 +164,12 @@ impl World {
         for _ in 0..i {
             self.complete_front(q, WcStatus::Success);
         }
-        let alive = |w: &World| w.qps.get(q).is_some_and(|qp| qp.state == QpState::Rts);
+        let alive = |w: &World| {
+            w.tables
+                .qps
+                .get(q)
+                .is_some_and(|qp| qp.state == QpState::Rts)
+        };
         if !alive(self) {
             return;
         }
@@ -181,7 +187,7 @@ impl World {
             return;
         }
         // Forward progress (unless an RNR NAK answered the oldest request itself).
-        let qp = self.qps.get_mut(q).expect("live QP");
+        let qp = self.tables.qps.get_mut(q).expect("live QP");
         let rts = qp.rts.expect("RTS attributes");
         if i > 0 || !matches!(pkt.kind, PacketKind::Rnr(_)) {
             (qp.req.retries, qp.req.rnr_left) = (rts.retry_cnt, rts.rnr_retry);
@@ -199,7 +205,7 @@ impl World {
 
     /// The oldest request of `q` met an empty receive queue: wait and retry, or give up.
     fn on_rnr(&mut self, q: usize, code: u8) {
-        let qp = self.qps.get_mut(q).expect("live QP");
+        let qp = self.tables.qps.get_mut(q).expect("live QP");
         let (dev, qpn) = (qp.dev, qp.qpn);
         let infinite = qp.rts.is_some_and(|r| r.rnr_retry == 7);
         if !infinite {
@@ -211,9 +217,9 @@ impl World {
         qp.req.rnr_wait = true;
         let head = qp.sq.front().map(|e| (e.psn, e.wr.wr_id));
         let (psn, id) = (head.map(|h| h.0), head.map(|h| h.1));
-        let park = self.cfg.instant_timers && infinite;
+        let park = self.net.cfg.instant_timers && infinite;
         qp.req.parked = park;
-        let wait = if self.cfg.instant_timers {
+        let wait = if self.net.cfg.instant_timers {
             0
         } else {
             rnr_timer_ns(code)
@@ -221,7 +227,7 @@ impl World {
         self.trace(dev, qpn, TraceKind::RnrWait(wait), psn, id);
         match park {
             true => self.disarm(q),
-            false => self.arm(q, self.now.saturating_add(wait), TimerKind::Rnr),
+            false => self.arm(q, self.net.sched.now.saturating_add(wait), TimerKind::Rnr),
         }
     }
 
@@ -235,20 +241,24 @@ impl World {
         local_limits(qp, wr, total)?;
         let local_ok = match wr.op {
             Read { .. } | CompareSwap { .. } | FetchAdd { .. } => {
-                self.scatter(qp.pd, sges, total as usize, &mut [])
+                self.tables
+                    .mrs
+                    .scatter(qp.pd, sges, total as usize, &mut [])
             }
             _ if wr.flags.contains(SendFlags::INLINE) => true,
-            _ => self.gather(qp.pd, sges, &mut []),
+            _ => self.tables.mrs.gather(qp.pd, sges, &mut []),
         };
         if !local_ok {
             let writes = matches!(wr.op, Read { .. } | CompareSwap { .. } | FetchAdd { .. });
             let unusable_key = |s: &Sge| {
                 s.length > 0
-                    && !matches!(self.mr(s.lkey, false, qp.pd),
+                    && !matches!(self.tables.mrs.lookup(s.lkey, false, qp.pd),
                         Some(m) if !writes || m.access.contains(Access::LOCAL_WRITE))
             };
             let inline = wr.flags.contains(SendFlags::INLINE);
-            if self.cfg.personality == Personality::Rxe && !inline && sges.iter().any(unusable_key)
+            if self.net.cfg.personality == Personality::Rxe
+                && !inline
+                && sges.iter().any(unusable_key)
             {
                 return Err(WcStatus::LocQpOpErr); // rxe: copy_data's -EINVAL
             }
@@ -268,9 +278,9 @@ impl World {
     /// `FatalErr`. A read has no error status there (a wrong response can even complete it),
     /// so it keeps the spec's `BadRespErr`.
     pub(crate) fn bad_response_status(&self, q: usize) -> WcStatus {
-        let front = self.qps.get(q).and_then(|qp| qp.sq.front());
+        let front = self.tables.qps.get(q).and_then(|qp| qp.sq.front());
         let read = front.is_some_and(|e| matches!(e.wr.op, SendOp::Read { .. }));
-        match self.cfg.personality {
+        match self.net.cfg.personality {
             Personality::Rxe if !read => WcStatus::FatalErr,
             _ => WcStatus::BadRespErr,
         }
@@ -279,14 +289,15 @@ impl World {
     /// (Re)starts the local ACK timer of QP `q` (none with timeout code 0).
     pub(crate) fn arm_ack(&mut self, q: usize) {
         let code = self
+            .tables
             .qps
             .get(q)
             .and_then(|qp| qp.rts)
             .map_or(0, |r| r.timeout);
         match ack_timeout_ns(code) {
             Some(ns) => {
-                let after = if self.cfg.instant_timers { 0 } else { ns };
-                self.arm(q, self.now.saturating_add(after), TimerKind::Ack);
+                let after = if self.net.cfg.instant_timers { 0 } else { ns };
+                self.arm(q, self.net.sched.now.saturating_add(after), TimerKind::Ack);
             }
             None => self.disarm(q),
         }
@@ -294,25 +305,25 @@ impl World {
 
     /// Sets QP `q`'s timer to fire at `at`, replacing any other.
     pub(crate) fn arm(&mut self, q: usize, at: u64, kind: TimerKind) {
-        let Some(qp) = self.qps.get_mut(q) else {
+        let Some(qp) = self.tables.qps.get_mut(q) else {
             return;
         };
         qp.req.timer = Some((at, kind));
-        self.events.set_timer(q, at);
+        self.net.sched.events.set_timer(q, at);
     }
 
     /// Stops QP `q`'s timer.
     pub(crate) fn disarm(&mut self, q: usize) {
-        if let Some(qp) = self.qps.get_mut(q) {
+        if let Some(qp) = self.tables.qps.get_mut(q) {
             qp.req.timer = None;
         }
-        self.events.cancel_timer(q);
+        self.net.sched.events.cancel_timer(q);
     }
 
     /// The timer of QP `q` fires.
     pub(crate) fn on_timer(&mut self, q: usize) {
-        let not_ready = self.cfg.instant_timers && self.responder_not_ready(q);
-        let Some(qp) = self.qps.get_mut(q) else {
+        let not_ready = self.net.cfg.instant_timers && self.responder_not_ready(q);
+        let Some(qp) = self.tables.qps.get_mut(q) else {
             return;
         };
         let Some((_, kind)) = qp.req.timer.take() else {
@@ -337,7 +348,7 @@ impl World {
                     (qp.req.not_ready, qp.req.retries) = (true, 0);
                     self.trace(dev, qpn, TraceKind::Timeout, psn, id);
                     if let Some(budget) = budget {
-                        self.arm(q, self.now.saturating_add(budget), TimerKind::Ack);
+                        self.arm(q, self.net.sched.now.saturating_add(budget), TimerKind::Ack);
                     }
                     return;
                 }
@@ -360,17 +371,18 @@ impl World {
     /// connection whose other side has not finished connecting. A responder in RESET is
     /// gone, not coming: the requester's retries run out at once, as before.
     fn responder_not_ready(&self, q: usize) -> bool {
-        let Some(qp) = self.qps.get(q) else {
+        let Some(qp) = self.tables.qps.get(q) else {
             return false;
         };
         let (Some(rtr), Some(dev)) = (qp.rtr, qp.peer_dev) else {
             return false;
         };
-        if self.blocked(qp.dev, dev).is_some() {
+        if self.net.wire.blocked(qp.dev, dev).is_some() {
             return false;
         }
-        self.qp_index(rtr.dest_qp_num)
-            .and_then(|r| self.qps.get(r))
+        self.tables
+            .qp_index(rtr.dest_qp_num)
+            .and_then(|r| self.tables.qps.get(r))
             .is_some_and(|r| !r.dead && r.dev == dev && r.state == QpState::Init)
     }
 
@@ -380,11 +392,11 @@ impl World {
         let Some(r) = self.requester_of(p) else {
             return;
         };
-        let req = self.qps.get_mut(r).expect("live QP");
+        let req = self.tables.qps.get_mut(r).expect("live QP");
         if req.req.not_ready {
             req.req.not_ready = false;
             req.req.retries = req.rts.map_or(0, |a| a.retry_cnt).saturating_add(1);
-            self.arm(r, self.now, TimerKind::Ack);
+            self.arm(r, self.net.sched.now, TimerKind::Ack);
         }
     }
 
@@ -400,36 +412,36 @@ impl World {
         let Some(r) = self.requester_of(p) else {
             return;
         };
-        let req = self.qps.get_mut(r).expect("live QP");
+        let req = self.tables.qps.get_mut(r).expect("live QP");
         if req.req.parked {
             req.req.parked = false;
-            self.arm(r, self.now, TimerKind::Rnr);
+            self.arm(r, self.net.sched.now, TimerKind::Rnr);
         }
     }
 
     /// The requester connected to responder `p`: the queue pair `p`'s RTR attributes name,
     /// if its own RTR attributes name `p` back.
     pub(crate) fn requester_of(&self, p: usize) -> Option<usize> {
-        let peer = self.qps.get(p)?;
+        let peer = self.tables.qps.get(p)?;
         let (rtr, qpn) = (peer.rtr?, peer.qpn);
-        let r = self.qp_index(rtr.dest_qp_num)?;
-        let req = self.qps.get(r)?;
+        let r = self.tables.qp_index(rtr.dest_qp_num)?;
+        let req = self.tables.qps.get(r)?;
         req.rtr.is_some_and(|a| a.dest_qp_num == qpn).then_some(r)
     }
 
     /// Wakes every requester sleeping on RNR whose responder it can no longer reach (link
     /// down, partition, crash): on hardware its next retry would go unanswered.
     pub(crate) fn wake_unreachable(&mut self) {
-        for r in 0..self.qps.slots() {
-            let Some(qp) = self.qps.get(r).filter(|qp| qp.req.parked) else {
+        for r in 0..self.tables.qps.slots() {
+            let Some(qp) = self.tables.qps.get(r).filter(|qp| qp.req.parked) else {
                 continue;
             };
             let cut = qp
                 .peer_dev
-                .map_or(true, |d| self.blocked(qp.dev, d).is_some());
+                .map_or(true, |d| self.net.wire.blocked(qp.dev, d).is_some());
             if cut {
-                self.qps.get_mut(r).expect("live QP").req.parked = false;
-                self.arm(r, self.now, TimerKind::Rnr);
+                self.tables.qps.get_mut(r).expect("live QP").req.parked = false;
+                self.arm(r, self.net.sched.now, TimerKind::Rnr);
             }
         }
     }

@@ -19,10 +19,9 @@ use super::qp::{QpObj, SqEntry};
 use super::requester::{msg_len, rd_atomic};
 use super::{sg_len, World};
 use crate::config::Personality;
-use crate::net::HEADER_BYTES;
-use crate::trace::{DropReason, TraceKind};
+use crate::trace::TraceKind;
 use crate::types::*;
-use crate::wire::{psn_diff, Packet, PacketKind, PSN_MASK};
+use crate::wire::{psn_diff, DropReason, Packet, PacketKind, HEADER_BYTES, PSN_MASK};
 
 /// PSN distances from here on (half the space) count as "behind": duplicates.
 const HALF: u32 = 1 << 23;
@@ -55,7 +54,7 @@ pub(crate) struct Exec {
 impl World {
     /// A request arrives at responder `p`.
     pub(crate) fn on_request(&mut self, p: usize, pkt: Packet) {
-        let peer = self.qps.get(p).expect("live QP");
+        let peer = self.tables.qps.get(p).expect("live QP");
         let (dev, qpn, psn) = (peer.dev, peer.qpn, Some(pkt.psn));
         let from_peer = peer.rtr.is_some_and(|r| r.dest_qp_num == pkt.src_qpn)
             && peer.peer_dev == Some(pkt.src_dev as usize);
@@ -71,10 +70,11 @@ impl World {
         }
         let diff = psn_diff(pkt.psn, peer.resp.epsn);
         let found = self
+            .tables
             .qp_index(pkt.src_qpn)
-            .filter(|&r| self.qps.get(r).is_some_and(|r| r.epoch == pkt.epoch))
+            .filter(|&r| self.tables.qps.get(r).is_some_and(|r| r.epoch == pkt.epoch))
             .and_then(|r| {
-                let sq = &self.qps.get(r)?.sq;
+                let sq = &self.tables.qps.get(r)?.sq;
                 let i = sq.iter().position(|e| e.sent_once && e.psn == pkt.psn)?;
                 Some((r, i))
             });
@@ -90,10 +90,15 @@ impl World {
             };
             return self.trace(dev, qpn, TraceKind::Drop(pkt.kind, why), psn, None);
         };
-        let req = self.qps.get(r).expect("live QP");
+        let req = self.tables.qps.get(r).expect("live QP");
         let e = req.sq.get(i).expect("queued entry");
         let (op, wr_id, len) = (e.wr.op, e.wr.wr_id, msg_len(&e.wr));
-        let ex = self.execute(req, &e.wr, &e.inline, self.qps.get(p).expect("live QP"));
+        let ex = self.execute(
+            req,
+            &e.wr,
+            &e.inline,
+            self.tables.qps.get(p).expect("live QP"),
+        );
         self.trace(
             dev,
             qpn,
@@ -103,6 +108,7 @@ impl World {
         );
         if ex.rnr {
             let timer = self
+                .tables
                 .qps
                 .get(p)
                 .and_then(|q| q.rtr)
@@ -111,7 +117,7 @@ impl World {
             return self.respond(&pkt, pkt.psn, PacketKind::Rnr(timer), HEADER_BYTES);
         }
         if ex.status == WcStatus::Success {
-            let resp = &mut self.qps.get_mut(p).expect("live QP").resp;
+            let resp = &mut self.tables.qps.get_mut(p).expect("live QP").resp;
             resp.epsn = pkt.psn.wrapping_add(pkt.npkts) & PSN_MASK;
             if let Some(old) = ex.old {
                 resp.remember(pkt.psn, old);
@@ -140,12 +146,12 @@ impl World {
 
     /// A request behind the expected PSN: re-acknowledge, re-read, or replay an atomic.
     fn duplicate(&mut self, p: usize, pkt: &Packet, found: Option<(usize, usize)>, last: u32) {
-        let peer = self.qps.get(p).expect("live QP");
+        let peer = self.tables.qps.get(p).expect("live QP");
         let (dev, qpn, psn) = (peer.dev, peer.qpn, Some(pkt.psn));
         let Some((r, i)) = found else {
             return self.respond(pkt, last, PacketKind::Ack, HEADER_BYTES);
         };
-        let req = self.qps.get(r).expect("live QP");
+        let req = self.tables.qps.get(r).expect("live QP");
         let e = req.sq.get(i).expect("queued entry");
         let (reply, bytes) = match e.wr.op {
             SendOp::Read { .. } => {
@@ -195,7 +201,7 @@ impl World {
             Some(psn),
             None,
         );
-        self.send_pkt(pkt, bytes);
+        self.net.send(pkt, bytes);
     }
 
     /// Executes request `wr` (with its INLINE payload `inline`) of requester `qp` at
@@ -219,13 +225,13 @@ impl World {
         let mut dst = [Dst::EMPTY; MAX_SGE];
         let local_ok = match wr.op {
             Read { .. } | CompareSwap { .. } | FetchAdd { .. } => {
-                self.scatter(qp.pd, sges, len, &mut dst)
+                self.tables.mrs.scatter(qp.pd, sges, len, &mut dst)
             }
             _ if wr.flags.contains(SendFlags::INLINE) => {
                 src[0] = Src::slice(&inline[..len]);
                 true
             }
-            _ => self.gather(qp.pd, sges, &mut src),
+            _ => self.tables.mrs.gather(qp.pd, sges, &mut src),
         };
         if !local_ok {
             return fail(out, WcStatus::RemOpErr);
@@ -254,7 +260,9 @@ impl World {
             _ => None,
         };
         let remote = |rkey: u32, addr: u64, n: usize| {
-            self.mr(rkey, true, peer.pd)
+            self.tables
+                .mrs
+                .lookup(rkey, true, peer.pd)
                 .filter(|m| m.access.contains(need))
                 .map(|m| &m.region)
                 .filter(|r| r.contains(addr, n))
@@ -277,7 +285,7 @@ impl World {
                 };
                 let rsges = &rwr.sg_list[..rwr.num_sge];
                 if sg_len(rsges) < total {
-                    let (recv, req) = match self.cfg.personality {
+                    let (recv, req) = match self.net.cfg.personality {
                         Personality::Hca => (WcStatus::LocLenErr, WcStatus::RemInvReqErr),
                         Personality::Rxe => (WcStatus::LocQpOpErr, WcStatus::RemOpErr),
                     };
@@ -285,7 +293,7 @@ impl World {
                     out.recv = Some(done);
                     return fail(out, req);
                 }
-                if !self.scatter(peer.pd, rsges, len, &mut dst) {
+                if !self.tables.mrs.scatter(peer.pd, rsges, len, &mut dst) {
                     done.status = WcStatus::LocProtErr;
                     out.recv = Some(done);
                     return fail(out, WcStatus::RemOpErr);
@@ -317,8 +325,10 @@ impl World {
                         // IB: the receive of a failed WRITE_WITH_IMM completes with a
                         // local access error (when so configured; else it is flushed).
                         // rxe completes it with REM_ACCESS_ERR.
-                        let (consumed, status) = match self.cfg.personality {
-                            Personality::Hca => (self.cfg.loc_access_err, WcStatus::LocAccessErr),
+                        let (consumed, status) = match self.net.cfg.personality {
+                            Personality::Hca => {
+                                (self.net.cfg.loc_access_err, WcStatus::LocAccessErr)
+                            }
                             Personality::Rxe => (true, WcStatus::RemAccessErr),
                         };
                         done = done.filter(|_| consumed).map(|d| RecvDone {
@@ -380,7 +390,11 @@ impl World {
     /// (a duplicate atomic is never applied twice).
     pub(crate) fn replay_atomic(&self, qp: &QpObj, e: &SqEntry, old: u64) {
         let mut dst = [Dst::EMPTY; MAX_SGE];
-        if self.scatter(qp.pd, &e.wr.sg_list[..e.wr.num_sge], 8, &mut dst) {
+        if self
+            .tables
+            .mrs
+            .scatter(qp.pd, &e.wr.sg_list[..e.wr.num_sge], 8, &mut dst)
+        {
             mem::copy(&[Src::slice(&old.to_ne_bytes())], &dst, 8);
         }
     }

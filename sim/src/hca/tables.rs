@@ -9,6 +9,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
+use super::cq::Notifier;
 use super::mem::{Dst, Region, Src};
 use super::qp::{QpObj, ReqState, RespState, MAX_24};
 use super::{invalid, World};
@@ -80,22 +81,13 @@ impl<T> Slab<T> {
     }
 }
 
-/// A simulated HCA with one port.
+/// A simulated HCA: its name and addresses (its one port's state is the wire's:
+/// `wire/link.rs`).
 #[derive(Debug)]
 pub(crate) struct Device {
     pub(crate) name: String,
     pub(crate) lid: u16,
     pub(crate) gids: [Gid; 2],
-    /// The port's link is up (`Fabric::link_down` / `link_up`).
-    pub(crate) link_up: bool,
-    /// The device crashed (for good).
-    pub(crate) crashed: bool,
-    /// Packets leaving the device still to drop (`Fabric::drop_next`).
-    pub(crate) drop_next: u32,
-    /// Responses leaving the device still to corrupt (`Fabric::corrupt_next_response`).
-    pub(crate) corrupt_next: u32,
-    /// The egress port is busy serialising until this time.
-    pub(crate) busy_until: u64,
 }
 
 /// A protection domain; freed once its handle is gone and nothing refers to it.
@@ -130,8 +122,44 @@ pub(crate) struct CqObj {
     open: bool,
 }
 
-impl World {
-    pub(crate) fn add_device(&mut self, name: &str) -> Result<(), SimError> {
+/// The objects the HCAs hold, by index.
+#[derive(Debug)]
+pub(crate) struct Tables {
+    pub(crate) devices: Vec<Device>,
+    pub(crate) pds: Slab<PdObj>,
+    pub(crate) mrs: Slab<MrObj>,
+    pub(crate) cqs: Slab<CqObj>,
+    pub(crate) qps: Slab<QpObj>,
+    /// Completion channels and their events.
+    pub(crate) notifier: Notifier,
+    /// Last epoch handed out.
+    pub(crate) epochs: u32,
+    /// Send WRs completed on the direct path by QPs since destroyed.
+    pub(crate) direct_retired: u64,
+}
+
+impl Tables {
+    pub(crate) fn new() -> Tables {
+        Tables {
+            devices: Vec::new(),
+            pds: Slab::new(),
+            mrs: Slab::new(),
+            cqs: Slab::new(),
+            qps: Slab::new(),
+            notifier: Default::default(),
+            epochs: 0,
+            direct_retired: 0,
+        }
+    }
+
+    /// A fresh QP incarnation number.
+    pub(crate) fn next_epoch(&mut self) -> u32 {
+        self.epochs = self.epochs.wrapping_add(1);
+        self.epochs
+    }
+
+    /// Adds a device (its port is the wire's: [`World::add_device`]).
+    fn add_device(&mut self, name: &str) -> Result<(), SimError> {
         if name.is_empty() || self.devices.iter().any(|d| d.name == name) {
             return invalid("device name empty or taken");
         }
@@ -151,11 +179,6 @@ impl World {
             name: name.to_owned(),
             lid,
             gids: [link_local, v4],
-            link_up: true,
-            crashed: false,
-            drop_next: 0,
-            corrupt_next: 0,
-            busy_until: 0,
         });
         Ok(())
     }
@@ -241,15 +264,108 @@ impl World {
             self.release_pd(m.pd, false);
         }
     }
+}
 
+impl World {
+    /// Adds a device and connects its port to the wire.
+    pub(crate) fn add_device(&mut self, name: &str) -> Result<(), SimError> {
+        self.tables.add_device(name)?;
+        self.net.wire.add_port();
+        Ok(())
+    }
+
+    pub(crate) fn create_qp(
+        &mut self,
+        pd: usize,
+        cqs: (usize, usize),
+        cap: QpCap,
+        sig_all: bool,
+    ) -> Result<(usize, u32), SimError> {
+        let wr_ok = |n: u32| (1..=MAX_QP_WR).contains(&n);
+        let sge_ok = |n: u32| (1..=MAX_SGE as u32).contains(&n);
+        if !(wr_ok(cap.max_send_wr) && wr_ok(cap.max_recv_wr)) {
+            return invalid("max_send_wr/max_recv_wr must be 1..=MAX_QP_WR");
+        }
+        if !(sge_ok(cap.max_send_sge) && sge_ok(cap.max_recv_sge)) {
+            return invalid("max_send_sge/max_recv_sge must be 1..=MAX_SGE");
+        }
+        if cap.max_inline_data > MAX_INLINE as u32 {
+            return invalid("max_inline_data exceeds MAX_INLINE");
+        }
+        let dev = self.tables.pds.get(pd).expect("live PD").dev;
+        let cq_dev = |c| self.tables.cqs.get(c).map(|c: &CqObj| c.dev);
+        if cq_dev(cqs.0) != Some(dev) || cq_dev(cqs.1) != Some(dev) {
+            return invalid("CQs must belong to the PD's device");
+        }
+        let qpn = QPN_BASE + self.tables.qps.next_index() as u32;
+        if qpn > MAX_24 {
+            return Err(SimError::QueueFull);
+        }
+        let epoch = self.tables.next_epoch();
+        let qp = QpObj {
+            qpn,
+            dev,
+            epoch,
+            dead: false,
+            peer_dev: None,
+            req: ReqState::default(),
+            resp: RespState::default(),
+            pd,
+            send_cq: cqs.0,
+            recv_cq: cqs.1,
+            cap,
+            sig_all,
+            state: QpState::Reset,
+            init: None,
+            rtr: None,
+            rts: None,
+            sq: super::qp::SendQueue::new(cap.max_send_wr as usize),
+            rq: VecDeque::with_capacity(cap.max_recv_wr as usize),
+            unsig_done: 0,
+            direct_count: 0,
+            counters: Default::default(),
+        };
+        let (i, _) = self.tables.qps.insert(qp);
+        // Bound on events in flight per QP: a request and a response per WR, plus timers.
+        let events = (cap.max_send_wr as usize + cap.max_recv_wr as usize) * 2 + 2;
+        self.net.sched.events.reserve(events, i);
+        self.tables.pds.get_mut(pd).expect("live PD").refs += 1;
+        for c in [cqs.0, cqs.1] {
+            self.tables.cqs.get_mut(c).expect("live CQ").refs += 1;
+        }
+        Ok((i, qpn))
+    }
+
+    /// Destroys QP `q`, discarding its work without completions.
+    pub(crate) fn destroy_qp(&mut self, q: usize) {
+        self.wake_parked(q);
+        self.disarm(q);
+        if let Some(qp) = self.tables.qps.remove(q) {
+            self.tables.direct_retired += qp.direct_count;
+            self.tables.release_cq(qp.send_cq, false);
+            self.tables.release_cq(qp.recv_cq, false);
+            self.tables.release_pd(qp.pd, false);
+        }
+    }
+}
+
+impl Tables {
+    /// Slab index of the QP numbered `qpn`, if live.
+    pub(crate) fn qp_index(&self, qpn: u32) -> Option<usize> {
+        let i = qpn.checked_sub(QPN_BASE)? as usize;
+        self.qps.get(i).filter(|q| q.qpn == qpn).map(|_| i)
+    }
+}
+
+/// The memory region table: the MR a key names, and scatter/gather lists resolved against
+/// it.
+impl Slab<MrObj> {
     /// The live MR named by `key` (an rkey when `remote`) in `pd`.
-    pub(crate) fn mr(&self, key: u32, remote: bool, pd: usize) -> Option<&MrObj> {
+    pub(crate) fn lookup(&self, key: u32, remote: bool, pd: usize) -> Option<&MrObj> {
         if (key & RKEY_BIT != 0) != remote {
             return None;
         }
-        let m = self
-            .mrs
-            .get_gen((key >> 8) as usize, (key & GEN_MASK) as u8)?;
+        let m = self.get_gen((key >> 8) as usize, (key & GEN_MASK) as u8)?;
         (m.pd == pd).then_some(m)
     }
 
@@ -261,7 +377,7 @@ impl World {
     pub(crate) fn gather<'w>(&'w self, pd: usize, sges: &[Sge], out: &mut [Src<'w>]) -> bool {
         sges.iter().enumerate().all(|(i, s)| {
             s.length == 0 || {
-                let src = self.mr(s.lkey, false, pd);
+                let src = self.lookup(s.lkey, false, pd);
                 let span = src.and_then(|m| m.region.src(s.addr, s.length as usize));
                 if let (Some(span), Some(o)) = (span, out.get_mut(i)) {
                     *o = span;
@@ -289,7 +405,7 @@ impl World {
             if s.length == 0 {
                 continue;
             }
-            let dst = self.mr(s.lkey, false, pd);
+            let dst = self.lookup(s.lkey, false, pd);
             match dst.and_then(|m| m.region.dst(s.addr, s.length as usize)) {
                 Some(span) => {
                     if let Some(o) = out.get_mut(i) {
@@ -301,85 +417,5 @@ impl World {
             left -= left.min(s.length as usize);
         }
         true
-    }
-
-    pub(crate) fn create_qp(
-        &mut self,
-        pd: usize,
-        cqs: (usize, usize),
-        cap: QpCap,
-        sig_all: bool,
-    ) -> Result<(usize, u32), SimError> {
-        let wr_ok = |n: u32| (1..=MAX_QP_WR).contains(&n);
-        let sge_ok = |n: u32| (1..=MAX_SGE as u32).contains(&n);
-        if !(wr_ok(cap.max_send_wr) && wr_ok(cap.max_recv_wr)) {
-            return invalid("max_send_wr/max_recv_wr must be 1..=MAX_QP_WR");
-        }
-        if !(sge_ok(cap.max_send_sge) && sge_ok(cap.max_recv_sge)) {
-            return invalid("max_send_sge/max_recv_sge must be 1..=MAX_SGE");
-        }
-        if cap.max_inline_data > MAX_INLINE as u32 {
-            return invalid("max_inline_data exceeds MAX_INLINE");
-        }
-        let dev = self.pds.get(pd).expect("live PD").dev;
-        let cq_dev = |c| self.cqs.get(c).map(|c: &CqObj| c.dev);
-        if cq_dev(cqs.0) != Some(dev) || cq_dev(cqs.1) != Some(dev) {
-            return invalid("CQs must belong to the PD's device");
-        }
-        let qpn = QPN_BASE + self.qps.next_index() as u32;
-        if qpn > MAX_24 {
-            return Err(SimError::QueueFull);
-        }
-        let epoch = self.next_epoch();
-        let qp = QpObj {
-            qpn,
-            dev,
-            epoch,
-            dead: false,
-            peer_dev: None,
-            req: ReqState::default(),
-            resp: RespState::default(),
-            pd,
-            send_cq: cqs.0,
-            recv_cq: cqs.1,
-            cap,
-            sig_all,
-            state: QpState::Reset,
-            init: None,
-            rtr: None,
-            rts: None,
-            sq: super::qp::SendQueue::new(cap.max_send_wr as usize),
-            rq: VecDeque::with_capacity(cap.max_recv_wr as usize),
-            unsig_done: 0,
-            direct_count: 0,
-            counters: Default::default(),
-        };
-        let (i, _) = self.qps.insert(qp);
-        // Bound on events in flight per QP: a request and a response per WR, plus timers.
-        let events = (cap.max_send_wr as usize + cap.max_recv_wr as usize) * 2 + 2;
-        self.events.reserve(events, i);
-        self.pds.get_mut(pd).expect("live PD").refs += 1;
-        for c in [cqs.0, cqs.1] {
-            self.cqs.get_mut(c).expect("live CQ").refs += 1;
-        }
-        Ok((i, qpn))
-    }
-
-    /// Destroys QP `q`, discarding its work without completions.
-    pub(crate) fn destroy_qp(&mut self, q: usize) {
-        self.wake_parked(q);
-        self.disarm(q);
-        if let Some(qp) = self.qps.remove(q) {
-            self.direct_retired += qp.direct_count;
-            self.release_cq(qp.send_cq, false);
-            self.release_cq(qp.recv_cq, false);
-            self.release_pd(qp.pd, false);
-        }
-    }
-
-    /// Slab index of the QP numbered `qpn`, if live.
-    pub(crate) fn qp_index(&self, qpn: u32) -> Option<usize> {
-        let i = qpn.checked_sub(QPN_BASE)? as usize;
-        self.qps.get(i).filter(|q| q.qpn == qpn).map(|_| i)
     }
 }

@@ -1,9 +1,13 @@
-//! The wire: what travels between devices.
+//! The wire: what travels between devices, and how.
 //!
-//! - [`packet`]: a packet (one whole message of a queue pair: its PSN range, its kind) and
-//!   PSN arithmetic.
+//! - [`packet`]: a packet (one whole message of a queue pair: its PSN range, its kind), why
+//!   one is lost, and PSN arithmetic;
+//! - [`link`]: the links: timing, packet faults, partitions, and delivery (whether a packet
+//!   arrives, and when).
 
+pub(crate) mod link;
 pub(crate) mod packet;
 
-pub use packet::PacketKind;
+pub(crate) use link::{Transit, Wire, HEADER_BYTES};
 pub(crate) use packet::{psn_diff, Packet, PSN_MASK};
+pub use packet::{DropReason, PacketKind};

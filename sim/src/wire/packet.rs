@@ -1,4 +1,4 @@
-//! A packet on the wire, and 24-bit PSN arithmetic.
+//! A packet on the wire, why one is lost, and 24-bit PSN arithmetic.
 
 use crate::types::WcStatus;
 
@@ -41,6 +41,53 @@ impl PacketKind {
             PacketKind::Rnr(_) => "rnr_nak",
             PacketKind::Nak(_) => "nak",
             PacketKind::Bad => "bad_response",
+        }
+    }
+}
+
+/// Why a packet was lost.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum DropReason {
+    /// A random fault ([`Faults::drop`](crate::Faults::drop)).
+    Random,
+    /// [`Fabric::drop_next`](crate::Fabric::drop_next).
+    Scripted,
+    /// A link on the way is down.
+    LinkDown,
+    /// The two devices are partitioned.
+    Partition,
+    /// An end device crashed.
+    Crash,
+    /// The path names no device.
+    NoRoute,
+    /// No live queue pair has the destination number on that device.
+    NoQp,
+    /// The destination queue pair is not in a state that accepts the packet.
+    NotReady,
+    /// The packet does not come from the queue pair's connected peer.
+    WrongSource,
+    /// A request ahead of the expected PSN.
+    OutOfOrder,
+    /// A packet about work that no longer exists (flushed, reset, completed).
+    Stale,
+}
+
+impl DropReason {
+    /// The reason as the Chrome trace writes it (`"random"`, `"link down"`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            DropReason::Random => "random",
+            DropReason::Scripted => "scripted",
+            DropReason::LinkDown => "link down",
+            DropReason::Partition => "partition",
+            DropReason::Crash => "crash",
+            DropReason::NoRoute => "no route",
+            DropReason::NoQp => "no QP",
+            DropReason::NotReady => "QP not ready",
+            DropReason::WrongSource => "wrong source",
+            DropReason::OutOfOrder => "out of order",
+            DropReason::Stale => "stale",
         }
     }
 }

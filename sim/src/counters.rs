@@ -41,3 +41,30 @@ pub struct QpCounters {
     /// Unsignaled send work requests that succeeded without a completion of their own.
     pub silent_sends: u64,
 }
+
+impl QpCounters {
+    /// One post call that posted `n` work requests (sends, or receives).
+    pub(crate) fn posts(&mut self, send: bool, n: usize) {
+        if n == 0 {
+            return;
+        }
+        let n = n as u64;
+        if send {
+            self.send_doorbells += 1;
+            self.sends_posted += n;
+        } else {
+            self.recv_doorbells += 1;
+            self.recvs_posted += n;
+        }
+    }
+
+    /// The end of one send work request: with a completion written for it, or silently
+    /// (unsignaled and successful).
+    pub(crate) fn send_end(&mut self, completion: bool) {
+        if completion {
+            self.send_completions += 1;
+        } else {
+            self.silent_sends += 1;
+        }
+    }
+}

@@ -63,7 +63,7 @@ impl CompChannel {
     ///
     /// The event counts as unacknowledged on its CQ until [`Cq::ack_events`].
     pub fn get_event(&self) -> Option<u64> {
-        enter(&self.world).take_channel_event(self.id)
+        enter(&self.world).tables.take_channel_event(self.id)
     }
 
     /// Events queued.
@@ -125,7 +125,7 @@ impl Context {
             }
         }
         let cq = self.create_cq(depth)?;
-        enter(&self.world).attach_channel(cq.id, channel.id);
+        enter(&self.world).tables.attach_channel(cq.id, channel.id);
         Ok(cq)
     }
 }
@@ -237,7 +237,7 @@ fn clock(weak: std::sync::Weak<std::sync::Mutex<World>>) {
         let sleep = {
             let mut w = crate::api::lock(&world);
             w.run_due();
-            if !w.any_armed() {
+            if !w.tables.any_armed() {
                 w.tables.notifier.clock = false;
                 return;
             }

@@ -434,7 +434,7 @@ impl Cq {
 impl Drop for Cq {
     fn drop(&mut self) {
         let mut w = enter(&self.world);
-        w.detach_cq(self.id);
+        w.tables.detach_cq(self.id);
         w.tables.release_cq(self.id, true);
     }
 }

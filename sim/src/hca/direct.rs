@@ -6,7 +6,8 @@
 //! read or atomic response) completes it at the requester before the post returns. When
 //! nothing else is in flight and nothing scripted can intervene, [`World::run_direct`]
 //! performs those effects in the same order without packets, the event heap or timers, for
-//! each request from the head of the send queue once the whole list is posted:
+//! each request from the head of the send queue once the whole list is posted. [`plan`]
+//! decides and executes (memory only), reading the tables; `direct_one` then applies:
 //!
 //! 1. the responder's effects (memory, expected PSN, atomic replay cache, the consumed
 //!    receive and its completion), as `on_request` applies them;
@@ -16,17 +17,35 @@
 //! Anything else (a local or remote error, an RNR NAK, a full CQ, a scripted drop or
 //! corruption, a link down, a partition, a crash, a QP not in a plain connected state)
 //! declines *before any effect*, and the request takes the packet path, which computes the
-//! same outcome again ([`World::execute`] changes nothing but the memory of a successful
-//! request). `tests/model.rs` runs its reference model on this fabric and on the stepped
+//! same outcome again (the responder's `execute` changes nothing but the memory of a
+//! successful request). `tests/model.rs` runs its reference model on this fabric and on the stepped
 //! one, and the conformance suite runs on both, so the two paths stay equivalent.
 //!
 //! [`LinkModel::INSTANT`]: crate::LinkModel::INSTANT
 
-use super::cq::send_opcode;
+use super::net::Net;
+use super::qp::{send_opcode, sg_len};
 use super::requester::local_limits;
-use super::{sg_len, World};
+use super::responder::{execute, Exec};
+use super::tables::Tables;
+use super::World;
 use crate::types::*;
 use crate::wire::PSN_MASK;
+
+/// A request the direct path takes, executed: what is left to apply.
+struct Direct {
+    /// The responder's slot.
+    p: usize,
+    /// The request's first PSN, and the next after it.
+    psn: u32,
+    next: u32,
+    /// Its outcome at the responder (success, without an RNR NAK).
+    ex: Exec,
+    /// The requester's RTS attributes (its retry counters start again).
+    rts: RtsAttr,
+    /// The requester's completion, when the request is signaled.
+    wc: Option<Wc>,
+}
 
 impl World {
     /// Executes the send queue of QP `q` from its head on the direct path, as far as it
@@ -38,110 +57,116 @@ impl World {
     /// Executes the head of QP `q`'s send queue at once, as the packet path would on this
     /// fabric; false, having changed nothing, when it must take the packet path instead.
     fn direct_one(&mut self, q: usize) -> bool {
-        if !self.net.untimed || !self.net.sched.events.is_empty() {
-            return false;
-        }
-        let Some(qp) = self.tables.qps.get(q) else {
+        let Some(d) = plan(&self.tables, &self.net, q) else {
             return false;
         };
-        let r = &qp.req;
-        let quiet = r.sent == 0 && !r.rnr_wait && !r.parked && r.timer.is_none();
-        let Some(e) = qp.sq.front().filter(|_| quiet && qp.state == QpState::Rts) else {
-            return false;
-        };
-        let (Some(rtr), Some(rts), Some(pdev)) = (qp.rtr, qp.rts, qp.peer_dev) else {
-            return false;
-        };
-        let (dev, qpn, psn) = (qp.dev, qp.qpn, qp.req.next_psn);
-        let wire = &self.net.wire;
-        if wire.blocked(dev, pdev).is_some() || wire.scripted(dev) || wire.scripted(pdev) {
-            return false;
-        }
-        let Some(p) = self.tables.qp_index(rtr.dest_qp_num) else {
-            return false;
-        };
-        let peer = self.tables.qps.get(p).expect("live QP");
-        let connected = peer.rtr.is_some_and(|a| a.dest_qp_num == qpn)
-            && peer.peer_dev == Some(dev)
-            && peer.dev == pdev
-            && !peer.dead
-            && matches!(peer.state, QpState::Rtr | QpState::Rts)
-            && peer.resp.epsn == psn;
-        // The requester's local checks: the limits here, the memory in `execute` (its
-        // local half fails exactly where `local_check` would). An atomic passes only with
-        // 8 bytes, so `len` is the message length of every request that passes.
-        let wr = &e.wr;
-        let len = sg_len(&wr.sg_list[..wr.num_sge]);
-        if !connected || local_limits(qp, wr, len).is_err() {
-            return false;
-        }
-        // Room for both completions, so that neither can overflow a CQ here.
-        let room = |c: usize, n: usize| {
-            self.tables
-                .cqs
-                .get(c)
-                .is_some_and(|c| !c.overflowed && c.entries.len() + n <= c.depth)
-        };
-        let signaled = qp.sig_all || wr.flags.contains(SendFlags::SIGNALED);
-        let takes_recv = matches!(
-            wr.op,
-            SendOp::Send | SendOp::SendWithImm { .. } | SendOp::WriteWithImm { .. }
-        );
-        let (need_send, need_recv) = (usize::from(signaled), usize::from(takes_recv));
-        let fits = if qp.send_cq == peer.recv_cq {
-            room(qp.send_cq, need_send + need_recv)
-        } else {
-            room(qp.send_cq, need_send) && room(peer.recv_cq, need_recv)
-        };
-        if !fits {
-            return false;
-        }
-        let ex = self.execute(qp, wr, &e.inline, peer);
-        if ex.rnr || ex.status != WcStatus::Success {
-            return false;
-        }
-        let (wr_id, opcode) = (wr.wr_id, send_opcode(&wr.op));
-        let npkts = len.div_ceil(128u64 << (rtr.path_mtu as u8)).max(1) as u32;
-        let next = psn.wrapping_add(npkts) & PSN_MASK;
+        // The queue pairs are looked up again to change them: the plan read the whole
+        // table (and the responder may be the requester itself).
 
         // The responder, as `on_request` leaves it.
-        let peer = self.tables.qps.get_mut(p).expect("live QP");
-        peer.resp.epsn = next;
-        if let Some(old) = ex.old {
-            peer.resp.remember(psn, old);
+        let peer = self.tables.qps.get_mut(d.p).expect("live QP");
+        peer.resp.epsn = d.next;
+        if let Some(old) = d.ex.old {
+            peer.resp.remember(d.psn, old);
         }
-        if let Some(rd) = ex.recv {
-            self.complete_recv(p, rd);
+        if let Some(rd) = d.ex.recv {
+            let (cq, wc) = (peer.recv_cq, peer.retire_recv(&rd));
+            self.push_cqe_se(cq, wc, rd.solicited);
         }
 
         // The requester, as `on_response` and `complete_front` leave it.
         let qp = self.tables.qps.get_mut(q).expect("live QP");
         qp.sq.drop_front();
-        qp.req.next_psn = next;
-        (qp.req.retries, qp.req.rnr_left) = (rts.retry_cnt, rts.rnr_retry);
-        if signaled {
-            qp.unsig_done = 0;
-            let wc = Wc {
-                wr_id,
-                status: WcStatus::Success,
-                opcode,
-                byte_len: len as u32,
-                imm_data: None,
-                qp_num: qpn,
-            };
-            let cq = qp.send_cq;
-            self.push_cqe(cq, wc);
-        } else {
-            qp.unsig_done += 1;
-        }
-        if let Some(qp) = self.tables.qps.get_mut(q) {
-            qp.direct_count += 1;
-            if signaled {
-                qp.counters.send_completions += 1;
-            } else {
-                qp.counters.silent_sends += 1;
+        qp.req.next_psn = d.next;
+        (qp.req.retries, qp.req.rnr_left) = (d.rts.retry_cnt, d.rts.rnr_retry);
+        qp.direct_count += 1;
+        qp.counters.send_end(d.wc.is_some());
+        match d.wc {
+            Some(wc) => {
+                qp.unsig_done = 0;
+                let cq = qp.send_cq;
+                self.push_cqe(cq, wc);
             }
+            None => qp.unsig_done += 1,
         }
         true
     }
+}
+
+/// Whether the head of QP `q`'s send queue may take the direct path; if so, executes it
+/// at its responder (which moves its bytes and changes nothing else) and returns what is
+/// left to apply.
+fn plan(t: &Tables, net: &Net, q: usize) -> Option<Direct> {
+    if !net.untimed || !net.sched.events.is_empty() {
+        return None;
+    }
+    let qp = t.qps.get(q)?;
+    let r = &qp.req;
+    let quiet = r.sent == 0 && !r.rnr_wait && !r.parked && r.timer.is_none();
+    let e = qp
+        .sq
+        .front()
+        .filter(|_| quiet && qp.state == QpState::Rts)?;
+    let (rtr, rts, pdev) = (qp.rtr?, qp.rts?, qp.peer_dev?);
+    let (dev, qpn, psn) = (qp.dev, qp.qpn, qp.req.next_psn);
+    let wire = &net.wire;
+    if wire.blocked(dev, pdev).is_some() || wire.scripted(dev) || wire.scripted(pdev) {
+        return None;
+    }
+    let (p, peer) = t.qp_by_num(rtr.dest_qp_num)?;
+    let connected = peer.rtr.is_some_and(|a| a.dest_qp_num == qpn)
+        && peer.peer_dev == Some(dev)
+        && peer.dev == pdev
+        && !peer.dead
+        && matches!(peer.state, QpState::Rtr | QpState::Rts)
+        && peer.resp.epsn == psn;
+    // The requester's local checks: the limits here, the memory in `execute` (its
+    // local half fails exactly where `local_check` would). An atomic passes only with
+    // 8 bytes, so `len` is the message length of every request that passes.
+    let wr = &e.wr;
+    let len = sg_len(&wr.sg_list[..wr.num_sge]);
+    if !connected || local_limits(qp, wr, len).is_err() {
+        return None;
+    }
+    // Room for both completions, so that neither can overflow a CQ here.
+    let room = |c: usize, n: usize| {
+        t.cqs
+            .get(c)
+            .is_some_and(|c| !c.overflowed && c.entries.len() + n <= c.depth)
+    };
+    let signaled = qp.sig_all || wr.flags.contains(SendFlags::SIGNALED);
+    let takes_recv = matches!(
+        wr.op,
+        SendOp::Send | SendOp::SendWithImm { .. } | SendOp::WriteWithImm { .. }
+    );
+    let (need_send, need_recv) = (usize::from(signaled), usize::from(takes_recv));
+    let fits = if qp.send_cq == peer.recv_cq {
+        room(qp.send_cq, need_send + need_recv)
+    } else {
+        room(qp.send_cq, need_send) && room(peer.recv_cq, need_recv)
+    };
+    if !fits {
+        return None;
+    }
+    let ex = execute(&t.mrs, &net.cfg, qp, wr, &e.inline, peer);
+    if ex.rnr || ex.status != WcStatus::Success {
+        return None;
+    }
+    let npkts = len.div_ceil(128u64 << (rtr.path_mtu as u8)).max(1) as u32;
+    let wc = signaled.then(|| Wc {
+        wr_id: wr.wr_id,
+        status: WcStatus::Success,
+        opcode: send_opcode(&wr.op),
+        byte_len: len as u32,
+        imm_data: None,
+        qp_num: qpn,
+    });
+    Some(Direct {
+        p,
+        psn,
+        next: psn.wrapping_add(npkts) & PSN_MASK,
+        ex,
+        rts,
+        wc,
+    })
 }

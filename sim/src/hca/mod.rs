@@ -6,38 +6,48 @@
 //! events, the wire, the trace), which no lookup reaches. A block that holds a queue pair
 //! from the tables can still send, arm its timer and trace through the `Net`.
 //!
-//! The blocks, where a NIC engineer would look for them:
+//! The blocks, where a NIC engineer would look for them, each importing only from blocks
+//! listed before it (and the last four from here, the `World` they add entry points to):
 //!
-//! - [`tables`]: the object tables (devices, PDs, MRs, CQs, QPs) and their lookups;
+//! - [`mem`]: raw access to registered memory (the only `unsafe` module);
+//! - [`net`]: what the blocks share: configuration, time and events, the wire, the trace;
+//! - [`comp_channel`]: completion channels: a CQ's arming and the events it raises;
 //! - [`qp`]: the queue pair: its state, its send queue, the verbs state machine and posting;
+//! - [`tables`]: the object tables (devices, PDs, MRs, CQs, QPs) and their lookups;
 //! - [`requester`]: transmission, the ACK timer, retries, RNR waits, responses;
 //! - [`responder`]: in-order execution, duplicates, NAKs, the checks and effects;
-//! - [`cq`]: completions, flushes, error transitions, completion channels;
-//! - [`direct`]: the untimed fabric's fast path (a request executed inside its post);
-//! - [`mem`]: raw access to registered memory (the only `unsafe` module).
+//! - [`cq`]: completions written, flushes, a queue pair's move to ERR;
+//! - [`direct`]: the untimed fabric's fast path (a request executed inside its post).
 //!
-//! Here: the world itself, a packet's arrival at a device, a device's crash, and the event
-//! loop (processing events in order, and how simulated time follows the wall clock in
-//! threaded mode).
+//! Here: the world itself and the entry points that route work between the blocks: the
+//! verbs a handle calls (each looks up its object once, lets it do its part, then hands
+//! what follows to the other blocks: a send to the requester or the direct path, a flush
+//! completion to its CQ, a wake-up to a peer), a packet's arrival at a device, a device's
+//! crash, and the event loop (processing events in order, and how simulated time follows
+//! the wall clock in threaded mode).
 
 use std::sync::atomic::Ordering;
 
 use crate::config::{FabricConfig, Mode};
-use crate::sched::{EvKind, Sched};
-use crate::trace::{Trace, TraceKind};
+use crate::sched::EvKind;
+use crate::trace::TraceKind;
 use crate::types::*;
-use crate::wire::{DropReason, Packet, PacketKind, Transit, Wire};
+use crate::wire::{DropReason, Packet, PacketKind};
 
+pub(crate) mod comp_channel;
 pub(crate) mod cq;
 pub(crate) mod direct;
 pub(crate) mod mem;
+pub(crate) mod net;
 pub(crate) mod qp;
 pub(crate) mod requester;
 pub(crate) mod responder;
 pub(crate) mod tables;
 
-use qp::{ReqState, RespState};
-pub(crate) use tables::Tables;
+use mem::RawInline;
+use net::Net;
+use qp::{Posted, ReqState, RespState};
+use tables::Tables;
 
 /// The whole simulated fabric.
 #[derive(Debug)]
@@ -48,89 +58,44 @@ pub(crate) struct World {
     pub(crate) net: Net,
 }
 
-/// What every HCA block shares, apart from the object tables.
-#[derive(Debug)]
-pub(crate) struct Net {
-    pub(crate) cfg: FabricConfig,
-    /// `cfg` is untimed: requests may complete on the direct path (`direct.rs`).
-    pub(crate) untimed: bool,
-    /// Simulated time, packets in flight and timers.
-    pub(crate) sched: Sched,
-    /// Ports, partitions and the fault generator.
-    pub(crate) wire: Wire,
-    pub(crate) trace: Trace,
-}
-
-pub(crate) fn invalid<T>(why: &'static str) -> Result<T, SimError> {
-    Err(SimError::Invalid(why))
-}
-
-/// Total byte length of a scatter/gather list.
-pub(crate) fn sg_len(sges: &[Sge]) -> u64 {
-    sges.iter().map(|s| u64::from(s.length)).sum()
-}
-
-impl Net {
-    /// Records a trace event at the current time (when tracing).
-    pub(crate) fn trace(
-        &mut self,
-        dev: usize,
-        qpn: u32,
-        kind: TraceKind,
-        psn: Option<u32>,
-        wr_id: Option<u64>,
-    ) {
-        let now = self.sched.now;
-        self.trace.record(now, dev, qpn, kind, psn, wr_id);
-    }
-
-    /// Puts `pkt` (`bytes` on the wire) on the link: schedules its arrival (twice when
-    /// duplicated), or traces its loss.
-    pub(crate) fn send(&mut self, mut pkt: Packet, bytes: u64) {
-        let (src, qpn, psn) = (pkt.src_dev as usize, pkt.src_qpn, Some(pkt.psn));
-        match self
-            .wire
-            .transmit(&mut pkt, bytes, self.sched.now, &self.cfg)
-        {
-            Transit::Lost(why) => self.trace(src, qpn, TraceKind::Drop(pkt.kind, why), psn, None),
-            Transit::Arrives { at, delay, twice } => {
-                if let Some(extra) = delay {
-                    self.trace(src, qpn, TraceKind::Delay(pkt.kind, extra), psn, None);
-                }
-                self.sched.events.push_packet(at, pkt);
-                if twice {
-                    self.trace(src, qpn, TraceKind::Duplicate(pkt.kind), psn, None);
-                    self.sched.events.push_packet(at, pkt);
-                }
-            }
-        }
-    }
-}
-
 impl World {
     pub(crate) fn new(cfg: FabricConfig) -> World {
         World {
             tables: Tables::new(),
-            net: Net {
-                cfg,
-                untimed: cfg.untimed(),
-                sched: Sched::new(),
-                wire: Wire::new(cfg.seed),
-                trace: Trace::new(cfg.trace),
-            },
+            net: Net::new(cfg),
         }
     }
 
-    /// Records a trace event at the current time (when tracing).
-    pub(crate) fn trace(
+    /// Adds a device and connects its port to the wire.
+    pub(crate) fn add_device(&mut self, name: &str) -> Result<(), SimError> {
+        self.tables.add_device(name)?;
+        self.net.wire.add_port();
+        Ok(())
+    }
+
+    /// Creates a queue pair in RESET (see [`Tables::create_qp`]).
+    pub(crate) fn create_qp(
         &mut self,
-        dev: usize,
-        qpn: u32,
-        kind: TraceKind,
-        psn: Option<u32>,
-        wr_id: Option<u64>,
-    ) {
-        self.net.trace(dev, qpn, kind, psn, wr_id);
+        pd: usize,
+        cqs: (usize, usize),
+        cap: QpCap,
+        sig_all: bool,
+    ) -> Result<(usize, u32), SimError> {
+        let events = &mut self.net.sched.events;
+        self.tables.create_qp(pd, cqs, cap, sig_all, events)
+    }
+
+    /// Destroys QP `q`, discarding its work without completions.
+    pub(crate) fn destroy_qp(&mut self, q: usize) {
+        self.wake_parked(q);
+        self.net.sched.events.cancel_timer(q);
+        let t = &mut self.tables;
+        if let Some(qp) = t.qps.remove(q) {
+            t.direct_retired += qp.direct_count;
+            t.release_cq(qp.send_cq, false);
+            t.release_cq(qp.recv_cq, false);
+            t.release_pd(qp.pd, false);
+        }
     }
 
     /// Every CQ's poll must lock again (the fabric stopped being untimed).
@@ -140,27 +105,178 @@ impl World {
         }
     }
 
+    /// Applies a state transition (see [`Modify`] and `QpObj::transition`).
+    pub(crate) fn modify(&mut self, q: usize, m: &Modify) -> Result<(), SimError> {
+        let epoch = self.tables.next_epoch();
+        let peer_dev = match m {
+            Modify::Rtr(a) => self.tables.route(a),
+            _ => None,
+        };
+        if matches!(m, Modify::Reset) && self.tables.qps.get(q).is_some_and(|qp| !qp.dead) {
+            // A responder in RESET answers nothing (and forgets its RTR attributes, which
+            // name the requester that may sleep on its RNR NAK): wake that requester.
+            self.wake_parked(q);
+        }
+        let World { tables, net } = self;
+        let qp = tables.qps.get_mut(q).expect("live QP");
+        if qp.dead {
+            return Err(SimError::DeviceFatal);
+        }
+        if let Modify::Err = m {
+            self.set_err(q);
+            return Ok(());
+        }
+        match qp.transition(m, epoch, peer_dev, net)? {
+            QpState::Rtr => self.wake_not_ready(q),
+            QpState::Rts => self.pump(q),
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Posts send WRs in order (see `Qp::post_send`); the error names the first refused
+    /// (those before it stay posted). `next` writes the next request into the scratch
+    /// `SendWr` it is given (whose entries past `num_sge` are stale) and returns true, or
+    /// returns false when there is none.
+    ///
+    /// On an untimed fabric nothing executes before the whole list is posted (INLINE data
+    /// is captured at post, before earlier requests of the list could change it, and all of
+    /// them hold send queue slots), as on the packet path, where execution waits for the
+    /// events run at the end of the call; then the direct path takes what it can.
+    pub(crate) fn post_send_list(
+        &mut self,
+        q: usize,
+        mut next: impl FnMut(&mut SendWr) -> bool,
+        raw: Option<&RawInline>,
+    ) -> Result<(), (usize, SimError)> {
+        let mut wr = SendWr {
+            wr_id: 0,
+            sg_list: [Sge::default(); MAX_SGE],
+            num_sge: 0,
+            op: SendOp::Send,
+            flags: SendFlags::empty(),
+        };
+        let mut res = Ok(());
+        let mut posted = 0;
+        for index in 0.. {
+            if !next(&mut wr) {
+                break;
+            }
+            if self.net.untimed && index > 0 {
+                self.fail_head_now(q);
+            }
+            if let Err(error) = self.post_send(q, &wr, raw) {
+                res = Err((index, error));
+                break;
+            }
+            posted += 1;
+        }
+        self.count_posts(q, true, posted);
+        if self.net.untimed {
+            self.run_direct(q);
+            self.pump(q);
+        }
+        res
+    }
+
+    /// Posts one send WR (see `QpObj::post_send`). With `raw`, inline SGEs are read from
+    /// their addresses; otherwise they must lie in memory registered in the PD. The
+    /// requester transmits it at once, but on an untimed fabric, where transmission waits
+    /// for the end of the list (`post_send_list`).
+    fn post_send(
+        &mut self,
+        q: usize,
+        wr: &SendWr,
+        raw: Option<&RawInline>,
+    ) -> Result<(), SimError> {
+        let Tables { qps, mrs, .. } = &mut self.tables;
+        let net = &mut self.net;
+        let qp = qps.get_mut(q).expect("live QP");
+        let pd = qp.pd;
+        let inline_src = |addr, n| match raw {
+            Some(r) => r.src(addr, n),
+            None => mrs
+                .iter()
+                .find(|m| m.pd == pd && m.region.contains(addr, n))
+                .and_then(|m| m.region.src(addr, n)),
+        };
+        let sent = match qp.post_send(wr, net, inline_src)? {
+            Posted::Flushed(wc) => {
+                let cq = qp.send_cq;
+                self.push_cqe(cq, wc);
+                return Ok(());
+            }
+            Posted::Queued if net.untimed => return Ok(()),
+            Posted::Queued => qp.transmit(mrs, net),
+        };
+        if let Err(status) = sent {
+            self.fail_front(q, status);
+        }
+        Ok(())
+    }
+
+    /// Untimed fabric, before the next request of a list: the packet path transmits each
+    /// request as it is posted, which fails one at the head of the queue at once when its
+    /// local checks fail (so the QP is in ERR for the rest of the list, whose requests are
+    /// flushed rather than refused as `QueueFull`). Nothing else it does is visible before
+    /// the list is posted.
+    fn fail_head_now(&mut self, q: usize) {
+        let qp = self.tables.qps.get(q).expect("live QP");
+        let head = qp
+            .sq
+            .front()
+            .filter(|_| qp.sq.len() == 1 && qp.req.sent == 0);
+        let personality = self.net.cfg.personality;
+        if head.is_some_and(|e| {
+            qp.local_check(&self.tables.mrs, personality, &e.wr)
+                .is_err()
+        }) {
+            self.pump(q);
+        }
+    }
+
+    /// Posts one receive WR (see `QpObj::post_recv`); a requester asleep on an RNR NAK
+    /// from `q` wakes to meet it.
+    pub(crate) fn post_recv(&mut self, q: usize, wr: &RecvWr) -> Result<(), SimError> {
+        let qp = self.tables.qps.get_mut(q).expect("live QP");
+        match qp.post_recv(wr, &mut self.net)? {
+            Posted::Flushed(wc) => {
+                let cq = qp.recv_cq;
+                self.push_cqe(cq, wc);
+            }
+            Posted::Queued => self.wake_parked(q),
+        }
+        Ok(())
+    }
+
+    /// Counts one post call on QP `q` that posted `n` work requests.
+    pub(crate) fn count_posts(&mut self, q: usize, send: bool, n: usize) {
+        if let Some(qp) = self.tables.qps.get_mut(q) {
+            qp.counters.posts(send, n);
+        }
+    }
+
     /// A packet arrives: hands it to its queue pair, or loses it.
     pub(crate) fn deliver(&mut self, pkt: Packet) {
         let dst = pkt.dst_dev as usize;
         let (qpn, psn) = (pkt.dst_qpn, Some(pkt.psn));
         let why = self.net.wire.arrival(dst);
-        let qps = &self.tables.qps;
         let q = self
             .tables
-            .qp_index(pkt.dst_qpn)
-            .filter(|&q| qps.get(q).is_some_and(|qp| qp.dev == dst && !qp.dead));
+            .qp_by_num(pkt.dst_qpn)
+            .filter(|(_, qp)| qp.dev == dst && !qp.dead)
+            .map(|(q, _)| q);
         match (why, q) {
-            (Some(why), _) => self.trace(dst, qpn, TraceKind::Drop(pkt.kind, why), psn, None),
-            (None, None) => self.trace(
-                dst,
-                qpn,
-                TraceKind::Drop(pkt.kind, DropReason::NoQp),
-                psn,
-                None,
-            ),
+            (Some(why), _) => self
+                .net
+                .trace(dst, qpn, TraceKind::Drop(pkt.kind, why), psn, None),
+            (None, None) => {
+                let why = TraceKind::Drop(pkt.kind, DropReason::NoQp);
+                self.net.trace(dst, qpn, why, psn, None);
+            }
             (None, Some(q)) => {
-                self.trace(dst, qpn, TraceKind::Deliver(pkt.kind), psn, None);
+                self.net
+                    .trace(dst, qpn, TraceKind::Deliver(pkt.kind), psn, None);
                 match pkt.kind {
                     PacketKind::Request => self.on_request(q, pkt),
                     _ => self.on_response(q, pkt),
@@ -172,10 +288,11 @@ impl World {
     /// Crashes device `dev`: its queue pairs vanish without completions, its CQs empty,
     /// and packets to or from it are lost from now on.
     pub(crate) fn crash(&mut self, dev: usize) {
-        self.net.wire.ports[dev].crashed = true;
-        for q in 0..self.tables.qps.slots() {
-            let epoch = self.tables.next_epoch();
-            let Some(qp) = self.tables.qps.get_mut(q).filter(|qp| qp.dev == dev) else {
+        let World { tables, net } = self;
+        net.wire.ports[dev].crashed = true;
+        for q in 0..tables.qps.slots() {
+            let epoch = tables.next_epoch();
+            let Some(qp) = tables.qps.get_mut(q).filter(|qp| qp.dev == dev) else {
                 continue;
             };
             qp.sq.clear();
@@ -183,8 +300,8 @@ impl World {
             qp.unsig_done = 0;
             (qp.req, qp.resp, qp.dead, qp.epoch) =
                 (ReqState::default(), RespState::default(), true, epoch);
-            self.net.sched.events.cancel_timer(q);
-            self.set_state(q, QpState::Err);
+            net.sched.events.cancel_timer(q);
+            qp.set_state(QpState::Err, net);
         }
         for c in 0..self.tables.cqs.slots() {
             if let Some(cq) = self.tables.cqs.get_mut(c).filter(|c| c.dev == dev) {

@@ -1,5 +1,11 @@
 //! The queue pair: its requester and responder state, its send queue, the verbs state
-//! machine (`modify`) and posting.
+//! machine and posting.
+//!
+//! A queue pair validates what the host asks of it here ([`QpObj::transition`],
+//! [`QpObj::post_send`], [`QpObj::post_recv`]); what follows from it in other blocks (a
+//! transmission, a flush completion, a woken peer) is the caller's to route
+//! (`hca/mod.rs`). Its requester (`requester.rs`) and responder (`responder.rs`) work on
+//! the state kept here.
 //!
 //! The send queue is a fixed ring of work request slots, written in place. A `VecDeque` of
 //! whole entries copies each entry (a request with 16 gather entries and 256 bytes of
@@ -8,13 +14,15 @@
 
 use std::collections::VecDeque;
 
-use super::cq::{flush_wc, send_opcode};
-use super::mem::{copy, Dst, RawInline, Src};
-use super::{invalid, sg_len, Tables, World};
+use super::mem::{copy, Dst, Src};
+use super::net::Net;
 use crate::config::{Personality, ROCE_ROUTE_HOP_LIMIT};
+use crate::counters::QpCounters;
 use crate::trace::TraceKind;
 use crate::types::*;
 
+/// Number of the first queue pair; QPN = `QPN_BASE` + slab index.
+pub(crate) const QPN_BASE: u32 = 0x11;
 /// Largest 24-bit value (PSNs, QPNs).
 pub(crate) const MAX_24: u32 = (1 << 24) - 1;
 /// The largest GRH flow label (20 bits).
@@ -111,7 +119,7 @@ pub(crate) struct QpObj {
     /// world header, so that counting dirties only a line the post writes anyway).
     pub(crate) direct_count: u64,
     /// Doorbells, posts and send completions (`Qp::counters`).
-    pub(crate) counters: crate::counters::QpCounters,
+    pub(crate) counters: QpCounters,
 }
 
 /// A queued send work request, with its inline payload copied at post time.
@@ -125,6 +133,281 @@ pub(crate) struct SqEntry {
     pub(crate) npkts: u32,
     /// Transmitted at least once (later transmissions are retransmissions).
     pub(crate) sent_once: bool,
+}
+
+pub(crate) fn invalid<T>(why: &'static str) -> Result<T, SimError> {
+    Err(SimError::Invalid(why))
+}
+
+/// Total byte length of a scatter/gather list.
+pub(crate) fn sg_len(sges: &[Sge]) -> u64 {
+    sges.iter().map(|s| u64::from(s.length)).sum()
+}
+
+/// Message length of a request (atomics: 8).
+pub(crate) fn msg_len(wr: &SendWr) -> u64 {
+    match wr.op {
+        SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => 8,
+        _ => sg_len(&wr.sg_list[..wr.num_sge]),
+    }
+}
+
+/// Whether `op` is a read or an atomic (uses a read/atomic credit).
+pub(crate) fn rd_atomic(op: &SendOp) -> bool {
+    matches!(
+        op,
+        SendOp::Read { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. }
+    )
+}
+
+/// The completion opcode of a send operation.
+pub(crate) fn send_opcode(op: &SendOp) -> WcOpcode {
+    match op {
+        SendOp::Send | SendOp::SendWithImm { .. } => WcOpcode::Send,
+        SendOp::Write { .. } | SendOp::WriteWithImm { .. } => WcOpcode::RdmaWrite,
+        SendOp::Read { .. } => WcOpcode::RdmaRead,
+        SendOp::CompareSwap { .. } => WcOpcode::CompSwap,
+        SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
+    }
+}
+
+/// A `WrFlushErr` completion.
+pub(crate) fn flush_wc(wr_id: u64, opcode: WcOpcode, qp_num: u32) -> Wc {
+    Wc {
+        wr_id,
+        status: WcStatus::WrFlushErr,
+        opcode,
+        byte_len: 0,
+        imm_data: None,
+        qp_num,
+    }
+}
+
+/// What a post did with a work request it accepted.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Posted {
+    /// Queued: the requester (or, for a receive, the responder) takes it from here.
+    Queued,
+    /// Completed at once with `WrFlushErr` (the queue pair is in ERR): the caller writes
+    /// this completion to the queue's CQ.
+    Flushed(Wc),
+}
+
+impl QpObj {
+    /// Its slab index (QPN = `QPN_BASE` + index), which names its timer in the event queue.
+    pub(crate) fn slot(&self) -> usize {
+        (self.qpn - QPN_BASE) as usize
+    }
+
+    /// Sets the state, tracing the change.
+    pub(crate) fn set_state(&mut self, to: QpState, net: &mut Net) {
+        let from = self.state;
+        self.state = to;
+        if from != to {
+            net.trace(self.dev, self.qpn, TraceKind::State(from, to), None, None);
+        }
+    }
+
+    /// The verbs state machine: applies transition `m` to RESET, INIT, RTR or RTS (a move
+    /// to ERR flushes, `World::set_err`) and returns the new state. `epoch` is the
+    /// incarnation RESET starts, `peer_dev` the device an RTR path leads to.
+    pub(crate) fn transition(
+        &mut self,
+        m: &Modify,
+        epoch: u32,
+        peer_dev: Option<usize>,
+        net: &mut Net,
+    ) -> Result<QpState, SimError> {
+        use QpState::*;
+        let to = match *m {
+            Modify::Reset => {
+                self.sq.clear();
+                self.rq.clear();
+                self.unsig_done = 0;
+                (self.init, self.rtr, self.rts) = (None, None, None);
+                (self.req, self.resp, self.peer_dev) =
+                    (ReqState::default(), RespState::default(), None);
+                self.epoch = epoch;
+                net.sched.events.cancel_timer(self.slot());
+                Reset
+            }
+            Modify::Err => unreachable!("a move to ERR flushes the queues: World::set_err"),
+            Modify::Init(a) => {
+                if !matches!(self.state, Reset | Init) {
+                    return invalid("INIT only from RESET or INIT");
+                }
+                if a.port != 1 || a.pkey_index != 0 {
+                    return invalid("port must be 1 and pkey_index 0");
+                }
+                self.init = Some(a);
+                Init
+            }
+            Modify::Rtr(a) => {
+                if self.state != Init {
+                    return invalid("RTR only from INIT");
+                }
+                if a.port != 1 || a.dest_qp_num > MAX_24 || a.rq_psn > MAX_24 {
+                    return invalid("bad port, dest_qp_num or rq_psn");
+                }
+                if a.min_rnr_timer > 31 || usize::from(a.sgid_index) >= 2 {
+                    return invalid("bad min_rnr_timer or sgid_index");
+                }
+                if a.sl > 15 || a.flow_label > MAX_FLOW_LABEL {
+                    return invalid("sl exceeds 15 or flow_label exceeds 20 bits");
+                }
+                // The port's active MTU is 4096, the largest there is: any path_mtu fits.
+                let a = match net.cfg.personality {
+                    Personality::Hca => a,
+                    Personality::Rxe => RtrAttr {
+                        sl: 0,
+                        hop_limit: match a.dgid {
+                            Some(_) => ROCE_ROUTE_HOP_LIMIT,
+                            None => a.hop_limit,
+                        },
+                        ..a
+                    },
+                };
+                self.rtr = Some(a);
+                self.resp.epsn = a.rq_psn;
+                self.peer_dev = peer_dev;
+                Rtr
+            }
+            Modify::Rts(a) => {
+                if !matches!(self.state, Rtr | Rts) {
+                    return invalid("RTS only from RTR or RTS");
+                }
+                if a.sq_psn > MAX_24 || a.timeout > 31 || a.retry_cnt > 7 || a.rnr_retry > 7 {
+                    return invalid("bad sq_psn, timeout, retry_cnt or rnr_retry");
+                }
+                if self.state == Rtr {
+                    self.req.next_psn = a.sq_psn;
+                }
+                (self.req.retries, self.req.rnr_left) = (a.retry_cnt, a.rnr_retry);
+                self.rts = Some(a);
+                Rts
+            }
+        };
+        self.set_state(to, net);
+        Ok(to)
+    }
+
+    /// Validates and queues one send WR (see `Qp::post_send`), tracing the post. An
+    /// INLINE gather entry's bytes are copied now, from where `inline_src(addr, len)`
+    /// finds them (registered memory of the PD, or the caller's raw addresses); one it
+    /// does not find refuses the post.
+    pub(crate) fn post_send<'m>(
+        &mut self,
+        wr: &SendWr,
+        net: &mut Net,
+        mut inline_src: impl FnMut(u64, usize) -> Option<Src<'m>>,
+    ) -> Result<Posted, SimError> {
+        if self.dead {
+            return Err(SimError::DeviceFatal);
+        }
+        if !matches!(self.state, QpState::Rts | QpState::Err) {
+            return invalid("QP not in RTS");
+        }
+        if wr.num_sge > self.cap.max_send_sge as usize {
+            return invalid("num_sge exceeds max_send_sge");
+        }
+        if let (
+            Personality::Rxe,
+            SendOp::CompareSwap { remote_addr, .. } | SendOp::FetchAdd { remote_addr, .. },
+        ) = (net.cfg.personality, wr.op)
+        {
+            if remote_addr % 8 != 0 {
+                return invalid("atomic remote address not 8-byte aligned (rxe)");
+            }
+        }
+        let sges = &wr.sg_list[..wr.num_sge];
+        let inline = wr.flags.contains(SendFlags::INLINE);
+        if inline {
+            use SendOp::*;
+            let ok_op = matches!(
+                wr.op,
+                Send | SendWithImm { .. } | Write { .. } | WriteWithImm { .. }
+            );
+            if !ok_op {
+                return invalid("INLINE on an operation without payload to send");
+            }
+            if sg_len(sges) > u64::from(self.cap.max_inline_data) {
+                return invalid("inline data exceeds max_inline_data");
+            }
+        }
+        if self.sq.len() + self.unsig_done >= self.cap.max_send_wr as usize {
+            return Err(SimError::QueueFull);
+        }
+        if self.state == QpState::Err {
+            self.counters.send_end(true);
+            return Ok(Posted::Flushed(flush_wc(
+                wr.wr_id,
+                send_opcode(&wr.op),
+                self.qpn,
+            )));
+        }
+        // Inline data is resolved before anything is queued (a bad source refuses the
+        // post) and copied into the entry's slot.
+        let mut spans = [Src::EMPTY; MAX_SGE];
+        let mut inline_len = 0;
+        if inline {
+            for (s, span) in sges.iter().filter(|s| s.length > 0).zip(&mut spans) {
+                let n = s.length as usize;
+                let Some(src) = inline_src(s.addr, n) else {
+                    return invalid("inline data outside registered memory");
+                };
+                *span = src;
+                inline_len += n;
+            }
+        }
+        self.sq.push_with(|e| {
+            e.wr.wr_id = wr.wr_id;
+            e.wr.sg_list[..sges.len()].copy_from_slice(sges);
+            (e.wr.num_sge, e.wr.op, e.wr.flags) = (wr.num_sge, wr.op, wr.flags);
+            (e.psn, e.npkts, e.sent_once) = (0, 1, false);
+            if inline_len > 0 {
+                copy(
+                    &spans,
+                    &[Dst::slice(&mut e.inline[..inline_len])],
+                    inline_len,
+                );
+            }
+        });
+        let kind = TraceKind::PostSend(send_opcode(&wr.op));
+        net.trace(self.dev, self.qpn, kind, None, Some(wr.wr_id));
+        Ok(Posted::Queued)
+    }
+
+    /// Validates and queues one receive WR (see `Qp::post_recv`), tracing the post.
+    pub(crate) fn post_recv(&mut self, wr: &RecvWr, net: &mut Net) -> Result<Posted, SimError> {
+        if self.dead {
+            return Err(SimError::DeviceFatal);
+        }
+        if self.state == QpState::Reset {
+            return invalid("QP in RESET");
+        }
+        if wr.num_sge > self.cap.max_recv_sge as usize {
+            return invalid("num_sge exceeds max_recv_sge");
+        }
+        if self.rq.len() >= self.cap.max_recv_wr as usize {
+            return Err(SimError::QueueFull);
+        }
+        if self.state == QpState::Err {
+            return Ok(Posted::Flushed(flush_wc(
+                wr.wr_id,
+                WcOpcode::Recv,
+                self.qpn,
+            )));
+        }
+        self.rq.push_back(*wr);
+        net.trace(
+            self.dev,
+            self.qpn,
+            TraceKind::PostRecv,
+            None,
+            Some(wr.wr_id),
+        );
+        Ok(Posted::Queued)
+    }
 }
 
 /// Send work requests not yet executed, oldest first, at most `capacity` of them.
@@ -220,352 +503,6 @@ impl SendQueue {
 
     pub(crate) fn clear(&mut self) {
         (self.head, self.len) = (0, 0);
-    }
-}
-
-impl World {
-    /// Sets QP `q`'s state, tracing the change.
-    pub(crate) fn set_state(&mut self, q: usize, to: QpState) {
-        let Some(qp) = self.tables.qps.get_mut(q) else {
-            return;
-        };
-        let (from, dev, qpn) = (qp.state, qp.dev, qp.qpn);
-        qp.state = to;
-        if from != to {
-            self.trace(dev, qpn, TraceKind::State(from, to), None, None);
-        }
-    }
-
-    /// Applies a state transition (see [`Modify`]).
-    pub(crate) fn modify(&mut self, q: usize, m: &Modify) -> Result<(), SimError> {
-        use QpState::*;
-        let epoch = self.tables.next_epoch();
-        let peer_dev = match m {
-            Modify::Rtr(a) => self.route(a),
-            _ => None,
-        };
-        if matches!(m, Modify::Reset) && self.tables.qps.get(q).is_some_and(|qp| !qp.dead) {
-            // A responder in RESET answers nothing (and forgets its RTR attributes, which
-            // name the requester that may sleep on its RNR NAK): wake that requester.
-            self.wake_parked(q);
-        }
-        let qp = self.tables.qps.get_mut(q).expect("live QP");
-        if qp.dead {
-            return core::result::Result::Err(SimError::DeviceFatal);
-        }
-        let to = match *m {
-            Modify::Reset => {
-                qp.sq.clear();
-                qp.rq.clear();
-                qp.unsig_done = 0;
-                (qp.init, qp.rtr, qp.rts) = (None, None, None);
-                (qp.req, qp.resp, qp.peer_dev) = (ReqState::default(), RespState::default(), None);
-                qp.epoch = epoch;
-                self.net.sched.events.cancel_timer(q);
-                Reset
-            }
-            Modify::Err => {
-                self.set_err(q);
-                return Ok(());
-            }
-            Modify::Init(a) => {
-                if !matches!(qp.state, Reset | Init) {
-                    return invalid("INIT only from RESET or INIT");
-                }
-                if a.port != 1 || a.pkey_index != 0 {
-                    return invalid("port must be 1 and pkey_index 0");
-                }
-                qp.init = Some(a);
-                Init
-            }
-            Modify::Rtr(a) => {
-                if qp.state != Init {
-                    return invalid("RTR only from INIT");
-                }
-                if a.port != 1 || a.dest_qp_num > MAX_24 || a.rq_psn > MAX_24 {
-                    return invalid("bad port, dest_qp_num or rq_psn");
-                }
-                if a.min_rnr_timer > 31 || usize::from(a.sgid_index) >= 2 {
-                    return invalid("bad min_rnr_timer or sgid_index");
-                }
-                if a.sl > 15 || a.flow_label > MAX_FLOW_LABEL {
-                    return invalid("sl exceeds 15 or flow_label exceeds 20 bits");
-                }
-                // The port's active MTU is 4096, the largest there is: any path_mtu fits.
-                let a = match self.net.cfg.personality {
-                    Personality::Hca => a,
-                    Personality::Rxe => RtrAttr {
-                        sl: 0,
-                        hop_limit: match a.dgid {
-                            Some(_) => ROCE_ROUTE_HOP_LIMIT,
-                            None => a.hop_limit,
-                        },
-                        ..a
-                    },
-                };
-                qp.rtr = Some(a);
-                qp.resp.epsn = a.rq_psn;
-                qp.peer_dev = peer_dev;
-                Rtr
-            }
-            Modify::Rts(a) => {
-                if !matches!(qp.state, Rtr | Rts) {
-                    return invalid("RTS only from RTR or RTS");
-                }
-                if a.sq_psn > MAX_24 || a.timeout > 31 || a.retry_cnt > 7 || a.rnr_retry > 7 {
-                    return invalid("bad sq_psn, timeout, retry_cnt or rnr_retry");
-                }
-                if qp.state == Rtr {
-                    qp.req.next_psn = a.sq_psn;
-                }
-                (qp.req.retries, qp.req.rnr_left) = (a.retry_cnt, a.rnr_retry);
-                qp.rts = Some(a);
-                Rts
-            }
-        };
-        self.set_state(q, to);
-        if to == Rtr {
-            self.wake_not_ready(q);
-        }
-        if to == Rts {
-            self.pump(q);
-        }
-        Ok(())
-    }
-
-    /// The device an RTR path leads to: by GID when it has one, else by LID.
-    fn route(&self, a: &RtrAttr) -> Option<usize> {
-        match a.dgid {
-            Some(gid) => self
-                .tables
-                .devices
-                .iter()
-                .position(|d| d.gids.contains(&gid)),
-            None => {
-                let i = usize::from(a.dlid).checked_sub(1)?;
-                (i < self.tables.devices.len()).then_some(i)
-            }
-        }
-    }
-
-    /// Posts send WRs in order (see `Qp::post_send`); the error names the first refused
-    /// (those before it stay posted). `next` writes the next request into the scratch
-    /// `SendWr` it is given (whose entries past `num_sge` are stale) and returns true, or
-    /// returns false when there is none.
-    ///
-    /// On an untimed fabric nothing executes before the whole list is posted (INLINE data
-    /// is captured at post, before earlier requests of the list could change it, and all of
-    /// them hold send queue slots), as on the packet path, where execution waits for the
-    /// events run at the end of the call; then the direct path takes what it can.
-    pub(crate) fn post_send_list(
-        &mut self,
-        q: usize,
-        mut next: impl FnMut(&mut SendWr) -> bool,
-        raw: Option<&RawInline>,
-    ) -> Result<(), (usize, SimError)> {
-        let mut wr = SendWr {
-            wr_id: 0,
-            sg_list: [Sge::default(); MAX_SGE],
-            num_sge: 0,
-            op: SendOp::Send,
-            flags: SendFlags::empty(),
-        };
-        let mut res = Ok(());
-        let mut posted = 0;
-        for index in 0.. {
-            if !next(&mut wr) {
-                break;
-            }
-            if self.net.untimed && index > 0 {
-                self.fail_head_now(q);
-            }
-            if let Err(error) = self.post_send(q, &wr, raw) {
-                res = Err((index, error));
-                break;
-            }
-            posted += 1;
-        }
-        self.count_posts(q, true, posted);
-        if self.net.untimed {
-            self.run_direct(q);
-            self.pump(q);
-        }
-        res
-    }
-
-    /// Validates and queues one send WR (see `Qp::post_send`). With `raw`, inline SGEs are
-    /// read from their addresses; otherwise they must lie in memory registered in the PD.
-    /// On an untimed fabric transmission waits for the end of the list (`post_send_list`).
-    fn post_send(
-        &mut self,
-        q: usize,
-        wr: &SendWr,
-        raw: Option<&RawInline>,
-    ) -> Result<(), SimError> {
-        let (Tables { qps, mrs, .. }, cfg) = (&mut self.tables, &self.net.cfg);
-        let qp = qps.get_mut(q).expect("live QP");
-        if qp.dead {
-            return Err(SimError::DeviceFatal);
-        }
-        if !matches!(qp.state, QpState::Rts | QpState::Err) {
-            return invalid("QP not in RTS");
-        }
-        if wr.num_sge > qp.cap.max_send_sge as usize {
-            return invalid("num_sge exceeds max_send_sge");
-        }
-        if let (
-            Personality::Rxe,
-            SendOp::CompareSwap { remote_addr, .. } | SendOp::FetchAdd { remote_addr, .. },
-        ) = (cfg.personality, wr.op)
-        {
-            if remote_addr % 8 != 0 {
-                return invalid("atomic remote address not 8-byte aligned (rxe)");
-            }
-        }
-        let sges = &wr.sg_list[..wr.num_sge];
-        let inline = wr.flags.contains(SendFlags::INLINE);
-        if inline {
-            use SendOp::*;
-            let ok_op = matches!(
-                wr.op,
-                Send | SendWithImm { .. } | Write { .. } | WriteWithImm { .. }
-            );
-            if !ok_op {
-                return invalid("INLINE on an operation without payload to send");
-            }
-            if sg_len(sges) > u64::from(qp.cap.max_inline_data) {
-                return invalid("inline data exceeds max_inline_data");
-            }
-        }
-        if qp.sq.len() + qp.unsig_done >= qp.cap.max_send_wr as usize {
-            return Err(SimError::QueueFull);
-        }
-        if qp.state == QpState::Err {
-            let wc = flush_wc(wr.wr_id, send_opcode(&wr.op), qp.qpn);
-            let cq = qp.send_cq;
-            self.push_cqe(cq, wc);
-            self.count_send_end(q, true);
-            return Ok(());
-        }
-        // Inline data is resolved before anything is queued (a bad source refuses the
-        // post) and copied into the entry's slot.
-        let mut spans = [Src::EMPTY; MAX_SGE];
-        let mut inline_len = 0;
-        if inline {
-            for (s, span) in sges.iter().filter(|s| s.length > 0).zip(&mut spans) {
-                let n = s.length as usize;
-                let pd = qp.pd;
-                let src = match raw {
-                    Some(r) => r.src(s.addr, n),
-                    None => mrs
-                        .iter()
-                        .find(|m| m.pd == pd && m.region.contains(s.addr, n))
-                        .and_then(|m| m.region.src(s.addr, n)),
-                };
-                let Some(src) = src else {
-                    return invalid("inline data outside registered memory");
-                };
-                *span = src;
-                inline_len += n;
-            }
-        }
-        qp.sq.push_with(|e| {
-            e.wr.wr_id = wr.wr_id;
-            e.wr.sg_list[..sges.len()].copy_from_slice(sges);
-            (e.wr.num_sge, e.wr.op, e.wr.flags) = (wr.num_sge, wr.op, wr.flags);
-            (e.psn, e.npkts, e.sent_once) = (0, 1, false);
-            if inline_len > 0 {
-                copy(
-                    &spans,
-                    &[Dst::slice(&mut e.inline[..inline_len])],
-                    inline_len,
-                );
-            }
-        });
-        let (dev, qpn) = (qp.dev, qp.qpn);
-        self.trace(
-            dev,
-            qpn,
-            TraceKind::PostSend(send_opcode(&wr.op)),
-            None,
-            Some(wr.wr_id),
-        );
-        if !self.net.untimed {
-            self.pump(q);
-        }
-        Ok(())
-    }
-
-    /// Untimed fabric, before the next request of a list: the packet path transmits each
-    /// request as it is posted, which fails one at the head of the queue at once when its
-    /// local checks fail (so the QP is in ERR for the rest of the list, whose requests are
-    /// flushed rather than refused as `QueueFull`). Nothing else it does is visible before
-    /// the list is posted.
-    fn fail_head_now(&mut self, q: usize) {
-        let qp = self.tables.qps.get(q).expect("live QP");
-        let head = qp
-            .sq
-            .front()
-            .filter(|_| qp.sq.len() == 1 && qp.req.sent == 0);
-        if head.is_some_and(|e| self.local_check(qp, &e.wr).is_err()) {
-            self.pump(q);
-        }
-    }
-
-    /// Validates and queues one receive WR (see `Qp::post_recv`).
-    pub(crate) fn post_recv(&mut self, q: usize, wr: &RecvWr) -> Result<(), SimError> {
-        let qp = self.tables.qps.get_mut(q).expect("live QP");
-        if qp.dead {
-            return Err(SimError::DeviceFatal);
-        }
-        if qp.state == QpState::Reset {
-            return invalid("QP in RESET");
-        }
-        if wr.num_sge > qp.cap.max_recv_sge as usize {
-            return invalid("num_sge exceeds max_recv_sge");
-        }
-        if qp.rq.len() >= qp.cap.max_recv_wr as usize {
-            return Err(SimError::QueueFull);
-        }
-        if qp.state == QpState::Err {
-            let wc = flush_wc(wr.wr_id, WcOpcode::Recv, qp.qpn);
-            let cq = qp.recv_cq;
-            self.push_cqe(cq, wc);
-        } else {
-            qp.rq.push_back(*wr);
-            let (dev, qpn) = (qp.dev, qp.qpn);
-            self.trace(dev, qpn, TraceKind::PostRecv, None, Some(wr.wr_id));
-            self.wake_parked(q);
-        }
-        Ok(())
-    }
-
-    /// Counts one post call on QP `q` that posted `n` work requests.
-    pub(crate) fn count_posts(&mut self, q: usize, send: bool, n: usize) {
-        let (Some(qp), true) = (self.tables.qps.get_mut(q), n > 0) else {
-            return;
-        };
-        let c = &mut qp.counters;
-        let n = n as u64;
-        if send {
-            c.send_doorbells += 1;
-            c.sends_posted += n;
-        } else {
-            c.recv_doorbells += 1;
-            c.recvs_posted += n;
-        }
-    }
-
-    /// Counts the end of one send work request on QP `q`: with a completion written for
-    /// it, or silently (unsignaled and successful).
-    pub(crate) fn count_send_end(&mut self, q: usize, completion: bool) {
-        if let Some(qp) = self.tables.qps.get_mut(q) {
-            if completion {
-                qp.counters.send_completions += 1;
-            } else {
-                qp.counters.silent_sends += 1;
-            }
-        }
     }
 }
 

@@ -9,14 +9,12 @@ use std::collections::VecDeque;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use super::cq::Notifier;
+use super::comp_channel::{CqNotify, Notifier};
 use super::mem::{Dst, Region, Src};
-use super::qp::{QpObj, ReqState, RespState, MAX_24};
-use super::{invalid, World};
+use super::qp::{invalid, QpObj, ReqState, RespState, SendQueue, MAX_24, QPN_BASE};
+use crate::sched::Events;
 use crate::types::*;
 
-/// Number of the first queue pair; QPN = `QPN_BASE` + slab index.
-pub(crate) const QPN_BASE: u32 = 0x11;
 /// Key bit that marks an rkey (lkeys have it clear), so a swapped key never validates.
 const RKEY_BIT: u32 = 0x80;
 /// Key bits holding the MR slot's generation (1..=127), so stale keys do not validate.
@@ -116,8 +114,8 @@ pub(crate) struct CqObj {
     /// Shared with the handle: false only while a poll has nothing to return and nothing
     /// to run (see `Cq::poll_map`). Set under the world's lock by every push.
     pub(crate) ready: Arc<crate::padded::Padded<AtomicBool>>,
-    /// Its completion channel, arming and events (`cq.rs`).
-    pub(crate) notify: super::cq::CqNotify,
+    /// Its completion channel, arming and events (`comp_channel.rs`).
+    pub(crate) notify: CqNotify,
     refs: u32,
     open: bool,
 }
@@ -158,8 +156,8 @@ impl Tables {
         self.epochs
     }
 
-    /// Adds a device (its port is the wire's: [`World::add_device`]).
-    fn add_device(&mut self, name: &str) -> Result<(), SimError> {
+    /// Adds a device (its port is the wire's: `World::add_device`).
+    pub(crate) fn add_device(&mut self, name: &str) -> Result<(), SimError> {
         if name.is_empty() || self.devices.iter().any(|d| d.name == name) {
             return invalid("device name empty or taken");
         }
@@ -217,7 +215,7 @@ impl Tables {
             entries: VecDeque::with_capacity(depth as usize),
             overflowed: false,
             ready: Arc::new(crate::padded::Padded(AtomicBool::new(true))),
-            notify: super::cq::CqNotify::new(self.notifier.next_key()),
+            notify: CqNotify::new(self.notifier.next_key()),
             refs: 0,
             open: true,
         };
@@ -264,22 +262,16 @@ impl Tables {
             self.release_pd(m.pd, false);
         }
     }
-}
 
-impl World {
-    /// Adds a device and connects its port to the wire.
-    pub(crate) fn add_device(&mut self, name: &str) -> Result<(), SimError> {
-        self.tables.add_device(name)?;
-        self.net.wire.add_port();
-        Ok(())
-    }
-
+    /// Creates a queue pair in RESET, with room in `events` for what it can have in
+    /// flight; returns its slot and number.
     pub(crate) fn create_qp(
         &mut self,
         pd: usize,
         cqs: (usize, usize),
         cap: QpCap,
         sig_all: bool,
+        events: &mut Events,
     ) -> Result<(usize, u32), SimError> {
         let wr_ok = |n: u32| (1..=MAX_QP_WR).contains(&n);
         let sge_ok = |n: u32| (1..=MAX_SGE as u32).contains(&n);
@@ -292,16 +284,16 @@ impl World {
         if cap.max_inline_data > MAX_INLINE as u32 {
             return invalid("max_inline_data exceeds MAX_INLINE");
         }
-        let dev = self.tables.pds.get(pd).expect("live PD").dev;
-        let cq_dev = |c| self.tables.cqs.get(c).map(|c: &CqObj| c.dev);
+        let dev = self.pds.get(pd).expect("live PD").dev;
+        let cq_dev = |c| self.cqs.get(c).map(|c: &CqObj| c.dev);
         if cq_dev(cqs.0) != Some(dev) || cq_dev(cqs.1) != Some(dev) {
             return invalid("CQs must belong to the PD's device");
         }
-        let qpn = QPN_BASE + self.tables.qps.next_index() as u32;
+        let qpn = QPN_BASE + self.qps.next_index() as u32;
         if qpn > MAX_24 {
             return Err(SimError::QueueFull);
         }
-        let epoch = self.tables.next_epoch();
+        let epoch = self.next_epoch();
         let qp = QpObj {
             qpn,
             dev,
@@ -319,41 +311,54 @@ impl World {
             init: None,
             rtr: None,
             rts: None,
-            sq: super::qp::SendQueue::new(cap.max_send_wr as usize),
+            sq: SendQueue::new(cap.max_send_wr as usize),
             rq: VecDeque::with_capacity(cap.max_recv_wr as usize),
             unsig_done: 0,
             direct_count: 0,
             counters: Default::default(),
         };
-        let (i, _) = self.tables.qps.insert(qp);
+        let (i, _) = self.qps.insert(qp);
         // Bound on events in flight per QP: a request and a response per WR, plus timers.
-        let events = (cap.max_send_wr as usize + cap.max_recv_wr as usize) * 2 + 2;
-        self.net.sched.events.reserve(events, i);
-        self.tables.pds.get_mut(pd).expect("live PD").refs += 1;
+        let n = (cap.max_send_wr as usize + cap.max_recv_wr as usize) * 2 + 2;
+        events.reserve(n, i);
+        self.pds.get_mut(pd).expect("live PD").refs += 1;
         for c in [cqs.0, cqs.1] {
-            self.tables.cqs.get_mut(c).expect("live CQ").refs += 1;
+            self.cqs.get_mut(c).expect("live CQ").refs += 1;
         }
         Ok((i, qpn))
     }
 
-    /// Destroys QP `q`, discarding its work without completions.
-    pub(crate) fn destroy_qp(&mut self, q: usize) {
-        self.wake_parked(q);
-        self.disarm(q);
-        if let Some(qp) = self.tables.qps.remove(q) {
-            self.tables.direct_retired += qp.direct_count;
-            self.tables.release_cq(qp.send_cq, false);
-            self.tables.release_cq(qp.recv_cq, false);
-            self.tables.release_pd(qp.pd, false);
-        }
-    }
-}
-
-impl Tables {
     /// Slab index of the QP numbered `qpn`, if live.
     pub(crate) fn qp_index(&self, qpn: u32) -> Option<usize> {
         let i = qpn.checked_sub(QPN_BASE)? as usize;
         self.qps.get(i).filter(|q| q.qpn == qpn).map(|_| i)
+    }
+
+    /// The live QP numbered `qpn`, and its slab index.
+    pub(crate) fn qp_by_num(&self, qpn: u32) -> Option<(usize, &QpObj)> {
+        let i = qpn.checked_sub(QPN_BASE)? as usize;
+        self.qps.get(i).filter(|q| q.qpn == qpn).map(|q| (i, q))
+    }
+
+    /// The requester connected to responder `p`: the queue pair `p`'s RTR attributes
+    /// name, if its own RTR attributes name `p` back.
+    pub(crate) fn requester_mut(&mut self, p: usize) -> Option<&mut QpObj> {
+        let peer = self.qps.get(p)?;
+        let (rtr, qpn) = (peer.rtr?, peer.qpn);
+        let r = self.qp_index(rtr.dest_qp_num)?;
+        let req = self.qps.get_mut(r)?;
+        req.rtr.is_some_and(|a| a.dest_qp_num == qpn).then_some(req)
+    }
+
+    /// The device an RTR path leads to: by GID when it has one, else by LID.
+    pub(crate) fn route(&self, a: &RtrAttr) -> Option<usize> {
+        match a.dgid {
+            Some(gid) => self.devices.iter().position(|d| d.gids.contains(&gid)),
+            None => {
+                let i = usize::from(a.dlid).checked_sub(1)?;
+                (i < self.devices.len()).then_some(i)
+            }
+        }
     }
 }
 

@@ -89,7 +89,9 @@ mod trace;
 mod types;
 mod wire;
 
-pub use api::{CompChannel, Context, Cq, Fabric, Mr, Pd, PostError, Qp, QpInitAttr};
+pub use api::comp_channel::CompChannel;
+pub use api::qp::{PostError, Qp, QpInitAttr};
+pub use api::{Context, Cq, Fabric, Mr, Pd};
 pub use config::{
     ack_timeout_ns, rnr_timer_ns, FabricConfig, Faults, LinkModel, Mode, Personality,
     ROCE_ROUTE_HOP_LIMIT,

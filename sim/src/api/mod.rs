@@ -21,12 +21,9 @@ use crate::hca::mem::{RawInline, Region};
 use crate::hca::World;
 use crate::types::*;
 
-mod comp_channel;
+pub(crate) mod comp_channel;
 mod fabric;
-mod qp;
-
-pub use comp_channel::CompChannel;
-pub use qp::{PostError, Qp};
+pub(crate) mod qp;
 
 pub(crate) type Shared = Arc<Mutex<World>>;
 
@@ -232,19 +229,6 @@ impl Drop for Pd {
     }
 }
 
-/// Attributes of a new queue pair (`ibv_qp_init_attr`, RC only).
-#[derive(Clone, Copy, Debug)]
-pub struct QpInitAttr<'a> {
-    /// Completion queue of send work requests.
-    pub send_cq: &'a Cq,
-    /// Completion queue of receive work requests.
-    pub recv_cq: &'a Cq,
-    /// Queue capacities.
-    pub cap: QpCap,
-    /// Whether every send work request is signaled.
-    pub sq_sig_all: bool,
-}
-
 impl Pd {
     /// Registers `addr..addr + len` (any length, including 0) with `access`.
     ///
@@ -276,26 +260,6 @@ impl Pd {
             rkey,
             addr: addr as u64,
             len,
-        })
-    }
-
-    /// Creates a reliable-connected queue pair in the RESET state.
-    ///
-    /// # Errors
-    /// [`SimError::Invalid`] if a capacity is out of range (see [`QpCap`]) or a CQ belongs
-    /// to another device or fabric; [`SimError::QueueFull`] when out of QP numbers.
-    pub fn create_qp(&self, attr: &QpInitAttr<'_>) -> Result<Qp, SimError> {
-        let same = |cq: &Cq| Arc::ptr_eq(&cq.world, &self.world);
-        if !same(attr.send_cq) || !same(attr.recv_cq) {
-            return Err(SimError::Invalid("CQ of another fabric"));
-        }
-        let cqs = (attr.send_cq.id, attr.recv_cq.id);
-        let (id, qpn) = enter(&self.world).create_qp(self.id, cqs, attr.cap, attr.sq_sig_all)?;
-        Ok(Qp {
-            world: self.world.clone(),
-            id,
-            qpn,
-            cap: attr.cap,
         })
     }
 }

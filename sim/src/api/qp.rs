@@ -1,6 +1,42 @@
-//! The queue pair handle and its posting error.
+//! The queue pair handle, its creation attributes and its posting error.
 
 use super::*;
+use crate::counters::QpCounters;
+
+/// Attributes of a new queue pair (`ibv_qp_init_attr`, RC only).
+#[derive(Clone, Copy, Debug)]
+pub struct QpInitAttr<'a> {
+    /// Completion queue of send work requests.
+    pub send_cq: &'a Cq,
+    /// Completion queue of receive work requests.
+    pub recv_cq: &'a Cq,
+    /// Queue capacities.
+    pub cap: QpCap,
+    /// Whether every send work request is signaled.
+    pub sq_sig_all: bool,
+}
+
+impl Pd {
+    /// Creates a reliable-connected queue pair in the RESET state.
+    ///
+    /// # Errors
+    /// [`SimError::Invalid`] if a capacity is out of range (see [`QpCap`]) or a CQ belongs
+    /// to another device or fabric; [`SimError::QueueFull`] when out of QP numbers.
+    pub fn create_qp(&self, attr: &QpInitAttr<'_>) -> Result<Qp, SimError> {
+        let same = |cq: &Cq| Arc::ptr_eq(&cq.world, &self.world);
+        if !same(attr.send_cq) || !same(attr.recv_cq) {
+            return Err(SimError::Invalid("CQ of another fabric"));
+        }
+        let cqs = (attr.send_cq.id, attr.recv_cq.id);
+        let (id, qpn) = enter(&self.world).create_qp(self.id, cqs, attr.cap, attr.sq_sig_all)?;
+        Ok(Qp {
+            world: self.world.clone(),
+            id,
+            qpn,
+            cap: attr.cap,
+        })
+    }
+}
 
 /// A synchronous posting error (`bad_wr` plus `errno`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,8 +91,8 @@ impl Qp {
     }
 
     /// What the queue pair did so far: doorbells, posts, send completions (see
-    /// [`QpCounters`](crate::QpCounters)).
-    pub fn counters(&self) -> crate::QpCounters {
+    /// [`QpCounters`]).
+    pub fn counters(&self) -> QpCounters {
         enter(&self.world)
             .tables
             .qps

@@ -44,6 +44,7 @@ pub struct QpCounters {
 
 impl QpCounters {
     /// One post call that posted `n` work requests (sends, or receives).
+    #[inline]
     pub(crate) fn posts(&mut self, send: bool, n: usize) {
         if n == 0 {
             return;
@@ -60,6 +61,7 @@ impl QpCounters {
 
     /// The end of one send work request: with a completion written for it, or silently
     /// (unsignaled and successful).
+    #[inline]
     pub(crate) fn send_end(&mut self, completion: bool) {
         if completion {
             self.send_completions += 1;

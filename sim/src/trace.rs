@@ -82,6 +82,7 @@ impl Trace {
     }
 
     /// Records an event at simulated time `time_ns` (when tracing).
+    #[inline]
     pub(crate) fn record(
         &mut self,
         time_ns: u64,

@@ -168,6 +168,7 @@ impl Notifier {
 
     /// A completion of CQ `cq` (whose part is `n`) was pushed; `solicited` when it counts
     /// for a solicited-only arm. Raises the CQ's event if it is armed for it.
+    #[inline]
     pub(crate) fn notify(&mut self, cq: usize, n: &mut CqNotify, solicited: bool) {
         match n.armed {
             Some(Arm::Next) => {}

@@ -22,6 +22,7 @@ impl QpObj {
     /// Retires the oldest send queue entry with `status`: it leaves the wire's count,
     /// and its completion is returned when it is signaled or failed (releasing the slots
     /// held by earlier unsignaled requests); otherwise it holds its slot until then.
+    #[inline]
     pub(crate) fn retire_front(&mut self, status: WcStatus) -> Option<Wc> {
         let e = self.sq.pop_front()?;
         if self.req.sent > 0 {
@@ -50,6 +51,7 @@ impl QpObj {
 
     /// Retires the head of the receive queue, which the transfer `rd` consumed; returns
     /// its completion (for `recv_cq`).
+    #[inline]
     pub(crate) fn retire_recv(&mut self, rd: &RecvDone) -> Wc {
         self.rq.pop_front();
         Wc {
@@ -81,6 +83,7 @@ impl Tables {
     /// armed solicited-only, as does any completion in error, `ibv_req_notify_cq(3)`).
     /// False when it does not fit: the CQ has just overflowed, and the queue pairs using
     /// it must move to ERR (`World::push_cqe_se`).
+    #[inline]
     fn write_cqe(&mut self, net: &mut Net, cq: usize, wc: Wc, se: bool) -> bool {
         let Some(c) = self.cqs.get_mut(cq) else {
             return true;

@@ -96,6 +96,7 @@ impl World {
 /// Whether the head of QP `q`'s send queue may take the direct path; if so, executes it
 /// at its responder (which moves its bytes and changes nothing else) and returns what is
 /// left to apply.
+#[inline]
 fn plan(t: &Tables, net: &Net, q: usize) -> Option<Direct> {
     if !net.untimed || !net.sched.events.is_empty() {
         return None;

@@ -34,15 +34,15 @@ use crate::trace::TraceKind;
 use crate::types::*;
 use crate::wire::{DropReason, Packet, PacketKind};
 
-pub(crate) mod comp_channel;
-pub(crate) mod cq;
-pub(crate) mod direct;
+mod comp_channel;
+mod cq;
+mod direct;
 pub(crate) mod mem;
-pub(crate) mod net;
-pub(crate) mod qp;
-pub(crate) mod requester;
-pub(crate) mod responder;
-pub(crate) mod tables;
+mod net;
+mod qp;
+mod requester;
+mod responder;
+mod tables;
 
 use mem::RawInline;
 use net::Net;
@@ -220,6 +220,7 @@ impl World {
     /// local checks fail (so the QP is in ERR for the rest of the list, whose requests are
     /// flushed rather than refused as `QueueFull`). Nothing else it does is visible before
     /// the list is posted.
+    #[inline]
     fn fail_head_now(&mut self, q: usize) {
         let qp = self.tables.qps.get(q).expect("live QP");
         let head = qp

@@ -34,11 +34,13 @@ impl Net {
     }
 
     /// Simulated time, ns.
+    #[inline]
     pub(crate) fn now(&self) -> u64 {
         self.sched.now
     }
 
     /// Records a trace event at the current time (when tracing).
+    #[inline]
     pub(crate) fn trace(
         &mut self,
         dev: usize,

@@ -77,6 +77,7 @@ pub(crate) struct RespState {
 }
 
 impl RespState {
+    #[inline]
     pub(crate) fn remember(&mut self, psn: u32, old: u64) {
         self.atomics[self.next_atomic] = (psn, old);
         self.next_atomic = (self.next_atomic + 1) % ATOMIC_CACHE;
@@ -140,11 +141,13 @@ pub(crate) fn invalid<T>(why: &'static str) -> Result<T, SimError> {
 }
 
 /// Total byte length of a scatter/gather list.
+#[inline]
 pub(crate) fn sg_len(sges: &[Sge]) -> u64 {
     sges.iter().map(|s| u64::from(s.length)).sum()
 }
 
 /// Message length of a request (atomics: 8).
+#[inline]
 pub(crate) fn msg_len(wr: &SendWr) -> u64 {
     match wr.op {
         SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => 8,
@@ -153,6 +156,7 @@ pub(crate) fn msg_len(wr: &SendWr) -> u64 {
 }
 
 /// Whether `op` is a read or an atomic (uses a read/atomic credit).
+#[inline]
 pub(crate) fn rd_atomic(op: &SendOp) -> bool {
     matches!(
         op,
@@ -161,6 +165,7 @@ pub(crate) fn rd_atomic(op: &SendOp) -> bool {
 }
 
 /// The completion opcode of a send operation.
+#[inline]
 pub(crate) fn send_opcode(op: &SendOp) -> WcOpcode {
     match op {
         SendOp::Send | SendOp::SendWithImm { .. } => WcOpcode::Send,
@@ -195,6 +200,7 @@ pub(crate) enum Posted {
 
 impl QpObj {
     /// Its slab index (QPN = `QPN_BASE` + index), which names its timer in the event queue.
+    #[inline]
     pub(crate) fn slot(&self) -> usize {
         (self.qpn - QPN_BASE) as usize
     }
@@ -295,6 +301,7 @@ impl QpObj {
     /// INLINE gather entry's bytes are copied now, from where `inline_src(addr, len)`
     /// finds them (registered memory of the PD, or the caller's raw addresses); one it
     /// does not find refuses the post.
+    #[inline]
     pub(crate) fn post_send<'m>(
         &mut self,
         wr: &SendWr,
@@ -378,6 +385,7 @@ impl QpObj {
     }
 
     /// Validates and queues one receive WR (see `Qp::post_recv`), tracing the post.
+    #[inline]
     pub(crate) fn post_recv(&mut self, wr: &RecvWr, net: &mut Net) -> Result<Posted, SimError> {
         if self.dead {
             return Err(SimError::DeviceFatal);

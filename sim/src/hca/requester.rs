@@ -34,6 +34,7 @@ fn mtu_bytes(m: Mtu) -> u64 {
 /// The requester's checks of `wr` (gathering `total` bytes) that need no memory lookup:
 /// the message length, and whether the QP may issue reads/atomics. Together with the
 /// local half of the responder's `execute` they make [`QpObj::local_check`].
+#[inline]
 pub(crate) fn local_limits(qp: &QpObj, wr: &SendWr, total: u64) -> Result<(), WcStatus> {
     let atomic = matches!(wr.op, SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. });
     if total > MAX_MSG || (atomic && total != 8) {
@@ -113,7 +114,17 @@ impl QpObj {
     /// Transmits the send-queue entries not yet on the wire, in order. A request failing
     /// its local checks stops transmission; once it is the oldest (all before it
     /// completed) its status is returned: the caller completes it with that error.
+    #[inline]
     pub(crate) fn transmit(&mut self, mrs: &Slab<MrObj>, net: &mut Net) -> Result<(), WcStatus> {
+        // Nothing unsent (as after the direct path): no call.
+        if self.req.sent >= self.sq.len() {
+            return Ok(());
+        }
+        self.transmit_unsent(mrs, net)
+    }
+
+    /// [`QpObj::transmit`] with requests to send.
+    fn transmit_unsent(&mut self, mrs: &Slab<MrObj>, net: &mut Net) -> Result<(), WcStatus> {
         loop {
             if self.state != QpState::Rts || self.req.rnr_wait {
                 return Ok(());
@@ -198,12 +209,14 @@ impl QpObj {
     }
 
     /// Sets the timer to fire at `at`, replacing any other.
+    #[inline]
     pub(crate) fn arm(&mut self, net: &mut Net, at: u64, kind: TimerKind) {
         self.req.timer = Some((at, kind));
         net.sched.events.set_timer(self.slot(), at);
     }
 
     /// Stops the timer.
+    #[inline]
     pub(crate) fn disarm(&mut self, net: &mut Net) {
         self.req.timer = None;
         net.sched.events.cancel_timer(self.slot());
@@ -307,6 +320,7 @@ impl QpObj {
 impl World {
     /// Transmits what QP `q` has not yet sent (see [`QpObj::transmit`]); the oldest
     /// request fails if its local checks do.
+    #[inline]
     pub(crate) fn pump(&mut self, q: usize) {
         let Tables { qps, mrs, .. } = &mut self.tables;
         let Some(qp) = qps.get_mut(q) else {

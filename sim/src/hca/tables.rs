@@ -335,6 +335,7 @@ impl Tables {
     }
 
     /// The live QP numbered `qpn`, and its slab index.
+    #[inline]
     pub(crate) fn qp_by_num(&self, qpn: u32) -> Option<(usize, &QpObj)> {
         let i = qpn.checked_sub(QPN_BASE)? as usize;
         self.qps.get(i).filter(|q| q.qpn == qpn).map(|q| (i, q))
@@ -366,6 +367,7 @@ impl Tables {
 /// it.
 impl Slab<MrObj> {
     /// The live MR named by `key` (an rkey when `remote`) in `pd`.
+    #[inline]
     pub(crate) fn lookup(&self, key: u32, remote: bool, pd: usize) -> Option<&MrObj> {
         if (key & RKEY_BIT != 0) != remote {
             return None;

@@ -76,6 +76,7 @@ impl Wire {
     }
 
     /// Whether packets between `a` and `b` are lost on the way.
+    #[inline]
     pub(crate) fn blocked(&self, a: usize, b: usize) -> Option<DropReason> {
         let (da, db) = (&self.ports[a], &self.ports[b]);
         if da.crashed || db.crashed {
@@ -91,6 +92,7 @@ impl Wire {
     }
 
     /// Whether a scripted fault waits on device `dev`'s egress (a drop or a corruption).
+    #[inline]
     pub(crate) fn scripted(&self, dev: usize) -> bool {
         let p = &self.ports[dev];
         p.drop_next > 0 || p.corrupt_next > 0

@@ -24,9 +24,12 @@
 //! fails the run if it is off: dissemination and tree must add a constant per doubling of N
 //! (log2 N), end within 10 % of their critical path, and process O(N log N) events (events
 //! per node growing by a constant per doubling); centralized must grow linearly. The
-//! centralized sweep stops at 4,096 ranks unless `--max-centralized` says otherwise: its
-//! root takes N - 1 arrivals one after another on one link, N distinct instants at which
-//! this driver polls every node (O(N²) polls).
+//! centralized sweep stops at 4,096 ranks unless `--max-centralized` says otherwise (at
+//! most 8,192): its root takes N - 1 arrivals one after another on one link, N distinct
+//! instants at which this driver polls every node (O(N²) polls).
+//!
+//! The fabric sizes its queues as work arrives ([`FabricConfig::lazy_queues`]): a queue
+//! pair costs what it holds at its busiest, here one or two requests.
 //!
 //! Last, a scatter on the dissemination world: every node writes 64 bytes to each of its
 //! `⌈log2 N⌉` partners `rank + 2^k` over its data channels, and every byte is checked.
@@ -49,9 +52,10 @@ const MAX: usize = 1 << 16;
 const DEPTH: usize = 2;
 const SGES: usize = 1;
 /// Peer capacities: dissemination has at most 2 × 16 - 1 partners, the tree 3, a
-/// centralized leaf 1 and its root everyone.
+/// centralized leaf 1 and its root everyone (the centralized sweep stops at `ROOT_PEERS`).
 const DISSEMINATION_PEERS: usize = 32;
 const TREE_PEERS: usize = 3;
+const ROOT_PEERS: usize = 8192;
 /// Bytes each scatter write carries.
 const PIECE: usize = 64;
 
@@ -160,7 +164,7 @@ fn connect<const PEERS: usize>(
 enum Prep {
     Dissemination(PreparedNode<Sim, DISSEMINATION_PEERS, DEPTH, SGES>),
     Tree(PreparedNode<Sim, TREE_PEERS, DEPTH, SGES>),
-    Root(Box<PreparedNode<Sim, MAX, DEPTH, SGES>>),
+    Root(Box<PreparedNode<Sim, ROOT_PEERS, DEPTH, SGES>>),
     Leaf(PreparedNode<Sim, 1, DEPTH, SGES>),
 }
 
@@ -179,6 +183,7 @@ fn build(alg: Algorithm, n: usize, seed: u64) -> Result<World> {
     let sim = Sim::with_config(
         FabricConfig {
             auto_step: false,
+            lazy_queues: true,
             ..FabricConfig::stepped(seed)
         },
         n,
@@ -394,6 +399,9 @@ fn sweep() -> Result<()> {
     let seed = arg(&args, "--seed", 1)?;
     if !(2..=MAX).contains(&max) {
         return Err(format!("--max-nodes must be in 2..={MAX}").into());
+    }
+    if max_central > ROOT_PEERS {
+        return Err(format!("--max-centralized must be at most {ROOT_PEERS}").into());
     }
     let one_way = Duration::from_nanos(FabricConfig::default().link.latency_ns);
     println!("barrier_scale: stepped simulator, seed {seed}, one-way latency {one_way:?}");

@@ -136,6 +136,11 @@ pub struct FabricConfig {
     pub loc_access_err: bool,
     /// Which device the simulator imitates where devices disagree with the spec.
     pub personality: Personality,
+    /// Size queue pairs' work queues and the packet heap as work arrives (doubling up to
+    /// their capacity) instead of whole at creation: for worlds of many mostly idle queue
+    /// pairs (`examples/barrier_scale.rs` runs 65,536 nodes so). Posting may then allocate
+    /// until each queue has reached its busiest; with the default (false) it never does.
+    pub lazy_queues: bool,
 }
 
 /// The device whose behaviour the simulator reproduces where real verbs stacks differ.
@@ -189,6 +194,7 @@ impl Default for FabricConfig {
             instant_timers: false,
             loc_access_err: true,
             personality: Personality::Hca,
+            lazy_queues: false,
         }
     }
 }

@@ -31,9 +31,9 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
-#[test]
-fn steady_state_does_not_allocate() {
-    let p = pair();
+/// `rounds` of a receive, a send, a write, a fetch-and-add and an inline write; counts
+/// the allocations of the rounds from `counted` on.
+fn run(p: &Pair, rounds: std::ops::Range<u64>, counted: u64) -> usize {
     let (a_buf, b_buf) = (Buf::new(64, 1), Buf::new(64, 0));
     let ma = a_buf.reg(&p.a.pd, all_access());
     let mb = b_buf.reg(&p.b.pd, all_access());
@@ -55,8 +55,11 @@ fn steady_state_does_not_allocate() {
         add: 1,
     };
     let inline = SendFlags::INLINE | SendFlags::SIGNALED;
-    COUNT.with(|c| c.set(Some(0)));
-    for round in 0..100u64 {
+    let n = rounds.end - rounds.start;
+    for round in rounds {
+        if round == counted {
+            COUNT.with(|c| c.set(Some(0)));
+        }
         p.b.qp.post_recv([rwr(round, &[sge(&mb, 16, 32)])]).unwrap();
         let wrs = [
             sig(1, SendOp::Send, &[sge(&ma, 0, 8), sge(&ma, 8, 8)]),
@@ -68,10 +71,37 @@ fn steady_state_does_not_allocate() {
         assert_eq!(p.a.cq.poll(&mut wc).unwrap(), 3);
         assert_eq!(p.b.cq.poll(&mut wc).unwrap(), 1);
     }
-    let n = COUNT.with(|c| c.replace(None)).unwrap();
-    assert_eq!(n, 0, "allocations in steady state");
+    let allocs = COUNT.with(|c| c.replace(None)).unwrap_or(0);
     assert_eq!(
         u64::from_ne_bytes(b_buf.get()[8..16].try_into().unwrap()),
-        100
+        n
+    );
+    allocs
+}
+
+#[test]
+fn steady_state_does_not_allocate() {
+    assert_eq!(run(&pair(), 0..100, 0), 0, "allocations in steady state");
+}
+
+#[test]
+fn lazy_queues_allocate_only_until_their_busiest() {
+    let lazy = || {
+        let cfg = FabricConfig {
+            lazy_queues: true,
+            ..FabricConfig::instant()
+        };
+        pair_in(Fabric::with_config(cfg, 2), Cfg::default(), rts_attr())
+    };
+    // The first round sizes the queues (so they were not sized at creation) ...
+    assert!(
+        run(&lazy(), 0..1, 0) > 0,
+        "lazy queues allocated at creation"
+    );
+    // ... and after it nothing allocates.
+    assert_eq!(
+        run(&lazy(), 0..100, 1),
+        0,
+        "allocations after the busiest round"
     );
 }

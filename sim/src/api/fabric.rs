@@ -18,11 +18,7 @@ impl Fabric {
     /// Index of the device called `name` (devices are numbered from 0 in order of
     /// addition), as the fault controls take it.
     pub fn device_index(&self, name: &str) -> Option<usize> {
-        lock(&self.world)
-            .tables
-            .devices
-            .iter()
-            .position(|d| d.name == name)
+        lock(&self.world).tables.device_named(name)
     }
 
     /// Current simulated time (threaded mode: wall-clock time since creation).

@@ -124,7 +124,7 @@ impl Fabric {
     /// [`SimError::NotFound`] if no device has that name.
     pub fn open_device(&self, name: &str) -> Result<Context, SimError> {
         let w = enter(&self.world);
-        let dev = w.tables.devices.iter().position(|d| d.name == name);
+        let dev = w.tables.device_named(name);
         Ok(Context {
             world: self.world.clone(),
             dev: dev.ok_or(SimError::NotFound)?,

@@ -72,8 +72,8 @@ impl QpObj {
             let wc = flush_wc(e.wr.wr_id, send_opcode(&e.wr.op), self.qpn);
             return Some((self.send_cq, wc));
         }
-        let r = self.rq.pop_front()?;
-        Some((self.recv_cq, flush_wc(r.wr_id, WcOpcode::Recv, self.qpn)))
+        let wr_id = self.rq.pop_front()?;
+        Some((self.recv_cq, flush_wc(wr_id, WcOpcode::Recv, self.qpn)))
     }
 }
 

@@ -43,6 +43,7 @@ mod qp;
 mod requester;
 mod responder;
 mod tables;
+mod wq;
 
 use mem::RawInline;
 use net::Net;
@@ -81,8 +82,9 @@ impl World {
         cap: QpCap,
         sig_all: bool,
     ) -> Result<(usize, u32), SimError> {
+        let lazy = self.net.cfg.lazy_queues;
         let events = &mut self.net.sched.events;
-        self.tables.create_qp(pd, cqs, cap, sig_all, events)
+        self.tables.create_qp(pd, cqs, cap, sig_all, events, lazy)
     }
 
     /// Destroys QP `q`, discarding its work without completions.

@@ -256,7 +256,7 @@ pub(crate) fn execute(
                 imm,
                 solicited: wr.flags.contains(SendFlags::SOLICITED),
             };
-            let rsges = &rwr.sg_list[..rwr.num_sge];
+            let rsges = rwr.sges;
             if sg_len(rsges) < total {
                 let (recv, req) = match cfg.personality {
                     Personality::Hca => (WcStatus::LocLenErr, WcStatus::RemInvReqErr),

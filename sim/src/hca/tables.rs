@@ -5,13 +5,14 @@
 //! deterministic); a memory key carries its slot's generation, so a stale key does not
 //! validate. Queues are preallocated at creation and never grow.
 
-use std::collections::VecDeque;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use super::comp_channel::{CqNotify, Notifier};
 use super::mem::{Dst, Region, Src};
-use super::qp::{invalid, QpObj, ReqState, RespState, SendQueue, MAX_24, QPN_BASE};
+use super::qp::{invalid, QpObj, RecvQueue, ReqState, RespState, SendQueue, MAX_24, QPN_BASE};
 use crate::sched::Events;
 use crate::types::*;
 
@@ -20,21 +21,27 @@ const RKEY_BIT: u32 = 0x80;
 /// Key bits holding the MR slot's generation (1..=127), so stale keys do not validate.
 const GEN_MASK: u32 = 0x7f;
 
-/// A vector of optional objects with slot generations.
+/// A vector of optional objects with slot generations. A freed slot is reused lowest
+/// index first (so numbering does not depend on how it is stored), found in O(log n).
 #[derive(Debug)]
 pub(crate) struct Slab<T> {
     slots: Vec<(u8, Option<T>)>,
+    /// The free slots below `slots.len()`.
+    free: BinaryHeap<Reverse<usize>>,
 }
 
 impl<T> Slab<T> {
     pub(crate) const fn new() -> Self {
-        Slab { slots: Vec::new() }
+        Slab {
+            slots: Vec::new(),
+            free: BinaryHeap::new(),
+        }
     }
 
-    /// Stores `v` in the first free slot; returns its index and generation (1..=127).
+    /// Stores `v` in the lowest free slot; returns its index and generation (1..=127).
     fn insert(&mut self, v: T) -> (usize, u8) {
-        let i = match self.slots.iter().position(|s| s.1.is_none()) {
-            Some(i) => i,
+        let i = match self.free.pop() {
+            Some(Reverse(i)) => i,
             None => {
                 self.slots.push((0, None));
                 self.slots.len() - 1
@@ -48,12 +55,15 @@ impl<T> Slab<T> {
 
     /// Index the next `insert` uses.
     fn next_index(&self) -> usize {
-        let free = self.slots.iter().position(|s| s.1.is_none());
-        free.unwrap_or(self.slots.len())
+        self.free.peek().map_or(self.slots.len(), |r| r.0)
     }
 
     pub(crate) fn remove(&mut self, i: usize) -> Option<T> {
-        self.slots.get_mut(i)?.1.take()
+        let v = self.slots.get_mut(i)?.1.take();
+        if v.is_some() {
+            self.free.push(Reverse(i));
+        }
+        v
     }
 
     pub(crate) fn get(&self, i: usize) -> Option<&T> {
@@ -124,6 +134,9 @@ pub(crate) struct CqObj {
 #[derive(Debug)]
 pub(crate) struct Tables {
     pub(crate) devices: Vec<Device>,
+    /// Device index by name and by GID.
+    by_name: BTreeMap<String, usize>,
+    by_gid: BTreeMap<Gid, usize>,
     pub(crate) pds: Slab<PdObj>,
     pub(crate) mrs: Slab<MrObj>,
     pub(crate) cqs: Slab<CqObj>,
@@ -140,6 +153,8 @@ impl Tables {
     pub(crate) fn new() -> Tables {
         Tables {
             devices: Vec::new(),
+            by_name: BTreeMap::new(),
+            by_gid: BTreeMap::new(),
             pds: Slab::new(),
             mrs: Slab::new(),
             cqs: Slab::new(),
@@ -156,29 +171,47 @@ impl Tables {
         self.epochs
     }
 
-    /// Adds a device (its port is the wire's: `World::add_device`).
+    /// Adds a device (its port is the wire's: `World::add_device`). Device `n` (from 1)
+    /// has LID `n` up to the last unicast LID (0xbfff, 49,151 devices); later ones have
+    /// none (LID 0: reachable by GID only, as on RoCE). Its GIDs are `fe80::n` and the
+    /// IPv4-mapped `::ffff:10.x.y.z` with `n` in the last three bytes, so up to 2^24 - 1
+    /// devices.
     pub(crate) fn add_device(&mut self, name: &str) -> Result<(), SimError> {
-        if name.is_empty() || self.devices.iter().any(|d| d.name == name) {
+        if name.is_empty() || self.by_name.contains_key(name) {
             return invalid("device name empty or taken");
         }
         let n = self.devices.len() + 1;
-        let lid = match u16::try_from(n) {
-            Ok(lid) if lid <= 0xbfff => lid, // unicast LIDs end at 0xbfff
-            _ => return Err(SimError::QueueFull),
-        };
+        if n >= 1 << 24 {
+            return Err(SimError::QueueFull);
+        }
+        let lid = u16::try_from(n).ok().filter(|&l| l <= 0xbfff).unwrap_or(0);
         let mut link_local = [0u8; 16];
         link_local[..2].copy_from_slice(&[0xfe, 0x80]);
-        link_local[14..].copy_from_slice(&lid.to_be_bytes());
+        link_local[12..].copy_from_slice(&(n as u32).to_be_bytes());
         let mut v4 = [0u8; 16];
         v4[10..12].copy_from_slice(&[0xff, 0xff]);
         v4[12] = 10;
         v4[13..].copy_from_slice(&(n as u32).to_be_bytes()[1..]);
+        let i = self.devices.len();
+        self.by_name.insert(name.to_owned(), i);
+        self.by_gid.insert(link_local, i);
+        self.by_gid.insert(v4, i);
         self.devices.push(Device {
             name: name.to_owned(),
             lid,
             gids: [link_local, v4],
         });
         Ok(())
+    }
+
+    /// The index of the device called `name`.
+    pub(crate) fn device_named(&self, name: &str) -> Option<usize> {
+        self.by_name.get(name).copied()
+    }
+
+    /// The index of the device with GID `gid`.
+    pub(crate) fn device_with_gid(&self, gid: &Gid) -> Option<usize> {
+        self.by_gid.get(gid).copied()
     }
 
     pub(crate) fn alloc_pd(&mut self, dev: usize) -> usize {
@@ -272,6 +305,7 @@ impl Tables {
         cap: QpCap,
         sig_all: bool,
         events: &mut Events,
+        lazy: bool,
     ) -> Result<(usize, u32), SimError> {
         let wr_ok = |n: u32| (1..=MAX_QP_WR).contains(&n);
         let sge_ok = |n: u32| (1..=MAX_SGE as u32).contains(&n);
@@ -311,16 +345,17 @@ impl Tables {
             init: None,
             rtr: None,
             rts: None,
-            sq: SendQueue::new(cap.max_send_wr as usize),
-            rq: VecDeque::with_capacity(cap.max_recv_wr as usize),
+            sq: SendQueue::new(cap.max_send_wr as usize, lazy),
+            rq: RecvQueue::new(cap.max_recv_wr as usize, cap.max_recv_sge as usize, lazy),
             unsig_done: 0,
             direct_count: 0,
             counters: Default::default(),
         };
         let (i, _) = self.qps.insert(qp);
-        // Bound on events in flight per QP: a request and a response per WR, plus timers.
+        // Bound on events in flight per QP: a request and a response per WR, plus timers
+        // (lazy queues: the packet heap grows as packets fly instead).
         let n = (cap.max_send_wr as usize + cap.max_recv_wr as usize) * 2 + 2;
-        events.reserve(n, i);
+        events.reserve(if lazy { 0 } else { n }, i);
         self.pds.get_mut(pd).expect("live PD").refs += 1;
         for c in [cqs.0, cqs.1] {
             self.cqs.get_mut(c).expect("live CQ").refs += 1;
@@ -354,7 +389,7 @@ impl Tables {
     /// The device an RTR path leads to: by GID when it has one, else by LID.
     pub(crate) fn route(&self, a: &RtrAttr) -> Option<usize> {
         match a.dgid {
-            Some(gid) => self.devices.iter().position(|d| d.gids.contains(&gid)),
+            Some(gid) => self.device_with_gid(&gid),
             None => {
                 let i = usize::from(a.dlid).checked_sub(1)?;
                 (i < self.devices.len()).then_some(i)

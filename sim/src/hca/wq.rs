@@ -1,0 +1,359 @@
+//! A queue pair's work queues: the send queue and the receive queue, rings of work request
+//! slots written in place.
+//!
+//! A `VecDeque` of whole send entries would copy each entry (a request with 16 gather
+//! entries and 256 bytes of inline room, over 500 bytes) on every push and pop. Here a post
+//! writes only the fields and bytes it uses into the next slot, and retiring the head moves
+//! an index. A receive slot holds its work request id and as many scatter entries as the
+//! queue pair allows (`max_recv_sge`), not the 16 of a [`RecvWr`].
+//!
+//! Both rings are allocated whole when the queue pair is created, so posting never
+//! allocates; or, with [`FabricConfig::lazy_queues`](crate::FabricConfig::lazy_queues),
+//! they grow (doubling, up to their capacity) as work is posted, so a world of a million
+//! mostly idle queue pairs costs what they hold at their busiest, not what they could.
+
+use crate::types::*;
+
+/// A queued send work request, with its inline payload copied at post time.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SqEntry {
+    pub(crate) wr: SendWr,
+    pub(crate) inline: [u8; MAX_INLINE],
+    /// First PSN, once transmitted.
+    pub(crate) psn: u32,
+    /// PSNs the message uses (path-MTU segments, at least 1).
+    pub(crate) npkts: u32,
+    /// Transmitted at least once (later transmissions are retransmissions).
+    pub(crate) sent_once: bool,
+}
+
+const BLANK: SqEntry = SqEntry {
+    wr: SendWr {
+        wr_id: 0,
+        sg_list: [Sge {
+            addr: 0,
+            length: 0,
+            lkey: 0,
+        }; MAX_SGE],
+        num_sge: 0,
+        op: SendOp::Send,
+        flags: SendFlags::empty(),
+    },
+    inline: [0; MAX_INLINE],
+    psn: 0,
+    npkts: 1,
+    sent_once: false,
+};
+
+/// Ring arithmetic shared by both queues: `len` entries from `head` over `slots` slots,
+/// growing (when lazy) up to `capacity`.
+#[derive(Clone, Copy, Debug)]
+struct Ring {
+    head: usize,
+    len: usize,
+    capacity: usize,
+}
+
+impl Ring {
+    fn slot(&self, i: usize, slots: usize) -> usize {
+        let at = self.head + i;
+        if at >= slots {
+            at - slots
+        } else {
+            at
+        }
+    }
+
+    /// The slot count to grow to when `slots` are all in use: doubled, at most
+    /// `capacity`; `None` when the ring is at capacity.
+    fn grown(&self, slots: usize) -> Option<usize> {
+        (slots < self.capacity).then(|| (slots * 2).clamp(1, self.capacity))
+    }
+}
+
+/// Send work requests not yet executed, oldest first, at most `capacity` of them.
+#[derive(Debug)]
+pub(crate) struct SendQueue {
+    slots: Vec<SqEntry>,
+    ring: Ring,
+}
+
+impl SendQueue {
+    /// An empty queue of `capacity` (at least 1) slots, allocated now unless `lazy`.
+    pub(crate) fn new(capacity: usize, lazy: bool) -> SendQueue {
+        let capacity = capacity.max(1);
+        SendQueue {
+            slots: if lazy {
+                Vec::new()
+            } else {
+                vec![BLANK; capacity]
+            },
+            ring: Ring {
+                head: 0,
+                len: 0,
+                capacity,
+            },
+        }
+    }
+
+    fn slot(&self, i: usize) -> usize {
+        self.ring.slot(i, self.slots.len())
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.ring.len
+    }
+
+    /// Entry `i` from the head.
+    pub(crate) fn get(&self, i: usize) -> Option<&SqEntry> {
+        (i < self.ring.len).then(|| &self.slots[self.slot(i)])
+    }
+
+    /// Entry `i` from the head, mutably.
+    pub(crate) fn get_mut(&mut self, i: usize) -> Option<&mut SqEntry> {
+        let at = self.slot(i);
+        (i < self.ring.len).then(|| &mut self.slots[at])
+    }
+
+    pub(crate) fn front(&self) -> Option<&SqEntry> {
+        self.get(0)
+    }
+
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &SqEntry> {
+        (0..self.ring.len).map(|i| &self.slots[self.slot(i)])
+    }
+
+    /// Appends an entry written in place by `fill` into a slot that holds a stale entry:
+    /// `fill` must set every field a reader uses (`wr` but the gather entries past its
+    /// `num_sge`, the inline bytes it uses, `psn`, `npkts`, `sent_once`).
+    ///
+    /// # Panics
+    /// If the queue is full (callers check `max_send_wr` first).
+    pub(crate) fn push_with(&mut self, fill: impl FnOnce(&mut SqEntry)) {
+        if self.ring.len == self.slots.len() {
+            let to = self
+                .ring
+                .grown(self.slots.len())
+                .expect("send queue overflow");
+            // Unwrapped to the front, so the new slots extend the ring at its end.
+            self.slots.rotate_left(self.ring.head);
+            self.ring.head = 0;
+            self.slots.resize(to, BLANK);
+        }
+        let at = self.slot(self.ring.len);
+        fill(&mut self.slots[at]);
+        self.ring.len += 1;
+    }
+
+    /// Removes the head and returns a copy of it.
+    pub(crate) fn pop_front(&mut self) -> Option<SqEntry> {
+        let e = *self.front()?;
+        self.drop_front();
+        Some(e)
+    }
+
+    /// Removes the head, if any, without copying it.
+    pub(crate) fn drop_front(&mut self) {
+        if self.ring.len > 0 {
+            self.ring.head = self.slot(1);
+            self.ring.len -= 1;
+        }
+    }
+
+    pub(crate) fn clear(&mut self) {
+        (self.ring.head, self.ring.len) = (0, 0);
+    }
+}
+
+/// A posted receive as the responder reads it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RecvRef<'a> {
+    pub(crate) wr_id: u64,
+    /// Its scatter list.
+    pub(crate) sges: &'a [Sge],
+}
+
+/// Receive work requests not yet consumed, oldest first, at most `capacity` of them: per
+/// slot the id and the entry count, and `stride` (`max_recv_sge`) scatter entries.
+#[derive(Debug)]
+pub(crate) struct RecvQueue {
+    ids: Vec<(u64, usize)>,
+    sges: Vec<Sge>,
+    stride: usize,
+    ring: Ring,
+}
+
+impl RecvQueue {
+    /// An empty queue of `capacity` receives of at most `stride` entries, allocated now
+    /// unless `lazy`.
+    pub(crate) fn new(capacity: usize, stride: usize, lazy: bool) -> RecvQueue {
+        let capacity = capacity.max(1);
+        let slots = if lazy { 0 } else { capacity };
+        RecvQueue {
+            ids: vec![(0, 0); slots],
+            sges: vec![Sge::default(); slots * stride],
+            stride,
+            ring: Ring {
+                head: 0,
+                len: 0,
+                capacity,
+            },
+        }
+    }
+
+    fn slot(&self, i: usize) -> usize {
+        self.ring.slot(i, self.ids.len())
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.ring.len
+    }
+
+    /// The oldest receive.
+    pub(crate) fn front(&self) -> Option<RecvRef<'_>> {
+        (self.ring.len > 0).then(|| {
+            let at = self.slot(0);
+            let (wr_id, n) = self.ids[at];
+            RecvRef {
+                wr_id,
+                sges: &self.sges[at * self.stride..][..n],
+            }
+        })
+    }
+
+    /// Appends `wr` (its `num_sge` checked against the stride by the caller).
+    ///
+    /// # Panics
+    /// If the queue is full (callers check `max_recv_wr` first) or `wr` has more entries
+    /// than a slot holds.
+    pub(crate) fn push_back(&mut self, wr: &RecvWr) {
+        assert!(
+            wr.num_sge <= self.stride,
+            "more scatter entries than a slot holds"
+        );
+        if self.ring.len == self.ids.len() {
+            let to = self
+                .ring
+                .grown(self.ids.len())
+                .expect("receive queue overflow");
+            self.ids.rotate_left(self.ring.head);
+            self.sges.rotate_left(self.ring.head * self.stride);
+            self.ring.head = 0;
+            self.ids.resize(to, (0, 0));
+            self.sges.resize(to * self.stride, Sge::default());
+        }
+        let at = self.slot(self.ring.len);
+        self.ids[at] = (wr.wr_id, wr.num_sge);
+        self.sges[at * self.stride..][..wr.num_sge].copy_from_slice(&wr.sg_list[..wr.num_sge]);
+        self.ring.len += 1;
+    }
+
+    /// Removes the oldest receive; its id.
+    pub(crate) fn pop_front(&mut self) -> Option<u64> {
+        let wr_id = self.front()?.wr_id;
+        self.ring.head = self.slot(1);
+        self.ring.len -= 1;
+        Some(wr_id)
+    }
+
+    pub(crate) fn clear(&mut self) {
+        (self.ring.head, self.ring.len) = (0, 0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn push(q: &mut SendQueue, id: u64) {
+        q.push_with(|e| e.wr.wr_id = id);
+    }
+
+    #[test]
+    fn fifo_across_the_wrap() {
+        for lazy in [false, true] {
+            let mut q = SendQueue::new(3, lazy);
+            for round in 0..5u64 {
+                push(&mut q, round * 10);
+                push(&mut q, round * 10 + 1);
+                assert_eq!(q.len(), 2);
+                let ids: Vec<u64> = q.iter().map(|e| e.wr.wr_id).collect();
+                assert_eq!(ids, [round * 10, round * 10 + 1]);
+                assert_eq!(q.get(1).map(|e| e.wr.wr_id), Some(round * 10 + 1));
+                assert!(q.get(2).is_none());
+                assert_eq!(q.pop_front().map(|e| e.wr.wr_id), Some(round * 10));
+                q.drop_front();
+                assert!(q.len() == 0 && q.front().is_none() && q.pop_front().is_none());
+            }
+        }
+    }
+
+    #[test]
+    fn a_lazy_send_queue_grows_in_order_up_to_its_capacity() {
+        let mut q = SendQueue::new(5, true);
+        assert_eq!(q.slots.len(), 0);
+        push(&mut q, 0);
+        push(&mut q, 1);
+        q.drop_front(); // head at 1: the next growth must unwrap the ring
+        for id in 2..6 {
+            push(&mut q, id);
+        }
+        assert_eq!(q.slots.len(), 5);
+        assert_eq!(
+            q.iter().map(|e| e.wr.wr_id).collect::<Vec<_>>(),
+            [1, 2, 3, 4, 5]
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "send queue overflow")]
+    fn refuses_past_capacity() {
+        let mut q = SendQueue::new(1, false);
+        push(&mut q, 1);
+        push(&mut q, 2);
+    }
+
+    fn rwr(id: u64, n: usize) -> RecvWr {
+        let mut wr = RecvWr {
+            wr_id: id,
+            sg_list: [Sge::default(); MAX_SGE],
+            num_sge: n,
+        };
+        for (k, s) in wr.sg_list.iter_mut().enumerate().take(n) {
+            s.addr = id * 100 + k as u64;
+        }
+        wr
+    }
+
+    #[test]
+    fn receives_keep_their_order_and_scatter_lists_across_growth_and_wrap() {
+        for lazy in [false, true] {
+            let mut q = RecvQueue::new(4, 2, lazy);
+            let mut next = 0;
+            let mut expect = std::collections::VecDeque::new();
+            for round in 0..20u64 {
+                while q.len() < 1 + (round as usize % 4) {
+                    let n = (next % 3) as usize; // 0, 1 or 2 entries
+                    q.push_back(&rwr(next, n));
+                    expect.push_back((next, n));
+                    next += 1;
+                }
+                let (id, n) = expect.pop_front().unwrap();
+                let f = q.front().unwrap();
+                assert_eq!(
+                    (f.wr_id, f.sges.len()),
+                    (id, n),
+                    "lazy={lazy} round={round}"
+                );
+                let addrs: Vec<u64> = f.sges.iter().map(|s| s.addr).collect();
+                assert_eq!(
+                    addrs,
+                    (0..n as u64).map(|k| id * 100 + k).collect::<Vec<_>>()
+                );
+                assert_eq!(q.pop_front(), Some(id));
+            }
+            q.clear();
+            assert!(q.front().is_none() && q.pop_front().is_none());
+        }
+    }
+}

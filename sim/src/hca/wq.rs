@@ -138,6 +138,8 @@ impl SendQueue {
             // Unwrapped to the front, so the new slots extend the ring at its end.
             self.slots.rotate_left(self.ring.head);
             self.ring.head = 0;
+            // Exact: `Vec`'s own growth would round a first push up to 4 slots.
+            self.slots.reserve_exact(to - self.slots.len());
             self.slots.resize(to, BLANK);
         }
         let at = self.slot(self.ring.len);
@@ -239,6 +241,8 @@ impl RecvQueue {
             self.ids.rotate_left(self.ring.head);
             self.sges.rotate_left(self.ring.head * self.stride);
             self.ring.head = 0;
+            self.ids.reserve_exact(to - self.ids.len());
+            self.sges.reserve_exact(to * self.stride - self.sges.len());
             self.ids.resize(to, (0, 0));
             self.sges.resize(to * self.stride, Sge::default());
         }
@@ -298,7 +302,7 @@ mod tests {
         for id in 2..6 {
             push(&mut q, id);
         }
-        assert_eq!(q.slots.len(), 5);
+        assert_eq!((q.slots.len(), q.slots.capacity()), (5, 5));
         assert_eq!(
             q.iter().map(|e| e.wr.wr_id).collect::<Vec<_>>(),
             [1, 2, 3, 4, 5]

@@ -27,7 +27,10 @@ pub mod verbs;
 use core::fmt;
 
 use crate::error::ProviderError;
-use crate::types::{AccessFlags, Gid, PortAttr, QpCaps, QpState, RecvWr, SendWr, WorkCompletion};
+use crate::types::{
+    AccessFlags, Gid, Mtu, PortAttr, QpCaps, QpState, RecvWr, SendWr, WorkCompletion,
+};
+pub use zverbs_types::{InitAttr, RtrAttr, RtsAttr, Transition};
 
 /// A post that stopped at work request `index` (the verbs `bad_wr`): requests before it
 /// were posted, it and those after were not.
@@ -45,48 +48,6 @@ impl<E: fmt::Display> fmt::Display for PostError<E> {
     }
 }
 
-/// Attributes of the RESET → INIT transition.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct InitAttr {
-    /// Physical port (1-based).
-    pub port: u8,
-    /// P_Key index.
-    pub pkey_index: u16,
-    /// Remote operations the queue pair accepts as responder.
-    pub access: AccessFlags,
-}
-
-/// Attributes of the INIT → RTR transition.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RtrAttr {
-    /// Path MTU.
-    pub path_mtu: crate::types::Mtu,
-    /// The peer's queue pair number.
-    pub dest_qp_num: u32,
-    /// First packet sequence number expected from the peer.
-    pub rq_psn: u32,
-    /// Reads and atomics accepted in flight as responder.
-    pub max_dest_rd_atomic: u8,
-    /// RNR NAK timer code (0..=31).
-    pub min_rnr_timer: u8,
-    /// The peer's LID.
-    pub dlid: u16,
-    /// The peer's GID, when routing by GID (RoCE, or across subnets).
-    pub dgid: Option<Gid>,
-    /// Local GID index used for the path.
-    pub sgid_index: u8,
-    /// Local port.
-    pub port: u8,
-    /// Service level (0..=15): the lane on InfiniBand, the priority on RoCE.
-    pub sl: u8,
-    /// Traffic class of the GRH (on RoCE v2 the IP DSCP and ECN bits). Used with `dgid`.
-    pub traffic_class: u8,
-    /// Flow label of the GRH (20 bits). Used with `dgid`.
-    pub flow_label: u32,
-    /// Hop limit of the GRH (on RoCE v2 the IP TTL). Used with `dgid`.
-    pub hop_limit: u8,
-}
-
 /// A connected queue pair's path and connection attributes as the device applied them
 /// (`ibv_query_qp`): what a C program reads back from `ibv_qp_attr` after RTR and RTS.
 ///
@@ -97,7 +58,7 @@ pub struct RtrAttr {
 pub struct PathAttr {
     /// The path MTU in use: the smallest of the one asked for, the local port's and the
     /// peer's.
-    pub path_mtu: crate::types::Mtu,
+    pub path_mtu: Mtu,
     /// The peer's queue pair number.
     pub dest_qp_num: u32,
     /// The next packet sequence number the requester sends.
@@ -126,36 +87,6 @@ pub struct PathAttr {
     pub retry_cnt: u8,
     /// RNR retries.
     pub rnr_retry: u8,
-}
-
-/// Attributes of the RTR → RTS transition.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RtsAttr {
-    /// First packet sequence number sent.
-    pub sq_psn: u32,
-    /// ACK timeout code: 4.096 µs × 2^timeout (0 = infinite).
-    pub timeout: u8,
-    /// Transport retries (0..=7).
-    pub retry_cnt: u8,
-    /// RNR retries (0..=7; 7 = infinite).
-    pub rnr_retry: u8,
-    /// Reads and atomics in flight as requester.
-    pub max_rd_atomic: u8,
-}
-
-/// A queue pair state transition (`ibv_modify_qp` with the mask it implies).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Transition {
-    /// Any state → RESET: outstanding work is discarded without completions.
-    Reset,
-    /// RESET → INIT.
-    Init(InitAttr),
-    /// INIT → RTR.
-    Rtr(RtrAttr),
-    /// RTR → RTS.
-    Rts(RtsAttr),
-    /// Any state → ERR: outstanding work is flushed with `WR_FLUSH_ERR`.
-    Error,
 }
 
 /// The verbs operations of an RDMA device. See the module docs.

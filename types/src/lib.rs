@@ -1,0 +1,28 @@
+//! `zverbs-types`: the plain verbs data of zverbs and its simulator, in one place.
+//!
+//! These are the values that cross the provider seam, mirroring the C verbs structures
+//! (`ibv_access_flags`, `ibv_sge`, `ibv_wc`, `ibv_qp_attr`, ...): flags, GIDs, MTUs,
+//! port and queue pair states, capacities, scatter/gather entries, send operations, work
+//! completions and the attributes of queue pair transitions. `zverbs` re-exports them
+//! where users find them (`zverbs::types`, `zverbs::provider`); `zverbs-sim` speaks them
+//! directly, so the simulator's values are the provider's without a conversion.
+//!
+//! The crate is `no_std`, allocates nothing and depends only on `bitflags`. Work requests
+//! are not here: zverbs's carry `S` gather entries in a const-generic array, the
+//! simulator's a fixed sixteen; each crate keeps its own.
+
+#![no_std]
+#![deny(missing_docs, unsafe_code)]
+
+#[cfg(test)]
+extern crate std;
+
+mod port;
+mod qp;
+mod wc;
+mod wr;
+
+pub use port::{Gid, Mtu, PortAttr, PortState};
+pub use qp::{InitAttr, QpCaps, QpState, RtrAttr, RtsAttr, Transition};
+pub use wc::{WcOpcode, WcStatus, WorkCompletion};
+pub use wr::{AccessFlags, SendFlags, SendOp, Sge};

@@ -1,0 +1,110 @@
+//! Queue pairs: states, capacities and the transitions between states.
+
+use crate::{AccessFlags, Gid, Mtu};
+
+/// Queue pair state (`ibv_qp_state`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum QpState {
+    /// Freshly created or reset; holds no work.
+    Reset,
+    /// Initialised: receives may be posted.
+    Init,
+    /// Ready to receive.
+    ReadyToReceive,
+    /// Ready to send.
+    ReadyToSend,
+    /// Send queue drained.
+    SendQueueDrained,
+    /// Send queue error.
+    SendQueueError,
+    /// Error: all work is flushed; only a reset leaves this state.
+    Error,
+}
+
+/// Capacities of a queue pair (`ibv_qp_cap`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QpCaps {
+    /// Send queue depth.
+    pub max_send_wr: u32,
+    /// Receive queue depth.
+    pub max_recv_wr: u32,
+    /// Gather entries per send.
+    pub max_send_sge: u32,
+    /// Scatter entries per receive.
+    pub max_recv_sge: u32,
+    /// Inline bytes per send.
+    pub max_inline_data: u32,
+}
+
+/// Attributes of the RESET → INIT transition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InitAttr {
+    /// Physical port (1-based).
+    pub port: u8,
+    /// P_Key index.
+    pub pkey_index: u16,
+    /// Remote operations the queue pair accepts as responder.
+    pub access: AccessFlags,
+}
+
+/// Attributes of the INIT → RTR transition: the path to the peer and the receive side's
+/// limits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RtrAttr {
+    /// Path MTU.
+    pub path_mtu: Mtu,
+    /// The peer's queue pair number (< 2^24).
+    pub dest_qp_num: u32,
+    /// First packet sequence number expected from the peer (< 2^24).
+    pub rq_psn: u32,
+    /// Reads and atomics accepted in flight as responder (0 refuses them).
+    pub max_dest_rd_atomic: u8,
+    /// RNR NAK timer code (0..=31).
+    pub min_rnr_timer: u8,
+    /// The peer's LID.
+    pub dlid: u16,
+    /// The peer's GID, when routing by GID (RoCE, or across subnets).
+    pub dgid: Option<Gid>,
+    /// Local GID index used for the path.
+    pub sgid_index: u8,
+    /// Local port.
+    pub port: u8,
+    /// Service level (0..=15): the lane on InfiniBand, the priority on RoCE.
+    pub sl: u8,
+    /// Traffic class of the GRH (on RoCE v2 the IP DSCP and ECN bits). Used with `dgid`.
+    pub traffic_class: u8,
+    /// Flow label of the GRH (20 bits). Used with `dgid`.
+    pub flow_label: u32,
+    /// Hop limit of the GRH (on RoCE v2 the IP TTL). Used with `dgid`.
+    pub hop_limit: u8,
+}
+
+/// Attributes of the RTR → RTS transition: the requester's reliability.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RtsAttr {
+    /// First packet sequence number sent (< 2^24).
+    pub sq_psn: u32,
+    /// ACK timeout code: 4.096 µs × 2^timeout (0..=31; 0 = infinite).
+    pub timeout: u8,
+    /// Transport retries (0..=7).
+    pub retry_cnt: u8,
+    /// RNR retries (0..=7; 7 = infinite).
+    pub rnr_retry: u8,
+    /// Reads and atomics in flight as requester.
+    pub max_rd_atomic: u8,
+}
+
+/// A queue pair state transition (`ibv_modify_qp` with the mask it implies).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transition {
+    /// Any state → RESET: outstanding work is discarded without completions.
+    Reset,
+    /// RESET (or INIT) → INIT.
+    Init(InitAttr),
+    /// INIT → RTR.
+    Rtr(RtrAttr),
+    /// RTR (or RTS) → RTS.
+    Rts(RtsAttr),
+    /// Any state → ERR: outstanding work is flushed with `WR_FLUSH_ERR`.
+    Error,
+}

@@ -804,7 +804,7 @@ mod ready {
                             .fabric()
                             .trace_events()
                             .iter()
-                            .filter(|e| matches!(e.kind, TraceKind::State(_, QpState::Rts)))
+                            .filter(|e| matches!(e.kind, TraceKind::State(_, QpState::ReadyToSend)))
                             .count();
                         assert_eq!(at_rts, qps, "{}", what(&"queue pairs at RTS on return"));
                         if round % 2 == 1 {

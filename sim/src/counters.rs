@@ -8,9 +8,9 @@
 //! let ctx = f.open_device("sim0").unwrap();
 //! let pd = ctx.alloc_pd().unwrap();
 //! let cq = ctx.create_cq(8).unwrap();
-//! let cap = QpCap { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
+//! let cap = QpCaps { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
 //! let qp = pd.create_qp(&QpInitAttr { send_cq: &cq, recv_cq: &cq, cap, sq_sig_all: false }).unwrap();
-//! qp.modify(&Modify::Init(InitAttr { port: 1, pkey_index: 0, access: Access::empty() })).unwrap();
+//! qp.modify(&Transition::Init(InitAttr { port: 1, pkey_index: 0, access: AccessFlags::empty() })).unwrap();
 //! // Two receives in one call: one doorbell.
 //! qp.post_recv_with(2, |i, wr| (wr.wr_id, wr.num_sge) = (i as u64, 0)).unwrap();
 //! let c = qp.counters();

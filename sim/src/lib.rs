@@ -8,6 +8,8 @@
 //! makes, completing each work request with the status hardware would report.
 //!
 //! The simulator does not depend on `zverbs`; `zverbs` adapts it behind its `sim` feature.
+//! Both speak the plain verbs data of `zverbs-types` ([`AccessFlags`], [`QpState`],
+//! [`WorkCompletion`], [`Transition`], ...), re-exported here.
 //! It is thread-safe: two threads may drive the two ends of a connection.
 //!
 //! ```

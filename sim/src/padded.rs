@@ -1,6 +1,6 @@
 //! A value alone on its cache lines.
 //!
-//! The flags a poll reads without the world's lock (`Cq::poll_map`) are small shared
+//! The flags a poll reads without the world's lock (`Cq::poll`) are small shared
 //! allocations; side by side in the heap, the flag one thread spins on and the flag another
 //! thread's pushes write would share a line, and every push would take the line from the
 //! spinning thread. Padded, each flag owns its line pair (the adjacent-line prefetcher

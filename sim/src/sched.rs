@@ -209,7 +209,7 @@ pub(crate) struct Events {
     timers: Timers,
     seq: u64,
     reserved: usize,
-    /// Mirrors `!is_empty()` for lock-free readers (`Cq::poll_map`); written under the
+    /// Mirrors `!is_empty()` for lock-free readers (`Cq::poll`); written under the
     /// world's lock.
     pending: Arc<crate::padded::Padded<AtomicBool>>,
 }

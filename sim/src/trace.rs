@@ -119,12 +119,49 @@ fn json_str(out: &mut dyn Write, s: &str) -> io::Result<()> {
     out.write_all(b"\"")
 }
 
+// The trace spells statuses, opcodes and states as the simulator's own enums did before it
+// took zverbs-types' (`Rts`, `CompSwap`, `Err`, ...), so the Chrome trace keeps its bytes:
+// opcodes and states are mapped explicitly here, not taken from `Debug`, whose names are
+// now zverbs's (`ReadyToSend`, `CompareSwap`, `Error`). Statuses keep their `Debug` name,
+// the same as before for every named status (the test below pins them).
+
+/// A completion opcode's name in the trace.
+fn opcode_name(op: WcOpcode) -> &'static str {
+    match op {
+        WcOpcode::Send => "Send",
+        WcOpcode::RdmaWrite => "RdmaWrite",
+        WcOpcode::RdmaRead => "RdmaRead",
+        WcOpcode::CompareSwap => "CompSwap",
+        WcOpcode::FetchAdd => "FetchAdd",
+        WcOpcode::Recv => "Recv",
+        WcOpcode::RecvRdmaWithImm => "RecvRdmaWithImm",
+    }
+}
+
+/// A queue pair state's name in the trace.
+fn state_name(st: QpState) -> &'static str {
+    match st {
+        QpState::Reset => "Reset",
+        QpState::Init => "Init",
+        QpState::ReadyToReceive => "Rtr",
+        QpState::ReadyToSend => "Rts",
+        QpState::SendQueueDrained => "Sqd",
+        QpState::SendQueueError => "Sqe",
+        QpState::Error => "Err",
+    }
+}
+
+/// A completion status's name in the trace, as a JSON string.
+fn status_json(st: WcStatus) -> String {
+    format!("\"{st:?}\"")
+}
+
 /// The event's name and its detail arguments (`"key":value` pairs, JSON-ready).
 fn describe(k: &TraceKind, args: &mut Vec<(&'static str, String)>) -> &'static str {
     let q = |s: &str| format!("\"{s}\"");
     match *k {
         TraceKind::PostSend(op) => {
-            args.push(("opcode", q(&format!("{op:?}"))));
+            args.push(("opcode", q(opcode_name(op))));
             "post_send"
         }
         TraceKind::PostRecv => "post_recv",
@@ -167,13 +204,13 @@ fn describe(k: &TraceKind, args: &mut Vec<(&'static str, String)>) -> &'static s
             "rnr_wait"
         }
         TraceKind::Complete(st, op) => {
-            args.push(("status", q(&format!("{st:?}"))));
-            args.push(("opcode", q(&format!("{op:?}"))));
+            args.push(("status", status_json(st)));
+            args.push(("opcode", q(opcode_name(op))));
             "completion"
         }
         TraceKind::State(from, to) => {
-            args.push(("from", q(&format!("{from:?}"))));
-            args.push(("to", q(&format!("{to:?}"))));
+            args.push(("from", q(state_name(from))));
+            args.push(("to", q(state_name(to))));
             "qp_state"
         }
     }
@@ -182,7 +219,7 @@ fn describe(k: &TraceKind, args: &mut Vec<(&'static str, String)>) -> &'static s
 fn packet_args(p: PacketKind, args: &mut Vec<(&'static str, String)>) {
     match p {
         PacketKind::Rnr(code) => args.push(("timer", code.to_string())),
-        PacketKind::Nak(st) => args.push(("status", format!("\"{st:?}\""))),
+        PacketKind::Nak(st) => args.push(("status", status_json(st))),
         _ => {}
     }
 }
@@ -277,5 +314,39 @@ mod tests {
             "{s}"
         );
         assert!(s.trim_end().ends_with("]}"));
+    }
+
+    #[test]
+    fn names_are_the_traces_of_before() {
+        const STATUSES: [&str; 22] = [
+            "Success",
+            "LocLenErr",
+            "LocQpOpErr",
+            "LocEecOpErr",
+            "LocProtErr",
+            "WrFlushErr",
+            "MwBindErr",
+            "BadRespErr",
+            "LocAccessErr",
+            "RemInvReqErr",
+            "RemAccessErr",
+            "RemOpErr",
+            "RetryExcErr",
+            "RnrRetryExcErr",
+            "LocRddViolErr",
+            "RemInvRdReqErr",
+            "RemAbortErr",
+            "InvEecnErr",
+            "InvEecStateErr",
+            "FatalErr",
+            "RespTimeoutErr",
+            "GeneralErr",
+        ];
+        for (v, name) in (0..).zip(STATUSES) {
+            assert_eq!(status_json(WcStatus::from_raw(v)), format!("\"{name}\""));
+        }
+        assert_eq!(opcode_name(WcOpcode::CompareSwap), "CompSwap");
+        assert_eq!(state_name(QpState::ReadyToSend), "Rts");
+        assert_eq!(state_name(QpState::Error), "Err");
     }
 }

@@ -1,10 +1,17 @@
-//! Plain data types of the simulated verbs interface.
+//! The simulator's own types: its limits, its errors, its work requests and what a queue
+//! pair query reports.
 //!
-//! They mirror the C verbs structures (`ibv_sge`, `ibv_send_wr`, `ibv_wc`, ...) closely
-//! enough that an adapter maps them field by field, but they are owned Rust values: a work
-//! request carries its scatter/gather list in a fixed array, so posting never allocates.
+//! The plain verbs data (flags, GIDs, MTUs, states, scatter/gather entries, operations,
+//! completions, transitions) is `zverbs-types`'s, the vocabulary zverbs speaks too,
+//! re-exported here. A work request carries its scatter/gather list in a fixed array, so
+//! posting never allocates.
 
 use core::fmt;
+
+pub use zverbs_types::{
+    AccessFlags, Gid, InitAttr, Mtu, PortAttr, PortState, QpCaps, QpState, RtrAttr, RtsAttr,
+    SendFlags, SendOp, Sge, Transition, WcOpcode, WcStatus, WorkCompletion,
+};
 
 /// Most scatter/gather entries one work request may carry in the simulator.
 pub const MAX_SGE: usize = 16;
@@ -51,104 +58,6 @@ impl fmt::Display for SimError {
 
 impl std::error::Error for SimError {}
 
-bitflags::bitflags! {
-    /// Access rights of a memory region or a queue pair (`ibv_access_flags`).
-    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
-    pub struct Access: u32 {
-        /// The HCA may write this memory on behalf of local work (receives, read results).
-        const LOCAL_WRITE = 1;
-        /// Peers may RDMA-write this memory.
-        const REMOTE_WRITE = 1 << 1;
-        /// Peers may RDMA-read this memory.
-        const REMOTE_READ = 1 << 2;
-        /// Peers may run atomics on this memory.
-        const REMOTE_ATOMIC = 1 << 3;
-    }
-}
-
-bitflags::bitflags! {
-    /// Flags of a send work request (`ibv_send_flags`).
-    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
-    pub struct SendFlags: u32 {
-        /// Wait for prior RDMA reads and atomics before this one.
-        const FENCE = 1;
-        /// Generate a completion when this request completes successfully.
-        const SIGNALED = 1 << 1;
-        /// Ask the responder to raise a solicited event.
-        const SOLICITED = 1 << 2;
-        /// Copy the payload at post time; the lkeys are not checked.
-        const INLINE = 1 << 3;
-    }
-}
-
-/// One scatter/gather entry (`ibv_sge`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
-pub struct Sge {
-    /// Start address in the registered memory.
-    pub addr: u64,
-    /// Length in bytes.
-    pub length: u32,
-    /// Local key of the memory region covering `addr..addr+length`.
-    pub lkey: u32,
-}
-
-/// The operation of a send work request, with its operation-specific fields.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum SendOp {
-    /// Two-sided send, consumes one receive at the peer.
-    Send,
-    /// Send carrying 32 bits of immediate data.
-    SendWithImm {
-        /// Immediate data delivered in the receive completion.
-        imm: u32,
-    },
-    /// One-sided write into the peer's memory.
-    Write {
-        /// Remote virtual address.
-        remote_addr: u64,
-        /// Remote key.
-        rkey: u32,
-    },
-    /// Write that also consumes a receive at the peer and delivers immediate data.
-    WriteWithImm {
-        /// Remote virtual address.
-        remote_addr: u64,
-        /// Remote key.
-        rkey: u32,
-        /// Immediate data delivered in the receive completion.
-        imm: u32,
-    },
-    /// One-sided read from the peer's memory into the local scatter list.
-    Read {
-        /// Remote virtual address.
-        remote_addr: u64,
-        /// Remote key.
-        rkey: u32,
-    },
-    /// 64-bit compare and swap at an 8-byte aligned remote address; the old value lands in
-    /// the local 8-byte SGE.
-    CompareSwap {
-        /// Remote virtual address (8-byte aligned).
-        remote_addr: u64,
-        /// Remote key.
-        rkey: u32,
-        /// Value to compare with.
-        compare: u64,
-        /// Value written when equal.
-        swap: u64,
-    },
-    /// 64-bit fetch and add at an 8-byte aligned remote address; the old value lands in the
-    /// local 8-byte SGE.
-    FetchAdd {
-        /// Remote virtual address (8-byte aligned).
-        remote_addr: u64,
-        /// Remote key.
-        rkey: u32,
-        /// Value added.
-        add: u64,
-    },
-}
-
 /// A send work request (`ibv_send_wr`), owning its scatter/gather list.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SendWr {
@@ -175,192 +84,6 @@ pub struct RecvWr {
     pub num_sge: usize,
 }
 
-/// Completion status (`ibv_wc_status`, same numeric values).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[repr(u32)]
-#[allow(missing_docs)]
-pub enum WcStatus {
-    Success = 0,
-    LocLenErr = 1,
-    LocQpOpErr = 2,
-    LocEecOpErr = 3,
-    LocProtErr = 4,
-    WrFlushErr = 5,
-    MwBindErr = 6,
-    BadRespErr = 7,
-    LocAccessErr = 8,
-    RemInvReqErr = 9,
-    RemAccessErr = 10,
-    RemOpErr = 11,
-    RetryExcErr = 12,
-    RnrRetryExcErr = 13,
-    LocRddViolErr = 14,
-    RemInvRdReqErr = 15,
-    RemAbortErr = 16,
-    InvEecnErr = 17,
-    InvEecStateErr = 18,
-    FatalErr = 19,
-    RespTimeoutErr = 20,
-    GeneralErr = 21,
-}
-
-/// Completion opcode (`ibv_wc_opcode`, same numeric values).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[repr(u32)]
-#[allow(missing_docs)]
-pub enum WcOpcode {
-    Send = 0,
-    RdmaWrite = 1,
-    RdmaRead = 2,
-    CompSwap = 3,
-    FetchAdd = 4,
-    Recv = 128,
-    RecvRdmaWithImm = 129,
-}
-
-/// A work completion (`ibv_wc`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Wc {
-    /// The `wr_id` of the completed work request.
-    pub wr_id: u64,
-    /// Status.
-    pub status: WcStatus,
-    /// What completed. For error completions the simulator still reports the opcode of the
-    /// work request (hardware leaves it undefined).
-    pub opcode: WcOpcode,
-    /// Bytes transferred (receives: message length; reads: bytes read; atomics: 8).
-    pub byte_len: u32,
-    /// Immediate data of a SEND_WITH_IMM or RDMA_WRITE_WITH_IMM receive.
-    pub imm_data: Option<u32>,
-    /// Number of the local queue pair the work request was posted on.
-    pub qp_num: u32,
-}
-
-/// Path MTU (`ibv_mtu`, same numeric values).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-#[repr(u8)]
-#[allow(missing_docs)]
-pub enum Mtu {
-    Mtu256 = 1,
-    Mtu512 = 2,
-    Mtu1024 = 3,
-    Mtu2048 = 4,
-    Mtu4096 = 5,
-}
-
-/// Queue pair state (`ibv_qp_state`, same numeric values).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[repr(u8)]
-#[allow(missing_docs)]
-pub enum QpState {
-    Reset = 0,
-    Init = 1,
-    Rtr = 2,
-    Rts = 3,
-    Sqd = 4,
-    Sqe = 5,
-    Err = 6,
-}
-
-/// A 128-bit global identifier.
-pub type Gid = [u8; 16];
-
-/// Port state (`ibv_port_state`, subset).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum PortState {
-    /// The link is down.
-    Down,
-    /// The link is up and usable.
-    Active,
-}
-
-/// Port attributes (`ibv_port_attr`, subset).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PortAttr {
-    /// Link state.
-    pub state: PortState,
-    /// Local identifier.
-    pub lid: u16,
-    /// Largest MTU the port supports.
-    pub max_mtu: Mtu,
-    /// MTU in use.
-    pub active_mtu: Mtu,
-    /// Entries in the GID table.
-    pub gid_table_len: u16,
-}
-
-/// Capacities asked of a new queue pair (`ibv_qp_cap`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct QpCap {
-    /// Send queue depth (1..=MAX_QP_WR).
-    pub max_send_wr: u32,
-    /// Receive queue depth (1..=MAX_QP_WR).
-    pub max_recv_wr: u32,
-    /// Gather entries per send (1..=MAX_SGE).
-    pub max_send_sge: u32,
-    /// Scatter entries per receive (1..=MAX_SGE).
-    pub max_recv_sge: u32,
-    /// Inline bytes per send (0..=MAX_INLINE).
-    pub max_inline_data: u32,
-}
-
-/// Attributes of the INIT transition.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct InitAttr {
-    /// Physical port (the simulator has port 1 only).
-    pub port: u8,
-    /// P_Key index (must be 0).
-    pub pkey_index: u16,
-    /// Remote operations this queue pair accepts as responder.
-    pub access: Access,
-}
-
-/// Attributes of the RTR transition (the path to the peer and receive-side limits).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RtrAttr {
-    /// Path MTU (must not exceed the port's active MTU).
-    pub path_mtu: Mtu,
-    /// Remote queue pair number (< 2^24).
-    pub dest_qp_num: u32,
-    /// Expected first packet sequence number (< 2^24).
-    pub rq_psn: u32,
-    /// RDMA reads and atomics this queue pair accepts in flight as responder (0 refuses them).
-    pub max_dest_rd_atomic: u8,
-    /// RNR NAK timer code (0..=31).
-    pub min_rnr_timer: u8,
-    /// Remote LID.
-    pub dlid: u16,
-    /// Remote GID, when routed by GID (RoCE).
-    pub dgid: Option<Gid>,
-    /// Local GID index used for this path.
-    pub sgid_index: u8,
-    /// Local port.
-    pub port: u8,
-    /// Service level (0..=15).
-    pub sl: u8,
-    /// Traffic class of the GRH (the IP DSCP and ECN bits on RoCE v2).
-    pub traffic_class: u8,
-    /// Flow label of the GRH (20 bits).
-    pub flow_label: u32,
-    /// Hop limit of the GRH (the IP TTL on RoCE v2).
-    pub hop_limit: u8,
-}
-
-/// Attributes of the RTS transition (requester-side reliability).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RtsAttr {
-    /// First packet sequence number sent (< 2^24).
-    pub sq_psn: u32,
-    /// Local ACK timeout code: 4.096 µs × 2^timeout (0..=31, 0 = infinite).
-    pub timeout: u8,
-    /// Transport retries (0..=7).
-    pub retry_cnt: u8,
-    /// RNR retries (0..=7, 7 = infinite).
-    pub rnr_retry: u8,
-    /// RDMA reads and atomics in flight as requester.
-    pub max_rd_atomic: u8,
-}
-
 /// What [`Qp::query`](crate::Qp::query) reports (`ibv_query_qp`): the state, the
 /// attributes the RTR and RTS transitions set (`None` before them and after RESET), and the
 /// packet sequence numbers in use now.
@@ -376,19 +99,4 @@ pub struct QpAttr {
     pub sq_psn: u32,
     /// The next PSN the responder expects.
     pub rq_psn: u32,
-}
-
-/// A queue pair state transition (`ibv_modify_qp` with the attribute mask it implies).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Modify {
-    /// Any state → RESET: discards all queued work without completions.
-    Reset,
-    /// RESET or INIT → INIT.
-    Init(InitAttr),
-    /// INIT → RTR.
-    Rtr(RtrAttr),
-    /// RTR or RTS → RTS.
-    Rts(RtsAttr),
-    /// Any state → ERR: flushes all outstanding work with `WrFlushErr`.
-    Err,
 }

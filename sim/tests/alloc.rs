@@ -37,12 +37,12 @@ fn run(p: &Pair, rounds: std::ops::Range<u64>, counted: u64) -> usize {
     let (a_buf, b_buf) = (Buf::new(64, 1), Buf::new(64, 0));
     let ma = a_buf.reg(&p.a.pd, all_access());
     let mb = b_buf.reg(&p.b.pd, all_access());
-    let mut wc = [Wc {
+    let mut wc = [WorkCompletion {
         wr_id: 0,
         status: WcStatus::GeneralErr,
         opcode: WcOpcode::Send,
         byte_len: 0,
-        imm_data: None,
+        imm: None,
         qp_num: 0,
     }; 16];
     let write = SendOp::Write {

@@ -96,7 +96,7 @@ fn solicited_only_arms_wait_for_a_solicited_receive_or_an_error() {
     send(&a, &b, 3, SendFlags::SIGNALED | SendFlags::SOLICITED);
     assert_eq!(a.ch.pending(), 0);
     a.side.qp.post_recv([rwr(9, &[])]).unwrap();
-    a.side.qp.modify(&Modify::Err).unwrap(); // flushes the receive
+    a.side.qp.modify(&Transition::Error).unwrap(); // flushes the receive
     assert_eq!(a.ch.get_event(), Some(a.side.cq.key()));
     a.side.cq.ack_events(1);
 }
@@ -122,7 +122,7 @@ fn several_cqs_share_a_channel_and_each_event_names_its_cq() {
                 sq_sig_all: false,
             })
             .unwrap();
-        qp.modify(&Modify::Init(init_attr(Access::empty())))
+        qp.modify(&Transition::Init(init_attr(AccessFlags::empty())))
             .unwrap();
         qp
     };
@@ -131,8 +131,8 @@ fn several_cqs_share_a_channel_and_each_event_names_its_cq() {
     c2.req_notify(false).unwrap();
     q2.post_recv([rwr(2, &[])]).unwrap();
     q1.post_recv([rwr(1, &[])]).unwrap();
-    q2.modify(&Modify::Err).unwrap();
-    q1.modify(&Modify::Err).unwrap();
+    q2.modify(&Transition::Error).unwrap();
+    q1.modify(&Transition::Error).unwrap();
     assert_eq!(ch.get_event(), Some(c2.key()));
     assert_eq!(ch.get_event(), Some(c1.key()));
     c1.ack_events(1);

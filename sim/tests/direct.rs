@@ -46,7 +46,7 @@ struct Env {
 
 fn env(fabric: Fabric, rnr_retry: u8, cq_depth: u32) -> Env {
     let cfg = Cfg {
-        cap: QpCap {
+        cap: QpCaps {
             max_send_wr: 4,
             max_recv_wr: 4,
             max_send_sge: 2,
@@ -99,7 +99,7 @@ impl Env {
         }
         let op = match w.kind % 7 {
             0 => SendOp::Send,
-            1 => SendOp::SendWithImm { imm: i as u32 },
+            1 => SendOp::SendWithImm(i as u32),
             2 => SendOp::Write {
                 remote_addr: raddr,
                 rkey,

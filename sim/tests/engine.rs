@@ -86,7 +86,7 @@ fn stepped_time_moves_only_when_stepped() {
     assert_eq!(f.pending_events(), 0);
     assert_eq!(f.run_until_idle(), 0);
     assert_eq!(f.now(), Duration::from_nanos(ser + lat + ack));
-    assert_eq!(e.p.a.qp.state(), QpState::Rts);
+    assert_eq!(e.p.a.qp.state(), QpState::ReadyToSend);
 }
 
 #[test]
@@ -138,7 +138,7 @@ fn messages_use_one_psn_per_mtu_segment() {
     let p = pair_in(f, cfg, rts_attr());
     // Reconnect with a 256-byte path MTU on both sides.
     for (qp, dest, dlid) in [(&p.a.qp, p.b.qp.qp_num(), 2), (&p.b.qp, p.a.qp.qp_num(), 1)] {
-        qp.modify(&Modify::Reset).unwrap();
+        qp.modify(&Transition::Reset).unwrap();
         let rtr = RtrAttr {
             path_mtu: Mtu::Mtu256,
             ..rtr_attr(dest, dlid, 4)
@@ -183,8 +183,8 @@ fn link_down_gives_retry_exceeded_after_exact_retransmissions() {
     let got = drain(&e.p.a.cq);
     assert_eq!(ids(&got), [(1, RetryExcErr), (2, WrFlushErr)]);
     assert_eq!(got[0].opcode, WcOpcode::RdmaWrite);
-    assert_eq!(e.p.a.qp.state(), QpState::Err);
-    assert_eq!(e.p.b.qp.state(), QpState::Rts);
+    assert_eq!(e.p.a.qp.state(), QpState::Error);
+    assert_eq!(e.p.b.qp.state(), QpState::ReadyToSend);
     assert!(drain(&e.p.b.cq).is_empty());
     assert_eq!(e.b_buf.get(), [0; 64]);
     let json = trace_json(f);
@@ -214,7 +214,7 @@ fn link_up_in_time_recovers_by_retransmission() {
 fn missing_peer_times_out_with_real_timing() {
     // Peer QP in RESET: packets are dropped at it, the requester retries, then gives up.
     let e = env(rts(2, 3, 7));
-    e.p.b.qp.modify(&Modify::Reset).unwrap();
+    e.p.b.qp.modify(&Transition::Reset).unwrap();
     e.p.a.qp.post_send([e.write(1, 0, 8)]).unwrap();
     e.p.fabric.run_until_idle();
     assert_eq!(ids(&drain(&e.p.a.cq)), [(1, RetryExcErr)]);
@@ -237,9 +237,9 @@ fn rnr_retry_finite_gives_up() {
             [(1, RnrRetryExcErr), (2, WrFlushErr)],
             "{rnr_retry}"
         );
-        assert_eq!(e.p.a.qp.state(), QpState::Err);
+        assert_eq!(e.p.a.qp.state(), QpState::Error);
         // The responder is fine and executed nothing.
-        assert_eq!(e.p.b.qp.state(), QpState::Rts);
+        assert_eq!(e.p.b.qp.state(), QpState::ReadyToSend);
         assert_eq!(e.b_buf.get(), [0; 64]);
         let json = trace_json(&e.p.fabric);
         assert_eq!(count(&json, "rnr_nak"), usize::from(rnr_retry) + 1);
@@ -286,7 +286,7 @@ fn rnr_retry_7_waits_forever() {
     e.p.a.qp.post_send([e.send(1)]).unwrap();
     assert_eq!(f.run_until_idle_max(1_000), 1_000);
     assert!(f.now() > Duration::from_millis(200)); // ~330 waits of 0.64 ms
-    assert_eq!(e.p.a.qp.state(), QpState::Rts);
+    assert_eq!(e.p.a.qp.state(), QpState::ReadyToSend);
     let cfg = FabricConfig {
         auto_step: true,
         ..f.config()
@@ -338,7 +338,7 @@ fn threaded_mode_runs_on_the_wall_clock() {
     assert!(t0.elapsed() >= Duration::from_micros(100));
     assert_eq!(ids(&wc), [(1, Success)]);
     // A missing peer: two timeouts of 262 µs (one retry), on the wall clock.
-    e.p.b.qp.modify(&Modify::Err).unwrap();
+    e.p.b.qp.modify(&Transition::Error).unwrap();
     let t1 = Instant::now();
     e.p.a.qp.post_send([e.write(2, 0, 8)]).unwrap();
     let mut wc = Vec::new();

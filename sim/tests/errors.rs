@@ -58,7 +58,7 @@ impl Env {
     }
 
     /// Posts `wr` (signaled) then an unsignaled send, and returns both sides' completions.
-    fn run(&self, wr: SendWr) -> (Vec<Wc>, Vec<Wc>) {
+    fn run(&self, wr: SendWr) -> (Vec<WorkCompletion>, Vec<WorkCompletion>) {
         let next = swr(99, SendOp::Send, &[], SendFlags::empty());
         self.p.a.qp.post_send([wr, next]).unwrap();
         (drain(&self.p.a.cq), drain(&self.p.b.cq))
@@ -66,7 +66,12 @@ impl Env {
 
     /// Asserts the requester's error (and the flush of the next WR), both states, and that
     /// no byte changed.
-    fn check(&self, got: &(Vec<Wc>, Vec<Wc>), status: WcStatus, b_state: QpState) {
+    fn check(
+        &self,
+        got: &(Vec<WorkCompletion>, Vec<WorkCompletion>),
+        status: WcStatus,
+        b_state: QpState,
+    ) {
         let (a, b) = got;
         assert_eq!(a.len(), 2, "{a:?}");
         assert_eq!((a[0].wr_id, a[0].status), (1, status));
@@ -76,7 +81,7 @@ impl Env {
             (99, WrFlushErr, WcOpcode::Send)
         );
         assert!(b.is_empty(), "{b:?}");
-        assert_eq!(self.p.a.qp.state(), QpState::Err);
+        assert_eq!(self.p.a.qp.state(), QpState::Error);
         assert_eq!(self.p.b.qp.state(), b_state);
         self.unchanged();
     }
@@ -116,7 +121,7 @@ fn local_protection_errors() {
         let s = case(&e, &other_buf, &other);
         let got = e.run(sig(1, e.write(0, e.b_mr.rkey()), &[s]));
         assert_eq!(got.0[0].opcode, WcOpcode::RdmaWrite);
-        e.check(&got, LocProtErr, QpState::Rts);
+        e.check(&got, LocProtErr, QpState::ReadyToSend);
     }
 }
 
@@ -130,16 +135,16 @@ fn dropped_mr_key_is_stale() {
     let again = buf.reg(&e.p.a.pd, all_access()); // likely reuses the slot
     assert_ne!(again.lkey(), s.lkey);
     let got = e.run(sig(1, e.write(0, e.b_mr.rkey()), &[s]));
-    e.check(&got, LocProtErr, QpState::Rts);
+    e.check(&got, LocProtErr, QpState::ReadyToSend);
 }
 
 #[test]
 fn read_into_memory_without_local_write() {
     let e = env();
-    let ro = e.a_buf.reg(&e.p.a.pd, Access::REMOTE_READ);
+    let ro = e.a_buf.reg(&e.p.a.pd, AccessFlags::REMOTE_READ);
     let got = e.run(sig(1, e.read(0, e.b_mr.rkey()), &[sge(&ro, 0, 8)]));
     assert_eq!(got.0[0].opcode, WcOpcode::RdmaRead);
-    e.check(&got, LocProtErr, QpState::Rts);
+    e.check(&got, LocProtErr, QpState::ReadyToSend);
 }
 
 #[test]
@@ -147,14 +152,14 @@ fn atomic_local_length_must_be_8() {
     let e = env();
     let got = e.run(sig(1, e.fadd(0, e.b_mr.rkey()), &[sge(&e.a_mr, 0, 4)]));
     assert_eq!(got.0[0].opcode, WcOpcode::FetchAdd);
-    e.check(&got, LocLenErr, QpState::Rts);
+    e.check(&got, LocLenErr, QpState::ReadyToSend);
 }
 
 #[test]
 fn unreachable_peer_is_retry_exceeded() {
     // Peer in RESET.
     let e = env();
-    e.p.b.qp.modify(&Modify::Reset).unwrap();
+    e.p.b.qp.modify(&Transition::Reset).unwrap();
     let got = e.run(sig(1, e.write(0, e.b_mr.rkey()), &[sge(&e.a_mr, 0, 4)]));
     e.check(&got, RetryExcErr, QpState::Reset);
 
@@ -173,12 +178,12 @@ fn unreachable_peer_is_retry_exceeded() {
         let (a_rtr, b_rtr) = w(&e.p);
         for (qp, rtr) in [(&e.p.a.qp, Some(a_rtr)), (&e.p.b.qp, b_rtr)] {
             if let Some(rtr) = rtr {
-                qp.modify(&Modify::Reset).unwrap();
+                qp.modify(&Transition::Reset).unwrap();
                 connect(qp, all_access(), rtr);
             }
         }
         let got = e.run(sig(1, e.write(0, e.b_mr.rkey()), &[sge(&e.a_mr, 0, 4)]));
-        e.check(&got, RetryExcErr, QpState::Rts);
+        e.check(&got, RetryExcErr, QpState::ReadyToSend);
     }
 }
 
@@ -186,24 +191,24 @@ fn unreachable_peer_is_retry_exceeded() {
 fn remote_invalid_request() {
     // The responder QP does not grant the operation.
     let e = env_with(Cfg {
-        access: Access::REMOTE_READ,
+        access: AccessFlags::REMOTE_READ,
         ..Cfg::default()
     });
     let got = e.run(sig(1, e.write(0, e.b_mr.rkey()), &[sge(&e.a_mr, 0, 4)]));
-    e.check(&got, RemInvReqErr, QpState::Err);
+    e.check(&got, RemInvReqErr, QpState::Error);
 
     let e = env_with(Cfg {
-        access: Access::REMOTE_WRITE,
+        access: AccessFlags::REMOTE_WRITE,
         ..Cfg::default()
     });
     let got = e.run(sig(1, e.read(0, e.b_mr.rkey()), &[sge(&e.a_mr, 0, 4)]));
-    e.check(&got, RemInvReqErr, QpState::Err);
+    e.check(&got, RemInvReqErr, QpState::Error);
     let e = env_with(Cfg {
-        access: Access::REMOTE_WRITE | Access::REMOTE_READ,
+        access: AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
         ..Cfg::default()
     });
     let got = e.run(sig(1, e.fadd(0, e.b_mr.rkey()), &[sge(&e.a_mr, 0, 8)]));
-    e.check(&got, RemInvReqErr, QpState::Err);
+    e.check(&got, RemInvReqErr, QpState::Error);
 
     // Reads and atomics refused with max_dest_rd_atomic = 0.
     let no_rd = Cfg {
@@ -212,20 +217,20 @@ fn remote_invalid_request() {
     };
     let e = env_with(no_rd);
     let got = e.run(sig(1, e.read(0, e.b_mr.rkey()), &[sge(&e.a_mr, 0, 4)]));
-    e.check(&got, RemInvReqErr, QpState::Err);
+    e.check(&got, RemInvReqErr, QpState::Error);
     let e = env_with(no_rd);
     let got = e.run(sig(1, e.fadd(0, e.b_mr.rkey()), &[sge(&e.a_mr, 0, 8)]));
-    e.check(&got, RemInvReqErr, QpState::Err);
+    e.check(&got, RemInvReqErr, QpState::Error);
 
     // Misaligned atomic.
     let e = env();
     let got = e.run(sig(1, e.fadd(4, e.b_mr.rkey()), &[sge(&e.a_mr, 0, 8)]));
-    e.check(&got, RemInvReqErr, QpState::Err);
+    e.check(&got, RemInvReqErr, QpState::Error);
 }
 
 #[test]
 fn remote_access_errors() {
-    let acc = |a: Access| Access::LOCAL_WRITE | a;
+    let acc = |a: AccessFlags| AccessFlags::LOCAL_WRITE | a;
     type Case = fn(&Env, &Mr, &Mr) -> (SendOp, u32);
     let cases: [Case; 8] = [
         |e, _, _| (e.write(0, e.b_mr.lkey()), 4),     // lkey as rkey
@@ -239,12 +244,12 @@ fn remote_access_errors() {
     ];
     for case in cases {
         let e = env();
-        let no_rights = e.b_buf.reg(&e.p.b.pd, acc(Access::empty()));
+        let no_rights = e.b_buf.reg(&e.p.b.pd, acc(AccessFlags::empty()));
         let other_pd = e.p.b.ctx.alloc_pd().unwrap();
         let other = e.b_buf.reg(&other_pd, all_access());
         let (op, len) = case(&e, &no_rights, &other);
         let got = e.run(sig(1, op, &[sge(&e.a_mr, 0, len)]));
-        e.check(&got, RemAccessErr, QpState::Err);
+        e.check(&got, RemAccessErr, QpState::Error);
     }
 }
 
@@ -264,7 +269,7 @@ fn zero_length_rdma_skips_the_rkey() {
 }
 
 /// Posts a receive with `recv` on b, then a 6-byte send from a.
-fn send_into(e: &Env, recv: &[Sge]) -> (Vec<Wc>, Vec<Wc>) {
+fn send_into(e: &Env, recv: &[Sge]) -> (Vec<WorkCompletion>, Vec<WorkCompletion>) {
     e.p.b
         .qp
         .post_recv([rwr(5, recv), rwr(6, &[sge(&e.b_mr, 0, 16)])])
@@ -274,7 +279,12 @@ fn send_into(e: &Env, recv: &[Sge]) -> (Vec<Wc>, Vec<Wc>) {
 
 /// Checks a responder-detected send error: recv CQE `recv` then the flush of the second
 /// receive, requester `req`, both in ERR, memory unchanged.
-fn check_recv_error(e: &Env, got: (Vec<Wc>, Vec<Wc>), recv: WcStatus, req: WcStatus) {
+fn check_recv_error(
+    e: &Env,
+    got: (Vec<WorkCompletion>, Vec<WorkCompletion>),
+    recv: WcStatus,
+    req: WcStatus,
+) {
     let b = &got.1;
     assert_eq!(b.len(), 2, "{b:?}");
     assert_eq!(
@@ -286,7 +296,7 @@ fn check_recv_error(e: &Env, got: (Vec<Wc>, Vec<Wc>), recv: WcStatus, req: WcSta
         (b[1].wr_id, b[1].status, b[1].opcode),
         (6, WrFlushErr, WcOpcode::Recv)
     );
-    e.check(&(got.0, Vec::new()), req, QpState::Err);
+    e.check(&(got.0, Vec::new()), req, QpState::Error);
 }
 
 #[test]
@@ -310,7 +320,7 @@ fn receive_protection_errors() {
     ];
     for case in cases {
         let e = env();
-        let ro = e.b_buf.reg(&e.p.b.pd, Access::REMOTE_READ);
+        let ro = e.b_buf.reg(&e.p.b.pd, AccessFlags::REMOTE_READ);
         let other_pd = e.p.b.ctx.alloc_pd().unwrap();
         let other = e.b_buf.reg(&other_pd, all_access());
         let s = case(&e, &ro, &other);
@@ -329,12 +339,12 @@ fn flush_on_err_in_posting_order() {
     let quiet = SendFlags::empty();
     let wrs = [
         sig(10, SendOp::Send, &[]),
-        swr(11, SendOp::SendWithImm { imm: 1 }, &[], quiet),
+        swr(11, SendOp::SendWithImm(1), &[], quiet),
         swr(12, w, &[sge(&e.a_mr, 0, 4)], quiet),
     ];
     a.post_send(wrs).unwrap();
     assert!(drain(&e.p.a.cq).is_empty());
-    a.modify(&Modify::Err).unwrap();
+    a.modify(&Transition::Error).unwrap();
     let got: Vec<_> = drain(&e.p.a.cq)
         .iter()
         .map(|w| (w.wr_id, w.status, w.opcode))
@@ -349,7 +359,7 @@ fn flush_on_err_in_posting_order() {
     ];
     assert_eq!(got, want);
     // Again: exactly once. Posting in ERR completes at once.
-    a.modify(&Modify::Err).unwrap();
+    a.modify(&Transition::Error).unwrap();
     assert!(drain(&e.p.a.cq).is_empty());
     a.post_send([swr(30, w, &[], quiet)]).unwrap();
     a.post_recv([rwr(31, &[])]).unwrap();
@@ -358,7 +368,7 @@ fn flush_on_err_in_posting_order() {
         .map(|w| (w.wr_id, w.status, w.opcode))
         .collect();
     assert_eq!(got, [(30, WrFlushErr, RdmaWrite), (31, WrFlushErr, Recv)]);
-    assert_eq!(e.p.b.qp.state(), QpState::Rts);
+    assert_eq!(e.p.b.qp.state(), QpState::ReadyToSend);
     e.unchanged();
 }
 
@@ -367,7 +377,7 @@ fn reset_discards_without_completions() {
     let e = env();
     e.p.a.qp.post_recv([rwr(1, &[])]).unwrap();
     e.p.a.qp.post_send([sig(2, SendOp::Send, &[])]).unwrap();
-    e.p.a.qp.modify(&Modify::Reset).unwrap();
+    e.p.a.qp.modify(&Transition::Reset).unwrap();
     e.p.b.qp.post_recv([rwr(3, &[])]).unwrap();
     assert!(drain(&e.p.a.cq).is_empty());
     assert!(drain(&e.p.b.cq).is_empty());
@@ -382,23 +392,23 @@ fn cq_overflow_errs_its_qps() {
     });
     let w = |id| sig(id, e.write(0, e.b_mr.rkey()), &[sge(&e.a_mr, 0, 4)]);
     e.p.a.qp.post_send([w(1), w(2)]).unwrap();
-    assert_eq!(e.p.a.qp.state(), QpState::Rts);
+    assert_eq!(e.p.a.qp.state(), QpState::ReadyToSend);
     e.p.a.qp.post_send([w(3)]).unwrap();
-    assert_eq!(e.p.a.qp.state(), QpState::Err);
+    assert_eq!(e.p.a.qp.state(), QpState::Error);
     let mut wc = [one_wc(); 4];
     assert_eq!(e.p.a.cq.poll(&mut wc), Err(SimError::CqOverflow));
     assert_eq!(e.p.a.cq.poll(&mut wc), Err(SimError::CqOverflow));
-    assert_eq!(e.p.b.qp.state(), QpState::Rts);
+    assert_eq!(e.p.b.qp.state(), QpState::ReadyToSend);
     assert_eq!(e.b_buf.get()[..4], [1, 2, 3, 4]);
 }
 
-fn one_wc() -> Wc {
-    Wc {
+fn one_wc() -> WorkCompletion {
+    WorkCompletion {
         wr_id: 0,
         status: Success,
         opcode: WcOpcode::Send,
         byte_len: 0,
-        imm_data: None,
+        imm: None,
         qp_num: 0,
     }
 }
@@ -454,8 +464,8 @@ fn wrong_response_opcode_per_personality() {
             };
             let ctx = format!("{personality:?} {what}");
             assert_eq!(ids(&drain(&e.p.a.cq)), [(1, want)], "{ctx}");
-            assert_eq!(e.p.a.qp.state(), QpState::Err, "{ctx}");
-            assert_eq!(e.p.b.qp.state(), QpState::Rts, "{ctx}");
+            assert_eq!(e.p.a.qp.state(), QpState::Error, "{ctx}");
+            assert_eq!(e.p.b.qp.state(), QpState::ReadyToSend, "{ctx}");
             let recv = drain(&e.p.b.cq);
             match what {
                 "send" => assert_eq!(ids(&recv), [(7, Success)], "{ctx}"),

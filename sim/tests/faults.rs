@@ -23,7 +23,7 @@ fn rts(timeout: u8, retry_cnt: u8, rnr_retry: u8) -> RtsAttr {
 /// Deep queues for the workloads below.
 fn deep() -> Cfg {
     Cfg {
-        cap: QpCap {
+        cap: QpCaps {
             max_send_wr: 64,
             max_recv_wr: 64,
             max_send_sge: 2,
@@ -265,10 +265,10 @@ fn partition_heal_in_time_recovers_too_long_gives_up() {
         .unwrap();
     f.run_until_idle();
     assert_eq!(ids(&drain(&p.a.cq)), [(2, RetryExcErr), (3, WrFlushErr)]);
-    assert_eq!(p.a.qp.state(), QpState::Err);
+    assert_eq!(p.a.qp.state(), QpState::Error);
     assert_eq!(
         p.b.qp.state(),
-        QpState::Rts,
+        QpState::ReadyToSend,
         "the responder never heard a thing"
     );
     assert_eq!(b_buf.get()[8..], [0; 56]);
@@ -281,7 +281,7 @@ fn crash_vanishes_the_device_and_peers_time_out() {
     p.b.qp.post_recv([rwr(9, &[sge(&mb, 32, 8)])]).unwrap();
     f.crash(1).unwrap();
     assert_eq!(p.b.ctx.query_port(1).unwrap().state, PortState::Down);
-    assert_eq!(p.b.qp.state(), QpState::Err);
+    assert_eq!(p.b.qp.state(), QpState::Error);
     let refused = p.b.qp.post_send([write(5, &mb, &ma, 0)]).unwrap_err();
     assert!(matches!(refused.error, SimError::DeviceFatal));
     assert!(p.b.qp.post_recv([rwr(6, &[])]).is_err());
@@ -310,9 +310,9 @@ fn corrupted_response_is_a_bad_response_error() {
     p.b.qp.post_recv([rwr(7, &[])]).unwrap();
     p.fabric.run_until_idle();
     assert_eq!(ids(&drain(&p.a.cq)), [(1, BadRespErr), (2, WrFlushErr)]);
-    assert_eq!(p.a.qp.state(), QpState::Err);
+    assert_eq!(p.a.qp.state(), QpState::Error);
     // The responder executed both writes (the corruption hit the first ACK) and is fine.
-    assert_eq!(p.b.qp.state(), QpState::Rts);
+    assert_eq!(p.b.qp.state(), QpState::ReadyToSend);
     assert!(drain(&p.b.cq).is_empty());
     assert_eq!(b_buf.get()[..16], [1; 16]);
     assert_eq!(b_buf.get()[16..], [0; 48]);
@@ -344,10 +344,10 @@ fn read_without_max_rd_atomic_is_a_local_qp_operation_error() {
         ids(&drain(&p.a.cq)),
         [(1, Success), (2, LocQpOpErr), (3, WrFlushErr)]
     );
-    assert_eq!(p.a.qp.state(), QpState::Err);
+    assert_eq!(p.a.qp.state(), QpState::Error);
     assert_eq!(
         p.b.qp.state(),
-        QpState::Rts,
+        QpState::ReadyToSend,
         "nothing reached the responder"
     );
     assert_eq!(a_buf.get(), [1; 64]);
@@ -374,7 +374,7 @@ fn write_with_imm_bad_rkey_is_a_local_access_error_at_the_responder() {
     assert_eq!(got[0].opcode, WcOpcode::RecvRdmaWithImm);
     assert_eq!(
         (p.a.qp.state(), p.b.qp.state()),
-        (QpState::Err, QpState::Err)
+        (QpState::Error, QpState::Error)
     );
     assert_eq!(b_buf.get(), [0; 64]);
 
@@ -408,7 +408,7 @@ fn cq_overflow_in_stepped_mode_errs_the_queue_pairs() {
     p.fabric.run_until_idle();
     let mut wc = [one_wc(); 4];
     assert_eq!(p.a.cq.poll(&mut wc), Err(SimError::CqOverflow));
-    assert_eq!(p.a.qp.state(), QpState::Err);
+    assert_eq!(p.a.qp.state(), QpState::Error);
     assert!(
         p.a.qp.post_send([write(9, &ma, &mb, 0)]).is_ok(),
         "accepted, flushed"
@@ -416,13 +416,13 @@ fn cq_overflow_in_stepped_mode_errs_the_queue_pairs() {
     assert_eq!(b_buf.get()[32..], [0; 32]);
 }
 
-fn one_wc() -> Wc {
-    Wc {
+fn one_wc() -> WorkCompletion {
+    WorkCompletion {
         wr_id: 0,
         status: GeneralErr,
         opcode: WcOpcode::Send,
         byte_len: 0,
-        imm_data: None,
+        imm: None,
         qp_num: 0,
     }
 }
@@ -455,7 +455,7 @@ fn flush_exactly_once_in_order_after_each_error_kind() {
                 max_rd_atomic: 0,
                 ..rts(3, 1, 0)
             };
-            p.a.qp.modify(&Modify::Rts(no_rd)).unwrap();
+            p.a.qp.modify(&Transition::Rts(no_rd)).unwrap();
             let read = SendOp::Read {
                 remote_addr: mb.addr(),
                 rkey: mb.rkey(),
@@ -517,7 +517,7 @@ fn flush_exactly_once_in_order_after_each_error_kind() {
         want_sq.extend(flushed(2..5));
         assert_eq!(sq, want_sq, "{status:?}");
         assert_eq!(rq, flushed(100..103), "{status:?}");
-        assert_eq!(p.a.qp.state(), QpState::Err, "{status:?}");
+        assert_eq!(p.a.qp.state(), QpState::Error, "{status:?}");
         // Nothing more, ever: the fabric is idle and a later poll finds nothing.
         assert_eq!(p.fabric.run_until_idle(), 0, "{status:?}");
         assert!(drain(&p.a.cq).is_empty(), "{status:?}");
@@ -592,10 +592,10 @@ fn rnr_sleeper_peer_gone(p: Pair, how: Gone, settle: &dyn Fn(&Fabric)) -> Vec<(u
         .unwrap();
     settle(&f);
     assert!(drain(&a.cq).is_empty(), "{how:?}: the send waits on RNR");
-    assert_eq!(a.qp.state(), QpState::Rts);
+    assert_eq!(a.qp.state(), QpState::ReadyToSend);
     match how {
-        Gone::Err => b.qp.modify(&Modify::Err).unwrap(),
-        Gone::Reset => b.qp.modify(&Modify::Reset).unwrap(),
+        Gone::Err => b.qp.modify(&Transition::Error).unwrap(),
+        Gone::Reset => b.qp.modify(&Transition::Reset).unwrap(),
         Gone::Destroy => drop(b.qp),
         Gone::Crash => f.crash(1).unwrap(),
         Gone::LinkDown => f.link_down(1).unwrap(),
@@ -603,7 +603,7 @@ fn rnr_sleeper_peer_gone(p: Pair, how: Gone, settle: &dyn Fn(&Fabric)) -> Vec<(u
     }
     settle(&f);
     let got = ids(&drain(&a.cq));
-    assert_eq!(a.qp.state(), QpState::Err, "{how:?}: {got:?}");
+    assert_eq!(a.qp.state(), QpState::Error, "{how:?}: {got:?}");
     // Later work of the requester is flushed; nothing reached the responder's memory.
     a.qp.post_send([sig(2, SendOp::Send, &[])]).unwrap();
     let mut all = got;
@@ -650,7 +650,7 @@ fn rnr_sleeper_still_sleeps_through_unrelated_changes_and_wakes_on_a_receive() {
     p.fabric.partition(0, 2).unwrap();
     p.fabric.heal(0, 2).unwrap();
     assert!(drain(&p.a.cq).is_empty());
-    assert_eq!(p.a.qp.state(), QpState::Rts);
+    assert_eq!(p.a.qp.state(), QpState::ReadyToSend);
     p.b.qp.post_recv([rwr(7, &[sge(&mb, 0, 8)])]).unwrap();
     assert_eq!(ids(&drain(&p.a.cq)), [(1, Success)]);
     assert_eq!(ids(&drain(&p.b.cq)), [(7, Success)]);

@@ -5,13 +5,13 @@ mod common;
 use common::*;
 use zverbs_sim::*;
 
-fn ok(wr_id: u64, opcode: WcOpcode, byte_len: u32, imm: Option<u32>, qp: &Qp) -> Wc {
-    Wc {
+fn ok(wr_id: u64, opcode: WcOpcode, byte_len: u32, imm: Option<u32>, qp: &Qp) -> WorkCompletion {
+    WorkCompletion {
         wr_id,
         status: WcStatus::Success,
         opcode,
         byte_len,
-        imm_data: imm,
+        imm,
         qp_num: qp.qp_num(),
     }
 }
@@ -90,9 +90,9 @@ fn devices_ports_and_gids() {
     ll[0] = 0xfe;
     ll[1] = 0x80;
     ll[15] = 2;
-    assert_eq!(ctx.query_gid(1, 0).unwrap(), ll);
+    assert_eq!(ctx.query_gid(1, 0).unwrap(), Gid(ll));
     let v4 = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 0, 0, 2];
-    assert_eq!(ctx.query_gid(1, 1).unwrap(), v4);
+    assert_eq!(ctx.query_gid(1, 1).unwrap(), Gid(v4));
     assert!(matches!(ctx.query_gid(1, 2), Err(SimError::NotFound)));
     assert!(matches!(ctx.query_gid(2, 0), Err(SimError::NotFound)));
     assert_eq!(
@@ -111,8 +111,8 @@ fn devices_ports_and_gids() {
 fn keys_are_distinct_and_qpns_unique() {
     let p = pair();
     let buf = Buf::new(16, 0);
-    let m1 = buf.reg(&p.a.pd, Access::LOCAL_WRITE);
-    let m2 = buf.reg(&p.a.pd, Access::LOCAL_WRITE);
+    let m1 = buf.reg(&p.a.pd, AccessFlags::LOCAL_WRITE);
+    let m2 = buf.reg(&p.a.pd, AccessFlags::LOCAL_WRITE);
     assert_ne!(m1.lkey(), m1.rkey());
     let keys = [m1.lkey(), m1.rkey(), m2.lkey(), m2.rkey()];
     for (i, k) in keys.iter().enumerate() {
@@ -127,7 +127,7 @@ fn keys_are_distinct_and_qpns_unique() {
     // SAFETY: a zero-length region names no memory.
     let empty = unsafe {
         p.a.pd
-            .register_mr(buf.addr(16) as *mut u8, 0, Access::empty())
+            .register_mr(buf.addr(16) as *mut u8, 0, AccessFlags::empty())
     };
     assert!(empty.unwrap().is_empty());
 }
@@ -137,15 +137,15 @@ fn send_and_send_with_imm() {
     let p = pair();
     let (src, dst) = (Buf::new(64, 0xaa), Buf::new(64, 0x55));
     src.set(0, &pattern(64, 1));
-    let ms = src.reg(&p.a.pd, Access::empty());
-    let md = dst.reg(&p.b.pd, Access::LOCAL_WRITE);
+    let ms = src.reg(&p.a.pd, AccessFlags::empty());
+    let md = dst.reg(&p.b.pd, AccessFlags::LOCAL_WRITE);
     p.b.qp
         .post_recv([rwr(1, &[sge(&md, 8, 32)]), rwr(2, &[sge(&md, 40, 24)])])
         .unwrap();
     p.a.qp
         .post_send([sig(10, SendOp::Send, &[sge(&ms, 0, 20)])])
         .unwrap();
-    let imm = SendOp::SendWithImm { imm: 0xdead_beef };
+    let imm = SendOp::SendWithImm(0xdead_beef);
     p.a.qp
         .post_send([sig(11, imm, &[sge(&ms, 20, 4)])])
         .unwrap();
@@ -173,7 +173,7 @@ fn send_and_send_with_imm() {
     assert_eq!(src.get()[..], pattern(64, 1)[..]);
     assert_eq!(
         (p.a.qp.state(), p.b.qp.state()),
-        (QpState::Rts, QpState::Rts)
+        (QpState::ReadyToSend, QpState::ReadyToSend)
     );
 }
 
@@ -181,7 +181,7 @@ fn send_and_send_with_imm() {
 fn zero_length_send_consumes_a_receive() {
     let p = pair();
     let dst = Buf::new(8, 7);
-    let md = dst.reg(&p.b.pd, Access::LOCAL_WRITE);
+    let md = dst.reg(&p.b.pd, AccessFlags::LOCAL_WRITE);
     p.b.qp.post_recv([rwr(1, &[sge(&md, 0, 8)])]).unwrap();
     p.a.qp.post_send([sig(2, SendOp::Send, &[])]).unwrap();
     assert_eq!(one(&p.a.cq), ok(2, WcOpcode::Send, 0, None, &p.a.qp));
@@ -194,8 +194,11 @@ fn write_and_write_with_imm() {
     let p = pair();
     let (src, dst) = (Buf::new(32, 0), Buf::new(32, 0x55));
     src.set(0, &pattern(32, 9));
-    let ms = src.reg(&p.a.pd, Access::empty());
-    let md = dst.reg(&p.b.pd, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let ms = src.reg(&p.a.pd, AccessFlags::empty());
+    let md = dst.reg(
+        &p.b.pd,
+        AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+    );
     let op = SendOp::Write {
         remote_addr: dst.addr(4),
         rkey: md.rkey(),
@@ -229,8 +232,8 @@ fn read_scatters_into_several_sges() {
     let p = pair();
     let (local, remote) = (Buf::new(32, 0xaa), Buf::new(32, 0));
     remote.set(0, &pattern(32, 100));
-    let ml = local.reg(&p.a.pd, Access::LOCAL_WRITE);
-    let mr = remote.reg(&p.b.pd, Access::REMOTE_READ);
+    let ml = local.reg(&p.a.pd, AccessFlags::LOCAL_WRITE);
+    let mr = remote.reg(&p.b.pd, AccessFlags::REMOTE_READ);
     let op = SendOp::Read {
         remote_addr: remote.addr(2),
         rkey: mr.rkey(),
@@ -251,8 +254,8 @@ fn send_gathers_and_scatters_across_sges() {
     let p = pair();
     let (src, dst) = (Buf::new(32, 0), Buf::new(32, 0x55));
     src.set(0, &pattern(32, 50));
-    let ms = src.reg(&p.a.pd, Access::empty());
-    let md = dst.reg(&p.b.pd, Access::LOCAL_WRITE);
+    let ms = src.reg(&p.a.pd, AccessFlags::empty());
+    let md = dst.reg(&p.b.pd, AccessFlags::LOCAL_WRITE);
     let gather = [sge(&ms, 0, 2), sge(&ms, 10, 3), sge(&ms, 20, 4)];
     let scatter = [sge(&md, 0, 4), sge(&md, 8, 4), sge(&md, 16, 8)];
     p.b.qp.post_recv([rwr(1, &scatter)]).unwrap();
@@ -273,8 +276,8 @@ fn atomics() {
     let p = pair();
     let (local, remote) = (Buf::new(24, 0xaa), Buf::new(24, 0x55));
     remote.set(8, &5u64.to_ne_bytes());
-    let ml = local.reg(&p.a.pd, Access::LOCAL_WRITE);
-    let acc = Access::LOCAL_WRITE | Access::REMOTE_ATOMIC;
+    let ml = local.reg(&p.a.pd, AccessFlags::LOCAL_WRITE);
+    let acc = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_ATOMIC;
     let mr = remote.reg(&p.b.pd, acc);
     let (remote_addr, rkey) = (remote.addr(8), mr.rkey());
     let cas = |compare, swap| SendOp::CompareSwap {
@@ -286,7 +289,7 @@ fn atomics() {
     // Unequal compare: no swap, old value returned (split over two local SGEs).
     let split = [sge(&ml, 1, 3), sge(&ml, 12, 5)];
     p.a.qp.post_send([sig(1, cas(4, 9), &split)]).unwrap();
-    assert_eq!(one(&p.a.cq), ok(1, WcOpcode::CompSwap, 8, None, &p.a.qp));
+    assert_eq!(one(&p.a.cq), ok(1, WcOpcode::CompareSwap, 8, None, &p.a.qp));
     assert_eq!(remote.get()[8..16], 5u64.to_ne_bytes());
     let got = local.get();
     assert_eq!([&got[1..4], &got[12..17]].concat(), 5u64.to_ne_bytes());
@@ -295,7 +298,7 @@ fn atomics() {
     p.a.qp
         .post_send([sig(2, cas(5, 9), &[sge(&ml, 0, 8)])])
         .unwrap();
-    assert_eq!(one(&p.a.cq), ok(2, WcOpcode::CompSwap, 8, None, &p.a.qp));
+    assert_eq!(one(&p.a.cq), ok(2, WcOpcode::CompareSwap, 8, None, &p.a.qp));
     assert_eq!(remote.get()[8..16], 9u64.to_ne_bytes());
     assert_eq!(local.get()[0..8], 5u64.to_ne_bytes());
     // Fetch and add (wrapping).
@@ -317,8 +320,11 @@ fn atomics() {
 fn inline_copies_at_post_time() {
     let p = pair();
     let (src, dst) = (Buf::new(16, 1), Buf::new(16, 0x55));
-    let ms = src.reg(&p.a.pd, Access::empty());
-    let md = dst.reg(&p.b.pd, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let ms = src.reg(&p.a.pd, AccessFlags::empty());
+    let md = dst.reg(
+        &p.b.pd,
+        AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+    );
     // No receive posted: the send waits, with its payload already copied.
     let inline = SendFlags::INLINE | SendFlags::SIGNALED;
     let bogus_lkey = Sge {
@@ -346,7 +352,7 @@ fn inline_copies_at_post_time() {
     };
     // Unregistered inline memory is refused by the safe call ...
     let err = p.a.qp.post_send([swr(3, op, &[raw], inline)]).unwrap_err();
-    assert_eq!((err.index, p.a.qp.state()), (0, QpState::Rts));
+    assert_eq!((err.index, p.a.qp.state()), (0, QpState::ReadyToSend));
     // ... and read directly by the raw one.
     // SAFETY: `stack` is readable for the whole call.
     unsafe { p.a.qp.post_send_raw([swr(3, op, &[raw], inline)]) }.unwrap();
@@ -358,8 +364,11 @@ fn inline_copies_at_post_time() {
 fn unsignaled_work_completes_silently() {
     let p = pair();
     let (src, dst) = (Buf::new(8, 4), Buf::new(8, 0));
-    let ms = src.reg(&p.a.pd, Access::empty());
-    let md = dst.reg(&p.b.pd, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let ms = src.reg(&p.a.pd, AccessFlags::empty());
+    let md = dst.reg(
+        &p.b.pd,
+        AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+    );
     let op = SendOp::Write {
         remote_addr: dst.addr(0),
         rkey: md.rkey(),
@@ -378,7 +387,7 @@ fn sq_sig_all_signals_everything() {
         ..Cfg::default()
     });
     let src = Buf::new(8, 4);
-    let ms = src.reg(&p.a.pd, Access::empty());
+    let ms = src.reg(&p.a.pd, AccessFlags::empty());
     p.b.qp.post_recv([rwr(1, &[])]).unwrap();
     p.a.qp
         .post_send([swr(7, SendOp::Send, &[sge(&ms, 0, 0)], SendFlags::empty())])
@@ -390,7 +399,7 @@ fn sq_sig_all_signals_everything() {
 fn unsignaled_work_holds_sq_slots_until_a_later_completion() {
     let p = pair(); // max_send_wr = 8
     let src = Buf::new(8, 4);
-    let ms = src.reg(&p.a.pd, Access::LOCAL_WRITE);
+    let ms = src.reg(&p.a.pd, AccessFlags::LOCAL_WRITE);
     let op = SendOp::Read {
         remote_addr: 0,
         rkey: 0,
@@ -412,15 +421,18 @@ fn unsignaled_work_holds_sq_slots_until_a_later_completion() {
         }
     );
     assert!(drain(&p.a.cq).is_empty());
-    assert_eq!(p.a.qp.state(), QpState::Rts);
+    assert_eq!(p.a.qp.state(), QpState::ReadyToSend);
 }
 
 #[test]
 fn send_waits_for_a_receive_in_order() {
     let p = pair();
     let (src, dst) = (Buf::new(8, 4), Buf::new(8, 0));
-    let ms = src.reg(&p.a.pd, Access::empty());
-    let md = dst.reg(&p.b.pd, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let ms = src.reg(&p.a.pd, AccessFlags::empty());
+    let md = dst.reg(
+        &p.b.pd,
+        AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+    );
     let write = SendOp::Write {
         remote_addr: dst.addr(0),
         rkey: md.rkey(),
@@ -453,8 +465,8 @@ fn gid_routed_path_and_loopback() {
     connect(&t.qp, cfg.access, via_gid(s.qp.qp_num()));
     let buf = Buf::new(8, 0);
     buf.set(0, &[1, 2]);
-    let m = buf.reg(&s.pd, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
-    let mt = buf.reg(&t.pd, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let m = buf.reg(&s.pd, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE);
+    let mt = buf.reg(&t.pd, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE);
     let op = SendOp::Write {
         remote_addr: buf.addr(4),
         rkey: mt.rkey(),

@@ -18,7 +18,7 @@ fn thousand_devices_stepped() {
     let t0 = Instant::now();
     let f = Fabric::with_config(FabricConfig::stepped(3), N);
     let cfg = Cfg {
-        cap: QpCap {
+        cap: QpCaps {
             max_send_wr: 1,
             max_recv_wr: 1,
             max_send_sge: 1,

@@ -14,16 +14,16 @@ fn legal_and_illegal_transitions() {
     let f = Fabric::with_devices(1);
     let s = side(&f, "sim0", &Cfg::default());
     let qp = &s.qp;
-    let init = Modify::Init(init_attr(Access::REMOTE_WRITE));
-    let rtr = Modify::Rtr(rtr_attr(qp.qp_num(), 1, 1));
-    let rts = Modify::Rts(rts_attr());
+    let init = Transition::Init(init_attr(AccessFlags::REMOTE_WRITE));
+    let rtr = Transition::Rtr(rtr_attr(qp.qp_num(), 1, 1));
+    let rts = Transition::Rts(rts_attr());
     assert_eq!(qp.state(), QpState::Reset);
     // From RESET only INIT, RESET and ERR are legal.
     for m in [rtr, rts] {
         assert!(invalid(qp.modify(&m)));
         assert_eq!(qp.state(), QpState::Reset);
     }
-    qp.modify(&Modify::Reset).unwrap();
+    qp.modify(&Transition::Reset).unwrap();
     qp.modify(&init).unwrap();
     qp.modify(&init).unwrap();
     assert!(invalid(qp.modify(&rts)));
@@ -31,23 +31,23 @@ fn legal_and_illegal_transitions() {
     qp.modify(&rtr).unwrap();
     for m in [init, rtr] {
         assert!(invalid(qp.modify(&m)));
-        assert_eq!(qp.state(), QpState::Rtr);
+        assert_eq!(qp.state(), QpState::ReadyToReceive);
     }
     qp.modify(&rts).unwrap();
     qp.modify(&rts).unwrap();
     for m in [init, rtr] {
         assert!(invalid(qp.modify(&m)));
-        assert_eq!(qp.state(), QpState::Rts);
+        assert_eq!(qp.state(), QpState::ReadyToSend);
     }
-    qp.modify(&Modify::Err).unwrap();
+    qp.modify(&Transition::Error).unwrap();
     for m in [init, rtr, rts] {
         assert!(invalid(qp.modify(&m)));
-        assert_eq!(qp.state(), QpState::Err);
+        assert_eq!(qp.state(), QpState::Error);
     }
-    qp.modify(&Modify::Reset).unwrap();
+    qp.modify(&Transition::Reset).unwrap();
     assert_eq!(qp.state(), QpState::Reset);
-    qp.modify(&Modify::Err).unwrap();
-    assert_eq!(qp.state(), QpState::Err);
+    qp.modify(&Transition::Error).unwrap();
+    assert_eq!(qp.state(), QpState::Error);
 }
 
 #[test]
@@ -55,7 +55,7 @@ fn attribute_validation() {
     let f = Fabric::with_devices(1);
     let s = side(&f, "sim0", &Cfg::default());
     let qp = &s.qp;
-    let good = init_attr(Access::empty());
+    let good = init_attr(AccessFlags::empty());
     for bad in [
         InitAttr { port: 2, ..good },
         InitAttr {
@@ -63,10 +63,10 @@ fn attribute_validation() {
             ..good
         },
     ] {
-        assert!(invalid(qp.modify(&Modify::Init(bad))));
+        assert!(invalid(qp.modify(&Transition::Init(bad))));
         assert_eq!(qp.state(), QpState::Reset);
     }
-    qp.modify(&Modify::Init(good)).unwrap();
+    qp.modify(&Transition::Init(good)).unwrap();
     let good = rtr_attr(5, 1, 1);
     let bads = [
         RtrAttr { port: 0, ..good },
@@ -93,10 +93,10 @@ fn attribute_validation() {
         },
     ];
     for bad in bads {
-        assert!(invalid(qp.modify(&Modify::Rtr(bad))));
+        assert!(invalid(qp.modify(&Transition::Rtr(bad))));
         assert_eq!(qp.state(), QpState::Init);
     }
-    qp.modify(&Modify::Rtr(RtrAttr {
+    qp.modify(&Transition::Rtr(RtrAttr {
         path_mtu: Mtu::Mtu256,
         ..good
     }))
@@ -121,8 +121,8 @@ fn attribute_validation() {
         },
     ];
     for bad in bads {
-        assert!(invalid(qp.modify(&Modify::Rts(bad))));
-        assert_eq!(qp.state(), QpState::Rtr);
+        assert!(invalid(qp.modify(&Transition::Rts(bad))));
+        assert_eq!(qp.state(), QpState::ReadyToReceive);
     }
     let edge = RtsAttr {
         sq_psn: (1 << 24) - 1,
@@ -131,7 +131,7 @@ fn attribute_validation() {
         rnr_retry: 7,
         max_rd_atomic: 0,
     };
-    qp.modify(&Modify::Rts(edge)).unwrap();
+    qp.modify(&Transition::Rts(edge)).unwrap();
 }
 
 #[test]
@@ -141,7 +141,7 @@ fn query_reports_the_applied_attributes() {
     let qp = &s.qp;
     let q = qp.query();
     assert_eq!((q.state, q.rtr, q.rts), (QpState::Reset, None, None));
-    qp.modify(&Modify::Init(init_attr(Access::empty())))
+    qp.modify(&Transition::Init(init_attr(AccessFlags::empty())))
         .unwrap();
     let rtr = RtrAttr {
         path_mtu: Mtu::Mtu1024,
@@ -152,18 +152,18 @@ fn query_reports_the_applied_attributes() {
         hop_limit: 3,
         ..rtr_attr(qp.qp_num(), 1, 1)
     };
-    qp.modify(&Modify::Rtr(rtr)).unwrap();
+    qp.modify(&Transition::Rtr(rtr)).unwrap();
     let rts = RtsAttr {
         sq_psn: 1234,
         ..rts_attr()
     };
-    qp.modify(&Modify::Rts(rts)).unwrap();
+    qp.modify(&Transition::Rts(rts)).unwrap();
     let q = qp.query();
-    assert_eq!(q.state, QpState::Rts);
+    assert_eq!(q.state, QpState::ReadyToSend);
     assert_eq!((q.rtr, q.rts), (Some(rtr), Some(rts)));
     assert_eq!((q.sq_psn, q.rq_psn), (1234, 77));
     // RESET forgets the connection.
-    qp.modify(&Modify::Reset).unwrap();
+    qp.modify(&Transition::Reset).unwrap();
     let q = qp.query();
     assert_eq!((q.state, q.rtr, q.rts), (QpState::Reset, None, None));
 }
@@ -177,7 +177,7 @@ fn rxe_keeps_no_service_level_and_takes_the_routes_hop_limit() {
     let f = Fabric::with_config(cfg, 1);
     let s = side(&f, "sim0", &Cfg::default());
     let qp = &s.qp;
-    qp.modify(&Modify::Init(init_attr(Access::empty())))
+    qp.modify(&Transition::Init(init_attr(AccessFlags::empty())))
         .unwrap();
     let rtr = RtrAttr {
         sl: 7,
@@ -187,7 +187,7 @@ fn rxe_keeps_no_service_level_and_takes_the_routes_hop_limit() {
         dgid: Some(s.ctx.query_gid(1, 1).unwrap()),
         ..rtr_attr(qp.qp_num(), 0, 1)
     };
-    qp.modify(&Modify::Rtr(rtr)).unwrap();
+    qp.modify(&Transition::Rtr(rtr)).unwrap();
     let kept = qp.query().rtr.unwrap();
     assert_eq!(
         (kept.sl, kept.traffic_class, kept.flow_label, kept.hop_limit),
@@ -212,16 +212,16 @@ fn posting_in_wrong_states() {
         )
     };
     assert!(bad(qp.post_send(send())) && bad(qp.post_recv(recv())));
-    qp.modify(&Modify::Init(init_attr(Access::empty())))
+    qp.modify(&Transition::Init(init_attr(AccessFlags::empty())))
         .unwrap();
     assert!(bad(qp.post_send(send())));
     qp.post_recv(recv()).unwrap(); // receives may be posted from INIT
-    qp.modify(&Modify::Rtr(rtr_attr(qp.qp_num(), 1, 0)))
+    qp.modify(&Transition::Rtr(rtr_attr(qp.qp_num(), 1, 0)))
         .unwrap();
     assert!(bad(qp.post_send(send())));
     qp.post_recv(recv()).unwrap();
     assert!(drain(&s.cq).is_empty());
-    assert_eq!(qp.state(), QpState::Rtr);
+    assert_eq!(qp.state(), QpState::ReadyToReceive);
 }
 
 #[test]
@@ -275,7 +275,7 @@ fn post_validation_and_bad_wr_index() {
         drain(&p.b.cq).iter().map(|w| w.wr_id).collect::<Vec<_>>(),
         [7]
     );
-    assert_eq!(qp.state(), QpState::Rts);
+    assert_eq!(qp.state(), QpState::ReadyToSend);
 }
 
 #[test]
@@ -321,23 +321,23 @@ fn create_qp_validation() {
         sq_sig_all: false,
     };
     let bads = [
-        QpCap {
+        QpCaps {
             max_send_wr: 0,
             ..good
         },
-        QpCap {
+        QpCaps {
             max_recv_wr: MAX_QP_WR + 1,
             ..good
         },
-        QpCap {
+        QpCaps {
             max_send_sge: 0,
             ..good
         },
-        QpCap {
+        QpCaps {
             max_recv_sge: MAX_SGE as u32 + 1,
             ..good
         },
-        QpCap {
+        QpCaps {
             max_inline_data: MAX_INLINE as u32 + 1,
             ..good
         },
@@ -361,15 +361,15 @@ fn register_mr_access_rules() {
     let pd = f.open_device("sim0").unwrap().alloc_pd().unwrap();
     let buf = Buf::new(8, 0);
     for a in [
-        Access::REMOTE_WRITE,
-        Access::REMOTE_ATOMIC | Access::REMOTE_READ,
+        AccessFlags::REMOTE_WRITE,
+        AccessFlags::REMOTE_ATOMIC | AccessFlags::REMOTE_READ,
     ] {
         // SAFETY: `buf` outlives the attempt.
         assert!(invalid(unsafe {
             pd.register_mr(buf.addr(0) as *mut u8, 8, a)
         }));
     }
-    let m = buf.reg(&pd, Access::REMOTE_READ);
+    let m = buf.reg(&pd, AccessFlags::REMOTE_READ);
     assert_eq!(m.len(), 8);
 }
 
@@ -379,8 +379,8 @@ fn objects_outlive_their_handles_while_used() {
     let p = pair();
     let Pair { a, b, fabric } = p;
     let (src, dst) = (Buf::new(8, 3), Buf::new(8, 0));
-    let ms = src.reg(&a.pd, Access::empty());
-    let md = dst.reg(&b.pd, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let ms = src.reg(&a.pd, AccessFlags::empty());
+    let md = dst.reg(&b.pd, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE);
     drop(a.pd);
     drop(b.pd);
     let op = SendOp::Write {

@@ -10,14 +10,14 @@ const ROUNDS: u32 = 1000;
 /// Sends 0.., each after receiving the previous one back (or first, when `starts`).
 fn player(s: &Side, starts: bool) {
     let (out, inb) = (Buf::new(4, 0), Buf::new(4, 0));
-    let mo = out.reg(&s.pd, Access::empty());
-    let mi = inb.reg(&s.pd, Access::LOCAL_WRITE);
-    let mut wc = [Wc {
+    let mo = out.reg(&s.pd, AccessFlags::empty());
+    let mi = inb.reg(&s.pd, AccessFlags::LOCAL_WRITE);
+    let mut wc = [WorkCompletion {
         wr_id: 0,
         status: WcStatus::GeneralErr,
         opcode: WcOpcode::Send,
         byte_len: 0,
-        imm_data: None,
+        imm: None,
         qp_num: 0,
     }; 2];
     let mut one = [wc[0]];
@@ -71,6 +71,6 @@ fn ping_pong_1000_messages() {
         sc.spawn(|| player(&p.a, true));
         sc.spawn(|| player(&p.b, false));
     });
-    assert_eq!(p.a.qp.state(), QpState::Rts);
-    assert_eq!(p.b.qp.state(), QpState::Rts);
+    assert_eq!(p.a.qp.state(), QpState::ReadyToSend);
+    assert_eq!(p.b.qp.state(), QpState::ReadyToSend);
 }

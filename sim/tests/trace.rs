@@ -276,7 +276,7 @@ fn trace_events_match_the_json_and_clear() {
     // The bad rkey: a NAK, both sides to ERR.
     let nak = PacketKind::Nak(WcStatus::RemAccessErr);
     assert!(events.iter().any(|e| e.kind == TraceKind::Send(nak)));
-    let to_err = |e: &&TraceEvent| matches!(e.kind, TraceKind::State(_, QpState::Err));
+    let to_err = |e: &&TraceEvent| matches!(e.kind, TraceKind::State(_, QpState::Error));
     assert_eq!(events.iter().filter(to_err).count(), 2);
     f.clear_trace();
     assert_eq!((f.trace_len(), f.trace_events().len()), (0, 0));

@@ -1,7 +1,8 @@
 //! The simulator backend: [`Provider`] over the `zverbs-sim` crate (feature `sim`).
 //!
-//! This adapter is the mirror of the verbs one: it maps each verb onto the simulated HCA
-//! and translates types field by field. The simulated [`Fabric`] is reachable through
+//! This adapter is the mirror of the verbs one: it maps each verb onto the simulated HCA.
+//! The simulator speaks zverbs's own data types (`zverbs-types`), so only the work requests
+//! (zverbs's `S` entries, the simulator's fixed sixteen) are copied. The simulated [`Fabric`] is reachable through
 //! [`Sim::fabric`] for simulator-only controls: simulated time, faults, the trace.
 //!
 //! ```
@@ -57,10 +58,7 @@ pub use zverbs_sim::{
 
 use super::{PathAttr, PostError, Provider, Transition};
 use crate::error::{ErrorKind, ProviderError};
-use crate::types::{
-    AccessFlags, Gid, Mtu, PortAttr, PortState, QpCaps, QpState, RecvWr, SendFlags, SendOp, SendWr,
-    Sge, WcOpcode, WcStatus, WorkCompletion,
-};
+use crate::types::{AccessFlags, Gid, PortAttr, QpCaps, QpState, RecvWr, SendWr, WorkCompletion};
 
 /// The simulator provider: a handle to one simulated fabric.
 #[derive(Clone, Default)]
@@ -119,89 +117,6 @@ impl ProviderError for s::SimError {
     }
 }
 
-fn mtu_from(m: s::Mtu) -> Mtu {
-    Mtu::from_raw(m as u8).unwrap_or(Mtu::Mtu256)
-}
-
-fn mtu_to(m: Mtu) -> s::Mtu {
-    match m {
-        Mtu::Mtu256 => s::Mtu::Mtu256,
-        Mtu::Mtu512 => s::Mtu::Mtu512,
-        Mtu::Mtu1024 => s::Mtu::Mtu1024,
-        Mtu::Mtu2048 => s::Mtu::Mtu2048,
-        Mtu::Mtu4096 => s::Mtu::Mtu4096,
-    }
-}
-
-fn access_to(a: AccessFlags) -> s::Access {
-    s::Access::from_bits_truncate(a.bits())
-}
-
-fn sge_to(e: &Sge) -> s::Sge {
-    s::Sge {
-        addr: e.addr,
-        length: e.length,
-        lkey: e.lkey,
-    }
-}
-
-fn op_to(op: SendOp) -> s::SendOp {
-    match op {
-        SendOp::Send => s::SendOp::Send,
-        SendOp::SendWithImm(imm) => s::SendOp::SendWithImm { imm },
-        SendOp::Write { remote_addr, rkey } => s::SendOp::Write { remote_addr, rkey },
-        SendOp::WriteWithImm {
-            remote_addr,
-            rkey,
-            imm,
-        } => s::SendOp::WriteWithImm {
-            remote_addr,
-            rkey,
-            imm,
-        },
-        SendOp::Read { remote_addr, rkey } => s::SendOp::Read { remote_addr, rkey },
-        SendOp::CompareSwap {
-            remote_addr,
-            rkey,
-            compare,
-            swap,
-        } => s::SendOp::CompareSwap {
-            remote_addr,
-            rkey,
-            compare,
-            swap,
-        },
-        SendOp::FetchAdd {
-            remote_addr,
-            rkey,
-            add,
-        } => s::SendOp::FetchAdd {
-            remote_addr,
-            rkey,
-            add,
-        },
-    }
-}
-
-fn wc_from(wc: &s::Wc) -> WorkCompletion {
-    WorkCompletion {
-        wr_id: wc.wr_id,
-        status: WcStatus::from_raw(wc.status as u32),
-        opcode: match wc.opcode {
-            s::WcOpcode::Send => WcOpcode::Send,
-            s::WcOpcode::RdmaWrite => WcOpcode::RdmaWrite,
-            s::WcOpcode::RdmaRead => WcOpcode::RdmaRead,
-            s::WcOpcode::CompSwap => WcOpcode::CompareSwap,
-            s::WcOpcode::FetchAdd => WcOpcode::FetchAdd,
-            s::WcOpcode::Recv => WcOpcode::Recv,
-            s::WcOpcode::RecvRdmaWithImm => WcOpcode::RecvRdmaWithImm,
-        },
-        byte_len: wc.byte_len,
-        imm: wc.imm_data,
-        qp_num: wc.qp_num,
-    }
-}
-
 /// The simulator's `num_sge` for a request with `len` entries: a `num_sge` past the
 /// request's own list (`!fits`) becomes a count above every queue pair's SGE limit, so the
 /// simulator refuses that request (`EINVAL`, and the post stops there) without reading the
@@ -239,21 +154,11 @@ impl Provider for Sim {
     }
 
     fn query_port(ctx: &s::Context, port: u8) -> Result<PortAttr, s::SimError> {
-        let a = ctx.query_port(port)?;
-        Ok(PortAttr {
-            state: match a.state {
-                s::PortState::Active => PortState::Active,
-                s::PortState::Down => PortState::Down,
-            },
-            lid: a.lid,
-            max_mtu: mtu_from(a.max_mtu),
-            active_mtu: mtu_from(a.active_mtu),
-            gid_table_len: a.gid_table_len,
-        })
+        ctx.query_port(port)
     }
 
     fn query_gid(ctx: &s::Context, port: u8, index: u8) -> Result<Gid, s::SimError> {
-        ctx.query_gid(port, index).map(Gid)
+        ctx.query_gid(port, index)
     }
 
     fn alloc_pd(ctx: &s::Context) -> Result<s::Pd, s::SimError> {
@@ -268,7 +173,7 @@ impl Provider for Sim {
     ) -> Result<s::Mr, s::SimError> {
         // SAFETY: the caller upholds `Provider::register_mr`'s contract, which is the
         // simulator's contract word for word.
-        unsafe { pd.register_mr(addr, len, access_to(access)) }
+        unsafe { pd.register_mr(addr, len, access) }
     }
 
     fn mr_keys(mr: &s::Mr) -> (u32, u32) {
@@ -287,7 +192,7 @@ impl Provider for Sim {
     }
 
     fn poll_cq(cq: &s::Cq, out: &mut [WorkCompletion]) -> Result<usize, s::SimError> {
-        cq.poll_map(out, wc_from)
+        cq.poll(out)
     }
 
     fn create_comp_channel(ctx: &s::Context) -> Result<s::CompChannel, s::SimError> {
@@ -323,13 +228,7 @@ impl Provider for Sim {
         pd.create_qp(&s::QpInitAttr {
             send_cq,
             recv_cq,
-            cap: s::QpCap {
-                max_send_wr: caps.max_send_wr,
-                max_recv_wr: caps.max_recv_wr,
-                max_send_sge: caps.max_send_sge,
-                max_recv_sge: caps.max_recv_sge,
-                max_inline_data: caps.max_inline_data,
-            },
+            cap: *caps,
             sq_sig_all: false,
         })
     }
@@ -339,50 +238,11 @@ impl Provider for Sim {
     }
 
     fn modify_qp(qp: &s::Qp, t: &Transition) -> Result<(), s::SimError> {
-        let m = match *t {
-            Transition::Reset => s::Modify::Reset,
-            Transition::Error => s::Modify::Err,
-            Transition::Init(a) => s::Modify::Init(s::InitAttr {
-                port: a.port,
-                pkey_index: a.pkey_index,
-                access: access_to(a.access),
-            }),
-            Transition::Rtr(a) => s::Modify::Rtr(s::RtrAttr {
-                path_mtu: mtu_to(a.path_mtu),
-                dest_qp_num: a.dest_qp_num,
-                rq_psn: a.rq_psn,
-                max_dest_rd_atomic: a.max_dest_rd_atomic,
-                min_rnr_timer: a.min_rnr_timer,
-                dlid: a.dlid,
-                dgid: a.dgid.map(|g| g.0),
-                sgid_index: a.sgid_index,
-                port: a.port,
-                sl: a.sl,
-                traffic_class: a.traffic_class,
-                flow_label: a.flow_label,
-                hop_limit: a.hop_limit,
-            }),
-            Transition::Rts(a) => s::Modify::Rts(s::RtsAttr {
-                sq_psn: a.sq_psn,
-                timeout: a.timeout,
-                retry_cnt: a.retry_cnt,
-                rnr_retry: a.rnr_retry,
-                max_rd_atomic: a.max_rd_atomic,
-            }),
-        };
-        qp.modify(&m)
+        qp.modify(t)
     }
 
     fn query_qp_state(qp: &s::Qp) -> Result<QpState, s::SimError> {
-        Ok(match qp.state() {
-            s::QpState::Reset => QpState::Reset,
-            s::QpState::Init => QpState::Init,
-            s::QpState::Rtr => QpState::ReadyToReceive,
-            s::QpState::Rts => QpState::ReadyToSend,
-            s::QpState::Sqd => QpState::SendQueueDrained,
-            s::QpState::Sqe => QpState::SendQueueError,
-            s::QpState::Err => QpState::Error,
-        })
+        Ok(qp.state())
     }
 
     fn query_path(qp: &s::Qp) -> Result<PathAttr, s::SimError> {
@@ -393,12 +253,12 @@ impl Provider for Sim {
         ))?;
         let rts = q.rts;
         Ok(PathAttr {
-            path_mtu: mtu_from(r.path_mtu),
+            path_mtu: r.path_mtu,
             dest_qp_num: r.dest_qp_num,
             sq_psn: q.sq_psn,
             rq_psn: q.rq_psn,
             dlid: r.dlid,
-            dgid: r.dgid.map(Gid),
+            dgid: r.dgid,
             sgid_index: r.sgid_index,
             sl: r.sl,
             traffic_class: r.traffic_class,
@@ -421,12 +281,10 @@ impl Provider for Sim {
             // Entries past MAX_SGE are dropped here, but `num_sge` keeps the real count so
             // the simulator rejects the request exactly as a device rejects too many SGEs.
             for (d, e) in out.sg_list.iter_mut().zip(sges) {
-                *d = sge_to(e);
+                *d = *e;
             }
             out.num_sge = sge_count(sges.len(), wr.sges_fit());
-            out.wr_id = wr.wr_id;
-            out.op = op_to(wr.op);
-            out.flags = s::SendFlags::from_bits_truncate(wr.flags.bits());
+            (out.wr_id, out.op, out.flags) = (wr.wr_id, wr.op, wr.flags);
         };
         // SAFETY: the caller upholds `Provider::post_send`, which includes that inline
         // gather entries are readable for the duration of this call.
@@ -442,17 +300,10 @@ impl Provider for Sim {
             let sges = wr.sges();
             // As for sends: entries past MAX_SGE are dropped, `num_sge` keeps the count.
             for (d, e) in out.sg_list.iter_mut().zip(sges) {
-                *d = sge_to(e);
+                *d = *e;
             }
             (out.wr_id, out.num_sge) = (wr.wr_id, sge_count(sges.len(), wr.sges_fit()));
         })
         .map_err(post_error)
     }
 }
-
-static_assertions::const_assert_eq!(SendFlags::SIGNALED.bits(), s::SendFlags::SIGNALED.bits());
-static_assertions::const_assert_eq!(SendFlags::INLINE.bits(), s::SendFlags::INLINE.bits());
-static_assertions::const_assert_eq!(
-    AccessFlags::REMOTE_ATOMIC.bits(),
-    s::Access::REMOTE_ATOMIC.bits()
-);

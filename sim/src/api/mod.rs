@@ -244,9 +244,9 @@ impl Pd {
         &self,
         addr: *mut u8,
         len: usize,
-        access: Access,
+        access: AccessFlags,
     ) -> Result<Mr, SimError> {
-        let writable = access.contains(Access::LOCAL_WRITE);
+        let writable = access.contains(AccessFlags::LOCAL_WRITE);
         // SAFETY: the caller keeps the range valid (writable when LOCAL_WRITE) until the Mr
         // is dropped; `Mr::drop` removes the region from the world before returning.
         let region = unsafe { Region::new(addr, len, writable) };
@@ -328,30 +328,13 @@ impl Cq {
     /// [`FabricConfig::auto_step`]: if the queue is empty, first steps the engine until it
     /// is not, no events remain, or 65,536 events have run.
     ///
+    /// For an error completion the simulator still reports the opcode of the work request
+    /// (hardware leaves it undefined).
+    ///
     /// # Errors
     /// [`SimError::CqOverflow`] once the queue has overflowed (for good).
-    pub fn poll(&self, out: &mut [Wc]) -> Result<usize, SimError> {
-        self.poll_map(out, |wc| *wc)
-    }
-
-    /// Like [`Cq::poll`], but stores `f(completion)` into `out`: an adapter converts
-    /// completions into its own type in place, with no intermediate buffer.
-    ///
-    /// ```
-    /// # use zverbs_sim::*;
-    /// # let f = Fabric::with_devices(1);
-    /// # let cq = f.open_device("sim0").unwrap().create_cq(4).unwrap();
-    /// let mut ids = [0u64; 4];
-    /// assert_eq!(cq.poll_map(&mut ids, |wc| wc.wr_id), Ok(0));
-    /// ```
-    ///
-    /// # Errors
-    /// As [`Cq::poll`].
-    pub fn poll_map<T>(
-        &self,
-        out: &mut [T],
-        mut f: impl FnMut(&Wc) -> T,
-    ) -> Result<usize, SimError> {
+    #[inline]
+    pub fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize, SimError> {
         // Untimed fabric, nothing queued and nothing scheduled: no need to take the lock,
         // which a thread spinning on an empty CQ would otherwise hold against the thread
         // posting the work it waits for. `ready` is cleared only under the lock with the
@@ -379,7 +362,7 @@ impl Cq {
         }
         let n = out.len().min(cq.entries.len());
         for (slot, wc) in out.iter_mut().zip(cq.entries.drain(..n)) {
-            *slot = f(&wc);
+            *slot = wc;
         }
         // Cleared under the lock, which every push takes before setting it again: a poll
         // that sees it clear is ordered before the next push.

@@ -11,7 +11,7 @@ pub struct QpInitAttr<'a> {
     /// Completion queue of receive work requests.
     pub recv_cq: &'a Cq,
     /// Queue capacities.
-    pub cap: QpCap,
+    pub cap: QpCaps,
     /// Whether every send work request is signaled.
     pub sq_sig_all: bool,
 }
@@ -19,9 +19,13 @@ pub struct QpInitAttr<'a> {
 impl Pd {
     /// Creates a reliable-connected queue pair in the RESET state.
     ///
+    /// The capacities ([`QpCaps`]) must lie in `1..=`[`MAX_QP_WR`] work requests per queue,
+    /// `1..=`[`MAX_SGE`] scatter/gather entries per request and `0..=`[`MAX_INLINE`] inline
+    /// bytes.
+    ///
     /// # Errors
-    /// [`SimError::Invalid`] if a capacity is out of range (see [`QpCap`]) or a CQ belongs
-    /// to another device or fabric; [`SimError::QueueFull`] when out of QP numbers.
+    /// [`SimError::Invalid`] if a capacity is out of range or a CQ belongs to another
+    /// device or fabric; [`SimError::QueueFull`] when out of QP numbers.
     pub fn create_qp(&self, attr: &QpInitAttr<'_>) -> Result<Qp, SimError> {
         let same = |cq: &Cq| Arc::ptr_eq(&cq.world, &self.world);
         if !same(attr.send_cq) || !same(attr.recv_cq) {
@@ -66,7 +70,7 @@ pub struct Qp {
     pub(super) world: Shared,
     pub(super) id: usize,
     pub(super) qpn: u32,
-    pub(super) cap: QpCap,
+    pub(super) cap: QpCaps,
 }
 
 impl Qp {
@@ -86,7 +90,7 @@ impl Qp {
     }
 
     /// Capacities granted (exactly those asked).
-    pub fn cap(&self) -> QpCap {
+    pub fn cap(&self) -> QpCaps {
         self.cap
     }
 
@@ -115,11 +119,14 @@ impl Qp {
         }
     }
 
-    /// Moves the queue pair to another state (see [`Modify`] for the legal transitions).
+    /// Moves the queue pair to another state (see [`Transition`] for the legal transitions).
+    ///
+    /// The simulated device has port 1 only, P_Key index 0 and two GIDs (indexes 0 and 1);
+    /// its active MTU is 4096, so any path MTU fits.
     ///
     /// # Errors
     /// [`SimError::Invalid`] for an illegal transition or attribute; the state is unchanged.
-    pub fn modify(&self, m: &Modify) -> Result<(), SimError> {
+    pub fn modify(&self, m: &Transition) -> Result<(), SimError> {
         let mut w = enter(&self.world);
         let res = w.modify(self.id, m);
         w.run_due();
@@ -184,7 +191,7 @@ impl Qp {
     /// # let ctx = f.open_device("sim0").unwrap();
     /// # let pd = ctx.alloc_pd().unwrap();
     /// # let cq = ctx.create_cq(8).unwrap();
-    /// # let cap = QpCap { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
+    /// # let cap = QpCaps { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
     /// # let qp = pd.create_qp(&QpInitAttr { send_cq: &cq, recv_cq: &cq, cap, sq_sig_all: false }).unwrap();
     /// // In RESET a post is refused; the error names request 0.
     /// let res = unsafe {
@@ -253,7 +260,7 @@ impl Qp {
     /// # let ctx = f.open_device("sim0").unwrap();
     /// # let pd = ctx.alloc_pd().unwrap();
     /// # let cq = ctx.create_cq(8).unwrap();
-    /// # let cap = QpCap { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
+    /// # let cap = QpCaps { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
     /// # let qp = pd.create_qp(&QpInitAttr { send_cq: &cq, recv_cq: &cq, cap, sq_sig_all: false }).unwrap();
     /// // In RESET a receive is refused; the error names request 0.
     /// let res = qp.post_recv_with(3, |i, wr| (wr.wr_id, wr.num_sge) = (i as u64, 0));

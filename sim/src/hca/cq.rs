@@ -11,7 +11,7 @@
 use std::sync::atomic::Ordering;
 
 use super::net::Net;
-use super::qp::{flush_wc, msg_len, rd_atomic, send_opcode, QpObj, ReqState};
+use super::qp::{flush_wc, msg_len, rd_atomic, QpObj, ReqState};
 use super::responder::RecvDone;
 use super::tables::Tables;
 use super::World;
@@ -23,7 +23,7 @@ impl QpObj {
     /// and its completion is returned when it is signaled or failed (releasing the slots
     /// held by earlier unsignaled requests); otherwise it holds its slot until then.
     #[inline]
-    pub(crate) fn retire_front(&mut self, status: WcStatus) -> Option<Wc> {
+    pub(crate) fn retire_front(&mut self, status: WcStatus) -> Option<WorkCompletion> {
         let e = self.sq.pop_front()?;
         if self.req.sent > 0 {
             self.req.sent -= 1;
@@ -39,12 +39,12 @@ impl QpObj {
             return None;
         }
         self.unsig_done = 0;
-        Some(Wc {
+        Some(WorkCompletion {
             wr_id: e.wr.wr_id,
             status,
-            opcode: send_opcode(&e.wr.op),
+            opcode: e.wr.op.wc_opcode(),
             byte_len: msg_len(&e.wr) as u32,
-            imm_data: None,
+            imm: None,
             qp_num: self.qpn,
         })
     }
@@ -52,24 +52,24 @@ impl QpObj {
     /// Retires the head of the receive queue, which the transfer `rd` consumed; returns
     /// its completion (for `recv_cq`).
     #[inline]
-    pub(crate) fn retire_recv(&mut self, rd: &RecvDone) -> Wc {
+    pub(crate) fn retire_recv(&mut self, rd: &RecvDone) -> WorkCompletion {
         self.rq.pop_front();
-        Wc {
+        WorkCompletion {
             wr_id: rd.wr_id,
             status: rd.status,
             opcode: rd.opcode,
             byte_len: rd.byte_len,
-            imm_data: rd.imm,
+            imm: rd.imm,
             qp_num: self.qpn,
         }
     }
 
     /// Takes the next work request to flush, the send queue's before the receive
     /// queue's, in posting order: its CQ and its `WrFlushErr` completion.
-    fn flush_one(&mut self) -> Option<(usize, Wc)> {
+    fn flush_one(&mut self) -> Option<(usize, WorkCompletion)> {
         if let Some(e) = self.sq.pop_front() {
             self.counters.send_end(true);
-            let wc = flush_wc(e.wr.wr_id, send_opcode(&e.wr.op), self.qpn);
+            let wc = flush_wc(e.wr.wr_id, e.wr.op.wc_opcode(), self.qpn);
             return Some((self.send_cq, wc));
         }
         let wr_id = self.rq.pop_front()?;
@@ -84,7 +84,7 @@ impl Tables {
     /// False when it does not fit: the CQ has just overflowed, and the queue pairs using
     /// it must move to ERR (`World::push_cqe_se`).
     #[inline]
-    fn write_cqe(&mut self, net: &mut Net, cq: usize, wc: Wc, se: bool) -> bool {
+    fn write_cqe(&mut self, net: &mut Net, cq: usize, wc: WorkCompletion, se: bool) -> bool {
         let Some(c) = self.cqs.get_mut(cq) else {
             return true;
         };
@@ -138,14 +138,14 @@ impl Tables {
 impl World {
     /// Pushes a completion; on overflow the CQ enters its error state and every QP using it
     /// moves to ERR (completions it can no longer take are dropped).
-    pub(crate) fn push_cqe(&mut self, cq: usize, wc: Wc) {
+    pub(crate) fn push_cqe(&mut self, cq: usize, wc: WorkCompletion) {
         self.push_cqe_se(cq, wc, false);
     }
 
     /// [`World::push_cqe`] for a receive whose request asked for a solicited event
     /// (`se`): it raises the event of a CQ armed solicited-only, as does any completion
     /// in error (`ibv_req_notify_cq(3)`).
-    pub(crate) fn push_cqe_se(&mut self, cq: usize, wc: Wc, se: bool) {
+    pub(crate) fn push_cqe_se(&mut self, cq: usize, wc: WorkCompletion, se: bool) {
         if self.tables.write_cqe(&mut self.net, cq, wc, se) {
             return;
         }
@@ -185,7 +185,7 @@ impl World {
             .tables
             .qps
             .get(q)
-            .is_some_and(|qp| qp.state != QpState::Err)
+            .is_some_and(|qp| qp.state != QpState::Error)
         {
             return;
         }
@@ -201,7 +201,7 @@ impl World {
         qp.unsig_done = 0;
         (qp.req, qp.epoch) = (ReqState::default(), epoch);
         net.sched.events.cancel_timer(q);
-        qp.set_state(QpState::Err, net);
+        qp.set_state(QpState::Error, net);
         // One at a time: a flush completion may overflow a CQ, which re-enters `set_err`.
         while let Some((cq, wc)) = self.tables.qps.get_mut(q).and_then(QpObj::flush_one) {
             self.push_cqe(cq, wc);

@@ -24,7 +24,7 @@
 //! [`LinkModel::INSTANT`]: crate::LinkModel::INSTANT
 
 use super::net::Net;
-use super::qp::{send_opcode, sg_len};
+use super::qp::sg_len;
 use super::requester::local_limits;
 use super::responder::{execute, Exec};
 use super::tables::Tables;
@@ -44,7 +44,7 @@ struct Direct {
     /// The requester's RTS attributes (its retry counters start again).
     rts: RtsAttr,
     /// The requester's completion, when the request is signaled.
-    wc: Option<Wc>,
+    wc: Option<WorkCompletion>,
 }
 
 impl World {
@@ -107,7 +107,7 @@ fn plan(t: &Tables, net: &Net, q: usize) -> Option<Direct> {
     let e = qp
         .sq
         .front()
-        .filter(|_| quiet && qp.state == QpState::Rts)?;
+        .filter(|_| quiet && qp.state == QpState::ReadyToSend)?;
     let (rtr, rts, pdev) = (qp.rtr?, qp.rts?, qp.peer_dev?);
     let (dev, qpn, psn) = (qp.dev, qp.qpn, qp.req.next_psn);
     let wire = &net.wire;
@@ -119,7 +119,7 @@ fn plan(t: &Tables, net: &Net, q: usize) -> Option<Direct> {
         && peer.peer_dev == Some(dev)
         && peer.dev == pdev
         && !peer.dead
-        && matches!(peer.state, QpState::Rtr | QpState::Rts)
+        && matches!(peer.state, QpState::ReadyToReceive | QpState::ReadyToSend)
         && peer.resp.epsn == psn;
     // The requester's local checks: the limits here, the memory in `execute` (its
     // local half fails exactly where `local_check` would). An atomic passes only with
@@ -138,7 +138,7 @@ fn plan(t: &Tables, net: &Net, q: usize) -> Option<Direct> {
     let signaled = qp.sig_all || wr.flags.contains(SendFlags::SIGNALED);
     let takes_recv = matches!(
         wr.op,
-        SendOp::Send | SendOp::SendWithImm { .. } | SendOp::WriteWithImm { .. }
+        SendOp::Send | SendOp::SendWithImm(_) | SendOp::WriteWithImm { .. }
     );
     let (need_send, need_recv) = (usize::from(signaled), usize::from(takes_recv));
     let fits = if qp.send_cq == peer.recv_cq {
@@ -154,12 +154,12 @@ fn plan(t: &Tables, net: &Net, q: usize) -> Option<Direct> {
         return None;
     }
     let npkts = len.div_ceil(128u64 << (rtr.path_mtu as u8)).max(1) as u32;
-    let wc = signaled.then(|| Wc {
+    let wc = signaled.then(|| WorkCompletion {
         wr_id: wr.wr_id,
         status: WcStatus::Success,
-        opcode: send_opcode(&wr.op),
+        opcode: wr.op.wc_opcode(),
         byte_len: len as u32,
-        imm_data: None,
+        imm: None,
         qp_num: qpn,
     });
     Some(Direct {

@@ -79,7 +79,7 @@ impl World {
         &mut self,
         pd: usize,
         cqs: (usize, usize),
-        cap: QpCap,
+        cap: QpCaps,
         sig_all: bool,
     ) -> Result<(usize, u32), SimError> {
         let lazy = self.net.cfg.lazy_queues;
@@ -107,14 +107,14 @@ impl World {
         }
     }
 
-    /// Applies a state transition (see [`Modify`] and `QpObj::transition`).
-    pub(crate) fn modify(&mut self, q: usize, m: &Modify) -> Result<(), SimError> {
+    /// Applies a state transition (see [`Transition`] and `QpObj::transition`).
+    pub(crate) fn modify(&mut self, q: usize, m: &Transition) -> Result<(), SimError> {
         let epoch = self.tables.next_epoch();
         let peer_dev = match m {
-            Modify::Rtr(a) => self.tables.route(a),
+            Transition::Rtr(a) => self.tables.route(a),
             _ => None,
         };
-        if matches!(m, Modify::Reset) && self.tables.qps.get(q).is_some_and(|qp| !qp.dead) {
+        if matches!(m, Transition::Reset) && self.tables.qps.get(q).is_some_and(|qp| !qp.dead) {
             // A responder in RESET answers nothing (and forgets its RTR attributes, which
             // name the requester that may sleep on its RNR NAK): wake that requester.
             self.wake_parked(q);
@@ -124,13 +124,13 @@ impl World {
         if qp.dead {
             return Err(SimError::DeviceFatal);
         }
-        if let Modify::Err = m {
+        if let Transition::Error = m {
             self.set_err(q);
             return Ok(());
         }
         match qp.transition(m, epoch, peer_dev, net)? {
-            QpState::Rtr => self.wake_not_ready(q),
-            QpState::Rts => self.pump(q),
+            QpState::ReadyToReceive => self.wake_not_ready(q),
+            QpState::ReadyToSend => self.pump(q),
             _ => {}
         }
         Ok(())
@@ -304,7 +304,7 @@ impl World {
             (qp.req, qp.resp, qp.dead, qp.epoch) =
                 (ReqState::default(), RespState::default(), true, epoch);
             net.sched.events.cancel_timer(q);
-            qp.set_state(QpState::Err, net);
+            qp.set_state(QpState::Error, net);
         }
         for c in 0..self.tables.cqs.slots() {
             if let Some(cq) = self.tables.cqs.get_mut(c).filter(|c| c.dev == dev) {

@@ -100,7 +100,7 @@ pub(crate) struct QpObj {
     pub(crate) pd: usize,
     pub(crate) send_cq: usize,
     pub(crate) recv_cq: usize,
-    pub(crate) cap: QpCap,
+    pub(crate) cap: QpCaps,
     pub(crate) sig_all: bool,
     pub(crate) state: QpState,
     pub(crate) init: Option<InitAttr>,
@@ -147,26 +147,14 @@ pub(crate) fn rd_atomic(op: &SendOp) -> bool {
     )
 }
 
-/// The completion opcode of a send operation.
-#[inline]
-pub(crate) fn send_opcode(op: &SendOp) -> WcOpcode {
-    match op {
-        SendOp::Send | SendOp::SendWithImm { .. } => WcOpcode::Send,
-        SendOp::Write { .. } | SendOp::WriteWithImm { .. } => WcOpcode::RdmaWrite,
-        SendOp::Read { .. } => WcOpcode::RdmaRead,
-        SendOp::CompareSwap { .. } => WcOpcode::CompSwap,
-        SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
-    }
-}
-
 /// A `WrFlushErr` completion.
-pub(crate) fn flush_wc(wr_id: u64, opcode: WcOpcode, qp_num: u32) -> Wc {
-    Wc {
+pub(crate) fn flush_wc(wr_id: u64, opcode: WcOpcode, qp_num: u32) -> WorkCompletion {
+    WorkCompletion {
         wr_id,
         status: WcStatus::WrFlushErr,
         opcode,
         byte_len: 0,
-        imm_data: None,
+        imm: None,
         qp_num,
     }
 }
@@ -178,7 +166,7 @@ pub(crate) enum Posted {
     Queued,
     /// Completed at once with `WrFlushErr` (the queue pair is in ERR): the caller writes
     /// this completion to the queue's CQ.
-    Flushed(Wc),
+    Flushed(WorkCompletion),
 }
 
 impl QpObj {
@@ -202,14 +190,14 @@ impl QpObj {
     /// incarnation RESET starts, `peer_dev` the device an RTR path leads to.
     pub(crate) fn transition(
         &mut self,
-        m: &Modify,
+        m: &Transition,
         epoch: u32,
         peer_dev: Option<usize>,
         net: &mut Net,
     ) -> Result<QpState, SimError> {
         use QpState::*;
         let to = match *m {
-            Modify::Reset => {
+            Transition::Reset => {
                 self.sq.clear();
                 self.rq.clear();
                 self.unsig_done = 0;
@@ -220,8 +208,8 @@ impl QpObj {
                 net.sched.events.cancel_timer(self.slot());
                 Reset
             }
-            Modify::Err => unreachable!("a move to ERR flushes the queues: World::set_err"),
-            Modify::Init(a) => {
+            Transition::Error => unreachable!("a move to ERR flushes the queues: World::set_err"),
+            Transition::Init(a) => {
                 if !matches!(self.state, Reset | Init) {
                     return invalid("INIT only from RESET or INIT");
                 }
@@ -231,7 +219,7 @@ impl QpObj {
                 self.init = Some(a);
                 Init
             }
-            Modify::Rtr(a) => {
+            Transition::Rtr(a) => {
                 if self.state != Init {
                     return invalid("RTR only from INIT");
                 }
@@ -259,21 +247,21 @@ impl QpObj {
                 self.rtr = Some(a);
                 self.resp.epsn = a.rq_psn;
                 self.peer_dev = peer_dev;
-                Rtr
+                ReadyToReceive
             }
-            Modify::Rts(a) => {
-                if !matches!(self.state, Rtr | Rts) {
+            Transition::Rts(a) => {
+                if !matches!(self.state, ReadyToReceive | ReadyToSend) {
                     return invalid("RTS only from RTR or RTS");
                 }
                 if a.sq_psn > MAX_24 || a.timeout > 31 || a.retry_cnt > 7 || a.rnr_retry > 7 {
                     return invalid("bad sq_psn, timeout, retry_cnt or rnr_retry");
                 }
-                if self.state == Rtr {
+                if self.state == ReadyToReceive {
                     self.req.next_psn = a.sq_psn;
                 }
                 (self.req.retries, self.req.rnr_left) = (a.retry_cnt, a.rnr_retry);
                 self.rts = Some(a);
-                Rts
+                ReadyToSend
             }
         };
         self.set_state(to, net);
@@ -294,7 +282,7 @@ impl QpObj {
         if self.dead {
             return Err(SimError::DeviceFatal);
         }
-        if !matches!(self.state, QpState::Rts | QpState::Err) {
+        if !matches!(self.state, QpState::ReadyToSend | QpState::Error) {
             return invalid("QP not in RTS");
         }
         if wr.num_sge > self.cap.max_send_sge as usize {
@@ -315,7 +303,7 @@ impl QpObj {
             use SendOp::*;
             let ok_op = matches!(
                 wr.op,
-                Send | SendWithImm { .. } | Write { .. } | WriteWithImm { .. }
+                Send | SendWithImm(_) | Write { .. } | WriteWithImm { .. }
             );
             if !ok_op {
                 return invalid("INLINE on an operation without payload to send");
@@ -327,11 +315,11 @@ impl QpObj {
         if self.sq.len() + self.unsig_done >= self.cap.max_send_wr as usize {
             return Err(SimError::QueueFull);
         }
-        if self.state == QpState::Err {
+        if self.state == QpState::Error {
             self.counters.send_end(true);
             return Ok(Posted::Flushed(flush_wc(
                 wr.wr_id,
-                send_opcode(&wr.op),
+                wr.op.wc_opcode(),
                 self.qpn,
             )));
         }
@@ -362,7 +350,7 @@ impl QpObj {
                 );
             }
         });
-        let kind = TraceKind::PostSend(send_opcode(&wr.op));
+        let kind = TraceKind::PostSend(wr.op.wc_opcode());
         net.trace(self.dev, self.qpn, kind, None, Some(wr.wr_id));
         Ok(Posted::Queued)
     }
@@ -382,7 +370,7 @@ impl QpObj {
         if self.rq.len() >= self.cap.max_recv_wr as usize {
             return Err(SimError::QueueFull);
         }
-        if self.state == QpState::Err {
+        if self.state == QpState::Error {
             return Ok(Posted::Flushed(flush_wc(
                 wr.wr_id,
                 WcOpcode::Recv,

@@ -100,7 +100,7 @@ impl QpObj {
             let unusable_key = |s: &Sge| {
                 s.length > 0
                     && !matches!(mrs.lookup(s.lkey, false, self.pd),
-                        Some(m) if !writes || m.access.contains(Access::LOCAL_WRITE))
+                        Some(m) if !writes || m.access.contains(AccessFlags::LOCAL_WRITE))
             };
             let inline = wr.flags.contains(SendFlags::INLINE);
             if personality == Personality::Rxe && !inline && sges.iter().any(unusable_key) {
@@ -126,7 +126,7 @@ impl QpObj {
     /// [`QpObj::transmit`] with requests to send.
     fn transmit_unsent(&mut self, mrs: &Slab<MrObj>, net: &mut Net) -> Result<(), WcStatus> {
         loop {
-            if self.state != QpState::Rts || self.req.rnr_wait {
+            if self.state != QpState::ReadyToSend || self.req.rnr_wait {
                 return Ok(());
             }
             let i = self.req.sent;
@@ -227,7 +227,7 @@ impl QpObj {
     fn answered(&self, pkt: &Packet) -> Result<usize, DropReason> {
         let from_peer = self.rtr.is_some_and(|r| r.dest_qp_num == pkt.src_qpn)
             && self.peer_dev == Some(pkt.src_dev as usize);
-        if self.state != QpState::Rts {
+        if self.state != QpState::ReadyToSend {
             return Err(DropReason::NotReady);
         }
         if !from_peer {
@@ -279,7 +279,7 @@ impl QpObj {
         let Some((_, kind)) = self.req.timer.take() else {
             return Expiry::Nothing;
         };
-        if self.state != QpState::Rts {
+        if self.state != QpState::ReadyToSend {
             return Expiry::Nothing;
         }
         let (dev, qpn) = (self.dev, self.qpn);
@@ -352,7 +352,7 @@ impl World {
             w.tables
                 .qps
                 .get(q)
-                .is_some_and(|qp| qp.state == QpState::Rts)
+                .is_some_and(|qp| qp.state == QpState::ReadyToSend)
         };
         if !alive(self) {
             return;
@@ -371,7 +371,7 @@ impl World {
         }
         let Tables { qps, mrs, .. } = &mut self.tables;
         let net = &mut self.net;
-        let Some(qp) = qps.get_mut(q).filter(|qp| qp.state == QpState::Rts) else {
+        let Some(qp) = qps.get_mut(q).filter(|qp| qp.state == QpState::ReadyToSend) else {
             return;
         };
         // Forward progress (unless an RNR NAK answered the oldest request itself).

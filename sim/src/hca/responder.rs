@@ -87,7 +87,7 @@ pub(crate) enum Answer {
 pub(crate) fn answer(t: &Tables, cfg: &FabricConfig, peer: &QpObj, pkt: &Packet) -> Answer {
     let from_peer = peer.rtr.is_some_and(|r| r.dest_qp_num == pkt.src_qpn)
         && peer.peer_dev == Some(pkt.src_dev as usize);
-    if !matches!(peer.state, QpState::Rtr | QpState::Rts) {
+    if !matches!(peer.state, QpState::ReadyToReceive | QpState::ReadyToSend) {
         return Answer::Drop(DropReason::NotReady);
     }
     if !from_peer {
@@ -215,20 +215,20 @@ pub(crate) fn execute(
     // Responder checks, in rxe's order: opcode vs QP access, resources (RQ, read/
     // atomic credits), then rkey and receive buffers.
     let need = match wr.op {
-        Send | SendWithImm { .. } => Access::empty(),
-        Write { .. } | WriteWithImm { .. } => Access::REMOTE_WRITE,
-        Read { .. } => Access::REMOTE_READ,
-        CompareSwap { .. } | FetchAdd { .. } => Access::REMOTE_ATOMIC,
+        Send | SendWithImm(_) => AccessFlags::empty(),
+        Write { .. } | WriteWithImm { .. } => AccessFlags::REMOTE_WRITE,
+        Read { .. } => AccessFlags::REMOTE_READ,
+        CompareSwap { .. } | FetchAdd { .. } => AccessFlags::REMOTE_ATOMIC,
     };
     let (access, max_rd) = match (peer.init, peer.rtr) {
         (Some(i), Some(r)) => (i.access, r.max_dest_rd_atomic),
-        _ => (Access::empty(), 0),
+        _ => (AccessFlags::empty(), 0),
     };
     if !access.contains(need) || (rd_atomic(&wr.op) && max_rd == 0) {
         return fail(out, WcStatus::RemInvReqErr);
     }
     let rwr = match wr.op {
-        Send | SendWithImm { .. } | WriteWithImm { .. } => match peer.rq.front() {
+        Send | SendWithImm(_) | WriteWithImm { .. } => match peer.rq.front() {
             Some(r) => Some(r),
             None => return Exec { rnr: true, ..out },
         },
@@ -243,9 +243,9 @@ pub(crate) fn execute(
 
     // Effects (everything is checked before a byte moves), responder completion.
     match (wr.op, rwr) {
-        (Send | SendWithImm { .. }, Some(rwr)) => {
+        (Send | SendWithImm(_), Some(rwr)) => {
             let imm = match wr.op {
-                SendWithImm { imm } => Some(imm),
+                SendWithImm(imm) => Some(imm),
                 _ => None,
             };
             let mut done = RecvDone {
@@ -352,7 +352,7 @@ pub(crate) fn execute(
             mem::copy(&[Src::slice(&old.to_ne_bytes())], &dst, 8);
             out.old = Some(old);
         }
-        (Send | SendWithImm { .. }, None) => unreachable!("sends take a receive"),
+        (Send | SendWithImm(_), None) => unreachable!("sends take a receive"),
     }
     out
 }

@@ -110,7 +110,7 @@ pub(crate) struct PdObj {
 #[derive(Debug)]
 pub(crate) struct MrObj {
     pub(crate) pd: usize,
-    pub(crate) access: Access,
+    pub(crate) access: AccessFlags,
     pub(crate) region: Region,
 }
 
@@ -119,10 +119,10 @@ pub(crate) struct MrObj {
 pub(crate) struct CqObj {
     pub(crate) dev: usize,
     pub(crate) depth: usize,
-    pub(crate) entries: VecDeque<Wc>,
+    pub(crate) entries: VecDeque<WorkCompletion>,
     pub(crate) overflowed: bool,
     /// Shared with the handle: false only while a poll has nothing to return and nothing
-    /// to run (see `Cq::poll_map`). Set under the world's lock by every push.
+    /// to run (see `Cq::poll`). Set under the world's lock by every push.
     pub(crate) ready: Arc<crate::padded::Padded<AtomicBool>>,
     /// Its completion channel, arming and events (`comp_channel.rs`).
     pub(crate) notify: CqNotify,
@@ -134,9 +134,9 @@ pub(crate) struct CqObj {
 #[derive(Debug)]
 pub(crate) struct Tables {
     pub(crate) devices: Vec<Device>,
-    /// Device index by name and by GID.
+    /// Device index by name and by GID (its bytes: `Gid` has no order).
     by_name: BTreeMap<String, usize>,
-    by_gid: BTreeMap<Gid, usize>,
+    by_gid: BTreeMap<[u8; 16], usize>,
     pub(crate) pds: Slab<PdObj>,
     pub(crate) mrs: Slab<MrObj>,
     pub(crate) cqs: Slab<CqObj>,
@@ -199,7 +199,7 @@ impl Tables {
         self.devices.push(Device {
             name: name.to_owned(),
             lid,
-            gids: [link_local, v4],
+            gids: [Gid(link_local), Gid(v4)],
         });
         Ok(())
     }
@@ -211,7 +211,7 @@ impl Tables {
 
     /// The index of the device with GID `gid`.
     pub(crate) fn device_with_gid(&self, gid: &Gid) -> Option<usize> {
-        self.by_gid.get(gid).copied()
+        self.by_gid.get(&gid.0).copied()
     }
 
     pub(crate) fn alloc_pd(&mut self, dev: usize) -> usize {
@@ -275,10 +275,10 @@ impl Tables {
         &mut self,
         pd: usize,
         region: Region,
-        access: Access,
+        access: AccessFlags,
     ) -> Result<(usize, u32, u32), SimError> {
-        let remote = Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
-        if access.intersects(remote) && !access.contains(Access::LOCAL_WRITE) {
+        let remote = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC;
+        if access.intersects(remote) && !access.contains(AccessFlags::LOCAL_WRITE) {
             return invalid("REMOTE_WRITE/REMOTE_ATOMIC need LOCAL_WRITE");
         }
         if self.mrs.next_index() > (u32::MAX >> 8) as usize {
@@ -302,7 +302,7 @@ impl Tables {
         &mut self,
         pd: usize,
         cqs: (usize, usize),
-        cap: QpCap,
+        cap: QpCaps,
         sig_all: bool,
         events: &mut Events,
         lazy: bool,

@@ -30,7 +30,7 @@ impl Buf {
     }
 
     /// Registers the whole buffer.
-    pub fn reg(&self, pd: &Pd, access: Access) -> Mr {
+    pub fn reg(&self, pd: &Pd, access: AccessFlags) -> Mr {
         // SAFETY: the buffer outlives the MR in every test (declared before it) and is only
         // accessed through raw pointers.
         unsafe { pd.register_mr(self.ptr, self.len, access) }.expect("register")
@@ -99,24 +99,24 @@ pub fn rwr(wr_id: u64, sges: &[Sge]) -> RecvWr {
 }
 
 /// A placeholder completion for poll buffers.
-pub fn blank_wc() -> Wc {
-    Wc {
+pub fn blank_wc() -> WorkCompletion {
+    WorkCompletion {
         wr_id: 0,
         status: WcStatus::GeneralErr,
         opcode: WcOpcode::Send,
         byte_len: 0,
-        imm_data: None,
+        imm: None,
         qp_num: 0,
     }
 }
 
 /// Every completion currently in `cq`.
-pub fn drain(cq: &Cq) -> Vec<Wc> {
+pub fn drain(cq: &Cq) -> Vec<WorkCompletion> {
     try_drain(cq).expect("poll")
 }
 
 /// Every completion currently in `cq`, or the error polling met.
-pub fn try_drain(cq: &Cq) -> Result<Vec<Wc>, SimError> {
+pub fn try_drain(cq: &Cq) -> Result<Vec<WorkCompletion>, SimError> {
     let mut all = Vec::new();
     let mut wc = [blank_wc(); 4];
     loop {
@@ -129,7 +129,7 @@ pub fn try_drain(cq: &Cq) -> Result<Vec<Wc>, SimError> {
 }
 
 /// The one completion in `cq` (panics unless exactly one).
-pub fn one(cq: &Cq) -> Wc {
+pub fn one(cq: &Cq) -> WorkCompletion {
     let all = drain(cq);
     assert_eq!(all.len(), 1, "expected one completion, got {all:?}");
     all[0]
@@ -139,11 +139,11 @@ pub fn one(cq: &Cq) -> Wc {
 #[derive(Clone, Copy, Debug)]
 pub struct Cfg {
     /// Caps of both QPs.
-    pub cap: QpCap,
+    pub cap: QpCaps,
     /// Depth of each side's CQ.
     pub cq_depth: u32,
     /// Remote access both QPs grant.
-    pub access: Access,
+    pub access: AccessFlags,
     /// `max_dest_rd_atomic` of both QPs.
     pub max_dest_rd_atomic: u8,
     /// `sq_sig_all` of both QPs.
@@ -153,7 +153,7 @@ pub struct Cfg {
 impl Default for Cfg {
     fn default() -> Self {
         Cfg {
-            cap: QpCap {
+            cap: QpCaps {
                 max_send_wr: 8,
                 max_recv_wr: 8,
                 max_send_sge: 4,
@@ -161,7 +161,9 @@ impl Default for Cfg {
                 max_inline_data: 64,
             },
             cq_depth: 64,
-            access: Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
+            access: AccessFlags::REMOTE_WRITE
+                | AccessFlags::REMOTE_READ
+                | AccessFlags::REMOTE_ATOMIC,
             max_dest_rd_atomic: 4,
             sig_all: false,
         }
@@ -200,7 +202,7 @@ pub fn side(fabric: &Fabric, dev: &str, cfg: &Cfg) -> Side {
 }
 
 /// INIT attributes granting `access`.
-pub fn init_attr(access: Access) -> InitAttr {
+pub fn init_attr(access: AccessFlags) -> InitAttr {
     InitAttr {
         port: 1,
         pkey_index: 0,
@@ -239,10 +241,10 @@ pub fn rts_attr() -> RtsAttr {
 }
 
 /// Brings `qp` to RTS towards `rtr`.
-pub fn connect(qp: &Qp, access: Access, rtr: RtrAttr) {
-    qp.modify(&Modify::Init(init_attr(access))).unwrap();
-    qp.modify(&Modify::Rtr(rtr)).unwrap();
-    qp.modify(&Modify::Rts(rts_attr())).unwrap();
+pub fn connect(qp: &Qp, access: AccessFlags, rtr: RtrAttr) {
+    qp.modify(&Transition::Init(init_attr(access))).unwrap();
+    qp.modify(&Transition::Rtr(rtr)).unwrap();
+    qp.modify(&Transition::Rts(rts_attr())).unwrap();
 }
 
 /// A connected pair with `cfg`.
@@ -268,15 +270,15 @@ pub fn lid(s: &Side) -> u16 {
 }
 
 /// All remote and local access.
-pub fn all_access() -> Access {
-    Access::all()
+pub fn all_access() -> AccessFlags {
+    AccessFlags::all()
 }
 
 /// Brings `qp` to RTS towards `rtr` with `rts`.
-pub fn connect_with(qp: &Qp, access: Access, rtr: RtrAttr, rts: RtsAttr) {
-    qp.modify(&Modify::Init(init_attr(access))).unwrap();
-    qp.modify(&Modify::Rtr(rtr)).unwrap();
-    qp.modify(&Modify::Rts(rts)).unwrap();
+pub fn connect_with(qp: &Qp, access: AccessFlags, rtr: RtrAttr, rts: RtsAttr) {
+    qp.modify(&Transition::Init(init_attr(access))).unwrap();
+    qp.modify(&Transition::Rtr(rtr)).unwrap();
+    qp.modify(&Transition::Rts(rts)).unwrap();
 }
 
 /// A connected pair on devices `sim0` (a) and `sim1` (b) of `fabric`, both with `rts`.
@@ -313,6 +315,6 @@ pub fn count(json: &str, name: &str) -> usize {
 }
 
 /// (wr_id, status) of each completion.
-pub fn ids(wcs: &[Wc]) -> Vec<(u64, WcStatus)> {
+pub fn ids(wcs: &[WorkCompletion]) -> Vec<(u64, WcStatus)> {
     wcs.iter().map(|w| (w.wr_id, w.status)).collect()
 }

@@ -51,13 +51,18 @@ impl World {
     /// Executes the send queue of QP `q` from its head on the direct path, as far as it
     /// may go; the rest is left to the packet path (`pump`).
     pub(crate) fn run_direct(&mut self, q: usize) {
-        while self.direct_one(q) {}
+        // What cannot change while requests execute here (the fabric, the link, the
+        // connection and its states) is checked once for the whole send queue.
+        let Some(path) = path(&self.tables, &self.net, q) else {
+            return;
+        };
+        while self.direct_one(q, &path) {}
     }
 
     /// Executes the head of QP `q`'s send queue at once, as the packet path would on this
     /// fabric; false, having changed nothing, when it must take the packet path instead.
-    fn direct_one(&mut self, q: usize) -> bool {
-        let Some(d) = plan(&self.tables, &self.net, q) else {
+    fn direct_one(&mut self, q: usize, path: &Path) -> bool {
+        let Some(d) = plan(&self.tables, &self.net, q, path) else {
             return false;
         };
         // The queue pairs are looked up again to change them: the plan read the whole
@@ -93,23 +98,30 @@ impl World {
     }
 }
 
-/// Whether the head of QP `q`'s send queue may take the direct path; if so, executes it
-/// at its responder (which moves its bytes and changes nothing else) and returns what is
-/// left to apply.
+/// The connection a send queue's requests take on the direct path: what a request
+/// executed there leaves as it was (the fabric untimed and idle, the link up and nothing
+/// scripted on it, both queue pairs connected to each other in a sending and a receiving
+/// state, the requester quiet), checked once per `run_direct`.
+struct Path {
+    /// The responder's slot.
+    p: usize,
+    rtr: RtrAttr,
+    rts: RtsAttr,
+}
+
 #[inline]
-fn plan(t: &Tables, net: &Net, q: usize) -> Option<Direct> {
+fn path(t: &Tables, net: &Net, q: usize) -> Option<Path> {
     if !net.untimed || !net.sched.events.is_empty() {
         return None;
     }
     let qp = t.qps.get(q)?;
     let r = &qp.req;
     let quiet = r.sent == 0 && !r.rnr_wait && !r.parked && r.timer.is_none();
-    let e = qp
-        .sq
-        .front()
-        .filter(|_| quiet && qp.state == QpState::ReadyToSend)?;
+    if !quiet || qp.state != QpState::ReadyToSend {
+        return None;
+    }
     let (rtr, rts, pdev) = (qp.rtr?, qp.rts?, qp.peer_dev?);
-    let (dev, qpn, psn) = (qp.dev, qp.qpn, qp.req.next_psn);
+    let (dev, qpn) = (qp.dev, qp.qpn);
     let wire = &net.wire;
     if wire.blocked(dev, pdev).is_some() || wire.scripted(dev) || wire.scripted(pdev) {
         return None;
@@ -119,8 +131,21 @@ fn plan(t: &Tables, net: &Net, q: usize) -> Option<Direct> {
         && peer.peer_dev == Some(dev)
         && peer.dev == pdev
         && !peer.dead
-        && matches!(peer.state, QpState::ReadyToReceive | QpState::ReadyToSend)
-        && peer.resp.epsn == psn;
+        && matches!(peer.state, QpState::ReadyToReceive | QpState::ReadyToSend);
+    connected.then_some(Path { p, rtr, rts })
+}
+
+/// Whether the head of QP `q`'s send queue may take the direct path on `path`; if so,
+/// executes it at its responder (which moves its bytes and changes nothing else) and
+/// returns what is left to apply.
+#[inline]
+fn plan(t: &Tables, net: &Net, q: usize, path: &Path) -> Option<Direct> {
+    let qp = t.qps.get(q)?;
+    let e = qp.sq.front()?;
+    let (p, rtr, rts, qpn, psn) = (path.p, path.rtr, path.rts, qp.qpn, qp.req.next_psn);
+    let peer = t.qps.get(p)?;
+    // In step with the requester (a packet path request left both where they were).
+    let connected = peer.resp.epsn == psn;
     // The requester's local checks: the limits here, the memory in `execute` (its
     // local half fails exactly where `local_check` would). An atomic passes only with
     // 8 bytes, so `len` is the message length of every request that passes.

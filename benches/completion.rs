@@ -297,6 +297,26 @@ mod async_pingpong {
     }
 }
 
+/// A context and its protection domain, leaked so that regions and channels can be
+/// `'static`.
+#[cfg(feature = "tokio")]
+type Device = (
+    &'static Context<Sim>,
+    &'static zverbs::ProtectionDomain<Sim>,
+);
+
+/// A [`Device`] on each of two simulated devices of one fabric.
+#[cfg(feature = "tokio")]
+fn two_devices() -> (Device, Device) {
+    let sim = Sim::with_devices(2);
+    let open = |dev: &str| {
+        let ctx: &'static _ = Box::leak(Box::new(Context::open(&sim, dev).unwrap()));
+        let pd: &'static _ = Box::leak(Box::new(ctx.alloc_pd().unwrap()));
+        (ctx, pd)
+    };
+    (open("sim0"), open("sim1"))
+}
+
 /// RDMA writes of 64 B, one at a time, on one thread: the blocking `Channel::write`
 /// against `AsyncChannel::write` on a current-thread runtime (the simulator completes a
 /// write inside its post, so this is the software cost per operation).
@@ -305,14 +325,8 @@ fn write_rate(c: &mut Criterion) {
     use common::timed_no_alloc;
     use zverbs::tokio::AsyncChannel;
     use zverbs::{AccessFlags, LocalBuf, MrPool};
-    let sim = Sim::with_devices(2);
     let cfg = ChannelConfig::default();
-    let open = |dev: &str| {
-        let ctx = Box::leak(Box::new(Context::open(&sim, dev).unwrap()));
-        let pd: &'static _ = Box::leak(Box::new(ctx.alloc_pd().unwrap()));
-        (ctx, pd)
-    };
-    let ((ca, pa), (cb, pb)) = (open("sim0"), open("sim1"));
+    let ((ca, pa), (cb, pb)) = two_devices();
     let target = buffer(4096);
     let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
     // SAFETY: the buffer is leaked and never read.
@@ -416,14 +430,8 @@ fn send_rate(c: &mut Criterion) {
     use zverbs::tokio::AsyncChannel;
     use zverbs::{LocalBuf, MrPool};
     type ACh = AsyncChannel<Sim, LocalBuf<Sim>, 16, 1>;
-    let sim = Sim::with_devices(2);
     let cfg = ChannelConfig::default();
-    let open = |dev: &str| {
-        let ctx = Box::leak(Box::new(Context::open(&sim, dev).unwrap()));
-        let pd: &'static _ = Box::leak(Box::new(ctx.alloc_pd().unwrap()));
-        (ctx, pd)
-    };
-    let ((ca, pa), (cb, pb)) = (open("sim0"), open("sim1"));
+    let ((ca, pa), (cb, pb)) = two_devices();
     let mut g = c.benchmark_group("send_64B");
     g.throughput(Throughput::Elements(WINDOW as u64));
     {

@@ -105,3 +105,18 @@ fn lazy_queues_allocate_only_until_their_busiest() {
         "allocations after the busiest round"
     );
 }
+
+#[test]
+fn freeing_objects_does_not_allocate() {
+    // A destroy may run on a data-path thread (a pool dropped when its task ends).
+    let p = pair();
+    let bufs: Vec<Buf> = (0..5).map(|i| Buf::new(64, i)).collect();
+    let mrs: Vec<Mr> = bufs.iter().map(|b| b.reg(&p.a.pd, all_access())).collect();
+    COUNT.with(|c| c.set(Some(0)));
+    drop(mrs);
+    let n = COUNT.with(|c| c.replace(None)).unwrap();
+    assert_eq!(n, 0, "allocations while freeing");
+    // And the slots come back lowest first.
+    let again = bufs[0].reg(&p.a.pd, all_access());
+    assert_eq!(again.lkey() >> 8, 0, "the lowest free slot is reused");
+}

@@ -26,8 +26,9 @@ const GEN_MASK: u32 = 0x7f;
 #[derive(Debug)]
 pub(crate) struct Slab<T> {
     slots: Vec<(u8, Option<T>)>,
-    /// The free slots below `slots.len()`.
-    free: BinaryHeap<Reverse<usize>>,
+    /// The free slots below `slots.len()`; room for every slot is reserved as the slab
+    /// grows, so that freeing never allocates (a destroy may run on a data-path thread).
+    free: BinaryHeap<Reverse<u32>>,
 }
 
 impl<T> Slab<T> {
@@ -41,9 +42,12 @@ impl<T> Slab<T> {
     /// Stores `v` in the lowest free slot; returns its index and generation (1..=127).
     fn insert(&mut self, v: T) -> (usize, u8) {
         let i = match self.free.pop() {
-            Some(Reverse(i)) => i,
+            Some(Reverse(i)) => i as usize,
             None => {
                 self.slots.push((0, None));
+                // `reserve` grows by doubling: amortised O(1).
+                let more = self.slots.len() - self.free.len();
+                self.free.reserve(more);
                 self.slots.len() - 1
             }
         };
@@ -55,13 +59,14 @@ impl<T> Slab<T> {
 
     /// Index the next `insert` uses.
     fn next_index(&self) -> usize {
-        self.free.peek().map_or(self.slots.len(), |r| r.0)
+        self.free.peek().map_or(self.slots.len(), |r| r.0 as usize)
     }
 
     pub(crate) fn remove(&mut self, i: usize) -> Option<T> {
         let v = self.slots.get_mut(i)?.1.take();
         if v.is_some() {
-            self.free.push(Reverse(i));
+            // Below `slots.len()`, which the callers keep within u32 (24-bit QPNs, keys).
+            self.free.push(Reverse(i as u32));
         }
         v
     }

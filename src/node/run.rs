@@ -85,6 +85,45 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
     /// acknowledged (also when no barrier runs), `Ok(false)` while it still needs peers.
     /// Nothing bounds a polled barrier but its caller: to give up, call
     /// [`abandon_barrier`](Self::abandon_barrier). An error poisons the node's barriers.
+    ///
+    /// One thread driving a whole world on the stepped simulator:
+    ///
+    /// ```
+    /// use zverbs::node::{barrier::neighbours, Node, NodeConfig};
+    /// use zverbs::provider::sim::{FabricConfig, Sim};
+    /// use zverbs::Context;
+    /// let n = 8;
+    /// let sim = Sim::with_config(FabricConfig { auto_step: false, ..FabricConfig::stepped(1) }, n);
+    /// let cfg = NodeConfig::default();
+    /// let ctxs: Vec<_> = (0..n).map(|r| Context::open(&sim, &format!("sim{r}")).unwrap()).collect();
+    /// let pds: Vec<_> = ctxs.iter().map(|c| c.alloc_pd().unwrap()).collect();
+    /// let prepared: Vec<_> = (0..n)
+    ///     .map(|r| {
+    ///         let peers = neighbours(cfg.algorithm, r, n);
+    ///         Node::<Sim, 8, 2, 1>::prepare_with_peers(&ctxs[r], &pds[r], r, n, peers, &cfg).unwrap()
+    ///     })
+    ///     .collect();
+    /// let eps: Vec<Vec<_>> =
+    ///     prepared.iter().map(|p| (0..n).map(|peer| p.endpoints(peer).ok()).collect()).collect();
+    /// let mut nodes: Vec<_> = prepared
+    ///     .into_iter()
+    ///     .enumerate()
+    ///     .map(|(r, p)| p.connect(|peer| eps[peer][r]).unwrap())
+    ///     .collect();
+    /// for node in &mut nodes {
+    ///     node.start_barrier_all().unwrap();
+    /// }
+    /// let fabric = sim.fabric();
+    /// loop {
+    ///     // Every node is polled on every pass (a node not polled forwards nothing).
+    ///     let done = nodes.iter_mut().fold(true, |all, node| node.poll_barrier().unwrap() & all);
+    ///     if done {
+    ///         break;
+    ///     }
+    ///     let next = fabric.next_event_at().expect("a barrier in flight has events");
+    ///     fabric.run_for(next.saturating_sub(fabric.now()));
+    /// }
+    /// ```
     pub fn poll_barrier(&mut self) -> Result<bool, NodeError<P::Error>> {
         if self.poisoned {
             return Err(NodeError::Poisoned);

@@ -204,7 +204,8 @@ impl Context {
     /// [`SimError::Invalid`] unless `1 <= depth <= MAX_CQE`.
     pub fn create_cq(&self, depth: u32) -> Result<Cq, SimError> {
         let mut w = enter(&self.world);
-        let id = w.tables.create_cq(self.dev, depth)?;
+        let lazy = w.net.cfg.lazy_queues;
+        let id = w.tables.create_cq(self.dev, depth, lazy)?;
         let ready = w.tables.cqs.get(id).expect("new CQ").ready.clone();
         Ok(Cq {
             world: self.world.clone(),

@@ -47,7 +47,7 @@ mod wq;
 
 use mem::RawInline;
 use net::Net;
-use qp::{Posted, ReqState, RespState};
+use qp::{Posted, ReqState};
 use tables::Tables;
 
 /// The whole simulated fabric.
@@ -301,8 +301,8 @@ impl World {
             qp.sq.clear();
             qp.rq.clear();
             qp.unsig_done = 0;
-            (qp.req, qp.resp, qp.dead, qp.epoch) =
-                (ReqState::default(), RespState::default(), true, epoch);
+            (qp.req, qp.dead, qp.epoch) = (ReqState::default(), true, epoch);
+            qp.resp.reset();
             net.sched.events.cancel_timer(q);
             qp.set_state(QpState::Error, net);
         }

@@ -63,19 +63,42 @@ pub(crate) struct ReqState {
 pub(crate) const ATOMIC_CACHE: usize = 16;
 
 /// Responder side of a queue pair.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug)]
 pub(crate) struct RespState {
     /// Expected PSN.
     pub(crate) epsn: u32,
-    /// (PSN, old value) of recent atomics, a ring.
-    pub(crate) atomics: [(u32, u64); ATOMIC_CACHE],
-    pub(crate) next_atomic: usize,
+    /// (PSN, old value) of recent atomics, a ring of at most `ATOMIC_CACHE` once full.
+    /// Allocated with the queue pair, or (lazy queues) at its first atomic, so that a
+    /// queue pair that never serves one carries no cache.
+    atomics: Vec<(u32, u64)>,
+    next_atomic: usize,
 }
 
 impl RespState {
+    pub(crate) fn new(lazy: bool) -> RespState {
+        RespState {
+            epsn: 0,
+            atomics: Vec::with_capacity(if lazy { 0 } else { ATOMIC_CACHE }),
+            next_atomic: 0,
+        }
+    }
+
+    /// Back to a fresh queue pair's state, keeping the cache's room (no allocation).
+    pub(crate) fn reset(&mut self) {
+        self.epsn = 0;
+        self.atomics.clear();
+        self.next_atomic = 0;
+    }
+
     #[inline]
     pub(crate) fn remember(&mut self, psn: u32, old: u64) {
-        self.atomics[self.next_atomic] = (psn, old);
+        if self.atomics.len() < ATOMIC_CACHE {
+            self.atomics
+                .reserve_exact(ATOMIC_CACHE - self.atomics.len());
+            self.atomics.push((psn, old));
+        } else {
+            self.atomics[self.next_atomic] = (psn, old);
+        }
         self.next_atomic = (self.next_atomic + 1) % ATOMIC_CACHE;
     }
 
@@ -202,8 +225,8 @@ impl QpObj {
                 self.rq.clear();
                 self.unsig_done = 0;
                 (self.init, self.rtr, self.rts) = (None, None, None);
-                (self.req, self.resp, self.peer_dev) =
-                    (ReqState::default(), RespState::default(), None);
+                (self.req, self.peer_dev) = (ReqState::default(), None);
+                self.resp.reset();
                 self.epoch = epoch;
                 net.sched.events.cancel_timer(self.slot());
                 Reset

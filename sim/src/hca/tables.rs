@@ -243,14 +243,21 @@ impl Tables {
         }
     }
 
-    pub(crate) fn create_cq(&mut self, dev: usize, depth: u32) -> Result<usize, SimError> {
+    /// Creates a CQ of `depth` entries, allocated now unless `lazy` (then they grow as
+    /// completions arrive, up to the busiest the CQ gets).
+    pub(crate) fn create_cq(
+        &mut self,
+        dev: usize,
+        depth: u32,
+        lazy: bool,
+    ) -> Result<usize, SimError> {
         if !(1..=MAX_CQE).contains(&depth) {
             return invalid("CQ depth must be 1..=MAX_CQE");
         }
         let cq = CqObj {
             dev,
             depth: depth as usize,
-            entries: VecDeque::with_capacity(depth as usize),
+            entries: VecDeque::with_capacity(if lazy { 0 } else { depth as usize }),
             overflowed: false,
             ready: Arc::new(crate::padded::Padded(AtomicBool::new(true))),
             notify: CqNotify::new(self.notifier.next_key()),
@@ -340,7 +347,7 @@ impl Tables {
             dead: false,
             peer_dev: None,
             req: ReqState::default(),
-            resp: RespState::default(),
+            resp: RespState::new(lazy),
             pd,
             send_cq: cqs.0,
             recv_cq: cqs.1,

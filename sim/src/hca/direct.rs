@@ -174,7 +174,13 @@ fn plan(t: &Tables, net: &Net, q: usize, path: &Path) -> Option<Direct> {
     if !fits {
         return None;
     }
-    let ex = execute(&t.mrs, &net.cfg, qp, wr, &e.inline, peer);
+    // The inline room is looked at only by an inline request.
+    let inline = if wr.flags.contains(SendFlags::INLINE) {
+        qp.sq.inline(0)
+    } else {
+        &[]
+    };
+    let ex = execute(&t.mrs, &net.cfg, qp, wr, inline, peer);
     if ex.rnr || ex.status != WcStatus::Success {
         return None;
     }

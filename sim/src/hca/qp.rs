@@ -365,14 +365,12 @@ impl QpObj {
             e.wr.sg_list[..sges.len()].copy_from_slice(sges);
             (e.wr.num_sge, e.wr.op, e.wr.flags) = (wr.num_sge, wr.op, wr.flags);
             (e.psn, e.npkts, e.sent_once) = (0, 1, false);
-            if inline_len > 0 {
-                copy(
-                    &spans,
-                    &[Dst::slice(&mut e.inline[..inline_len])],
-                    inline_len,
-                );
-            }
         });
+        if inline_len > 0 {
+            // At most `max_inline_data` (checked above): the slot's room holds it.
+            let room = self.sq.inline_mut(self.sq.len() - 1);
+            copy(&spans, &[Dst::slice(&mut room[..inline_len])], inline_len);
+        }
         let kind = TraceKind::PostSend(wr.op.wc_opcode());
         net.trace(self.dev, self.qpn, kind, None, Some(wr.wr_id));
         Ok(Posted::Queued)

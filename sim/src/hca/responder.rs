@@ -100,8 +100,8 @@ pub(crate) fn answer(t: &Tables, cfg: &FabricConfig, peer: &QpObj, pkt: &Packet)
         .map(|(_, r)| r)
         .filter(|r| r.epoch == pkt.epoch)
         .and_then(|r| {
-            let e = r.sq.iter().find(|e| e.sent_once && e.psn == pkt.psn)?;
-            Some((r, e))
+            let i = r.sq.iter().position(|e| e.sent_once && e.psn == pkt.psn)?;
+            Some((r, r.sq.get(i)?, r.sq.inline(i)))
         });
     let last = pkt.psn.wrapping_add(pkt.npkts - 1) & PSN_MASK;
     let ack = Answer::Again {
@@ -112,12 +112,12 @@ pub(crate) fn answer(t: &Tables, cfg: &FabricConfig, peer: &QpObj, pkt: &Packet)
     };
     if diff >= HALF {
         // Behind the expected PSN: re-acknowledge, re-read, or replay an atomic.
-        let Some((req, e)) = found else {
+        let Some((req, e, inline)) = found else {
             return ack;
         };
         let (kind, bytes) = match e.wr.op {
             SendOp::Read { .. } => {
-                let ex = execute(&t.mrs, cfg, req, &e.wr, &e.inline, peer);
+                let ex = execute(&t.mrs, cfg, req, &e.wr, inline, peer);
                 let bytes = msg_len(&e.wr) + u64::from(pkt.npkts) * HEADER_BYTES;
                 match ex.status {
                     WcStatus::Success => (PacketKind::ReadResp, bytes),
@@ -141,7 +141,7 @@ pub(crate) fn answer(t: &Tables, cfg: &FabricConfig, peer: &QpObj, pkt: &Packet)
             bytes,
         };
     }
-    let Some((req, e)) = found.filter(|_| diff == 0) else {
+    let Some((req, e, inline)) = found.filter(|_| diff == 0) else {
         return Answer::Drop(match diff {
             0 => DropReason::Stale,
             _ => DropReason::OutOfOrder,
@@ -151,7 +151,7 @@ pub(crate) fn answer(t: &Tables, cfg: &FabricConfig, peer: &QpObj, pkt: &Packet)
         wr_id: e.wr.wr_id,
         op: e.wr.op,
         len: msg_len(&e.wr),
-        ex: execute(&t.mrs, cfg, req, &e.wr, &e.inline, peer),
+        ex: execute(&t.mrs, cfg, req, &e.wr, inline, peer),
     }
 }
 

@@ -4,8 +4,10 @@
 //! A `VecDeque` of whole send entries would copy each entry (a request with 16 gather
 //! entries and 256 bytes of inline room, over 500 bytes) on every push and pop. Here a post
 //! writes only the fields and bytes it uses into the next slot, and retiring the head moves
-//! an index. A receive slot holds its work request id and as many scatter entries as the
-//! queue pair allows (`max_recv_sge`), not the 16 of a [`RecvWr`].
+//! an index. A send slot's inline room is as large as the queue pair allows
+//! (`max_inline_data`, kept beside the slots), not 256 bytes; a receive slot holds its work
+//! request id and as many scatter entries as the queue pair allows (`max_recv_sge`), not
+//! the 16 of a [`RecvWr`].
 //!
 //! Both rings are allocated whole when the queue pair is created, so posting never
 //! allocates; or, with [`FabricConfig::lazy_queues`](crate::FabricConfig::lazy_queues),
@@ -14,11 +16,11 @@
 
 use crate::types::*;
 
-/// A queued send work request, with its inline payload copied at post time.
+/// A queued send work request (its inline payload, copied at post time, is beside it:
+/// [`SendQueue::inline`]).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct SqEntry {
     pub(crate) wr: SendWr,
-    pub(crate) inline: [u8; MAX_INLINE],
     /// First PSN, once transmitted.
     pub(crate) psn: u32,
     /// PSNs the message uses (path-MTU segments, at least 1).
@@ -39,7 +41,6 @@ const BLANK: SqEntry = SqEntry {
         op: SendOp::Send,
         flags: SendFlags::empty(),
     },
-    inline: [0; MAX_INLINE],
     psn: 0,
     npkts: 1,
     sent_once: false,
@@ -71,23 +72,27 @@ impl Ring {
     }
 }
 
-/// Send work requests not yet executed, oldest first, at most `capacity` of them.
+/// Send work requests not yet executed, oldest first, at most `capacity` of them, each
+/// with `stride` bytes of inline room.
 #[derive(Debug)]
 pub(crate) struct SendQueue {
     slots: Vec<SqEntry>,
+    /// Slot `s`'s inline room: `inline[s * stride..][..stride]`.
+    inline: Vec<u8>,
+    stride: usize,
     ring: Ring,
 }
 
 impl SendQueue {
-    /// An empty queue of `capacity` (at least 1) slots, allocated now unless `lazy`.
-    pub(crate) fn new(capacity: usize, lazy: bool) -> SendQueue {
+    /// An empty queue of `capacity` (at least 1) slots with `stride` (at most
+    /// [`MAX_INLINE`]) inline bytes each, allocated now unless `lazy`.
+    pub(crate) fn new(capacity: usize, stride: usize, lazy: bool) -> SendQueue {
         let capacity = capacity.max(1);
+        let slots = if lazy { 0 } else { capacity };
         SendQueue {
-            slots: if lazy {
-                Vec::new()
-            } else {
-                vec![BLANK; capacity]
-            },
+            slots: vec![BLANK; slots],
+            inline: vec![0; slots * stride],
+            stride,
             ring: Ring {
                 head: 0,
                 len: 0,
@@ -119,13 +124,31 @@ impl SendQueue {
         self.get(0)
     }
 
+    /// Entry `i`'s inline room (its payload, if it was posted inline); empty past the end.
+    pub(crate) fn inline(&self, i: usize) -> &[u8] {
+        if i >= self.ring.len {
+            return &[];
+        }
+        &self.inline[self.slot(i) * self.stride..][..self.stride]
+    }
+
+    /// Entry `i`'s inline room, to write; empty past the end.
+    pub(crate) fn inline_mut(&mut self, i: usize) -> &mut [u8] {
+        if i >= self.ring.len {
+            return &mut [];
+        }
+        let at = self.slot(i) * self.stride;
+        &mut self.inline[at..][..self.stride]
+    }
+
     pub(crate) fn iter(&self) -> impl Iterator<Item = &SqEntry> {
         (0..self.ring.len).map(|i| &self.slots[self.slot(i)])
     }
 
     /// Appends an entry written in place by `fill` into a slot that holds a stale entry:
     /// `fill` must set every field a reader uses (`wr` but the gather entries past its
-    /// `num_sge`, the inline bytes it uses, `psn`, `npkts`, `sent_once`).
+    /// `num_sge`, `psn`, `npkts`, `sent_once`; an inline payload goes into
+    /// [`inline_mut`](Self::inline_mut) after).
     ///
     /// # Panics
     /// If the queue is full (callers check `max_send_wr` first).
@@ -137,10 +160,14 @@ impl SendQueue {
                 .expect("send queue overflow");
             // Unwrapped to the front, so the new slots extend the ring at its end.
             self.slots.rotate_left(self.ring.head);
+            self.inline.rotate_left(self.ring.head * self.stride);
             self.ring.head = 0;
             // Exact: `Vec`'s own growth would round a first push up to 4 slots.
             self.slots.reserve_exact(to - self.slots.len());
+            self.inline
+                .reserve_exact(to * self.stride - self.inline.len());
             self.slots.resize(to, BLANK);
+            self.inline.resize(to * self.stride, 0);
         }
         let at = self.slot(self.ring.len);
         fill(&mut self.slots[at]);
@@ -271,12 +298,14 @@ mod tests {
 
     fn push(q: &mut SendQueue, id: u64) {
         q.push_with(|e| e.wr.wr_id = id);
+        let last = q.len() - 1;
+        q.inline_mut(last).fill(id as u8);
     }
 
     #[test]
     fn fifo_across_the_wrap() {
         for lazy in [false, true] {
-            let mut q = SendQueue::new(3, lazy);
+            let mut q = SendQueue::new(3, 2, lazy);
             for round in 0..5u64 {
                 push(&mut q, round * 10);
                 push(&mut q, round * 10 + 1);
@@ -294,7 +323,7 @@ mod tests {
 
     #[test]
     fn a_lazy_send_queue_grows_in_order_up_to_its_capacity() {
-        let mut q = SendQueue::new(5, true);
+        let mut q = SendQueue::new(5, 2, true);
         assert_eq!(q.slots.len(), 0);
         push(&mut q, 0);
         push(&mut q, 1);
@@ -303,6 +332,10 @@ mod tests {
             push(&mut q, id);
         }
         assert_eq!((q.slots.len(), q.slots.capacity()), (5, 5));
+        // Each entry's inline room moved with it through the growth.
+        for (i, id) in (1..6u8).enumerate() {
+            assert_eq!(q.inline(i), [id, id]);
+        }
         assert_eq!(
             q.iter().map(|e| e.wr.wr_id).collect::<Vec<_>>(),
             [1, 2, 3, 4, 5]
@@ -312,7 +345,7 @@ mod tests {
     #[test]
     #[should_panic(expected = "send queue overflow")]
     fn refuses_past_capacity() {
-        let mut q = SendQueue::new(1, false);
+        let mut q = SendQueue::new(1, 0, false);
         push(&mut q, 1);
         push(&mut q, 2);
     }

@@ -46,103 +46,172 @@ const BLANK: SqEntry = SqEntry {
     sent_once: false,
 };
 
-/// Ring arithmetic shared by both queues: `len` entries from `head` over `slots` slots,
-/// growing (when lazy) up to `capacity`.
-#[derive(Clone, Copy, Debug)]
-struct Ring {
+/// A ring of at most `capacity` entries, each slot with `stride` side entries beside it
+/// (a send slot's inline bytes, a receive slot's scatter list): both queues are one.
+#[derive(Debug)]
+struct Slots<T, U> {
+    slots: Vec<T>,
+    /// Slot `s`'s side entries: `side[s * stride..][..stride]`.
+    side: Vec<U>,
+    stride: usize,
     head: usize,
     len: usize,
     capacity: usize,
 }
 
-impl Ring {
-    fn slot(&self, i: usize, slots: usize) -> usize {
+/// What a slot or a side entry holds before its first use.
+trait Blank: Copy {
+    const BLANK: Self;
+}
+
+impl Blank for SqEntry {
+    const BLANK: Self = BLANK;
+}
+
+impl Blank for u8 {
+    const BLANK: Self = 0;
+}
+
+impl Blank for (u64, usize) {
+    const BLANK: Self = (0, 0);
+}
+
+impl Blank for Sge {
+    const BLANK: Self = Sge {
+        addr: 0,
+        length: 0,
+        lkey: 0,
+    };
+}
+
+impl<T: Blank, U: Blank> Slots<T, U> {
+    /// Empty; all `capacity` (at least 1) slots allocated now unless `lazy`.
+    fn new(capacity: usize, stride: usize, lazy: bool) -> Self {
+        let capacity = capacity.max(1);
+        let n = if lazy { 0 } else { capacity };
+        Slots {
+            slots: vec![T::BLANK; n],
+            side: vec![U::BLANK; n * stride],
+            stride,
+            head: 0,
+            len: 0,
+            capacity,
+        }
+    }
+
+    fn slot(&self, i: usize) -> usize {
         let at = self.head + i;
-        if at >= slots {
-            at - slots
+        if at >= self.slots.len() {
+            at - self.slots.len()
         } else {
             at
         }
     }
 
-    /// The slot count to grow to when `slots` are all in use: doubled, at most
-    /// `capacity`; `None` when the ring is at capacity.
-    fn grown(&self, slots: usize) -> Option<usize> {
-        (slots < self.capacity).then(|| (slots * 2).clamp(1, self.capacity))
+    fn get(&self, i: usize) -> Option<&T> {
+        (i < self.len).then(|| &self.slots[self.slot(i)])
+    }
+
+    fn get_mut(&mut self, i: usize) -> Option<&mut T> {
+        let at = self.slot(i);
+        (i < self.len).then(|| &mut self.slots[at])
+    }
+
+    /// Entry `i`'s side entries; empty past the end.
+    fn side(&self, i: usize) -> &[U] {
+        if i >= self.len {
+            return &[];
+        }
+        &self.side[self.slot(i) * self.stride..][..self.stride]
+    }
+
+    fn side_mut(&mut self, i: usize) -> &mut [U] {
+        if i >= self.len {
+            return &mut [];
+        }
+        let at = self.slot(i) * self.stride;
+        &mut self.side[at..][..self.stride]
+    }
+
+    /// Makes room for one more entry and counts it in; its slot (physical index into
+    /// `slots`, side entries at `slot * stride`), which holds a stale entry for the caller
+    /// to overwrite.
+    ///
+    /// # Panics
+    /// With `what` in the message, if the ring is at capacity (callers check first).
+    fn push(&mut self, what: &str) -> usize {
+        if self.len == self.slots.len() {
+            assert!(self.len < self.capacity, "{what} overflow");
+            let to = (self.len * 2).clamp(1, self.capacity);
+            // Unwrapped to the front, so the new slots extend the ring at its end.
+            self.slots.rotate_left(self.head);
+            self.side.rotate_left(self.head * self.stride);
+            self.head = 0;
+            // Exact: `Vec`'s own growth would round a first push up to 4 slots.
+            self.slots.reserve_exact(to - self.slots.len());
+            self.side.reserve_exact(to * self.stride - self.side.len());
+            self.slots.resize(to, T::BLANK);
+            self.side.resize(to * self.stride, U::BLANK);
+        }
+        let at = self.slot(self.len);
+        self.len += 1;
+        at
+    }
+
+    fn drop_front(&mut self) {
+        if self.len > 0 {
+            self.head = self.slot(1);
+            self.len -= 1;
+        }
+    }
+
+    fn clear(&mut self) {
+        (self.head, self.len) = (0, 0);
     }
 }
 
 /// Send work requests not yet executed, oldest first, at most `capacity` of them, each
 /// with `stride` bytes of inline room.
 #[derive(Debug)]
-pub(crate) struct SendQueue {
-    slots: Vec<SqEntry>,
-    /// Slot `s`'s inline room: `inline[s * stride..][..stride]`.
-    inline: Vec<u8>,
-    stride: usize,
-    ring: Ring,
-}
+pub(crate) struct SendQueue(Slots<SqEntry, u8>);
 
 impl SendQueue {
     /// An empty queue of `capacity` (at least 1) slots with `stride` (at most
     /// [`MAX_INLINE`]) inline bytes each, allocated now unless `lazy`.
     pub(crate) fn new(capacity: usize, stride: usize, lazy: bool) -> SendQueue {
-        let capacity = capacity.max(1);
-        let slots = if lazy { 0 } else { capacity };
-        SendQueue {
-            slots: vec![BLANK; slots],
-            inline: vec![0; slots * stride],
-            stride,
-            ring: Ring {
-                head: 0,
-                len: 0,
-                capacity,
-            },
-        }
-    }
-
-    fn slot(&self, i: usize) -> usize {
-        self.ring.slot(i, self.slots.len())
+        SendQueue(Slots::new(capacity, stride, lazy))
     }
 
     pub(crate) fn len(&self) -> usize {
-        self.ring.len
+        self.0.len
     }
 
     /// Entry `i` from the head.
     pub(crate) fn get(&self, i: usize) -> Option<&SqEntry> {
-        (i < self.ring.len).then(|| &self.slots[self.slot(i)])
+        self.0.get(i)
     }
 
     /// Entry `i` from the head, mutably.
     pub(crate) fn get_mut(&mut self, i: usize) -> Option<&mut SqEntry> {
-        let at = self.slot(i);
-        (i < self.ring.len).then(|| &mut self.slots[at])
+        self.0.get_mut(i)
     }
 
     pub(crate) fn front(&self) -> Option<&SqEntry> {
-        self.get(0)
+        self.0.get(0)
     }
 
     /// Entry `i`'s inline room (its payload, if it was posted inline); empty past the end.
     pub(crate) fn inline(&self, i: usize) -> &[u8] {
-        if i >= self.ring.len {
-            return &[];
-        }
-        &self.inline[self.slot(i) * self.stride..][..self.stride]
+        self.0.side(i)
     }
 
     /// Entry `i`'s inline room, to write; empty past the end.
     pub(crate) fn inline_mut(&mut self, i: usize) -> &mut [u8] {
-        if i >= self.ring.len {
-            return &mut [];
-        }
-        let at = self.slot(i) * self.stride;
-        &mut self.inline[at..][..self.stride]
+        self.0.side_mut(i)
     }
 
     pub(crate) fn iter(&self) -> impl Iterator<Item = &SqEntry> {
-        (0..self.ring.len).map(|i| &self.slots[self.slot(i)])
+        (0..self.0.len).map(|i| &self.0.slots[self.0.slot(i)])
     }
 
     /// Appends an entry written in place by `fill` into a slot that holds a stale entry:
@@ -153,44 +222,24 @@ impl SendQueue {
     /// # Panics
     /// If the queue is full (callers check `max_send_wr` first).
     pub(crate) fn push_with(&mut self, fill: impl FnOnce(&mut SqEntry)) {
-        if self.ring.len == self.slots.len() {
-            let to = self
-                .ring
-                .grown(self.slots.len())
-                .expect("send queue overflow");
-            // Unwrapped to the front, so the new slots extend the ring at its end.
-            self.slots.rotate_left(self.ring.head);
-            self.inline.rotate_left(self.ring.head * self.stride);
-            self.ring.head = 0;
-            // Exact: `Vec`'s own growth would round a first push up to 4 slots.
-            self.slots.reserve_exact(to - self.slots.len());
-            self.inline
-                .reserve_exact(to * self.stride - self.inline.len());
-            self.slots.resize(to, BLANK);
-            self.inline.resize(to * self.stride, 0);
-        }
-        let at = self.slot(self.ring.len);
-        fill(&mut self.slots[at]);
-        self.ring.len += 1;
+        let at = self.0.push("send queue");
+        fill(&mut self.0.slots[at]);
     }
 
     /// Removes the head and returns a copy of it.
     pub(crate) fn pop_front(&mut self) -> Option<SqEntry> {
         let e = *self.front()?;
-        self.drop_front();
+        self.0.drop_front();
         Some(e)
     }
 
     /// Removes the head, if any, without copying it.
     pub(crate) fn drop_front(&mut self) {
-        if self.ring.len > 0 {
-            self.ring.head = self.slot(1);
-            self.ring.len -= 1;
-        }
+        self.0.drop_front();
     }
 
     pub(crate) fn clear(&mut self) {
-        (self.ring.head, self.ring.len) = (0, 0);
+        self.0.clear();
     }
 }
 
@@ -205,47 +254,28 @@ pub(crate) struct RecvRef<'a> {
 /// Receive work requests not yet consumed, oldest first, at most `capacity` of them: per
 /// slot the id and the entry count, and `stride` (`max_recv_sge`) scatter entries.
 #[derive(Debug)]
-pub(crate) struct RecvQueue {
-    ids: Vec<(u64, usize)>,
-    sges: Vec<Sge>,
-    stride: usize,
-    ring: Ring,
-}
+pub(crate) struct RecvQueue(Slots<(u64, usize), Sge>);
 
 impl RecvQueue {
     /// An empty queue of `capacity` receives of at most `stride` entries, allocated now
     /// unless `lazy`.
     pub(crate) fn new(capacity: usize, stride: usize, lazy: bool) -> RecvQueue {
-        let capacity = capacity.max(1);
-        let slots = if lazy { 0 } else { capacity };
-        RecvQueue {
-            ids: vec![(0, 0); slots],
-            sges: vec![Sge::default(); slots * stride],
-            stride,
-            ring: Ring {
-                head: 0,
-                len: 0,
-                capacity,
-            },
-        }
-    }
-
-    fn slot(&self, i: usize) -> usize {
-        self.ring.slot(i, self.ids.len())
+        RecvQueue(Slots::new(capacity, stride, lazy))
     }
 
     pub(crate) fn len(&self) -> usize {
-        self.ring.len
+        self.0.len
     }
 
     /// The oldest receive.
     pub(crate) fn front(&self) -> Option<RecvRef<'_>> {
-        (self.ring.len > 0).then(|| {
-            let at = self.slot(0);
-            let (wr_id, n) = self.ids[at];
+        let q = &self.0;
+        (q.len > 0).then(|| {
+            let at = q.slot(0);
+            let (wr_id, n) = q.slots[at];
             RecvRef {
                 wr_id,
-                sges: &self.sges[at * self.stride..][..n],
+                sges: &q.side[at * q.stride..][..n],
             }
         })
     }
@@ -257,38 +287,24 @@ impl RecvQueue {
     /// than a slot holds.
     pub(crate) fn push_back(&mut self, wr: &RecvWr) {
         assert!(
-            wr.num_sge <= self.stride,
+            wr.num_sge <= self.0.stride,
             "more scatter entries than a slot holds"
         );
-        if self.ring.len == self.ids.len() {
-            let to = self
-                .ring
-                .grown(self.ids.len())
-                .expect("receive queue overflow");
-            self.ids.rotate_left(self.ring.head);
-            self.sges.rotate_left(self.ring.head * self.stride);
-            self.ring.head = 0;
-            self.ids.reserve_exact(to - self.ids.len());
-            self.sges.reserve_exact(to * self.stride - self.sges.len());
-            self.ids.resize(to, (0, 0));
-            self.sges.resize(to * self.stride, Sge::default());
-        }
-        let at = self.slot(self.ring.len);
-        self.ids[at] = (wr.wr_id, wr.num_sge);
-        self.sges[at * self.stride..][..wr.num_sge].copy_from_slice(&wr.sg_list[..wr.num_sge]);
-        self.ring.len += 1;
+        let at = self.0.push("receive queue");
+        let n = wr.num_sge;
+        self.0.slots[at] = (wr.wr_id, n);
+        self.0.side[at * self.0.stride..][..n].copy_from_slice(&wr.sg_list[..n]);
     }
 
     /// Removes the oldest receive; its id.
     pub(crate) fn pop_front(&mut self) -> Option<u64> {
-        let wr_id = self.front()?.wr_id;
-        self.ring.head = self.slot(1);
-        self.ring.len -= 1;
+        let &(wr_id, _) = self.0.get(0)?;
+        self.0.drop_front();
         Some(wr_id)
     }
 
     pub(crate) fn clear(&mut self) {
-        (self.ring.head, self.ring.len) = (0, 0);
+        self.0.clear();
     }
 }
 
@@ -324,14 +340,14 @@ mod tests {
     #[test]
     fn a_lazy_send_queue_grows_in_order_up_to_its_capacity() {
         let mut q = SendQueue::new(5, 2, true);
-        assert_eq!(q.slots.len(), 0);
+        assert_eq!(q.0.slots.len(), 0);
         push(&mut q, 0);
         push(&mut q, 1);
         q.drop_front(); // head at 1: the next growth must unwrap the ring
         for id in 2..6 {
             push(&mut q, id);
         }
-        assert_eq!((q.slots.len(), q.slots.capacity()), (5, 5));
+        assert_eq!((q.0.slots.len(), q.0.slots.capacity()), (5, 5));
         // Each entry's inline room moved with it through the growth.
         for (i, id) in (1..6u8).enumerate() {
             assert_eq!(q.inline(i), [id, id]);

@@ -87,6 +87,7 @@ mod hca;
 mod padded;
 mod rng;
 mod sched;
+mod sync;
 mod trace;
 mod types;
 mod wire;

@@ -142,7 +142,6 @@ impl Fabric {
         let mut w = enter(&self.world);
         w.net.cfg.faults = faults;
         w.net.untimed = w.net.cfg.untimed();
-        w.wake_polls();
     }
 
     fn with_dev(&self, dev: usize, f: impl FnOnce(&mut crate::hca::World)) -> Result<(), SimError> {

@@ -11,7 +11,7 @@
 use core::fmt;
 #[cfg(loom)]
 use loom::sync::{Arc, Mutex, MutexGuard};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::PoisonError;
 #[cfg(not(loom))]
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -206,12 +206,12 @@ impl Context {
         let mut w = enter(&self.world);
         let lazy = w.net.cfg.lazy_queues;
         let id = w.tables.create_cq(self.dev, depth, lazy)?;
-        let ready = w.tables.cqs.get(id).expect("new CQ").ready.clone();
+        let buf = w.tables.cqs.get(id).expect("new CQ").buf.reader();
         Ok(Cq {
             world: self.world.clone(),
             id,
             depth,
-            ready,
+            buf,
             pending: w.net.sched.events.pending_flag(),
         })
     }
@@ -315,9 +315,10 @@ pub struct Cq {
     pub(crate) world: Shared,
     pub(crate) id: usize,
     depth: u32,
-    /// The world's `CqObj::ready`: false lets an empty poll return without the lock...
-    ready: std::sync::Arc<crate::padded::Padded<AtomicBool>>,
-    /// ... unless events are scheduled (`Events::pending_flag`).
+    /// The CQ's completions, read without the world's lock...
+    buf: std::sync::Arc<crate::hca::cq_buf::CqBuf>,
+    /// ... unless events are scheduled (`Events::pending_flag`): then a poll locks to run
+    /// those that are due.
     #[cfg_attr(loom, allow(dead_code))]
     pending: std::sync::Arc<crate::padded::Padded<AtomicBool>>,
 }
@@ -336,41 +337,22 @@ impl Cq {
     /// [`SimError::CqOverflow`] once the queue has overflowed (for good).
     #[inline]
     pub fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize, SimError> {
-        // Untimed fabric, nothing queued and nothing scheduled: no need to take the lock,
-        // which a thread spinning on an empty CQ would otherwise hold against the thread
-        // posting the work it waits for. `ready` is cleared only under the lock with the
-        // CQ and the event queue empty, and set by every push; `pending` is read first:
-        // if no event was scheduled then and `ready` is still clear, there was an instant
-        // with nothing queued and nothing to run. (Under loom every poll locks.)
+        // Nothing scheduled: the buffer is all there is to read, without the world's lock,
+        // which a thread spinning on its CQ would otherwise hold against the thread posting
+        // the work it waits for. (Under loom every poll locks, as it did before the buffer
+        // was read apart.)
         #[cfg(not(loom))]
-        if !self.pending.load(Ordering::Acquire) && !self.ready.load(Ordering::Acquire) {
-            return Ok(0);
+        if !self.pending.load(std::sync::atomic::Ordering::Acquire) {
+            return self.buf.poll(out);
         }
         let mut w = enter(&self.world);
         if w.net.cfg.mode == Mode::Stepped && w.net.cfg.auto_step {
-            let waiting = |w: &World| {
-                let cq = w.tables.cqs.get(self.id).expect("live CQ");
-                cq.entries.is_empty() && !cq.overflowed
-            };
             let mut budget = AUTO_STEP_BUDGET;
-            while budget > 0 && waiting(&w) && w.step() {
+            while budget > 0 && self.buf.is_empty() && w.step() {
                 budget -= 1;
             }
         }
-        let cq = w.tables.cqs.get_mut(self.id).expect("live CQ");
-        if cq.overflowed {
-            return Err(SimError::CqOverflow);
-        }
-        let n = out.len().min(cq.entries.len());
-        for (slot, wc) in out.iter_mut().zip(cq.entries.drain(..n)) {
-            *slot = wc;
-        }
-        // Cleared under the lock, which every push takes before setting it again: a poll
-        // that sees it clear is ordered before the next push.
-        if cq.entries.is_empty() && w.net.untimed && w.net.sched.events.is_empty() {
-            self.ready.store(false, Ordering::Relaxed);
-        }
-        Ok(n)
+        self.buf.poll(out)
     }
 
     /// Number of completions the queue holds.

@@ -8,8 +8,6 @@
 //! two are apart because a write can overflow the CQ, which moves other queue pairs (and
 //! possibly the one completing) to ERR.
 
-use std::sync::atomic::Ordering;
-
 use super::net::Net;
 use super::qp::{flush_wc, msg_len, rd_atomic, QpObj, ReqState};
 use super::responder::RecvDone;
@@ -88,19 +86,16 @@ impl Tables {
         let Some(c) = self.cqs.get_mut(cq) else {
             return true;
         };
-        if c.overflowed {
+        if c.buf.overflowed() {
             return true;
         }
-        c.ready.store(true, Ordering::Release);
-        if c.entries.len() < c.depth {
-            c.entries.push_back(wc);
+        if c.buf.push(wc) {
             let kind = TraceKind::Complete(wc.status, wc.opcode);
             net.trace(c.dev, wc.qp_num, kind, None, Some(wc.wr_id));
             let solicited = se || wc.status != WcStatus::Success;
             self.notifier.notify(cq, &mut c.notify, solicited);
             return true;
         }
-        c.overflowed = true;
         false
     }
 

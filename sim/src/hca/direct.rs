@@ -155,11 +155,7 @@ fn plan(t: &Tables, net: &Net, q: usize, path: &Path) -> Option<Direct> {
         return None;
     }
     // Room for both completions, so that neither can overflow a CQ here.
-    let room = |c: usize, n: usize| {
-        t.cqs
-            .get(c)
-            .is_some_and(|c| !c.overflowed && c.entries.len() + n <= c.depth)
-    };
+    let room = |c: usize, n: usize| t.cqs.get(c).is_some_and(|c| c.buf.has_room(n));
     let signaled = qp.sig_all || wr.flags.contains(SendFlags::SIGNALED);
     let takes_recv = matches!(
         wr.op,

@@ -26,8 +26,6 @@
 //! crash, and the event loop (processing events in order, and how simulated time follows
 //! the wall clock in threaded mode).
 
-use std::sync::atomic::Ordering;
-
 use crate::config::{FabricConfig, Mode};
 use crate::sched::EvKind;
 use crate::trace::TraceKind;
@@ -36,6 +34,7 @@ use crate::wire::{DropReason, Packet, PacketKind};
 
 mod comp_channel;
 mod cq;
+pub(crate) mod cq_buf;
 mod direct;
 pub(crate) mod mem;
 mod net;
@@ -97,13 +96,6 @@ impl World {
             t.release_cq(qp.send_cq, false);
             t.release_cq(qp.recv_cq, false);
             t.release_pd(qp.pd, false);
-        }
-    }
-
-    /// Every CQ's poll must lock again (the fabric stopped being untimed).
-    pub(crate) fn wake_polls(&self) {
-        for cq in self.tables.cqs.iter() {
-            cq.ready.store(true, Ordering::Release);
         }
     }
 
@@ -308,7 +300,7 @@ impl World {
         }
         for c in 0..self.tables.cqs.slots() {
             if let Some(cq) = self.tables.cqs.get_mut(c).filter(|c| c.dev == dev) {
-                cq.entries.clear();
+                cq.buf.clear();
             }
         }
         // Peers asleep on an RNR NAK from a queue pair that just vanished.

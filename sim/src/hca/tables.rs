@@ -6,11 +6,10 @@
 //! validate. Queues are preallocated at creation and never grow.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, VecDeque};
-use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
+use std::collections::{BTreeMap, BinaryHeap};
 
 use super::comp_channel::{CqNotify, Notifier};
+use super::cq_buf::CqWriter;
 use super::mem::{Dst, Region, Src};
 use super::qp::{invalid, QpObj, RecvQueue, ReqState, RespState, SendQueue, MAX_24, QPN_BASE};
 use crate::sched::Events;
@@ -123,12 +122,8 @@ pub(crate) struct MrObj {
 #[derive(Debug)]
 pub(crate) struct CqObj {
     pub(crate) dev: usize,
-    pub(crate) depth: usize,
-    pub(crate) entries: VecDeque<WorkCompletion>,
-    pub(crate) overflowed: bool,
-    /// Shared with the handle: false only while a poll has nothing to return and nothing
-    /// to run (see `Cq::poll`). Set under the world's lock by every push.
-    pub(crate) ready: Arc<crate::padded::Padded<AtomicBool>>,
+    /// Its completions; the handle holds the reading end.
+    pub(crate) buf: CqWriter,
     /// Its completion channel, arming and events (`comp_channel.rs`).
     pub(crate) notify: CqNotify,
     refs: u32,
@@ -256,10 +251,7 @@ impl Tables {
         }
         let cq = CqObj {
             dev,
-            depth: depth as usize,
-            entries: VecDeque::with_capacity(if lazy { 0 } else { depth as usize }),
-            overflowed: false,
-            ready: Arc::new(crate::padded::Padded(AtomicBool::new(true))),
+            buf: CqWriter::new(depth as usize, lazy),
             notify: CqNotify::new(self.notifier.next_key()),
             refs: 0,
             open: true,

@@ -1,6 +1,7 @@
 //! The public handles: thin wrappers that lock the fabric's world and call into it.
 //!
-//! One mutex guards the whole fabric. Every call locks it once. In threaded mode every
+//! One mutex guards the whole fabric. Every call locks it once, except a poll with no
+//! events scheduled, which reads the CQ's ring alone (`hca/cq_buf.rs`). In threaded mode every
 //! call first processes the events that are due by the wall clock, and posts process the
 //! events they make due before unlocking (with the instant link model of
 //! [`Fabric::with_devices`] that is all the work they enable). In stepped mode handle calls

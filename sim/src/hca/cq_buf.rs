@@ -162,7 +162,7 @@ impl CqWriter {
     /// Whether `n` more completions fit.
     #[inline]
     pub(crate) fn has_room(&self, n: usize) -> bool {
-        !self.overflowed() && self.len() + n <= self.0.depth
+        !self.overflowed() && (n == 0 || self.len() + n <= self.0.depth)
     }
 
     /// Writes `wc` after the others; false, writing nothing, when the CQ is full (it has

@@ -9,7 +9,9 @@
 //! The blocks, where a NIC engineer would look for them, each importing only from blocks
 //! listed before it (and the last four from here, the `World` they add entry points to):
 //!
-//! - [`mem`]: raw access to registered memory (the only `unsafe` module);
+//! - [`mem`]: raw access to registered memory (`unsafe`, as is the next);
+//! - [`cq_buf`]: a CQ's ring of completions, written under the fabric's lock and read by
+//!   polls without it (loom-checked);
 //! - [`net`]: what the blocks share: configuration, time and events, the wire, the trace;
 //! - [`comp_channel`]: completion channels: a CQ's arming and the events it raises;
 //! - [`qp`]: the queue pair: its state, its send queue, the verbs state machine and posting;

@@ -27,14 +27,7 @@ use crate::types::*;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 
 /// What an unused slot holds (never read as a completion).
-const BLANK: WorkCompletion = WorkCompletion {
-    wr_id: 0,
-    status: WcStatus::Success,
-    opcode: WcOpcode::Send,
-    byte_len: 0,
-    imm: None,
-    qp_num: 0,
-};
+const BLANK: WorkCompletion = WorkCompletion::EMPTY;
 
 /// The reader's side, alone on its lines.
 struct ReadEnd {

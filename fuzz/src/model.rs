@@ -525,6 +525,8 @@ impl Model {
                 self.put(&dst, &old.to_ne_bytes());
                 out.old = Some(old);
             }
+            // The model's channels are RC, which refuse datagrams at post: none is queued.
+            SendOp::Datagram { .. } => unreachable!("model: a datagram on an RC channel"),
         }
         Some(out)
     }

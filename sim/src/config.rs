@@ -182,6 +182,10 @@ pub enum Personality {
 /// one asked for; see [`Personality::Rxe`].
 pub const ROCE_ROUTE_HOP_LIMIT: u8 = 64;
 
+/// The port's active (and largest) MTU: any RC path MTU fits, and a datagram's message may
+/// be this long.
+pub const PORT_MTU: crate::types::Mtu = crate::types::Mtu::Mtu4096;
+
 impl Default for FabricConfig {
     fn default() -> Self {
         FabricConfig {

@@ -338,6 +338,7 @@ mod tests {
             npkts: 1,
             epoch: 0,
             kind: PacketKind::Ack,
+            dgram: 0,
         }
     }
 

@@ -9,8 +9,9 @@
 use core::fmt;
 
 pub use zverbs_types::{
-    AccessFlags, Gid, InitAttr, Mtu, PortAttr, PortState, QpCaps, QpState, RtrAttr, RtsAttr,
-    SendFlags, SendOp, Sge, Transition, WcOpcode, WcStatus, WorkCompletion,
+    AccessFlags, AhAttr, AhKey, Gid, InitAttr, Mtu, PortAttr, PortState, QpCaps, QpState, QpType,
+    RtrAttr, RtsAttr, SendFlags, SendOp, Sge, Transition, UdDest, UdInitAttr, WcOpcode, WcStatus,
+    WorkCompletion,
 };
 
 /// Most scatter/gather entries one work request may carry in the simulator.

@@ -44,6 +44,8 @@ fn run(p: &Pair, rounds: std::ops::Range<u64>, counted: u64) -> usize {
         byte_len: 0,
         imm: None,
         qp_num: 0,
+        src_qp: 0,
+        grh: false,
     }; 16];
     let write = SendOp::Write {
         remote_addr: b_buf.addr(0),

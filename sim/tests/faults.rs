@@ -424,6 +424,8 @@ fn one_wc() -> WorkCompletion {
         byte_len: 0,
         imm: None,
         qp_num: 0,
+        src_qp: 0,
+        grh: false,
     }
 }
 

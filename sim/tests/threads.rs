@@ -19,6 +19,8 @@ fn player(s: &Side, starts: bool) {
         byte_len: 0,
         imm: None,
         qp_num: 0,
+        src_qp: 0,
+        grh: false,
     }; 2];
     let mut one = [wc[0]];
     let send = |n: u32| {

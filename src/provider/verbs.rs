@@ -521,6 +521,22 @@ impl Provider for Verbs {
                     | m::IBV_QP_MAX_DEST_RD_ATOMIC
                     | m::IBV_QP_MIN_RNR_TIMER
             }
+            Transition::InitUd(i) => {
+                a.qp_state = s::IBV_QPS_INIT;
+                a.pkey_index = i.pkey_index;
+                a.port_num = i.port;
+                a.qkey = i.qkey;
+                m::IBV_QP_STATE | m::IBV_QP_PKEY_INDEX | m::IBV_QP_PORT | m::IBV_QP_QKEY
+            }
+            Transition::RtrUd => {
+                a.qp_state = s::IBV_QPS_RTR;
+                m::IBV_QP_STATE
+            }
+            Transition::RtsUd { sq_psn } => {
+                a.qp_state = s::IBV_QPS_RTS;
+                a.sq_psn = sq_psn;
+                m::IBV_QP_STATE | m::IBV_QP_SQ_PSN
+            }
             Transition::Rts(r) => {
                 a.qp_state = s::IBV_QPS_RTS;
                 a.sq_psn = r.sq_psn;
@@ -594,7 +610,11 @@ impl Provider for Verbs {
         qp: &Qp,
         wrs: &[SendWr<S>],
     ) -> Result<(), PostError<VerbsError>> {
-        let (wrs, malformed) = well_formed(wrs, SendWr::sges_fit, "ibv_post_send");
+        // Datagrams are refused (EINVAL) until this backend makes address handles: a key it
+        // did not issue must never reach the library as an `ibv_ah` pointer.
+        let fits =
+            |w: &SendWr<S>| w.sges_fit() && !matches!(w.op, crate::types::SendOp::Datagram { .. });
+        let (wrs, malformed) = well_formed(wrs, fits, "ibv_post_send");
         let mut chain = [const { MaybeUninit::<ffi::ibv_send_wr>::uninit() }; CHAIN];
         for (c, batch) in wrs.chunks(CHAIN).enumerate() {
             let base = link(&mut chain, batch, wr::send_wr, |w, n| w.next = n);

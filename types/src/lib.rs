@@ -23,6 +23,6 @@ mod wc;
 mod wr;
 
 pub use port::{Gid, Mtu, PortAttr, PortState};
-pub use qp::{InitAttr, QpCaps, QpState, RtrAttr, RtsAttr, Transition};
+pub use qp::{AhAttr, InitAttr, QpCaps, QpState, QpType, RtrAttr, RtsAttr, Transition, UdInitAttr};
 pub use wc::{WcOpcode, WcStatus, WorkCompletion};
-pub use wr::{AccessFlags, SendFlags, SendOp, Sge};
+pub use wr::{AccessFlags, AhKey, SendFlags, SendOp, Sge, UdDest};

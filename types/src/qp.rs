@@ -107,4 +107,58 @@ pub enum Transition {
     Rts(RtsAttr),
     /// Any state → ERR: outstanding work is flushed with `WR_FLUSH_ERR`.
     Error,
+    /// An unreliable-datagram queue pair's RESET (or INIT) → INIT: its port, partition
+    /// and the Q_Key its receives accept (`IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY`).
+    InitUd(UdInitAttr),
+    /// An unreliable-datagram queue pair's INIT → RTR: no destination, a datagram names
+    /// its own.
+    RtrUd,
+    /// An unreliable-datagram queue pair's RTR (or RTS) → RTS.
+    RtsUd {
+        /// PSN of its first packet.
+        sq_psn: u32,
+    },
+}
+
+/// A queue pair's transport (`ibv_qp_type`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum QpType {
+    /// Reliable connected (`IBV_QPT_RC`): one peer, acknowledged, in order.
+    Rc,
+    /// Unreliable datagram (`IBV_QPT_UD`): any peer per message, one packet each, no
+    /// acknowledgement, no retransmission.
+    Ud,
+}
+
+/// Attributes of an unreliable-datagram queue pair's RESET → INIT transition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UdInitAttr {
+    /// Port number (1-based).
+    pub port: u8,
+    /// P_Key table index.
+    pub pkey_index: u16,
+    /// The Q_Key a datagram must carry to be accepted (and what sends carry when their
+    /// `remote_qkey` has the high bit set).
+    pub qkey: u32,
+}
+
+/// Where an address handle leads (`ibv_ah_attr` with its global route, as RoCE needs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AhAttr {
+    /// Port number (1-based).
+    pub port: u8,
+    /// The destination's GID.
+    pub dgid: Gid,
+    /// The local GID table index to send from.
+    pub sgid_index: u8,
+    /// Destination LID (ignored on RoCE).
+    pub dlid: u16,
+    /// Service level.
+    pub sl: u8,
+    /// GRH traffic class.
+    pub traffic_class: u8,
+    /// GRH flow label (20 bits).
+    pub flow_label: u32,
+    /// GRH hop limit.
+    pub hop_limit: u8,
 }

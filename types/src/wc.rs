@@ -171,6 +171,12 @@ pub struct WorkCompletion {
     pub imm: Option<u32>,
     /// Local queue pair number.
     pub qp_num: u32,
+    /// The sending queue pair's number, for a receive on an unreliable-datagram queue
+    /// pair (`src_qp`); 0 otherwise.
+    pub src_qp: u32,
+    /// A receive on an unreliable-datagram queue pair whose buffer starts with the 40
+    /// bytes of a global route header (`IBV_WC_GRH`, always so on RoCE).
+    pub grh: bool,
 }
 
 impl WorkCompletion {
@@ -182,6 +188,8 @@ impl WorkCompletion {
         byte_len: 0,
         imm: None,
         qp_num: 0,
+        src_qp: 0,
+        grh: false,
     };
 }
 

@@ -95,13 +95,41 @@ pub enum SendOp {
         /// Addend.
         add: u64,
     },
+    /// A datagram on an unreliable-datagram queue pair: consumes a receive at the
+    /// destination, if there is one (else it is dropped there, as is any datagram the
+    /// destination does not accept). The whole message must fit one packet of the path
+    /// MTU.
+    Datagram {
+        /// Where it goes (`ibv_send_wr.wr.ud`).
+        dest: UdDest,
+        /// Immediate data for the receiver (`IBV_WR_SEND_WITH_IMM`).
+        imm: Option<u32>,
+    },
 }
+
+/// Where a datagram goes: an address handle and the queue pair behind it
+/// (`ibv_send_wr.wr.ud`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct UdDest {
+    /// The address handle (the provider's key for it, from its `create_ah`).
+    pub ah: AhKey,
+    /// The destination queue pair's number.
+    pub remote_qpn: u32,
+    /// The Q_Key the destination checks. With the high bit set, the sending queue pair's
+    /// own Q_Key is sent instead (IBTA 10.2.5).
+    pub remote_qkey: u32,
+}
+
+/// A provider's name for an address handle (`ibv_ah *`): what a datagram's work request
+/// carries. Only the provider that made it can tell what it names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AhKey(pub u64);
 
 impl SendOp {
     /// The completion opcode this operation produces.
     pub const fn wc_opcode(&self) -> WcOpcode {
         match self {
-            SendOp::Send | SendOp::SendWithImm(_) => WcOpcode::Send,
+            SendOp::Send | SendOp::SendWithImm(_) | SendOp::Datagram { .. } => WcOpcode::Send,
             SendOp::Write { .. } | SendOp::WriteWithImm { .. } => WcOpcode::RdmaWrite,
             SendOp::Read { .. } => WcOpcode::RdmaRead,
             SendOp::CompareSwap { .. } => WcOpcode::CompareSwap,

@@ -59,6 +59,12 @@ impl Fabric {
         enter(&self.world).net.sched.events.len()
     }
 
+    /// Unreliable datagrams on the wire: sent, and neither delivered nor lost yet. Their
+    /// messages are held by the fabric until then (and only until then).
+    pub fn datagrams_in_flight(&self) -> usize {
+        enter(&self.world).net.datagrams.in_flight()
+    }
+
     /// Simulated time of the next scheduled event, if any. With
     /// [`run_for`](Fabric::run_for)`(next - now)` a driver processes exactly the events due
     /// at that instant, so it can observe completions at the time they happen.

@@ -170,8 +170,8 @@ impl Context {
                 PortState::Down
             },
             lid: w.tables.devices[self.dev].lid,
-            max_mtu: Mtu::Mtu4096,
-            active_mtu: Mtu::Mtu4096,
+            max_mtu: crate::config::PORT_MTU,
+            active_mtu: crate::config::PORT_MTU,
             gid_table_len: w.tables.devices[self.dev].gids.len() as u16,
         })
     }

@@ -3,7 +3,7 @@
 use super::*;
 use crate::counters::QpCounters;
 
-/// Attributes of a new queue pair (`ibv_qp_init_attr`, RC only).
+/// Attributes of a new queue pair (`ibv_qp_init_attr`; its type is the creating call's).
 #[derive(Clone, Copy, Debug)]
 pub struct QpInitAttr<'a> {
     /// Completion queue of send work requests.
@@ -27,18 +27,111 @@ impl Pd {
     /// [`SimError::Invalid`] if a capacity is out of range or a CQ belongs to another
     /// device or fabric; [`SimError::QueueFull`] when out of QP numbers.
     pub fn create_qp(&self, attr: &QpInitAttr<'_>) -> Result<Qp, SimError> {
+        self.create_qp_of(attr, QpType::Rc)
+    }
+
+    /// Creates an unreliable-datagram queue pair in the RESET state, with the same
+    /// capacities as [`Pd::create_qp`]. It moves to INIT with [`Transition::InitUd`] (its
+    /// Q_Key), then [`Transition::RtrUd`] and [`Transition::RtsUd`], and sends
+    /// [`SendOp::Datagram`]s only, each to the queue pair its [`UdDest`] names through an
+    /// address handle of this PD ([`Pd::create_ah`]).
+    ///
+    /// ```
+    /// # use zverbs_sim::*;
+    /// let f = Fabric::with_devices(2);
+    /// let (a, b) = (f.open_device("sim0").unwrap(), f.open_device("sim1").unwrap());
+    /// let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
+    /// let (ca, cb) = (a.create_cq(8).unwrap(), b.create_cq(8).unwrap());
+    /// let cap = QpCaps { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 64 };
+    /// let ud = |pd: &Pd, cq: &Cq| {
+    ///     let qp = pd.create_ud_qp(&QpInitAttr { send_cq: cq, recv_cq: cq, cap, sq_sig_all: true }).unwrap();
+    ///     qp.modify(&Transition::InitUd(UdInitAttr { port: 1, pkey_index: 0, qkey: 0x1111 })).unwrap();
+    ///     qp.modify(&Transition::RtrUd).unwrap();
+    ///     qp.modify(&Transition::RtsUd { sq_psn: 0 }).unwrap();
+    ///     qp
+    /// };
+    /// let (qa, qb) = (ud(&pa, &ca), ud(&pb, &cb));
+    /// // B's receive buffer: 40 bytes of global route header, then the message.
+    /// let mut buf = vec![0u8; 40 + 5];
+    /// let mr = unsafe { pb.register_mr(buf.as_mut_ptr(), buf.len(), AccessFlags::LOCAL_WRITE) }.unwrap();
+    /// let mut sg_list = [Sge::default(); MAX_SGE];
+    /// sg_list[0] = Sge { addr: buf.as_ptr() as u64, length: 45, lkey: mr.lkey() };
+    /// qb.post_recv([RecvWr { wr_id: 7, sg_list, num_sge: 1 }]).unwrap();
+    /// // A sends "hello" inline to B's queue pair, through an address handle to sim1.
+    /// let dgid = b.query_gid(1, 0).unwrap();
+    /// let ah = pa.create_ah(&AhAttr { port: 1, dgid, sgid_index: 0, dlid: 0, sl: 0,
+    ///     traffic_class: 0, flow_label: 0, hop_limit: 64 }).unwrap();
+    /// let msg = *b"hello";
+    /// let dest = UdDest { ah: ah.key(), remote_qpn: qb.qp_num(), remote_qkey: 0x1111 };
+    /// sg_list[0] = Sge { addr: msg.as_ptr() as u64, length: 5, lkey: 0 };
+    /// let wr = SendWr { wr_id: 1, sg_list, num_sge: 1, op: SendOp::Datagram { dest, imm: None },
+    ///     flags: SendFlags::INLINE };
+    /// // SAFETY: `msg` is readable for the call.
+    /// unsafe { qa.post_send_raw([wr]) }.unwrap();
+    /// let mut wc = [WorkCompletion::EMPTY; 1];
+    /// assert_eq!(cb.poll(&mut wc).unwrap(), 1);
+    /// assert_eq!((wc[0].byte_len, wc[0].src_qp, wc[0].grh), (45, qa.qp_num(), true));
+    /// drop(mr);
+    /// assert_eq!(&buf[40..], b"hello");
+    /// ```
+    ///
+    /// # Errors
+    /// As [`Pd::create_qp`].
+    pub fn create_ud_qp(&self, attr: &QpInitAttr<'_>) -> Result<Qp, SimError> {
+        self.create_qp_of(attr, QpType::Ud)
+    }
+
+    fn create_qp_of(&self, attr: &QpInitAttr<'_>, ty: QpType) -> Result<Qp, SimError> {
         let same = |cq: &Cq| Arc::ptr_eq(&cq.world, &self.world);
         if !same(attr.send_cq) || !same(attr.recv_cq) {
             return Err(SimError::Invalid("CQ of another fabric"));
         }
         let cqs = (attr.send_cq.id, attr.recv_cq.id);
-        let (id, qpn) = enter(&self.world).create_qp(self.id, cqs, attr.cap, attr.sq_sig_all)?;
+        let (id, qpn) =
+            enter(&self.world).create_qp(self.id, cqs, attr.cap, attr.sq_sig_all, ty)?;
         Ok(Qp {
             world: self.world.clone(),
             id,
             qpn,
             cap: attr.cap,
+            ty,
         })
+    }
+
+    /// Creates an address handle (`ibv_create_ah`): datagrams sent with its
+    /// [`key`](Ah::key) go to the device holding `attr.dgid` (or nowhere, if no device
+    /// does: they are lost on the wire, as unroutable packets are).
+    ///
+    /// # Errors
+    /// [`SimError::Invalid`] for a port other than 1, an sgid_index other than 0 or 1, an
+    /// sl above 15 or a flow label wider than 20 bits.
+    pub fn create_ah(&self, attr: &AhAttr) -> Result<Ah, SimError> {
+        let key = enter(&self.world).tables.create_ah(self.id, attr)?;
+        Ok(Ah {
+            world: self.world.clone(),
+            key,
+        })
+    }
+}
+
+/// An address handle (`ibv_ah`); dropping it destroys it. A datagram posted with its key
+/// after that is refused.
+#[derive(Debug)]
+pub struct Ah {
+    world: Shared,
+    key: AhKey,
+}
+
+impl Ah {
+    /// What a datagram's [`UdDest`] names it by.
+    pub fn key(&self) -> AhKey {
+        self.key
+    }
+}
+
+impl Drop for Ah {
+    fn drop(&mut self) {
+        enter(&self.world).tables.destroy_ah(self.key);
     }
 }
 
@@ -71,6 +164,7 @@ pub struct Qp {
     pub(super) id: usize,
     pub(super) qpn: u32,
     pub(super) cap: QpCaps,
+    pub(super) ty: QpType,
 }
 
 impl Qp {
@@ -87,6 +181,11 @@ impl Qp {
             .get(self.id)
             .expect("live QP")
             .state
+    }
+
+    /// Its transport.
+    pub fn qp_type(&self) -> QpType {
+        self.ty
     }
 
     /// Capacities granted (exactly those asked).

@@ -44,6 +44,8 @@ impl QpObj {
             byte_len: msg_len(&e.wr) as u32,
             imm: None,
             qp_num: self.qpn,
+            src_qp: 0,
+            grh: false,
         })
     }
 
@@ -59,6 +61,8 @@ impl QpObj {
             byte_len: rd.byte_len,
             imm: rd.imm,
             qp_num: self.qpn,
+            src_qp: 0,
+            grh: false,
         }
     }
 

@@ -188,6 +188,8 @@ fn plan(t: &Tables, net: &Net, q: usize, path: &Path) -> Option<Direct> {
         byte_len: len as u32,
         imm: None,
         qp_num: qpn,
+        src_qp: 0,
+        grh: false,
     });
     Some(Direct {
         p,

@@ -19,7 +19,8 @@
 //! - [`requester`]: transmission, the ACK timer, retries, RNR waits, responses;
 //! - [`responder`]: in-order execution, duplicates, NAKs, the checks and effects;
 //! - [`cq`]: completions written, flushes, a queue pair's move to ERR;
-//! - [`direct`]: the untimed fabric's fast path (a request executed inside its post).
+//! - [`direct`]: the untimed fabric's fast path (a request executed inside its post);
+//! - [`ud`]: unreliable datagrams: address handles, sends and receives.
 //!
 //! Here: the world itself and the entry points that route work between the blocks: the
 //! verbs a handle calls (each looks up its object once, lets it do its part, then hands
@@ -44,6 +45,7 @@ mod qp;
 mod requester;
 mod responder;
 mod tables;
+mod ud;
 mod wq;
 
 use mem::RawInline;
@@ -82,10 +84,15 @@ impl World {
         cqs: (usize, usize),
         cap: QpCaps,
         sig_all: bool,
+        ty: QpType,
     ) -> Result<(usize, u32), SimError> {
         let lazy = self.net.cfg.lazy_queues;
-        let events = &mut self.net.sched.events;
-        self.tables.create_qp(pd, cqs, cap, sig_all, events, lazy)
+        let (i, qpn) = self.tables.create_qp(pd, cqs, cap, sig_all, ty, lazy)?;
+        // Room in the event heap for what it can have in flight: a request and a response
+        // per WR, plus its timer (lazy queues: the heap grows as packets fly instead).
+        let n = (cap.max_send_wr as usize + cap.max_recv_wr as usize) * 2 + 2;
+        self.net.sched.events.reserve(if lazy { 0 } else { n }, i);
+        Ok((i, qpn))
     }
 
     /// Destroys QP `q`, discarding its work without completions.
@@ -168,7 +175,9 @@ impl World {
             posted += 1;
         }
         self.count_posts(q, true, posted);
-        if self.net.untimed {
+        if self.tables.qps.get(q).is_some_and(|qp| qp.ty == QpType::Ud) {
+            self.send_datagrams(q);
+        } else if self.net.untimed {
             self.run_direct(q);
             self.pump(q);
         }
@@ -185,7 +194,7 @@ impl World {
         wr: &SendWr,
         raw: Option<&RawInline>,
     ) -> Result<(), SimError> {
-        let Tables { qps, mrs, .. } = &mut self.tables;
+        let Tables { qps, mrs, ahs, .. } = &mut self.tables;
         let net = &mut self.net;
         let qp = qps.get_mut(q).expect("live QP");
         let pd = qp.pd;
@@ -196,6 +205,13 @@ impl World {
                 .find(|m| m.pd == pd && m.region.contains(addr, n))
                 .and_then(|m| m.region.src(addr, n)),
         };
+        if let SendOp::Datagram { dest, .. } = wr.op {
+            if !ahs.by_key(dest.ah).is_some_and(|ah| ah.pd == pd) {
+                return Err(SimError::Invalid(
+                    "no address handle of this PD has that key",
+                ));
+            }
+        }
         let sent = match qp.post_send(wr, net, inline_src)? {
             Posted::Flushed(wc) => {
                 let cq = qp.send_cq;
@@ -255,6 +271,9 @@ impl World {
 
     /// A packet arrives: hands it to its queue pair, or loses it.
     pub(crate) fn deliver(&mut self, pkt: Packet) {
+        if pkt.kind == PacketKind::Datagram {
+            return self.deliver_datagram(pkt);
+        }
         let dst = pkt.dst_dev as usize;
         let (qpn, psn) = (pkt.dst_qpn, Some(pkt.psn));
         let why = self.net.wire.arrival(dst);
@@ -262,8 +281,12 @@ impl World {
             .tables
             .qp_by_num(pkt.dst_qpn)
             .filter(|(_, qp)| qp.dev == dst && !qp.dead)
-            .map(|(q, _)| q);
-        match (why, q) {
+            .map(|(q, qp)| (q, qp.ty));
+        let why = match q {
+            Some((_, QpType::Ud)) => why.or(Some(DropReason::WrongTransport)),
+            _ => why,
+        };
+        match (why, q.map(|q| q.0)) {
             (Some(why), _) => self
                 .net
                 .trace(dst, qpn, TraceKind::Drop(pkt.kind, why), psn, None),

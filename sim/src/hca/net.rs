@@ -7,7 +7,7 @@
 use crate::config::FabricConfig;
 use crate::sched::Sched;
 use crate::trace::{Trace, TraceKind};
-use crate::wire::{Packet, Transit, Wire};
+use crate::wire::{Datagrams, Packet, Transit, Wire};
 
 /// The configuration, time and events, the wire, the trace.
 #[derive(Debug)]
@@ -20,6 +20,8 @@ pub(crate) struct Net {
     /// Ports, partitions and the fault generator.
     pub(crate) wire: Wire,
     pub(crate) trace: Trace,
+    /// The messages of datagrams on the wire (`ud.rs`).
+    pub(crate) datagrams: Datagrams,
 }
 
 impl Net {
@@ -30,6 +32,7 @@ impl Net {
             sched: Sched::new(),
             wire: Wire::new(cfg.seed),
             trace: Trace::new(cfg.trace),
+            datagrams: Datagrams::default(),
         }
     }
 
@@ -54,14 +57,17 @@ impl Net {
     }
 
     /// Puts `pkt` (`bytes` on the wire) on the link: schedules its arrival (twice when
-    /// duplicated), or traces its loss.
-    pub(crate) fn send(&mut self, mut pkt: Packet, bytes: u64) {
+    /// duplicated), or traces its loss. Returns how many arrivals it scheduled.
+    pub(crate) fn send(&mut self, mut pkt: Packet, bytes: u64) -> u8 {
         let (src, qpn, psn) = (pkt.src_dev as usize, pkt.src_qpn, Some(pkt.psn));
         match self
             .wire
             .transmit(&mut pkt, bytes, self.sched.now, &self.cfg)
         {
-            Transit::Lost(why) => self.trace(src, qpn, TraceKind::Drop(pkt.kind, why), psn, None),
+            Transit::Lost(why) => {
+                self.trace(src, qpn, TraceKind::Drop(pkt.kind, why), psn, None);
+                0
+            }
             Transit::Arrives { at, delay, twice } => {
                 if let Some(extra) = delay {
                     self.trace(src, qpn, TraceKind::Delay(pkt.kind, extra), psn, None);
@@ -71,6 +77,7 @@ impl Net {
                     self.trace(src, qpn, TraceKind::Duplicate(pkt.kind), psn, None);
                     self.sched.events.push_packet(at, pkt);
                 }
+                1 + u8::from(twice)
             }
         }
     }

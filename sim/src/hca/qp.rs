@@ -125,6 +125,11 @@ pub(crate) struct QpObj {
     pub(crate) recv_cq: usize,
     pub(crate) cap: QpCaps,
     pub(crate) sig_all: bool,
+    /// Its transport: RC uses the requester and responder state above; UD only its
+    /// queues, `qkey` and `req.next_psn` (`ud.rs`).
+    pub(crate) ty: QpType,
+    /// UD: the Q_Key its receives accept, from INIT (0 before).
+    pub(crate) qkey: u32,
     pub(crate) state: QpState,
     pub(crate) init: Option<InitAttr>,
     pub(crate) rtr: Option<RtrAttr>,
@@ -179,6 +184,8 @@ pub(crate) fn flush_wc(wr_id: u64, opcode: WcOpcode, qp_num: u32) -> WorkComplet
         byte_len: 0,
         imm: None,
         qp_num,
+        src_qp: 0,
+        grh: false,
     }
 }
 
@@ -225,6 +232,7 @@ impl QpObj {
                 self.rq.clear();
                 self.unsig_done = 0;
                 (self.init, self.rtr, self.rts) = (None, None, None);
+                self.qkey = 0;
                 (self.req, self.peer_dev) = (ReqState::default(), None);
                 self.resp.reset();
                 self.epoch = epoch;
@@ -232,6 +240,44 @@ impl QpObj {
                 Reset
             }
             Transition::Error => unreachable!("a move to ERR flushes the queues: World::set_err"),
+            Transition::Init(_) | Transition::Rtr(_) | Transition::Rts(_)
+                if self.ty != QpType::Rc =>
+            {
+                return invalid("an RC transition on a UD queue pair");
+            }
+            Transition::InitUd(_) | Transition::RtrUd | Transition::RtsUd { .. }
+                if self.ty != QpType::Ud =>
+            {
+                return invalid("a UD transition on an RC queue pair");
+            }
+            Transition::InitUd(a) => {
+                if !matches!(self.state, Reset | Init) {
+                    return invalid("INIT only from RESET or INIT");
+                }
+                if a.port != 1 || a.pkey_index != 0 {
+                    return invalid("port must be 1 and pkey_index 0");
+                }
+                self.qkey = a.qkey;
+                Init
+            }
+            Transition::RtrUd => {
+                if self.state != Init {
+                    return invalid("RTR only from INIT");
+                }
+                ReadyToReceive
+            }
+            Transition::RtsUd { sq_psn } => {
+                if !matches!(self.state, ReadyToReceive | ReadyToSend) {
+                    return invalid("RTS only from RTR or RTS");
+                }
+                if sq_psn > MAX_24 {
+                    return invalid("bad sq_psn");
+                }
+                if self.state == ReadyToReceive {
+                    self.req.next_psn = sq_psn;
+                }
+                ReadyToSend
+            }
             Transition::Init(a) => {
                 if !matches!(self.state, Reset | Init) {
                     return invalid("INIT only from RESET or INIT");
@@ -311,6 +357,16 @@ impl QpObj {
         if wr.num_sge > self.cap.max_send_sge as usize {
             return invalid("num_sge exceeds max_send_sge");
         }
+        // An RDMA operation on a UD queue pair is refused (IBTA; the kernel's verbs), but
+        // rxe's user-space provider posts it and its requester then fails it with
+        // `LocQpOpErr`, the queue pair to ERR (`ud.rs`).
+        let datagram = matches!(wr.op, SendOp::Datagram { .. });
+        if self.ty == QpType::Rc && datagram {
+            return invalid("a datagram on an RC queue pair");
+        }
+        if self.ty == QpType::Ud && !datagram && net.cfg.personality == Personality::Hca {
+            return invalid("a UD queue pair sends datagrams only");
+        }
         if let (
             Personality::Rxe,
             SendOp::CompareSwap { remote_addr, .. } | SendOp::FetchAdd { remote_addr, .. },
@@ -326,7 +382,7 @@ impl QpObj {
             use SendOp::*;
             let ok_op = matches!(
                 wr.op,
-                Send | SendWithImm(_) | Write { .. } | WriteWithImm { .. }
+                Send | SendWithImm(_) | Write { .. } | WriteWithImm { .. } | Datagram { .. }
             );
             if !ok_op {
                 return invalid("INLINE on an operation without payload to send");

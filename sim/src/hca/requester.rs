@@ -167,6 +167,7 @@ impl QpObj {
                 npkts,
                 epoch: self.epoch,
                 kind: PacketKind::Request,
+                dgram: 0,
             };
             let what = if retx {
                 TraceKind::Retransmit
@@ -175,7 +176,9 @@ impl QpObj {
             };
             net.trace(dev, qpn, what, Some(psn), Some(wr_id));
             match self.peer_dev {
-                Some(_) => net.send(pkt, wire),
+                Some(_) => {
+                    net.send(pkt, wire);
+                }
                 None => {
                     let why = TraceKind::Drop(PacketKind::Request, DropReason::NoRoute);
                     net.trace(dev, qpn, why, Some(psn), Some(wr_id));
@@ -368,6 +371,8 @@ impl World {
                 return self.fail_front(q, status);
             }
             PacketKind::Rnr(_) => {}
+            // Taken by the UD block before any queue pair sees it (`World::deliver`).
+            PacketKind::Datagram => return,
         }
         let Tables { qps, mrs, .. } = &mut self.tables;
         let net = &mut self.net;

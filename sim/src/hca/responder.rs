@@ -166,10 +166,11 @@ fn respond(net: &mut Net, req: &Packet, psn: u32, kind: PacketKind, bytes: u64) 
         npkts: 1,
         epoch: 0,
         kind,
+        dgram: 0,
     };
     let (dev, qpn) = (req.dst_dev as usize, req.dst_qpn);
     net.trace(dev, qpn, TraceKind::Send(kind), Some(psn), None);
-    net.send(pkt, bytes);
+    let _copies = net.send(pkt, bytes);
 }
 
 /// Executes request `wr` (with its INLINE payload `inline`) of requester `qp` at
@@ -216,6 +217,9 @@ pub(crate) fn execute(
     // atomic credits), then rkey and receive buffers.
     let need = match wr.op {
         Send | SendWithImm(_) => AccessFlags::empty(),
+        // An RC queue pair never posts one (`QpObj::post_send`); were it to arrive, it is
+        // an opcode the responder does not serve.
+        Datagram { .. } => return fail(out, WcStatus::RemInvReqErr),
         Write { .. } | WriteWithImm { .. } => AccessFlags::REMOTE_WRITE,
         Read { .. } => AccessFlags::REMOTE_READ,
         CompareSwap { .. } | FetchAdd { .. } => AccessFlags::REMOTE_ATOMIC,
@@ -353,6 +357,7 @@ pub(crate) fn execute(
             out.old = Some(old);
         }
         (Send | SendWithImm(_), None) => unreachable!("sends take a receive"),
+        (Datagram { .. }, _) => unreachable!("refused above"),
     }
     out
 }

@@ -12,7 +12,6 @@ use super::comp_channel::{CqNotify, Notifier};
 use super::cq_buf::CqWriter;
 use super::mem::{Dst, Region, Src};
 use super::qp::{invalid, QpObj, RecvQueue, ReqState, RespState, SendQueue, MAX_24, QPN_BASE};
-use crate::sched::Events;
 use crate::types::*;
 
 /// Key bit that marks an rkey (lkeys have it clear), so a swapped key never validates.
@@ -130,6 +129,15 @@ pub(crate) struct CqObj {
     open: bool,
 }
 
+/// An address handle: where datagrams sent with it go.
+#[derive(Debug)]
+pub(crate) struct AhObj {
+    pub(crate) pd: usize,
+    pub(crate) attr: AhAttr,
+    /// The device holding `attr.dgid`, found at creation (none: every datagram is lost).
+    pub(crate) dst_dev: Option<usize>,
+}
+
 /// The objects the HCAs hold, by index.
 #[derive(Debug)]
 pub(crate) struct Tables {
@@ -141,6 +149,8 @@ pub(crate) struct Tables {
     pub(crate) mrs: Slab<MrObj>,
     pub(crate) cqs: Slab<CqObj>,
     pub(crate) qps: Slab<QpObj>,
+    /// Address handles (`ud.rs`).
+    pub(crate) ahs: Slab<AhObj>,
     /// Completion channels and their events.
     pub(crate) notifier: Notifier,
     /// Last epoch handed out.
@@ -159,6 +169,7 @@ impl Tables {
             mrs: Slab::new(),
             cqs: Slab::new(),
             qps: Slab::new(),
+            ahs: Slab::new(),
             notifier: Default::default(),
             epochs: 0,
             direct_retired: 0,
@@ -221,6 +232,11 @@ impl Tables {
             open: true,
         };
         self.pds.insert(pd).0
+    }
+
+    /// Takes a reference to PD `pd` for an object created in it.
+    pub(crate) fn pd_ref(&mut self, pd: usize) {
+        self.pds.get_mut(pd).expect("live PD").refs += 1;
     }
 
     /// Drops one reference to (or the handle of) PD `pd`; frees it when unused.
@@ -300,15 +316,14 @@ impl Tables {
         }
     }
 
-    /// Creates a queue pair in RESET, with room in `events` for what it can have in
-    /// flight; returns its slot and number.
+    /// Creates a queue pair in RESET; returns its slot and number.
     pub(crate) fn create_qp(
         &mut self,
         pd: usize,
         cqs: (usize, usize),
         cap: QpCaps,
         sig_all: bool,
-        events: &mut Events,
+        ty: QpType,
         lazy: bool,
     ) -> Result<(usize, u32), SimError> {
         let wr_ok = |n: u32| (1..=MAX_QP_WR).contains(&n);
@@ -345,6 +360,8 @@ impl Tables {
             recv_cq: cqs.1,
             cap,
             sig_all,
+            ty,
+            qkey: 0,
             state: QpState::Reset,
             init: None,
             rtr: None,
@@ -356,10 +373,6 @@ impl Tables {
             counters: Default::default(),
         };
         let (i, _) = self.qps.insert(qp);
-        // Bound on events in flight per QP: a request and a response per WR, plus timers
-        // (lazy queues: the packet heap grows as packets fly instead).
-        let n = (cap.max_send_wr as usize + cap.max_recv_wr as usize) * 2 + 2;
-        events.reserve(if lazy { 0 } else { n }, i);
         self.pds.get_mut(pd).expect("live PD").refs += 1;
         for c in [cqs.0, cqs.1] {
             self.cqs.get_mut(c).expect("live CQ").refs += 1;
@@ -399,6 +412,25 @@ impl Tables {
                 (i < self.devices.len()).then_some(i)
             }
         }
+    }
+}
+
+/// The address handle table: a key is the slot and its generation, so a stale key (its
+/// handle destroyed) names nothing.
+impl Slab<AhObj> {
+    pub(crate) fn insert_keyed(&mut self, ah: AhObj) -> AhKey {
+        let (i, gen) = self.insert(ah);
+        AhKey((i as u64) << 8 | u64::from(gen))
+    }
+
+    pub(crate) fn by_key(&self, key: AhKey) -> Option<&AhObj> {
+        let i = usize::try_from(key.0 >> 8).ok()?;
+        self.get_gen(i, (key.0 & 0xff) as u8)
+    }
+
+    pub(crate) fn remove_keyed(&mut self, key: AhKey) -> Option<AhObj> {
+        self.by_key(key)?;
+        self.remove((key.0 >> 8) as usize)
     }
 }
 

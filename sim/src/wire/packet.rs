@@ -28,6 +28,8 @@ pub enum PacketKind {
     Nak(WcStatus),
     /// A response corrupted into an opcode the requester does not expect.
     Bad,
+    /// An unreliable datagram: one whole message, no response.
+    Datagram,
 }
 
 impl PacketKind {
@@ -41,6 +43,7 @@ impl PacketKind {
             PacketKind::Rnr(_) => "rnr_nak",
             PacketKind::Nak(_) => "nak",
             PacketKind::Bad => "bad_response",
+            PacketKind::Datagram => "datagram",
         }
     }
 }
@@ -71,6 +74,20 @@ pub enum DropReason {
     OutOfOrder,
     /// A packet about work that no longer exists (flushed, reset, completed).
     Stale,
+    /// A datagram for a queue pair with no receive posted (UD has no RNR).
+    NoReceive,
+    /// A datagram whose Q_Key is not the destination queue pair's.
+    QKey,
+    /// A datagram for a queue pair that is not unreliable-datagram, or an RC packet for
+    /// one that is.
+    WrongTransport,
+    /// A datagram longer than the port's MTU: the sender emits nothing and completes the
+    /// request successfully (IBTA C10-93.1.1).
+    OverMtu,
+    /// A datagram longer than the receive at the head of the queue (the global route
+    /// header included): dropped, the receive kept (IBTA: silently dropped by the
+    /// responder).
+    ShortReceive,
 }
 
 impl DropReason {
@@ -88,6 +105,11 @@ impl DropReason {
             DropReason::WrongSource => "wrong source",
             DropReason::OutOfOrder => "out of order",
             DropReason::Stale => "stale",
+            DropReason::NoReceive => "no receive",
+            DropReason::QKey => "wrong Q_Key",
+            DropReason::WrongTransport => "wrong transport",
+            DropReason::OverMtu => "over MTU",
+            DropReason::ShortReceive => "receive too short",
         }
     }
 }
@@ -104,6 +126,8 @@ pub(crate) struct Packet {
     /// Requests: the requester QP's incarnation, so stale packets are recognised.
     pub(crate) epoch: u32,
     pub(crate) kind: PacketKind,
+    /// A datagram: where its bytes wait in the net's store (`hca/ud.rs`); 0 otherwise.
+    pub(crate) dgram: u32,
 }
 
 #[cfg(test)]

@@ -105,8 +105,7 @@ pub fn blank_wc() -> WorkCompletion {
         status: WcStatus::GeneralErr,
         opcode: WcOpcode::Send,
         byte_len: 0,
-        imm: None,
-        qp_num: 0,
+        ..WorkCompletion::EMPTY
     }
 }
 

@@ -143,6 +143,9 @@ pub(super) fn send_wr<const S: usize>(wr: &SendWr<S>, out: &mut ffi::ibv_send_wr
             out.opcode = op::IBV_WR_ATOMIC_FETCH_AND_ADD;
             out.wr = atomic(remote_addr, rkey, add, 0);
         }
+        // Never reached: `Verbs::post_send` refuses datagrams before converting (this
+        // backend issues no address handles yet, so no key could name one).
+        SendOp::Datagram { .. } => out.opcode = op::IBV_WR_SEND,
     }
 }
 
@@ -189,6 +192,8 @@ pub(super) fn work_completion(wc: &ffi::ibv_wc) -> WorkCompletion {
         byte_len: wc.len() as u32, // `ibv_wc::byte_len` is a u32
         imm: with_imm.then(|| u32::from_be(wc.imm_data)),
         qp_num: wc.qp_num,
+        src_qp: wc.src_qp,
+        grh: wc.wc_flags.0 & ffi::ibv_wc_flags::IBV_WC_GRH.0 != 0,
     }
 }
 

@@ -85,7 +85,7 @@ pub use multi_channel::{
 };
 #[cfg(feature = "std")]
 pub use pool::{LocalBuf, MrPool, PoolError, PoolStats};
-pub use qp::{Endpoint, EndpointError, QueuePair};
+pub use qp::{AddressHandle, Endpoint, EndpointError, QueuePair};
 pub use ring::Completion;
 pub use types::*;
 

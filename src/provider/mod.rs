@@ -28,9 +28,9 @@ use core::fmt;
 
 use crate::error::ProviderError;
 use crate::types::{
-    AccessFlags, Gid, Mtu, PortAttr, QpCaps, QpState, RecvWr, SendWr, WorkCompletion,
+    AccessFlags, AhKey, Gid, Mtu, PortAttr, QpCaps, QpState, RecvWr, SendWr, WorkCompletion,
 };
-pub use zverbs_types::{InitAttr, RtrAttr, RtsAttr, Transition};
+pub use zverbs_types::{AhAttr, InitAttr, QpType, RtrAttr, RtsAttr, Transition, UdInitAttr};
 
 /// A post that stopped at work request `index` (the verbs `bad_wr`): requests before it
 /// were posted, it and those after were not.
@@ -110,6 +110,8 @@ pub trait Provider: Sized {
     /// A completion channel (`ibv_comp_channel`): a file descriptor that becomes readable
     /// when an armed CQ on it gets a completion.
     type CompChannel: Send + Sync;
+    /// An address handle (`ibv_ah`): a destination of unreliable datagrams.
+    type Ah: Send + Sync;
 
     /// Calls `f` with the name of every device present.
     fn for_each_device(&self, f: &mut dyn FnMut(&str));
@@ -173,13 +175,20 @@ pub trait Provider: Sized {
     /// callers batch).
     fn ack_cq_events(cq: &Self::Cq, n: u32);
 
-    /// Creates an RC queue pair in the RESET state.
+    /// Creates a queue pair of transport `ty` in the RESET state.
     fn create_qp(
         pd: &Self::Pd,
         send_cq: &Self::Cq,
         recv_cq: &Self::Cq,
         caps: &QpCaps,
+        ty: QpType,
     ) -> Result<Self::Qp, Self::Error>;
+
+    /// Creates an address handle (`ibv_create_ah`): where the datagrams that name its
+    /// [key](Provider::ah_key) go.
+    fn create_ah(pd: &Self::Pd, attr: &AhAttr) -> Result<Self::Ah, Self::Error>;
+    /// What a datagram's [`UdDest`](crate::types::UdDest) names `ah` by.
+    fn ah_key(ah: &Self::Ah) -> AhKey;
     /// The queue pair number.
     fn qp_num(qp: &Self::Qp) -> u32;
     /// Moves the queue pair to another state.
@@ -197,6 +206,9 @@ pub trait Provider: Sized {
     /// Every gather entry must lie in memory registered with the entry's lkey (or be inline),
     /// and that memory must stay valid, and not be written through Rust references (nor
     /// read, for reads and atomics that write it), until the request completes.
+    /// Every datagram's `dest.ah` must be the [key](Provider::ah_key) of an address handle
+    /// of this provider, alive until the request completes (rxe looks it up as it
+    /// transmits).
     unsafe fn post_send<const S: usize>(
         qp: &Self::Qp,
         wrs: &[SendWr<S>],

@@ -56,9 +56,12 @@ pub use zverbs_sim::{
     PacketKind, QpCounters, SimError, TraceEvent, TraceKind,
 };
 
+use super::AhAttr;
 use super::{PathAttr, PostError, Provider, Transition};
 use crate::error::{ErrorKind, ProviderError};
-use crate::types::{AccessFlags, Gid, PortAttr, QpCaps, QpState, RecvWr, SendWr, WorkCompletion};
+use crate::types::{
+    AccessFlags, AhKey, Gid, PortAttr, QpCaps, QpState, QpType, RecvWr, SendWr, WorkCompletion,
+};
 
 /// The simulator provider: a handle to one simulated fabric.
 #[derive(Clone, Default)]
@@ -144,6 +147,7 @@ impl Provider for Sim {
     type Cq = s::Cq;
     type Qp = s::Qp;
     type CompChannel = s::CompChannel;
+    type Ah = s::Ah;
 
     fn for_each_device(&self, f: &mut dyn FnMut(&str)) {
         self.fabric.for_each_device(f)
@@ -224,13 +228,26 @@ impl Provider for Sim {
         send_cq: &s::Cq,
         recv_cq: &s::Cq,
         caps: &QpCaps,
+        ty: QpType,
     ) -> Result<s::Qp, s::SimError> {
-        pd.create_qp(&s::QpInitAttr {
+        let attr = s::QpInitAttr {
             send_cq,
             recv_cq,
             cap: *caps,
             sq_sig_all: false,
-        })
+        };
+        match ty {
+            QpType::Rc => pd.create_qp(&attr),
+            QpType::Ud => pd.create_ud_qp(&attr),
+        }
+    }
+
+    fn create_ah(pd: &s::Pd, attr: &AhAttr) -> Result<s::Ah, s::SimError> {
+        pd.create_ah(attr)
+    }
+
+    fn ah_key(ah: &s::Ah) -> AhKey {
+        ah.key()
     }
 
     fn qp_num(qp: &s::Qp) -> u32 {

@@ -46,9 +46,10 @@ use std::sync::Arc;
 
 use ibverbs_sys as ffi;
 
-use super::{PathAttr, PostError, Provider, Transition};
+use super::{AhAttr, PathAttr, PostError, Provider, Transition};
 use crate::types::{
-    AccessFlags, Gid, Mtu, PortAttr, PortState, QpCaps, QpState, RecvWr, SendWr, WorkCompletion,
+    AccessFlags, AhKey, Gid, Mtu, PortAttr, PortState, QpCaps, QpState, QpType, RecvWr, SendWr,
+    WorkCompletion,
 };
 use error::check;
 
@@ -205,6 +206,19 @@ impl Drop for Qp {
     }
 }
 
+/// An address handle (`ibv_ah`).
+pub struct Ah {
+    ah: NonNull<ffi::ibv_ah>,
+    _pd: Arc<PdInner>,
+}
+
+impl Drop for Ah {
+    fn drop(&mut self) {
+        // SAFETY: created by `ibv_create_ah`, destroyed once, before its PD.
+        unsafe { ffi::ibv_destroy_ah(self.ah.as_ptr()) };
+    }
+}
+
 // SAFETY: libibverbs objects may be used from any thread, and concurrently: the verbs
 // library and its providers serialise access to each queue with their own locks
 // (`ibv_post_send`/`ibv_post_recv`/`ibv_poll_cq` are thread-safe per the verbs API). The
@@ -228,6 +242,10 @@ unsafe impl Sync for CqInner {}
 unsafe impl Send for Qp {}
 // SAFETY: as above.
 unsafe impl Sync for Qp {}
+// SAFETY: as above.
+unsafe impl Send for Ah {}
+// SAFETY: as above.
+unsafe impl Sync for Ah {}
 
 fn mtu(v: ffi::ibv_mtu) -> Mtu {
     Mtu::from_raw(u8::try_from(v).unwrap_or(0)).unwrap_or(Mtu::Mtu256)
@@ -248,6 +266,7 @@ impl Provider for Verbs {
     type Cq = Cq;
     type Qp = Qp;
     type CompChannel = CompChannel;
+    type Ah = Ah;
 
     fn for_each_device(&self, f: &mut dyn FnMut(&str)) {
         let _ = with_device_list(|l| l.iter().for_each(|d| f(device_name(d))));
@@ -429,7 +448,13 @@ impl Provider for Verbs {
         Ok(done)
     }
 
-    fn create_qp(pd: &Pd, send_cq: &Cq, recv_cq: &Cq, caps: &QpCaps) -> Result<Qp, VerbsError> {
+    fn create_qp(
+        pd: &Pd,
+        send_cq: &Cq,
+        recv_cq: &Cq,
+        caps: &QpCaps,
+        ty: QpType,
+    ) -> Result<Qp, VerbsError> {
         let mut attr = ffi::ibv_qp_init_attr {
             send_cq: send_cq.0.cq.as_ptr(),
             recv_cq: recv_cq.0.cq.as_ptr(),
@@ -440,7 +465,10 @@ impl Provider for Verbs {
                 max_recv_sge: caps.max_recv_sge,
                 max_inline_data: caps.max_inline_data,
             },
-            qp_type: ffi::ibv_qp_type::IBV_QPT_RC,
+            qp_type: match ty {
+                QpType::Rc => ffi::ibv_qp_type::IBV_QPT_RC,
+                QpType::Ud => ffi::ibv_qp_type::IBV_QPT_UD,
+            },
             sq_sig_all: 0,
             ..Default::default()
         };
@@ -467,6 +495,41 @@ impl Provider for Verbs {
             _pd: pd.0.clone(),
             _cqs: [send_cq.0.clone(), recv_cq.0.clone()],
         })
+    }
+
+    fn create_ah(pd: &Pd, attr: &AhAttr) -> Result<Ah, VerbsError> {
+        let mut a = ffi::ibv_ah_attr {
+            grh: ffi::ibv_global_route {
+                dgid: ffi::ibv_gid { raw: attr.dgid.0 },
+                flow_label: attr.flow_label,
+                sgid_index: attr.sgid_index,
+                hop_limit: attr.hop_limit,
+                traffic_class: attr.traffic_class,
+            },
+            dlid: attr.dlid,
+            sl: attr.sl,
+            src_path_bits: 0,
+            static_rate: 0,
+            // RoCE needs the global route (`rdma_check_ah_attr`); InfiniBand accepts it.
+            is_global: 1,
+            port_num: attr.port,
+        };
+        // SAFETY: live PD (kept alive by the returned handle); `a` is a valid attribute
+        // struct the library only reads.
+        let ah = non_null(
+            unsafe { ffi::ibv_create_ah(pd.0.pd.as_ptr(), &mut a) },
+            "ibv_create_ah",
+        )?;
+        Ok(Ah {
+            ah,
+            _pd: pd.0.clone(),
+        })
+    }
+
+    fn ah_key(ah: &Ah) -> AhKey {
+        // The pointer itself: `wr::send_wr` turns it back into the `ibv_ah *` of a
+        // datagram's work request.
+        AhKey(ah.ah.as_ptr() as usize as u64)
     }
 
     fn qp_num(qp: &Qp) -> u32 {
@@ -610,11 +673,7 @@ impl Provider for Verbs {
         qp: &Qp,
         wrs: &[SendWr<S>],
     ) -> Result<(), PostError<VerbsError>> {
-        // Datagrams are refused (EINVAL) until this backend makes address handles: a key it
-        // did not issue must never reach the library as an `ibv_ah` pointer.
-        let fits =
-            |w: &SendWr<S>| w.sges_fit() && !matches!(w.op, crate::types::SendOp::Datagram { .. });
-        let (wrs, malformed) = well_formed(wrs, fits, "ibv_post_send");
+        let (wrs, malformed) = well_formed(wrs, SendWr::sges_fit, "ibv_post_send");
         let mut chain = [const { MaybeUninit::<ffi::ibv_send_wr>::uninit() }; CHAIN];
         for (c, batch) in wrs.chunks(CHAIN).enumerate() {
             let base = link(&mut chain, batch, wr::send_wr, |w, n| w.next = n);

@@ -31,10 +31,12 @@
 //! ```
 
 mod endpoint;
+mod ud;
 
 pub use endpoint::{
     Endpoint, EndpointError, ENDPOINT_LEN, ENDPOINT_MAGIC, ENDPOINT_VERSION, MAX_24BIT,
 };
+pub use ud::{AddressHandle, UdOptions};
 
 use core::fmt;
 use core::marker::PhantomData;
@@ -44,7 +46,7 @@ use crate::device::{Context, ProtectionDomain};
 use crate::error::{verb, Error};
 pub use crate::provider::PathAttr;
 use crate::provider::{InitAttr, PostError, Provider, RtrAttr, RtsAttr, Transition};
-use crate::types::{AccessFlags, Mtu, QpCaps, QpState, RecvWr, SendWr};
+use crate::types::{AccessFlags, Mtu, QpCaps, QpState, QpType, RecvWr, SendWr};
 
 mod sealed {
     pub trait Sealed {}
@@ -74,6 +76,33 @@ impl State for Reset {}
 impl State for Init {}
 impl State for ReadyToReceive {}
 impl State for ReadyToSend {}
+
+/// A queue pair's transport, known at compile time. Sealed: [`Rc`] and [`Ud`] are all
+/// there is. The states and posting are the same for both; creation and the transitions
+/// differ (a UD queue pair has a Q_Key and no peer).
+pub trait Transport: sealed::Sealed {
+    /// The provider's name for it.
+    const TYPE: QpType;
+}
+
+/// Reliable connected: one peer, acknowledged, in order (the default).
+#[derive(Debug)]
+pub enum Rc {}
+/// Unreliable datagram: any peer per message, one packet each, no acknowledgement.
+#[derive(Debug)]
+pub enum Ud {}
+
+impl sealed::Sealed for Rc {}
+impl sealed::Sealed for Ud {}
+impl Transport for Rc {
+    const TYPE: QpType = QpType::Rc;
+}
+impl Transport for Ud {
+    const TYPE: QpType = QpType::Ud;
+}
+
+/// An unreliable-datagram queue pair in state `S`.
+pub type UdQueuePair<P, S> = QueuePair<P, S, Ud>;
 
 /// Creation settings of a queue pair.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -208,24 +237,24 @@ impl Default for RtsOptions {
     }
 }
 
-/// A queue pair in state `S`. See the module docs.
-pub struct QueuePair<P: Provider, S: State> {
+/// A queue pair of transport `T` (RC unless said) in state `S`. See the module docs.
+pub struct QueuePair<P: Provider, S: State, T: Transport = Rc> {
     raw: P::Qp,
     local: Endpoint,
     remote: Option<Endpoint>,
     config: QpConfig,
-    _state: PhantomData<S>,
+    _state: PhantomData<(S, T)>,
 }
 
 /// A failed transition: the queue pair, still in its old state, and why.
-pub struct TransitionError<P: Provider, S: State> {
+pub struct TransitionError<P: Provider, S: State, T: Transport = Rc> {
     /// The queue pair, unchanged.
-    pub qp: QueuePair<P, S>,
+    pub qp: QueuePair<P, S, T>,
     /// Why the transition failed.
     pub error: Error<P::Error>,
 }
 
-impl<P: Provider, S: State> fmt::Debug for TransitionError<P, S> {
+impl<P: Provider, S: State, T: Transport> fmt::Debug for TransitionError<P, S, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("TransitionError")
             .field("qp", &self.qp)
@@ -234,7 +263,7 @@ impl<P: Provider, S: State> fmt::Debug for TransitionError<P, S> {
     }
 }
 
-impl<P: Provider, S: State> fmt::Display for TransitionError<P, S> {
+impl<P: Provider, S: State, T: Transport> fmt::Display for TransitionError<P, S, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
@@ -245,15 +274,15 @@ impl<P: Provider, S: State> fmt::Display for TransitionError<P, S> {
     }
 }
 
-impl<P: Provider, S: State> TransitionError<P, S> {
+impl<P: Provider, S: State, T: Transport> TransitionError<P, S, T> {
     fn local_qp_num(&self) -> u32 {
         self.qp.local.qp_num
     }
 }
 
-impl<P: Provider, S: State> core::error::Error for TransitionError<P, S> {}
+impl<P: Provider, S: State, T: Transport> core::error::Error for TransitionError<P, S, T> {}
 
-impl<P: Provider, S: State> fmt::Debug for QueuePair<P, S> {
+impl<P: Provider, S: State, T: Transport> fmt::Debug for QueuePair<P, S, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("QueuePair")
             .field("state", &core::any::type_name::<S>())
@@ -271,10 +300,8 @@ fn check(ok: bool, why: &'static str) -> Result<(), &'static str> {
     }
 }
 
-impl<P: Provider> QueuePair<P, Reset> {
-    /// Creates an RC queue pair whose sends complete on `send_cq` and receives on
-    /// `recv_cq`.
-    pub fn create(
+impl<P: Provider, T: Transport> QueuePair<P, Reset, T> {
+    fn create_of(
         ctx: &Context<P>,
         pd: &ProtectionDomain<P>,
         send_cq: &CompletionQueue<P>,
@@ -288,7 +315,7 @@ impl<P: Provider> QueuePair<P, Reset> {
         let gid = ctx.query_gid(config.port, config.gid_index)?;
         let raw = verb(
             "ibv_create_qp",
-            P::create_qp(&pd.raw, &send_cq.raw, &recv_cq.raw, &config.caps),
+            P::create_qp(&pd.raw, &send_cq.raw, &recv_cq.raw, &config.caps, T::TYPE),
         )?;
         let qp_num = P::qp_num(&raw);
         // A fixed, qpn-derived PSN keeps runs reproducible; users who want random PSNs
@@ -309,6 +336,20 @@ impl<P: Provider> QueuePair<P, Reset> {
             config: *config,
             _state: PhantomData,
         })
+    }
+}
+
+impl<P: Provider> QueuePair<P, Reset> {
+    /// Creates an RC queue pair whose sends complete on `send_cq` and receives on
+    /// `recv_cq`.
+    pub fn create(
+        ctx: &Context<P>,
+        pd: &ProtectionDomain<P>,
+        send_cq: &CompletionQueue<P>,
+        recv_cq: &CompletionQueue<P>,
+        config: &QpConfig,
+    ) -> Result<Self, Error<P::Error>> {
+        Self::create_of(ctx, pd, send_cq, recv_cq, config)
     }
 
     /// RESET → INIT.
@@ -390,7 +431,9 @@ impl<P: Provider> QueuePair<P, ReadyToReceive> {
             });
         self.transition(attr)
     }
+}
 
+impl<P: Provider, T: Transport> QueuePair<P, ReadyToReceive, T> {
     /// Posts a chain of receive work requests with one doorbell.
     ///
     /// # Safety
@@ -405,7 +448,7 @@ impl<P: Provider> QueuePair<P, ReadyToReceive> {
     }
 }
 
-impl<P: Provider> QueuePair<P, Init> {
+impl<P: Provider, T: Transport> QueuePair<P, Init, T> {
     /// Posts a chain of receive work requests with one doorbell.
     ///
     /// # Safety
@@ -449,7 +492,9 @@ impl<P: Provider> QueuePair<P, ReadyToSend> {
     pub fn path(&self) -> Result<PathAttr, Error<P::Error>> {
         verb("ibv_query_qp", P::query_path(&self.raw))
     }
+}
 
+impl<P: Provider, T: Transport> QueuePair<P, ReadyToSend, T> {
     /// Posts a chain of send work requests with one doorbell.
     ///
     /// # Safety
@@ -478,7 +523,7 @@ impl<P: Provider> QueuePair<P, ReadyToSend> {
     }
 }
 
-impl<P: Provider, S: State> QueuePair<P, S> {
+impl<P: Provider, S: State, T: Transport> QueuePair<P, S, T> {
     /// This side's endpoint, to send to the peer.
     pub fn endpoint(&self) -> Endpoint {
         self.local
@@ -521,7 +566,7 @@ impl<P: Provider, S: State> QueuePair<P, S> {
     }
 
     /// Back to RESET, from any state: outstanding work is discarded without completions.
-    pub fn reset(self) -> Result<QueuePair<P, Reset>, TransitionError<P, S>> {
+    pub fn reset(self) -> Result<QueuePair<P, Reset, T>, TransitionError<P, S, T>> {
         self.transition(Ok(Transition::Reset))
     }
 
@@ -530,10 +575,10 @@ impl<P: Provider, S: State> QueuePair<P, S> {
         &self.raw
     }
 
-    fn transition<T: State>(
+    fn transition<S2: State>(
         self,
         t: Result<Transition, &'static str>,
-    ) -> Result<QueuePair<P, T>, TransitionError<P, S>> {
+    ) -> Result<QueuePair<P, S2, T>, TransitionError<P, S, T>> {
         let result = match t {
             Err(why) => Err(Error::InvalidAttribute(why)),
             Ok(t) => verb("ibv_modify_qp", P::modify_qp(&self.raw, &t)),

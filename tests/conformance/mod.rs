@@ -13,6 +13,7 @@
 #[cfg(feature = "tokio")]
 mod asynchronous;
 mod collective;
+mod datagram;
 mod errors;
 mod events;
 mod liveness;
@@ -35,6 +36,7 @@ use zverbs::{
 #[cfg(feature = "tokio")]
 pub use asynchronous::*;
 pub use collective::*;
+pub use datagram::*;
 pub use errors::*;
 pub use events::*;
 pub use liveness::*;
@@ -48,6 +50,7 @@ pub mod expected {
     #[cfg(feature = "tokio")]
     pub use super::asynchronous::expected::*;
     pub use super::collective::expected::*;
+    pub use super::datagram::expected::*;
     pub use super::errors::expected::*;
     pub use super::events::expected::*;
     pub use super::liveness::expected::*;
@@ -463,7 +466,8 @@ macro_rules! conformance_tests {
             post_after_error, rnr_retry_exceeded, channel_roundtrip, cq_events,
             multi_channel_scatter_gather, node_barrier, wait_bounded_on_silent_peer,
             send_before_peer_connects, barrier_at_connect_and_exit, link_down_bounded,
-            path_attributes, recv_posted_in_init, scoped_receive_completion
+            path_attributes, recv_posted_in_init, scoped_receive_completion, ud_send,
+            ud_silent_drops, ud_over_mtu
         );
     };
     (@each $env:expr; $($name:ident),* $(,)?) => {

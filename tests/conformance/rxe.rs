@@ -22,6 +22,15 @@ pub const RXE_DEVIATIONS: &[Deviation] = &[
               LOC_LEN_ERR at the responder and REM_INV_REQ_ERR at the requester",
     },
     Deviation {
+        scenario: "ud_silent_drops",
+        outcome: "a=[1:SUCCESS Send, 2:SUCCESS Send, 3:SUCCESS Send, 4:SUCCESS Send]; \
+                  b=[101:LOC_QP_OP_ERR]; b.late=[]; bytes=MISMATCH; b.state=Error",
+        why: "a datagram longer than the receive fails rxe's copy_data (a malformed WQE: \
+              LOC_QP_OP_ERR, the queue pair to ERR) in Linux 6.1; the IBTA drops it \
+              silently and keeps the receive, as rxe does since \"RDMA/rxe: Fix responder \
+              length checking for UD request packets\" (2024)",
+    },
+    Deviation {
         scenario: "rem_atomic_misaligned",
         outcome: "post_send=InvalidArgument; a.state=ReadyToSend",
         why: "the rxe userspace provider rejects a misaligned atomic at post time (EINVAL), \

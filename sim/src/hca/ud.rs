@@ -22,7 +22,8 @@
 //!   UD queue pair in RTR or RTS on that device, its Q_Key is not the queue pair's, no
 //!   receive is posted (UD has no RNR), or the head receive is shorter than 40 bytes of
 //!   global route header plus the message (the receive stays posted; rxe since 2024).
-//!   Otherwise the head receive takes both: its completion has `byte_len` = 40 + the
+//!   (`Rxe`, as rxe of Linux 6.1 does: the receive completes with `LocQpOpErr` and the
+//!   queue pair moves to ERR.) Otherwise the head receive takes both: its completion has `byte_len` = 40 + the
 //!   message, the sender's QPN (`src_qp`) and `grh` set. A receive whose scatter list
 //!   leaves the PD's memory completes with `LocProtErr`, the queue pair to ERR.
 //!
@@ -175,6 +176,7 @@ impl World {
     pub(crate) fn deliver_datagram(&mut self, pkt: Packet) {
         let (dst, qpn, psn) = (pkt.dst_dev as usize, pkt.dst_qpn, Some(pkt.psn));
         let World { tables, net } = self;
+        let rxe = net.cfg.personality == Personality::Rxe;
         let dgram = net.datagrams.slots.get(pkt.dgram as usize);
         let Some((qkey, len)) = dgram.map(|d| (d.qkey, d.data.len())) else {
             return;
@@ -195,7 +197,7 @@ impl World {
             (None, Some((_, qp))) if qp.qkey != qkey => Err(DropReason::QKey),
             (None, Some((_, qp))) => match qp.rq.front() {
                 None => Err(DropReason::NoReceive),
-                Some(r) if (sg_len(r.sges) as usize) < GRH_BYTES + len => {
+                Some(r) if (sg_len(r.sges) as usize) < GRH_BYTES + len && !rxe => {
                     Err(DropReason::ShortReceive)
                 }
                 Some(_) => Ok(qp_index),
@@ -227,7 +229,11 @@ impl World {
         let rwr = qp.rq.front().expect("a receive");
         let total = GRH_BYTES + d.data.len();
         let mut spans = [Dst::EMPTY; MAX_SGE];
-        let status = if !tables.mrs.scatter(qp.pd, rwr.sges, total, &mut spans) {
+        let status = if (sg_len(rwr.sges) as usize) < total {
+            // rxe of Linux 6.1 (before "RDMA/rxe: Fix responder length checking for UD
+            // request packets", 2024): `copy_data` fails, a malformed WQE.
+            WcStatus::LocQpOpErr
+        } else if !tables.mrs.scatter(qp.pd, rwr.sges, total, &mut spans) {
             WcStatus::LocProtErr
         } else {
             mem::copy(&[Src::slice(&d.grh), Src::slice(&d.data)], &spans, total);

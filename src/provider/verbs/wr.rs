@@ -143,9 +143,25 @@ pub(super) fn send_wr<const S: usize>(wr: &SendWr<S>, out: &mut ffi::ibv_send_wr
             out.opcode = op::IBV_WR_ATOMIC_FETCH_AND_ADD;
             out.wr = atomic(remote_addr, rkey, add, 0);
         }
-        // Never reached: `Verbs::post_send` refuses datagrams before converting (this
-        // backend issues no address handles yet, so no key could name one).
-        SendOp::Datagram { .. } => out.opcode = op::IBV_WR_SEND,
+        SendOp::Datagram { dest, imm: v } => {
+            out.opcode = match v {
+                Some(v) => {
+                    out.__bindgen_anon_1 = imm(v);
+                    op::IBV_WR_SEND_WITH_IMM
+                }
+                None => op::IBV_WR_SEND,
+            };
+            // The key is an `ibv_ah *` as an integer (`Verbs::ah_key`); that it names a
+            // live handle is `post_send`'s contract.
+            let ah = dest.ah.0 as usize as *mut ffi::ibv_ah;
+            out.wr = ffi::ibv_send_wr__bindgen_ty_2 {
+                ud: ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {
+                    ah,
+                    remote_qpn: dest.remote_qpn,
+                    remote_qkey: dest.remote_qkey,
+                },
+            };
+        }
     }
 }
 

@@ -1,0 +1,129 @@
+//! Unreliable-datagram queue pairs: their creation and transitions (a Q_Key, no peer),
+//! and the address handles their datagrams are sent through.
+//!
+//! Everything else (states, posting, reset) is the [`QueuePair`]'s, whatever its transport.
+//! A datagram is a [`SendOp::Datagram`](crate::SendOp::Datagram) whose
+//! [`UdDest`](crate::UdDest) names an [`AddressHandle`] by its [key](AddressHandle::key):
+//! the handle must stay alive until every datagram sent through it has completed (rxe
+//! looks it up as it transmits), which `post_send`'s contract already asks of the memory.
+//! Every receive buffer starts with 40 bytes of global route header; the completion's
+//! `byte_len` counts them, `src_qp` names the sender and `grh` is set.
+
+use super::{check, Init, QpConfig, QueuePair, ReadyToReceive, ReadyToSend, Reset, Transition};
+use super::{TransitionError, Ud, MAX_FLOW_LABEL, MAX_SL};
+use crate::cq::CompletionQueue;
+use crate::device::{Context, ProtectionDomain};
+use crate::error::{verb, Error};
+use crate::provider::{AhAttr, Provider, UdInitAttr};
+use crate::types::AhKey;
+
+/// Attributes of an unreliable-datagram queue pair's RESET → INIT.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UdOptions {
+    /// The Q_Key its receives accept (and its sends carry when a destination's has the high
+    /// bit set, on devices that follow IBTA C10-15; rxe sends that value as it is).
+    pub qkey: u32,
+    /// P_Key index.
+    pub pkey_index: u16,
+}
+
+impl<P: Provider> QueuePair<P, Reset, Ud> {
+    /// Creates an unreliable-datagram queue pair whose sends complete on `send_cq` and
+    /// receives on `recv_cq`. It sends [`SendOp::Datagram`](crate::SendOp::Datagram)s, each
+    /// to the queue pair an [`AddressHandle`] and a QPN name, and
+    /// every receive buffer starts with 40 bytes of global route header.
+    ///
+    /// ```
+    /// # #[cfg(feature = "sim")] {
+    /// use zverbs::provider::sim::Sim;
+    /// use zverbs::qp::{QpConfig, QueuePair, UdOptions};
+    /// use zverbs::{CompletionQueue, Context, QpState};
+    /// let sim = Sim::with_devices(1);
+    /// let ctx = Context::open(&sim, "sim0").unwrap();
+    /// let pd = ctx.alloc_pd().unwrap();
+    /// let cq = CompletionQueue::create(&ctx, 16).unwrap();
+    /// let qp = QueuePair::create_ud(&ctx, &pd, &cq, &cq, &QpConfig::default()).unwrap();
+    /// let qp = qp.into_init(&UdOptions { qkey: 0x1111, pkey_index: 0 }).unwrap();
+    /// let qp = qp.into_rtr().unwrap().into_rts().unwrap();
+    /// assert_eq!(qp.state().unwrap(), QpState::ReadyToSend);
+    /// # }
+    /// ```
+    pub fn create_ud(
+        ctx: &Context<P>,
+        pd: &ProtectionDomain<P>,
+        send_cq: &CompletionQueue<P>,
+        recv_cq: &CompletionQueue<P>,
+        config: &QpConfig,
+    ) -> Result<Self, Error<P::Error>> {
+        Self::create_of(ctx, pd, send_cq, recv_cq, config)
+    }
+
+    /// RESET → INIT: its port (from the [`QpConfig`]), partition and Q_Key.
+    pub fn into_init(
+        self,
+        opts: &UdOptions,
+    ) -> Result<QueuePair<P, Init, Ud>, TransitionError<P, Reset, Ud>> {
+        let attr = UdInitAttr {
+            port: self.config.port,
+            pkey_index: opts.pkey_index,
+            qkey: opts.qkey,
+        };
+        self.transition(Ok(Transition::InitUd(attr)))
+    }
+}
+
+impl<P: Provider> QueuePair<P, Init, Ud> {
+    /// INIT → RTR: no peer (each datagram names its own).
+    pub fn into_rtr(
+        self,
+    ) -> Result<QueuePair<P, ReadyToReceive, Ud>, TransitionError<P, Init, Ud>> {
+        self.transition(Ok(Transition::RtrUd))
+    }
+}
+
+impl<P: Provider> QueuePair<P, ReadyToReceive, Ud> {
+    /// RTR → RTS, its first PSN the endpoint's.
+    pub fn into_rts(
+        self,
+    ) -> Result<QueuePair<P, ReadyToSend, Ud>, TransitionError<P, ReadyToReceive, Ud>> {
+        let sq_psn = self.local.psn;
+        self.transition(Ok(Transition::RtsUd { sq_psn }))
+    }
+}
+
+/// An address handle (`ibv_ah`): where the datagrams that name its [key](Self::key) go.
+pub struct AddressHandle<P: Provider> {
+    raw: P::Ah,
+}
+
+impl<P: Provider> core::fmt::Debug for AddressHandle<P> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("AddressHandle")
+            .field("key", &self.key())
+            .finish()
+    }
+}
+
+impl<P: Provider> AddressHandle<P> {
+    /// Creates an address handle in `pd` (`ibv_create_ah`, with the global route RoCE
+    /// needs).
+    ///
+    /// # Errors
+    /// [`Error::InvalidAttribute`] for an sl above 15 or a flow label wider than 20 bits;
+    /// the provider's error for a port or GID index it does not have.
+    pub fn create(pd: &ProtectionDomain<P>, attr: &AhAttr) -> Result<Self, Error<P::Error>> {
+        check(attr.sl <= MAX_SL, "sl exceeds 15")
+            .and(check(
+                attr.flow_label <= MAX_FLOW_LABEL,
+                "flow_label exceeds 20 bits",
+            ))
+            .map_err(Error::InvalidAttribute)?;
+        let raw = verb("ibv_create_ah", P::create_ah(&pd.raw, attr))?;
+        Ok(AddressHandle { raw })
+    }
+
+    /// What a datagram's [`UdDest`](crate::UdDest) names this handle by.
+    pub fn key(&self) -> AhKey {
+        P::ah_key(&self.raw)
+    }
+}

@@ -1,0 +1,230 @@
+//! Unreliable datagrams: what a UD receive holds (40 bytes of global route header, then the
+//! message; the sender's QPN), and what the destination drops without a word (no receive
+//! posted, a wrong Q_Key, a message longer than the port's MTU or than the receive) while
+//! the sender's request succeeds. wr_ids as in `scenarios.rs`: A's sends 1.., B's receives
+//! 101...
+
+use super::scenarios::{filled, LW, SIG};
+use super::*;
+use zverbs::qp::{AddressHandle, Ud, UdOptions};
+use zverbs::{AhAttr, UdDest};
+
+/// The Q_Key of the suite's UD queue pairs.
+const QKEY: u32 = 0x0205;
+
+/// One side of a UD pair. Fields drop in order: the handle and the queue pair first.
+pub struct UdSide<P: Provider> {
+    /// Side A's handle to B (unused on B).
+    pub ah: Option<AddressHandle<P>>,
+    pub qp: QueuePair<P, ReadyToSend, Ud>,
+    pub cq: CompletionQueue<P>,
+    pub pd: ProtectionDomain<P>,
+    pub ctx: Context<P>,
+}
+
+/// Sides A and B of a UD pair.
+type UdPair<P> = (UdSide<P>, UdSide<P>);
+
+/// Two UD queue pairs, A on the first device, B on the second with Q_Key `b_qkey`; A holds
+/// an address handle to B's device.
+fn ud_pair<E: Env>(env: &E, b_qkey: u32) -> Run<UdPair<E::P>> {
+    let (da, db) = env.devices();
+    let side = |name: &str, qkey: u32| -> Run<UdSide<E::P>> {
+        let ctx = Context::open(env.provider(), name).map_err(err("open device"))?;
+        let pd = ctx.alloc_pd().map_err(err("alloc pd"))?;
+        let cq = CompletionQueue::create(&ctx, 64).map_err(err("create cq"))?;
+        let qp = QueuePair::create_ud(&ctx, &pd, &cq, &cq, &env.qp_config(&ctx))
+            .map_err(err("create ud qp"))?;
+        let opts = UdOptions {
+            qkey,
+            pkey_index: 0,
+        };
+        let qp = qp
+            .into_init(&opts)
+            .map_err(|e| format!("init: {}", e.error))?;
+        let qp = qp.into_rtr().map_err(|e| format!("rtr: {}", e.error))?;
+        let qp = qp.into_rts().map_err(|e| format!("rts: {}", e.error))?;
+        Ok(UdSide {
+            ah: None,
+            qp,
+            cq,
+            pd,
+            ctx,
+        })
+    };
+    let (mut a, b) = (side(da, QKEY)?, side(db, b_qkey)?);
+    let attr = AhAttr {
+        port: a.qp.config().port,
+        dgid: b.qp.endpoint().gid,
+        sgid_index: a.qp.config().gid_index,
+        dlid: b.qp.endpoint().lid,
+        sl: 0,
+        traffic_class: 0,
+        flow_label: 0,
+        hop_limit: 64,
+    };
+    a.ah = Some(AddressHandle::create(&a.pd, &attr).map_err(err("create ah"))?);
+    Ok((a, b))
+}
+
+/// A datagram of `len` bytes of `src` from A to B, signaled, with `imm`.
+fn datagram<P: Provider>(
+    a: &UdSide<P>,
+    b: &UdSide<P>,
+    wr_id: u64,
+    src: &MemoryRegion<'_, P>,
+    len: usize,
+    imm: Option<u32>,
+) -> SendWr<SGES> {
+    let dest = UdDest {
+        ah: a.ah.as_ref().expect("A's handle").key(),
+        remote_qpn: b.qp.qp_num(),
+        remote_qkey: QKEY,
+    };
+    swr(
+        wr_id,
+        SendOp::Datagram { dest, imm },
+        SIG,
+        &[sge(src, 0, len)],
+    )
+}
+
+/// Posts `wrs` on A, and `recvs` on B first.
+///
+/// # Safety
+/// As [`post_send`]; A's handle lives in `a` until the sends complete.
+unsafe fn exchange<P: Provider>(
+    a: &UdSide<P>,
+    b: &UdSide<P>,
+    recvs: &[RecvWr<SGES>],
+    wrs: &[SendWr<SGES>],
+) -> Run<()> {
+    // SAFETY: forwarded to the caller.
+    unsafe {
+        b.qp.post_recv(recvs)
+            .map_err(|e| format!("post_recv: {e}"))?;
+        a.qp.post_send(wrs).map_err(|e| format!("post_send: {e}"))
+    }
+}
+
+/// Whether the 40-byte header names A's GID as source and B's as destination: the IPv6
+/// header's addresses, or for IPv4-mapped GIDs those of the IPv4 header at byte 20.
+fn grh_names<P: Provider>(grh: &[u8], a: &UdSide<P>, b: &UdSide<P>) -> bool {
+    let (s, d) = (a.qp.endpoint().gid.0, b.qp.endpoint().gid.0);
+    let v4 = s[..12] == [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff];
+    if v4 {
+        grh[20] >> 4 == 4 && grh[32..36] == s[12..] && grh[36..40] == d[12..]
+    } else {
+        grh[0] >> 4 == 6 && grh[8..24] == s && grh[24..40] == d
+    }
+}
+
+pub fn ud_send<E: Env>(env: &E) -> Run<Outcome> {
+    let (a, b) = ud_pair(env, QKEY)?;
+    let src = filled(&a.pd, 64, LW, 3)?;
+    let dst = region(&b.pd, 128, LW, 0xEE)?;
+    // SAFETY: leaked regions, read after the completions; `a` holds the handle.
+    unsafe {
+        let recv = rwr(101, &[sge(&dst, 0, 128)]);
+        exchange(
+            &a,
+            &b,
+            &[recv],
+            &[datagram(&a, &b, 1, &src, 64, Some(0xabc))],
+        )?;
+    }
+    let (aw, bw) = (wait(env, &a.cq, 1)?, wait(env, &b.cq, 1)?);
+    let d = dst.as_slice();
+    let mut o = Outcome::default();
+    o.wcs("a", &aw).wcs("b", &bw);
+    if let Some(w) = bw.first() {
+        o.check("b.src_qp", w.src_qp == a.qp.qp_num())
+            .check("b.grh", w.grh)
+            .check("grh_addresses", grh_names(&d[..40], &a, &b));
+    }
+    o.check("bytes", d[40..104] == pattern(64, 3)[..]);
+    Ok(o)
+}
+
+/// The first datagram finds no receive, the second a wrong Q_Key, the third a receive too
+/// short for it: all three dropped. The fourth fits the receive the others left posted.
+pub fn ud_silent_drops<E: Env>(env: &E) -> Run<Outcome> {
+    let (a, b) = ud_pair(env, QKEY)?;
+    let src = filled(&a.pd, 64, LW, 5)?;
+    let dst = region(&b.pd, 128, LW, 0xEE)?;
+    let mut wrong = datagram(&a, &b, 2, &src, 8, Some(2));
+    if let SendOp::Datagram { dest, .. } = &mut wrong.op {
+        dest.remote_qkey = QKEY + 1;
+    }
+    // SAFETY: leaked regions, read after the completions; `a` holds the handle.
+    unsafe {
+        exchange(&a, &b, &[], &[datagram(&a, &b, 1, &src, 8, Some(1))])?;
+        let first = wait(env, &a.cq, 1)?;
+        // Sent is not arrived (rxe receives on another context): let it reach B first.
+        let _ = settle(env, &b.cq)?;
+        let recv = rwr(101, &[sge(&dst, 0, 40 + 16)]);
+        let sends = [wrong, datagram(&a, &b, 3, &src, 64, Some(3))];
+        exchange(&a, &b, &[recv], &sends)?;
+        let rest = wait(env, &a.cq, 2)?;
+        a.qp.post_send(&[datagram(&a, &b, 4, &src, 16, Some(4))])
+            .map_err(|e| format!("post_send: {e}"))?;
+        let last = wait(env, &a.cq, 1)?;
+        let bw = wait(env, &b.cq, 1)?;
+        let late = settle(env, &b.cq)?;
+        let aw: Vec<_> = first.into_iter().chain(rest).chain(last).collect();
+        let mut o = Outcome::default();
+        o.wcs("a", &aw).wcs("b", &bw).wcs("b.late", &late);
+        o.check("bytes", dst.as_slice()[40..56] == pattern(16, 5)[..]);
+        match b.qp.state() {
+            Ok(s) => o.item("b.state", format_args!("{s:?}")),
+            Err(e) => o.item("b.state", format_args!("query failed: {e}")),
+        };
+        Ok(o)
+    }
+}
+
+/// A datagram one byte longer than the port's MTU: nothing is sent, the send succeeds
+/// (IBTA C10-93.1.1); one of exactly the MTU lands.
+pub fn ud_over_mtu<E: Env>(env: &E) -> Run<Outcome> {
+    let (a, b) = ud_pair(env, QKEY)?;
+    let mtu = 128usize << (a.qp.endpoint().mtu as u32);
+    let src = filled(&a.pd, mtu + 1, LW, 7)?;
+    let dst = region(&b.pd, 40 + mtu + 1, LW, 0xEE)?;
+    // SAFETY: leaked regions, read after the completions; `a` holds the handle.
+    unsafe {
+        let recv = rwr(101, &[sge(&dst, 0, 40 + mtu + 1)]);
+        exchange(&a, &b, &[recv], &[datagram(&a, &b, 1, &src, mtu + 1, None)])?;
+        let first = wait(env, &a.cq, 1)?;
+        let early = settle(env, &b.cq)?;
+        a.qp.post_send(&[datagram(&a, &b, 2, &src, mtu, None)])
+            .map_err(|e| format!("post_send: {e}"))?;
+        let second = wait(env, &a.cq, 1)?;
+        let bw = wait(env, &b.cq, 1)?;
+        let mut o = Outcome::default();
+        o.check(
+            "a.over_mtu_len",
+            first
+                .first()
+                .is_some_and(|w| w.byte_len as usize == mtu + 1),
+        )
+        .wcs("a", &[first, second].concat())
+        .wcs("b.early", &early)
+        .check(
+            "b.len",
+            bw.first().is_some_and(|w| w.byte_len as usize == 40 + mtu),
+        )
+        .item("b", bw.len());
+        Ok(o)
+    }
+}
+
+pub mod expected {
+    #![allow(non_upper_case_globals)]
+    pub const ud_send: &str = "a=[1:SUCCESS Send]; b=[101:SUCCESS Recv len=104 imm=0xabc]; \
+         b.src_qp=ok; b.grh=ok; grh_addresses=ok; bytes=ok";
+    pub const ud_silent_drops: &str = "a=[1:SUCCESS Send, 2:SUCCESS Send, 3:SUCCESS Send, \
+         4:SUCCESS Send]; b=[101:SUCCESS Recv len=56 imm=0x4]; b.late=[]; bytes=ok; \
+         b.state=ReadyToSend";
+    pub const ud_over_mtu: &str = "a.over_mtu_len=ok; a=[1:SUCCESS Send, 2:SUCCESS Send]; \
+         b.early=[]; b.len=ok; b=1";
+}

@@ -19,6 +19,8 @@
 //! - [`node`]: rank, world, barriers, endpoint exchange.
 //! - [`pool`]: a registered slab carved into owned buffers ([`LocalBuf`]), for layers that
 //!   hand buffers to the device by value.
+//! - [`rpc`]: eRPC-style RPC; so far its sans-IO protocol core (sessions, credits,
+//!   go-back-N, at-most-once handlers), to be driven over UD queue pairs.
 //! - `tokio` (feature `tokio`): async operations on owned buffers, woken by completion
 //!   events; connections that lend and borrow registered memory.
 //!
@@ -67,6 +69,8 @@ pub mod pool;
 pub mod provider;
 pub mod qp;
 pub mod ring;
+#[cfg(feature = "std")]
+pub mod rpc;
 mod sync;
 #[cfg(all(feature = "tokio", unix))]
 pub mod tokio;

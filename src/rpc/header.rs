@@ -1,0 +1,600 @@
+//! The packet header: 24 bytes, little-endian, checked before anything reads it.
+//!
+//! | bytes | field | meaning |
+//! |---|---|---|
+//! | 0 | magic | [`MAGIC`] (`0xE5`) |
+//! | 1 | version | [`VERSION`] (1) |
+//! | 2 | packet type | [`PktType`] as a byte, 1..=8 |
+//! | 3 | `req_type` | data packets: the application's request type; connect response: its [`status`](Header::req_type); else 0 |
+//! | 4..6 | `dest_session` | the receiver's session number; 0 in a connect request |
+//! | 6..8 | `src_session` | the sender's session number |
+//! | 8..12 | `msg_size` | data packets: the whole message's bytes; connect request: the sender's MTU; else 0 |
+//! | 12..14 | `pkt_num` | data packets: the packet's index in its message; CR: the request packet acknowledged; RFR: the response packet asked for (from 1); else 0 |
+//! | 14..16 | `payload_len` | bytes after the header: exactly the datagram's length less 24; 0 but for data packets |
+//! | 16..24 | `req_num` | data, CR, RFR: the request number; session packets: the client's token |
+//!
+//! Bytes 0..8 keep their meaning in every version, so that a server can refuse a connect
+//! request of another version by its packet type and source session.
+//!
+//! [`Header::decode`] checks what the bytes alone can tell (the order of its checks is the
+//! order of the [`HeaderError`] variants up to `PktNum`); [`Header::validate`] checks them
+//! against the receiver's [`Limits`].
+
+use core::fmt;
+
+/// Bytes in a header.
+pub const HEADER_LEN: usize = 24;
+/// The first byte of every packet.
+pub const MAGIC: u8 = 0xE5;
+/// The header version this code reads and writes.
+pub const VERSION: u8 = 1;
+
+/// What a packet is. eRPC's packet types, plus session management.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum PktType {
+    /// Client to server: open a session.
+    ConnectReq = 1,
+    /// Server to client: the session's number on the server, or a refusal.
+    ConnectResp = 2,
+    /// Client to server: close a session.
+    DisconnectReq = 3,
+    /// Server to client: the session is closed.
+    DisconnectResp = 4,
+    /// One packet of a request message.
+    Req = 5,
+    /// One packet of a response message.
+    Resp = 6,
+    /// Credit return: the server has request packets `0..=pkt_num` (not sent for the last).
+    CreditReturn = 7,
+    /// Request for response: the client asks for response packet `pkt_num`.
+    Rfr = 8,
+}
+
+impl PktType {
+    /// The type with wire value `b`.
+    pub const fn from_byte(b: u8) -> Option<PktType> {
+        Some(match b {
+            1 => PktType::ConnectReq,
+            2 => PktType::ConnectResp,
+            3 => PktType::DisconnectReq,
+            4 => PktType::DisconnectResp,
+            5 => PktType::Req,
+            6 => PktType::Resp,
+            7 => PktType::CreditReturn,
+            8 => PktType::Rfr,
+            _ => return None,
+        })
+    }
+
+    /// Whether packets of this type carry message bytes (`Req`, `Resp`).
+    pub const fn is_data(self) -> bool {
+        matches!(self, PktType::Req | PktType::Resp)
+    }
+}
+
+/// The highest status byte a connect response may carry (see [`Refusal`](super::Refusal)).
+pub const MAX_STATUS: u8 = 3;
+
+/// A decoded header. The payload is the datagram's bytes after [`HEADER_LEN`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Header {
+    /// What the packet is.
+    pub pkt_type: PktType,
+    /// The application's request type (data packets) or the connect status (connect
+    /// response: 0 accepted, else a [`Refusal`](super::Refusal)).
+    pub req_type: u8,
+    /// The receiver's session number.
+    pub dest_session: u16,
+    /// The sender's session number.
+    pub src_session: u16,
+    /// The message's size (data packets), or the sender's MTU (connect request).
+    pub msg_size: u32,
+    /// The packet's index in its message, or the packet acknowledged or asked for.
+    pub pkt_num: u16,
+    /// Bytes after the header.
+    pub payload_len: u16,
+    /// The request number, or the client's token in session packets.
+    pub req_num: u64,
+}
+
+/// What the receiver accepts, from its [`Config`](super::Config).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// The largest message, in bytes.
+    pub max_msg_size: usize,
+    /// Message bytes per packet (the MTU less [`HEADER_LEN`]), at least 1.
+    pub data_per_pkt: usize,
+    /// Session numbers are below this.
+    pub max_sessions: usize,
+}
+
+/// Packets needed for a message of `size` bytes at `per` bytes a packet (at least one).
+pub(crate) fn num_pkts(size: usize, per: usize) -> usize {
+    size.div_ceil(per.max(1)).max(1)
+}
+
+impl Limits {
+    /// Packets needed for a message of `size` bytes (at least one).
+    pub fn num_pkts(&self, size: usize) -> usize {
+        num_pkts(size, self.data_per_pkt)
+    }
+
+    /// The payload bytes of packet `pkt` of a message of `size` bytes (the message must
+    /// have that packet).
+    pub fn pkt_len(&self, size: usize, pkt: usize) -> usize {
+        let start = pkt.saturating_mul(self.data_per_pkt);
+        size.saturating_sub(start).min(self.data_per_pkt)
+    }
+}
+
+/// Bytes that are not an acceptable header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HeaderError {
+    /// Fewer than [`HEADER_LEN`] bytes (decoding), or an output buffer that short
+    /// (encoding).
+    Truncated {
+        /// Bytes given.
+        len: usize,
+    },
+    /// Byte 0 is not [`MAGIC`].
+    Magic(u8),
+    /// Byte 1 is not [`VERSION`].
+    Version(u8),
+    /// Byte 2 is no [`PktType`].
+    PktType(u8),
+    /// `payload_len` is not the number of bytes after the header.
+    PayloadLength {
+        /// The header's claim.
+        claimed: u16,
+        /// Bytes after the header.
+        actual: usize,
+    },
+    /// A field this packet type does not use is not zero.
+    Reserved {
+        /// The field.
+        field: &'static str,
+    },
+    /// A connect response's status byte is above [`MAX_STATUS`].
+    Status(u8),
+    /// A data packet's payload is larger than its message.
+    PayloadOverMessage {
+        /// `payload_len`.
+        payload_len: u16,
+        /// `msg_size`.
+        msg_size: u32,
+    },
+    /// A packet number that cannot be: past the message's last packet, past the largest
+    /// message's, or 0 in a request for response.
+    PktNum(u16),
+    /// A message larger than the receiver's `max_msg_size`.
+    TooLarge {
+        /// The header's `msg_size`.
+        size: u32,
+        /// The receiver's limit.
+        max: usize,
+    },
+    /// A data packet whose payload is not the size its packet number and message size
+    /// give at the receiver's MTU.
+    PktLength {
+        /// What the packet should carry.
+        expected: usize,
+        /// What it carries.
+        got: u16,
+    },
+    /// A destination session number at or above the receiver's `max_sessions`.
+    Session(u16),
+}
+
+impl fmt::Display for HeaderError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HeaderError::Truncated { len } => {
+                write!(f, "{len} bytes, an RPC header needs {HEADER_LEN}")
+            }
+            HeaderError::Magic(m) => write!(f, "RPC magic {m:#04x}, expected {MAGIC:#04x}"),
+            HeaderError::Version(v) => write!(f, "RPC header version {v}, expected {VERSION}"),
+            HeaderError::PktType(t) => write!(f, "unknown RPC packet type {t}"),
+            HeaderError::PayloadLength { claimed, actual } => write!(
+                f,
+                "RPC header claims {claimed} payload bytes, {actual} follow"
+            ),
+            HeaderError::Reserved { field } => {
+                write!(
+                    f,
+                    "RPC header field {field} unused by this packet type is not zero"
+                )
+            }
+            HeaderError::Status(s) => write!(f, "unknown RPC connect status {s}"),
+            HeaderError::PayloadOverMessage {
+                payload_len,
+                msg_size,
+            } => write!(
+                f,
+                "RPC packet of {payload_len} bytes in a message of {msg_size}"
+            ),
+            HeaderError::PktNum(n) => write!(f, "RPC packet number {n} out of range"),
+            HeaderError::TooLarge { size, max } => {
+                write!(f, "RPC message of {size} bytes, at most {max} accepted")
+            }
+            HeaderError::PktLength { expected, got } => {
+                write!(
+                    f,
+                    "RPC packet carries {got} bytes, its position says {expected}"
+                )
+            }
+            HeaderError::Session(s) => write!(f, "RPC session number {s} out of range"),
+        }
+    }
+}
+
+impl core::error::Error for HeaderError {}
+
+impl Header {
+    /// Writes the header into `out[..HEADER_LEN]`; returns [`HEADER_LEN`]. The payload,
+    /// if any, goes after it. Refuses a shorter `out` without writing.
+    pub fn encode(&self, out: &mut [u8]) -> Result<usize, HeaderError> {
+        let Some(b) = out.get_mut(..HEADER_LEN) else {
+            return Err(HeaderError::Truncated { len: out.len() });
+        };
+        b[0] = MAGIC;
+        b[1] = VERSION;
+        b[2] = self.pkt_type as u8;
+        b[3] = self.req_type;
+        b[4..6].copy_from_slice(&self.dest_session.to_le_bytes());
+        b[6..8].copy_from_slice(&self.src_session.to_le_bytes());
+        b[8..12].copy_from_slice(&self.msg_size.to_le_bytes());
+        b[12..14].copy_from_slice(&self.pkt_num.to_le_bytes());
+        b[14..16].copy_from_slice(&self.payload_len.to_le_bytes());
+        b[16..24].copy_from_slice(&self.req_num.to_le_bytes());
+        Ok(HEADER_LEN)
+    }
+
+    /// Reads the header of the datagram `bytes` (header and payload), checking what the
+    /// bytes alone can tell: length, magic, version, packet type, that `payload_len` is
+    /// what follows, that unused fields are zero, a connect response's status, a data
+    /// packet's payload against its message, and that an RFR asks for a packet after
+    /// the first.
+    pub fn decode(bytes: &[u8]) -> Result<Header, HeaderError> {
+        let Some(b) = bytes.get(..HEADER_LEN) else {
+            return Err(HeaderError::Truncated { len: bytes.len() });
+        };
+        if b[0] != MAGIC {
+            return Err(HeaderError::Magic(b[0]));
+        }
+        if b[1] != VERSION {
+            return Err(HeaderError::Version(b[1]));
+        }
+        let pkt_type = PktType::from_byte(b[2]).ok_or(HeaderError::PktType(b[2]))?;
+        let u16_at = |i: usize| u16::from_le_bytes([b[i], b[i + 1]]);
+        let h = Header {
+            pkt_type,
+            req_type: b[3],
+            dest_session: u16_at(4),
+            src_session: u16_at(6),
+            msg_size: u32::from_le_bytes([b[8], b[9], b[10], b[11]]),
+            pkt_num: u16_at(12),
+            payload_len: u16_at(14),
+            req_num: u64::from_le_bytes([b[16], b[17], b[18], b[19], b[20], b[21], b[22], b[23]]),
+        };
+        let actual = bytes.len() - HEADER_LEN;
+        if usize::from(h.payload_len) != actual {
+            return Err(HeaderError::PayloadLength {
+                claimed: h.payload_len,
+                actual,
+            });
+        }
+        use PktType::*;
+        let zero = |v: u64, field| {
+            if v == 0 {
+                Ok(())
+            } else {
+                Err(HeaderError::Reserved { field })
+            }
+        };
+        let t = h.pkt_type;
+        if !t.is_data() {
+            zero(u64::from(h.payload_len), "payload_len")?;
+        }
+        if !matches!(t, Req | Resp | ConnectResp) {
+            zero(u64::from(h.req_type), "req_type")?;
+        }
+        if t == ConnectReq {
+            zero(u64::from(h.dest_session), "dest_session")?;
+        }
+        if !matches!(t, Req | Resp | ConnectReq) {
+            zero(u64::from(h.msg_size), "msg_size")?;
+        }
+        if !matches!(t, Req | Resp | CreditReturn | Rfr) {
+            zero(u64::from(h.pkt_num), "pkt_num")?;
+        }
+        if t == ConnectResp && h.req_type > MAX_STATUS {
+            return Err(HeaderError::Status(h.req_type));
+        }
+        if t.is_data() && u32::from(h.payload_len) > h.msg_size {
+            return Err(HeaderError::PayloadOverMessage {
+                payload_len: h.payload_len,
+                msg_size: h.msg_size,
+            });
+        }
+        if t == Rfr && h.pkt_num == 0 {
+            return Err(HeaderError::PktNum(0));
+        }
+        Ok(h)
+    }
+
+    /// Checks a decoded header against the receiver's limits: the destination session
+    /// number (but in a connect request), a data packet's message size, packet number and
+    /// payload size, and that a CR or RFR names a packet the largest message has.
+    pub fn validate(&self, limits: &Limits) -> Result<(), HeaderError> {
+        if self.pkt_type != PktType::ConnectReq
+            && usize::from(self.dest_session) >= limits.max_sessions
+        {
+            return Err(HeaderError::Session(self.dest_session));
+        }
+        let pkt = usize::from(self.pkt_num);
+        match self.pkt_type {
+            PktType::Req | PktType::Resp => {
+                let size = usize::try_from(self.msg_size)
+                    .ok()
+                    .filter(|&s| s <= limits.max_msg_size)
+                    .ok_or(HeaderError::TooLarge {
+                        size: self.msg_size,
+                        max: limits.max_msg_size,
+                    })?;
+                if pkt >= limits.num_pkts(size) {
+                    return Err(HeaderError::PktNum(self.pkt_num));
+                }
+                let expected = limits.pkt_len(size, pkt);
+                if usize::from(self.payload_len) != expected {
+                    return Err(HeaderError::PktLength {
+                        expected,
+                        got: self.payload_len,
+                    });
+                }
+            }
+            PktType::CreditReturn | PktType::Rfr if pkt >= limits.num_pkts(limits.max_msg_size) => {
+                return Err(HeaderError::PktNum(self.pkt_num));
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use HeaderError as E;
+
+    const LIMITS: Limits = Limits {
+        max_msg_size: 4096,
+        data_per_pkt: 1000,
+        max_sessions: 4,
+    };
+
+    fn req(msg_size: u32, pkt_num: u16, payload_len: u16) -> Header {
+        Header {
+            pkt_type: PktType::Req,
+            req_type: 7,
+            dest_session: 3,
+            src_session: 0xBEEF,
+            msg_size,
+            pkt_num,
+            payload_len,
+            req_num: 0x0102_0304_0506_0708,
+        }
+    }
+
+    /// The header and `payload_len` payload bytes.
+    fn wire(h: &Header) -> Vec<u8> {
+        let mut v = vec![0xAA; HEADER_LEN + usize::from(h.payload_len)];
+        assert_eq!(h.encode(&mut v), Ok(HEADER_LEN));
+        v
+    }
+
+    #[test]
+    fn round_trip_and_layout() {
+        let h = req(2500, 2, 500);
+        let v = wire(&h);
+        assert_eq!(Header::decode(&v), Ok(h));
+        assert_eq!(h.validate(&LIMITS), Ok(()));
+        assert_eq!(
+            &v[..HEADER_LEN],
+            &[
+                0xE5, 1, 5, 7, 3, 0, 0xEF, 0xBE, 0xC4, 0x09, 0, 0, 2, 0, 0xF4, 0x01, 8, 7, 6, 5, 4,
+                3, 2, 1
+            ]
+        );
+        for t in 1..=8 {
+            let pkt_type = PktType::from_byte(t).unwrap();
+            assert_eq!(pkt_type as u8, t);
+            let h = Header {
+                pkt_type,
+                req_type: 0,
+                dest_session: u16::from(pkt_type != PktType::ConnectReq),
+                src_session: 2,
+                msg_size: u32::from(pkt_type.is_data() || pkt_type == PktType::ConnectReq),
+                pkt_num: u16::from(matches!(pkt_type, PktType::Rfr)),
+                payload_len: u16::from(pkt_type.is_data()),
+                req_num: u64::MAX,
+            };
+            assert_eq!(Header::decode(&wire(&h)), Ok(h), "{pkt_type:?}");
+            assert_eq!(h.validate(&LIMITS), Ok(()), "{pkt_type:?}");
+        }
+        assert_eq!(PktType::from_byte(0), None);
+        assert_eq!(PktType::from_byte(9), None);
+    }
+
+    #[test]
+    fn encode_refuses_a_short_buffer() {
+        let mut short = [0u8; HEADER_LEN - 1];
+        assert_eq!(
+            req(0, 0, 0).encode(&mut short),
+            Err(E::Truncated { len: 23 })
+        );
+        assert_eq!(short, [0; HEADER_LEN - 1]);
+    }
+
+    #[test]
+    fn decode_rejects() {
+        let good = wire(&req(2500, 2, 500));
+        let d = |f: &dyn Fn(&mut Vec<u8>)| {
+            let mut v = good.clone();
+            f(&mut v);
+            Header::decode(&v)
+        };
+        assert_eq!(Header::decode(&[]), Err(E::Truncated { len: 0 }));
+        assert_eq!(Header::decode(&good[..23]), Err(E::Truncated { len: 23 }));
+        assert_eq!(d(&|v| v[0] = 0xE4), Err(E::Magic(0xE4)));
+        assert_eq!(d(&|v| v[1] = 2), Err(E::Version(2)));
+        assert_eq!(d(&|v| v[2] = 0), Err(E::PktType(0)));
+        assert_eq!(d(&|v| v[2] = 9), Err(E::PktType(9)));
+        let long = E::PayloadLength {
+            claimed: 500,
+            actual: 501,
+        };
+        assert_eq!(d(&|v| v.push(0)), Err(long));
+        assert_eq!(
+            d(&|v| v.truncate(HEADER_LEN)),
+            Err(E::PayloadLength {
+                claimed: 500,
+                actual: 0
+            })
+        );
+        // 500 bytes of a 400-byte message.
+        assert_eq!(
+            d(&|v| v[8..12].copy_from_slice(&400u32.to_le_bytes())),
+            Err(E::PayloadOverMessage {
+                payload_len: 500,
+                msg_size: 400
+            })
+        );
+    }
+
+    #[test]
+    fn decode_rejects_unused_fields() {
+        let ctl = |pkt_type, f: &dyn Fn(&mut Header)| {
+            let mut h = Header {
+                pkt_type,
+                req_type: 0,
+                dest_session: 0,
+                src_session: 0,
+                msg_size: 0,
+                pkt_num: 0,
+                payload_len: 0,
+                req_num: 0,
+            };
+            f(&mut h);
+            Header::decode(&wire(&h))
+        };
+        let r = |field| Err(E::Reserved { field });
+        use PktType::*;
+        assert_eq!(ctl(CreditReturn, &|h| h.payload_len = 1), r("payload_len"));
+        assert_eq!(ctl(Rfr, &|h| h.req_type = 1), r("req_type"));
+        assert_eq!(ctl(ConnectReq, &|h| h.dest_session = 1), r("dest_session"));
+        assert_eq!(ctl(ConnectResp, &|h| h.msg_size = 1), r("msg_size"));
+        assert_eq!(ctl(DisconnectReq, &|h| h.pkt_num = 1), r("pkt_num"));
+        assert_eq!(ctl(DisconnectResp, &|h| h.req_type = 2), r("req_type"));
+        assert_eq!(ctl(ConnectResp, &|h| h.req_type = 4), Err(E::Status(4)));
+        assert!(ctl(ConnectResp, &|h| h.req_type = MAX_STATUS).is_ok());
+        assert_eq!(ctl(Rfr, &|_| ()), Err(E::PktNum(0)));
+        assert!(ctl(CreditReturn, &|_| ()).is_ok());
+    }
+
+    #[test]
+    fn validate_rejects() {
+        let v = |h: Header| h.validate(&LIMITS);
+        assert_eq!(
+            v(Header {
+                dest_session: 4,
+                ..req(0, 0, 0)
+            }),
+            Err(E::Session(4))
+        );
+        let connect = Header {
+            pkt_type: PktType::ConnectReq,
+            dest_session: 0,
+            msg_size: 1024,
+            ..req(0, 0, 0)
+        };
+        assert_eq!(v(connect), Ok(()));
+        assert_eq!(
+            v(req(4097, 0, 1000)),
+            Err(E::TooLarge {
+                size: 4097,
+                max: 4096
+            })
+        );
+        assert_eq!(
+            v(req(u32::MAX, 0, 1000)),
+            Err(E::TooLarge {
+                size: u32::MAX,
+                max: 4096
+            })
+        );
+        assert_eq!(v(req(2500, 3, 0)), Err(E::PktNum(3)));
+        assert_eq!(v(req(0, 1, 0)), Err(E::PktNum(1)));
+        assert_eq!(
+            v(req(2500, 1, 500)),
+            Err(E::PktLength {
+                expected: 1000,
+                got: 500
+            })
+        );
+        assert_eq!(
+            v(req(2500, 2, 1000)),
+            Err(E::PktLength {
+                expected: 500,
+                got: 1000
+            })
+        );
+        assert_eq!(v(req(0, 0, 0)), Ok(()));
+        assert_eq!(v(req(4096, 4, 96)), Ok(()));
+        let cr = |pkt_num| Header {
+            pkt_type: PktType::CreditReturn,
+            req_type: 0,
+            msg_size: 0,
+            payload_len: 0,
+            pkt_num,
+            ..req(0, 0, 0)
+        };
+        assert_eq!(v(cr(4)), Ok(()));
+        assert_eq!(v(cr(5)), Err(E::PktNum(5)));
+        assert_eq!(
+            v(Header {
+                pkt_type: PktType::Rfr,
+                ..cr(5)
+            }),
+            Err(E::PktNum(5))
+        );
+    }
+
+    #[test]
+    fn packet_arithmetic() {
+        assert_eq!(LIMITS.num_pkts(0), 1);
+        assert_eq!(LIMITS.num_pkts(1000), 1);
+        assert_eq!(LIMITS.num_pkts(1001), 2);
+        assert_eq!(LIMITS.pkt_len(0, 0), 0);
+        assert_eq!(LIMITS.pkt_len(2500, 2), 500);
+        assert_eq!(LIMITS.pkt_len(2500, 7), 0);
+        assert_eq!(num_pkts(usize::MAX, 1), usize::MAX);
+    }
+
+    #[test]
+    fn errors_display() {
+        for e in [
+            E::Truncated { len: 1 },
+            E::Magic(1),
+            E::Version(2),
+            E::PktType(0),
+            E::Reserved { field: "x" },
+            E::Status(9),
+            E::PktNum(3),
+            E::Session(5),
+        ] {
+            assert!(!e.to_string().is_empty());
+        }
+    }
+}

@@ -1,0 +1,125 @@
+//! Unit tests of the endpoint's calls; the protocol under loss is in `tests/rpc_core.rs`.
+
+use super::*;
+
+fn small() -> Config {
+    Config {
+        max_sessions: 2,
+        window: 2,
+        credits: 4,
+        mtu: 64,
+        max_msg_size: 200,
+        ..Config::default()
+    }
+}
+
+#[test]
+fn config_ranges() {
+    let bad = |f: &dyn Fn(&mut Config)| {
+        let mut c = small();
+        f(&mut c);
+        let e = Endpoint::new(c).unwrap_err();
+        assert!(matches!(e, RpcError::InvalidConfig(_)), "{e}");
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+    };
+    bad(&|c| c.max_sessions = 0);
+    bad(&|c| c.max_sessions = 65_537);
+    bad(&|c| c.window = 0);
+    bad(&|c| c.window = 65);
+    bad(&|c| c.credits = 0);
+    bad(&|c| c.mtu = HEADER_LEN);
+    bad(&|c| c.mtu = HEADER_LEN + 65_536);
+    bad(&|c| c.max_msg_size = 40 * 65_536 + 1); // 65,537 packets of 40 bytes
+    bad(&|c| c.rto_ns = 0);
+    bad(&|c| c.session_timeout_ns = 0);
+    bad(&|c| c.handshake_tries = 0);
+    bad(&|c| {
+        c.max_sessions = 65_536;
+        c.window = 64;
+        c.max_msg_size = 1 << 31;
+        c.mtu = HEADER_LEN + 65_535;
+    });
+    assert!(Endpoint::new(small()).is_ok());
+    assert_eq!(Config::default().limits().data_per_pkt, 1000);
+}
+
+#[test]
+fn calls_on_wrong_sessions_and_handles() {
+    let mut e = Endpoint::new(small()).unwrap();
+    let s = e.connect(9).unwrap();
+    let t = e.connect(9).unwrap();
+    assert_eq!(e.connect(9), Err(RpcError::NoFreeSession));
+    assert_eq!(e.enqueue_request(s, 0, b"x"), Err(RpcError::NotConnected));
+    assert!(!e.is_connected(s));
+    assert_eq!(e.in_flight(s), Some(0));
+    let handle = RequestHandle {
+        session: s,
+        req_num: 0,
+    };
+    assert_eq!(e.response(handle), Err(RpcError::StaleHandle));
+    assert_eq!(e.release(handle), Err(RpcError::StaleHandle));
+    let sh = ServerHandle {
+        session: s,
+        req_num: 0,
+    };
+    assert_eq!(e.request(sh), Err(RpcError::StaleHandle));
+    assert_eq!(e.respond(sh, b"y"), Err(RpcError::StaleHandle));
+    // A connecting session closes at once; its number is reused with a new generation.
+    e.disconnect(s).unwrap();
+    assert_eq!(e.poll_event(), Some(Event::Disconnected(s)));
+    assert_eq!(e.disconnect(s), Err(RpcError::UnknownSession));
+    let s2 = e.connect(9).unwrap();
+    assert_eq!(s2.index(), s.index());
+    assert_ne!(s2, s);
+    assert_eq!(e.in_flight(s), None);
+    let _ = t;
+}
+
+#[test]
+fn poll_transmit_needs_an_mtu_of_room() {
+    let mut e = Endpoint::new(small()).unwrap();
+    e.connect(3).unwrap();
+    assert_eq!(e.poll_transmit(0, &mut [0; 63]), None);
+    let mut buf = [0; 64];
+    let t = e.poll_transmit(0, &mut buf).unwrap();
+    assert_eq!(
+        t,
+        Transmit {
+            to: 3,
+            len: HEADER_LEN
+        }
+    );
+    let h = Header::decode(&buf[..t.len]).unwrap();
+    assert_eq!((h.pkt_type, h.msg_size), (PktType::ConnectReq, 64));
+    assert_eq!(e.poll_transmit(0, &mut buf), None);
+    assert_eq!(e.next_timeout(), Some(5_000_000));
+    assert_eq!(e.stats().tx_packets, 1);
+}
+
+#[test]
+fn error_kinds_and_display() {
+    use ErrorKind as K;
+    for (e, k) in [
+        (RpcError::NoFreeSession, K::OutOfResources),
+        (RpcError::UnknownSession, K::InvalidArgument),
+        (RpcError::NotConnected, K::InvalidState),
+        (RpcError::SessionFailed, K::InvalidState),
+        (RpcError::WindowFull { window: 8 }, K::QueueFull),
+        (RpcError::TooLarge { len: 9, max: 8 }, K::InvalidArgument),
+        (RpcError::StaleHandle, K::InvalidArgument),
+        (RpcError::Busy { outstanding: 1 }, K::Busy),
+        (RpcError::TimedOut, K::Timeout),
+        (RpcError::HandshakeTimedOut, K::Timeout),
+        (RpcError::Refused(Refusal::NoFreeSession), K::OutOfResources),
+        (RpcError::Refused(Refusal::Version), K::Unsupported),
+        (RpcError::Refused(Refusal::Mtu), K::Unsupported),
+    ] {
+        assert_eq!(e.kind(), k, "{e:?}");
+        assert!(!e.to_string().is_empty());
+    }
+    for r in [Refusal::NoFreeSession, Refusal::Version, Refusal::Mtu] {
+        assert_eq!(Refusal::from_status(r.to_status()), Some(r));
+        assert!(r.to_status() <= header::MAX_STATUS);
+    }
+    assert_eq!(Refusal::from_status(0), None);
+}

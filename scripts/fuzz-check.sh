@@ -19,7 +19,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 FUZZ_SECONDS="${FUZZ_SECONDS:-20}"
-read -r -a TARGETS <<<"${FUZZ_TARGETS:-endpoint_decode sim_ops exchange_frame network_config}"
+read -r -a TARGETS <<<"${FUZZ_TARGETS:-endpoint_decode sim_ops exchange_frame network_config rpc_header}"
 MANIFEST=fuzz/Cargo.toml
 
 step() { printf '\n== %s ==\n' "$*"; }

@@ -6,6 +6,8 @@
 //!   against the reference [`model`].
 //! - [`exchange_frame`]: target `exchange_frame`, the out-of-band exchange frame.
 //! - [`network_config`]: target `network_config`, the JSON network configuration.
+//! - [`rpc_header`]: target `rpc_header`, the RPC packet header and packets into RPC
+//!   endpoints.
 //!
 //! [`alloc_track`] installs a counting global allocator (used by `exchange_frame`).
 
@@ -14,4 +16,5 @@ pub mod endpoint;
 pub mod exchange_frame;
 pub mod model;
 pub mod network_config;
+pub mod rpc_header;
 pub mod sim_ops;

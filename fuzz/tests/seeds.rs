@@ -57,3 +57,8 @@ fn exchange_frame_seeds() {
 fn network_config_seeds() {
     run_all("network_config", zverbs_fuzz::network_config::check);
 }
+
+#[test]
+fn rpc_header_seeds() {
+    run_all("rpc_header", zverbs_fuzz::rpc_header::check);
+}

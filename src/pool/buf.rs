@@ -119,6 +119,30 @@ impl<P: Provider> LocalBuf<P> {
         unsafe { core::slice::from_raw_parts_mut(ptr, len) }
     }
 
+    /// Bytes `off..off + len`, while the device may still use the rest of the buffer.
+    ///
+    /// # Safety
+    /// No device write to `off..off + len` may be in flight or start while the slice
+    /// lives, and `off + len` must not exceed [`len`](Self::len).
+    pub(crate) unsafe fn part(&self, off: usize, len: usize) -> &[u8] {
+        debug_assert!(off + len <= self.len);
+        // SAFETY: in this buffer's block (the caller's bound), initialized, and not being
+        // written (the caller's contract).
+        unsafe { core::slice::from_raw_parts(self.ptr.as_ptr().add(off), len) }
+    }
+
+    /// Bytes `off..off + len`, mutably, while the device may still use the rest.
+    ///
+    /// # Safety
+    /// No device access to `off..off + len` may be in flight or start while the slice
+    /// lives, and `off + len` must not exceed [`len`](Self::len).
+    pub(crate) unsafe fn part_mut(&mut self, off: usize, len: usize) -> &mut [u8] {
+        debug_assert!(off + len <= self.len);
+        // SAFETY: as in `part`, and `&mut self` excludes every other slice of the buffer
+        // this module hands out.
+        unsafe { core::slice::from_raw_parts_mut(self.ptr.as_ptr().add(off), len) }
+    }
+
     /// A byte range the device may read (sends, writes).
     pub fn slice(&self, range: impl RangeBounds<usize>) -> Result<LocalSlice<'_>, BoundsError> {
         let (off, len) = resolve(to_u64(range), self.len as u64)?;

@@ -107,6 +107,8 @@
 
 mod client;
 mod endpoint;
+#[cfg(feature = "std")]
+mod engine;
 pub mod header;
 mod server;
 mod session;
@@ -116,6 +118,7 @@ use core::fmt;
 use crate::error::ErrorKind;
 
 pub use endpoint::Endpoint;
+pub use engine::{EngineConfig, EngineError, EngineStats, Handler, Notice, Rpc};
 pub use header::{Header, HeaderError, Limits, PktType, HEADER_LEN};
 
 /// An endpoint's configuration. Both ends of a session must use the same

@@ -1,0 +1,563 @@
+//! [`Rpc`]: the protocol core ([`Endpoint`]) driven over one unreliable-datagram queue
+//! pair, with request handlers by type.
+//!
+//! One `Rpc` per thread, as in eRPC: it owns a UD queue pair, one completion queue, a
+//! registered pool holding a ring of receive slots (40 bytes of global route header plus
+//! one [`mtu`](Config::mtu) each) and a ring of send slots, and the address handles of its
+//! peers. [`run_event_loop_once`](Rpc::run_event_loop_once) does one pass:
+//!
+//! 1. polls the completion queue: each received datagram goes to the core
+//!    ([`Endpoint::handle_packet`]), named by its sender (the GID in its global route
+//!    header and its source QPN); send completions free send slots;
+//! 2. reposts the receives it consumed as one chain (one doorbell);
+//! 3. fires the core's timers;
+//! 4. serves requests (the handler registered for the type writes the response) and hands
+//!    everything else (responses, failures, session events) to the caller's closure as a
+//!    [`Notice`];
+//! 5. writes every datagram the core has to send straight into send slots and posts them
+//!    as one chain: one doorbell per pass, and only the last request of the chain
+//!    signaled (its completion frees the whole chain's slots, since a send queue completes
+//!    in order).
+//!
+//! After [`Rpc::new`] nothing allocates: requests and responses live in the core's arena,
+//! datagrams in the pool's slots, and the handlers and peers were set up before.
+//!
+//! A sender the engine does not know is accepted only with a connect request (a peer's
+//! address handle is made then, up to [`max_sessions`](Config::max_sessions) peers);
+//! anything else from a stranger is counted ([`EngineStats::unknown_sender`]) and dropped.
+
+use std::time::{Duration, Instant};
+
+use super::header::{Header, PktType};
+use super::{Config, Endpoint, Event, RequestHandle, RpcError, SessionId};
+use crate::cq::CompletionQueue;
+use crate::device::{Context, ProtectionDomain};
+use crate::error::{Error, ErrorKind};
+use crate::pool::{LocalBuf, MrPool};
+use crate::provider::{AhAttr, Provider};
+use crate::qp::UdOptions;
+use crate::qp::{AddressHandle, Endpoint as QpEndpoint, QpConfig, QueuePair, ReadyToSend, Ud};
+use crate::types::WorkCompletion;
+use crate::types::{Gid, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest, WcOpcode, WcStatus};
+
+/// Bytes of global route header at the start of every UD receive.
+const GRH: usize = 40;
+/// Receives reposted at once (eRPC's `kRecvSlack`).
+const REPOST: usize = 32;
+/// Send requests per doorbell at most.
+const CHAIN: usize = 16;
+/// Completions taken per poll.
+const POLL: usize = 32;
+/// A send's `wr_id` has this bit; a receive's is its slot.
+const SEND_BIT: u64 = 1 << 63;
+
+/// Settings of an [`Rpc`].
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// The protocol core's settings; its `mtu` is the largest datagram payload (header
+    /// included), at most the port's MTU.
+    pub core: Config,
+    /// The UD queue pair's port, GID index and first PSN (its capacities are set here).
+    pub qp: QpConfig,
+    /// The Q_Key of every `Rpc` that talks to this one.
+    pub qkey: u32,
+    /// Receives kept posted (1..=16,384): datagrams that can arrive between two passes.
+    pub recv_slots: usize,
+    /// Datagrams in flight on the send queue (1..=16,384).
+    pub send_slots: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            core: Config::default(),
+            qp: QpConfig::default(),
+            qkey: 0x0205,
+            recv_slots: 256,
+            send_slots: 64,
+        }
+    }
+}
+
+/// Why an [`Rpc`] call failed.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum EngineError<E> {
+    /// The device refused a verb.
+    Device(Error<E>),
+    /// The protocol core refused.
+    Rpc(RpcError),
+    /// Every peer entry is in use (at most `max_sessions` peers).
+    TooManyPeers,
+    /// A setting out of range.
+    InvalidConfig(&'static str),
+}
+
+impl<E: crate::error::ProviderError> EngineError<E> {
+    /// What the error means in the crate-wide classification.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            EngineError::Device(e) => e.kind(),
+            EngineError::Rpc(e) => e.kind(),
+            EngineError::TooManyPeers => ErrorKind::OutOfResources,
+            EngineError::InvalidConfig(_) => ErrorKind::InvalidArgument,
+        }
+    }
+}
+
+impl<E: core::fmt::Display> core::fmt::Display for EngineError<E> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            EngineError::Device(e) => e.fmt(f),
+            EngineError::Rpc(e) => e.fmt(f),
+            EngineError::TooManyPeers => f.write_str("every RPC peer entry is in use"),
+            EngineError::InvalidConfig(why) => write!(f, "invalid RPC engine setting: {why}"),
+        }
+    }
+}
+
+impl<E: core::fmt::Debug + core::fmt::Display> core::error::Error for EngineError<E> {}
+
+impl<E> From<Error<E>> for EngineError<E> {
+    fn from(e: Error<E>) -> Self {
+        EngineError::Device(e)
+    }
+}
+
+impl<E> From<RpcError> for EngineError<E> {
+    fn from(e: RpcError) -> Self {
+        EngineError::Rpc(e)
+    }
+}
+
+/// What a pass has for the caller (requests go to the handlers).
+#[derive(Debug)]
+pub enum Notice<'a> {
+    /// The response to the request enqueued with `tag`.
+    Response {
+        /// The caller's tag.
+        tag: u64,
+        /// The response's bytes, valid for the call.
+        bytes: &'a [u8],
+    },
+    /// The request enqueued with `tag` failed (session timeout, session failed).
+    Failed {
+        /// The caller's tag.
+        tag: u64,
+        /// Why.
+        error: RpcError,
+    },
+    /// A session event of the core: connected, refused, accepted, disconnected.
+    Session(Event),
+}
+
+/// What the engine counted besides the core's [`Stats`](super::Stats).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    /// Datagrams from a sender with no session that were not connect requests.
+    pub unknown_sender: u64,
+    /// Receives completed in error (the queue pair stops receiving then).
+    pub recv_errors: u64,
+    /// Requests of a type with no handler (answered with an empty response).
+    pub no_handler: u64,
+    /// Doorbells rung for sends.
+    pub send_doorbells: u64,
+}
+
+/// A request handler: reads the request, writes the response into the slice it is
+/// given (the core's largest message), returns the response's length.
+pub type Handler = Box<dyn FnMut(&[u8], &mut [u8]) -> usize + Send>;
+
+struct Peer<P: Provider> {
+    gid: Gid,
+    qpn: u32,
+    ah: AddressHandle<P>,
+}
+
+/// One thread's RPC endpoint over a UD queue pair. See the module docs.
+pub struct Rpc<P: Provider> {
+    core: Endpoint,
+    handlers: Vec<Option<Handler>>,
+    /// The tag of each client slot (`session × window + slot`).
+    tags: Vec<u64>,
+    scratch: Vec<u8>,
+    peers: Vec<Peer<P>>,
+    qp: QueuePair<P, ReadyToSend, Ud>,
+    cq: CompletionQueue<P>,
+    rx: LocalBuf<P>,
+    tx: LocalBuf<P>,
+    /// Receive slots consumed, to repost.
+    repost: Vec<u64>,
+    /// Sends posted and sends completed (slot = seq mod `send_slots`).
+    tx_next: u64,
+    tx_done: u64,
+    stride: usize,
+    cfg: EngineConfig,
+    start: Instant,
+    stats: EngineStats,
+    _pool: MrPool<P>,
+    /// Last: everything above was made in it.
+    pd: ProtectionDomain<P>,
+}
+
+impl<P: Provider> Rpc<P> {
+    /// Creates the queue pair (in RTS), the completion queue and the pool in `pd`, which
+    /// the engine keeps (its peers' address handles are made in it), and posts every
+    /// receive.
+    pub fn new(
+        ctx: &Context<P>,
+        pd: ProtectionDomain<P>,
+        mut cfg: EngineConfig,
+    ) -> Result<Self, EngineError<P::Error>> {
+        let ok = |n: usize| (1..=1 << 14).contains(&n);
+        if !ok(cfg.recv_slots) || !ok(cfg.send_slots) {
+            return Err(EngineError::InvalidConfig(
+                "recv_slots and send_slots: 1..=16384",
+            ));
+        }
+        let core = Endpoint::new(cfg.core.clone())?;
+        let mtu = cfg.core.mtu;
+        // Slots 64-byte aligned, as the pool's blocks are.
+        let stride = (GRH + mtu).next_multiple_of(64);
+        let tx_stride = mtu.next_multiple_of(64);
+        let (rx_len, tx_len) = (stride * cfg.recv_slots, tx_stride * cfg.send_slots);
+        // Buddy blocks: each ring takes a power of two; twice the larger holds both.
+        let block = rx_len.next_power_of_two().max(tx_len.next_power_of_two());
+        let pool = MrPool::new(&pd, 2 * block)?;
+        let alloc = |n| {
+            pool.alloc(n)
+                .map_err(|_| EngineError::InvalidConfig("rings larger than a pool can hold"))
+        };
+        let (rx, tx) = (alloc(rx_len)?, alloc(tx_len)?);
+        let depth = u32::try_from(cfg.recv_slots + cfg.send_slots).unwrap_or(u32::MAX);
+        let cq = CompletionQueue::create(ctx, depth)?;
+        let caps = &mut cfg.qp.caps;
+        (caps.max_send_wr, caps.max_recv_wr) = (cfg.send_slots as u32, cfg.recv_slots as u32);
+        (caps.max_send_sge, caps.max_recv_sge) = (1, 1);
+        let qp = QueuePair::create_ud(ctx, &pd, &cq, &cq, &cfg.qp)?;
+        let opts = UdOptions {
+            qkey: cfg.qkey,
+            pkey_index: 0,
+        };
+        let qp = qp.into_init(&opts).map_err(|e| e.error)?;
+        let qp = qp
+            .into_rtr()
+            .map_err(|e| e.error)?
+            .into_rts()
+            .map_err(|e| e.error)?;
+        let sessions = cfg.core.max_sessions;
+        let mut rpc = Rpc {
+            handlers: (0..256).map(|_| None).collect(),
+            tags: vec![0; sessions * cfg.core.window],
+            scratch: vec![0; cfg.core.max_msg_size],
+            peers: Vec::with_capacity(sessions),
+            qp,
+            cq,
+            rx,
+            tx,
+            repost: (0..cfg.recv_slots as u64).collect(),
+            tx_next: 0,
+            tx_done: 0,
+            stride,
+            start: Instant::now(),
+            stats: EngineStats::default(),
+            core,
+            cfg,
+            _pool: pool,
+            pd,
+        };
+        rpc.post_receives()?;
+        Ok(rpc)
+    }
+
+    /// This endpoint's address, for peers' [`create_session`](Self::create_session).
+    pub fn addr(&self) -> QpEndpoint {
+        self.qp.endpoint()
+    }
+
+    /// The protocol core (its statistics, sessions).
+    pub fn core(&self) -> &Endpoint {
+        &self.core
+    }
+
+    /// What the engine counted.
+    pub fn stats(&self) -> EngineStats {
+        self.stats
+    }
+
+    /// Registers `handler` for requests of type `req_type`, replacing any before.
+    pub fn register_handler(
+        &mut self,
+        req_type: u8,
+        handler: impl FnMut(&[u8], &mut [u8]) -> usize + Send + 'static,
+    ) {
+        self.handlers[usize::from(req_type)] = Some(Box::new(handler));
+    }
+
+    /// Opens a session to the `Rpc` at `remote`; [`Notice::Session`] tells when it is
+    /// connected (or refused).
+    pub fn create_session(
+        &mut self,
+        remote: &QpEndpoint,
+    ) -> Result<SessionId, EngineError<P::Error>> {
+        let peer = self.peer(remote.gid, remote.qp_num, remote.lid)?;
+        Ok(self.core.connect(peer as u64)?)
+    }
+
+    /// Enqueues a request of `req_type` on `session`; its [`Notice::Response`] or
+    /// [`Notice::Failed`] carries `tag`.
+    pub fn enqueue_request(
+        &mut self,
+        session: SessionId,
+        req_type: u8,
+        req: &[u8],
+        tag: u64,
+    ) -> Result<RequestHandle, EngineError<P::Error>> {
+        let h = self.core.enqueue_request(session, req_type, req)?;
+        let i = self.tag_index(h);
+        self.tags[i] = tag;
+        Ok(h)
+    }
+
+    /// Runs passes until `timeout` passes, handing each notice to `notice`.
+    pub fn run_event_loop(
+        &mut self,
+        timeout: Duration,
+        notice: &mut impl FnMut(Notice<'_>),
+    ) -> Result<(), EngineError<P::Error>> {
+        let end = Instant::now() + timeout;
+        while Instant::now() < end {
+            self.run_event_loop_once(notice)?;
+        }
+        Ok(())
+    }
+
+    /// One pass (see the module docs); returns how many completions it took.
+    pub fn run_event_loop_once(
+        &mut self,
+        notice: &mut impl FnMut(Notice<'_>),
+    ) -> Result<usize, EngineError<P::Error>> {
+        let now = self.now();
+        let taken = self.receive(now)?;
+        self.post_receives()?;
+        if self.core.next_timeout().is_some_and(|t| t <= now) {
+            self.core.handle_timeout(now);
+        }
+        self.dispatch(notice)?;
+        self.transmit(now)?;
+        Ok(taken)
+    }
+
+    fn now(&self) -> u64 {
+        u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    fn tag_index(&self, h: RequestHandle) -> usize {
+        let w = self.cfg.core.window;
+        usize::from(h.session().index()) * w + (h.req_num() % w as u64) as usize
+    }
+
+    /// The peer at (`gid`, `qpn`), made (with its address handle) if new.
+    fn peer(&mut self, gid: Gid, qpn: u32, lid: u16) -> Result<usize, EngineError<P::Error>> {
+        if let Some(i) = self.peers.iter().position(|p| p.gid == gid && p.qpn == qpn) {
+            return Ok(i);
+        }
+        if self.peers.len() == self.cfg.core.max_sessions {
+            return Err(EngineError::TooManyPeers);
+        }
+        let qc = self.qp.config();
+        let attr = AhAttr {
+            port: qc.port,
+            dgid: gid,
+            sgid_index: qc.gid_index,
+            dlid: lid,
+            sl: 0,
+            traffic_class: 0,
+            flow_label: 0,
+            hop_limit: 64,
+        };
+        let ah = AddressHandle::create(&self.pd, &attr)?;
+        self.peers.push(Peer { gid, qpn, ah });
+        Ok(self.peers.len() - 1)
+    }
+
+    /// Posts the consumed receive slots again, in chains of [`REPOST`].
+    fn post_receives(&mut self) -> Result<(), EngineError<P::Error>> {
+        let (base, lkey, len) = (
+            self.rx.addr(),
+            self.rx.lkey(),
+            (GRH + self.cfg.core.mtu) as u32,
+        );
+        for chunk in self.repost.chunks(REPOST) {
+            let mut wrs = [RecvWr::<1>::new(0); REPOST];
+            for (wr, &slot) in wrs.iter_mut().zip(chunk) {
+                wr.wr_id = slot;
+                wr.sg_list[0] = Sge {
+                    addr: base + slot * self.stride as u64,
+                    length: len,
+                    lkey,
+                };
+                wr.num_sge = 1;
+            }
+            // SAFETY: each slot lies in `rx`, which the engine owns and never reads while
+            // the slot is posted (only after its completion, before it is posted again).
+            unsafe { self.qp.post_recv(&wrs[..chunk.len()]) }.map_err(|e| Error::Provider {
+                op: "ibv_post_recv",
+                source: e.error,
+            })?;
+        }
+        self.repost.clear();
+        Ok(())
+    }
+
+    /// Takes the completions there are: datagrams to the core, send slots freed.
+    fn receive(&mut self, now: u64) -> Result<usize, EngineError<P::Error>> {
+        let mut wcs = [WorkCompletion::EMPTY; POLL];
+        let n = self.cq.poll(&mut wcs)?;
+        for wc in &wcs[..n] {
+            if wc.wr_id & SEND_BIT != 0 {
+                // The chain's signaled last request: every earlier one is done too.
+                self.tx_done = (wc.wr_id & !SEND_BIT) + 1;
+                continue;
+            }
+            self.repost.push(wc.wr_id);
+            if wc.status != WcStatus::Success || wc.opcode != WcOpcode::Recv {
+                self.stats.recv_errors += 1;
+                continue;
+            }
+            let slot = wc.wr_id as usize * self.stride;
+            let len = (wc.byte_len as usize).clamp(GRH, GRH + self.cfg.core.mtu);
+            // SAFETY: the slot's receive completed and it is reposted only after this pass;
+            // `slot + len` is within the ring (`len` clamped to one slot).
+            let bytes = unsafe { self.rx.part(slot, len) };
+            let (grh, msg) = bytes.split_at(GRH);
+            let gid = source_gid(grh);
+            let known = self
+                .peers
+                .iter()
+                .position(|p| p.gid == gid && p.qpn == wc.src_qp);
+            let from = match known {
+                Some(i) => i,
+                None => {
+                    let connect =
+                        Header::decode(msg).is_ok_and(|h| h.pkt_type == PktType::ConnectReq);
+                    if !connect {
+                        self.stats.unknown_sender += 1;
+                        continue;
+                    }
+                    match self.peer(gid, wc.src_qp, 0) {
+                        Ok(i) => i,
+                        Err(EngineError::TooManyPeers) => {
+                            self.stats.unknown_sender += 1;
+                            continue;
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+            };
+            // SAFETY: as above.
+            let bytes = unsafe { self.rx.part(slot + GRH, len - GRH) };
+            self.core.handle_packet(now, from as u64, bytes);
+        }
+        Ok(n)
+    }
+
+    /// Serves requests and hands the rest to `notice`.
+    fn dispatch(
+        &mut self,
+        notice: &mut impl FnMut(Notice<'_>),
+    ) -> Result<(), EngineError<P::Error>> {
+        while let Some(ev) = self.core.poll_event() {
+            match ev {
+                Event::Request { handle, req_type } => {
+                    let req = self.core.request(handle)?;
+                    let n = match &mut self.handlers[usize::from(req_type)] {
+                        Some(h) => h(req, &mut self.scratch).min(self.scratch.len()),
+                        None => {
+                            self.stats.no_handler += 1;
+                            0
+                        }
+                    };
+                    self.core.respond(handle, &self.scratch[..n])?;
+                }
+                Event::Response { handle, .. } => {
+                    let tag = self.tags[self.tag_index(handle)];
+                    notice(Notice::Response {
+                        tag,
+                        bytes: self.core.response(handle)?,
+                    });
+                    self.core.release(handle)?;
+                }
+                Event::Failed { handle, error } => {
+                    let tag = self.tags[self.tag_index(handle)];
+                    notice(Notice::Failed { tag, error });
+                }
+                other => notice(Notice::Session(other)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes what the core has to send into free send slots, one chain per doorbell.
+    fn transmit(&mut self, now: u64) -> Result<(), EngineError<P::Error>> {
+        let slots = self.cfg.send_slots as u64;
+        let stride = self.cfg.core.mtu.next_multiple_of(64);
+        loop {
+            let mut wrs = [SendWr::<1>::new(0, SendOp::Send, SendFlags::empty()); CHAIN];
+            let mut n = 0;
+            while n < CHAIN && self.tx_next + (n as u64) - self.tx_done < slots {
+                let seq = self.tx_next + n as u64;
+                let off = (seq % slots) as usize * stride;
+                // SAFETY: slot `seq` is free: its last send completed (`tx_done`), and no
+                // other is posted from it; `off + mtu` is within the ring.
+                let out = unsafe { self.tx.part_mut(off, self.cfg.core.mtu) };
+                let Some(t) = self.core.poll_transmit(now, out) else {
+                    break;
+                };
+                let Some(peer) = self.peers.get(t.to as usize) else {
+                    continue; // the core names only peers the engine gave it
+                };
+                let dest = UdDest {
+                    ah: peer.ah.key(),
+                    remote_qpn: peer.qpn,
+                    remote_qkey: self.cfg.qkey,
+                };
+                let wr = &mut wrs[n];
+                (wr.wr_id, wr.op) = (seq | SEND_BIT, SendOp::Datagram { dest, imm: None });
+                wr.sg_list[0] = Sge {
+                    addr: self.tx.addr() + off as u64,
+                    length: t.len as u32,
+                    lkey: self.tx.lkey(),
+                };
+                wr.num_sge = 1;
+                n += 1;
+            }
+            if n == 0 {
+                return Ok(());
+            }
+            wrs[n - 1].flags = SendFlags::SIGNALED;
+            // SAFETY: each request's bytes lie in `tx`, which the engine owns and does not
+            // write again until the chain's signaled completion (`tx_done`); the address
+            // handles live in `peers`, which only grows, as long as the engine.
+            unsafe { self.qp.post_send(&wrs[..n]) }.map_err(|e| Error::Provider {
+                op: "ibv_post_send",
+                source: e.error,
+            })?;
+            self.tx_next += n as u64;
+            self.stats.send_doorbells += 1;
+        }
+    }
+}
+
+/// The sender's GID from a UD receive's 40-byte header: the IPv6 source address, or for
+/// RoCE v2 over IPv4 (20 bytes then an IPv4 header) the IPv4-mapped source address.
+fn source_gid(grh: &[u8]) -> Gid {
+    let mut g = [0u8; 16];
+    if grh[20] >> 4 == 4 {
+        g[10..12].copy_from_slice(&[0xff, 0xff]);
+        g[12..].copy_from_slice(&grh[32..36]);
+    } else {
+        g.copy_from_slice(&grh[8..24]);
+    }
+    Gid(g)
+}

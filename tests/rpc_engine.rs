@@ -1,0 +1,349 @@
+//! The RPC engine ([`Rpc`]) over UD queue pairs on the simulator: echo of small and large
+//! messages, batching (doorbells and signaled sends against packets), loss, a server that
+//! vanishes, strangers, and no allocation per RPC after set-up.
+
+use std::time::{Duration, Instant};
+
+use zverbs::provider::sim::{FabricConfig, Faults, Sim};
+use zverbs::rpc::{Config, EngineConfig, Event, Notice, Rpc, RpcError, SessionId};
+use zverbs::{Context, ErrorKind};
+
+#[path = "common/counting.rs"]
+mod counting;
+
+#[global_allocator]
+static GLOBAL: counting::Counting = counting::Counting;
+
+const ECHO: u8 = 1;
+const REVERSE: u8 = 2;
+const MS: u64 = 1_000_000;
+
+fn engine_cfg(max_msg_size: usize) -> EngineConfig {
+    EngineConfig {
+        core: Config {
+            max_sessions: 2,
+            window: 4,
+            max_msg_size,
+            session_timeout_ns: 100 * MS,
+            ..Config::default()
+        },
+        ..EngineConfig::default()
+    }
+}
+
+fn rpc(sim: &Sim, dev: &str, cfg: EngineConfig) -> Rpc<Sim> {
+    let ctx = Context::open(sim, dev).unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    Rpc::new(&ctx, pd, cfg).unwrap()
+}
+
+/// A server with an echo and a reverse handler, and a client with a session to it.
+struct World {
+    client: Rpc<Sim>,
+    server: Rpc<Sim>,
+    session: SessionId,
+    done: Vec<(u64, Result<Vec<u8>, RpcError>)>,
+}
+
+impl World {
+    fn new(sim: &Sim, cfg: EngineConfig) -> World {
+        let mut server = rpc(sim, "sim1", cfg.clone());
+        server.register_handler(ECHO, |req, out| {
+            out[..req.len()].copy_from_slice(req);
+            req.len()
+        });
+        server.register_handler(REVERSE, |req, out| {
+            for (o, b) in out.iter_mut().zip(req.iter().rev()) {
+                *o = *b;
+            }
+            req.len()
+        });
+        let mut client = rpc(sim, "sim0", cfg);
+        let session = client.create_session(&server.addr()).unwrap();
+        let mut w = World {
+            client,
+            server,
+            session,
+            done: Vec::new(),
+        };
+        let mut connected = false;
+        w.run_until(Duration::from_secs(5), |n| {
+            connected |= matches!(n, Notice::Session(Event::Connected(_)));
+            connected
+        });
+        assert!(connected, "session did not connect");
+        w
+    }
+
+    /// Passes on both sides until `stop` says so (it sees every client notice) or
+    /// `limit` passes; stop is also asked after each pass with a blank notice.
+    fn run_until(&mut self, limit: Duration, mut stop: impl FnMut(&Notice<'_>) -> bool) -> bool {
+        let end = Instant::now() + limit;
+        let mut hit = false;
+        while Instant::now() < end {
+            self.server.run_event_loop_once(&mut |_| {}).unwrap();
+            let done = &mut self.done;
+            self.client
+                .run_event_loop_once(&mut |n| {
+                    hit |= stop(&n);
+                    match n {
+                        Notice::Response { tag, bytes } => done.push((tag, Ok(bytes.to_vec()))),
+                        Notice::Failed { tag, error } => done.push((tag, Err(error))),
+                        Notice::Session(_) => {}
+                    }
+                })
+                .unwrap();
+            if hit {
+                return true;
+            }
+        }
+        false
+    }
+
+    fn call(&mut self, req_type: u8, req: &[u8], tag: u64) {
+        let s = self.session;
+        self.client.enqueue_request(s, req_type, req, tag).unwrap();
+    }
+
+    fn wait_for(&mut self, n: usize) {
+        let target = n;
+        let mut seen = self.done.len();
+        self.run_until(Duration::from_secs(10), |notice| {
+            seen += usize::from(!matches!(notice, Notice::Session(_)));
+            seen >= target
+        });
+        assert_eq!(self.done.len(), target, "outcomes: {:?}", self.ids());
+    }
+
+    fn ids(&self) -> Vec<(u64, bool)> {
+        self.done.iter().map(|(t, r)| (*t, r.is_ok())).collect()
+    }
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(7).wrapping_add(seed))
+        .collect()
+}
+
+#[test]
+fn echo_32_bytes_and_1_mib() {
+    let sim = Sim::with_devices(2);
+    let mut w = World::new(&sim, engine_cfg(1 << 20));
+    let small = pattern(32, 1);
+    let big = pattern(1 << 20, 2);
+    w.call(ECHO, &small, 1);
+    w.call(REVERSE, &big, 2);
+    w.wait_for(2);
+    w.done.sort_by_key(|d| d.0);
+    assert_eq!(w.done[0].1.as_deref().unwrap(), &small[..]);
+    let reversed: Vec<u8> = big.iter().rev().copied().collect();
+    assert_eq!(w.done[1].1.as_deref().unwrap(), &reversed[..]);
+    let stats = w.client.core().stats();
+    assert_eq!(stats.retransmits, 0);
+    assert!(
+        stats.tx_packets > 1000,
+        "1 MiB goes as ~1,000 packets of 1 KiB"
+    );
+}
+
+/// A pass sends what the core has in one doorbell: far fewer doorbells than packets.
+#[test]
+fn a_window_of_requests_rings_few_doorbells() {
+    let sim = Sim::with_devices(2);
+    let mut w = World::new(&sim, engine_cfg(16 << 10));
+    let before = w.client.stats().send_doorbells;
+    let packets = w.client.core().stats().tx_packets;
+    for tag in 0..4 {
+        w.call(ECHO, &pattern(8 << 10, tag as u8), tag);
+    }
+    w.wait_for(4);
+    assert!(w.done.iter().all(|d| d.1.is_ok()));
+    let doorbells = w.client.stats().send_doorbells - before;
+    let sent = w.client.core().stats().tx_packets - packets;
+    assert!(sent >= 32, "4 × 8 KiB in ~1 KiB packets: {sent}");
+    assert!(
+        doorbells * 4 <= sent,
+        "{doorbells} doorbells for {sent} packets"
+    );
+}
+
+/// Lost datagrams are sent again by the core; every request still gets its answer, once.
+#[test]
+fn lossy_fabric_every_request_answered_once() {
+    let mut resent = 0;
+    for seed in [1u64, 2, 3] {
+        let cfg = FabricConfig {
+            faults: Faults {
+                drop: 0.05,
+                duplicate: 0.05,
+                ..Faults::none()
+            },
+            seed,
+            ..FabricConfig::default()
+        };
+        let sim = Sim::with_config(cfg, 2);
+        let mut w = World::new(&sim, engine_cfg(8 << 10));
+        let n = 12;
+        let mut sent = 0;
+        while w.done.len() < n {
+            while sent < n && sent - w.done.len() < 4 {
+                w.call(ECHO, &pattern(3000, sent as u8), sent as u64);
+                sent += 1;
+            }
+            let target = w.done.len() + 1;
+            let mut seen = w.done.len();
+            w.run_until(Duration::from_secs(10), |nt| {
+                seen += usize::from(!matches!(nt, Notice::Session(_)));
+                seen >= target
+            });
+        }
+        let mut tags: Vec<u64> = w.done.iter().map(|d| d.0).collect();
+        tags.sort_unstable();
+        assert_eq!(tags, (0..n as u64).collect::<Vec<_>>(), "seed {seed}");
+        for (tag, r) in &w.done {
+            assert_eq!(
+                r.as_deref().unwrap(),
+                &pattern(3000, *tag as u8)[..],
+                "seed {seed}"
+            );
+        }
+        resent += w.client.core().stats().retransmits + w.server.core().stats().retransmits;
+    }
+    assert!(
+        resent > 0,
+        "the faults cost packets, which the core sent again"
+    );
+}
+
+/// The server vanishes mid-request: the client's requests fail with `TimedOut`, once each,
+/// within the session timeout and a grace.
+#[test]
+fn a_vanished_server_fails_outstanding_requests() {
+    let sim = Sim::with_devices(2);
+    let mut w = World::new(&sim, engine_cfg(8 << 10));
+    sim.fabric().crash(1).unwrap();
+    w.call(ECHO, b"anyone?", 7);
+    w.call(ECHO, b"hello?", 8);
+    let start = Instant::now();
+    w.wait_for(2);
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "bounded by the 100 ms timeout"
+    );
+    for (_, r) in &w.done {
+        let e = r.as_ref().unwrap_err();
+        assert_eq!((*e, e.kind()), (RpcError::TimedOut, ErrorKind::Timeout));
+    }
+}
+
+/// No allocation per RPC once the engines are set up and the session open.
+#[test]
+fn no_allocation_per_rpc() {
+    let sim = Sim::with_devices(2);
+    let mut w = World::new(&sim, engine_cfg(4 << 10));
+    let req = pattern(32, 9);
+    w.done.reserve(1000);
+    w.call(ECHO, &req, 0);
+    w.wait_for(1); // warm: every slot and queue at its working size
+    let ((), allocs) = counting::count_allocs(|| {
+        for tag in 1..=200 {
+            w.call(ECHO, &req, tag);
+            let target = w.done.len() + 1;
+            while w.done.len() < target {
+                w.server.run_event_loop_once(&mut |_| {}).unwrap();
+                let done = &mut w.done;
+                w.client
+                    .run_event_loop_once(&mut |n| {
+                        if let Notice::Response { tag, .. } = n {
+                            done.push((tag, Ok(Vec::new())));
+                        }
+                    })
+                    .unwrap();
+            }
+        }
+    });
+    assert_eq!(allocs, 0, "allocations in 200 RPCs");
+}
+
+/// A stranger's datagrams (garbage, and a well-formed request for a session it never
+/// opened) are counted and dropped; the server keeps serving its client.
+#[test]
+fn strangers_are_counted_and_dropped() {
+    use zverbs::qp::{AddressHandle, QpConfig, QueuePair, UdOptions};
+    use zverbs::{AhAttr, CompletionQueue, SendFlags, SendOp, SendWr, Sge, UdDest};
+    let sim = Sim::with_devices(3);
+    let mut w = World::new(&sim, engine_cfg(4 << 10));
+    let ctx = Context::open(&sim, "sim2").unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = CompletionQueue::create(&ctx, 16).unwrap();
+    let qp = QueuePair::create_ud(&ctx, &pd, &cq, &cq, &QpConfig::default()).unwrap();
+    let opts = UdOptions {
+        qkey: EngineConfig::default().qkey,
+        pkey_index: 0,
+    };
+    let qp = qp
+        .into_init(&opts)
+        .unwrap()
+        .into_rtr()
+        .unwrap()
+        .into_rts()
+        .unwrap();
+    let to = w.server.addr();
+    let attr = AhAttr {
+        port: 1,
+        dgid: to.gid,
+        sgid_index: 0,
+        dlid: to.lid,
+        sl: 0,
+        traffic_class: 0,
+        flow_label: 0,
+        hop_limit: 64,
+    };
+    let ah = AddressHandle::create(&pd, &attr).unwrap();
+    let mut garbage = [0xA5u8; 64];
+    let packet = valid_request_packet();
+    garbage[..packet.len()].copy_from_slice(&packet);
+    let mr = pd.register(&mut garbage).unwrap();
+    let dest = UdDest {
+        ah: ah.key(),
+        remote_qpn: to.qp_num,
+        remote_qkey: opts.qkey,
+    };
+    let mut wr = SendWr::<1>::new(1, SendOp::Datagram { dest, imm: None }, SendFlags::SIGNALED);
+    wr.sg_list[0] = Sge {
+        length: 64,
+        ..mr.slice(..).unwrap().sge()
+    };
+    wr.num_sge = 1;
+    let mut junk = wr;
+    junk.sg_list[0].length = 7; // shorter than any header
+                                // SAFETY: `garbage` is registered and not touched until the completions below.
+    unsafe { qp.post_send(&[wr, junk]) }.unwrap();
+    let before = w.server.stats().unknown_sender;
+    w.call(ECHO, b"still here", 1);
+    w.wait_for(1);
+    assert_eq!(w.done[0].1.as_deref().unwrap(), b"still here");
+    assert_eq!(w.server.stats().unknown_sender - before, 2);
+}
+
+/// A request packet as a real client's core sends it on its session.
+fn valid_request_packet() -> Vec<u8> {
+    let mut ep = zverbs::rpc::Endpoint::new(Config::default()).unwrap();
+    let mut server = zverbs::rpc::Endpoint::new(Config::default()).unwrap();
+    let s = ep.connect(1).unwrap();
+    let mut buf = [0u8; 1024];
+    for _ in 0..4 {
+        while let Some(t) = ep.poll_transmit(0, &mut buf) {
+            server.handle_packet(0, 2, &buf[..t.len]);
+        }
+        while let Some(t) = server.poll_transmit(0, &mut buf) {
+            ep.handle_packet(0, 1, &buf[..t.len]);
+        }
+        while ep.poll_event().is_some() {}
+        while server.poll_event().is_some() {}
+    }
+    ep.enqueue_request(s, ECHO, b"x").unwrap();
+    let t = ep.poll_transmit(0, &mut buf).unwrap();
+    buf[..t.len].to_vec()
+}

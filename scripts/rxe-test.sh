@@ -8,7 +8,7 @@
 #
 #   scripts/rxe-test.sh              conformance suite on rxe0 + on the simulator, and the
 #                                    differential table; then, in the same guest, the
-#                                    examples pingpong, network and async_remote_write on
+#                                    examples pingpong, network, async_remote_write and rpc_echo on
 #                                    rxe0 (--backend verbs);
 #                                    exits non-zero if any of it fails
 #   scripts/rxe-test.sh --run PROG [ARGS...]
@@ -301,19 +301,21 @@ example_exe() {
 conformance() {
   cd "$ROOT"
   build_image
-  local t0=$SECONDS exe json pingpong network async
-  log "building the verbs conformance tests and the examples pingpong, network and async_remote_write"
+  local t0=$SECONDS exe json pingpong network async rpc
+  log "building the verbs conformance tests and the examples pingpong, network, async_remote_write and rpc_echo"
   # With tokio: the async scenario joins the suite on both backends.
   exe=$(cargo test --features verbs,tokio --test conformance_verbs --no-run --message-format=json 2>/dev/null |
     grep -o '"executable":"[^"]*"' | tail -1 | cut -d'"' -f4)
   [ -n "$exe" ] || { cargo test --features verbs,tokio --test conformance_verbs --no-run; die "build failed"; }
-  json=$(cargo build --features verbs --example pingpong --example network --message-format=json 2>/dev/null) || true
+  json=$(cargo build --features verbs --example pingpong --example network --example rpc_echo \
+    --message-format=json 2>/dev/null) || true
   pingpong=$(example_exe pingpong <<<"$json")
   network=$(example_exe network <<<"$json")
+  rpc=$(example_exe rpc_echo <<<"$json")
   json=$(cargo build --features verbs,tokio --example async_remote_write --message-format=json 2>/dev/null) || true
   async=$(example_exe async_remote_write <<<"$json")
-  [ -n "$pingpong" ] && [ -n "$network" ] && [ -n "$async" ] ||
-    { cargo build --features verbs --example pingpong --example network;
+  [ -n "$pingpong" ] && [ -n "$network" ] && [ -n "$async" ] && [ -n "$rpc" ] ||
+    { cargo build --features verbs --example pingpong --example network --example rpc_echo;
       cargo build --features verbs,tokio --example async_remote_write; die "build of the examples failed"; }
   log "build done ($((SECONDS - t0)) s); booting the guest"
   mkdir -p "$W/runs"
@@ -322,6 +324,7 @@ conformance() {
   cp "$pingpong" "$d/pingpong"
   cp "$network" "$d/network"
   cp "$async" "$d/async_remote_write"
+  cp "$rpc" "$d/rpc_echo"
   # Small counts: the guest is emulated (a round trip of pingpong or a barrier takes
   # milliseconds there).
   local rounds=${RXE_PINGPONG_ROUNDS:-1000} nodes=${RXE_NETWORK_NODES:-4}
@@ -332,10 +335,11 @@ conformance() {
     guest_step pingpong ./pingpong --backend verbs "$rounds"
     guest_step network ./network --backend verbs --nodes "$nodes" --barriers "$barriers"
     guest_step async_remote_write ./async_remote_write --backend verbs
+    guest_step rpc_echo ./rpc_echo --backend verbs --calls "$rounds" --secs 1
   } > "$d/test.sh"
   boot_share "$d"
   local out=$W/outcomes; mkdir -p "$out"; rm -f "$out"/{rxe,sim}.tsv
-  local grc=0 prc=0 nrc=0 arc=0
+  local grc=0 prc=0 nrc=0 arc=0 rrc=0
   step_status "$d" conformance || grc=$?
   [ -f "$d/rxe.tsv" ] && cp "$d/rxe.tsv" "$out/rxe.tsv"
   log "guest leg: ${GUEST_SECONDS} s (boot, conformance suite, examples); in the guest:"
@@ -362,10 +366,16 @@ conformance() {
   echo "== examples on rxe0: async_remote_write --backend verbs =="
   step_status "$d" async_remote_write || arc=$?
   echo
-  log "conformance on rxe: status $grc; on the simulator: status $src; sim-rxe vs rxe table: status $trc; pingpong: status $prc; network: status $nrc; async_remote_write: status $arc"
+  echo "== examples on rxe0: rpc_echo --backend verbs --calls $rounds --secs 1 =="
+  step_status "$d" rpc_echo || rrc=$?
+  if [ "$rrc" = 0 ] && [ "$(tail -n 1 "$d/rpc_echo.out")" != "allocations_after_setup=0" ]; then
+    log "rpc_echo allocated on the data path"; rrc=1
+  fi
+  echo
+  log "conformance on rxe: status $grc; on the simulator: status $src; sim-rxe vs rxe table: status $trc; pingpong: status $prc; network: status $nrc; async_remote_write: status $arc; rpc_echo: status $rrc"
   [ "${RXE_KEEP:-0}" = 1 ] && log "kept $d" || rm -rf "$d"
   [ "$grc" = 0 ] && [ "$src" = 0 ] && [ "$trc" = 0 ] && [ "$prc" = 0 ] && [ "$nrc" = 0 ] &&
-    [ "$arc" = 0 ]
+    [ "$arc" = 0 ] && [ "$rrc" = 0 ]
 }
 
 case "${1:-}" in

@@ -215,8 +215,9 @@ impl Endpoint {
         let si = self
             .session_slot_range(i)
             .filter(|&si| {
+                // The state first: the packet count is a division, and most slots are idle.
                 let s = &self.slots[si];
-                s.can_send(self.limits.num_pkts(s.req_len))
+                s.state == SlotState::Sending && s.can_send(self.limits.num_pkts(s.req_len))
             })
             .min_by_key(|&si| self.slots[si].req_num)?;
         let slot = self.slots[si];

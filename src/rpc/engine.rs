@@ -28,6 +28,7 @@
 
 use std::time::{Duration, Instant};
 
+use super::clock::Clock;
 use super::header::{Header, PktType};
 use super::{Config, Endpoint, Event, RequestHandle, RpcError, SessionId};
 use crate::cq::CompletionQueue;
@@ -48,6 +49,9 @@ const REPOST: usize = 32;
 const CHAIN: usize = 16;
 /// Completions taken per poll.
 const POLL: usize = 32;
+/// Idle passes between two looks at the timers (a few microseconds of spinning; the
+/// retransmission timeout is milliseconds).
+const TIMER_PASSES: u32 = 32;
 /// A send's `wr_id` has this bit; a receive's is its slot.
 const SEND_BIT: u64 = 1 << 63;
 
@@ -188,12 +192,21 @@ pub struct Rpc<P: Provider> {
     tx: LocalBuf<P>,
     /// Receive slots consumed, to repost.
     repost: Vec<u64>,
+    /// Where polls, reposts and sends are built: kept, so a pass initialises no array.
+    wcs: [WorkCompletion; POLL],
+    recv_chain: [RecvWr<1>; REPOST],
+    send_chain: [SendWr<1>; CHAIN],
+    /// Something the caller did (a request, a session) may have given the core packets
+    /// to send; the next pass runs whole.
+    dirty: bool,
+    /// Passes in a row that had nothing to do.
+    idle: u32,
     /// Sends posted and sends completed (slot = seq mod `send_slots`).
     tx_next: u64,
     tx_done: u64,
     stride: usize,
     cfg: EngineConfig,
-    start: Instant,
+    clock: Clock,
     stats: EngineStats,
     _pool: MrPool<P>,
     /// Last: everything above was made in it.
@@ -256,10 +269,15 @@ impl<P: Provider> Rpc<P> {
             rx,
             tx,
             repost: (0..cfg.recv_slots as u64).collect(),
+            wcs: [WorkCompletion::EMPTY; POLL],
+            recv_chain: [RecvWr::new(0); REPOST],
+            send_chain: [SendWr::new(0, SendOp::Send, SendFlags::empty()); CHAIN],
+            dirty: false,
+            idle: 0,
             tx_next: 0,
             tx_done: 0,
             stride,
-            start: Instant::now(),
+            clock: Clock::new(),
             stats: EngineStats::default(),
             core,
             cfg,
@@ -301,6 +319,7 @@ impl<P: Provider> Rpc<P> {
         remote: &QpEndpoint,
     ) -> Result<SessionId, EngineError<P::Error>> {
         let peer = self.peer(remote.gid, remote.qp_num, remote.lid)?;
+        self.dirty = true;
         Ok(self.core.connect(peer as u64)?)
     }
 
@@ -314,6 +333,7 @@ impl<P: Provider> Rpc<P> {
         tag: u64,
     ) -> Result<RequestHandle, EngineError<P::Error>> {
         let h = self.core.enqueue_request(session, req_type, req)?;
+        self.dirty = true;
         let i = self.tag_index(h);
         self.tags[i] = tag;
         Ok(h)
@@ -337,8 +357,20 @@ impl<P: Provider> Rpc<P> {
         &mut self,
         notice: &mut impl FnMut(Notice<'_>),
     ) -> Result<usize, EngineError<P::Error>> {
+        let taken = self.cq.poll(&mut self.wcs)?;
+        // A pass with nothing received and nothing new from the caller has nothing to
+        // send but what a timer resends: it reads neither the clock nor the core, except
+        // every `TIMER_PASSES`-th such pass, which looks at the timers.
+        if taken == 0 && !self.dirty {
+            self.idle += 1;
+            if self.idle % TIMER_PASSES != 0 {
+                return Ok(0);
+            }
+        }
+        self.idle = 0;
+        self.dirty = false;
         let now = self.now();
-        let taken = self.receive(now)?;
+        self.receive(now, taken)?;
         self.post_receives()?;
         if self.core.next_timeout().is_some_and(|t| t <= now) {
             self.core.handle_timeout(now);
@@ -349,7 +381,7 @@ impl<P: Provider> Rpc<P> {
     }
 
     fn now(&self) -> u64 {
-        u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX)
+        self.clock.now()
     }
 
     fn tag_index(&self, h: RequestHandle) -> usize {
@@ -389,7 +421,7 @@ impl<P: Provider> Rpc<P> {
             (GRH + self.cfg.core.mtu) as u32,
         );
         for chunk in self.repost.chunks(REPOST) {
-            let mut wrs = [RecvWr::<1>::new(0); REPOST];
+            let wrs = &mut self.recv_chain;
             for (wr, &slot) in wrs.iter_mut().zip(chunk) {
                 wr.wr_id = slot;
                 wr.sg_list[0] = Sge {
@@ -401,9 +433,11 @@ impl<P: Provider> Rpc<P> {
             }
             // SAFETY: each slot lies in `rx`, which the engine owns and never reads while
             // the slot is posted (only after its completion, before it is posted again).
-            unsafe { self.qp.post_recv(&wrs[..chunk.len()]) }.map_err(|e| Error::Provider {
-                op: "ibv_post_recv",
-                source: e.error,
+            unsafe { self.qp.post_recv(&self.recv_chain[..chunk.len()]) }.map_err(|e| {
+                Error::Provider {
+                    op: "ibv_post_recv",
+                    source: e.error,
+                }
             })?;
         }
         self.repost.clear();
@@ -411,10 +445,9 @@ impl<P: Provider> Rpc<P> {
     }
 
     /// Takes the completions there are: datagrams to the core, send slots freed.
-    fn receive(&mut self, now: u64) -> Result<usize, EngineError<P::Error>> {
-        let mut wcs = [WorkCompletion::EMPTY; POLL];
-        let n = self.cq.poll(&mut wcs)?;
-        for wc in &wcs[..n] {
+    fn receive(&mut self, now: u64, n: usize) -> Result<(), EngineError<P::Error>> {
+        for i in 0..n {
+            let wc = self.wcs[i];
             if wc.wr_id & SEND_BIT != 0 {
                 // The chain's signaled last request: every earlier one is done too.
                 self.tx_done = (wc.wr_id & !SEND_BIT) + 1;
@@ -459,7 +492,7 @@ impl<P: Provider> Rpc<P> {
             let bytes = unsafe { self.rx.part(slot + GRH, len - GRH) };
             self.core.handle_packet(now, from as u64, bytes);
         }
-        Ok(n)
+        Ok(())
     }
 
     /// Serves requests and hands the rest to `notice`.
@@ -503,7 +536,6 @@ impl<P: Provider> Rpc<P> {
         let slots = self.cfg.send_slots as u64;
         let stride = self.cfg.core.mtu.next_multiple_of(64);
         loop {
-            let mut wrs = [SendWr::<1>::new(0, SendOp::Send, SendFlags::empty()); CHAIN];
             let mut n = 0;
             while n < CHAIN && self.tx_next + (n as u64) - self.tx_done < slots {
                 let seq = self.tx_next + n as u64;
@@ -522,8 +554,9 @@ impl<P: Provider> Rpc<P> {
                     remote_qpn: peer.qpn,
                     remote_qkey: self.cfg.qkey,
                 };
-                let wr = &mut wrs[n];
-                (wr.wr_id, wr.op) = (seq | SEND_BIT, SendOp::Datagram { dest, imm: None });
+                let wr = &mut self.send_chain[n];
+                wr.wr_id = seq | SEND_BIT;
+                (wr.op, wr.flags) = (SendOp::Datagram { dest, imm: None }, SendFlags::empty());
                 wr.sg_list[0] = Sge {
                     addr: self.tx.addr() + off as u64,
                     length: t.len as u32,
@@ -535,11 +568,11 @@ impl<P: Provider> Rpc<P> {
             if n == 0 {
                 return Ok(());
             }
-            wrs[n - 1].flags = SendFlags::SIGNALED;
+            self.send_chain[n - 1].flags = SendFlags::SIGNALED;
             // SAFETY: each request's bytes lie in `tx`, which the engine owns and does not
             // write again until the chain's signaled completion (`tx_done`); the address
             // handles live in `peers`, which only grows, as long as the engine.
-            unsafe { self.qp.post_send(&wrs[..n]) }.map_err(|e| Error::Provider {
+            unsafe { self.qp.post_send(&self.send_chain[..n]) }.map_err(|e| Error::Provider {
                 op: "ibv_post_send",
                 source: e.error,
             })?;

@@ -106,6 +106,8 @@
 //! ```
 
 mod client;
+#[cfg(feature = "std")]
+mod clock;
 mod endpoint;
 #[cfg(feature = "std")]
 mod engine;

@@ -1,0 +1,302 @@
+//! RPC over unreliable datagrams: a server thread with two handlers (echo and reverse) and
+//! a client thread issuing 32 B and 1 MiB requests, on the simulator or a verbs device.
+//!
+//! ```text
+//! cargo run --release --features sim --example rpc_echo [-- --calls N --secs S]
+//! cargo run --release --features verbs --example rpc_echo -- --backend verbs [--device NAME]
+//! ```
+//!
+//! Prints, for 32 B requests one at a time, the round-trip percentiles (p50, p99, p99.9);
+//! the rate of 32 B requests with a window of 8 outstanding for `--secs` (default 1); and the
+//! time and throughput of 1 MiB requests (echoed back whole). The last line,
+//! `allocations_after_setup=<n>`, counts heap allocations in the client's measured loops
+//! (a global allocator wrapper). On verbs both endpoints live on one device, in loopback
+//! (`--device`, else `ZVERBS_DEVICE`, else the first device).
+
+mod backend;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use backend::{Args, Backend};
+
+/// Counts allocations while `COUNTING` is set.
+struct CountingAlloc;
+
+static COUNTING: AtomicBool = AtomicBool::new(false);
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: forwards every call to `System` unchanged; only counts.
+unsafe impl GlobalAlloc for CountingAlloc {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if COUNTING.load(Ordering::Relaxed) {
+            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: same contract as the caller's.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: same contract as the caller's.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: CountingAlloc = CountingAlloc;
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("rpc_echo: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<(), String> {
+    let args = Args::parse(&["--calls", "--secs"])?;
+    let calls = args.number("--calls", 20_000)?;
+    let secs = args.number("--secs", 1)?;
+    match args.backend()? {
+        #[cfg(feature = "sim")]
+        Backend::Sim => {
+            use zverbs::provider::sim::Sim;
+            let sim = Sim::with_devices(2);
+            let open = |name| zverbs::Context::open(&sim, name).map_err(|e| e.to_string());
+            let (ca, cb) = (open("sim0")?, open("sim1")?);
+            let cfg = zverbs::rpc::EngineConfig::default();
+            measured::run(&ca, &cb, cfg, calls, secs, "the simulator")
+        }
+        #[cfg(feature = "verbs")]
+        Backend::Verbs => {
+            use zverbs::provider::verbs::Verbs;
+            let device = backend::verbs::device(args.value("--device"))?;
+            let open = || zverbs::Context::open(&Verbs, &device).map_err(|e| e.to_string());
+            let (ca, cb) = (open()?, open()?);
+            let cfg = zverbs::rpc::EngineConfig {
+                qp: backend::verbs::qp_config(&ca)?,
+                ..zverbs::rpc::EngineConfig::default()
+            };
+            let what = format!("verbs device {device} (loopback)");
+            measured::run(&ca, &cb, cfg, calls, secs, &what)
+        }
+        #[allow(unreachable_patterns)]
+        other => Err(other.not_compiled_in("rpc_echo")),
+    }
+}
+
+#[cfg(any(feature = "sim", feature = "verbs"))]
+mod measured {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::{Duration, Instant};
+
+    use zverbs::provider::Provider;
+    use zverbs::rpc::{Config, EngineConfig, Event, Notice, Rpc, SessionId};
+    use zverbs::Context;
+
+    use super::{ALLOCATIONS, COUNTING};
+
+    const ECHO: u8 = 1;
+    const REVERSE: u8 = 2;
+    const SMALL: usize = 32;
+    const BIG: usize = 1 << 20;
+    const WINDOW: usize = 8;
+
+    /// The client's side of the measurement: its engine and what came back.
+    struct Client<P: Provider> {
+        rpc: Rpc<P>,
+        session: SessionId,
+        done: usize,
+        failed: Option<String>,
+        last: Vec<u8>,
+    }
+
+    impl<P: Provider> Client<P> {
+        /// Passes until `n` requests finished in all.
+        fn until(&mut self, n: usize, keep: bool) -> Result<(), String> {
+            let (done, failed, last) = (&mut self.done, &mut self.failed, &mut self.last);
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while *done < n {
+                self.rpc
+                    .run_event_loop_once(&mut |notice| match notice {
+                        Notice::Response { bytes, .. } => {
+                            *done += 1;
+                            if keep {
+                                last.clear();
+                                last.extend_from_slice(bytes);
+                            }
+                        }
+                        Notice::Failed { error, .. } => {
+                            *done += 1;
+                            *failed = Some(error.to_string());
+                        }
+                        Notice::Session(_) => {}
+                    })
+                    .map_err(|e| e.to_string())?;
+                if Instant::now() > deadline {
+                    return Err("no response within 30 s".into());
+                }
+            }
+            match failed.take() {
+                Some(e) => Err(format!("a request failed: {e}")),
+                None => Ok(()),
+            }
+        }
+
+        fn call(&mut self, req_type: u8, req: &[u8]) -> Result<(), String> {
+            let tag = self.done as u64;
+            self.rpc
+                .enqueue_request(self.session, req_type, req, tag)
+                .map(drop)
+                .map_err(|e| e.to_string())
+        }
+    }
+
+    pub fn run<P: Provider>(
+        ca: &Context<P>,
+        cb: &Context<P>,
+        cfg: EngineConfig,
+        calls: usize,
+        secs: usize,
+        what: &str,
+    ) -> Result<(), String>
+    where
+        Rpc<P>: Send,
+    {
+        let s = |e: zverbs::rpc::EngineError<P::Error>| e.to_string();
+        let cfg = EngineConfig {
+            core: Config {
+                max_sessions: 2,
+                max_msg_size: BIG,
+                ..cfg.core.clone()
+            },
+            ..cfg
+        };
+        let pd = |ctx: &Context<P>| ctx.alloc_pd().map_err(|e| e.to_string());
+        let mut server = Rpc::new(cb, pd(cb)?, cfg.clone()).map_err(s)?;
+        server.register_handler(ECHO, |req, out| {
+            out[..req.len()].copy_from_slice(req);
+            req.len()
+        });
+        server.register_handler(REVERSE, |req, out| {
+            for (o, b) in out.iter_mut().zip(req.iter().rev()) {
+                *o = *b;
+            }
+            req.len()
+        });
+        let rpc = Rpc::new(ca, pd(ca)?, cfg).map_err(s)?;
+        let addr = server.addr();
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|t| {
+            let serving = t.spawn(|| {
+                while !stop.load(Ordering::Relaxed) {
+                    if let Err(e) = server.run_event_loop_once(&mut |_| {}) {
+                        return Err(e.to_string());
+                    }
+                }
+                Ok(())
+            });
+            let result = client(rpc, &addr, calls, secs, what);
+            stop.store(true, Ordering::Relaxed);
+            let served = serving
+                .join()
+                .unwrap_or_else(|_| Err("server panicked".into()));
+            result.and(served)
+        })
+    }
+
+    fn client<P: Provider>(
+        rpc: Rpc<P>,
+        server: &zverbs::Endpoint,
+        calls: usize,
+        secs: usize,
+        what: &str,
+    ) -> Result<(), String> {
+        let mut rpc = rpc;
+        let session = rpc.create_session(server).map_err(|e| e.to_string())?;
+        let mut c = Client {
+            rpc,
+            session,
+            done: 0,
+            failed: None,
+            last: Vec::with_capacity(BIG),
+        };
+        // Connect: the session event comes before any response.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut up = false;
+        while !up && Instant::now() < deadline {
+            c.rpc
+                .run_event_loop_once(&mut |n| {
+                    up |= matches!(n, Notice::Session(Event::Connected(_)))
+                })
+                .map_err(|e| e.to_string())?;
+        }
+        if !up {
+            return Err("the session did not connect".into());
+        }
+        let small = [0x5Au8; SMALL];
+        let mut rtts = Vec::with_capacity(calls);
+        // Warm up: a full window once, so every queue and the fabric's buffers have their
+        // working size before allocations are counted.
+        for _ in 0..WINDOW {
+            c.call(ECHO, &small)?;
+        }
+        c.until(WINDOW, false)?;
+        let base = c.done;
+        COUNTING.store(true, Ordering::SeqCst);
+        for i in 0..calls {
+            let t0 = Instant::now();
+            c.call(ECHO, &small)?;
+            c.until(base + i + 1, false)?;
+            rtts.push(t0.elapsed());
+        }
+        // The rate: a window of requests kept full for `secs`.
+        let base = c.done;
+        let t0 = Instant::now();
+        let mut issued = base;
+        while t0.elapsed() < Duration::from_secs(secs as u64) {
+            while issued - c.done < WINDOW {
+                c.call(ECHO, &small)?;
+                issued += 1;
+            }
+            c.until(c.done + 1, false)?;
+        }
+        c.until(issued, false)?;
+        let rate = (c.done - base) as f64 / t0.elapsed().as_secs_f64();
+        COUNTING.store(false, Ordering::SeqCst);
+        // 1 MiB, reversed: the bytes come back whole.
+        let big: Vec<u8> = (0..BIG).map(|i| (i * 7) as u8).collect();
+        let rounds = 8;
+        let t0 = Instant::now();
+        for _ in 0..rounds {
+            let n = c.done;
+            c.call(REVERSE, &big)?;
+            c.until(n + 1, true)?;
+        }
+        let per = t0.elapsed() / rounds;
+        if !c.last.iter().eq(big.iter().rev()) {
+            return Err("the 1 MiB response came back altered".into());
+        }
+        rtts.sort_unstable();
+        let pct = |p: f64| rtts[((rtts.len() as f64 * p) as usize).min(rtts.len() - 1)];
+        println!("rpc_echo: over {what}, a server thread and a client thread");
+        println!(
+            "32 B, one at a time ({calls} calls): p50 {:?}, p99 {:?}, p99.9 {:?}",
+            pct(0.5),
+            pct(0.99),
+            pct(0.999)
+        );
+        println!("32 B, {WINDOW} outstanding: {:.0} RPCs/s", rate);
+        println!(
+            "1 MiB reversed: {per:?} per call, {:.2} GB/s each way",
+            BIG as f64 / per.as_secs_f64() / 1e9
+        );
+        println!(
+            "allocations_after_setup={}",
+            ALLOCATIONS.load(Ordering::SeqCst)
+        );
+        Ok(())
+    }
+}

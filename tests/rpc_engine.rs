@@ -347,3 +347,28 @@ fn valid_request_packet() -> Vec<u8> {
     let t = ep.poll_transmit(0, &mut buf).unwrap();
     buf[..t.len].to_vec()
 }
+
+/// A session closed by the client ends on both sides, and a new one opens after it.
+#[test]
+fn disconnect_then_reconnect() {
+    let sim = Sim::with_devices(2);
+    let mut w = World::new(&sim, engine_cfg(4 << 10));
+    w.call(ECHO, b"one", 1);
+    w.wait_for(1);
+    let old = w.session;
+    w.client.disconnect(old).unwrap();
+    let closed = w.run_until(
+        Duration::from_secs(5),
+        |n| matches!(n, Notice::Session(Event::Disconnected(s)) if *s == old),
+    );
+    assert!(closed, "the client saw its session end");
+    assert!(!w.client.core().is_connected(old));
+    w.session = w.client.create_session(&w.server.addr()).unwrap();
+    let up = w.run_until(Duration::from_secs(5), |n| {
+        matches!(n, Notice::Session(Event::Connected(_)))
+    });
+    assert!(up, "a new session opened");
+    w.call(REVERSE, b"two", 2);
+    w.wait_for(2);
+    assert_eq!(w.done[1].1.as_deref().unwrap(), b"owt");
+}

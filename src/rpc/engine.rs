@@ -19,6 +19,11 @@
 //!    signaled (its completion frees the whole chain's slots, since a send queue completes
 //!    in order).
 //!
+//! A pass that receives nothing, after no new request or session from the caller, has
+//! nothing to send but what a timer resends: it polls the completion queue and returns,
+//! and only every 32nd such pass reads the clock (the invariant TSC where there is one)
+//! and looks at the core's timers, milliseconds apart.
+//!
 //! After [`Rpc::new`] nothing allocates: requests and responses live in the core's arena,
 //! datagrams in the pool's slots, and the handlers and peers were set up before.
 //!
@@ -321,6 +326,13 @@ impl<P: Provider> Rpc<P> {
         let peer = self.peer(remote.gid, remote.qp_num, remote.lid)?;
         self.dirty = true;
         Ok(self.core.connect(peer as u64)?)
+    }
+
+    /// Closes `session` (its peer is told; [`Notice::Session`] reports the end).
+    pub fn disconnect(&mut self, session: SessionId) -> Result<(), EngineError<P::Error>> {
+        self.core.disconnect(session)?;
+        self.dirty = true;
+        Ok(())
     }
 
     /// Enqueues a request of `req_type` on `session`; its [`Notice::Response`] or

@@ -39,6 +39,7 @@ use super::{Config, Endpoint, Event, RequestHandle, RpcError, SessionId};
 use crate::cq::CompletionQueue;
 use crate::device::{Context, ProtectionDomain};
 use crate::error::{Error, ErrorKind};
+use crate::event::CompletionChannel;
 use crate::pool::{LocalBuf, MrPool};
 use crate::provider::{AhAttr, Provider};
 use crate::qp::UdOptions;
@@ -74,6 +75,9 @@ pub struct EngineConfig {
     pub recv_slots: usize,
     /// Datagrams in flight on the send queue (1..=16,384).
     pub send_slots: usize,
+    /// The completion queue raises events on a completion channel of its own, so that a
+    /// thread or task can sleep until a datagram comes (`zverbs::tokio::AsyncRpc` does).
+    pub events: bool,
 }
 
 impl Default for EngineConfig {
@@ -84,6 +88,7 @@ impl Default for EngineConfig {
             qkey: 0x0205,
             recv_slots: 256,
             send_slots: 64,
+            events: false,
         }
     }
 }
@@ -193,6 +198,9 @@ pub struct Rpc<P: Provider> {
     peers: Vec<Peer<P>>,
     qp: QueuePair<P, ReadyToSend, Ud>,
     cq: CompletionQueue<P>,
+    /// After the queue: its events' channel, when asked for.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+    events: Option<CompletionChannel<P>>,
     rx: LocalBuf<P>,
     tx: LocalBuf<P>,
     /// Receive slots consumed, to repost.
@@ -248,7 +256,14 @@ impl<P: Provider> Rpc<P> {
         };
         let (rx, tx) = (alloc(rx_len)?, alloc(tx_len)?);
         let depth = u32::try_from(cfg.recv_slots + cfg.send_slots).unwrap_or(u32::MAX);
-        let cq = CompletionQueue::create(ctx, depth)?;
+        let events = cfg
+            .events
+            .then(|| CompletionChannel::create(ctx))
+            .transpose()?;
+        let cq = match &events {
+            Some(ch) => CompletionQueue::create_on(ctx, depth, ch)?,
+            None => CompletionQueue::create(ctx, depth)?,
+        };
         let caps = &mut cfg.qp.caps;
         (caps.max_send_wr, caps.max_recv_wr) = (cfg.send_slots as u32, cfg.recv_slots as u32);
         (caps.max_send_sge, caps.max_recv_sge) = (1, 1);
@@ -271,6 +286,7 @@ impl<P: Provider> Rpc<P> {
             peers: Vec::with_capacity(sessions),
             qp,
             cq,
+            events,
             rx,
             tx,
             repost: (0..cfg.recv_slots as u64).collect(),
@@ -394,6 +410,27 @@ impl<P: Provider> Rpc<P> {
 
     fn now(&self) -> u64 {
         self.clock.now()
+    }
+
+    /// The next pass runs whole (reads the clock, fires due timers), idle or not.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn wake(&mut self) {
+        self.dirty = true;
+    }
+
+    /// When the core's next timer is due, from now; `None` if none is armed.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn next_timeout(&self) -> Option<Duration> {
+        let now = self.now();
+        self.core
+            .next_timeout()
+            .map(|t| Duration::from_nanos(t.saturating_sub(now)))
+    }
+
+    /// The completion channel and its queue, with [`EngineConfig::events`].
+    #[cfg(feature = "tokio")]
+    pub(crate) fn events(&self) -> Option<(&CompletionChannel<P>, &CompletionQueue<P>)> {
+        self.events.as_ref().map(|ch| (ch, &self.cq))
     }
 
     fn tag_index(&self, h: RequestHandle) -> usize {

@@ -68,12 +68,14 @@ mod connect;
 mod group;
 mod reactor;
 mod remote;
+mod rpc;
 mod wire;
 
 pub use buf::IoBuf;
 pub use connect::ConnectError;
 pub use group::AsyncGroup;
 pub use remote::{Connection, RemoteBuf, RemoteError};
+pub use rpc::AsyncRpc;
 pub use wire::WireError;
 
 use core::future::{poll_fn, Future};

@@ -1,0 +1,401 @@
+//! [`AsyncRpc`]: `call(session, type, request).await` over an [`Rpc`], driven by a task
+//! that sleeps on the engine's completion channel.
+//!
+//! The engine stays what it is (one UD queue pair, handlers by type); a driver task owns
+//! its passes: it runs them while they find work, then arms the completion queue, runs one
+//! more (arm, then poll: a datagram that came before the arm raises no event, and this pass
+//! finds it), and sleeps until the descriptor is readable, a caller enqueues something, or
+//! the core's next timer is due. No polling timer.
+//!
+//! A call copies its request in and its response out into a `Vec` the caller hands over
+//! and gets back (reused, it allocates nothing once its capacity suffices). Dropping a call
+//! future leaves its request to the core: its answer, when it comes, is dropped with the
+//! buffer; no memory the device may touch is lent to the call, so cancellation is sound.
+
+use core::future::poll_fn;
+use core::pin::pin;
+use core::task::{Poll, Waker};
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
+
+use crate::error::Error;
+use crate::provider::Provider;
+use crate::qp::Endpoint;
+use crate::rpc::{EngineError, Event, Notice, Rpc, RpcError, SessionId};
+
+/// An [`Rpc`] for tasks: a cloneable handle; the driver task ends with the last one.
+pub struct AsyncRpc<P: Provider> {
+    shared: Arc<Shared<P>>,
+}
+
+impl<P: Provider> Clone for AsyncRpc<P> {
+    fn clone(&self) -> Self {
+        self.shared
+            .handles
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        AsyncRpc {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<P: Provider> Drop for AsyncRpc<P> {
+    fn drop(&mut self) {
+        if self
+            .shared
+            .handles
+            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel)
+            == 1
+        {
+            self.shared.kick.notify_one();
+        }
+    }
+}
+
+struct Shared<P: Provider> {
+    state: Mutex<State<P>>,
+    /// Something for the driver: a request enqueued, the last handle gone.
+    kick: tokio::sync::Notify,
+    handles: std::sync::atomic::AtomicUsize,
+}
+
+struct State<P: Provider> {
+    rpc: Rpc<P>,
+    calls: Vec<Call>,
+    free: Vec<usize>,
+    /// Sessions being opened.
+    connecting: Vec<Opening>,
+    /// A device error stopped the driver: every call since fails with it.
+    broken: Option<EngineError<P::Error>>,
+}
+
+/// A session being opened: its outcome once known, and who waits for it.
+struct Opening(SessionId, Option<Result<(), RpcError>>, Option<Waker>);
+
+/// What a call gives back: its outcome and the response buffer.
+type Answer<E> = (Result<(), EngineError<E>>, Vec<u8>);
+
+#[derive(Default)]
+struct Call {
+    /// A future waits for it (else its answer is dropped when it comes).
+    live: bool,
+    done: Option<Result<(), RpcError>>,
+    resp: Vec<u8>,
+    waker: Option<Waker>,
+}
+
+impl<P: Provider> State<P> {
+    /// Runs one pass, delivering what it brings.
+    fn pass(&mut self) -> Result<usize, EngineError<P::Error>> {
+        let (calls, free, connecting) = (&mut self.calls, &mut self.free, &mut self.connecting);
+        self.rpc.run_event_loop_once(&mut |n| {
+            let (tag, outcome, bytes) = match n {
+                Notice::Response { tag, bytes } => (tag, Ok(()), bytes),
+                Notice::Failed { tag, error } => (tag, Err(error), &[][..]),
+                Notice::Session(ev) => {
+                    let (s, r) = match ev {
+                        Event::Connected(s) => (s, Ok(())),
+                        Event::ConnectFailed { session, error } => (session, Err(error)),
+                        _ => return,
+                    };
+                    if let Some(c) = connecting.iter_mut().find(|c| c.0 == s) {
+                        c.1 = Some(r);
+                        if let Some(w) = c.2.take() {
+                            w.wake();
+                        }
+                    }
+                    return;
+                }
+            };
+            let Some(call) = calls.get_mut(tag as usize) else {
+                return;
+            };
+            if call.live {
+                call.resp.clear();
+                call.resp.extend_from_slice(bytes);
+                call.done = Some(outcome);
+                if let Some(w) = call.waker.take() {
+                    w.wake();
+                }
+            } else {
+                *call = Call::default();
+                free.push(tag as usize);
+            }
+        })
+    }
+}
+
+/// The engine's completion-channel descriptor; the driver only watches it.
+struct Fd(RawFd);
+
+impl AsRawFd for Fd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0
+    }
+}
+
+impl<P: Provider + 'static> AsyncRpc<P> {
+    /// Wraps `rpc` (made with [`EngineConfig::events`](crate::rpc::EngineConfig::events)
+    /// and its handlers registered) and spawns its driver on the current tokio runtime.
+    ///
+    /// # Errors
+    /// [`Error::InvalidAttribute`] without events or outside a runtime.
+    pub fn new(rpc: Rpc<P>) -> Result<Self, Error<P::Error>>
+    where
+        Rpc<P>: Send,
+    {
+        let fd = rpc
+            .events()
+            .map(|(ch, _)| ch.as_raw_fd())
+            .ok_or(Error::InvalidAttribute(
+                "AsyncRpc needs EngineConfig::events",
+            ))?;
+        let runtime = tokio::runtime::Handle::try_current()
+            .map_err(|_| Error::InvalidAttribute("AsyncRpc::new outside a tokio runtime"))?;
+        // SAFETY: the descriptor belongs to the engine's completion channel, which `shared`
+        // keeps open until the driver, which owns this registration, has dropped it.
+        let fd = unsafe { AsyncFd::register_with_interest(Fd(fd), Interest::READABLE) }
+            .map_err(|_| Error::InvalidAttribute("the completion channel cannot join tokio"))?;
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                rpc,
+                calls: Vec::new(),
+                free: Vec::new(),
+                connecting: Vec::new(),
+                broken: None,
+            }),
+            kick: tokio::sync::Notify::new(),
+            handles: std::sync::atomic::AtomicUsize::new(1),
+        });
+        runtime.spawn(drive(fd, shared.clone()));
+        Ok(AsyncRpc { shared })
+    }
+}
+
+impl<P: Provider> AsyncRpc<P> {
+    fn lock(&self) -> MutexGuard<'_, State<P>> {
+        self.shared.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// This endpoint's address, for peers' [`connect`](Self::connect).
+    pub fn addr(&self) -> Endpoint {
+        self.lock().rpc.addr()
+    }
+
+    /// Opens a session to the `Rpc` at `remote`.
+    pub async fn connect(&self, remote: &Endpoint) -> Result<SessionId, EngineError<P::Error>> {
+        let s = {
+            let mut st = self.lock();
+            let s = st.rpc.create_session(remote)?;
+            st.connecting.push(Opening(s, None, None));
+            s
+        };
+        self.shared.kick.notify_one();
+        let r = poll_fn(|cx| {
+            let mut st = self.lock();
+            let Some(i) = st.connecting.iter().position(|c| c.0 == s) else {
+                return Poll::Ready(Err(RpcError::UnknownSession));
+            };
+            match st.connecting[i].1.take() {
+                Some(r) => {
+                    st.connecting.swap_remove(i);
+                    Poll::Ready(r)
+                }
+                None => {
+                    st.connecting[i].2 = Some(cx.waker().clone());
+                    Poll::Pending
+                }
+            }
+        })
+        .await;
+        r.map(|()| s).map_err(EngineError::Rpc)
+    }
+
+    /// Sends `req` as a request of `req_type` on `session` and waits for the answer, which
+    /// replaces the contents of `resp`; gives `resp` back with the outcome.
+    pub async fn call(
+        &self,
+        session: SessionId,
+        req_type: u8,
+        req: &[u8],
+        resp: Vec<u8>,
+    ) -> Answer<P::Error> {
+        let tag = {
+            let mut st = self.lock();
+            if st.broken.is_some() {
+                return (
+                    Err(EngineError::InvalidConfig("the RPC driver stopped")),
+                    resp,
+                );
+            }
+            let tag = match st.free.pop() {
+                Some(t) => t,
+                None => {
+                    st.calls.push(Call::default());
+                    st.calls.len() - 1
+                }
+            };
+            if let Err(e) = st.rpc.enqueue_request(session, req_type, req, tag as u64) {
+                st.free.push(tag);
+                return (Err(e), resp);
+            }
+            st.calls[tag] = Call {
+                live: true,
+                done: None,
+                resp,
+                waker: None,
+            };
+            tag
+        };
+        self.shared.kick.notify_one();
+        let mut waiting = Waiting {
+            rpc: self,
+            tag: Some(tag),
+        };
+        poll_fn(|cx| waiting.poll(cx.waker())).await
+    }
+}
+
+/// A call's wait; dropped early, it leaves the answer to be dropped when it comes.
+struct Waiting<'a, P: Provider> {
+    rpc: &'a AsyncRpc<P>,
+    tag: Option<usize>,
+}
+
+impl<P: Provider> Waiting<'_, P> {
+    fn poll(&mut self, waker: &Waker) -> Poll<Answer<P::Error>> {
+        let Some(tag) = self.tag else {
+            return Poll::Pending;
+        };
+        let mut st = self.rpc.lock();
+        let call = &mut st.calls[tag];
+        match call.done.take() {
+            Some(r) => {
+                let resp = core::mem::take(&mut call.resp);
+                *call = Call::default();
+                st.free.push(tag);
+                self.tag = None;
+                Poll::Ready((r.map_err(EngineError::Rpc), resp))
+            }
+            None => {
+                call.waker = Some(waker.clone());
+                Poll::Pending
+            }
+        }
+    }
+}
+
+impl<P: Provider> Drop for Waiting<'_, P> {
+    fn drop(&mut self) {
+        if let Some(tag) = self.tag {
+            let mut st = self.rpc.lock();
+            if st.calls[tag].done.is_some() {
+                st.calls[tag] = Call::default();
+                st.free.push(tag);
+            } else {
+                st.calls[tag].live = false;
+                st.calls[tag].waker = None;
+            }
+        }
+    }
+}
+
+/// The driver task. The descriptor's registration goes before the engine (and with it the
+/// completion channel) can.
+async fn drive<P: Provider>(fd: AsyncFd<Fd>, shared: Arc<Shared<P>>) {
+    run(&fd, &shared).await;
+    drop(fd);
+    drop(shared);
+}
+
+/// The driver: passes while they find work; then arm, pass, and sleep.
+async fn run<P: Provider>(fd: &AsyncFd<Fd>, shared: &Shared<P>) {
+    let lock = || shared.state.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        if shared.handles.load(std::sync::atomic::Ordering::Acquire) == 0 {
+            return;
+        }
+        let sleep_for = {
+            let mut st = lock();
+            let mut busy = true;
+            let mut result = Ok(());
+            while busy && result.is_ok() {
+                st.rpc.wake();
+                result = st.pass().map(|n| busy = n > 0);
+            }
+            // Arm, then pass once more: what came before the arm is found now.
+            if result.is_ok() {
+                if let Some((_, cq)) = st.rpc.events() {
+                    result = cq.arm(false).map_err(EngineError::Device);
+                }
+            }
+            if result.is_ok() {
+                st.rpc.wake();
+                result = st.pass().map(|n| busy = n > 0);
+            }
+            if let Err(e) = result {
+                fail_all(&mut st, e);
+                return;
+            }
+            if busy {
+                continue;
+            }
+            st.rpc.next_timeout()
+        };
+        let timer = async {
+            match sleep_for {
+                Some(d) => tokio::time::sleep(d).await,
+                None => core::future::pending().await,
+            }
+        };
+        let mut timer = pin!(timer);
+        tokio::select! {
+            ready = fd.readable() => {
+                if let Ok(mut guard) = ready {
+                    let st = lock();
+                    if let Some((ch, cq)) = st.rpc.events() {
+                        // Take and acknowledge every event; readiness is cleared only
+                        // once the descriptor said would-block.
+                        let mut drained = false;
+                        while let Ok(ev) = ch.try_get_event() {
+                            match ev {
+                                Some(ev) => {
+                                    let _ = cq.ack_event(ev);
+                                }
+                                None => {
+                                    drained = true;
+                                    break;
+                                }
+                            }
+                        }
+                        if drained {
+                            guard.clear_ready();
+                        }
+                    }
+                }
+            }
+            () = shared.kick.notified() => {}
+            () = &mut timer => {}
+        }
+    }
+}
+
+/// A device error: every waiting call and connect ends with it.
+fn fail_all<P: Provider>(st: &mut State<P>, e: EngineError<P::Error>) {
+    for call in st.calls.iter_mut().filter(|c| c.live && c.done.is_none()) {
+        call.done = Some(Err(RpcError::SessionFailed));
+        if let Some(w) = call.waker.take() {
+            w.wake();
+        }
+    }
+    for c in st.connecting.iter_mut().filter(|c| c.1.is_none()) {
+        c.1 = Some(Err(RpcError::SessionFailed));
+        if let Some(w) = c.2.take() {
+            w.wake();
+        }
+    }
+    st.broken = Some(e);
+}

@@ -38,10 +38,12 @@ impl Endpoint {
                 s.remote = h.src_session;
                 s.credits = self.cfg.credits;
                 s.sm_at = None;
+                self.sync_session(i);
                 self.push_event(Event::Connected(id));
             }
             Some(r) => {
                 self.sessions[i].free();
+                self.sync_session(i);
                 self.push_event(Event::ConnectFailed {
                     session: id,
                     error: RpcError::Refused(r),
@@ -86,8 +88,18 @@ impl Endpoint {
         let returned = before - slot.in_flight(); // rx only grows: in flight only shrinks
         let s = &mut self.sessions[i];
         s.credits += returned;
-        s.quiet_since = Some(now);
         debug_assert!(s.credits <= self.cfg.credits);
+        self.heard(now, i);
+        if self.slots[si].in_flight() > 0 {
+            self.arm(now.saturating_add(self.cfg.rto_ns));
+        }
+        self.sync_slot(i, si);
+    }
+
+    /// Session `i` heard from its server: its session timer starts again.
+    fn heard(&mut self, now: u64, i: usize) {
+        self.sessions[i].quiet_since = Some(now);
+        self.arm(now.saturating_add(self.cfg.session_timeout_ns));
     }
 
     pub(super) fn on_credit_return(&mut self, now: u64, from: u64, h: &Header) {
@@ -95,11 +107,11 @@ impl Endpoint {
             return;
         };
         let s = self.slots[si];
-        let n = self.limits.num_pkts(s.req_len);
+        let n = s.req_pkts;
         let k = usize::from(h.pkt_num);
         if k + 1 == n {
             // The last packet's CR: the handler runs. Alive, but no progress.
-            self.sessions[i].quiet_since = Some(now);
+            self.heard(now, i);
         } else if k + 1 < n && k >= s.rx {
             // The server has request packets 0..=k: replies 0..=k are in.
             self.ack(now, i, si, k + 1);
@@ -113,7 +125,7 @@ impl Endpoint {
             return;
         };
         let s = self.slots[si];
-        let n = self.limits.num_pkts(s.req_len);
+        let n = s.req_pkts;
         let j = usize::from(h.pkt_num);
         let size = usize::try_from(h.msg_size).unwrap_or(usize::MAX); // validated
         let ok = h.req_type == s.req_type
@@ -153,6 +165,7 @@ impl Endpoint {
                 req_num: slot.req_num,
             };
             let req_type = slot.req_type;
+            self.sync_slot(i, si);
             self.push_event(Event::Response { handle, req_type });
             self.disarm_if_idle(i);
         }
@@ -165,14 +178,18 @@ impl Endpoint {
         }
     }
 
-    /// The next client send of any session, round robin from `cursor`.
+    /// The next client send of any session, round robin from `cursor`: of the sessions
+    /// that can send, the first at or after `cursor`, else the first.
     pub(super) fn next_client_send(&mut self, now: u64, out: &mut [u8]) -> Option<Transmit> {
-        let n = self.sessions.len();
-        for off in 0..n {
-            let i = (self.cursor + off) % n;
-            if let Some(t) = self.session_send(i, now, out) {
-                self.cursor = (i + 1) % n;
-                return Some(t);
+        let (n, cursor) = (self.sessions.len(), self.cursor);
+        for (from, end) in [(cursor, n), (0, cursor)] {
+            let mut from = from;
+            while let Some(i) = self.next_ready(from).filter(|&i| i < end) {
+                if let Some(t) = self.session_send(i, now, out) {
+                    self.cursor = if i + 1 == n { 0 } else { i + 1 };
+                    return Some(t);
+                }
+                from = i + 1;
             }
         }
         None
@@ -202,9 +219,12 @@ impl Endpoint {
                 }
                 let len = h.encode(out).ok()?;
                 let s = &mut self.sessions[i];
+                let at = now.saturating_add(self.cfg.rto_ns);
                 s.sm_due = false;
                 s.sm_tries = s.sm_tries.saturating_add(1);
-                s.sm_at = Some(now.saturating_add(self.cfg.rto_ns));
+                s.sm_at = Some(at);
+                self.arm(at);
+                self.sync_session(i);
                 return Some(Transmit { to, len });
             }
             State::Connected if s.credits > 0 => {}
@@ -212,16 +232,19 @@ impl Endpoint {
         }
         h.dest_session = s.remote;
         // The oldest request with something to send.
-        let si = self
-            .session_slot_range(i)
-            .filter(|&si| {
-                // The state first: the packet count is a division, and most slots are idle.
-                let s = &self.slots[si];
-                s.state == SlotState::Sending && s.can_send(self.limits.num_pkts(s.req_len))
-            })
-            .min_by_key(|&si| self.slots[si].req_num)?;
+        let base = i * self.cfg.window;
+        let mut si = None::<usize>;
+        let mut bits = s.sendable;
+        while bits != 0 {
+            let sj = base + bits.trailing_zeros() as usize;
+            bits &= bits - 1;
+            if si.is_none_or(|si| self.slots[sj].req_num < self.slots[si].req_num) {
+                si = Some(sj);
+            }
+        }
+        let si = si?;
         let slot = self.slots[si];
-        let n = self.limits.num_pkts(slot.req_len);
+        let n = slot.req_pkts;
         h.req_num = slot.req_num;
         h.req_type = slot.req_type;
         let mut len = HEADER_LEN;
@@ -248,9 +271,12 @@ impl Endpoint {
             slot.progress_at = now; // the retransmission timer starts
         }
         slot.tx += 1;
+        let rto_at = slot.progress_at.saturating_add(self.cfg.rto_ns);
         let s = &mut self.sessions[i];
         s.credits -= 1;
-        s.quiet_since.get_or_insert(now);
+        let quiet = *s.quiet_since.get_or_insert(now);
+        self.arm(rto_at.min(quiet.saturating_add(self.cfg.session_timeout_ns)));
+        self.sync_slot(i, si);
         Some(Transmit { to, len })
     }
 
@@ -282,11 +308,13 @@ impl Endpoint {
                 s.sm_at = None;
                 if s.sm_tries < self.cfg.handshake_tries {
                     s.sm_due = true;
+                    self.sync_session(i);
                 } else if s.state == State::Disconnecting {
                     self.close_session(i);
                 } else {
                     let session = self.id(i);
                     self.sessions[i].free();
+                    self.sync_session(i);
                     self.push_event(Event::ConnectFailed {
                         session,
                         error: RpcError::HandshakeTimedOut,
@@ -309,6 +337,7 @@ impl Endpoint {
                         slot.tx = slot.rx;
                         slot.progress_at = now;
                         self.stats.retransmits += 1;
+                        self.sync_slot(i, si);
                     }
                 }
             }
@@ -330,12 +359,13 @@ impl Endpoint {
                     session,
                     req_num: self.slots[si].req_num,
                 };
-                self.advance_slot(si);
+                self.advance_slot(i, si);
                 self.push_event(Event::Failed {
                     handle,
                     error: RpcError::TimedOut,
                 });
             }
         }
+        self.sync_session(i);
     }
 }

@@ -15,6 +15,17 @@ use super::{Config, Event, RequestHandle, RpcError, ServerHandle, SessionId, Sta
 
 /// One RPC endpoint: client and server of up to [`Config::max_sessions`] sessions. See
 /// the [module docs](super).
+///
+/// So that sending and the timers need not scan every slot of every session, three
+/// facts are kept at every change (and checked after each call in debug builds):
+///
+/// - bit `w` of a session's `sendable` is set iff its slot `w` [can send](Slot::can_send):
+///   [`sync_slot`](Self::sync_slot) after any change to a client slot;
+/// - bit `i` of `ready` is set iff session `i` [can send](Session::can_send), and
+///   `ready_count` bits are set: [`sync_session`](Self::sync_session) after any change to
+///   a session's state, `sm_due`, credits or `sendable`;
+/// - `timer_floor` is `Some` whenever a timer runs, and no running timer is due before
+///   it: [`arm`](Self::arm) with every deadline set; `handle_timeout` makes it exact.
 #[derive(Debug)]
 pub struct Endpoint {
     pub(super) cfg: Config,
@@ -31,6 +42,12 @@ pub struct Endpoint {
     pub(super) events: VecDeque<Event>,
     /// The client session `poll_transmit` looks at first (round robin).
     pub(super) cursor: usize,
+    /// One bit per session: whether it can send (see above).
+    ready: Vec<u64>,
+    /// Bits set in `ready`.
+    ready_count: usize,
+    /// No timer is due before this; `None` when none runs (see above).
+    timer_floor: Option<u64>,
     pub(super) stats: Stats,
 }
 
@@ -52,6 +69,9 @@ impl Endpoint {
             replies: VecDeque::with_capacity(n.saturating_mul(cfg.credits.saturating_add(1))),
             events: VecDeque::with_capacity(slots.saturating_add(n.saturating_mul(4))),
             cursor: 0,
+            ready: vec![0; n.div_ceil(64)],
+            ready_count: 0,
+            timer_floor: None,
             stats: Stats::default(),
             cfg,
         })
@@ -79,6 +99,8 @@ impl Endpoint {
         let s = &mut self.sessions[i];
         s.token = u64::from(self.cfg.endpoint_id) << 32 | u64::from(s.gen);
         s.sm_due = true;
+        self.sync_session(i);
+        self.debug_check();
         Ok(id)
     }
 
@@ -102,10 +124,12 @@ impl Endpoint {
                 s.sm_due = true;
                 s.sm_tries = 0;
                 s.sm_at = None;
+                self.sync_session(i);
             }
             State::Disconnecting => {}
             _ => self.close_session(i),
         }
+        self.debug_check();
         Ok(())
     }
 
@@ -157,12 +181,13 @@ impl Endpoint {
             req_num: slot.req_num,
             req_type,
             req_len: msg.len(),
+            req_pkts: self.limits.num_pkts(msg.len()),
             ..Slot::FREE
         };
-        Ok(RequestHandle {
-            session,
-            req_num: slot.req_num,
-        })
+        let req_num = slot.req_num;
+        self.sync_slot(i, si);
+        self.debug_check();
+        Ok(RequestHandle { session, req_num })
     }
 
     /// The bytes of a complete response, until it is [released](Self::release).
@@ -174,7 +199,8 @@ impl Endpoint {
     /// Frees the slot of a complete response for the next request.
     pub fn release(&mut self, handle: RequestHandle) -> Result<(), RpcError> {
         let si = self.client_slot(handle, SlotState::Done)?;
-        self.advance_slot(si);
+        self.advance_slot(usize::from(handle.session.index), si);
+        self.debug_check();
         Ok(())
     }
 
@@ -238,32 +264,48 @@ impl Endpoint {
             PktType::Resp => self.on_resp(now, from, &h, payload),
             PktType::CreditReturn => self.on_credit_return(now, from, &h),
         }
+        self.debug_check();
     }
 
     /// Writes the next datagram to send into `out`, which must hold [`Config::mtu`]
     /// bytes (else nothing is written). Server replies go first, then the client
     /// sessions' sends, one session after another.
     pub fn poll_transmit(&mut self, now: u64, out: &mut [u8]) -> Option<Transmit> {
+        if self.replies.is_empty() && self.ready_count == 0 {
+            return None;
+        }
         let out = out.get_mut(..self.cfg.mtu)?;
         let t = self
             .next_reply(out)
-            .or_else(|| self.next_client_send(now, out))?;
-        self.stats.tx_packets += 1;
-        Some(t)
+            .or_else(|| self.next_client_send(now, out));
+        self.debug_check();
+        self.stats.tx_packets += u64::from(t.is_some());
+        t
     }
 
     /// When [`handle_timeout`](Self::handle_timeout) is next due, if a timer runs.
     pub fn next_timeout(&self) -> Option<u64> {
-        (0..self.sessions.len())
-            .filter_map(|i| self.session_deadline(i))
-            .min()
+        self.timer_floor?;
+        self.exact_timeout()
     }
 
     /// Fires every timer due at `now`: resends, handshake give-ups, session timeouts.
+    /// Costs a comparison when none is due.
     pub fn handle_timeout(&mut self, now: u64) {
+        if !self.timer_floor.is_some_and(|t| t <= now) {
+            return;
+        }
         for i in 0..self.sessions.len() {
             self.session_timeout(i, now);
         }
+        self.timer_floor = self.exact_timeout();
+        self.debug_check();
+    }
+
+    fn exact_timeout(&self) -> Option<u64> {
+        (0..self.sessions.len())
+            .filter_map(|i| self.session_deadline(i))
+            .min()
     }
 
     // --- helpers shared by the client and server halves ---
@@ -283,6 +325,7 @@ impl Endpoint {
                 ..Slot::FREE
             };
         }
+        self.sync_session(i); // `free` cleared `sendable`, and every slot is free
         SessionId {
             index: u16::try_from(i).unwrap_or(u16::MAX), // i < max_sessions <= 65536
             gen,
@@ -296,6 +339,7 @@ impl Endpoint {
         for si in self.session_slot_range(i) {
             self.slots[si] = Slot::FREE;
         }
+        self.sync_session(i);
         self.push_event(Event::Disconnected(id));
     }
 
@@ -306,8 +350,9 @@ impl Endpoint {
         }
     }
 
-    /// Moves a client slot to its next request number, free (or spent if none is left).
-    pub(super) fn advance_slot(&mut self, si: usize) {
+    /// Moves client slot `si` of session `i` to its next request number, free (or spent
+    /// if none is left).
+    pub(super) fn advance_slot(&mut self, i: usize, si: usize) {
         let slot = &mut self.slots[si];
         *slot = match slot.req_num.checked_add(self.window) {
             Some(req_num) => Slot {
@@ -319,6 +364,77 @@ impl Endpoint {
                 ..*slot
             },
         };
+        self.sync_slot(i, si);
+    }
+
+    /// Sets slot `si`'s bit in session `i`'s `sendable` to whether it can send, then the
+    /// session's bit in `ready`.
+    pub(super) fn sync_slot(&mut self, i: usize, si: usize) {
+        debug_assert!(self.session_slot_range(i).contains(&si));
+        let bit = 1u64 << (si - i * self.cfg.window);
+        let s = &mut self.sessions[i];
+        if self.slots[si].can_send() {
+            s.sendable |= bit;
+        } else {
+            s.sendable &= !bit;
+        }
+        self.sync_session(i);
+    }
+
+    /// Sets session `i`'s bit in `ready` to whether it can send, and `ready_count`.
+    pub(super) fn sync_session(&mut self, i: usize) {
+        let can = self.sessions[i].can_send();
+        let (word, bit) = (&mut self.ready[i / 64], 1u64 << (i % 64));
+        if can != (*word & bit != 0) {
+            *word ^= bit;
+            if can {
+                self.ready_count += 1;
+            } else {
+                self.ready_count -= 1;
+            }
+        }
+    }
+
+    /// The first session at or after `from` that can send.
+    pub(super) fn next_ready(&self, from: usize) -> Option<usize> {
+        let mut word = from / 64;
+        let mut bits = *self.ready.get(word)? & (!0u64 << (from % 64));
+        while bits == 0 {
+            word += 1;
+            bits = *self.ready.get(word)?;
+        }
+        Some(word * 64 + bits.trailing_zeros() as usize)
+    }
+
+    /// Notes a timer set to run out at `deadline`.
+    pub(super) fn arm(&mut self, deadline: u64) {
+        self.timer_floor = Some(self.timer_floor.map_or(deadline, |t| t.min(deadline)));
+    }
+
+    /// Checks the bookkeeping of the struct docs against the tables (debug builds, tables
+    /// of up to 4096 slots).
+    fn debug_check(&self) {
+        if !cfg!(debug_assertions) || self.slots.len() > 4096 {
+            return;
+        }
+        for (i, s) in self.sessions.iter().enumerate() {
+            let mut mask = 0;
+            for (w, slot) in self.session_slots(i).enumerate() {
+                mask |= u64::from(slot.can_send()) << w;
+            }
+            assert_eq!(s.sendable, mask, "session {i}: sendable");
+            let bit = self.ready[i / 64] >> (i % 64) & 1 != 0;
+            assert_eq!(bit, s.can_send(), "session {i}: ready");
+            if let Some(d) = self.session_deadline(i) {
+                assert!(
+                    self.timer_floor.is_some_and(|t| t <= d),
+                    "session {i}: timer at {d}, floor {:?}",
+                    self.timer_floor
+                );
+            }
+        }
+        let count: u32 = self.ready.iter().map(|w| w.count_ones()).sum();
+        assert_eq!(count as usize, self.ready_count);
     }
 
     pub(super) fn session_slot_range(&self, i: usize) -> core::ops::Range<usize> {

@@ -400,9 +400,7 @@ impl<P: Provider> Rpc<P> {
         let now = self.now();
         self.receive(now, taken)?;
         self.post_receives()?;
-        if self.core.next_timeout().is_some_and(|t| t <= now) {
-            self.core.handle_timeout(now);
-        }
+        self.core.handle_timeout(now); // a comparison unless a timer is due
         self.dispatch(notice)?;
         self.transmit(now)?;
         Ok(taken)

@@ -43,6 +43,9 @@ pub(super) struct Session {
     /// Client: when the session last heard from its server while requests were
     /// outstanding (or first sent one): the session timeout runs from here.
     pub quiet_since: Option<u64>,
+    /// Client: bit `w` is set iff slot `w` has a send to make ([`Slot::can_send`]).
+    /// Kept by [`Endpoint::sync_slot`](super::Endpoint::sync_slot).
+    pub sendable: u64,
 }
 
 impl Session {
@@ -57,6 +60,7 @@ impl Session {
         sm_tries: 0,
         sm_at: None,
         quiet_since: None,
+        sendable: 0,
     };
 
     /// Frees the entry, keeping its generation.
@@ -65,6 +69,16 @@ impl Session {
             gen: self.gen,
             ..Session::FREE
         };
+    }
+
+    /// Whether `poll_transmit` has a packet of this session to send now: a due connect
+    /// or disconnect request, or a send of some slot while a credit is left.
+    pub fn can_send(&self) -> bool {
+        match self.state {
+            State::Connecting | State::Disconnecting => self.sm_due,
+            State::Connected => self.credits > 0 && self.sendable != 0,
+            _ => false,
+        }
     }
 }
 
@@ -101,6 +115,8 @@ pub(super) struct Slot {
     pub req_num: u64,
     pub req_type: u8,
     pub req_len: usize,
+    /// Client: the request's packets (`Limits::num_pkts(req_len)`).
+    pub req_pkts: usize,
     pub resp_len: usize,
     /// Client: response packets, once the first has come (else 0).
     pub resp_pkts: usize,
@@ -118,6 +134,7 @@ impl Slot {
         req_num: 0,
         req_type: 0,
         req_len: 0,
+        req_pkts: 0,
         resp_len: 0,
         resp_pkts: 0,
         tx: 0,
@@ -132,10 +149,10 @@ impl Slot {
 
     /// Whether a client slot has a send to make now: a request packet, or an RFR once
     /// the response's size is known.
-    pub fn can_send(&self, req_pkts: usize) -> bool {
+    pub fn can_send(&self) -> bool {
         self.state == SlotState::Sending
-            && (self.tx < req_pkts
-                || (self.resp_pkts > 0 && self.tx < req_pkts + self.resp_pkts - 1))
+            && (self.tx < self.req_pkts
+                || (self.resp_pkts > 0 && self.tx < self.req_pkts + self.resp_pkts - 1))
     }
 }
 

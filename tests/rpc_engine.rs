@@ -168,6 +168,36 @@ fn a_window_of_requests_rings_few_doorbells() {
     );
 }
 
+/// A send ring smaller than a chain and of odd size wraps around many times, and a
+/// window of odd size maps request numbers to slots (and tags) without a mask.
+#[test]
+fn odd_send_ring_and_window() {
+    let sim = Sim::with_devices(2);
+    let mut cfg = engine_cfg(8 << 10);
+    cfg.send_slots = 3;
+    cfg.core.window = 3;
+    let mut w = World::new(&sim, cfg);
+    let mut tag = 0;
+    for round in 0..20 {
+        for k in 0..3 {
+            let len = [32, 3000, 8 << 10][k];
+            w.call(ECHO, &pattern(len, tag as u8), tag);
+            tag += 1;
+        }
+        w.wait_for(3 * (round + 1));
+    }
+    w.done.sort_by_key(|d| d.0);
+    for (t, r) in &w.done {
+        let len = [32, 3000, 8 << 10][*t as usize % 3];
+        assert_eq!(
+            r.as_deref().unwrap(),
+            &pattern(len, *t as u8)[..],
+            "tag {t}"
+        );
+    }
+    assert_eq!(w.client.core().stats().retransmits, 0);
+}
+
 /// Lost datagrams are sent again by the core; every request still gets its answer, once.
 #[test]
 fn lossy_fabric_every_request_answered_once() {

@@ -270,10 +270,15 @@ impl Endpoint {
     /// Writes the next datagram to send into `out`, which must hold [`Config::mtu`]
     /// bytes (else nothing is written). Server replies go first, then the client
     /// sessions' sends, one session after another.
+    #[inline]
     pub fn poll_transmit(&mut self, now: u64, out: &mut [u8]) -> Option<Transmit> {
         if self.replies.is_empty() && self.ready_count == 0 {
             return None;
         }
+        self.next_transmit(now, out)
+    }
+
+    fn next_transmit(&mut self, now: u64, out: &mut [u8]) -> Option<Transmit> {
         let out = out.get_mut(..self.cfg.mtu)?;
         let t = self
             .next_reply(out)
@@ -291,10 +296,14 @@ impl Endpoint {
 
     /// Fires every timer due at `now`: resends, handshake give-ups, session timeouts.
     /// Costs a comparison when none is due.
+    #[inline]
     pub fn handle_timeout(&mut self, now: u64) {
-        if !self.timer_floor.is_some_and(|t| t <= now) {
-            return;
+        if self.timer_floor.is_some_and(|t| t <= now) {
+            self.fire_timers(now);
         }
+    }
+
+    fn fire_timers(&mut self, now: u64) {
         for i in 0..self.sessions.len() {
             self.session_timeout(i, now);
         }
@@ -448,9 +457,13 @@ impl Endpoint {
 
     /// The global slot index of request `req_num` in session `i`.
     pub(super) fn slot_of(&self, i: usize, req_num: u64) -> usize {
-        // The remainder is below the window, a usize.
-        let w = usize::try_from(req_num % self.window).unwrap_or(0);
-        i * self.cfg.window + w
+        // A mask for the usual power-of-two window rather than a division.
+        let w = if self.window.is_power_of_two() {
+            req_num & (self.window - 1)
+        } else {
+            req_num % self.window
+        };
+        i * self.cfg.window + w as usize // w < window <= 64
     }
 
     fn session_index(&self, id: SessionId) -> Result<usize, RpcError> {

@@ -217,6 +217,8 @@ pub struct Rpc<P: Provider> {
     /// Sends posted and sends completed (slot = seq mod `send_slots`).
     tx_next: u64,
     tx_done: u64,
+    /// `tx_next % send_slots`, kept so that a pass divides nothing.
+    tx_slot: usize,
     stride: usize,
     cfg: EngineConfig,
     clock: Clock,
@@ -297,6 +299,7 @@ impl<P: Provider> Rpc<P> {
             idle: 0,
             tx_next: 0,
             tx_done: 0,
+            tx_slot: 0,
             stride,
             clock: Clock::new(),
             stats: EngineStats::default(),
@@ -431,9 +434,10 @@ impl<P: Provider> Rpc<P> {
         self.events.as_ref().map(|ch| (ch, &self.cq))
     }
 
+    /// The core's slot of a request, where its tag is kept.
     fn tag_index(&self, h: RequestHandle) -> usize {
-        let w = self.cfg.core.window;
-        usize::from(h.session().index()) * w + (h.req_num() % w as u64) as usize
+        self.core
+            .slot_of(usize::from(h.session().index()), h.req_num())
     }
 
     /// The peer at (`gid`, `qpn`), made (with its address handle) if new.
@@ -580,17 +584,21 @@ impl<P: Provider> Rpc<P> {
 
     /// Writes what the core has to send into free send slots, one chain per doorbell.
     fn transmit(&mut self, now: u64) -> Result<(), EngineError<P::Error>> {
-        let slots = self.cfg.send_slots as u64;
+        let slots = self.cfg.send_slots;
         let stride = self.cfg.core.mtu.next_multiple_of(64);
-        loop {
+        let mut drained = false;
+        while !drained {
             let mut n = 0;
-            while n < CHAIN && self.tx_next + (n as u64) - self.tx_done < slots {
+            while n < CHAIN && self.tx_next + (n as u64) - self.tx_done < slots as u64 {
                 let seq = self.tx_next + n as u64;
-                let off = (seq % slots) as usize * stride;
+                // `tx_slot + n < 2 * slots`: at most `slots` sends are in flight.
+                let slot = self.tx_slot + n;
+                let off = if slot >= slots { slot - slots } else { slot } * stride;
                 // SAFETY: slot `seq` is free: its last send completed (`tx_done`), and no
                 // other is posted from it; `off + mtu` is within the ring.
                 let out = unsafe { self.tx.part_mut(off, self.cfg.core.mtu) };
                 let Some(t) = self.core.poll_transmit(now, out) else {
+                    drained = true;
                     break;
                 };
                 let Some(peer) = self.peers.get(t.to as usize) else {
@@ -613,7 +621,7 @@ impl<P: Provider> Rpc<P> {
                 n += 1;
             }
             if n == 0 {
-                return Ok(());
+                break;
             }
             self.send_chain[n - 1].flags = SendFlags::SIGNALED;
             // SAFETY: each request's bytes lie in `tx`, which the engine owns and does not
@@ -624,8 +632,13 @@ impl<P: Provider> Rpc<P> {
                 source: e.error,
             })?;
             self.tx_next += n as u64;
+            self.tx_slot += n;
+            if self.tx_slot >= slots {
+                self.tx_slot -= slots;
+            }
             self.stats.send_doorbells += 1;
         }
+        Ok(())
     }
 }
 

@@ -111,7 +111,11 @@ pub struct Limits {
 
 /// Packets needed for a message of `size` bytes at `per` bytes a packet (at least one).
 pub(crate) fn num_pkts(size: usize, per: usize) -> usize {
-    size.div_ceil(per.max(1)).max(1)
+    if size <= per {
+        1 // no division for the common one-packet message
+    } else {
+        size.div_ceil(per.max(1))
+    }
 }
 
 impl Limits {
@@ -256,6 +260,7 @@ impl Header {
     /// what follows, that unused fields are zero, a connect response's status, a data
     /// packet's payload against its message, and that an RFR asks for a packet after
     /// the first.
+    #[inline]
     pub fn decode(bytes: &[u8]) -> Result<Header, HeaderError> {
         let Some(b) = bytes.get(..HEADER_LEN) else {
             return Err(HeaderError::Truncated { len: bytes.len() });
@@ -327,6 +332,7 @@ impl Header {
     /// Checks a decoded header against the receiver's limits: the destination session
     /// number (but in a connect request), a data packet's message size, packet number and
     /// payload size, and that a CR or RFR names a packet the largest message has.
+    #[inline]
     pub fn validate(&self, limits: &Limits) -> Result<(), HeaderError> {
         if self.pkt_type != PktType::ConnectReq
             && usize::from(self.dest_session) >= limits.max_sessions

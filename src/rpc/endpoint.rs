@@ -191,6 +191,7 @@ impl Endpoint {
     }
 
     /// The bytes of a complete response, until it is [released](Self::release).
+    #[inline]
     pub fn response(&self, handle: RequestHandle) -> Result<&[u8], RpcError> {
         let si = self.client_slot(handle, SlotState::Done)?;
         Ok(&self.bufs.buf(si, true)[..self.slots[si].resp_len])
@@ -205,6 +206,7 @@ impl Endpoint {
     }
 
     /// The bytes of a request delivered by [`Event::Request`], until it is answered.
+    #[inline]
     pub fn request(&self, handle: ServerHandle) -> Result<&[u8], RpcError> {
         let si = self.server_slot(handle)?;
         Ok(&self.bufs.buf(si, false)[..self.slots[si].req_len])
@@ -235,6 +237,7 @@ impl Endpoint {
     }
 
     /// The next event, oldest first.
+    #[inline]
     pub fn poll_event(&mut self) -> Option<Event> {
         self.events.pop_front()
     }
@@ -456,6 +459,7 @@ impl Endpoint {
     }
 
     /// The global slot index of request `req_num` in session `i`.
+    #[inline]
     pub(super) fn slot_of(&self, i: usize, req_num: u64) -> usize {
         // A mask for the usual power-of-two window rather than a division.
         let w = if self.window.is_power_of_two() {

@@ -644,6 +644,7 @@ impl<P: Provider> Rpc<P> {
 
 /// The sender's GID from a UD receive's 40-byte header: the IPv6 source address, or for
 /// RoCE v2 over IPv4 (20 bytes then an IPv4 header) the IPv4-mapped source address.
+#[inline]
 fn source_gid(grh: &[u8]) -> Gid {
     let mut g = [0u8; 16];
     if grh[20] >> 4 == 4 {

@@ -176,17 +176,20 @@ impl Arena {
         Some(Arena { bytes, msg })
     }
 
+    #[inline]
     fn range(&self, slot: usize, resp: bool) -> core::ops::Range<usize> {
         let start = (slot * 2 + usize::from(resp)) * self.msg;
         start..start + self.msg
     }
 
     /// Slot `slot`'s request (`resp` false) or response buffer.
+    #[inline]
     pub fn buf(&self, slot: usize, resp: bool) -> &[u8] {
         &self.bytes[self.range(slot, resp)]
     }
 
     /// Slot `slot`'s request or response buffer, to write.
+    #[inline]
     pub fn buf_mut(&mut self, slot: usize, resp: bool) -> &mut [u8] {
         let r = self.range(slot, resp);
         &mut self.bytes[r]

@@ -238,7 +238,7 @@ impl Endpoint {
         while bits != 0 {
             let sj = base + bits.trailing_zeros() as usize;
             bits &= bits - 1;
-            if si.is_none_or(|si| self.slots[sj].req_num < self.slots[si].req_num) {
+            if si.map_or(true, |si| self.slots[sj].req_num < self.slots[si].req_num) {
                 si = Some(sj);
             }
         }

@@ -224,8 +224,29 @@ impl Endpoint {
             });
         }
         self.bufs.buf_mut(si, true)[..msg.len()].copy_from_slice(msg);
+        self.answered(handle, si, msg.len());
+        Ok(())
+    }
+
+    /// [`respond`](Self::respond) without the copy: `write` gets the request and the
+    /// response buffer ([`Config::max_msg_size`] bytes), writes the response at its start
+    /// and returns its length (capped at the buffer's).
+    pub fn respond_with(
+        &mut self,
+        handle: ServerHandle,
+        write: impl FnOnce(&[u8], &mut [u8]) -> usize,
+    ) -> Result<(), RpcError> {
+        let si = self.server_slot(handle)?;
+        let (req, out) = self.bufs.req_and_resp(si);
+        let len = write(&req[..self.slots[si].req_len], out).min(out.len());
+        self.answered(handle, si, len);
+        Ok(())
+    }
+
+    /// Server slot `si` holds its response of `len` bytes: it goes out next.
+    fn answered(&mut self, handle: ServerHandle, si: usize, len: usize) {
         let slot = &mut self.slots[si];
-        slot.resp_len = msg.len();
+        slot.resp_len = len;
         slot.state = SlotState::Responded;
         self.push_reply(Reply::Resp {
             session: handle.session,
@@ -233,7 +254,6 @@ impl Endpoint {
             req_num: handle.req_num,
             pkt: 0,
         });
-        Ok(())
     }
 
     /// The next event, oldest first.

@@ -194,7 +194,6 @@ pub struct Rpc<P: Provider> {
     handlers: Vec<Option<Handler>>,
     /// The tag of each client slot (`session × window + slot`).
     tags: Vec<u64>,
-    scratch: Vec<u8>,
     peers: Vec<Peer<P>>,
     qp: QueuePair<P, ReadyToSend, Ud>,
     cq: CompletionQueue<P>,
@@ -284,7 +283,6 @@ impl<P: Provider> Rpc<P> {
         let mut rpc = Rpc {
             handlers: (0..256).map(|_| None).collect(),
             tags: vec![0; sessions * cfg.core.window],
-            scratch: vec![0; cfg.core.max_msg_size],
             peers: Vec::with_capacity(sessions),
             qp,
             cq,
@@ -554,15 +552,14 @@ impl<P: Provider> Rpc<P> {
         while let Some(ev) = self.core.poll_event() {
             match ev {
                 Event::Request { handle, req_type } => {
-                    let req = self.core.request(handle)?;
-                    let n = match &mut self.handlers[usize::from(req_type)] {
-                        Some(h) => h(req, &mut self.scratch).min(self.scratch.len()),
+                    // The handler writes the response straight into the core's buffer.
+                    match &mut self.handlers[usize::from(req_type)] {
+                        Some(h) => self.core.respond_with(handle, |req, out| h(req, out))?,
                         None => {
                             self.stats.no_handler += 1;
-                            0
+                            self.core.respond_with(handle, |_, _| 0)?;
                         }
-                    };
-                    self.core.respond(handle, &self.scratch[..n])?;
+                    }
                 }
                 Event::Response { handle, .. } => {
                     let tag = self.tags[self.tag_index(handle)];

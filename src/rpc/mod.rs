@@ -58,7 +58,8 @@
 //! const generics: a session count or message size is a deployment choice, and a
 //! 64 KiB-per-slot array in a type would be unwieldy. Requests are copied into the arena
 //! on [`enqueue_request`](Endpoint::enqueue_request), responses on
-//! [`respond`](Endpoint::respond); the caller reads received messages in place
+//! [`respond`](Endpoint::respond) (or written in place with
+//! [`respond_with`](Endpoint::respond_with)); the caller reads received messages in place
 //! ([`response`](Endpoint::response), [`request`](Endpoint::request)). The arena is one
 //! contiguous allocation, addressed only through slot-buffer accessors, so that an engine
 //! can later register it and post packets straight from it.

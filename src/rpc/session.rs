@@ -188,6 +188,14 @@ impl Arena {
         &self.bytes[self.range(slot, resp)]
     }
 
+    /// Slot `slot`'s request buffer, to read, and its response buffer, to write.
+    #[inline]
+    pub fn req_and_resp(&mut self, slot: usize) -> (&[u8], &mut [u8]) {
+        let start = self.range(slot, false).start;
+        let (req, resp) = self.bytes[start..start + 2 * self.msg].split_at_mut(self.msg);
+        (req, resp)
+    }
+
     /// Slot `slot`'s request or response buffer, to write.
     #[inline]
     pub fn buf_mut(&mut self, slot: usize, resp: bool) -> &mut [u8] {

@@ -75,6 +75,62 @@ fn calls_on_wrong_sessions_and_handles() {
     let _ = t;
 }
 
+/// `respond_with` hands the handler the request and the whole response buffer, caps
+/// the length it returns, and answers once.
+#[test]
+fn respond_with_writes_in_place() {
+    let (mut c, mut sv) = (
+        Endpoint::new(small()).unwrap(),
+        Endpoint::new(small()).unwrap(),
+    );
+    let s = c.connect(2).unwrap();
+    let mut buf = [0; 64];
+    let mut pump = |c: &mut Endpoint, sv: &mut Endpoint| {
+        while let Some(t) = c.poll_transmit(0, &mut buf) {
+            sv.handle_packet(0, 1, &buf[..t.len]);
+        }
+        while let Some(t) = sv.poll_transmit(0, &mut buf) {
+            c.handle_packet(0, 2, &buf[..t.len]);
+        }
+    };
+    pump(&mut c, &mut sv);
+    assert_eq!(c.poll_event(), Some(Event::Connected(s)));
+    assert!(matches!(
+        sv.poll_event(),
+        Some(Event::Accepted { from: 1, .. })
+    ));
+    let mut handles = Vec::new();
+    for msg in [&b"abc"[..], b"xy"] {
+        let h = c.enqueue_request(s, 4, msg).unwrap();
+        pump(&mut c, &mut sv);
+        let Some(Event::Request { handle, .. }) = sv.poll_event() else {
+            panic!("no request");
+        };
+        let big = msg.len() == 2; // claims more than the buffer holds
+        sv.respond_with(handle, |req, out| {
+            assert_eq!((req, out.len()), (msg, 200));
+            for (o, b) in out.iter_mut().zip(req.iter().rev()) {
+                *o = *b;
+            }
+            if big {
+                usize::MAX
+            } else {
+                req.len()
+            }
+        })
+        .unwrap();
+        assert_eq!(sv.respond(handle, b"again"), Err(RpcError::StaleHandle));
+        for _ in 0..10 {
+            pump(&mut c, &mut sv); // 200 bytes: five packets pulled by RFRs
+        }
+        assert!(matches!(c.poll_event(), Some(Event::Response { .. })));
+        handles.push(h);
+    }
+    assert_eq!(c.response(handles[0]).unwrap(), b"cba");
+    let long = c.response(handles[1]).unwrap();
+    assert_eq!((long.len(), &long[..2]), (200, &b"yx"[..]));
+}
+
 #[test]
 fn poll_transmit_needs_an_mtu_of_room() {
     let mut e = Endpoint::new(small()).unwrap();

@@ -59,7 +59,8 @@ fn run() -> Result<(), String> {
     let args = Args::parse(&["--calls", "--secs"])?;
     let calls = args.number("--calls", 20_000)?;
     let secs = args.number("--secs", 1)?;
-    match args.backend()? {
+    let backend: Backend = args.backend()?;
+    match backend {
         #[cfg(feature = "sim")]
         Backend::Sim => {
             use zverbs::provider::sim::Sim;
@@ -83,7 +84,10 @@ fn run() -> Result<(), String> {
             measured::run(&ca, &cb, cfg, calls, secs, &what)
         }
         #[allow(unreachable_patterns)]
-        other => Err(other.not_compiled_in("rpc_echo")),
+        other => {
+            let _ = (calls, secs);
+            Err(other.not_compiled_in("rpc_echo"))
+        }
     }
 }
 

@@ -1,6 +1,6 @@
 //! `AsyncRpc` on the simulator: calls awaited on current-thread and multi-thread runtimes,
 //! many at once, cancelled ones, and a server that vanishes.
-#![cfg(feature = "tokio")]
+#![cfg(all(feature = "sim", feature = "tokio"))]
 
 use std::time::Duration;
 

@@ -1,6 +1,7 @@
 //! The RPC engine ([`Rpc`]) over UD queue pairs on the simulator: echo of small and large
 //! messages, batching (doorbells and signaled sends against packets), loss, a server that
 //! vanishes, strangers, and no allocation per RPC after set-up.
+#![cfg(feature = "sim")]
 
 use std::time::{Duration, Instant};
 

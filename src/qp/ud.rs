@@ -92,6 +92,46 @@ impl<P: Provider> QueuePair<P, ReadyToReceive, Ud> {
 }
 
 /// An address handle (`ibv_ah`): where the datagrams that name its [key](Self::key) go.
+///
+/// ```
+/// # #[cfg(feature = "sim")] {
+/// use zverbs::provider::sim::Sim;
+/// use zverbs::qp::{AddressHandle, QpConfig, QueuePair, UdOptions};
+/// use zverbs::{AhAttr, CompletionQueue, Context, RecvWr, SendFlags, SendOp, SendWr, UdDest};
+/// use zverbs::WorkCompletion;
+/// let sim = Sim::with_devices(2);
+/// let opts = UdOptions { qkey: 0x11, pkey_index: 0 };
+/// let side = |dev| {
+///     let ctx = Context::open(&sim, dev).unwrap();
+///     let pd = ctx.alloc_pd().unwrap();
+///     let cq = CompletionQueue::create(&ctx, 8).unwrap();
+///     let qp = QueuePair::create_ud(&ctx, &pd, &cq, &cq, &QpConfig::default()).unwrap();
+///     let qp = qp.into_init(&opts).unwrap().into_rtr().unwrap().into_rts().unwrap();
+///     (pd, cq, qp)
+/// };
+/// let ((pa, _ca, qa), (pb, cb, qb)) = (side("sim0"), side("sim1"));
+/// let to = qb.endpoint();
+/// let ah = AddressHandle::create(&pa, &AhAttr { port: 1, dgid: to.gid, sgid_index: 0,
+///     dlid: to.lid, sl: 0, traffic_class: 0, flow_label: 0, hop_limit: 64 }).unwrap();
+/// let (mut msg, mut inbox) = (*b"datagram", [0u8; 40 + 8]);
+/// let msg = pa.register(&mut msg).unwrap();
+/// let mut inbox = pb.register(&mut inbox).unwrap();
+/// let mut recv = RecvWr::<1>::new(1);
+/// (recv.sg_list[0], recv.num_sge) = (inbox.slice_mut(..).unwrap().sge(), 1);
+/// let dest = UdDest { ah: ah.key(), remote_qpn: to.qp_num, remote_qkey: 0x11 };
+/// let mut send = SendWr::<1>::new(2, SendOp::Datagram { dest, imm: None }, SendFlags::SIGNALED);
+/// (send.sg_list[0], send.num_sge) = (msg.slice(..).unwrap().sge(), 1);
+/// // SAFETY: both regions outlive the requests and are read only after their completions.
+/// unsafe {
+///     qb.post_recv(&[recv]).unwrap();
+///     qa.post_send(&[send]).unwrap();
+/// }
+/// let mut wc = [WorkCompletion::EMPTY; 1];
+/// assert_eq!(cb.poll(&mut wc).unwrap(), 1);
+/// assert_eq!((wc[0].byte_len, wc[0].src_qp, wc[0].grh), (48, qa.qp_num(), true));
+/// assert_eq!(&inbox.as_slice()[40..], b"datagram"); // after 40 bytes of header
+/// # }
+/// ```
 pub struct AddressHandle<P: Provider> {
     raw: P::Ah,
 }

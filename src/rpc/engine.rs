@@ -188,7 +188,44 @@ struct Peer<P: Provider> {
     ah: AddressHandle<P>,
 }
 
-/// One thread's RPC endpoint over a UD queue pair. See the module docs.
+/// One thread's RPC endpoint over a UD queue pair: it owns the queue pair, its completion
+/// queue, registered rings of receive and send slots, and its peers' address handles; each
+/// [`run_event_loop_once`](Self::run_event_loop_once) polls, reposts, fires timers, serves
+/// requests, reports the rest and sends what is due with one doorbell.
+///
+/// ```
+/// # #[cfg(feature = "sim")] {
+/// use zverbs::provider::sim::Sim;
+/// use zverbs::rpc::{EngineConfig, Event, Notice, Rpc};
+/// use zverbs::Context;
+/// let sim = Sim::with_devices(2);
+/// let (ca, cb) = (Context::open(&sim, "sim0").unwrap(), Context::open(&sim, "sim1").unwrap());
+/// let mut server = Rpc::new(&cb, cb.alloc_pd().unwrap(), EngineConfig::default()).unwrap();
+/// server.register_handler(1, |req, resp| {
+///     resp[..req.len()].copy_from_slice(req);
+///     req.len()
+/// });
+/// let mut client = Rpc::new(&ca, ca.alloc_pd().unwrap(), EngineConfig::default()).unwrap();
+/// let session = client.create_session(&server.addr()).unwrap();
+/// let (mut sent, mut answer) = (false, None);
+/// while answer.is_none() {
+///     server.run_event_loop_once(&mut |_| {}).unwrap();
+///     let mut connected = false;
+///     client
+///         .run_event_loop_once(&mut |n| match n {
+///             Notice::Session(Event::Connected(_)) => connected = true,
+///             Notice::Response { tag, bytes } => answer = Some((tag, bytes.to_vec())),
+///             _ => {}
+///         })
+///         .unwrap();
+///     if connected && !sent {
+///         client.enqueue_request(session, 1, b"ping", 7).unwrap(); // 7: our tag
+///         sent = true;
+///     }
+/// }
+/// assert_eq!(answer, Some((7, b"ping".to_vec())));
+/// # }
+/// ```
 pub struct Rpc<P: Provider> {
     core: Endpoint,
     handlers: Vec<Option<Handler>>,

@@ -27,6 +27,31 @@ use crate::qp::Endpoint;
 use crate::rpc::{EngineError, Event, Notice, Rpc, RpcError, SessionId};
 
 /// An [`Rpc`] for tasks: a cloneable handle; the driver task ends with the last one.
+///
+/// ```
+/// # #[cfg(feature = "sim")] {
+/// use zverbs::provider::sim::Sim;
+/// use zverbs::rpc::{EngineConfig, Rpc};
+/// use zverbs::tokio::AsyncRpc;
+/// use zverbs::Context;
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// let sim = Sim::with_devices(2);
+/// let cfg = EngineConfig { events: true, ..EngineConfig::default() };
+/// let (ca, cb) = (Context::open(&sim, "sim0").unwrap(), Context::open(&sim, "sim1").unwrap());
+/// let mut engine = Rpc::new(&cb, cb.alloc_pd().unwrap(), cfg.clone()).unwrap();
+/// engine.register_handler(1, |req, resp| {
+///     resp[..req.len()].copy_from_slice(req);
+///     req.len()
+/// });
+/// let server = AsyncRpc::new(engine).unwrap();
+/// let client = AsyncRpc::new(Rpc::new(&ca, ca.alloc_pd().unwrap(), cfg).unwrap()).unwrap();
+/// let session = client.connect(&server.addr()).await.unwrap();
+/// let (result, resp) = client.call(session, 1, b"ping", Vec::new()).await;
+/// result.unwrap();
+/// assert_eq!(resp, b"ping");
+/// # });
+/// # }
+/// ```
 pub struct AsyncRpc<P: Provider> {
     shared: Arc<Shared<P>>,
 }

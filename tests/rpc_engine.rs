@@ -471,3 +471,57 @@ mod faults {
         }
     }
 }
+
+/// Clients that come and go do not fill the server's peer table: five in turn, each
+/// connecting, calling and leaving, on a server with room for two peers.
+#[test]
+fn peers_that_leave_are_released() {
+    let sim = Sim::with_devices(6);
+    let mut server = rpc(&sim, "sim0", engine_cfg(4 << 10));
+    server.register_handler(ECHO, |req, out| {
+        out[..req.len()].copy_from_slice(req);
+        req.len()
+    });
+    for k in 1..=5u8 {
+        let mut client = rpc(&sim, &format!("sim{k}"), engine_cfg(4 << 10));
+        let s = client.create_session(&server.addr()).unwrap();
+        let mut phase = 0; // 0 connecting, 1 calling, 2 closing, 3 closed
+        let end = Instant::now() + Duration::from_secs(5);
+        while phase < 3 && Instant::now() < end {
+            server.run_event_loop_once(&mut |_| {}).unwrap();
+            let mut seen = None;
+            client
+                .run_event_loop_once(&mut |n| match n {
+                    Notice::Session(Event::Connected(_)) => seen = Some(1),
+                    Notice::Response { bytes, .. } => {
+                        assert_eq!(bytes, [k; 8]);
+                        seen = Some(2);
+                    }
+                    Notice::Session(Event::Disconnected(_)) => seen = Some(3),
+                    _ => {}
+                })
+                .unwrap();
+            match seen {
+                Some(1) => client
+                    .enqueue_request(s, ECHO, &[k; 8], 0)
+                    .map(drop)
+                    .unwrap(),
+                Some(2) => client.disconnect(s).unwrap(),
+                _ => {}
+            }
+            phase = seen.unwrap_or(phase).max(phase);
+        }
+        assert_eq!(phase, 3, "client {k} went through");
+        // The last datagrams leave; then nothing names either peer.
+        for _ in 0..64 {
+            server.run_event_loop_once(&mut |_| {}).unwrap();
+            client.run_event_loop_once(&mut |_| {}).unwrap();
+        }
+        assert_eq!(client.peer_count(), 0, "client {k}");
+        assert!(
+            server.peer_count() <= 1,
+            "server after client {k}: {}",
+            server.peer_count()
+        );
+    }
+}

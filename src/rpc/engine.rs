@@ -30,11 +30,15 @@
 //! A sender the engine does not know is accepted only with a connect request (a peer's
 //! address handle is made then, up to [`max_sessions`](Config::max_sessions) peers);
 //! anything else from a stranger is counted ([`EngineStats::unknown_sender`]) and dropped.
+//! A peer's handle is released once no session names it and its last datagram has left
+//! (a refused connect's peer right after the refusal), so peers that come and go do not
+//! fill the table.
 
 use std::time::{Duration, Instant};
 
 use super::clock::Clock;
 use super::header::{Header, PktType};
+use super::peers::Peers;
 use super::{Config, Endpoint, Event, RequestHandle, RpcError, SessionId};
 use crate::cq::CompletionQueue;
 use crate::device::{Context, ProtectionDomain};
@@ -182,12 +186,6 @@ pub struct EngineStats {
 /// given (the core's largest message), returns the response's length.
 pub type Handler = Box<dyn FnMut(&[u8], &mut [u8]) -> usize + Send>;
 
-struct Peer<P: Provider> {
-    gid: Gid,
-    qpn: u32,
-    ah: AddressHandle<P>,
-}
-
 /// One thread's RPC endpoint over a UD queue pair: it owns the queue pair, its completion
 /// queue, registered rings of receive and send slots, and its peers' address handles; each
 /// [`run_event_loop_once`](Self::run_event_loop_once) polls, reposts, fires timers, serves
@@ -231,7 +229,7 @@ pub struct Rpc<P: Provider> {
     handlers: Vec<Option<Handler>>,
     /// The tag of each client slot (`session × window + slot`).
     tags: Vec<u64>,
-    peers: Vec<Peer<P>>,
+    peers: Peers<P>,
     qp: QueuePair<P, ReadyToSend, Ud>,
     cq: CompletionQueue<P>,
     /// After the queue: its events' channel, when asked for.
@@ -320,7 +318,7 @@ impl<P: Provider> Rpc<P> {
         let mut rpc = Rpc {
             handlers: (0..256).map(|_| None).collect(),
             tags: vec![0; sessions * cfg.core.window],
-            peers: Vec::with_capacity(sessions),
+            peers: Peers::new(sessions, sessions),
             qp,
             cq,
             events,
@@ -379,7 +377,9 @@ impl<P: Provider> Rpc<P> {
     ) -> Result<SessionId, EngineError<P::Error>> {
         let peer = self.peer(remote.gid, remote.qp_num, remote.lid)?;
         self.dirty = true;
-        Ok(self.core.connect(peer as u64)?)
+        let session = self.core.connect(peer)?;
+        self.peers.attach(usize::from(session.index()), peer);
+        Ok(session)
     }
 
     /// Closes `session` (its peer is told; [`Notice::Session`] reports the end).
@@ -475,12 +475,12 @@ impl<P: Provider> Rpc<P> {
             .slot_of(usize::from(h.session().index()), h.req_num())
     }
 
-    /// The peer at (`gid`, `qpn`), made (with its address handle) if new.
-    fn peer(&mut self, gid: Gid, qpn: u32, lid: u16) -> Result<usize, EngineError<P::Error>> {
-        if let Some(i) = self.peers.iter().position(|p| p.gid == gid && p.qpn == qpn) {
-            return Ok(i);
+    /// The peer at (`gid`, `qpn`), made (with its address handle) if new; its id.
+    fn peer(&mut self, gid: Gid, qpn: u32, lid: u16) -> Result<u64, EngineError<P::Error>> {
+        if let Some(id) = self.peers.find(gid, qpn) {
+            return Ok(id);
         }
-        if self.peers.len() == self.cfg.core.max_sessions {
+        if self.peers.is_full() {
             return Err(EngineError::TooManyPeers);
         }
         let qc = self.qp.config();
@@ -495,8 +495,14 @@ impl<P: Provider> Rpc<P> {
             hop_limit: 64,
         };
         let ah = AddressHandle::create(&self.pd, &attr)?;
-        self.peers.push(Peer { gid, qpn, ah });
-        Ok(self.peers.len() - 1)
+        self.peers
+            .insert(gid, qpn, ah)
+            .ok_or(EngineError::TooManyPeers)
+    }
+
+    /// How many peers the engine holds address handles for.
+    pub fn peer_count(&self) -> usize {
+        self.peers.len()
     }
 
     /// Posts the consumed receive slots again, in chains of [`REPOST`].
@@ -551,10 +557,7 @@ impl<P: Provider> Rpc<P> {
             let bytes = unsafe { self.rx.part(slot, len) };
             let (grh, msg) = bytes.split_at(GRH);
             let gid = source_gid(grh);
-            let known = self
-                .peers
-                .iter()
-                .position(|p| p.gid == gid && p.qpn == wc.src_qp);
+            let known = self.peers.find(gid, wc.src_qp);
             let from = match known {
                 Some(i) => i,
                 None => {
@@ -576,7 +579,7 @@ impl<P: Provider> Rpc<P> {
             };
             // SAFETY: as above.
             let bytes = unsafe { self.rx.part(slot + GRH, len - GRH) };
-            self.core.handle_packet(now, from as u64, bytes);
+            self.core.handle_packet(now, from, bytes);
         }
         Ok(())
     }
@@ -610,7 +613,18 @@ impl<P: Provider> Rpc<P> {
                     let tag = self.tags[self.tag_index(handle)];
                     notice(Notice::Failed { tag, error });
                 }
-                other => notice(Notice::Session(other)),
+                other => {
+                    match other {
+                        Event::Accepted { session, from } => {
+                            self.peers.attach(usize::from(session.index()), from);
+                        }
+                        Event::ConnectFailed { session, .. } | Event::Disconnected(session) => {
+                            self.peers.detach(usize::from(session.index()));
+                        }
+                        _ => {}
+                    }
+                    notice(Notice::Session(other));
+                }
             }
         }
         Ok(())
@@ -635,14 +649,15 @@ impl<P: Provider> Rpc<P> {
                     drained = true;
                     break;
                 };
-                let Some(peer) = self.peers.get(t.to as usize) else {
-                    continue; // the core names only peers the engine gave it
+                let Some(peer) = self.peers.get(t.to) else {
+                    continue; // a peer gone since (its slot's generation moved on)
                 };
                 let dest = UdDest {
                     ah: peer.ah.key(),
                     remote_qpn: peer.qpn,
                     remote_qkey: self.cfg.qkey,
                 };
+                self.peers.used(t.to, seq);
                 let wr = &mut self.send_chain[n];
                 wr.wr_id = seq | SEND_BIT;
                 (wr.op, wr.flags) = (SendOp::Datagram { dest, imm: None }, SendFlags::empty());
@@ -659,8 +674,8 @@ impl<P: Provider> Rpc<P> {
             }
             self.send_chain[n - 1].flags = SendFlags::SIGNALED;
             // SAFETY: each request's bytes lie in `tx`, which the engine owns and does not
-            // write again until the chain's signaled completion (`tx_done`); the address
-            // handles live in `peers`, which only grows, as long as the engine.
+            // write again until the chain's signaled completion (`tx_done`); a peer's
+            // address handle lives until every send through it completed (`Peers`).
             unsafe { self.qp.post_send(&self.send_chain[..n]) }.map_err(|e| Error::Provider {
                 op: "ibv_post_send",
                 source: e.error,
@@ -672,6 +687,7 @@ impl<P: Provider> Rpc<P> {
             }
             self.stats.send_doorbells += 1;
         }
+        self.peers.release(self.tx_done);
         Ok(())
     }
 }

@@ -113,6 +113,8 @@ mod endpoint;
 #[cfg(feature = "std")]
 mod engine;
 pub mod header;
+#[cfg(feature = "std")]
+mod peers;
 mod server;
 mod session;
 

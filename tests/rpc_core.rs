@@ -28,6 +28,7 @@ use pair::{answer, Faults, Pair, Rng, CLIENT, MS, SERVER};
 
 fn cfg() -> Config {
     Config {
+        idle_timeout_ns: u64::MAX, // as `Pair` sets it (see there)
         max_sessions: 4,
         max_msg_size: 16 * 1024,
         session_timeout_ns: 50 * MS,

@@ -301,57 +301,16 @@ fn no_allocation_per_rpc() {
 /// opened) are counted and dropped; the server keeps serving its client.
 #[test]
 fn strangers_are_counted_and_dropped() {
-    use zverbs::qp::{AddressHandle, QpConfig, QueuePair, UdOptions};
-    use zverbs::{AhAttr, CompletionQueue, SendFlags, SendOp, SendWr, Sge, UdDest};
     let sim = Sim::with_devices(3);
     let mut w = World::new(&sim, engine_cfg(4 << 10));
-    let ctx = Context::open(&sim, "sim2").unwrap();
-    let pd = ctx.alloc_pd().unwrap();
-    let cq = CompletionQueue::create(&ctx, 16).unwrap();
-    let qp = QueuePair::create_ud(&ctx, &pd, &cq, &cq, &QpConfig::default()).unwrap();
-    let opts = UdOptions {
-        qkey: EngineConfig::default().qkey,
-        pkey_index: 0,
-    };
-    let qp = qp
-        .into_init(&opts)
-        .unwrap()
-        .into_rtr()
-        .unwrap()
-        .into_rts()
-        .unwrap();
-    let to = w.server.addr();
-    let attr = AhAttr {
-        port: 1,
-        dgid: to.gid,
-        sgid_index: 0,
-        dlid: to.lid,
-        sl: 0,
-        traffic_class: 0,
-        flow_label: 0,
-        hop_limit: 64,
-    };
-    let ah = AddressHandle::create(&pd, &attr).unwrap();
-    let mut garbage = [0xA5u8; 64];
-    let packet = valid_request_packet();
-    garbage[..packet.len()].copy_from_slice(&packet);
-    let mr = pd.register(&mut garbage).unwrap();
-    let dest = UdDest {
-        ah: ah.key(),
-        remote_qpn: to.qp_num,
-        remote_qkey: opts.qkey,
-    };
-    let mut wr = SendWr::<1>::new(1, SendOp::Datagram { dest, imm: None }, SendFlags::SIGNALED);
-    wr.sg_list[0] = Sge {
-        length: 64,
-        ..mr.slice(..).unwrap().sge()
-    };
-    wr.num_sge = 1;
-    let mut junk = wr;
-    junk.sg_list[0].length = 7; // shorter than any header
-                                // SAFETY: `garbage` is registered and not touched until the completions below.
-    unsafe { qp.post_send(&[wr, junk]) }.unwrap();
     let before = w.server.stats().unknown_sender;
+    // A well-formed request for a session it never opened, and 7 bytes of junk.
+    stranger(
+        &sim,
+        "sim2",
+        &w.server.addr(),
+        &[valid_request_packet(), vec![0xA5; 7]],
+    );
     w.call(ECHO, b"still here", 1);
     w.wait_for(1);
     assert_eq!(w.done[0].1.as_deref().unwrap(), b"still here");
@@ -524,4 +483,108 @@ fn peers_that_leave_are_released() {
             server.peer_count()
         );
     }
+}
+
+/// Sends `packets` to `to` from a UD queue pair of its own on `dev`, as a stranger would.
+fn stranger(sim: &Sim, dev: &str, to: &zverbs::Endpoint, packets: &[Vec<u8>]) {
+    use zverbs::qp::{AddressHandle, QpConfig, QueuePair, UdOptions};
+    use zverbs::{AhAttr, CompletionQueue, SendFlags, SendOp, SendWr, UdDest, WorkCompletion};
+    let ctx = Context::open(sim, dev).unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = CompletionQueue::create(&ctx, 16).unwrap();
+    let qkey = EngineConfig::default().qkey;
+    let qp = QueuePair::create_ud(&ctx, &pd, &cq, &cq, &QpConfig::default()).unwrap();
+    let opts = UdOptions {
+        qkey,
+        pkey_index: 0,
+    };
+    let qp = qp
+        .into_init(&opts)
+        .unwrap()
+        .into_rtr()
+        .unwrap()
+        .into_rts()
+        .unwrap();
+    let attr = AhAttr {
+        port: 1,
+        dgid: to.gid,
+        sgid_index: 0,
+        dlid: to.lid,
+        sl: 0,
+        traffic_class: 0,
+        flow_label: 0,
+        hop_limit: 64,
+    };
+    let ah = AddressHandle::create(&pd, &attr).unwrap();
+    for p in packets {
+        let mut bytes = p.clone();
+        let mr = pd.register(&mut bytes).unwrap();
+        let dest = UdDest {
+            ah: ah.key(),
+            remote_qpn: to.qp_num,
+            remote_qkey: qkey,
+        };
+        let mut wr = SendWr::<1>::new(1, SendOp::Datagram { dest, imm: None }, SendFlags::SIGNALED);
+        (wr.sg_list[0], wr.num_sge) = (mr.slice(..).unwrap().sge(), 1);
+        // SAFETY: `bytes` is registered and untouched until the completion below.
+        unsafe { qp.post_send(&[wr]) }.unwrap();
+        let mut wc = [WorkCompletion::EMPTY; 1];
+        while cq.poll(&mut wc).unwrap() == 0 {}
+    }
+}
+
+/// A stranger that connects and then says nothing holds the server's only session for the
+/// idle timeout, no longer: then its session and its address handle go, and a real client
+/// gets the session.
+#[test]
+fn a_silent_stranger_is_let_go() {
+    let sim = Sim::with_devices(3);
+    let mut cfg = engine_cfg(4 << 10);
+    cfg.core.max_sessions = 1;
+    cfg.core.idle_timeout_ns = 20 * MS;
+    let mut server = rpc(&sim, "sim0", cfg.clone());
+    let connect = {
+        let mut ep = zverbs::rpc::Endpoint::new(cfg.core.clone()).unwrap();
+        ep.connect(1).unwrap();
+        let mut buf = [0u8; 1024];
+        let t = ep.poll_transmit(0, &mut buf).unwrap();
+        buf[..t.len].to_vec()
+    };
+    stranger(&sim, "sim2", &server.addr(), &[connect]);
+    let mut accepted = false;
+    let mut closed = false;
+    let t0 = Instant::now();
+    while !closed && t0.elapsed() < Duration::from_secs(2) {
+        server
+            .run_event_loop_once(&mut |n| match n {
+                Notice::Session(Event::Accepted { .. }) => accepted = true,
+                Notice::Session(Event::Disconnected(_)) => closed = true,
+                _ => {}
+            })
+            .unwrap();
+    }
+    assert!(accepted && closed, "accepted {accepted}, closed {closed}");
+    assert!(
+        t0.elapsed() >= Duration::from_millis(20),
+        "not before the idle timeout"
+    );
+    for _ in 0..64 {
+        server.run_event_loop_once(&mut |_| {}).unwrap();
+    }
+    assert_eq!(
+        server.peer_count(),
+        0,
+        "the stranger's address handle is gone"
+    );
+    let mut client = rpc(&sim, "sim1", cfg);
+    client.create_session(&server.addr()).unwrap();
+    let mut up = false;
+    let t0 = Instant::now();
+    while !up && t0.elapsed() < Duration::from_secs(2) {
+        server.run_event_loop_once(&mut |_| {}).unwrap();
+        client
+            .run_event_loop_once(&mut |n| up |= matches!(n, Notice::Session(Event::Connected(_))))
+            .unwrap();
+    }
+    assert!(up, "the freed session serves a real client");
 }

@@ -296,12 +296,29 @@ impl Endpoint {
                     .map(|q| q.saturating_add(self.cfg.session_timeout_ns));
                 rto.into_iter().chain(dead).min()
             }
+            State::Serving => {
+                let busy = self
+                    .session_slots(i)
+                    .any(|s| s.state == SlotState::Handling);
+                let idle = self.cfg.idle_timeout_ns;
+                s.quiet_since
+                    .filter(|_| !busy && idle != u64::MAX)
+                    .map(|q| q.saturating_add(idle))
+            }
             _ => None,
         }
     }
 
     /// Fires session `i`'s timers due at `now`.
     pub(super) fn session_timeout(&mut self, i: usize, now: u64) {
+        if self.sessions[i].state == State::Serving {
+            // Its client has been silent for the idle timeout, no handler running.
+            let idle = self.session_deadline(i).is_some_and(|d| d <= now);
+            if idle {
+                self.close_session(i);
+            }
+            return;
+        }
         let s = &mut self.sessions[i];
         match s.state {
             State::Connecting | State::Disconnecting if s.sm_at.is_some_and(|t| t <= now) => {

@@ -248,6 +248,11 @@ impl Endpoint {
         let slot = &mut self.slots[si];
         slot.resp_len = len;
         slot.state = SlotState::Responded;
+        // With no handler running, the session's idle timeout may run again.
+        let i = usize::from(handle.session.index);
+        if let Some(d) = self.session_deadline(i) {
+            self.arm(d);
+        }
         self.push_reply(Reply::Resp {
             session: handle.session,
             slot: si,
@@ -278,10 +283,10 @@ impl Endpoint {
         };
         let payload = bytes.get(HEADER_LEN..).unwrap_or_default();
         match h.pkt_type {
-            PktType::ConnectReq => self.on_connect_req(from, &h),
+            PktType::ConnectReq => self.on_connect_req(now, from, &h),
             PktType::DisconnectReq => self.on_disconnect_req(from, &h),
-            PktType::Req => self.on_req(from, &h, payload),
-            PktType::Rfr => self.on_rfr(from, &h),
+            PktType::Req => self.on_req(now, from, &h, payload),
+            PktType::Rfr => self.on_rfr(now, from, &h),
             PktType::ConnectResp => self.on_connect_resp(from, &h),
             PktType::DisconnectResp => self.on_disconnect_resp(from, &h),
             PktType::Resp => self.on_resp(now, from, &h, payload),

@@ -152,6 +152,12 @@ pub struct Config {
     pub session_timeout_ns: u64,
     /// Sends of a connect or disconnect request before it gives up. Default 10.
     pub handshake_tries: u32,
+    /// A serving session whose client has sent nothing for this long, with none of its
+    /// requests in a handler, is closed ([`Event::Disconnected`]): a client that vanished,
+    /// or a stranger that connected and said nothing, does not hold a session forever.
+    /// The client's next request on it then goes unanswered and fails with
+    /// [`RpcError::TimedOut`]; it reconnects. Nanoseconds; default 60 s; `u64::MAX`: never.
+    pub idle_timeout_ns: u64,
 }
 
 impl Default for Config {
@@ -166,6 +172,7 @@ impl Default for Config {
             rto_ns: 5_000_000,
             session_timeout_ns: 1_000_000_000,
             handshake_tries: 10,
+            idle_timeout_ns: 60_000_000_000,
         }
     }
 }

@@ -39,10 +39,13 @@ pub(super) enum Reply {
 
 impl Endpoint {
     /// The index of the serving session a Req or RFR names, if it is `from`'s.
-    fn serving(&mut self, from: u64, h: &Header) -> Option<usize> {
+    /// Its client is heard at `now`: the idle timeout starts again.
+    fn serving(&mut self, now: u64, from: u64, h: &Header) -> Option<usize> {
         let i = usize::from(h.dest_session);
-        match self.sessions.get(i) {
+        match self.sessions.get_mut(i) {
             Some(s) if s.state == State::Serving && s.peer == from && s.remote == h.src_session => {
+                // Later than before: the timer floor stays below the deadline.
+                s.quiet_since = Some(now);
                 Some(i)
             }
             _ => {
@@ -52,7 +55,7 @@ impl Endpoint {
         }
     }
 
-    pub(super) fn on_connect_req(&mut self, from: u64, h: &Header) {
+    pub(super) fn on_connect_req(&mut self, now: u64, from: u64, h: &Header) {
         let answer = |src, status| Reply::Session {
             to: from,
             pkt_type: PktType::ConnectResp,
@@ -84,6 +87,8 @@ impl Endpoint {
             s.token = h.req_num;
             self.push_event(Event::Accepted { session: id, from });
         }
+        self.sessions[i].quiet_since = Some(now);
+        self.arm(now.saturating_add(self.cfg.idle_timeout_ns));
         self.push_reply(answer(self.id(i).index, 0));
     }
 
@@ -126,8 +131,8 @@ impl Endpoint {
         }
     }
 
-    pub(super) fn on_req(&mut self, from: u64, h: &Header, payload: &[u8]) {
-        let Some(i) = self.serving(from, h) else {
+    pub(super) fn on_req(&mut self, now: u64, from: u64, h: &Header, payload: &[u8]) {
+        let Some(i) = self.serving(now, from, h) else {
             return;
         };
         let si = self.slot_of(i, h.req_num);
@@ -215,8 +220,8 @@ impl Endpoint {
         }
     }
 
-    pub(super) fn on_rfr(&mut self, from: u64, h: &Header) {
-        let Some(i) = self.serving(from, h) else {
+    pub(super) fn on_rfr(&mut self, now: u64, from: u64, h: &Header) {
+        let Some(i) = self.serving(now, from, h) else {
             return;
         };
         let si = self.slot_of(i, h.req_num);

@@ -41,7 +41,8 @@ pub(super) struct Session {
     /// Client: when the last one sent is to be resent.
     pub sm_at: Option<u64>,
     /// Client: when the session last heard from its server while requests were
-    /// outstanding (or first sent one): the session timeout runs from here.
+    /// outstanding (or first sent one): the session timeout runs from here. Server: when
+    /// its client was last heard: the idle timeout runs from here.
     pub quiet_since: Option<u64>,
     /// Client: bit `w` is set iff slot `w` has a send to make ([`Slot::can_send`]).
     /// Kept by [`Endpoint::sync_slot`](super::Endpoint::sync_slot).

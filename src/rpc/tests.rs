@@ -179,3 +179,87 @@ fn error_kinds_and_display() {
     }
     assert_eq!(Refusal::from_status(0), None);
 }
+
+/// Moves every datagram between `a` (named 1) and `b` (named 2) at `now` until quiet;
+/// returns each side's events.
+fn exchange(a: &mut Endpoint, b: &mut Endpoint, now: u64) -> (Vec<Event>, Vec<Event>) {
+    let mut buf = [0u8; 64];
+    loop {
+        let mut moved = false;
+        while let Some(t) = a.poll_transmit(now, &mut buf) {
+            b.handle_packet(now, 1, &buf[..t.len]);
+            moved = true;
+        }
+        while let Some(t) = b.poll_transmit(now, &mut buf) {
+            a.handle_packet(now, 2, &buf[..t.len]);
+            moved = true;
+        }
+        if !moved {
+            break;
+        }
+    }
+    (
+        core::iter::from_fn(|| a.poll_event()).collect(),
+        core::iter::from_fn(|| b.poll_event()).collect(),
+    )
+}
+
+/// A client that connects and then says nothing loses its server session after the idle
+/// timeout (never while one of its requests is in a handler), and the entry serves the
+/// next client.
+#[test]
+fn idle_serving_sessions_close() {
+    const IDLE: u64 = 1_000_000;
+    let cfg = Config {
+        max_sessions: 1,
+        idle_timeout_ns: IDLE,
+        ..small()
+    };
+    let (mut client, mut server) = (
+        Endpoint::new(cfg.clone()).unwrap(),
+        Endpoint::new(cfg).unwrap(),
+    );
+    let s = client.connect(2).unwrap();
+    let (_, accepted) = exchange(&mut client, &mut server, 0);
+    assert!(
+        matches!(accepted[..], [Event::Accepted { .. }]),
+        "{accepted:?}"
+    );
+    // A request in a handler holds the session past the idle timeout.
+    client.enqueue_request(s, 1, b"x").unwrap();
+    let (_, got) = exchange(&mut client, &mut server, 10);
+    let Some(Event::Request { handle, .. }) = got.first().copied() else {
+        panic!("{got:?}");
+    };
+    assert_eq!(
+        server.next_timeout(),
+        None,
+        "no idle timer while a handler runs"
+    );
+    server.handle_timeout(10 + 5 * IDLE);
+    assert!(server.poll_event().is_none());
+    server.respond(handle, b"y").unwrap();
+    let (done, _) = exchange(&mut client, &mut server, 20);
+    assert!(matches!(done[..], [Event::Response { .. }]), "{done:?}");
+    // Then silence: the session closes one idle timeout after the client was last heard
+    // (its request, at 10: the response needs no answer).
+    let due = server.next_timeout().expect("the idle timer runs");
+    assert_eq!(due, 10 + IDLE);
+    server.handle_timeout(due - 1);
+    assert!(server.poll_event().is_none());
+    server.handle_timeout(due);
+    assert!(matches!(server.poll_event(), Some(Event::Disconnected(_))));
+    // The entry is free again: a second client (named 1 too) gets it.
+    let mut other = Endpoint::new(Config {
+        max_sessions: 1,
+        ..small()
+    })
+    .unwrap();
+    other.connect(2).unwrap();
+    let (ev, accepted) = exchange(&mut other, &mut server, due + 1);
+    assert!(matches!(ev[..], [Event::Connected(_)]), "{ev:?}");
+    assert!(
+        matches!(accepted[..], [Event::Accepted { .. }]),
+        "{accepted:?}"
+    );
+}

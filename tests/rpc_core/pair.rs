@@ -90,7 +90,14 @@ pub struct Pair {
 }
 
 impl Pair {
+    /// A client and a server with `cfg`, the server's idle timeout off: a run ends when
+    /// nothing is left to happen, and an idle serving session would always have its timer
+    /// left (the idle timeout has its own test in `src/rpc/tests.rs`).
     pub fn new(cfg: Config, seed: u64) -> Pair {
+        let cfg = Config {
+            idle_timeout_ns: u64::MAX,
+            ..cfg
+        };
         Pair {
             client: Endpoint::new(cfg.clone()).unwrap(),
             server: Endpoint::new(cfg.clone()).unwrap(),

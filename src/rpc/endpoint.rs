@@ -15,17 +15,18 @@ use super::{Config, Event, RequestHandle, RpcError, ServerHandle, SessionId, Sta
 
 /// One RPC endpoint: client and server of up to [`Config::max_sessions`] sessions. See
 /// the [module docs](super).
-///
-/// So that sending and the timers need not scan every slot of every session, three
-/// facts are kept at every change (and checked after each call in debug builds):
-///
-/// - bit `w` of a session's `sendable` is set iff its slot `w` [can send](Slot::can_send):
-///   [`sync_slot`](Self::sync_slot) after any change to a client slot;
-/// - bit `i` of `ready` is set iff session `i` [can send](Session::can_send), and
-///   `ready_count` bits are set: [`sync_session`](Self::sync_session) after any change to
-///   a session's state, `sm_due`, credits or `sendable`;
-/// - `timer_floor` is `Some` whenever a timer runs, and no running timer is due before
-///   it: [`arm`](Self::arm) with every deadline set; `handle_timeout` makes it exact.
+//
+// So that sending and the timers need not scan every slot of every session, three
+// facts are kept at every change (and checked after each call in debug builds):
+//
+// - bit `w` of a session's `sendable` is set iff its slot `w` can send (`Slot::can_send`):
+//   `sync_slot` after any change to a client slot;
+// - bit `i` of `ready` is set iff session `i` can send (`Session::can_send`), and
+//   `ready_count` bits are set: `sync_session` after any change to
+//   a session's state, `sm_due`, credits or `sendable`;
+// - `timer_floor` is `Some` whenever a timer runs (serving sessions' idle timeouts
+//   included), and no running timer is due before it: `arm` with every deadline set
+//   earlier than before; `handle_timeout` makes it exact.
 #[derive(Debug)]
 pub struct Endpoint {
     pub(super) cfg: Config,

@@ -130,7 +130,11 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 #[test]
 fn echo_32_bytes_and_1_mib() {
     let sim = Sim::with_devices(2);
-    let mut w = World::new(&sim, engine_cfg(1 << 20));
+    // Nothing is lost here: with a retransmission timeout far above any run's length (a
+    // slow machine, valgrind), a retransmission would be a bug, not the clock.
+    let mut cfg = engine_cfg(1 << 20);
+    (cfg.core.rto_ns, cfg.core.session_timeout_ns) = (30_000 * MS, 60_000 * MS);
+    let mut w = World::new(&sim, cfg);
     let small = pattern(32, 1);
     let big = pattern(1 << 20, 2);
     w.call(ECHO, &small, 1);

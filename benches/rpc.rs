@@ -99,16 +99,7 @@ impl Raw {
     fn aim(&mut self, sim: &Sim, to: &Raw) {
         let _ = sim;
         let e = to.qp.endpoint();
-        let attr = AhAttr {
-            port: 1,
-            dgid: e.gid,
-            sgid_index: 0,
-            dlid: e.lid,
-            sl: 0,
-            traffic_class: 0,
-            flow_label: 0,
-            hop_limit: 64,
-        };
+        let attr = AhAttr::new(1, e.gid, 0, e.lid);
         self.ah = Some(AddressHandle::create(&self._pd, &attr).unwrap());
     }
 

@@ -24,6 +24,13 @@ fn cfg() -> EngineConfig {
     }
 }
 
+fn current_thread() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
 fn engine(sim: &Sim, dev: &str) -> Rpc<Sim> {
     let ctx = Context::open(sim, dev).unwrap();
     let pd = ctx.alloc_pd().unwrap();
@@ -81,12 +88,7 @@ async fn futures_join<F: std::future::Future>(fs: Vec<F>) -> Vec<F::Output> {
 
 #[test]
 fn calls_on_a_current_thread_runtime() {
-    echo_many(
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap(),
-    );
+    echo_many(current_thread());
 }
 
 #[test]
@@ -103,10 +105,7 @@ fn calls_on_a_multi_thread_runtime() {
 /// A call dropped before its answer leaves nothing behind: later calls work, many times.
 #[test]
 fn cancelled_calls_leave_the_engine_usable() {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = current_thread();
     rt.block_on(async {
         let sim = Sim::with_devices(2);
         let (client, _server, s) = pair(&sim).await;
@@ -131,10 +130,7 @@ fn cancelled_calls_leave_the_engine_usable() {
 /// timeout and a grace, woken by the driver's timer (nothing else happens on the fabric).
 #[test]
 fn a_vanished_server_times_calls_out() {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = current_thread();
     rt.block_on(async {
         let sim = Sim::with_devices(2);
         let (client, _server, s) = pair(&sim).await;

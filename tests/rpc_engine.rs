@@ -509,16 +509,7 @@ fn stranger(sim: &Sim, dev: &str, to: &zverbs::Endpoint, packets: &[Vec<u8>]) {
         .unwrap()
         .into_rts()
         .unwrap();
-    let attr = AhAttr {
-        port: 1,
-        dgid: to.gid,
-        sgid_index: 0,
-        dlid: to.lid,
-        sl: 0,
-        traffic_class: 0,
-        flow_label: 0,
-        hop_limit: 64,
-    };
+    let attr = AhAttr::new(1, to.gid, 0, to.lid);
     let ah = AddressHandle::create(&pd, &attr).unwrap();
     for p in packets {
         let mut bytes = p.clone();

@@ -59,16 +59,7 @@ fn node(f: &Fabric, dev: &str, qkey: u32) -> Node {
 impl Node {
     /// An address handle to `to`'s device, from GID index `gid`.
     fn ah_to(&self, to: &Node, gid: u8) -> Ah {
-        let attr = AhAttr {
-            port: 1,
-            dgid: to.ctx.query_gid(1, gid).unwrap(),
-            sgid_index: gid,
-            dlid: 0,
-            sl: 0,
-            traffic_class: 0,
-            flow_label: 0,
-            hop_limit: 64,
-        };
+        let attr = AhAttr::new(1, to.ctx.query_gid(1, gid).unwrap(), gid, 0);
         self.pd.create_ah(&attr).unwrap()
     }
 
@@ -349,16 +340,7 @@ fn an_unroutable_address_loses_the_datagram_or_fails_on_rxe() {
             personality,
             ..FabricConfig::default()
         });
-        let attr = AhAttr {
-            port: 1,
-            dgid: Gid([0xfe; 16]),
-            sgid_index: 0,
-            dlid: 0,
-            sl: 0,
-            traffic_class: 0,
-            flow_label: 0,
-            hop_limit: 64,
-        };
+        let attr = AhAttr::new(1, Gid([0xfe; 16]), 0, 0);
         let ah = a.pd.create_ah(&attr).unwrap();
         a.send(1, &ah, &b, 0, 8, None);
         assert_eq!(one(&a.cq).status, status, "{personality:?}");

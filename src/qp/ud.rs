@@ -111,8 +111,7 @@ impl<P: Provider> QueuePair<P, ReadyToReceive, Ud> {
 /// };
 /// let ((pa, _ca, qa), (pb, cb, qb)) = (side("sim0"), side("sim1"));
 /// let to = qb.endpoint();
-/// let ah = AddressHandle::create(&pa, &AhAttr { port: 1, dgid: to.gid, sgid_index: 0,
-///     dlid: to.lid, sl: 0, traffic_class: 0, flow_label: 0, hop_limit: 64 }).unwrap();
+/// let ah = AddressHandle::create(&pa, &AhAttr::new(1, to.gid, 0, to.lid)).unwrap();
 /// let (mut msg, mut inbox) = (*b"datagram", [0u8; 40 + 8]);
 /// let msg = pa.register(&mut msg).unwrap();
 /// let mut inbox = pb.register(&mut inbox).unwrap();

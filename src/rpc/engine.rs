@@ -484,16 +484,7 @@ impl<P: Provider> Rpc<P> {
             return Err(EngineError::TooManyPeers);
         }
         let qc = self.qp.config();
-        let attr = AhAttr {
-            port: qc.port,
-            dgid: gid,
-            sgid_index: qc.gid_index,
-            dlid: lid,
-            sl: 0,
-            traffic_class: 0,
-            flow_label: 0,
-            hop_limit: 64,
-        };
+        let attr = AhAttr::new(qc.port, gid, qc.gid_index, lid);
         let ah = AddressHandle::create(&self.pd, &attr)?;
         self.peers
             .insert(gid, qpn, ah)

@@ -53,16 +53,12 @@ fn ud_pair<E: Env>(env: &E, b_qkey: u32) -> Run<UdPair<E::P>> {
         })
     };
     let (mut a, b) = (side(da, QKEY)?, side(db, b_qkey)?);
-    let attr = AhAttr {
-        port: a.qp.config().port,
-        dgid: b.qp.endpoint().gid,
-        sgid_index: a.qp.config().gid_index,
-        dlid: b.qp.endpoint().lid,
-        sl: 0,
-        traffic_class: 0,
-        flow_label: 0,
-        hop_limit: 64,
-    };
+    let attr = AhAttr::new(
+        a.qp.config().port,
+        b.qp.endpoint().gid,
+        a.qp.config().gid_index,
+        b.qp.endpoint().lid,
+    );
     a.ah = Some(AddressHandle::create(&a.pd, &attr).map_err(err("create ah"))?);
     Ok((a, b))
 }

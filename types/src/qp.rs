@@ -162,3 +162,20 @@ pub struct AhAttr {
     /// GRH hop limit.
     pub hop_limit: u8,
 }
+
+impl AhAttr {
+    /// A route to `dgid` (and `dlid`, for InfiniBand) from port `port` and the local GID at
+    /// `sgid_index`: service level 0, traffic class 0, no flow label, hop limit 64.
+    pub const fn new(port: u8, dgid: Gid, sgid_index: u8, dlid: u16) -> AhAttr {
+        AhAttr {
+            port,
+            dgid,
+            sgid_index,
+            dlid,
+            sl: 0,
+            traffic_class: 0,
+            flow_label: 0,
+            hop_limit: 64,
+        }
+    }
+}

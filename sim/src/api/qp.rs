@@ -59,8 +59,7 @@ impl Pd {
     /// qb.post_recv([RecvWr { wr_id: 7, sg_list, num_sge: 1 }]).unwrap();
     /// // A sends "hello" inline to B's queue pair, through an address handle to sim1.
     /// let dgid = b.query_gid(1, 0).unwrap();
-    /// let ah = pa.create_ah(&AhAttr { port: 1, dgid, sgid_index: 0, dlid: 0, sl: 0,
-    ///     traffic_class: 0, flow_label: 0, hop_limit: 64 }).unwrap();
+    /// let ah = pa.create_ah(&AhAttr::new(1, dgid, 0, 0)).unwrap();
     /// let msg = *b"hello";
     /// let dest = UdDest { ah: ah.key(), remote_qpn: qb.qp_num(), remote_qkey: 0x1111 };
     /// sg_list[0] = Sge { addr: msg.as_ptr() as u64, length: 5, lkey: 0 };

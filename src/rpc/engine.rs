@@ -98,7 +98,7 @@ impl Default for EngineConfig {
 }
 
 /// Why an [`Rpc`] call failed.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 #[non_exhaustive]
 pub enum EngineError<E> {
     /// The device refused a verb.

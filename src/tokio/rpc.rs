@@ -93,7 +93,8 @@ struct State<P: Provider> {
     free: Vec<usize>,
     /// Sessions being opened.
     connecting: Vec<Opening>,
-    /// A device error stopped the driver: every call since fails with it.
+    /// A device error stopped the driver: every call since fails with it (those waiting
+    /// then fail with `SessionFailed`).
     broken: Option<EngineError<P::Error>>,
 }
 
@@ -250,11 +251,8 @@ impl<P: Provider> AsyncRpc<P> {
     ) -> Answer<P::Error> {
         let tag = {
             let mut st = self.lock();
-            if st.broken.is_some() {
-                return (
-                    Err(EngineError::InvalidConfig("the RPC driver stopped")),
-                    resp,
-                );
+            if let Some(e) = &st.broken {
+                return (Err(e.clone()), resp);
             }
             let tag = match st.free.pop() {
                 Some(t) => t,

@@ -174,10 +174,12 @@ fn rpc_pair() -> (Rpc<Sim>, Rpc<Sim>, SessionId) {
         Rpc::new(&ctx, pd, cfg.clone()).unwrap()
     };
     let (mut client, mut server) = (make("sim0"), make("sim1"));
-    server.register_handler(1, |req, out| {
-        out[..req.len()].copy_from_slice(req);
-        req.len()
-    });
+    server
+        .register_handler(1, |req, out| {
+            out[..req.len()].copy_from_slice(req);
+            req.len()
+        })
+        .unwrap();
     let session = client.create_session(&server.addr()).unwrap();
     let mut up = false;
     while !up {

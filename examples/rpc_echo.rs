@@ -180,16 +180,20 @@ mod measured {
         };
         let pd = |ctx: &Context<P>| ctx.alloc_pd().map_err(|e| e.to_string());
         let mut server = Rpc::new(cb, pd(cb)?, cfg.clone()).map_err(s)?;
-        server.register_handler(ECHO, |req, out| {
-            out[..req.len()].copy_from_slice(req);
-            req.len()
-        });
-        server.register_handler(REVERSE, |req, out| {
-            for (o, b) in out.iter_mut().zip(req.iter().rev()) {
-                *o = *b;
-            }
-            req.len()
-        });
+        server
+            .register_handler(ECHO, |req, out| {
+                out[..req.len()].copy_from_slice(req);
+                req.len()
+            })
+            .map_err(s)?;
+        server
+            .register_handler(REVERSE, |req, out| {
+                for (o, b) in out.iter_mut().zip(req.iter().rev()) {
+                    *o = *b;
+                }
+                req.len()
+            })
+            .map_err(s)?;
         let rpc = Rpc::new(ca, pd(ca)?, cfg).map_err(s)?;
         let addr = server.addr();
         let stop = AtomicBool::new(false);

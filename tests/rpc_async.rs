@@ -38,7 +38,8 @@ fn engine(sim: &Sim, dev: &str) -> Rpc<Sim> {
     rpc.register_handler(ECHO, |req, out| {
         out[..req.len()].copy_from_slice(req);
         req.len()
-    });
+    })
+    .unwrap();
     rpc
 }
 

@@ -49,16 +49,20 @@ struct World {
 impl World {
     fn new(sim: &Sim, cfg: EngineConfig) -> World {
         let mut server = rpc(sim, "sim1", cfg.clone());
-        server.register_handler(ECHO, |req, out| {
-            out[..req.len()].copy_from_slice(req);
-            req.len()
-        });
-        server.register_handler(REVERSE, |req, out| {
-            for (o, b) in out.iter_mut().zip(req.iter().rev()) {
-                *o = *b;
-            }
-            req.len()
-        });
+        server
+            .register_handler(ECHO, |req, out| {
+                out[..req.len()].copy_from_slice(req);
+                req.len()
+            })
+            .unwrap();
+        server
+            .register_handler(REVERSE, |req, out| {
+                for (o, b) in out.iter_mut().zip(req.iter().rev()) {
+                    *o = *b;
+                }
+                req.len()
+            })
+            .unwrap();
         let mut client = rpc(sim, "sim0", cfg);
         let session = client.create_session(&server.addr()).unwrap();
         let mut w = World {
@@ -78,7 +82,11 @@ impl World {
 
     /// Passes on both sides until `stop` says so (it sees every client notice) or
     /// `limit` passes; stop is also asked after each pass with a blank notice.
-    fn run_until(&mut self, limit: Duration, mut stop: impl FnMut(&Notice<'_>) -> bool) -> bool {
+    fn run_until(
+        &mut self,
+        limit: Duration,
+        mut stop: impl FnMut(&Notice<'_, Sim>) -> bool,
+    ) -> bool {
         let end = Instant::now() + limit;
         let mut hit = false;
         while Instant::now() < end {
@@ -88,8 +96,8 @@ impl World {
                 .run_event_loop_once(&mut |n| {
                     hit |= stop(&n);
                     match n {
-                        Notice::Response { tag, bytes } => done.push((tag, Ok(bytes.to_vec()))),
-                        Notice::Failed { tag, error } => done.push((tag, Err(error))),
+                        Notice::Response { tag, bytes, .. } => done.push((tag, Ok(bytes.to_vec()))),
+                        Notice::Failed { tag, error, .. } => done.push((tag, Err(error))),
                         Notice::Session(_) => {}
                     }
                 })
@@ -353,7 +361,7 @@ fn disconnect_then_reconnect() {
     w.client.disconnect(old).unwrap();
     let closed = w.run_until(
         Duration::from_secs(5),
-        |n| matches!(n, Notice::Session(Event::Disconnected(s)) if *s == old),
+        |n| matches!(n, Notice::Session(Event::Disconnected(s)) if s == &old),
     );
     assert!(closed, "the client saw its session end");
     assert!(!w.client.core().is_connected(old));
@@ -402,7 +410,7 @@ mod faults {
                     *o = *b;
                 }
                 req.len()
-            });
+            }).unwrap();
             let request = |i: usize, len: usize| {
                 let mut r = pattern(len.max(2), i as u8);
                 r[..2].copy_from_slice(&(i as u16).to_le_bytes());
@@ -441,10 +449,12 @@ mod faults {
 fn peers_that_leave_are_released() {
     let sim = Sim::with_devices(6);
     let mut server = rpc(&sim, "sim0", engine_cfg(4 << 10));
-    server.register_handler(ECHO, |req, out| {
-        out[..req.len()].copy_from_slice(req);
-        req.len()
-    });
+    server
+        .register_handler(ECHO, |req, out| {
+            out[..req.len()].copy_from_slice(req);
+            req.len()
+        })
+        .unwrap();
     for k in 1..=5u8 {
         let mut client = rpc(&sim, &format!("sim{k}"), engine_cfg(4 << 10));
         let s = client.create_session(&server.addr()).unwrap();

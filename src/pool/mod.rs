@@ -182,6 +182,8 @@ struct Inner<P: Provider> {
     mr: P::Mr,
     slab: Slab,
     lkey: u32,
+    /// The remote key, which only a pool registered with remote rights hands out.
+    rkey: u32,
     /// The slab is `64 << top` bytes.
     top: u8,
     state: Mutex<Buddy>,
@@ -232,6 +234,25 @@ impl<P: Provider> MrPool<P> {
     /// refuses, is [`Error::InvalidAttribute`]; a failed registration is the provider's
     /// error.
     pub fn new(pd: &ProtectionDomain<P>, capacity: usize) -> Result<Self, Error<P::Error>> {
+        // SAFETY: local rights only (see `with_access`).
+        unsafe { Self::with_access(pd, capacity, AccessFlags::LOCAL_WRITE) }
+    }
+
+    /// [`new`](Self::new) with the registration's rights given: the RPC engine's
+    /// large-message pool adds [`AccessFlags::REMOTE_READ`], so that its peers read
+    /// messages straight from their buffers.
+    ///
+    /// # Safety
+    /// With remote rights the device also touches the slab for work a peer sends: the
+    /// caller guarantees that no such right lets the device *write* a byte a `LocalBuf`
+    /// owner may be using (remote reads only, or remote writes to buffers the caller
+    /// keeps out of Rust's reach meanwhile), and that every peer with the `rkey` may see
+    /// every byte of the slab.
+    pub(crate) unsafe fn with_access(
+        pd: &ProtectionDomain<P>,
+        capacity: usize,
+        access: AccessFlags,
+    ) -> Result<Self, Error<P::Error>> {
         let buddy = Buddy::new(capacity).map_err(|e| {
             Error::InvalidAttribute(match e {
                 SetupError::Zero => "pool capacity of 0 bytes",
@@ -243,17 +264,19 @@ impl<P: Provider> MrPool<P> {
         let len = block_bytes(top).ok_or(Error::InvalidAttribute("pool capacity too large"))?;
         let slab = Slab::new(len).ok_or(Error::InvalidAttribute("no memory for the pool slab"))?;
         // SAFETY: the slab stays allocated until after the registration is dropped (field
-        // order of `Inner`). With local rights only, the device accesses it solely for work
-        // posted through a `LocalBuf`, whose rules keep Rust references away meanwhile.
+        // order of `Inner`). With local rights, the device accesses it solely for work
+        // posted through a `LocalBuf`, whose rules keep Rust references away meanwhile;
+        // remote rights are the caller's to vouch for (`with_access`).
         let mr = verb("ibv_reg_mr", unsafe {
-            P::register_mr(&pd.raw, slab.ptr.as_ptr(), len, AccessFlags::LOCAL_WRITE)
+            P::register_mr(&pd.raw, slab.ptr.as_ptr(), len, access)
         })?;
-        let (lkey, _) = P::mr_keys(&mr);
+        let (lkey, rkey) = P::mr_keys(&mr);
         Ok(MrPool {
             inner: Arc::new(Inner {
                 mr,
                 slab,
                 lkey,
+                rkey,
                 top,
                 state: Mutex::new(buddy),
                 #[cfg(feature = "tokio")]
@@ -340,6 +363,11 @@ impl<P: Provider> MrPool<P> {
     /// The local key of the slab's registration, which every buffer's entries carry.
     pub fn lkey(&self) -> u32 {
         self.inner.lkey
+    }
+
+    /// The remote key of the slab's registration (meaningful with remote rights only).
+    pub(crate) fn rkey(&self) -> u32 {
+        self.inner.rkey
     }
 
     /// The backend's handle of the slab's registration.

@@ -36,15 +36,16 @@
 
 use std::time::{Duration, Instant};
 
+use super::bulk::{Bulk, BulkConfig, Kind, BULK_BIT, CONNECT, REQUEST};
 use super::clock::Clock;
 use super::header::{Header, PktType};
 use super::peers::Peers;
-use super::{Config, Endpoint, Event, RequestHandle, RpcError, SessionId};
+use super::{BulkFailure, Config, Endpoint, Event, RequestHandle, RpcError, SessionId};
 use crate::cq::CompletionQueue;
 use crate::device::{Context, ProtectionDomain};
 use crate::error::{Error, ErrorKind};
 use crate::event::CompletionChannel;
-use crate::pool::{LocalBuf, MrPool};
+use crate::pool::{LocalBuf, MrPool, PoolError};
 use crate::provider::{AhAttr, Provider};
 use crate::qp::UdOptions;
 use crate::qp::{AddressHandle, Endpoint as QpEndpoint, QpConfig, QueuePair, ReadyToSend, Ud};
@@ -82,6 +83,10 @@ pub struct EngineConfig {
     /// The completion queue raises events on a completion channel of its own, so that a
     /// thread or task can sleep until a datagram comes (`zverbs::tokio::AsyncRpc` does).
     pub events: bool,
+    /// The zero-copy path for large messages over reliable connections (see
+    /// [`Rpc::enqueue_bulk`]): a queue pair per session and a registered pool, made by
+    /// [`Rpc::new`]. Off (`None`) by default.
+    pub bulk: Option<BulkConfig>,
 }
 
 impl Default for EngineConfig {
@@ -93,6 +98,7 @@ impl Default for EngineConfig {
             recv_slots: 256,
             send_slots: 64,
             events: false,
+            bulk: None,
         }
     }
 }
@@ -109,6 +115,8 @@ pub enum EngineError<E> {
     TooManyPeers,
     /// A setting out of range.
     InvalidConfig(&'static str),
+    /// No buffer for a large message ([`Rpc::alloc_msg`]).
+    Pool(PoolError),
 }
 
 impl<E: crate::error::ProviderError> EngineError<E> {
@@ -119,6 +127,7 @@ impl<E: crate::error::ProviderError> EngineError<E> {
             EngineError::Rpc(e) => e.kind(),
             EngineError::TooManyPeers => ErrorKind::OutOfResources,
             EngineError::InvalidConfig(_) => ErrorKind::InvalidArgument,
+            EngineError::Pool(e) => e.kind(),
         }
     }
 }
@@ -130,6 +139,7 @@ impl<E: core::fmt::Display> core::fmt::Display for EngineError<E> {
             EngineError::Rpc(e) => e.fmt(f),
             EngineError::TooManyPeers => f.write_str("every RPC peer entry is in use"),
             EngineError::InvalidConfig(why) => write!(f, "invalid RPC engine setting: {why}"),
+            EngineError::Pool(e) => e.fmt(f),
         }
     }
 }
@@ -149,24 +159,48 @@ impl<E> From<RpcError> for EngineError<E> {
 }
 
 /// What a pass has for the caller (requests go to the handlers).
-#[derive(Debug)]
-pub enum Notice<'a> {
+pub enum Notice<'a, P: Provider> {
     /// The response to the request enqueued with `tag`.
     Response {
         /// The caller's tag.
         tag: u64,
         /// The response's bytes, valid for the call.
         bytes: &'a [u8],
+        /// A large request's buffer ([`Rpc::enqueue_bulk`]), back to the caller.
+        msg: Option<LocalBuf<P>>,
     },
-    /// The request enqueued with `tag` failed (session timeout, session failed).
+    /// The request enqueued with `tag` failed (session timeout, session failed, a large
+    /// message's transfer).
     Failed {
         /// The caller's tag.
         tag: u64,
         /// Why.
         error: RpcError,
+        /// A large request's buffer ([`Rpc::enqueue_bulk`]), back to the caller.
+        msg: Option<LocalBuf<P>>,
     },
     /// A session event of the core: connected, refused, accepted, disconnected.
     Session(Event),
+}
+
+impl<P: Provider> core::fmt::Debug for Notice<'_, P> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            Notice::Response { tag, bytes, msg } => f
+                .debug_struct("Response")
+                .field("tag", tag)
+                .field("len", &bytes.len())
+                .field("msg", &msg.as_ref().map(LocalBuf::len))
+                .finish(),
+            Notice::Failed { tag, error, msg } => f
+                .debug_struct("Failed")
+                .field("tag", tag)
+                .field("error", error)
+                .field("msg", &msg.as_ref().map(LocalBuf::len))
+                .finish(),
+            Notice::Session(ev) => f.debug_tuple("Session").field(ev).finish(),
+        }
+    }
 }
 
 /// What the engine counted besides the core's [`Stats`](super::Stats).
@@ -202,7 +236,7 @@ pub type Handler = Box<dyn FnMut(&[u8], &mut [u8]) -> usize + Send>;
 /// server.register_handler(1, |req, resp| {
 ///     resp[..req.len()].copy_from_slice(req);
 ///     req.len()
-/// });
+/// }).unwrap();
 /// let mut client = Rpc::new(&ca, ca.alloc_pd().unwrap(), EngineConfig::default()).unwrap();
 /// let session = client.create_session(&server.addr()).unwrap();
 /// let (mut sent, mut answer) = (false, None);
@@ -230,6 +264,8 @@ pub struct Rpc<P: Provider> {
     /// The tag of each client slot (`session × window + slot`).
     tags: Vec<u64>,
     peers: Peers<P>,
+    /// Before the queues: its queue pairs are on `cq`.
+    bulk: Option<Bulk<P>>,
     qp: QueuePair<P, ReadyToSend, Ud>,
     cq: CompletionQueue<P>,
     /// After the queue: its events' channel, when asked for.
@@ -291,7 +327,11 @@ impl<P: Provider> Rpc<P> {
                 .map_err(|_| EngineError::InvalidConfig("rings larger than a pool can hold"))
         };
         let (rx, tx) = (alloc(rx_len)?, alloc(tx_len)?);
-        let depth = u32::try_from(cfg.recv_slots + cfg.send_slots).unwrap_or(u32::MAX);
+        let reads = cfg
+            .bulk
+            .as_ref()
+            .map_or(0, |_| Bulk::<P>::cq_entries(&cfg.core));
+        let depth = u32::try_from(cfg.recv_slots + cfg.send_slots + reads).unwrap_or(u32::MAX);
         let events = cfg
             .events
             .then(|| CompletionChannel::create(ctx))
@@ -314,11 +354,16 @@ impl<P: Provider> Rpc<P> {
             .map_err(|e| e.error)?
             .into_rts()
             .map_err(|e| e.error)?;
+        let bulk = match &cfg.bulk {
+            Some(b) => Some(Bulk::new(ctx, &pd, &cq, &cfg.qp, &cfg.core, b)?),
+            None => None,
+        };
         let sessions = cfg.core.max_sessions;
         let mut rpc = Rpc {
             handlers: (0..256).map(|_| None).collect(),
             tags: vec![0; sessions * cfg.core.window],
             peers: Peers::new(sessions, sessions),
+            bulk,
             qp,
             cq,
             events,
@@ -360,13 +405,24 @@ impl<P: Provider> Rpc<P> {
         self.stats
     }
 
-    /// Registers `handler` for requests of type `req_type`, replacing any before.
+    /// Registers `handler` for requests of type `req_type`, replacing any before. The
+    /// same handler serves small requests and large ones ([`Rpc::enqueue_bulk`]): it gets
+    /// the request and a response buffer of the largest message of the path taken.
+    ///
+    /// # Errors
+    /// [`EngineError::InvalidConfig`] for types `0xFE` and `0xFF`, the bulk path's own.
     pub fn register_handler(
         &mut self,
         req_type: u8,
         handler: impl FnMut(&[u8], &mut [u8]) -> usize + Send + 'static,
-    ) {
+    ) -> Result<(), EngineError<P::Error>> {
+        if req_type == CONNECT || req_type == REQUEST {
+            return Err(EngineError::InvalidConfig(
+                "request types 0xFE and 0xFF are reserved",
+            ));
+        }
         self.handlers[usize::from(req_type)] = Some(Box::new(handler));
+        Ok(())
     }
 
     /// Opens a session to the `Rpc` at `remote`; [`Notice::Session`] tells when it is
@@ -402,6 +458,81 @@ impl<P: Provider> Rpc<P> {
         self.dirty = true;
         let i = self.tag_index(h);
         self.tags[i] = tag;
+        if let Some(b) = &mut self.bulk {
+            b.plain(i);
+        }
+        Ok(h)
+    }
+
+    /// A buffer of `len` bytes from the bulk path's registered pool, for
+    /// [`enqueue_bulk`](Self::enqueue_bulk).
+    ///
+    /// # Errors
+    /// [`EngineError::InvalidConfig`] without a bulk path; [`EngineError::Pool`] when the
+    /// pool has no room (or `len` is 0 or beyond it).
+    pub fn alloc_msg(&self, len: usize) -> Result<LocalBuf<P>, EngineError<P::Error>> {
+        let b = self.bulk.as_ref().ok_or(EngineError::InvalidConfig(
+            "no bulk path (EngineConfig::bulk)",
+        ))?;
+        b.pool().alloc(len).map_err(EngineError::Pool)
+    }
+
+    /// The bulk path's registered pool (its occupancy, an awaitable allocation), if there
+    /// is a bulk path.
+    pub fn msg_pool(&self) -> Option<&MrPool<P>> {
+        self.bulk.as_ref().map(Bulk::pool)
+    }
+
+    /// Whether `session` has its reliable connection for large messages (set up before
+    /// its `Notice::Session(Connected)`, when both ends have a bulk path).
+    pub fn has_bulk_link(&self, session: SessionId) -> bool {
+        self.bulk
+            .as_ref()
+            .is_some_and(|b| b.is_up(usize::from(session.index())))
+    }
+
+    /// Enqueues a large request of `req_type` on `session`, zero-copy: the server reads
+    /// `msg` with an RDMA read over the session's reliable connection, runs the handler
+    /// for the type, and the response comes inline (when it fits one packet) or by a
+    /// second read into a buffer of this endpoint's pool. The [`Notice::Response`] or
+    /// [`Notice::Failed`] with `tag` gives `msg` back; until then the engine holds it.
+    ///
+    /// # Errors
+    /// With `msg` back: no bulk path, a buffer not from [`alloc_msg`](Self::alloc_msg),
+    /// or one larger than [`BulkConfig::max_msg_size`]
+    /// ([`EngineError::InvalidConfig`]); a session without its reliable connection
+    /// ([`RpcError::Bulk`]`(NoLink)`); the core's refusals ([`RpcError`]).
+    #[allow(clippy::type_complexity)]
+    pub fn enqueue_bulk(
+        &mut self,
+        session: SessionId,
+        req_type: u8,
+        msg: LocalBuf<P>,
+        tag: u64,
+    ) -> Result<RequestHandle, (EngineError<P::Error>, LocalBuf<P>)> {
+        let Some(b) = &mut self.bulk else {
+            return Err((EngineError::InvalidConfig("no bulk path"), msg));
+        };
+        if !msg.belongs_to(b.pool()) || msg.len() > b.max() {
+            return Err((
+                EngineError::InvalidConfig("a buffer from alloc_msg, at most max_msg_size"),
+                msg,
+            ));
+        }
+        if !b.is_up(usize::from(session.index())) {
+            return Err((RpcError::Bulk(BulkFailure::NoLink).into(), msg));
+        }
+        let payload = b.request_payload(req_type, &msg);
+        let h = match self.core.enqueue_request(session, REQUEST, &payload) {
+            Ok(h) => h,
+            Err(e) => return Err((e.into(), msg)),
+        };
+        self.dirty = true;
+        let i = self.tag_index(h);
+        self.tags[i] = tag;
+        if let Some(b) = &mut self.bulk {
+            b.sent(i, msg);
+        }
         Ok(h)
     }
 
@@ -409,7 +540,7 @@ impl<P: Provider> Rpc<P> {
     pub fn run_event_loop(
         &mut self,
         timeout: Duration,
-        notice: &mut impl FnMut(Notice<'_>),
+        notice: &mut impl FnMut(Notice<'_, P>),
     ) -> Result<(), EngineError<P::Error>> {
         let end = Instant::now() + timeout;
         while Instant::now() < end {
@@ -421,7 +552,7 @@ impl<P: Provider> Rpc<P> {
     /// One pass (see the module docs); returns how many completions it took.
     pub fn run_event_loop_once(
         &mut self,
-        notice: &mut impl FnMut(Notice<'_>),
+        notice: &mut impl FnMut(Notice<'_, P>),
     ) -> Result<usize, EngineError<P::Error>> {
         let taken = self.cq.poll(&mut self.wcs)?;
         // A pass with nothing received and nothing new from the caller has nothing to
@@ -531,6 +662,12 @@ impl<P: Provider> Rpc<P> {
     fn receive(&mut self, now: u64, n: usize) -> Result<(), EngineError<P::Error>> {
         for i in 0..n {
             let wc = self.wcs[i];
+            if wc.wr_id & BULK_BIT != 0 && wc.wr_id & SEND_BIT == 0 {
+                if let Some(b) = &mut self.bulk {
+                    b.completed(&wc);
+                }
+                continue;
+            }
             if wc.wr_id & SEND_BIT != 0 {
                 // The chain's signaled last request: every earlier one is done too.
                 self.tx_done = (wc.wr_id & !SEND_BIT) + 1;
@@ -578,11 +715,16 @@ impl<P: Provider> Rpc<P> {
     /// Serves requests and hands the rest to `notice`.
     fn dispatch(
         &mut self,
-        notice: &mut impl FnMut(Notice<'_>),
+        notice: &mut impl FnMut(Notice<'_, P>),
     ) -> Result<(), EngineError<P::Error>> {
         while let Some(ev) = self.core.poll_event() {
             match ev {
                 Event::Request { handle, req_type } => {
+                    if let Some(b) = &mut self.bulk {
+                        if b.on_request(&mut self.core, handle, req_type, &self.tags, notice)? {
+                            continue;
+                        }
+                    }
                     // The handler writes the response straight into the core's buffer.
                     match &mut self.handlers[usize::from(req_type)] {
                         Some(h) => self.core.respond_with(handle, |req, out| h(req, out))?,
@@ -593,30 +735,63 @@ impl<P: Provider> Rpc<P> {
                     }
                 }
                 Event::Response { handle, .. } => {
-                    let tag = self.tags[self.tag_index(handle)];
+                    let slot = self.tag_index(handle);
+                    if let Some(b) = self.bulk.as_mut().filter(|b| b.kind(slot) != Kind::Plain) {
+                        b.on_response(&mut self.core, handle, slot, &self.tags, notice)?;
+                        continue;
+                    }
                     notice(Notice::Response {
-                        tag,
+                        tag: self.tags[slot],
                         bytes: self.core.response(handle)?,
+                        msg: None,
                     });
                     self.core.release(handle)?;
                 }
                 Event::Failed { handle, error } => {
-                    let tag = self.tags[self.tag_index(handle)];
-                    notice(Notice::Failed { tag, error });
+                    let slot = self.tag_index(handle);
+                    let i = usize::from(handle.session().index());
+                    let msg = self.bulk.as_mut().and_then(|b| b.on_failed(i, slot));
+                    notice(Notice::Failed {
+                        tag: self.tags[slot],
+                        error,
+                        msg,
+                    });
                 }
                 other => {
                     match other {
+                        Event::Connected(session) => {
+                            // With a bulk path, reported once its connection is set up.
+                            if let Some(b) = &mut self.bulk {
+                                if b.connect(&mut self.core, session, true) {
+                                    continue;
+                                }
+                            }
+                        }
                         Event::Accepted { session, from } => {
                             self.peers.attach(usize::from(session.index()), from);
                         }
                         Event::ConnectFailed { session, .. } | Event::Disconnected(session) => {
-                            self.peers.detach(usize::from(session.index()));
+                            let i = usize::from(session.index());
+                            if let Some(b) = &mut self.bulk {
+                                b.reset(i, &mut self.core, &self.tags, notice);
+                            }
+                            self.peers.detach(i);
                         }
                         _ => {}
                     }
                     notice(Notice::Session(other));
                 }
             }
+        }
+        if let Some(b) = &mut self.bulk {
+            let no_handler = &mut self.stats.no_handler;
+            b.finish(
+                &mut self.core,
+                &mut self.handlers,
+                &self.tags,
+                no_handler,
+                notice,
+            )?;
         }
         Ok(())
     }

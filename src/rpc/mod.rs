@@ -106,6 +106,8 @@
 //! # Ok::<(), zverbs::rpc::RpcError>(())
 //! ```
 
+#[cfg(feature = "std")]
+mod bulk;
 mod client;
 #[cfg(feature = "std")]
 mod clock;
@@ -122,6 +124,8 @@ use core::fmt;
 
 use crate::error::ErrorKind;
 
+#[cfg(feature = "std")]
+pub use bulk::BulkConfig;
 pub use endpoint::Endpoint;
 pub use engine::{EngineConfig, EngineError, EngineStats, Handler, Notice, Rpc};
 pub use header::{Header, HeaderError, Limits, PktType, HEADER_LEN};
@@ -292,6 +296,25 @@ pub enum RpcError {
     HandshakeTimedOut,
     /// The server refused the session.
     Refused(Refusal),
+    /// A large message on the engine's bulk path failed.
+    Bulk(BulkFailure),
+}
+
+/// Why a large message on the engine's bulk path failed (`EngineConfig::bulk`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BulkFailure {
+    /// The session has no reliable connection: the server has no bulk path or no free
+    /// queue pair, or setting the connection up failed, or it was reset.
+    NoLink,
+    /// No room in a registered pool: the server's (for the request or its response) or
+    /// this endpoint's (for the response).
+    NoMemory,
+    /// An RDMA read failed with this status: the server's read of the request or this
+    /// endpoint's read of the response.
+    Read(crate::types::WcStatus),
+    /// A length beyond the receiver's limit, or a malformed internal message.
+    Rejected,
 }
 
 impl RpcError {
@@ -309,6 +332,10 @@ impl RpcError {
             RpcError::TimedOut | RpcError::HandshakeTimedOut => ErrorKind::Timeout,
             RpcError::Refused(Refusal::NoFreeSession) => ErrorKind::OutOfResources,
             RpcError::Refused(_) => ErrorKind::Unsupported,
+            RpcError::Bulk(BulkFailure::NoLink) => ErrorKind::InvalidState,
+            RpcError::Bulk(BulkFailure::NoMemory) => ErrorKind::OutOfResources,
+            RpcError::Bulk(BulkFailure::Read(_)) => ErrorKind::Completion,
+            RpcError::Bulk(_) => ErrorKind::InvalidArgument,
         }
     }
 }
@@ -334,6 +361,7 @@ impl fmt::Display for RpcError {
             RpcError::TimedOut => f.write_str("RPC session timed out"),
             RpcError::HandshakeTimedOut => f.write_str("RPC session handshake timed out"),
             RpcError::Refused(r) => write!(f, "RPC session refused by the server: {r:?}"),
+            RpcError::Bulk(b) => write!(f, "large RPC message failed: {b:?}"),
         }
     }
 }

@@ -42,7 +42,7 @@ use crate::rpc::{EngineError, Event, Notice, Rpc, RpcError, SessionId};
 /// engine.register_handler(1, |req, resp| {
 ///     resp[..req.len()].copy_from_slice(req);
 ///     req.len()
-/// });
+/// }).unwrap();
 /// let server = AsyncRpc::new(engine).unwrap();
 /// let client = AsyncRpc::new(Rpc::new(&ca, ca.alloc_pd().unwrap(), cfg).unwrap()).unwrap();
 /// let session = client.connect(&server.addr()).await.unwrap();
@@ -119,8 +119,8 @@ impl<P: Provider> State<P> {
         let (calls, free, connecting) = (&mut self.calls, &mut self.free, &mut self.connecting);
         self.rpc.run_event_loop_once(&mut |n| {
             let (tag, outcome, bytes) = match n {
-                Notice::Response { tag, bytes } => (tag, Ok(()), bytes),
-                Notice::Failed { tag, error } => (tag, Err(error), &[][..]),
+                Notice::Response { tag, bytes, .. } => (tag, Ok(()), bytes),
+                Notice::Failed { tag, error, .. } => (tag, Err(error), &[][..]),
                 Notice::Session(ev) => {
                     let (s, r) = match ev {
                         Event::Connected(s) => (s, Ok(())),

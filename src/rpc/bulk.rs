@@ -1,0 +1,806 @@
+//! Large messages over reliable connections: the engine's zero-copy path
+//! ([`EngineConfig::bulk`](super::EngineConfig::bulk)).
+//!
+//! eRPC moves a message longer than one packet as many datagrams, each copied into the
+//! receiver's ring and then into its message buffer; rrppcc sends a control packet and lets
+//! the peer fetch the bytes with one RDMA read. An [`Rpc`](super::Rpc) with a bulk path does
+//! the latter for messages its caller writes into registered buffers
+//! ([`Rpc::alloc_msg`](super::Rpc::alloc_msg), [`Rpc::enqueue_bulk`](super::Rpc::enqueue_bulk)):
+//!
+//! 1. Once a session is connected, the client connects a reliable-connected (RC) queue
+//!    pair of its own to one of the server's, with an internal request ([`CONNECT`])
+//!    carrying its endpoint; the server answers with its own. The caller's
+//!    `Notice::Session(Connected)` comes after that.
+//! 2. A large request is an internal request ([`REQUEST`]) carrying the caller's type and
+//!    its buffer's address, remote key and length. The server reads the bytes with one RDMA
+//!    read into a buffer of its pool, runs the handler for the type into another, and
+//!    answers inline when the response fits one packet, else with that buffer's address,
+//!    from which the client reads the response into a buffer of its pool.
+//! 3. The server keeps a response buffer until the client's next request on the same slot
+//!    (sent only after the client released the response, so after its read) or the end of
+//!    the session.
+//!
+//! No CPU copies a large message's bytes: the caller writes the request into its buffer,
+//! the server's handler reads it where the read put it and writes the response in place,
+//! and the client's caller reads the response where the second read put it. The internal
+//! requests ride on the protocol core, so they are retransmitted, deduplicated and timed
+//! out as any request: a handler still runs at most once.
+//!
+//! Wire format of the internal requests' payloads, version 1, integers big-endian:
+//!
+//! | message | bytes |
+//! |---|---|
+//! | connect request | version, endpoint (34 bytes, [`QpEndpoint::encode`]) |
+//! | connect response | version, status, endpoint (with [`OK`]) |
+//! | large request | version, caller's type, address (8), remote key (4), length (4) |
+//! | large response | version, status, then the bytes ([`OK`]) or address, key, length ([`REMOTE`]), or a work completion status ([`READ_FAILED`], 4) |
+//!
+//! **Trust.** A length a peer claims is checked against the bulk `max_msg_size` before a
+//! buffer is taken; buffers come from the pool (never the heap); the bounds of a read are
+//! enforced by the peer's registration, and a read that fails is an error to the request,
+//! not to the engine. **Exposure:** the pool is registered with remote *read* rights and
+//! every connected peer holds its key, so a peer can read any byte of it, not only the
+//! buffers named to it: keep only message bytes there (memory windows would narrow a grant
+//! to one buffer; neither backend has them yet). No peer can write there.
+//!
+//! **Soundness.** A buffer the device reads into stays here until its read completed or its
+//! queue pair was reset (in RESET the device no longer touches the memory its work named);
+//! a read's work request id carries its slot's generation, bumped at each reset, so a
+//! completion left over from before is ignored.
+
+use std::mem;
+
+use super::{
+    BulkFailure, Endpoint, Handler, Notice, RequestHandle, RpcError, ServerHandle, SessionId,
+};
+use crate::cq::CompletionQueue;
+use crate::device::{Context, ProtectionDomain};
+use crate::pool::{LocalBuf, MrPool};
+use crate::provider::Provider;
+use crate::qp::{
+    Endpoint as QpEndpoint, Init, InitOptions, QpConfig, QueuePair, ReadyToSend, Reset, RtrOptions,
+    RtsOptions, State, ENDPOINT_LEN,
+};
+use crate::types::{AccessFlags, SendFlags, SendOp, SendWr, Sge, WcStatus, WorkCompletion};
+
+/// The internal request type that connects a session's reliable connection.
+pub const CONNECT: u8 = 0xFF;
+/// The internal request type of a large request.
+pub const REQUEST: u8 = 0xFE;
+/// The payload format's version.
+const VERSION: u8 = 1;
+/// Status: connected; or the response follows inline.
+pub const OK: u8 = 0;
+/// Status: the response is to be read at the address that follows.
+pub const REMOTE: u8 = 1;
+/// Status: the server has no reliable connection for the session.
+const NO_LINK: u8 = 2;
+/// Status: the server's pool had no room.
+const NO_MEMORY: u8 = 3;
+/// Status: the server's read of the request failed; the status follows.
+pub const READ_FAILED: u8 = 4;
+/// Status: a malformed internal request, or a length beyond the server's limit.
+const REJECTED: u8 = 5;
+/// A read's work request id has this bit (a datagram send's has bit 63).
+pub(super) const BULK_BIT: u64 = 1 << 62;
+/// Length of a large request's payload.
+const REQUEST_LEN: usize = 18;
+
+/// Settings of the large-message path ([`EngineConfig::bulk`](super::EngineConfig::bulk)).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BulkConfig {
+    /// The largest large message, request or response: 1..=2^31 bytes. Default 1 MiB.
+    pub max_msg_size: usize,
+    /// Bytes of the registered pool for messages: the requests this endpoint sends and
+    /// the responses it receives as a client; the requests it reads and the responses it
+    /// holds (each `max_msg_size` while its handler runs) as a server. Default 16 MiB.
+    pub pool_bytes: usize,
+}
+
+impl Default for BulkConfig {
+    fn default() -> Self {
+        BulkConfig {
+            max_msg_size: 1 << 20,
+            pool_bytes: 16 << 20,
+        }
+    }
+}
+
+/// One session's reliable connection.
+enum Link<P: Provider> {
+    Idle(QueuePair<P, Reset>),
+    /// Client: the connect request is out.
+    Connecting(QueuePair<P, Init>),
+    Up(QueuePair<P, ReadyToSend>),
+    /// Client: a read failed, which leaves both queue pairs in error; to connect again.
+    Redial(QueuePair<P, Reset>, SessionId),
+    /// A transition failed and the reset after it too: the queue pair is gone.
+    Lost,
+}
+
+/// What a large message holds in one slot of the core.
+enum Op<P: Provider> {
+    Free,
+    /// Client: the request is out; the server reads this buffer.
+    Sent(LocalBuf<P>),
+    /// Client: reading the response into `resp`.
+    Reading {
+        req: LocalBuf<P>,
+        resp: LocalBuf<P>,
+        handle: RequestHandle,
+    },
+    /// Server: reading the request into `buf`.
+    Fetching {
+        buf: LocalBuf<P>,
+        handle: ServerHandle,
+        req_type: u8,
+    },
+    /// Server: a response the client reads (kept alive, never touched).
+    Held {
+        _resp: LocalBuf<P>,
+    },
+}
+
+/// A client slot's request: the caller's, or one of the bulk path's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Kind {
+    Plain,
+    /// A connect request; its answer is the caller's `Connected` notice.
+    Connect,
+    /// A connect request after a failed read: no notice.
+    Redial,
+    Large,
+}
+
+/// The bulk path's state in an engine.
+pub(super) struct Bulk<P: Provider> {
+    /// By session index. Declared first: the queue pairs are destroyed before the
+    /// buffers their work named are freed.
+    links: Vec<Link<P>>,
+    /// By slot of the core (`session × window + w`).
+    ops: Vec<Op<P>>,
+    /// By slot: the generation a read's id carries.
+    gens: Vec<u32>,
+    /// By slot.
+    kinds: Vec<Kind>,
+    /// Reads completed since the last dispatch: (slot, generation, status). At most one
+    /// read per slot is posted, so this never outgrows its capacity (the slot count).
+    done: Vec<(usize, u32, WcStatus)>,
+    /// Some link is [`Link::Redial`].
+    redial: bool,
+    pool: MrPool<P>,
+    max: usize,
+    window: usize,
+    /// The largest response sent inline.
+    inline_max: usize,
+}
+
+impl<P: Provider> Bulk<P> {
+    /// One RC queue pair per session (in RESET) on `cq`, and the pool.
+    pub(super) fn new(
+        ctx: &Context<P>,
+        pd: &ProtectionDomain<P>,
+        cq: &CompletionQueue<P>,
+        qp: &QpConfig,
+        core: &super::Config,
+        cfg: &BulkConfig,
+    ) -> Result<Self, super::EngineError<P::Error>> {
+        if !(1..=1 << 31).contains(&cfg.max_msg_size) || cfg.pool_bytes < cfg.max_msg_size {
+            return Err(super::EngineError::InvalidConfig(
+                "bulk max_msg_size: 1..=2^31, pool_bytes at least that",
+            ));
+        }
+        // SAFETY: remote *read* rights only: no peer's work writes the slab, and the
+        // exposure of its bytes to every peer is the documented contract of the pool.
+        let pool = unsafe {
+            MrPool::with_access(
+                pd,
+                cfg.pool_bytes,
+                AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ,
+            )
+        }?;
+        let window = core.window;
+        let mut qc = *qp;
+        qc.caps.max_send_wr = window as u32;
+        (
+            qc.caps.max_recv_wr,
+            qc.caps.max_send_sge,
+            qc.caps.max_recv_sge,
+        ) = (1, 1, 1);
+        qc.caps.max_inline_data = 0;
+        let links = (0..core.max_sessions)
+            .map(|_| QueuePair::create(ctx, pd, cq, cq, &qc).map(Link::Idle))
+            .collect::<Result<_, _>>()?;
+        let slots = core.max_sessions * window;
+        Ok(Bulk {
+            links,
+            ops: (0..slots).map(|_| Op::Free).collect(),
+            gens: vec![0; slots],
+            kinds: vec![Kind::Plain; slots],
+            done: Vec::with_capacity(slots),
+            redial: false,
+            pool,
+            max: cfg.max_msg_size,
+            window,
+            inline_max: core.limits().data_per_pkt - 2,
+        })
+    }
+
+    /// Reads and waits for the read completions to expect at most.
+    pub(super) fn cq_entries(core: &super::Config) -> usize {
+        core.max_sessions * core.window
+    }
+
+    pub(super) fn pool(&self) -> &MrPool<P> {
+        &self.pool
+    }
+
+    pub(super) fn kind(&self, slot: usize) -> Kind {
+        self.kinds[slot]
+    }
+
+    /// Whether `session` (by index) has its reliable connection.
+    pub(super) fn is_up(&self, session: usize) -> bool {
+        matches!(self.links.get(session), Some(Link::Up(_)))
+    }
+
+    /// A read's completion, taken from the shared queue: noted for the next dispatch, or
+    /// ignored when its slot was reset since.
+    pub(super) fn completed(&mut self, wc: &WorkCompletion) {
+        let slot = (wc.wr_id & 0xffff_ffff) as usize;
+        let gen = ((wc.wr_id & !BULK_BIT) >> 32) as u32;
+        let current = self.gens.get(slot) == Some(&gen);
+        let reading = matches!(
+            self.ops.get(slot),
+            Some(Op::Reading { .. } | Op::Fetching { .. })
+        );
+        if current && reading && self.done.len() < self.done.capacity() {
+            self.done.push((slot, gen, wc.status));
+        }
+    }
+
+    /// Client: `session` is connected (`notify`: the caller is told once its link is up),
+    /// or its link failed; starts (again) its reliable connection. True when the connect
+    /// request is out.
+    pub(super) fn connect(
+        &mut self,
+        core: &mut Endpoint,
+        session: SessionId,
+        notify: bool,
+    ) -> bool {
+        let i = usize::from(session.index());
+        let qp = match mem::replace(&mut self.links[i], Link::Lost) {
+            Link::Idle(qp) | Link::Redial(qp, _) => qp,
+            other => {
+                self.links[i] = other; // not possible: a session's link is reset when it ends
+                return false;
+            }
+        };
+        let qp = match qp.into_init(&access()) {
+            Ok(qp) => qp,
+            Err(e) => {
+                self.links[i] = idle(e.qp);
+                return false;
+            }
+        };
+        let mut msg = [0u8; 1 + ENDPOINT_LEN];
+        msg[0] = VERSION;
+        msg[1..].copy_from_slice(&qp.endpoint().encode());
+        match core.enqueue_request(session, CONNECT, &msg) {
+            Ok(h) => {
+                let kind = if notify { Kind::Connect } else { Kind::Redial };
+                self.kinds[core.slot_of(i, h.req_num())] = kind;
+                self.links[i] = Link::Connecting(qp);
+                true
+            }
+            // Every slot busy: a redial tries again after the next pass.
+            Err(RpcError::WindowFull { .. }) if !notify => {
+                self.links[i] = match qp.reset() {
+                    Ok(qp) => Link::Redial(qp, session),
+                    Err(_) => Link::Lost,
+                };
+                self.redial = true;
+                false
+            }
+            Err(_) => {
+                self.links[i] = idle(qp);
+                false
+            }
+        }
+    }
+
+    /// Client: session `i`'s link failed (a read failed, or the server lost its side):
+    /// reset, and connected again from the next pass.
+    fn broken(
+        &mut self,
+        i: usize,
+        session: SessionId,
+        core: &mut Endpoint,
+        tags: &[u64],
+        notice: &mut impl FnMut(Notice<'_, P>),
+    ) {
+        if !matches!(self.links[i], Link::Up(_)) {
+            return; // already being set up again, or gone with its session
+        }
+        self.reset(i, core, tags, notice);
+        if let Link::Idle(qp) = mem::replace(&mut self.links[i], Link::Lost) {
+            self.links[i] = Link::Redial(qp, session);
+            self.redial = true;
+        }
+    }
+
+    /// Client: `slot` holds a request of the caller's.
+    pub(super) fn plain(&mut self, slot: usize) {
+        self.kinds[slot] = Kind::Plain;
+    }
+
+    /// Client: a large request on `session`, reading `msg`; `slot` its core slot.
+    pub(super) fn sent(&mut self, slot: usize, msg: LocalBuf<P>) {
+        self.kinds[slot] = Kind::Large;
+        self.ops[slot] = Op::Sent(msg);
+    }
+
+    /// The payload of a large request for `msg`.
+    pub(super) fn request_payload(&self, req_type: u8, msg: &LocalBuf<P>) -> [u8; REQUEST_LEN] {
+        let mut p = [0u8; REQUEST_LEN];
+        (p[0], p[1]) = (VERSION, req_type);
+        p[2..10].copy_from_slice(&msg.addr().to_be_bytes());
+        p[10..14].copy_from_slice(&self.pool.rkey().to_be_bytes());
+        p[14..18].copy_from_slice(&(msg.len() as u32).to_be_bytes());
+        p
+    }
+
+    /// The largest large message.
+    pub(super) fn max(&self) -> usize {
+        self.max
+    }
+
+    /// Client: the response to an internal request in `slot` arrived.
+    pub(super) fn on_response(
+        &mut self,
+        core: &mut Endpoint,
+        handle: RequestHandle,
+        slot: usize,
+        tags: &[u64],
+        notice: &mut impl FnMut(Notice<'_, P>),
+    ) -> Result<(), RpcError> {
+        let tag = tags[slot];
+        let kind = mem::replace(&mut self.kinds[slot], Kind::Plain);
+        let i = usize::from(handle.session().index());
+        let bytes = core.response(handle)?;
+        if let Kind::Connect | Kind::Redial = kind {
+            let ep = match bytes {
+                [VERSION, OK, ep @ ..] => QpEndpoint::decode(ep).ok(),
+                _ => None,
+            };
+            self.links[i] = match (mem::replace(&mut self.links[i], Link::Lost), ep) {
+                (Link::Connecting(qp), Some(ep)) => up(qp, &ep),
+                (Link::Connecting(qp), None) => idle(qp),
+                (other, _) => other,
+            };
+            core.release(handle)?;
+            if kind == Kind::Connect {
+                notice(Notice::Session(super::Event::Connected(handle.session())));
+            }
+            return Ok(());
+        }
+        let Op::Sent(req) = mem::replace(&mut self.ops[slot], Op::Free) else {
+            return core.release(handle); // not possible: a large request's slot holds it
+        };
+        let failure = match bytes {
+            [VERSION, OK, inline @ ..] => {
+                notice(Notice::Response {
+                    tag,
+                    bytes: inline,
+                    msg: Some(req),
+                });
+                return core.release(handle);
+            }
+            [VERSION, REMOTE, at @ ..] if at.len() == 16 => {
+                let (addr, rkey, len) = (be64(&at[..8]), be32(&at[8..12]), be32(&at[12..]));
+                match self.read(i, slot, addr, rkey, len as usize) {
+                    Ok(resp) => {
+                        self.ops[slot] = Op::Reading { req, resp, handle };
+                        return Ok(()); // released once read
+                    }
+                    Err(f) => f,
+                }
+            }
+            [VERSION, NO_LINK] => BulkFailure::NoLink,
+            [VERSION, NO_MEMORY] => BulkFailure::NoMemory,
+            [VERSION, READ_FAILED, s @ ..] if s.len() == 4 => {
+                BulkFailure::Read(WcStatus::from_raw(be32(s)))
+            }
+            _ => BulkFailure::Rejected,
+        };
+        // The server's read failed or its side is gone: both queue pairs need a reset.
+        if let BulkFailure::NoLink | BulkFailure::Read(_) = failure {
+            core.release(handle)?;
+            notice(Notice::Failed {
+                tag,
+                error: RpcError::Bulk(failure),
+                msg: Some(req),
+            });
+            self.broken(i, handle.session(), core, tags, notice);
+            return Ok(());
+        }
+        notice(Notice::Failed {
+            tag,
+            error: RpcError::Bulk(failure),
+            msg: Some(req),
+        });
+        core.release(handle)
+    }
+
+    /// Client: the request in `slot` of session `i` failed; its buffer, if it is a large
+    /// one. A failed connect request leaves the link idle.
+    pub(super) fn on_failed(&mut self, i: usize, slot: usize) -> Option<LocalBuf<P>> {
+        match mem::replace(&mut self.kinds[slot], Kind::Plain) {
+            Kind::Large => match mem::replace(&mut self.ops[slot], Op::Free) {
+                Op::Sent(req) => Some(req),
+                other => {
+                    self.ops[slot] = other;
+                    None
+                }
+            },
+            Kind::Connect | Kind::Redial => {
+                if let Link::Connecting(qp) = mem::replace(&mut self.links[i], Link::Lost) {
+                    self.links[i] = idle(qp);
+                }
+                None
+            }
+            Kind::Plain => None,
+        }
+    }
+
+    /// Server: a request arrived in its slot. True when it is the bulk path's.
+    pub(super) fn on_request(
+        &mut self,
+        core: &mut Endpoint,
+        handle: ServerHandle,
+        req_type: u8,
+        tags: &[u64],
+        notice: &mut impl FnMut(Notice<'_, P>),
+    ) -> Result<bool, RpcError> {
+        let i = usize::from(handle.session().index());
+        let slot = core.slot_of(i, handle.req_num());
+        // The client sent its next request on the slot: it read the response held there.
+        if let Op::Held { .. } = self.ops[slot] {
+            self.ops[slot] = Op::Free;
+        }
+        let reply = match req_type {
+            CONNECT => self.accept(core, handle, i, tags, notice),
+            REQUEST => self.fetch(core, handle, i, slot),
+            _ => return Ok(false),
+        };
+        if let Some(reply) = reply {
+            core.respond(handle, reply.bytes())?;
+        }
+        Ok(true)
+    }
+
+    /// Server: connects session `i`'s queue pair to the client's; the answer.
+    fn accept(
+        &mut self,
+        core: &mut Endpoint,
+        handle: ServerHandle,
+        i: usize,
+        tags: &[u64],
+        notice: &mut impl FnMut(Notice<'_, P>),
+    ) -> Option<Reply> {
+        let ep = match core.request(handle) {
+            Ok([VERSION, ep @ ..]) => QpEndpoint::decode(ep).ok(),
+            _ => None,
+        };
+        let Some(ep) = ep else {
+            return Some(Reply::status(REJECTED));
+        };
+        self.reset(i, core, tags, notice);
+        let Link::Idle(qp) = mem::replace(&mut self.links[i], Link::Lost) else {
+            return Some(Reply::status(NO_LINK));
+        };
+        self.links[i] = match qp.into_init(&access()) {
+            Ok(qp) => up(qp, &ep),
+            Err(e) => idle(e.qp),
+        };
+        let Link::Up(qp) = &self.links[i] else {
+            return Some(Reply::status(NO_LINK));
+        };
+        let mut r = Reply::status(OK);
+        r.buf[2..2 + ENDPOINT_LEN].copy_from_slice(&qp.endpoint().encode());
+        r.len += ENDPOINT_LEN;
+        Some(r)
+    }
+
+    /// Server: starts the read of a large request; the answer if it cannot.
+    fn fetch(
+        &mut self,
+        core: &Endpoint,
+        handle: ServerHandle,
+        i: usize,
+        slot: usize,
+    ) -> Option<Reply> {
+        let Ok(&[VERSION, req_type, ref at @ ..]) = core.request(handle) else {
+            return Some(Reply::status(REJECTED));
+        };
+        if at.len() != REQUEST_LEN - 2 {
+            return Some(Reply::status(REJECTED));
+        }
+        let (addr, rkey, len) = (be64(&at[..8]), be32(&at[8..12]), be32(&at[12..]));
+        match self.read(i, slot, addr, rkey, len as usize) {
+            Ok(buf) => {
+                self.ops[slot] = Op::Fetching {
+                    buf,
+                    handle,
+                    req_type,
+                };
+                None
+            }
+            Err(BulkFailure::NoMemory) => Some(Reply::status(NO_MEMORY)),
+            Err(BulkFailure::NoLink) => Some(Reply::status(NO_LINK)),
+            Err(_) => Some(Reply::status(REJECTED)),
+        }
+    }
+
+    /// Posts a read of `len` bytes at the peer's `addr` into a new buffer, for `slot` on
+    /// session `i`'s connection.
+    fn read(
+        &mut self,
+        i: usize,
+        slot: usize,
+        addr: u64,
+        rkey: u32,
+        len: usize,
+    ) -> Result<LocalBuf<P>, BulkFailure> {
+        if len == 0 || len > self.max {
+            return Err(BulkFailure::Rejected);
+        }
+        let Some(Link::Up(qp)) = self.links.get(i) else {
+            return Err(BulkFailure::NoLink);
+        };
+        let buf = self.pool.alloc(len).map_err(|_| BulkFailure::NoMemory)?;
+        let id = BULK_BIT | u64::from(self.gens[slot]) << 32 | slot as u64;
+        let mut wr = SendWr::<1>::new(
+            id,
+            SendOp::Read {
+                remote_addr: addr,
+                rkey,
+            },
+            SendFlags::SIGNALED,
+        );
+        wr.sg_list[0] = Sge {
+            addr: buf.addr(),
+            length: len as u32, // len <= max <= 2^31
+            lkey: buf.lkey(),
+        };
+        wr.num_sge = 1;
+        // SAFETY: `buf` goes into `ops[slot]` (the caller puts it there), where it stays,
+        // untouched, until this read's completion or the queue pair's reset.
+        unsafe { qp.post_send(&[wr]) }.map_err(|_| BulkFailure::NoLink)?;
+        Ok(buf)
+    }
+
+    /// Handles the reads completed since the last call: runs handlers for requests read
+    /// whole (their responses go out inline or held), and reports responses read whole;
+    /// then connects again the links a failed read broke.
+    pub(super) fn finish(
+        &mut self,
+        core: &mut Endpoint,
+        handlers: &mut [Option<Handler>],
+        tags: &[u64],
+        no_handler: &mut u64,
+        notice: &mut impl FnMut(Notice<'_, P>),
+    ) -> Result<(), RpcError> {
+        for k in 0..self.done.len() {
+            let (slot, gen, status) = self.done[k];
+            if self.gens[slot] != gen {
+                continue; // its link was reset since
+            }
+            match mem::replace(&mut self.ops[slot], Op::Free) {
+                Op::Fetching {
+                    buf,
+                    handle,
+                    req_type,
+                } => {
+                    if status != WcStatus::Success {
+                        // The queue pair is in error: answer, then reset (the client
+                        // connects again).
+                        drop(buf);
+                        let mut r = Reply::status(READ_FAILED);
+                        r.buf[2..6].copy_from_slice(&status.raw().to_be_bytes());
+                        r.len += 4;
+                        core.respond(handle, r.bytes())?;
+                        self.reset(slot / self.window, core, tags, notice);
+                        continue;
+                    }
+                    let req = Served {
+                        buf,
+                        handle,
+                        req_type,
+                    };
+                    self.serve(core, handlers, no_handler, slot, req)?;
+                }
+                Op::Reading { req, resp, handle } => {
+                    self.kinds[slot] = Kind::Plain;
+                    let tag = tags[slot];
+                    if status == WcStatus::Success {
+                        notice(Notice::Response {
+                            tag,
+                            bytes: resp.as_slice(),
+                            msg: Some(req),
+                        });
+                        drop(resp); // its read completed: free for the next
+                        core.release(handle)?;
+                        continue;
+                    }
+                    drop(resp); // its read completed (in error)
+                    core.release(handle)?;
+                    notice(Notice::Failed {
+                        tag,
+                        error: RpcError::Bulk(BulkFailure::Read(status)),
+                        msg: Some(req),
+                    });
+                    let session = handle.session();
+                    self.broken(usize::from(session.index()), session, core, tags, notice);
+                }
+                other => self.ops[slot] = other,
+            }
+        }
+        self.done.clear();
+        if self.redial {
+            self.redial = false;
+            for i in 0..self.links.len() {
+                if let Link::Redial(_, session) = self.links[i] {
+                    self.connect(core, session, false);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Server: the read of a request completed; runs its handler.
+    fn serve(
+        &mut self,
+        core: &mut Endpoint,
+        handlers: &mut [Option<Handler>],
+        no_handler: &mut u64,
+        slot: usize,
+        Served {
+            buf,
+            handle,
+            req_type,
+        }: Served<P>,
+    ) -> Result<(), RpcError> {
+        let Ok(mut out) = self.pool.alloc(self.max) else {
+            return core.respond(handle, Reply::status(NO_MEMORY).bytes());
+        };
+        let len = match &mut handlers[usize::from(req_type)] {
+            Some(h) => h(buf.as_slice(), out.as_mut_slice()).min(self.max),
+            None => {
+                *no_handler += 1;
+                0
+            }
+        };
+        drop(buf); // read whole and handled
+        if len <= self.inline_max {
+            return core.respond_with(handle, |_, o| {
+                (o[0], o[1]) = (VERSION, OK);
+                o[2..2 + len].copy_from_slice(&out.as_slice()[..len]);
+                2 + len
+            });
+        }
+        let mut r = Reply::status(REMOTE);
+        r.buf[2..10].copy_from_slice(&out.addr().to_be_bytes());
+        r.buf[10..14].copy_from_slice(&self.pool.rkey().to_be_bytes());
+        r.buf[14..18].copy_from_slice(&(len as u32).to_be_bytes());
+        r.len += 16;
+        core.respond(handle, r.bytes())?;
+        self.ops[slot] = Op::Held { _resp: out };
+        Ok(())
+    }
+
+    /// Session `i` ended (or reconnects): its queue pair back to RESET, so that the device
+    /// no longer touches the buffers its reads named, then those freed: a client's read in
+    /// flight fails its request, a server's is answered (while the session lasts) with
+    /// no link. Requests still out keep their buffers until the core ends them.
+    pub(super) fn reset(
+        &mut self,
+        i: usize,
+        core: &mut Endpoint,
+        tags: &[u64],
+        notice: &mut impl FnMut(Notice<'_, P>),
+    ) {
+        self.links[i] = match mem::replace(&mut self.links[i], Link::Lost) {
+            Link::Idle(qp) => Link::Idle(qp),
+            Link::Connecting(qp) => idle(qp),
+            Link::Up(qp) => idle(qp),
+            Link::Redial(qp, _) => Link::Idle(qp),
+            Link::Lost => Link::Lost,
+        };
+        for slot in i * self.window..(i + 1) * self.window {
+            self.gens[slot] = (self.gens[slot] + 1) & 0x3fff_ffff;
+            match mem::replace(&mut self.ops[slot], Op::Free) {
+                Op::Reading { req, resp, handle } => {
+                    self.kinds[slot] = Kind::Plain;
+                    notice(Notice::Failed {
+                        tag: tags.get(slot).copied().unwrap_or_default(),
+                        error: RpcError::Bulk(BulkFailure::NoLink),
+                        msg: Some(req),
+                    });
+                    drop(resp);
+                    let _ = core.release(handle); // fails only if the session is gone
+                }
+                Op::Fetching { buf, handle, .. } => {
+                    drop(buf);
+                    let _ = core.respond(handle, Reply::status(NO_LINK).bytes());
+                }
+                Op::Held { .. } | Op::Free => {}
+                sent @ Op::Sent(_) => self.ops[slot] = sent,
+            }
+        }
+    }
+}
+
+/// A request read whole, for its handler.
+struct Served<P: Provider> {
+    buf: LocalBuf<P>,
+    handle: ServerHandle,
+    req_type: u8,
+}
+
+/// A small internal answer, built on the stack.
+struct Reply {
+    buf: [u8; 2 + ENDPOINT_LEN],
+    len: usize,
+}
+
+impl Reply {
+    fn status(status: u8) -> Reply {
+        let mut buf = [0u8; 2 + ENDPOINT_LEN];
+        (buf[0], buf[1]) = (VERSION, status);
+        Reply { buf, len: 2 }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
+/// The rights a session's queue pair grants its peer: reads of the pool.
+fn access() -> InitOptions {
+    InitOptions {
+        access: AccessFlags::REMOTE_READ,
+        pkey_index: 0,
+    }
+}
+
+/// A queue pair back to RESET, or lost if even that fails.
+fn idle<P: Provider, S: State>(qp: QueuePair<P, S>) -> Link<P> {
+    match qp.reset() {
+        Ok(qp) => Link::Idle(qp),
+        Err(_) => Link::Lost,
+    }
+}
+
+/// A queue pair in INIT connected to `ep` (RTR, then RTS), or back to RESET.
+fn up<P: Provider>(qp: QueuePair<P, Init>, ep: &QpEndpoint) -> Link<P> {
+    match qp.into_rtr(ep, &RtrOptions::default()) {
+        Err(e) => idle(e.qp),
+        Ok(qp) => match qp.into_rts(&RtsOptions::default()) {
+            Ok(qp) => Link::Up(qp),
+            Err(e) => idle(e.qp),
+        },
+    }
+}
+
+fn be64(b: &[u8]) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(b);
+    u64::from_be_bytes(a)
+}
+
+fn be32(b: &[u8]) -> u32 {
+    let mut a = [0u8; 4];
+    a.copy_from_slice(b);
+    u32::from_be_bytes(a)
+}

@@ -36,19 +36,19 @@
 
 use std::time::{Duration, Instant};
 
-use super::bulk::{Bulk, BulkConfig, Kind, BULK_BIT, CONNECT, REQUEST};
+use super::bulk::{Bulk, Kind, BULK_BIT, CONNECT, REQUEST};
 use super::clock::Clock;
 use super::header::{Header, PktType};
 use super::peers::Peers;
-use super::{BulkFailure, Config, Endpoint, Event, RequestHandle, RpcError, SessionId};
+use super::{Endpoint, Event, RequestHandle, SessionId};
 use crate::cq::CompletionQueue;
 use crate::device::{Context, ProtectionDomain};
-use crate::error::{Error, ErrorKind};
+use crate::error::Error;
 use crate::event::CompletionChannel;
-use crate::pool::{LocalBuf, MrPool, PoolError};
+use crate::pool::{LocalBuf, MrPool};
 use crate::provider::{AhAttr, Provider};
 use crate::qp::UdOptions;
-use crate::qp::{AddressHandle, Endpoint as QpEndpoint, QpConfig, QueuePair, ReadyToSend, Ud};
+use crate::qp::{AddressHandle, Endpoint as QpEndpoint, QueuePair, ReadyToSend, Ud};
 use crate::types::WorkCompletion;
 use crate::types::{Gid, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest, WcOpcode, WcStatus};
 
@@ -66,159 +66,10 @@ const TIMER_PASSES: u32 = 32;
 /// A send's `wr_id` has this bit; a receive's is its slot.
 const SEND_BIT: u64 = 1 << 63;
 
-/// Settings of an [`Rpc`].
-#[derive(Clone, Debug)]
-pub struct EngineConfig {
-    /// The protocol core's settings; its `mtu` is the largest datagram payload (header
-    /// included), at most the port's MTU.
-    pub core: Config,
-    /// The UD queue pair's port, GID index and first PSN (its capacities are set here).
-    pub qp: QpConfig,
-    /// The Q_Key of every `Rpc` that talks to this one.
-    pub qkey: u32,
-    /// Receives kept posted (1..=16,384): datagrams that can arrive between two passes.
-    pub recv_slots: usize,
-    /// Datagrams in flight on the send queue (1..=16,384).
-    pub send_slots: usize,
-    /// The completion queue raises events on a completion channel of its own, so that a
-    /// thread or task can sleep until a datagram comes (`zverbs::tokio::AsyncRpc` does).
-    pub events: bool,
-    /// The zero-copy path for large messages over reliable connections (see
-    /// [`Rpc::enqueue_bulk`]): a queue pair per session and a registered pool, made by
-    /// [`Rpc::new`]. Off (`None`) by default.
-    pub bulk: Option<BulkConfig>,
-}
+mod config;
+mod large;
 
-impl Default for EngineConfig {
-    fn default() -> Self {
-        EngineConfig {
-            core: Config::default(),
-            qp: QpConfig::default(),
-            qkey: 0x0205,
-            recv_slots: 256,
-            send_slots: 64,
-            events: false,
-            bulk: None,
-        }
-    }
-}
-
-/// Why an [`Rpc`] call failed.
-#[derive(Clone, Debug)]
-#[non_exhaustive]
-pub enum EngineError<E> {
-    /// The device refused a verb.
-    Device(Error<E>),
-    /// The protocol core refused.
-    Rpc(RpcError),
-    /// Every peer entry is in use (at most `max_sessions` peers).
-    TooManyPeers,
-    /// A setting out of range.
-    InvalidConfig(&'static str),
-    /// No buffer for a large message ([`Rpc::alloc_msg`]).
-    Pool(PoolError),
-}
-
-impl<E: crate::error::ProviderError> EngineError<E> {
-    /// What the error means in the crate-wide classification.
-    pub fn kind(&self) -> ErrorKind {
-        match self {
-            EngineError::Device(e) => e.kind(),
-            EngineError::Rpc(e) => e.kind(),
-            EngineError::TooManyPeers => ErrorKind::OutOfResources,
-            EngineError::InvalidConfig(_) => ErrorKind::InvalidArgument,
-            EngineError::Pool(e) => e.kind(),
-        }
-    }
-}
-
-impl<E: core::fmt::Display> core::fmt::Display for EngineError<E> {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        match self {
-            EngineError::Device(e) => e.fmt(f),
-            EngineError::Rpc(e) => e.fmt(f),
-            EngineError::TooManyPeers => f.write_str("every RPC peer entry is in use"),
-            EngineError::InvalidConfig(why) => write!(f, "invalid RPC engine setting: {why}"),
-            EngineError::Pool(e) => e.fmt(f),
-        }
-    }
-}
-
-impl<E: core::fmt::Debug + core::fmt::Display> core::error::Error for EngineError<E> {}
-
-impl<E> From<Error<E>> for EngineError<E> {
-    fn from(e: Error<E>) -> Self {
-        EngineError::Device(e)
-    }
-}
-
-impl<E> From<RpcError> for EngineError<E> {
-    fn from(e: RpcError) -> Self {
-        EngineError::Rpc(e)
-    }
-}
-
-/// What a pass has for the caller (requests go to the handlers).
-pub enum Notice<'a, P: Provider> {
-    /// The response to the request enqueued with `tag`.
-    Response {
-        /// The caller's tag.
-        tag: u64,
-        /// The response's bytes, valid for the call.
-        bytes: &'a [u8],
-        /// A large request's buffer ([`Rpc::enqueue_bulk`]), back to the caller.
-        msg: Option<LocalBuf<P>>,
-    },
-    /// The request enqueued with `tag` failed (session timeout, session failed, a large
-    /// message's transfer).
-    Failed {
-        /// The caller's tag.
-        tag: u64,
-        /// Why.
-        error: RpcError,
-        /// A large request's buffer ([`Rpc::enqueue_bulk`]), back to the caller.
-        msg: Option<LocalBuf<P>>,
-    },
-    /// A session event of the core: connected, refused, accepted, disconnected.
-    Session(Event),
-}
-
-impl<P: Provider> core::fmt::Debug for Notice<'_, P> {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        match self {
-            Notice::Response { tag, bytes, msg } => f
-                .debug_struct("Response")
-                .field("tag", tag)
-                .field("len", &bytes.len())
-                .field("msg", &msg.as_ref().map(LocalBuf::len))
-                .finish(),
-            Notice::Failed { tag, error, msg } => f
-                .debug_struct("Failed")
-                .field("tag", tag)
-                .field("error", error)
-                .field("msg", &msg.as_ref().map(LocalBuf::len))
-                .finish(),
-            Notice::Session(ev) => f.debug_tuple("Session").field(ev).finish(),
-        }
-    }
-}
-
-/// What the engine counted besides the core's [`Stats`](super::Stats).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct EngineStats {
-    /// Datagrams from a sender with no session that were not connect requests.
-    pub unknown_sender: u64,
-    /// Receives completed in error (the queue pair stops receiving then).
-    pub recv_errors: u64,
-    /// Requests of a type with no handler (answered with an empty response).
-    pub no_handler: u64,
-    /// Doorbells rung for sends.
-    pub send_doorbells: u64,
-}
-
-/// A request handler: reads the request, writes the response into the slice it is
-/// given (the core's largest message), returns the response's length.
-pub type Handler = Box<dyn FnMut(&[u8], &mut [u8]) -> usize + Send>;
+pub use config::{EngineConfig, EngineError, EngineStats, Handler, Notice};
 
 /// One thread's RPC endpoint over a UD queue pair: it owns the queue pair, its completion
 /// queue, registered rings of receive and send slots, and its peers' address handles; each
@@ -460,78 +311,6 @@ impl<P: Provider> Rpc<P> {
         self.tags[i] = tag;
         if let Some(b) = &mut self.bulk {
             b.plain(i);
-        }
-        Ok(h)
-    }
-
-    /// A buffer of `len` bytes from the bulk path's registered pool, for
-    /// [`enqueue_bulk`](Self::enqueue_bulk).
-    ///
-    /// # Errors
-    /// [`EngineError::InvalidConfig`] without a bulk path; [`EngineError::Pool`] when the
-    /// pool has no room (or `len` is 0 or beyond it).
-    pub fn alloc_msg(&self, len: usize) -> Result<LocalBuf<P>, EngineError<P::Error>> {
-        let b = self.bulk.as_ref().ok_or(EngineError::InvalidConfig(
-            "no bulk path (EngineConfig::bulk)",
-        ))?;
-        b.pool().alloc(len).map_err(EngineError::Pool)
-    }
-
-    /// The bulk path's registered pool (its occupancy, an awaitable allocation), if there
-    /// is a bulk path.
-    pub fn msg_pool(&self) -> Option<&MrPool<P>> {
-        self.bulk.as_ref().map(Bulk::pool)
-    }
-
-    /// Whether `session` has its reliable connection for large messages (set up before
-    /// its `Notice::Session(Connected)`, when both ends have a bulk path).
-    pub fn has_bulk_link(&self, session: SessionId) -> bool {
-        self.bulk
-            .as_ref()
-            .is_some_and(|b| b.is_up(usize::from(session.index())))
-    }
-
-    /// Enqueues a large request of `req_type` on `session`, zero-copy: the server reads
-    /// `msg` with an RDMA read over the session's reliable connection, runs the handler
-    /// for the type, and the response comes inline (when it fits one packet) or by a
-    /// second read into a buffer of this endpoint's pool. The [`Notice::Response`] or
-    /// [`Notice::Failed`] with `tag` gives `msg` back; until then the engine holds it.
-    ///
-    /// # Errors
-    /// With `msg` back: no bulk path, a buffer not from [`alloc_msg`](Self::alloc_msg),
-    /// or one larger than [`BulkConfig::max_msg_size`]
-    /// ([`EngineError::InvalidConfig`]); a session without its reliable connection
-    /// ([`RpcError::Bulk`]`(NoLink)`); the core's refusals ([`RpcError`]).
-    #[allow(clippy::type_complexity)]
-    pub fn enqueue_bulk(
-        &mut self,
-        session: SessionId,
-        req_type: u8,
-        msg: LocalBuf<P>,
-        tag: u64,
-    ) -> Result<RequestHandle, (EngineError<P::Error>, LocalBuf<P>)> {
-        let Some(b) = &mut self.bulk else {
-            return Err((EngineError::InvalidConfig("no bulk path"), msg));
-        };
-        if !msg.belongs_to(b.pool()) || msg.len() > b.max() {
-            return Err((
-                EngineError::InvalidConfig("a buffer from alloc_msg, at most max_msg_size"),
-                msg,
-            ));
-        }
-        if !b.is_up(usize::from(session.index())) {
-            return Err((RpcError::Bulk(BulkFailure::NoLink).into(), msg));
-        }
-        let payload = b.request_payload(req_type, &msg);
-        let h = match self.core.enqueue_request(session, REQUEST, &payload) {
-            Ok(h) => h,
-            Err(e) => return Err((e.into(), msg)),
-        };
-        self.dirty = true;
-        let i = self.tag_index(h);
-        self.tags[i] = tag;
-        if let Some(b) = &mut self.bulk {
-            b.sent(i, msg);
         }
         Ok(h)
     }

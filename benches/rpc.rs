@@ -12,6 +12,12 @@
 //! - `rate_32B/raw_ud`: 8 datagrams per doorbell from A to B, B reposting in a chain.
 //! - `rate_32B/rpc`: echo requests with a window of 8 outstanding; elements = RPCs
 //!   completed (each also served by the same thread).
+//! - `echo_1MiB/ud_packets`: one 1 MiB echo at a time as eRPC moves it: 1,024-byte
+//!   datagrams, credits and requests-for-response, each packet copied into the ring and
+//!   out of it; bytes = request + response.
+//! - `echo_1MiB/bulk_rc`: the same echo on the bulk path (`EngineConfig::bulk`): a
+//!   descriptor datagram, an RDMA read of the request, the handler, a descriptor back and
+//!   an RDMA read of the response, over the session's reliable connection.
 //!
 //! Every measured loop runs with its allocations counted and panics if one allocated.
 
@@ -22,7 +28,7 @@ use std::time::Duration;
 use criterion::{criterion_group, Criterion, Throughput};
 use zverbs::provider::sim::Sim;
 use zverbs::qp::{AddressHandle, QpConfig, QueuePair, ReadyToSend, Ud, UdOptions};
-use zverbs::rpc::{Config, EngineConfig, Event, Notice, Rpc, SessionId};
+use zverbs::rpc::{BulkConfig, Config, EngineConfig, Event, Notice, Rpc, SessionId};
 use zverbs::{
     AhAttr, CompletionQueue, Context, MemoryRegion, ProtectionDomain, RecvWr, SendFlags, SendOp,
     SendWr, Sge, UdDest, WorkCompletion,
@@ -159,13 +165,19 @@ fn raw_pair() -> (Raw, Raw) {
 
 /// A client and a server `Rpc` with an echo handler and an open session.
 fn rpc_pair() -> (Rpc<Sim>, Rpc<Sim>, SessionId) {
+    rpc_pair_with(4096, None)
+}
+
+/// [`rpc_pair`] with messages up to `max_msg_size` and the bulk path as given.
+fn rpc_pair_with(max_msg_size: usize, bulk: Option<BulkConfig>) -> (Rpc<Sim>, Rpc<Sim>, SessionId) {
     let sim = Sim::with_devices(2);
     let cfg = EngineConfig {
         core: Config {
             max_sessions: 2,
-            max_msg_size: 4096,
+            max_msg_size,
             ..Config::default()
         },
+        bulk,
         ..EngineConfig::default()
     };
     let make = |dev| {
@@ -281,10 +293,65 @@ fn rate(c: &mut Criterion) {
     g.finish();
 }
 
+fn large(c: &mut Criterion) {
+    const MIB: usize = 1 << 20;
+    let mut g = c.benchmark_group("echo_1MiB");
+    g.throughput(Throughput::Bytes(2 * MIB as u64));
+    let (mut client, mut server, session) = rpc_pair_with(MIB, None);
+    let req = vec![0x5Au8; MIB];
+    let mut done = 0;
+    // Warm: the first large message grows the simulator's queues to their working size.
+    client.enqueue_request(session, 1, &req, 0).unwrap();
+    drive(&mut client, &mut server, &mut done, 1);
+    g.bench_function("ud_packets", |bench| {
+        bench.iter_custom(|iters| {
+            timed_no_alloc("ud_packets", iters, |iters| {
+                for i in 0..iters {
+                    client.enqueue_request(session, 1, &req, i).unwrap();
+                    let target = done + 1;
+                    drive(&mut client, &mut server, &mut done, target);
+                }
+            })
+        })
+    });
+    let bulk = BulkConfig {
+        max_msg_size: MIB,
+        pool_bytes: 8 * MIB,
+    };
+    let (mut client, mut server, session) = rpc_pair_with(4096, Some(bulk));
+    let mut msg = Some(client.alloc_msg(MIB).unwrap());
+    g.bench_function("bulk_rc", |bench| {
+        bench.iter_custom(|iters| {
+            timed_no_alloc("bulk_rc", iters, |iters| {
+                for i in 0..iters {
+                    let m = msg.take().unwrap();
+                    if client.enqueue_bulk(session, 1, m, i).is_err() {
+                        panic!("enqueue_bulk");
+                    }
+                    while msg.is_none() {
+                        client
+                            .run_event_loop_once(&mut |n| match n {
+                                Notice::Response { bytes, msg: m, .. } => {
+                                    assert_eq!(bytes.len(), MIB);
+                                    msg = m;
+                                }
+                                Notice::Failed { error, .. } => panic!("bulk echo: {error}"),
+                                Notice::Session(_) => {}
+                            })
+                            .unwrap();
+                        server.run_event_loop_once(&mut |_| {}).unwrap();
+                    }
+                }
+            })
+        })
+    });
+    g.finish();
+}
+
 criterion_group! {
     name = benches;
     config = common::config().measurement_time(Duration::from_secs(3));
-    targets = rtt, rate
+    targets = rtt, rate, large
 }
 
 criterion::criterion_main!(benches);

@@ -8,9 +8,11 @@
 //!
 //! Prints, for 32 B requests one at a time, the round-trip percentiles (p50, p99, p99.9);
 //! the rate of 32 B requests with a window of 8 outstanding for `--secs` (default 1); and the
-//! time and throughput of 1 MiB requests (echoed back whole). The last line,
-//! `allocations_after_setup=<n>`, counts heap allocations in the client's measured loops
-//! (a global allocator wrapper). On verbs both endpoints live on one device, in loopback
+//! time and throughput of 1 MiB requests (reversed back whole), both as eRPC moves them
+//! (1,024-byte datagrams) and on the bulk path (`EngineConfig::bulk`: one RDMA read each
+//! way over the session's reliable connection, from and into registered buffers). The last
+//! line, `allocations_after_setup=<n>`, counts heap allocations in the client's measured
+//! loops (a global allocator wrapper). On verbs both endpoints live on one device, in loopback
 //! (`--device`, else `ZVERBS_DEVICE`, else the first device).
 
 mod backend;
@@ -96,8 +98,9 @@ mod measured {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::time::{Duration, Instant};
 
+    use zverbs::pool::LocalBuf;
     use zverbs::provider::Provider;
-    use zverbs::rpc::{Config, EngineConfig, Event, Notice, Rpc, SessionId};
+    use zverbs::rpc::{BulkConfig, Config, EngineConfig, Event, Notice, Rpc, SessionId};
     use zverbs::Context;
 
     use super::{ALLOCATIONS, COUNTING};
@@ -115,26 +118,47 @@ mod measured {
         done: usize,
         failed: Option<String>,
         last: Vec<u8>,
+        /// A large request's buffer, back from the engine.
+        msg: Option<LocalBuf<P>>,
     }
 
     impl<P: Provider> Client<P> {
+        /// A large request from the buffer the engine gave back.
+        fn call_bulk(&mut self, req_type: u8) -> Result<(), String> {
+            let msg = self
+                .msg
+                .take()
+                .ok_or("the large buffer did not come back")?;
+            let tag = self.done as u64;
+            match self.rpc.enqueue_bulk(self.session, req_type, msg, tag) {
+                Ok(_) => Ok(()),
+                Err((e, msg)) => {
+                    self.msg = Some(msg);
+                    Err(e.to_string())
+                }
+            }
+        }
+
         /// Passes until `n` requests finished in all.
         fn until(&mut self, n: usize, keep: bool) -> Result<(), String> {
             let (done, failed, last) = (&mut self.done, &mut self.failed, &mut self.last);
+            let back = &mut self.msg;
             let deadline = Instant::now() + Duration::from_secs(30);
             while *done < n {
                 self.rpc
                     .run_event_loop_once(&mut |notice| match notice {
-                        Notice::Response { bytes, .. } => {
+                        Notice::Response { bytes, msg, .. } => {
                             *done += 1;
                             if keep {
                                 last.clear();
                                 last.extend_from_slice(bytes);
                             }
+                            *back = msg.or(back.take());
                         }
-                        Notice::Failed { error, .. } => {
+                        Notice::Failed { error, msg, .. } => {
                             *done += 1;
                             *failed = Some(error.to_string());
+                            *back = msg.or(back.take());
                         }
                         Notice::Session(_) => {}
                     })
@@ -176,6 +200,10 @@ mod measured {
                 max_msg_size: BIG,
                 ..cfg.core.clone()
             },
+            bulk: Some(BulkConfig {
+                max_msg_size: BIG,
+                pool_bytes: 8 * BIG,
+            }),
             ..cfg
         };
         let pd = |ctx: &Context<P>| ctx.alloc_pd().map_err(|e| e.to_string());
@@ -230,6 +258,7 @@ mod measured {
             done: 0,
             failed: None,
             last: Vec::with_capacity(BIG),
+            msg: None,
         };
         // Connect: the session event comes before any response.
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -287,6 +316,29 @@ mod measured {
         if !c.last.iter().eq(big.iter().rev()) {
             return Err("the 1 MiB response came back altered".into());
         }
+        // The same on the bulk path: written once into a registered buffer, which comes
+        // back with each response. Allocations counted again.
+        let mut msg = c.rpc.alloc_msg(BIG).map_err(|e| e.to_string())?;
+        msg.as_mut_slice().copy_from_slice(&big);
+        c.msg = Some(msg);
+        let n = c.done;
+        c.call_bulk(REVERSE)?; // warm: the first use of the reads
+        c.until(n + 1, false)?;
+        COUNTING.store(true, Ordering::SeqCst);
+        let t0 = Instant::now();
+        for _ in 0..rounds {
+            let n = c.done;
+            c.call_bulk(REVERSE)?;
+            c.until(n + 1, false)?;
+        }
+        let per_bulk = t0.elapsed() / rounds;
+        COUNTING.store(false, Ordering::SeqCst);
+        let n = c.done;
+        c.call_bulk(REVERSE)?;
+        c.until(n + 1, true)?;
+        if !c.last.iter().eq(big.iter().rev()) {
+            return Err("the 1 MiB bulk response came back altered".into());
+        }
         rtts.sort_unstable();
         let pct = |p: f64| rtts[((rtts.len() as f64 * p) as usize).min(rtts.len() - 1)];
         println!("rpc_echo: over {what}, a server thread and a client thread");
@@ -298,8 +350,12 @@ mod measured {
         );
         println!("32 B, {WINDOW} outstanding: {:.0} RPCs/s", rate);
         println!(
-            "1 MiB reversed: {per:?} per call, {:.2} GB/s each way",
+            "1 MiB reversed, as datagrams: {per:?} per call, {:.2} GB/s each way",
             BIG as f64 / per.as_secs_f64() / 1e9
+        );
+        println!(
+            "1 MiB reversed, bulk (RDMA reads): {per_bulk:?} per call, {:.2} GB/s each way",
+            BIG as f64 / per_bulk.as_secs_f64() / 1e9
         );
         println!(
             "allocations_after_setup={}",

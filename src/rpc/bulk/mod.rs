@@ -16,9 +16,10 @@
 //!    read into a buffer of its pool, runs the handler for the type into another, and
 //!    answers inline when the response fits one packet, else with that buffer's address,
 //!    from which the client reads the response into a buffer of its pool.
-//! 3. The server keeps a response buffer until the client's next request on the same slot
-//!    (sent only after the client released the response, so after its read) or the end of
-//!    the session.
+//! 3. The server keeps a response buffer until the client's release message (a send with
+//!    immediate and no bytes over the connection, after its read, naming the slot and
+//!    request), the client's next request on the same slot (sent only after the client
+//!    released the response, so after its read), or the end of the session.
 //!
 //! No CPU copies a large message's bytes: the caller writes the request into its buffer,
 //! the server's handler reads it where the read put it and writes the response in place,
@@ -34,6 +35,7 @@
 //! | connect response | version, status, endpoint (with [`OK`]) |
 //! | large request | version, caller's type, address (8), remote key (4), length (4) |
 //! | large response | version, status, then the bytes ([`OK`]) or address, key, length ([`REMOTE`]), or a work completion status ([`READ_FAILED`], 4) |
+//! | release message (RC send with immediate) | slot in the window (8 bits), request number's low 24 bits |
 //!
 //! **Trust.** A length a peer claims is checked against the bulk `max_msg_size` before a
 //! buffer is taken; buffers come from the pool (never the heap); the bounds of a read are
@@ -66,7 +68,7 @@ use crate::qp::{
     Endpoint as QpEndpoint, Init, InitOptions, QpConfig, QueuePair, ReadyToSend, Reset, RtrOptions,
     RtsOptions, State, ENDPOINT_LEN,
 };
-use crate::types::{AccessFlags, SendFlags, SendOp, SendWr, Sge, WcStatus, WorkCompletion};
+use crate::types::{AccessFlags, RecvWr, SendFlags, SendOp, SendWr, Sge, WcStatus, WorkCompletion};
 
 /// The internal request type that connects a session's reliable connection.
 pub const CONNECT: u8 = 0xFF;
@@ -86,8 +88,15 @@ const NO_MEMORY: u8 = 3;
 pub const READ_FAILED: u8 = 4;
 /// Status: a malformed internal request, or a length beyond the server's limit.
 const REJECTED: u8 = 5;
-/// A read's work request id has this bit (a datagram send's has bit 63).
+/// A read's work request id has this bit (a datagram send's has bit 63); its generation
+/// and slot follow.
 pub(super) const BULK_BIT: u64 = 1 << 62;
+/// With [`BULK_BIT`]: a client's release message.
+const RELEASE_SEND: u64 = 1 << 61;
+/// With [`BULK_BIT`]: a server's receive for a release message; the session follows.
+const RELEASE_RECV: u64 = 1 << 60;
+/// A slot's generation (in a read's id, below [`RELEASE_RECV`]).
+const GEN_MASK: u32 = 0x0fff_ffff;
 /// Length of a large request's payload.
 const REQUEST_LEN: usize = 18;
 
@@ -140,9 +149,11 @@ enum Op<P: Provider> {
         handle: ServerHandle,
         req_type: u8,
     },
-    /// Server: a response the client reads (kept alive, never touched).
+    /// Server: a response the client reads (kept alive, never touched) until its release
+    /// message or its next request on the slot.
     Held {
         _resp: LocalBuf<P>,
+        req_num: u64,
     },
 }
 
@@ -206,12 +217,9 @@ impl<P: Provider> Bulk<P> {
         }?;
         let window = core.window;
         let mut qc = *qp;
-        qc.caps.max_send_wr = window as u32;
-        (
-            qc.caps.max_recv_wr,
-            qc.caps.max_send_sge,
-            qc.caps.max_recv_sge,
-        ) = (1, 1, 1);
+        // Per slot a read and a release message; a receive per slot for release messages.
+        (qc.caps.max_send_wr, qc.caps.max_recv_wr) = (2 * window as u32, window as u32);
+        (qc.caps.max_send_sge, qc.caps.max_recv_sge) = (1, 1);
         qc.caps.max_inline_data = 0;
         let links = (0..core.max_sessions)
             .map(|_| QueuePair::create(ctx, pd, cq, cq, &qc).map(Link::Idle))
@@ -231,9 +239,10 @@ impl<P: Provider> Bulk<P> {
         })
     }
 
-    /// Reads and waits for the read completions to expect at most.
+    /// Completions of the bulk path on the shared queue at most: per slot a read, a
+    /// release message sent and one received.
     pub(super) fn cq_entries(core: &super::Config) -> usize {
-        core.max_sessions * core.window
+        3 * core.max_sessions * core.window
     }
 
     pub(super) fn pool(&self) -> &MrPool<P> {
@@ -249,11 +258,18 @@ impl<P: Provider> Bulk<P> {
         matches!(self.links.get(session), Some(Link::Up(_)))
     }
 
-    /// A read's completion, taken from the shared queue: noted for the next dispatch, or
-    /// ignored when its slot was reset since.
+    /// A completion of the bulk path, taken from the shared queue. A read's is noted for
+    /// the next dispatch, or ignored when its slot was reset since; a release message
+    /// received frees the response it names.
     pub(super) fn completed(&mut self, wc: &WorkCompletion) {
+        if wc.wr_id & RELEASE_SEND != 0 {
+            return; // sent: nothing was held for it
+        }
+        if wc.wr_id & RELEASE_RECV != 0 {
+            return self.released(wc);
+        }
         let slot = (wc.wr_id & 0xffff_ffff) as usize;
-        let gen = ((wc.wr_id & !BULK_BIT) >> 32) as u32;
+        let gen = ((wc.wr_id >> 32) as u32) & GEN_MASK;
         let current = self.gens.get(slot) == Some(&gen);
         let reading = matches!(
             self.ops.get(slot),
@@ -262,6 +278,59 @@ impl<P: Provider> Bulk<P> {
         if current && reading && self.done.len() < self.done.capacity() {
             self.done.push((slot, gen, wc.status));
         }
+    }
+
+    /// Server: a release message arrived on session `i`'s connection (`i` in the id): the
+    /// client read the response of the slot and request its immediate names, which is
+    /// freed. The receive is posted again.
+    fn released(&mut self, wc: &WorkCompletion) {
+        let i = (wc.wr_id & 0xffff_ffff) as usize;
+        if wc.status != WcStatus::Success || i >= self.links.len() {
+            return; // flushed: the link was reset
+        }
+        if let Some(imm) = wc.imm {
+            let w = (imm >> 24) as usize;
+            let slot = i * self.window + w;
+            let named = |req_num: u64| (req_num & 0xff_ffff) as u32 == imm & 0xff_ffff;
+            if w < self.window
+                && matches!(self.ops[slot], Op::Held { req_num, .. } if named(req_num))
+            {
+                self.ops[slot] = Op::Free;
+            }
+        }
+        self.post_release_recvs(i, 1);
+    }
+
+    /// Server: posts `n` receives (no bytes) for release messages on session `i`'s link.
+    pub(super) fn post_release_recvs(&self, i: usize, n: usize) {
+        let Some(Link::Up(qp)) = self.links.get(i) else {
+            return;
+        };
+        let wr = RecvWr::<1>::new(BULK_BIT | RELEASE_RECV | i as u64);
+        for _ in 0..n {
+            // SAFETY: the receives name no memory. A failure (the queue pair in error,
+            // or full after a stale completion) leaves fewer receives: a release message
+            // then waits (RNR) or is lost, and the slot's next request frees the response.
+            let _ = unsafe { qp.post_recv(&[wr]) };
+        }
+    }
+
+    /// Client: tells the server (over session `i`'s link) that the response of `handle`
+    /// in core slot `slot` was read, so that it frees it now.
+    pub(super) fn release_remote(&self, i: usize, slot: usize, handle: RequestHandle) {
+        let Some(Link::Up(qp)) = self.links.get(i) else {
+            return;
+        };
+        let w = (slot - i * self.window) as u32; // < window <= 64
+        let imm = w << 24 | (handle.req_num() & 0xff_ffff) as u32;
+        let wr = SendWr::<1>::new(
+            BULK_BIT | RELEASE_SEND,
+            SendOp::SendWithImm(imm),
+            SendFlags::SIGNALED,
+        );
+        // SAFETY: the send names no memory. A failure is the server's loss: its slot's
+        // next request frees the response.
+        let _ = unsafe { qp.post_send(&[wr]) };
     }
 
     /// The largest large message.
@@ -287,6 +356,7 @@ impl<P: Provider> Bulk<P> {
         };
         let buf = self.pool.alloc(len).map_err(|_| BulkFailure::NoMemory)?;
         let id = BULK_BIT | u64::from(self.gens[slot]) << 32 | slot as u64;
+        debug_assert!(self.gens[slot] <= GEN_MASK);
         let mut wr = SendWr::<1>::new(
             id,
             SendOp::Read {
@@ -351,6 +421,8 @@ impl<P: Provider> Bulk<P> {
                     self.kinds[slot] = Kind::Plain;
                     let tag = tags[slot];
                     if status == WcStatus::Success {
+                        let i = slot / self.window;
+                        self.release_remote(i, slot, handle);
                         notice(Notice::Response {
                             tag,
                             bytes: resp.as_slice(),
@@ -404,7 +476,7 @@ impl<P: Provider> Bulk<P> {
             Link::Lost => Link::Lost,
         };
         for slot in i * self.window..(i + 1) * self.window {
-            self.gens[slot] = (self.gens[slot] + 1) & 0x3fff_ffff;
+            self.gens[slot] = (self.gens[slot] + 1) & GEN_MASK;
             match mem::replace(&mut self.ops[slot], Op::Free) {
                 Op::Reading { req, resp, handle } => {
                     self.kinds[slot] = Kind::Plain;

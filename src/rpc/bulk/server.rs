@@ -57,8 +57,10 @@ impl<P: Provider> Bulk<P> {
         let Link::Up(qp) = &self.links[i] else {
             return Some(Reply::status(NO_LINK));
         };
+        let ep = qp.endpoint();
+        self.post_release_recvs(i, self.window);
         let mut r = Reply::status(OK);
-        r.buf[2..2 + ENDPOINT_LEN].copy_from_slice(&qp.endpoint().encode());
+        r.buf[2..2 + ENDPOINT_LEN].copy_from_slice(&ep.encode());
         r.len += ENDPOINT_LEN;
         Some(r)
     }
@@ -130,7 +132,10 @@ impl<P: Provider> Bulk<P> {
         r.buf[14..18].copy_from_slice(&(len as u32).to_be_bytes());
         r.len += 16;
         core.respond(handle, r.bytes())?;
-        self.ops[slot] = Op::Held { _resp: out };
+        self.ops[slot] = Op::Held {
+            _resp: out,
+            req_num: handle.req_num(),
+        };
         Ok(())
     }
 }

@@ -1,8 +1,8 @@
 //! The engine's calls for large messages (its bulk path, [`crate::rpc::BulkConfig`]).
 
-use super::{EngineError, Rpc};
 #[cfg(doc)]
 use super::Notice;
+use super::{EngineError, Rpc};
 use crate::pool::{LocalBuf, MrPool};
 use crate::provider::Provider;
 use crate::rpc::bulk::{Bulk, REQUEST};

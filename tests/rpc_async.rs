@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use zverbs::provider::sim::Sim;
-use zverbs::rpc::{Config, EngineConfig, EngineError, Rpc, RpcError};
+use zverbs::rpc::{BulkConfig, BulkFailure, Config, EngineConfig, EngineError, Rpc, RpcError};
 use zverbs::tokio::AsyncRpc;
 use zverbs::Context;
 
@@ -148,5 +148,80 @@ fn a_vanished_server_times_calls_out() {
             "{r:?}"
         );
         assert!(t0.elapsed() >= Duration::from_millis(100));
+    });
+}
+
+fn bulk_engine(sim: &Sim, dev: &str) -> Rpc<Sim> {
+    let ctx = Context::open(sim, dev).unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cfg = EngineConfig {
+        bulk: Some(BulkConfig {
+            max_msg_size: 1 << 20,
+            pool_bytes: 8 << 20,
+        }),
+        ..cfg()
+    };
+    let mut rpc = Rpc::new(&ctx, pd, cfg).unwrap();
+    rpc.register_handler(ECHO, |req, out| {
+        out[..req.len()].copy_from_slice(req);
+        req.len()
+    })
+    .unwrap();
+    rpc
+}
+
+/// Large calls over the bulk path: the buffer comes back with each outcome; calls dropped
+/// early give theirs back to the pool once the engine is done, and later calls work.
+#[test]
+fn large_calls_hand_their_buffer_back_also_when_cancelled() {
+    let rt = current_thread();
+    rt.block_on(async {
+        let sim = Sim::with_devices(2);
+        let server = AsyncRpc::new(bulk_engine(&sim, "sim1")).unwrap();
+        let client = AsyncRpc::new(bulk_engine(&sim, "sim0")).unwrap();
+        let s = client.connect(&server.addr()).await.unwrap();
+        let mut msg = client.alloc_msg(1 << 20).unwrap();
+        for (i, b) in msg.as_mut_slice().iter_mut().enumerate() {
+            *b = (i % 251) as u8;
+        }
+        let (r, msg, resp) = client.call_bulk(s, ECHO, msg, Vec::new()).await;
+        r.unwrap();
+        let msg = msg.expect("the buffer comes back");
+        assert_eq!(resp, msg.as_slice());
+        drop(msg);
+        for _ in 0..20 {
+            let m = client.alloc_msg(64 << 10).unwrap();
+            let call = client.call_bulk(s, ECHO, m, Vec::new());
+            let _ = tokio::time::timeout(Duration::ZERO, call).await;
+            tokio::task::yield_now().await;
+        }
+        // Every dropped call's buffer (and every response the server held) goes back.
+        let t0 = std::time::Instant::now();
+        let in_use = |a: &AsyncRpc<Sim>| a.alloc_msg(8 << 20).is_err();
+        while (in_use(&client) || in_use(&server)) && t0.elapsed() < Duration::from_secs(5) {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        assert!(
+            !in_use(&client) && !in_use(&server),
+            "a buffer was not given back"
+        );
+        let m = client.alloc_msg(3000).unwrap();
+        let (r, m, resp) = client.call_bulk(s, ECHO, m, resp).await;
+        r.unwrap();
+        assert_eq!(resp.len(), 3000);
+        assert_eq!(m.map(|m| m.len()), Some(3000));
+        // A plain session engine has no bulk path: the buffer comes back with the error.
+        let plain = AsyncRpc::new(engine(&sim, "sim1")).unwrap();
+        let s2 = client.connect(&plain.addr()).await.unwrap();
+        let m = client.alloc_msg(100).unwrap();
+        let (r, m, _) = client.call_bulk(s2, ECHO, m, Vec::new()).await;
+        assert!(
+            matches!(
+                r,
+                Err(EngineError::Rpc(RpcError::Bulk(BulkFailure::NoLink)))
+            ),
+            "{r:?}"
+        );
+        assert!(m.is_some());
     });
 }

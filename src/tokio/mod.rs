@@ -75,7 +75,7 @@ pub use buf::IoBuf;
 pub use connect::ConnectError;
 pub use group::AsyncGroup;
 pub use remote::{Connection, RemoteBuf, RemoteError};
-pub use rpc::AsyncRpc;
+pub use rpc::{AsyncRpc, BulkAnswer};
 pub use wire::WireError;
 
 use core::future::{poll_fn, Future};

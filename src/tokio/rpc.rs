@@ -11,6 +11,12 @@
 //! and gets back (reused, it allocates nothing once its capacity suffices). Dropping a call
 //! future leaves its request to the core: its answer, when it comes, is dropped with the
 //! buffer; no memory the device may touch is lent to the call, so cancellation is sound.
+//!
+//! A large call ([`AsyncRpc::call_bulk`], on an engine with a bulk path) hands over a
+//! registered buffer, which the engine owns until the outcome: the server reads it in
+//! place, and it comes back with the outcome (the response is copied into the `Vec`, one
+//! copy where the blocking engine lends it in place). A dropped large call's buffer goes
+//! back to the pool once the engine is done with it, never earlier.
 
 use core::future::poll_fn;
 use core::pin::pin;
@@ -22,6 +28,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
 use crate::error::Error;
+use crate::pool::LocalBuf;
 use crate::provider::Provider;
 use crate::qp::Endpoint;
 use crate::rpc::{EngineError, Event, Notice, Rpc, RpcError, SessionId};
@@ -89,7 +96,7 @@ struct Shared<P: Provider> {
 
 struct State<P: Provider> {
     rpc: Rpc<P>,
-    calls: Vec<Call>,
+    calls: Vec<Call<P>>,
     free: Vec<usize>,
     /// Sessions being opened.
     connecting: Vec<Opening>,
@@ -104,13 +111,35 @@ struct Opening(SessionId, Option<Result<(), RpcError>>, Option<Waker>);
 /// What a call gives back: its outcome and the response buffer.
 type Answer<E> = (Result<(), EngineError<E>>, Vec<u8>);
 
-#[derive(Default)]
-struct Call {
+/// What a large call gives back: its outcome, the request's buffer (the engine gives it
+/// back with every outcome; `None` only if it was refused before the engine took it, when
+/// the error says why) and the response buffer.
+pub type BulkAnswer<P> = (
+    Result<(), EngineError<<P as Provider>::Error>>,
+    Option<LocalBuf<P>>,
+    Vec<u8>,
+);
+
+struct Call<P: Provider> {
     /// A future waits for it (else its answer is dropped when it comes).
     live: bool,
     done: Option<Result<(), RpcError>>,
     resp: Vec<u8>,
+    /// A large request's buffer, back from the engine.
+    msg: Option<LocalBuf<P>>,
     waker: Option<Waker>,
+}
+
+impl<P: Provider> Default for Call<P> {
+    fn default() -> Self {
+        Call {
+            live: false,
+            done: None,
+            resp: Vec::new(),
+            msg: None,
+            waker: None,
+        }
+    }
 }
 
 impl<P: Provider> State<P> {
@@ -118,9 +147,9 @@ impl<P: Provider> State<P> {
     fn pass(&mut self) -> Result<usize, EngineError<P::Error>> {
         let (calls, free, connecting) = (&mut self.calls, &mut self.free, &mut self.connecting);
         self.rpc.run_event_loop_once(&mut |n| {
-            let (tag, outcome, bytes) = match n {
-                Notice::Response { tag, bytes, .. } => (tag, Ok(()), bytes),
-                Notice::Failed { tag, error, .. } => (tag, Err(error), &[][..]),
+            let (tag, outcome, bytes, msg) = match n {
+                Notice::Response { tag, bytes, msg } => (tag, Ok(()), bytes, msg),
+                Notice::Failed { tag, error, msg } => (tag, Err(error), &[][..], msg),
                 Notice::Session(ev) => {
                     let (s, r) = match ev {
                         Event::Connected(s) => (s, Ok(())),
@@ -142,6 +171,7 @@ impl<P: Provider> State<P> {
             if call.live {
                 call.resp.clear();
                 call.resp.extend_from_slice(bytes);
+                call.msg = msg;
                 call.done = Some(outcome);
                 if let Some(w) = call.waker.take() {
                     w.wake();
@@ -267,12 +297,59 @@ impl<P: Provider> AsyncRpc<P> {
             }
             st.calls[tag] = Call {
                 live: true,
-                done: None,
                 resp,
-                waker: None,
+                ..Call::default()
             };
             tag
         };
+        let (r, _, resp) = self.wait(tag).await;
+        (r, resp)
+    }
+
+    /// A buffer of `len` bytes from the engine's bulk pool, for
+    /// [`call_bulk`](Self::call_bulk) ([`Rpc::alloc_msg`]).
+    ///
+    /// # Errors
+    /// As [`Rpc::alloc_msg`].
+    pub fn alloc_msg(&self, len: usize) -> Result<LocalBuf<P>, EngineError<P::Error>> {
+        self.lock().rpc.alloc_msg(len)
+    }
+
+    /// Sends `msg` as a large request of `req_type` on `session` over the bulk path
+    /// ([`Rpc::enqueue_bulk`]) and waits for the answer, which replaces the contents of
+    /// `resp`; gives the request's buffer and `resp` back with the outcome.
+    pub async fn call_bulk(
+        &self,
+        session: SessionId,
+        req_type: u8,
+        msg: LocalBuf<P>,
+        resp: Vec<u8>,
+    ) -> BulkAnswer<P> {
+        let tag = {
+            let mut st = self.lock();
+            if let Some(e) = &st.broken {
+                return (Err(e.clone()), Some(msg), resp);
+            }
+            let tag = st.free.pop().unwrap_or_else(|| {
+                st.calls.push(Call::default());
+                st.calls.len() - 1
+            });
+            if let Err((e, msg)) = st.rpc.enqueue_bulk(session, req_type, msg, tag as u64) {
+                st.free.push(tag);
+                return (Err(e), Some(msg), resp);
+            }
+            st.calls[tag] = Call {
+                live: true,
+                resp,
+                ..Call::default()
+            };
+            tag
+        };
+        self.wait(tag).await
+    }
+
+    /// Waits for call `tag`'s outcome (a large call's buffer with it).
+    async fn wait(&self, tag: usize) -> BulkAnswer<P> {
         self.shared.kick.notify_one();
         let mut waiting = Waiting {
             rpc: self,
@@ -289,7 +366,7 @@ struct Waiting<'a, P: Provider> {
 }
 
 impl<P: Provider> Waiting<'_, P> {
-    fn poll(&mut self, waker: &Waker) -> Poll<Answer<P::Error>> {
+    fn poll(&mut self, waker: &Waker) -> Poll<BulkAnswer<P>> {
         let Some(tag) = self.tag else {
             return Poll::Pending;
         };
@@ -298,10 +375,11 @@ impl<P: Provider> Waiting<'_, P> {
         match call.done.take() {
             Some(r) => {
                 let resp = core::mem::take(&mut call.resp);
+                let msg = call.msg.take();
                 *call = Call::default();
                 st.free.push(tag);
                 self.tag = None;
-                Poll::Ready((r.map_err(EngineError::Rpc), resp))
+                Poll::Ready((r.map_err(EngineError::Rpc), msg, resp))
             }
             None => {
                 call.waker = Some(waker.clone());

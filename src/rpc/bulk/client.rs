@@ -9,6 +9,8 @@ impl<P: Provider> Bulk<P> {
     /// Client: `session` is connected (`notify`: the caller is told once its link is up),
     /// or its link failed; starts (again) its reliable connection. True when the connect
     /// request is out.
+    #[cold]
+    #[inline(never)]
     pub(in crate::rpc) fn connect(
         &mut self,
         core: &mut Endpoint,
@@ -76,11 +78,6 @@ impl<P: Provider> Bulk<P> {
         }
     }
 
-    /// Client: `slot` holds a request of the caller's.
-    pub(in crate::rpc) fn plain(&mut self, slot: usize) {
-        self.kinds[slot] = Kind::Plain;
-    }
-
     /// Client: a large request on `session`, reading `msg`; `slot` its core slot.
     pub(in crate::rpc) fn sent(&mut self, slot: usize, msg: LocalBuf<P>) {
         self.kinds[slot] = Kind::Large;
@@ -102,6 +99,8 @@ impl<P: Provider> Bulk<P> {
     }
 
     /// Client: the response to an internal request in `slot` arrived.
+    #[cold]
+    #[inline(never)]
     pub(in crate::rpc) fn on_response(
         &mut self,
         core: &mut Endpoint,
@@ -182,6 +181,8 @@ impl<P: Provider> Bulk<P> {
 
     /// Client: the request in `slot` of session `i` failed; its buffer, if it is a large
     /// one. A failed connect request leaves the link idle.
+    #[cold]
+    #[inline(never)]
     pub(in crate::rpc) fn on_failed(&mut self, i: usize, slot: usize) -> Option<LocalBuf<P>> {
         match mem::replace(&mut self.kinds[slot], Kind::Plain) {
             Kind::Large => match mem::replace(&mut self.ops[slot], Op::Free) {

@@ -261,6 +261,8 @@ impl<P: Provider> Bulk<P> {
     /// A completion of the bulk path, taken from the shared queue. A read's is noted for
     /// the next dispatch, or ignored when its slot was reset since; a release message
     /// received frees the response it names.
+    #[cold]
+    #[inline(never)]
     pub(super) fn completed(&mut self, wc: &WorkCompletion) {
         if wc.wr_id & RELEASE_SEND != 0 {
             return; // sent: nothing was held for it
@@ -377,9 +379,17 @@ impl<P: Provider> Bulk<P> {
         Ok(buf)
     }
 
+    /// Whether [`finish`](Self::finish) has something to do.
+    #[inline]
+    pub(super) fn has_work(&self) -> bool {
+        !self.done.is_empty() || self.redial
+    }
+
     /// Handles the reads completed since the last call: runs handlers for requests read
     /// whole (their responses go out inline or held), and reports responses read whole;
     /// then connects again the links a failed read broke.
+    #[cold]
+    #[inline(never)]
     pub(super) fn finish(
         &mut self,
         core: &mut Endpoint,
@@ -461,6 +471,8 @@ impl<P: Provider> Bulk<P> {
     /// no longer touches the buffers its reads named, then those freed: a client's read in
     /// flight fails its request, a server's is answered (while the session lasts) with
     /// no link. Requests still out keep their buffers until the core ends them.
+    #[cold]
+    #[inline(never)]
     pub(super) fn reset(
         &mut self,
         i: usize,
@@ -477,9 +489,13 @@ impl<P: Provider> Bulk<P> {
         };
         for slot in i * self.window..(i + 1) * self.window {
             self.gens[slot] = (self.gens[slot] + 1) & GEN_MASK;
+            // A connect request that will have no answer (the session ended) leaves
+            // nothing behind: a caller's request there later is plain.
+            if !matches!(self.ops[slot], Op::Sent(_)) {
+                self.kinds[slot] = Kind::Plain;
+            }
             match mem::replace(&mut self.ops[slot], Op::Free) {
                 Op::Reading { req, resp, handle } => {
-                    self.kinds[slot] = Kind::Plain;
                     notice(Notice::Failed {
                         tag: tags.get(slot).copied().unwrap_or_default(),
                         error: RpcError::Bulk(BulkFailure::NoLink),
@@ -493,7 +509,7 @@ impl<P: Provider> Bulk<P> {
                     let _ = core.respond(handle, Reply::status(NO_LINK).bytes());
                 }
                 Op::Held { .. } | Op::Free => {}
-                sent @ Op::Sent(_) => self.ops[slot] = sent,
+                sent @ Op::Sent(_) => self.ops[slot] = sent, // the core ends it
             }
         }
     }

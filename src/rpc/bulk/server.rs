@@ -5,6 +5,8 @@ use super::*;
 
 impl<P: Provider> Bulk<P> {
     /// Server: a request arrived in its slot. True when it is the bulk path's.
+    #[cold]
+    #[inline(never)]
     pub(in crate::rpc) fn on_request(
         &mut self,
         core: &mut Endpoint,

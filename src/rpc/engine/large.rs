@@ -25,7 +25,7 @@ impl<P: Provider> Rpc<P> {
     /// The bulk path's registered pool (its occupancy, an awaitable allocation), if there
     /// is a bulk path.
     pub fn msg_pool(&self) -> Option<&MrPool<P>> {
-        self.bulk.as_ref().map(Bulk::pool)
+        self.bulk.as_deref().map(Bulk::pool)
     }
 
     /// Whether `session` has its reliable connection for large messages (set up before

@@ -116,7 +116,7 @@ pub struct Rpc<P: Provider> {
     tags: Vec<u64>,
     peers: Peers<P>,
     /// Before the queues: its queue pairs are on `cq`.
-    bulk: Option<Bulk<P>>,
+    bulk: Option<Box<Bulk<P>>>,
     qp: QueuePair<P, ReadyToSend, Ud>,
     cq: CompletionQueue<P>,
     /// After the queue: its events' channel, when asked for.
@@ -206,7 +206,7 @@ impl<P: Provider> Rpc<P> {
             .into_rts()
             .map_err(|e| e.error)?;
         let bulk = match &cfg.bulk {
-            Some(b) => Some(Bulk::new(ctx, &pd, &cq, &cfg.qp, &cfg.core, b)?),
+            Some(b) => Some(Box::new(Bulk::new(ctx, &pd, &cq, &cfg.qp, &cfg.core, b)?)),
             None => None,
         };
         let sessions = cfg.core.max_sessions;
@@ -309,9 +309,6 @@ impl<P: Provider> Rpc<P> {
         self.dirty = true;
         let i = self.tag_index(h);
         self.tags[i] = tag;
-        if let Some(b) = &mut self.bulk {
-            b.plain(i);
-        }
         Ok(h)
     }
 
@@ -441,15 +438,13 @@ impl<P: Provider> Rpc<P> {
     fn receive(&mut self, now: u64, n: usize) -> Result<(), EngineError<P::Error>> {
         for i in 0..n {
             let wc = self.wcs[i];
-            if wc.wr_id & BULK_BIT != 0 && wc.wr_id & SEND_BIT == 0 {
-                if let Some(b) = &mut self.bulk {
-                    b.completed(&wc);
+            if wc.wr_id & (SEND_BIT | BULK_BIT) != 0 {
+                if wc.wr_id & SEND_BIT != 0 {
+                    // The chain's signaled last request: every earlier one is done too.
+                    self.tx_done = (wc.wr_id & !SEND_BIT) + 1;
+                } else if let Some(b) = &mut self.bulk {
+                    b.completed(&wc); // a read or a release message
                 }
-                continue;
-            }
-            if wc.wr_id & SEND_BIT != 0 {
-                // The chain's signaled last request: every earlier one is done too.
-                self.tx_done = (wc.wr_id & !SEND_BIT) + 1;
                 continue;
             }
             self.repost.push(wc.wr_id);
@@ -562,7 +557,7 @@ impl<P: Provider> Rpc<P> {
                 }
             }
         }
-        if let Some(b) = &mut self.bulk {
+        if let Some(b) = self.bulk.as_mut().filter(|b| b.has_work()) {
             let no_handler = &mut self.stats.no_handler;
             b.finish(
                 &mut self.core,

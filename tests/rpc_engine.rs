@@ -160,12 +160,14 @@ fn echo_32_bytes_and_1_mib() {
     );
 }
 
-/// A pass sends what the core has in one doorbell: far fewer doorbells than packets.
+/// A pass sends what the core has in one doorbell: far fewer doorbells than packets, and
+/// fewer signaled sends still (one per half ring of 64 send slots).
 #[test]
 fn a_window_of_requests_rings_few_doorbells() {
     let sim = Sim::with_devices(2);
     let mut w = World::new(&sim, engine_cfg(16 << 10));
     let before = w.client.stats().send_doorbells;
+    let signaled = w.client.stats().signaled_sends;
     let packets = w.client.core().stats().tx_packets;
     for tag in 0..4 {
         w.call(ECHO, &pattern(8 << 10, tag as u8), tag);
@@ -178,6 +180,23 @@ fn a_window_of_requests_rings_few_doorbells() {
     assert!(
         doorbells * 4 <= sent,
         "{doorbells} doorbells for {sent} packets"
+    );
+    let signaled = w.client.stats().signaled_sends - signaled;
+    assert!(signaled * 16 <= sent, "{signaled} signaled of {sent}");
+    // Small calls one at a time: a doorbell each, a completion per 32 sends.
+    let (sent, signaled) = (
+        w.client.core().stats().tx_packets,
+        w.client.stats().signaled_sends,
+    );
+    for tag in 4..260 {
+        w.call(ECHO, b"ping", tag);
+        w.wait_for(tag as usize + 1);
+    }
+    let sent = w.client.core().stats().tx_packets - sent;
+    let signaled = w.client.stats().signaled_sends - signaled;
+    assert!(
+        sent >= 256 && signaled <= sent / 32 + 1,
+        "{signaled} of {sent}"
     );
 }
 

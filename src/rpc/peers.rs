@@ -161,6 +161,12 @@ impl<P: Provider> Peers<P> {
         }
     }
 
+    /// Whether a peer no session names waits for its last datagram to complete.
+    #[inline]
+    pub(super) fn pending(&self) -> bool {
+        self.check
+    }
+
     /// Live peers.
     pub(super) fn len(&self) -> usize {
         self.slots.iter().filter(|s| s.peer.is_some()).count()

@@ -155,6 +155,8 @@ pub struct EngineStats {
     pub no_handler: u64,
     /// Doorbells rung for sends.
     pub send_doorbells: u64,
+    /// Sends posted signaled (the rest complete silently: selective signaling).
+    pub signaled_sends: u64,
 }
 
 /// A request handler: reads the request, writes the response into the slice it is

@@ -15,9 +15,9 @@
 //!    everything else (responses, failures, session events) to the caller's closure as a
 //!    [`Notice`];
 //! 5. writes every datagram the core has to send straight into send slots and posts them
-//!    as one chain: one doorbell per pass, and only the last request of the chain
-//!    signaled (its completion frees the whole chain's slots, since a send queue completes
-//!    in order).
+//!    as one chain: one doorbell per pass, and a chain's last request signaled only once
+//!    half the ring of send slots went unsignaled (its completion frees every slot before
+//!    it, since a send queue completes in order; eRPC's selective signaling).
 //!
 //! A pass that receives nothing, after no new request or session from the caller, has
 //! nothing to send but what a timer resends: it polls the completion queue and returns,
@@ -32,7 +32,8 @@
 //! anything else from a stranger is counted ([`EngineStats::unknown_sender`]) and dropped.
 //! A peer's handle is released once no session names it and its last datagram has left
 //! (a refused connect's peer right after the refusal), so peers that come and go do not
-//! fill the table.
+//! fill the table. Session packets are always signaled; a peer whose session ended
+//! without one (an idle client dropped) waits for the next signaled send.
 
 use std::time::{Duration, Instant};
 
@@ -138,6 +139,8 @@ pub struct Rpc<P: Provider> {
     /// Sends posted and sends completed (slot = seq mod `send_slots`).
     tx_next: u64,
     tx_done: u64,
+    /// One past the last signaled send: at most half the ring goes unsignaled.
+    tx_signaled: u64,
     /// `tx_next % send_slots`, kept so that a pass divides nothing.
     tx_slot: usize,
     stride: usize,
@@ -228,6 +231,7 @@ impl<P: Provider> Rpc<P> {
             idle: 0,
             tx_next: 0,
             tx_done: 0,
+            tx_signaled: 0,
             tx_slot: 0,
             stride,
             clock: Clock::new(),
@@ -577,6 +581,9 @@ impl<P: Provider> Rpc<P> {
         let mut drained = false;
         while !drained {
             let mut n = 0;
+            // The chain holds a session packet (connect, disconnect): its peer may be
+            // released soon after, once the packet's send has completed.
+            let mut session_pkt = false;
             while n < CHAIN && self.tx_next + (n as u64) - self.tx_done < slots as u64 {
                 let seq = self.tx_next + n as u64;
                 // `tx_slot + n < 2 * slots`: at most `slots` sends are in flight.
@@ -589,6 +596,8 @@ impl<P: Provider> Rpc<P> {
                     drained = true;
                     break;
                 };
+                // Byte 2 of a header is its type; the session packets are 1..=4.
+                session_pkt |= out[2] <= PktType::DisconnectResp as u8;
                 let Some(peer) = self.peers.get(t.to) else {
                     continue; // a peer gone since (its slot's generation moved on)
                 };
@@ -612,10 +621,19 @@ impl<P: Provider> Rpc<P> {
             if n == 0 {
                 break;
             }
-            self.send_chain[n - 1].flags = SendFlags::SIGNALED;
+            // Selective signaling: a completion once half the ring went unsignaled (it
+            // frees every slot before it: a send queue completes in order), and for a
+            // session packet or while a departed peer waits for its last datagram.
+            let end = self.tx_next + n as u64;
+            let half = end - self.tx_signaled >= (slots as u64 / 2).max(1);
+            if half || session_pkt || self.peers.pending() {
+                self.send_chain[n - 1].flags = SendFlags::SIGNALED;
+                self.tx_signaled = end;
+                self.stats.signaled_sends += 1;
+            }
             // SAFETY: each request's bytes lie in `tx`, which the engine owns and does not
-            // write again until the chain's signaled completion (`tx_done`); a peer's
-            // address handle lives until every send through it completed (`Peers`).
+            // write again until a later signaled completion (`tx_done`); a peer's address
+            // handle lives until every send through it completed (`Peers`).
             unsafe { self.qp.post_send(&self.send_chain[..n]) }.map_err(|e| Error::Provider {
                 op: "ibv_post_send",
                 source: e.error,

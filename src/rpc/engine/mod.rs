@@ -98,7 +98,7 @@ pub use config::{EngineConfig, EngineError, EngineStats, Handler, Notice};
 ///     client
 ///         .run_event_loop_once(&mut |n| match n {
 ///             Notice::Session(Event::Connected(_)) => connected = true,
-///             Notice::Response { tag, bytes } => answer = Some((tag, bytes.to_vec())),
+///             Notice::Response { tag, bytes, .. } => answer = Some((tag, bytes.to_vec())),
 ///             _ => {}
 ///         })
 ///         .unwrap();

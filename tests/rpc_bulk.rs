@@ -18,6 +18,8 @@ use zverbs::Context;
 
 #[path = "common/counting.rs"]
 mod counting;
+#[path = "common/pump.rs"]
+mod pump;
 
 #[global_allocator]
 static GLOBAL: counting::Counting = counting::Counting;
@@ -103,31 +105,24 @@ impl Pair {
         limit: Duration,
         mut stop: impl FnMut(&Notice<'_, Sim>) -> bool,
     ) -> bool {
-        let end = Instant::now() + limit;
-        let mut hit = false;
-        while Instant::now() < end && !hit {
-            self.server.run_event_loop_once(&mut |_| {}).unwrap();
-            let done = &mut self.done;
-            self.client
-                .run_event_loop_once(&mut |n| {
-                    hit |= stop(&n);
-                    match n {
-                        Notice::Response { tag, bytes, msg } => done.push(Outcome {
-                            tag,
-                            result: Ok(bytes.to_vec()),
-                            msg,
-                        }),
-                        Notice::Failed { tag, error, msg } => done.push(Outcome {
-                            tag,
-                            result: Err(error),
-                            msg,
-                        }),
-                        Notice::Session(_) => {}
-                    }
-                })
-                .unwrap();
-        }
-        hit
+        let done = &mut self.done;
+        pump::pump(&mut self.client, &mut self.server, limit, |n| {
+            let hit = stop(&n);
+            match n {
+                Notice::Response { tag, bytes, msg } => done.push(Outcome {
+                    tag,
+                    result: Ok(bytes.to_vec()),
+                    msg,
+                }),
+                Notice::Failed { tag, error, msg } => done.push(Outcome {
+                    tag,
+                    result: Err(error),
+                    msg,
+                }),
+                Notice::Session(_) => {}
+            }
+            hit
+        })
     }
 
     /// A large request of `len` bytes (byte `i` is `i * 7 + tag`) of `req_type`.

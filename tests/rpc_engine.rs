@@ -11,6 +11,8 @@ use zverbs::{Context, ErrorKind};
 
 #[path = "common/counting.rs"]
 mod counting;
+#[path = "common/pump.rs"]
+mod pump;
 
 #[global_allocator]
 static GLOBAL: counting::Counting = counting::Counting;
@@ -87,26 +89,16 @@ impl World {
         limit: Duration,
         mut stop: impl FnMut(&Notice<'_, Sim>) -> bool,
     ) -> bool {
-        let end = Instant::now() + limit;
-        let mut hit = false;
-        while Instant::now() < end {
-            self.server.run_event_loop_once(&mut |_| {}).unwrap();
-            let done = &mut self.done;
-            self.client
-                .run_event_loop_once(&mut |n| {
-                    hit |= stop(&n);
-                    match n {
-                        Notice::Response { tag, bytes, .. } => done.push((tag, Ok(bytes.to_vec()))),
-                        Notice::Failed { tag, error, .. } => done.push((tag, Err(error))),
-                        Notice::Session(_) => {}
-                    }
-                })
-                .unwrap();
-            if hit {
-                return true;
+        let done = &mut self.done;
+        pump::pump(&mut self.client, &mut self.server, limit, |n| {
+            let hit = stop(&n);
+            match n {
+                Notice::Response { tag, bytes, .. } => done.push((tag, Ok(bytes.to_vec()))),
+                Notice::Failed { tag, error, .. } => done.push((tag, Err(error))),
+                Notice::Session(_) => {}
             }
-        }
-        false
+            hit
+        })
     }
 
     fn call(&mut self, req_type: u8, req: &[u8], tag: u64) {

@@ -143,8 +143,10 @@ pub struct Channel<P: Provider, const DEPTH: usize = 64, const SGES: usize = 4> 
     sq: Ring<SendWr<SGES>, DEPTH>,
     rq: Ring<RecvWr<SGES>, DEPTH>,
     config: ChannelConfig,
-    /// Where polls land: kept here, so a poll does not initialise a fresh array each time.
-    wcs: [WorkCompletion; POLL_BATCH],
+    /// Where a blocking call's first poll lands, and the completion of a request retired
+    /// by a poll. Larger polls land on the stack: a channel keeps one completion, not
+    /// `POLL_BATCH` (640 bytes in each of a node's many channels).
+    wc: WorkCompletion,
     /// The request a lone send is built in, in place. Gather entries past `num_sge` are
     /// left from earlier posts: providers read only the first `num_sge`, so they need no
     /// zeroing.

@@ -5,13 +5,15 @@ use super::*;
 use crate::error::{ErrorKind, ProviderError};
 use crate::types::WcStatus;
 
-/// Polls `cq` once into `wcs` and records what it returns in `ring`.
+/// Polls `cq` once and records what it returns in `ring`. The completions land in a
+/// buffer on the stack: a channel keeps none of its own (a node holds a channel per peer
+/// and direction, and `POLL_BATCH` completions are 640 bytes).
 fn poll_into<P: Provider, W: WorkRequest, const DEPTH: usize>(
     cq: &mut Completions<P>,
     ring: &mut Ring<W, DEPTH>,
-    wcs: &mut [WorkCompletion; POLL_BATCH],
 ) -> Result<usize, Error<P::Error>> {
-    let n = cq.poll(ring, wcs)?;
+    let mut wcs = [WorkCompletion::EMPTY; POLL_BATCH];
+    let n = cq.poll(ring, &mut wcs)?;
     for wc in &wcs[..n] {
         ring.complete(wc)
             .map_err(|u| Error::UnexpectedCompletion { wr_id: u.wr_id })?;
@@ -25,33 +27,53 @@ enum Polled {
     Nothing,
     /// Completions, recorded in the ring; the awaited one may be among them.
     Recorded,
-    /// The awaited request was the oldest and is retired: its completion is `wcs[0]`.
+    /// The awaited request was the oldest and is retired: its completion is in the
+    /// channel's `wc`.
     Retired,
 }
 
-/// Polls `cq` once for up to `max` completions into `wcs` and records what it returns in
-/// `ring`, retiring `want` at once if its completion comes first and it is the oldest
-/// request (the usual case).
+/// Polls `cq` once for up to `max` completions and records what it returns in `ring`,
+/// retiring `want` at once if its completion comes first and it is the oldest request
+/// (the usual case); its completion is then in `wc`. A poll for one completion (a blocking
+/// call's first) lands in `wc` itself, any other in a buffer of `POLL_BATCH` on the stack.
 #[inline(always)]
 fn poll_for<P: Provider, W: WorkRequest, const DEPTH: usize>(
     cq: &mut Completions<P>,
     ring: &mut Ring<W, DEPTH>,
-    wcs: &mut [WorkCompletion; POLL_BATCH],
+    wc: &mut WorkCompletion,
     want: u64,
     max: usize,
 ) -> Result<Polled, Error<P::Error>> {
-    let max = max.min(POLL_BATCH);
-    let n = cq.poll(ring, &mut wcs[..max])?;
+    if max == 1 {
+        return poll_for_into(cq, ring, want, core::slice::from_mut(wc));
+    }
+    let mut wcs = [WorkCompletion::EMPTY; POLL_BATCH];
+    let polled = poll_for_into(cq, ring, want, &mut wcs[..max.min(POLL_BATCH)])?;
+    if let Polled::Retired = polled {
+        *wc = wcs[0];
+    }
+    Ok(polled)
+}
+
+/// [`poll_for`] into `wcs`: a retired request's completion is `wcs[0]`.
+#[inline(always)]
+fn poll_for_into<P: Provider, W: WorkRequest, const DEPTH: usize>(
+    cq: &mut Completions<P>,
+    ring: &mut Ring<W, DEPTH>,
+    want: u64,
+    wcs: &mut [WorkCompletion],
+) -> Result<Polled, Error<P::Error>> {
+    let n = cq.poll(ring, wcs)?;
     if n == 0 {
         return Ok(Polled::Nothing);
     }
     if ring.retire_oldest(&wcs[0], want) {
         if n > 1 {
-            record::<P, W, DEPTH>(ring, &wcs[1..n.min(max)])?;
+            record::<P, W, DEPTH>(ring, &wcs[1..n])?;
         }
         return Ok(Polled::Retired);
     }
-    record::<P, W, DEPTH>(ring, &wcs[..n.min(max)])?;
+    record::<P, W, DEPTH>(ring, &wcs[..n])?;
     Ok(Polled::Recorded)
 }
 
@@ -71,20 +93,21 @@ fn record<P: Provider, W: WorkRequest, const DEPTH: usize>(
 impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES> {
     pub(super) fn poll(&mut self, queue: Queue) -> Result<usize, Error<P::Error>> {
         match queue {
-            Queue::Send => poll_into(&mut self.send_cq, &mut self.sq, &mut self.wcs),
-            Queue::Recv => poll_into(&mut self.recv_cq, &mut self.rq, &mut self.wcs),
+            Queue::Send => poll_into(&mut self.send_cq, &mut self.sq),
+            Queue::Recv => poll_into(&mut self.recv_cq, &mut self.rq),
         }
     }
 
     /// As [`poll`](Self::poll), taking on a shared queue only what was routed already.
     pub(super) fn poll_taking_routed(&mut self, queue: Queue) -> Result<usize, Error<P::Error>> {
+        let mut wcs = [WorkCompletion::EMPTY; POLL_BATCH];
         let n = match queue {
-            Queue::Send => self.send_cq.take_routed(&self.sq, &mut self.wcs)?,
-            Queue::Recv => self.recv_cq.take_routed(&self.rq, &mut self.wcs)?,
+            Queue::Send => self.send_cq.take_routed(&self.sq, &mut wcs)?,
+            Queue::Recv => self.recv_cq.take_routed(&self.rq, &mut wcs)?,
         };
         let ring_err =
             |u: crate::ring::UnknownCompletion| Error::UnexpectedCompletion { wr_id: u.wr_id };
-        for wc in &self.wcs[..n] {
+        for wc in &wcs[..n] {
             match queue {
                 Queue::Send => self.sq.complete(wc).map_err(ring_err)?,
                 Queue::Recv => self.rq.complete(wc).map_err(ring_err)?,
@@ -96,11 +119,12 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
     /// As [`poll`](Self::poll), after routing everything the shared queue holds.
     /// Completions of requests already given up are ignored.
     fn poll_all(&mut self, queue: Queue) -> Result<usize, Error<P::Error>> {
+        let mut wcs = [WorkCompletion::EMPTY; POLL_BATCH];
         let n = match queue {
-            Queue::Send => self.send_cq.poll_all(&self.sq, &mut self.wcs)?,
-            Queue::Recv => self.recv_cq.poll_all(&self.rq, &mut self.wcs)?,
+            Queue::Send => self.send_cq.poll_all(&self.sq, &mut wcs)?,
+            Queue::Recv => self.recv_cq.poll_all(&self.rq, &mut wcs)?,
         };
-        for wc in &self.wcs[..n] {
+        for wc in &wcs[..n] {
             let _ = match queue {
                 Queue::Send => self.sq.complete(wc),
                 Queue::Recv => self.rq.complete(wc),
@@ -276,12 +300,12 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
     #[inline(always)]
     fn poll_for(&mut self, queue: Queue, seq: u64, max: usize) -> Result<Polled, Error<P::Error>> {
         match queue {
-            Queue::Send => poll_for(&mut self.send_cq, &mut self.sq, &mut self.wcs, seq, max),
-            Queue::Recv => poll_for(&mut self.recv_cq, &mut self.rq, &mut self.wcs, seq, max),
+            Queue::Send => poll_for(&mut self.send_cq, &mut self.sq, &mut self.wc, seq, max),
+            Queue::Recv => poll_for(&mut self.recv_cq, &mut self.rq, &mut self.wc, seq, max),
         }
     }
 
-    /// The outcome of `seq`, which [`poll_for`] retired from `wcs[0]`.
+    /// The outcome of `seq`, which [`poll_for`] retired with the completion in `wc`.
     #[inline(always)]
     fn retired<R>(
         &self,
@@ -289,7 +313,7 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
         seq: u64,
         ok: impl FnOnce(Completion) -> R,
     ) -> Result<R, Error<P::Error>> {
-        let wc = &self.wcs[0];
+        let wc = &self.wc;
         let r = match queue {
             Queue::Send => self.sq.retired_outcome(wc),
             Queue::Recv => self.rq.retired_outcome(wc),

@@ -2,9 +2,7 @@
 //! early, as C verbs programs post them in INIT so the peer's first message finds one.
 
 use super::source::Completions;
-use super::{
-    collect_sges, post_recv_one, Channel, ChannelConfig, Owner, Pending, Queue, POLL_BATCH,
-};
+use super::{collect_sges, post_recv_one, Channel, ChannelConfig, Owner, Pending, Queue};
 use crate::error::Error;
 use crate::provider::Provider;
 use crate::qp::{Endpoint, Init, QueuePair};
@@ -104,7 +102,7 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> PreparedChannel<P, DEPT
             sq: self.sq,
             rq: self.rq,
             config: self.config,
-            wcs: [WorkCompletion::EMPTY; POLL_BATCH],
+            wc: WorkCompletion::EMPTY,
             wr: SendWr::new(0, SendOp::Send, SendFlags::empty()),
         })
     }

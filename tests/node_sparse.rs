@@ -31,6 +31,16 @@ fn sparse_world(
     n: usize,
     seed: u64,
 ) -> (Sim, Vec<(ProtectionDomain<Sim>, SparseNode)>) {
+    sparse_world_with(n, seed, &cfg(alg))
+}
+
+/// As [`sparse_world`], with the nodes' settings given.
+fn sparse_world_with(
+    n: usize,
+    seed: u64,
+    config: &NodeConfig,
+) -> (Sim, Vec<(ProtectionDomain<Sim>, SparseNode)>) {
+    let alg = config.algorithm;
     let sim = Sim::with_config(
         FabricConfig {
             auto_step: false,
@@ -44,7 +54,7 @@ fn sparse_world(
         let ctx = Context::open(&sim, &format!("sim{r}")).unwrap();
         let pd = ctx.alloc_pd().unwrap();
         let peers = neighbours(alg, r, n);
-        prepared.push(SparseNode::prepare_with_peers(&ctx, &pd, r, n, peers, &cfg(alg)).unwrap());
+        prepared.push(SparseNode::prepare_with_peers(&ctx, &pd, r, n, peers, config).unwrap());
         pds.push(pd);
     }
     let eps: Vec<Vec<_>> = prepared
@@ -108,6 +118,67 @@ fn whole_world_barriers_over_chosen_peers_release_only_when_all_started() {
                 }
                 nodes[n - 1].1.start_barrier_all().unwrap();
                 drive(&sim, &mut nodes, &what);
+            }
+            assert!(nodes.iter().all(|(_, node)| !node.is_poisoned()), "{what}");
+        }
+    }
+}
+
+/// A node keeps exactly two barrier receives per peer posted: a peer may be one barrier
+/// ahead, never two. A laggard that polls only when nobody else can move lets every
+/// message the protocol allows pile up at it (the current barrier's and the next's). With
+/// `rnr_retry` 0, a message that found no receive would fail its barrier at once (as it
+/// is, a shortfall would only be slow: the sender waits out RNR timers).
+#[test]
+fn a_laggard_finds_every_barrier_message_a_receive() {
+    for alg in ALGORITHMS {
+        for n in [2, 3, 7, 64] {
+            let seed = 100 + n as u64;
+            let what = format!("{alg:?} n={n} seed={seed}");
+            let mut config = cfg(alg);
+            config.channel.rts.rnr_retry = 0;
+            let (sim, mut nodes) = sparse_world_with(n, seed, &config);
+            let laggard = n / 2;
+            let rounds = 4;
+            let mut done = vec![0usize; n];
+            for (_, node) in nodes.iter_mut() {
+                node.start_barrier_all().unwrap();
+            }
+            // A node that completes a barrier starts the next at once.
+            let mut step = |node: &mut SparseNode, done: &mut usize| {
+                let finished = node
+                    .poll_barrier()
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+                if finished {
+                    *done += 1;
+                    if *done < rounds {
+                        node.start_barrier_all().unwrap();
+                    }
+                }
+                finished
+            };
+            while done.iter().any(|&d| d < rounds) {
+                // Everyone but the laggard runs as far as it can.
+                loop {
+                    let mut moved = false;
+                    for (r, (_, node)) in nodes.iter_mut().enumerate() {
+                        if r != laggard && done[r] < rounds {
+                            moved |= step(node, &mut done[r]);
+                        }
+                    }
+                    let f = sim.fabric();
+                    match f.next_event_at() {
+                        Some(next) => {
+                            f.run_for(next.saturating_sub(f.now()));
+                        }
+                        None if !moved => break,
+                        None => {}
+                    }
+                }
+                // Then the laggard takes one step.
+                if done[laggard] < rounds {
+                    step(&mut nodes[laggard].1, &mut done[laggard]);
+                }
             }
             assert!(nodes.iter().all(|(_, node)| !node.is_poisoned()), "{what}");
         }

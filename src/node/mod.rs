@@ -74,10 +74,13 @@ use peers::{PeerMap, PeersRefused, MAX_WORLD};
 /// `CTRL_RECVS` receives, and at most one send (a barrier sends a peer at most one
 /// message, and its sends are reaped before it completes). Small, because a node of a
 /// large world holds one such queue pair per peer.
-const CTRL_DEPTH: usize = 4;
-/// Receives kept posted per peer for barrier messages. At most one message per peer per
-/// barrier, and a peer runs at most one barrier ahead: two would do; four leaves slack.
-const CTRL_RECVS: u64 = 4;
+const CTRL_DEPTH: usize = 2;
+/// Receives kept posted per peer for barrier messages: exactly enough. A barrier brings at
+/// most one message per peer, and a peer runs at most one barrier ahead (it cannot finish
+/// a barrier this node has not reached), so at most two messages from a peer wait at
+/// once: the current barrier's and the next's (kept in `early`). Each is reposted as it is
+/// taken.
+const CTRL_RECVS: u64 = 2;
 
 /// Settings of a node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

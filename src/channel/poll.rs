@@ -32,23 +32,22 @@ enum Polled {
     Retired,
 }
 
-/// Polls `cq` once for up to `max` completions and records what it returns in `ring`,
-/// retiring `want` at once if its completion comes first and it is the oldest request
-/// (the usual case); its completion is then in `wc`. A poll for one completion (a blocking
-/// call's first) lands in `wc` itself, any other in a buffer of `POLL_BATCH` on the stack.
+/// Polls `cq` once and records what it returns in `ring`, retiring `want` at once if its
+/// completion comes first and it is the oldest request (the usual case); its completion is
+/// then in `wc`. The poll lands in `wcs` (a buffer on the caller's stack, set up once per
+/// wait), or without one in `wc` itself, for one completion (a blocking call's first poll).
 #[inline(always)]
 fn poll_for<P: Provider, W: WorkRequest, const DEPTH: usize>(
     cq: &mut Completions<P>,
     ring: &mut Ring<W, DEPTH>,
     wc: &mut WorkCompletion,
     want: u64,
-    max: usize,
+    wcs: Option<&mut [WorkCompletion; POLL_BATCH]>,
 ) -> Result<Polled, Error<P::Error>> {
-    if max == 1 {
+    let Some(wcs) = wcs else {
         return poll_for_into(cq, ring, want, core::slice::from_mut(wc));
-    }
-    let mut wcs = [WorkCompletion::EMPTY; POLL_BATCH];
-    let polled = poll_for_into(cq, ring, want, &mut wcs[..max.min(POLL_BATCH)])?;
+    };
+    let polled = poll_for_into(cq, ring, want, wcs)?;
     if let Polled::Retired = polled {
         *wc = wcs[0];
     }
@@ -196,7 +195,7 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
             return r;
         }
         waiter.rearm();
-        let polled = self.poll_for(queue, seq, POLL_BATCH);
+        let polled = self.poll_for(queue, seq, Some(&mut [WorkCompletion::EMPTY; POLL_BATCH]));
         self.wait_polled_within(queue, seq, polled, |c| c, waiter)
     }
 
@@ -235,7 +234,7 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
     ) -> Result<R, Error<P::Error>> {
         // The first poll usually retires the request; the rest is out of line. It asks for
         // one completion: the one awaited is usually the only one there.
-        match self.poll_for(queue, seq, 1) {
+        match self.poll_for(queue, seq, None) {
             Ok(Polled::Retired) => self.retired(queue, seq, ok),
             Ok(polled) => self.wait_polled(queue, seq, polled, ok),
             Err(e) => Err(self.poll_failed(e)),
@@ -271,6 +270,8 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
         ok: impl FnOnce(Completion) -> R,
         waiter: &mut Waiter,
     ) -> Result<R, Error<P::Error>> {
+        // Set up once, not at every poll of a spinning wait.
+        let mut wcs = [WorkCompletion::EMPTY; POLL_BATCH];
         loop {
             match polled {
                 Ok(Polled::Retired) => return self.retired(queue, seq, ok),
@@ -293,15 +294,20 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
                     return Err(e);
                 }
             }
-            polled = self.poll_for(queue, seq, POLL_BATCH);
+            polled = self.poll_for(queue, seq, Some(&mut wcs));
         }
     }
 
     #[inline(always)]
-    fn poll_for(&mut self, queue: Queue, seq: u64, max: usize) -> Result<Polled, Error<P::Error>> {
+    fn poll_for(
+        &mut self,
+        queue: Queue,
+        seq: u64,
+        wcs: Option<&mut [WorkCompletion; POLL_BATCH]>,
+    ) -> Result<Polled, Error<P::Error>> {
         match queue {
-            Queue::Send => poll_for(&mut self.send_cq, &mut self.sq, &mut self.wc, seq, max),
-            Queue::Recv => poll_for(&mut self.recv_cq, &mut self.rq, &mut self.wc, seq, max),
+            Queue::Send => poll_for(&mut self.send_cq, &mut self.sq, &mut self.wc, seq, wcs),
+            Queue::Recv => poll_for(&mut self.recv_cq, &mut self.rq, &mut self.wc, seq, wcs),
         }
     }
 

@@ -145,7 +145,7 @@ fn a_laggard_finds_every_barrier_message_a_receive() {
                 node.start_barrier_all().unwrap();
             }
             // A node that completes a barrier starts the next at once.
-            let mut step = |node: &mut SparseNode, done: &mut usize| {
+            let step = |node: &mut SparseNode, done: &mut usize| {
                 let finished = node
                     .poll_barrier()
                     .unwrap_or_else(|e| panic!("{what}: {e}"));

@@ -195,8 +195,9 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
             return r;
         }
         waiter.rearm();
-        let polled = self.poll_for(queue, seq, Some(&mut [WorkCompletion::EMPTY; POLL_BATCH]));
-        self.wait_polled_within(queue, seq, polled, |c| c, waiter)
+        let mut wcs = [WorkCompletion::EMPTY; POLL_BATCH];
+        let polled = self.poll_for(queue, seq, Some(&mut wcs));
+        self.wait_polled_within(queue, seq, polled, |c| c, waiter, &mut wcs)
     }
 
     /// A fresh [`Waiter`] for one call on this channel: its timeout and grace.
@@ -251,7 +252,8 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
         ok: impl FnOnce(Completion) -> R,
     ) -> Result<R, Error<P::Error>> {
         let mut waiter = self.waiter();
-        self.wait_polled_within(queue, seq, Ok(polled), ok, &mut waiter)
+        let mut wcs = [WorkCompletion::EMPTY; POLL_BATCH];
+        self.wait_polled_within(queue, seq, Ok(polled), ok, &mut waiter, &mut wcs)
     }
 
     /// A poll failed with work in flight: end that work before reporting `e`.
@@ -262,6 +264,8 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
         self.quiesce(&mut waiter, e)
     }
 
+    /// Polls on (into `wcs`, set up once by the caller rather than at every poll of a
+    /// spinning wait) until `seq` completes, `waiter`'s bound passes, or a poll fails.
     fn wait_polled_within<R>(
         &mut self,
         queue: Queue,
@@ -269,9 +273,8 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
         mut polled: Result<Polled, Error<P::Error>>,
         ok: impl FnOnce(Completion) -> R,
         waiter: &mut Waiter,
+        wcs: &mut [WorkCompletion; POLL_BATCH],
     ) -> Result<R, Error<P::Error>> {
-        // Set up once, not at every poll of a spinning wait.
-        let mut wcs = [WorkCompletion::EMPTY; POLL_BATCH];
         loop {
             match polled {
                 Ok(Polled::Retired) => return self.retired(queue, seq, ok),
@@ -294,7 +297,7 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
                     return Err(e);
                 }
             }
-            polled = self.poll_for(queue, seq, Some(&mut wcs));
+            polled = self.poll_for(queue, seq, Some(wcs));
         }
     }
 

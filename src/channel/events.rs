@@ -2,6 +2,7 @@
 //! completion channels, their descriptors, arming, taking events, polling with no request
 //! in view, and whether a request has finished.
 
+use super::poll::Polled;
 use super::*;
 
 impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES> {
@@ -50,11 +51,6 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
             }
         }
         Ok(total)
-    }
-
-    /// Polls the queue `pending`'s request is on, once.
-    pub(crate) fn poll_queue_of(&mut self, pending: &Pending) -> Result<usize, Error<P::Error>> {
-        self.poll(pending.queue)
     }
 
     /// Whether `pending`'s request has finished (its outcome waits to be taken), without
@@ -108,6 +104,35 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
         pending: &Pending,
     ) -> Option<Result<Completion, Error<P::Error>>> {
         self.take(pending.queue, pending.seq)
+    }
+
+    /// `pending`'s outcome if it has finished, polling its queue if it is not known yet;
+    /// `None` while it is in flight, or if the poll failed (the caller's next pass over
+    /// the queues meets the failure again).
+    ///
+    /// The first poll asks for one completion, retired in place when it is `pending`'s
+    /// (as a blocking wait's first poll does, with no buffer to set up); another's first
+    /// means more may wait, and they are taken in one batch.
+    #[inline]
+    pub(crate) fn try_finish(
+        &mut self,
+        pending: &Pending,
+    ) -> Option<Result<Completion, Error<P::Error>>> {
+        let (queue, seq) = (pending.queue, pending.seq);
+        if let Some(r) = self.take(queue, seq) {
+            return Some(r);
+        }
+        match self.poll_for(queue, seq, None) {
+            Ok(Polled::Retired) => Some(self.retired(queue, seq, |c| c)),
+            Ok(Polled::Recorded) => {
+                if let Some(r) = self.take(queue, seq) {
+                    return Some(r);
+                }
+                let _ = self.poll(queue);
+                self.take(queue, seq)
+            }
+            Ok(Polled::Nothing) | Err(_) => None,
+        }
     }
 
     /// Moves the queue pair to the error state, so the device flushes everything in flight.

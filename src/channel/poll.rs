@@ -22,7 +22,7 @@ fn poll_into<P: Provider, W: WorkRequest, const DEPTH: usize>(
 }
 
 /// What one poll brought for an awaited request.
-enum Polled {
+pub(super) enum Polled {
     /// No completion.
     Nothing,
     /// Completions, recorded in the ring; the awaited one may be among them.
@@ -302,7 +302,7 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
     }
 
     #[inline(always)]
-    fn poll_for(
+    pub(super) fn poll_for(
         &mut self,
         queue: Queue,
         seq: u64,
@@ -316,7 +316,7 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
 
     /// The outcome of `seq`, which [`poll_for`] retired with the completion in `wc`.
     #[inline(always)]
-    fn retired<R>(
+    pub(super) fn retired<R>(
         &self,
         queue: Queue,
         seq: u64,

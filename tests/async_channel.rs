@@ -205,7 +205,7 @@ fn a_dropped_receive_keeps_its_buffer_until_the_message_lands() {
         let (a, b) = pair(&cfg(Duration::from_secs(5)));
         {
             let fut = b.ch.receive(b.pool.alloc(32).unwrap());
-            // Posted on the first poll; then dropped.
+            // Posted when called; polled for 5 ms, then dropped.
             assert!(tokio::time::timeout(Duration::from_millis(5), fut)
                 .await
                 .is_err());
@@ -223,6 +223,31 @@ fn a_dropped_receive_keeps_its_buffer_until_the_message_lands() {
                 t0.elapsed() < Duration::from_secs(5),
                 "orphan never released"
             );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    });
+}
+
+#[test]
+fn an_operation_posts_when_called_and_a_dropped_unpolled_one_keeps_its_buffer() {
+    current_thread().block_on(async {
+        let (a, b) = pair(&cfg(Duration::from_secs(5)));
+        // B's receive is posted by the call: A's send, awaited before the receive is ever
+        // polled, finds it (a lazy post would leave the send waiting for a receive).
+        let received = b.ch.receive(b.pool.alloc(32).unwrap());
+        a.ch.send(filled(&a.pool, b"first")).await.0.unwrap();
+        let (done, inbox) = received.await;
+        assert_eq!(done.unwrap().byte_len, 5);
+        assert_eq!(&inbox[..5], b"first");
+        drop(inbox);
+        // Called and dropped without a poll: posted all the same, so its buffer stays
+        // with the channel until the message lands in it.
+        drop(b.ch.receive(b.pool.alloc(32).unwrap()));
+        assert_eq!(b.pool.stats().allocations, 1, "the device may write the buffer");
+        a.ch.send(filled(&a.pool, b"second")).await.0.unwrap();
+        let t0 = Instant::now();
+        while b.pool.stats().allocations != 0 {
+            assert!(t0.elapsed() < Duration::from_secs(5), "orphan never released");
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
     });

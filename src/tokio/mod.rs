@@ -39,6 +39,12 @@
 //! monoio do; a future dropped after its request was posted leaves the buffer with the
 //! channel, which drops it (back to its pool) once the request completed or was flushed.
 //!
+//! **Posted when called.** An operation posts its request when it is *called*, as
+//! tokio-uring submits at call time; the future waits for the outcome (or, if the queue
+//! was full, for room first). So `join!(ch.receive(inbox), ch.send(msg))` has both posted
+//! before either is polled, and the receive's first poll can already look for the reply.
+//! A future dropped unpolled has posted all the same: its buffer comes back as above.
+//!
 //! **How completions wake tasks.** Both completion queues of an [`AsyncChannel`] raise
 //! events on completion channels of their own; one reactor task per channel sleeps on their
 //! descriptors (tokio `AsyncFd`, readiness cleared only after the descriptor said
@@ -224,156 +230,176 @@ impl<P: Provider + 'static, B: IoBuf, const DEPTH: usize, const SGES: usize>
     }
 
     /// Sends the whole of `buf` (a two-sided send: it consumes a receive at the peer).
-    pub async fn send(&self, buf: B) -> BufResult<(), B, P::Error> {
-        self.run(buf, Post::Send(SendOp::Send, None), done).await
+    ///
+    /// Posted when called, as every operation here (see [the module docs](self)).
+    pub fn send(&self, buf: B) -> impl Future<Output = BufResult<(), B, P::Error>> + '_ {
+        self.run(buf, Post::Send(SendOp::Send, None), done)
     }
 
     /// Sends `buf` with 32 bits of immediate data for the receiver.
-    pub async fn send_with_imm(&self, buf: B, imm: u32) -> BufResult<(), B, P::Error> {
+    pub fn send_with_imm(
+        &self,
+        buf: B,
+        imm: u32,
+    ) -> impl Future<Output = BufResult<(), B, P::Error>> + '_ {
         self.run(buf, Post::Send(SendOp::SendWithImm(imm), None), done)
-            .await
     }
 
     /// Posts a receive into `buf` and waits for a message: its byte count and immediate
     /// data. If the future is dropped after the receive was posted, the receive stays
     /// posted: the next message the peer sends lands in `buf` and is lost with it.
-    pub async fn receive(&self, buf: B) -> BufResult<Completion, B, P::Error> {
-        self.run(buf, Post::Receive, |c, _| Ok(c)).await
+    pub fn receive(&self, buf: B) -> impl Future<Output = BufResult<Completion, B, P::Error>> + '_ {
+        self.run(buf, Post::Receive, |c, _| Ok(c))
     }
 
     /// Writes the whole of `buf` to the start of `remote` (which must hold it).
-    pub async fn write(&self, buf: B, remote: &RemoteRegion) -> BufResult<(), B, P::Error> {
+    pub fn write<'a>(
+        &'a self,
+        buf: B,
+        remote: &'a RemoteRegion,
+    ) -> impl Future<Output = BufResult<(), B, P::Error>> + 'a {
         self.run(buf, Post::Send(remote.write_op(), Some(remote)), done)
-            .await
     }
 
     /// Writes `buf` to `remote` and hands `imm` to a receive the peer posted.
-    pub async fn write_with_imm(
-        &self,
+    pub fn write_with_imm<'a>(
+        &'a self,
         buf: B,
-        remote: &RemoteRegion,
+        remote: &'a RemoteRegion,
         imm: u32,
-    ) -> BufResult<(), B, P::Error> {
+    ) -> impl Future<Output = BufResult<(), B, P::Error>> + 'a {
         let op = remote.write_with_imm_op(imm);
-        self.run(buf, Post::Send(op, Some(remote)), done).await
+        self.run(buf, Post::Send(op, Some(remote)), done)
     }
 
     /// Reads the start of `remote` into the whole of `buf`.
-    pub async fn read(&self, buf: B, remote: &RemoteRegion) -> BufResult<(), B, P::Error> {
+    pub fn read<'a>(
+        &'a self,
+        buf: B,
+        remote: &'a RemoteRegion,
+    ) -> impl Future<Output = BufResult<(), B, P::Error>> + 'a {
         self.run(buf, Post::Send(remote.read_op(), Some(remote)), done)
-            .await
     }
 
     /// Adds `add` to the 8 bytes at the start of `remote`; their value before lands in
     /// `buf` (8 bytes) and is returned.
-    pub async fn fetch_add(
-        &self,
+    pub fn fetch_add<'a>(
+        &'a self,
         buf: B,
-        remote: &RemoteRegion,
+        remote: &'a RemoteRegion,
         add: u64,
-    ) -> BufResult<u64, B, P::Error> {
+    ) -> impl Future<Output = BufResult<u64, B, P::Error>> + 'a {
         let op = remote.fetch_add_op(add);
-        self.run(buf, Post::Atomic(op, remote), old_value).await
+        self.run(buf, Post::Atomic(op, remote), old_value)
     }
 
     /// Compares the 8 bytes at the start of `remote` with `compare` and, if equal, writes
     /// `swap`; their value before lands in `buf` (8 bytes) and is returned.
-    pub async fn compare_swap(
-        &self,
+    pub fn compare_swap<'a>(
+        &'a self,
         buf: B,
-        remote: &RemoteRegion,
+        remote: &'a RemoteRegion,
         compare: u64,
         swap: u64,
-    ) -> BufResult<u64, B, P::Error> {
+    ) -> impl Future<Output = BufResult<u64, B, P::Error>> + 'a {
         let op = remote.compare_swap_op(compare, swap);
-        self.run(buf, Post::Atomic(op, remote), old_value).await
+        self.run(buf, Post::Atomic(op, remote), old_value)
     }
 
-    /// Posts with `post` (waiting for a free slot), then waits for the outcome, within the
-    /// channel's timeout plus grace. One timer serves every phase and is registered only
-    /// when the operation sleeps; the clock is read first when it has to wait at all.
-    async fn run<T>(
-        &self,
+    /// Posts now (see [`begin`](Self::begin)); the future waits for a free slot if the
+    /// queue was full, then for the outcome, within the channel's timeout plus grace.
+    fn run<'a, T: 'a>(
+        &'a self,
         buf: B,
-        what: Post<'_>,
-        finish: impl FnOnce(Completion, Sge) -> Result<T, Error<P::Error>>,
-    ) -> BufResult<T, B, P::Error> {
+        what: Post<'a>,
+        finish: impl FnOnce(Completion, Sge) -> Result<T, Error<P::Error>> + 'a,
+    ) -> impl Future<Output = BufResult<T, B, P::Error>> + 'a {
+        let begun = self.begin(buf, what);
+        self.complete(begun, what, finish)
+    }
+
+    /// The part of an operation done when it is called: the buffer's checks and one
+    /// attempt to post (with the request's outcome, if it finished within its post).
+    /// A posted request is held by an [`InFlight`] from here on, so a future dropped
+    /// before its first poll leaves the buffer with the channel until the device is done.
+    fn begin<'a>(&'a self, buf: B, what: Post<'a>) -> Begun<'a, P, B, DEPTH, SGES> {
         let sge = match buf.sge() {
             Ok(sge) => sge,
-            Err(e) => return (Err(e.into()), buf),
+            Err(e) => return Begun::Ended(Err(e.into()), buf, Sge::default()),
         };
         if matches!(what, Post::Atomic(..)) && sge.length != 8 {
             let why = "an atomic's local buffer is 8 bytes";
-            return (Err(Error::InvalidAttribute(why)), buf);
+            return Begun::Ended(Err(Error::InvalidAttribute(why)), buf, sge);
         }
-        let post = |ch: &mut Channel<P, DEPTH, SGES>| match what {
-            Post::Receive => ch.post_receive_pending(sge),
-            Post::Send(op, remote) => ch.post_send_pending(sge, op, SendFlags::empty(), remote),
-            Post::Atomic(op, remote) => {
-                ch.post_send_pending(sge, op, SendFlags::empty(), Some(remote))
+        let shared = &*self.handle.shared;
+        let mut inner = shared.lock();
+        match what.post(&mut inner.ch, sge) {
+            // A receive just posted cannot have finished yet.
+            Ok(p) if matches!(what, Post::Receive) => {
+                drop(inner);
+                Begun::Posted(InFlight::new(shared, p, buf), sge)
             }
-        };
+            // Done at once (as a send on an idle link often is): no second trip through
+            // the lock.
+            Ok(p) => match inner.finish(&p) {
+                Some(r) => {
+                    shared.freed(inner);
+                    Begun::Ended(r, buf, sge)
+                }
+                None => {
+                    drop(inner);
+                    Begun::Posted(InFlight::new(shared, p, buf), sge)
+                }
+            },
+            Err(Error::QueueFull { .. }) => Begun::Full(buf, sge),
+            Err(e) => Begun::Ended(Err(e), buf, sge),
+        }
+    }
+
+    /// The rest of an operation [`begin`](Self::begin) started. One timer serves every
+    /// phase and is registered only when the operation sleeps; the clock is read first
+    /// when it has to wait at all.
+    async fn complete<T>(
+        &self,
+        begun: Begun<'_, P, B, DEPTH, SGES>,
+        what: Post<'_>,
+        finish: impl FnOnce(Completion, Sge) -> Result<T, Error<P::Error>>,
+    ) -> BufResult<T, B, P::Error> {
         let shared = &*self.handle.shared;
         let mut clock = Clock::new(shared.config.timeout);
         let mut timer = pin!(None::<tokio::time::Sleep>);
-        let pending = loop {
-            // (The lock is taken in a block of its own: it must not live across an await.)
-            let attempt = {
-                let mut inner = shared.lock();
-                match post(&mut inner.ch) {
-                    // A receive just posted cannot have finished yet.
-                    Ok(p) if matches!(what, Post::Receive) => Ok(Ok(p)),
-                    // Done at once (as a send on an idle link often is): no second trip
-                    // through the lock.
-                    Ok(p) => match inner.finish(&p) {
-                        Some(r) => {
-                            shared.freed(inner);
-                            Ok(Err(r))
-                        }
-                        None => Ok(Ok(p)),
-                    },
-                    Err(e) => Err(e),
+        let (mut op, sge) = match begun {
+            Begun::Ended(r, buf, sge) => return (r.and_then(|c| finish(c, sge)), buf),
+            Begun::Posted(op, sge) => (op, sge),
+            Begun::Full(buf, sge) => loop {
+                // Full: count in as a waiter for space (so takers notify), then try once
+                // more before sleeping, so a slot freed in between is not missed.
+                // Nothing is posted yet: on timeout the buffer comes back as it went.
+                let _waiter = SpaceWaiter::new(shared);
+                let notified = shared.space.notified();
+                let mut notified = pin!(notified);
+                notified.as_mut().enable();
+                let posted = what.post(&mut shared.lock().ch, sge);
+                match posted {
+                    Ok(p) => break (InFlight::new(shared, p, buf), sge),
+                    Err(Error::QueueFull { .. }) => {}
+                    Err(e) => return (Err(e), buf),
                 }
-            };
-            match attempt {
-                Ok(Ok(p)) => break p,
-                Ok(Err(r)) => return (r.and_then(|c| finish(c, sge)), buf),
-                Err(Error::QueueFull { .. }) => {}
-                Err(e) => return (Err(e), buf),
-            }
-            // Full: count in as a waiter for space (so takers notify), then try once more
-            // before sleeping, so a slot freed in between is not missed. Nothing is posted
-            // yet: on timeout the buffer comes back as it went.
-            let _waiter = SpaceWaiter::new(shared);
-            let notified = shared.space.notified();
-            let mut notified = pin!(notified);
-            notified.as_mut().enable();
-            let posted = post(&mut shared.lock().ch);
-            match posted {
-                Ok(p) => break p,
-                Err(Error::QueueFull { .. }) => {}
-                Err(e) => return (Err(e), buf),
-            }
-            let end = clock.deadline();
-            let woken = poll_fn(|cx| {
-                if notified.as_mut().poll(cx).is_ready() {
-                    return Poll::Ready(true);
+                let end = clock.deadline();
+                let woken = poll_fn(|cx| {
+                    if notified.as_mut().poll(cx).is_ready() {
+                        return Poll::Ready(true);
+                    }
+                    match end {
+                        Some(end) if expired(&mut timer, end, cx) => Poll::Ready(false),
+                        _ => Poll::Pending,
+                    }
+                })
+                .await;
+                if !woken {
+                    return (Err(Error::Timeout), buf);
                 }
-                match end {
-                    Some(end) if expired(&mut timer, end, cx) => Poll::Ready(false),
-                    _ => Poll::Pending,
-                }
-            })
-            .await;
-            if !woken {
-                return (Err(Error::Timeout), buf);
-            }
-        };
-        let mut op = InFlight {
-            shared,
-            pending: Some(pending),
-            buf: Some(buf),
-            polls: 0,
+            },
         };
         let outcome = op.settle(|| clock.deadline(), timer.as_mut()).await;
         let r = match outcome {
@@ -396,6 +422,16 @@ impl<P: Provider + 'static, B: IoBuf, const DEPTH: usize, const SGES: usize>
         };
         (r.and_then(|c| finish(c, sge)), op.give_back())
     }
+}
+
+/// An operation as [`AsyncChannel::begin`] leaves it, with its buffer's gather entry.
+enum Begun<'a, P: Provider, B: IoBuf, const DEPTH: usize, const SGES: usize> {
+    /// Refused, or finished within its post: the outcome and the buffer.
+    Ended(Result<Completion, Error<P::Error>>, B, Sge),
+    /// Posted: its outcome is awaited.
+    Posted(InFlight<'a, P, B, DEPTH, SGES>, Sge),
+    /// The queue was full: posting is tried again once there is room.
+    Full(B, Sge),
 }
 
 /// An operation's deadline: read from the clock the first time it is asked for.
@@ -474,6 +510,10 @@ const CLOCK_EVERY: u32 = 16;
 /// let go between them).
 const SPINS_PER_TURN: u32 = 1024;
 
+/// Polls at an operation's first poll before it lets the task go on (~2 µs here: a
+/// simulated round trip is 0.5–1 µs).
+const FIRST_SPINS: u32 = 64;
+
 /// What an operation posts.
 #[derive(Clone, Copy)]
 enum Post<'a> {
@@ -482,6 +522,23 @@ enum Post<'a> {
     Send(SendOp, Option<&'a RemoteRegion>),
     /// An atomic: the local buffer is 8 bytes.
     Atomic(SendOp, &'a RemoteRegion),
+}
+
+impl Post<'_> {
+    /// Posts it on `ch` for the buffer `sge` names.
+    fn post<P: Provider, const DEPTH: usize, const SGES: usize>(
+        self,
+        ch: &mut Channel<P, DEPTH, SGES>,
+        sge: Sge,
+    ) -> Result<Pending, Error<P::Error>> {
+        match self {
+            Post::Receive => ch.post_receive_pending(sge),
+            Post::Send(op, remote) => ch.post_send_pending(sge, op, SendFlags::empty(), remote),
+            Post::Atomic(op, remote) => {
+                ch.post_send_pending(sge, op, SendFlags::empty(), Some(remote))
+            }
+        }
+    }
 }
 
 /// The outcome of a send, write or read: done.
@@ -520,7 +577,18 @@ struct InFlight<'a, P: Provider, B: IoBuf, const DEPTH: usize, const SGES: usize
     polls: u32,
 }
 
-impl<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: usize> InFlight<'_, P, B, DEPTH, SGES> {
+impl<'a, P: Provider, B: IoBuf, const DEPTH: usize, const SGES: usize>
+    InFlight<'a, P, B, DEPTH, SGES>
+{
+    fn new(shared: &'a Shared<P, B, DEPTH, SGES>, pending: Pending, buf: B) -> Self {
+        InFlight {
+            shared,
+            pending: Some(pending),
+            buf: Some(buf),
+            polls: 0,
+        }
+    }
+
     /// Waits for the outcome until the instant `end` gives (asked at the first poll that
     /// needs it; `None`: no bound) has passed: `None` then.
     ///
@@ -562,16 +630,15 @@ impl<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: usize> InFlight<'_, 
         let Some(pending) = self.pending.as_ref() else {
             return Step::Done(Err(Error::InvalidAttribute("polled after completion")));
         };
-        if self.polls == 0 && !self.sleeping() {
-            // The post just polled: let the task post more first (a `join!` of a receive
-            // and a send polls the receive first), and come back at the next turn.
-            self.polls = 1;
-            return Step::Busy;
-        }
         // Busy: a few polls here, then again at the runtime's next turn (busy polling
-        // that lets other tasks and the I/O driver run). Sleeping: one poll, then the
-        // reactor wakes us.
-        let spins = if self.sleeping() { 1 } else { SPINS_PER_TURN };
+        // that lets other tasks and the I/O driver run); fewer at the first poll, whose
+        // task may have more to post (in a future it has not called yet) before this
+        // request can finish. Sleeping: one poll, then the reactor wakes us.
+        let spins = match (self.sleeping(), self.polls) {
+            (true, _) => 1,
+            (false, 0) => FIRST_SPINS,
+            (false, _) => SPINS_PER_TURN,
+        };
         let mut inner = self.shared.lock();
         for spin in 1..=spins {
             if let Some(r) = inner.finish(pending) {

@@ -314,8 +314,7 @@ impl<P: Provider + 'static, B: IoBuf, const DEPTH: usize, const SGES: usize>
         what: Post<'a>,
         finish: impl FnOnce(Completion, Sge) -> Result<T, Error<P::Error>> + 'a,
     ) -> impl Future<Output = BufResult<T, B, P::Error>> + 'a {
-        let begun = self.begin(buf, what);
-        self.complete(begun, what, finish)
+        self.complete(self.begin(buf, what), finish)
     }
 
     /// The part of an operation done when it is called: the buffer's checks and one
@@ -351,7 +350,7 @@ impl<P: Provider + 'static, B: IoBuf, const DEPTH: usize, const SGES: usize>
                     Begun::Posted(InFlight::new(shared, p, buf), sge)
                 }
             },
-            Err(Error::QueueFull { .. }) => Begun::Full(buf, sge),
+            Err(Error::QueueFull { .. }) => Begun::Full(buf, sge, what),
             Err(e) => Begun::Ended(Err(e), buf, sge),
         }
     }
@@ -362,7 +361,6 @@ impl<P: Provider + 'static, B: IoBuf, const DEPTH: usize, const SGES: usize>
     async fn complete<T>(
         &self,
         begun: Begun<'_, P, B, DEPTH, SGES>,
-        what: Post<'_>,
         finish: impl FnOnce(Completion, Sge) -> Result<T, Error<P::Error>>,
     ) -> BufResult<T, B, P::Error> {
         let shared = &*self.handle.shared;
@@ -371,7 +369,7 @@ impl<P: Provider + 'static, B: IoBuf, const DEPTH: usize, const SGES: usize>
         let (mut op, sge) = match begun {
             Begun::Ended(r, buf, sge) => return (r.and_then(|c| finish(c, sge)), buf),
             Begun::Posted(op, sge) => (op, sge),
-            Begun::Full(buf, sge) => loop {
+            Begun::Full(buf, sge, what) => loop {
                 // Full: count in as a waiter for space (so takers notify), then try once
                 // more before sleeping, so a slot freed in between is not missed.
                 // Nothing is posted yet: on timeout the buffer comes back as it went.
@@ -431,7 +429,7 @@ enum Begun<'a, P: Provider, B: IoBuf, const DEPTH: usize, const SGES: usize> {
     /// Posted: its outcome is awaited.
     Posted(InFlight<'a, P, B, DEPTH, SGES>, Sge),
     /// The queue was full: posting is tried again once there is room.
-    Full(B, Sge),
+    Full(B, Sge, Post<'a>),
 }
 
 /// An operation's deadline: read from the clock the first time it is asked for.

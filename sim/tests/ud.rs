@@ -84,7 +84,17 @@ impl Node {
     }
 }
 
+/// Two UD nodes on sim0 and sim1 of a fabric configured by `cfg`, stepped whatever `cfg`
+/// says: a datagram lands a link latency after its post, so on a threaded fabric a poll
+/// right after the post finds it only if the test ran slowly enough (these tests passed
+/// in debug builds and failed in release ones). Stepped, a poll that finds nothing runs
+/// the fabric until its queue has an entry or nothing is left to run.
 fn two(cfg: FabricConfig) -> (Fabric, Node, Node) {
+    let cfg = FabricConfig {
+        mode: Mode::Stepped,
+        auto_step: true,
+        ..cfg
+    };
     let f = Fabric::with_config(cfg, 2);
     let (a, b) = (node(&f, "sim0", QKEY), node(&f, "sim1", QKEY));
     (f, a, b)

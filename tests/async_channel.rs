@@ -243,11 +243,18 @@ fn an_operation_posts_when_called_and_a_dropped_unpolled_one_keeps_its_buffer() 
         // Called and dropped without a poll: posted all the same, so its buffer stays
         // with the channel until the message lands in it.
         drop(b.ch.receive(b.pool.alloc(32).unwrap()));
-        assert_eq!(b.pool.stats().allocations, 1, "the device may write the buffer");
+        assert_eq!(
+            b.pool.stats().allocations,
+            1,
+            "the device may write the buffer"
+        );
         a.ch.send(filled(&a.pool, b"second")).await.0.unwrap();
         let t0 = Instant::now();
         while b.pool.stats().allocations != 0 {
-            assert!(t0.elapsed() < Duration::from_secs(5), "orphan never released");
+            assert!(
+                t0.elapsed() < Duration::from_secs(5),
+                "orphan never released"
+            );
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
     });

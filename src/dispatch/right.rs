@@ -102,7 +102,7 @@ impl PollRight {
     /// A turn if nobody else has one. Never waits: revoking another thread's bias costs one
     /// `membarrier`, and if that thread is inside a turn, the answer is `None` (it is
     /// polling) until its turn ends.
-    #[inline]
+    #[inline(always)]
     pub(super) fn try_turn(&self) -> Option<Turn<'_>> {
         let Some(turns) = this_thread() else {
             return self.exclusive_turn(UNBIASED);
@@ -132,7 +132,7 @@ impl PollRight {
         !matches!(self.bias.load(Ordering::Relaxed), UNBIASED | NEVER)
     }
 
-    #[inline]
+    #[inline(always)]
     fn biased_turn(&self, turns: &'static AtomicUsize, me: usize) -> Option<Turn<'_>> {
         let depth = fence::enter(turns);
         if fence::load_bias(&self.bias) == me {
@@ -145,7 +145,7 @@ impl PollRight {
         None
     }
 
-    #[inline]
+    #[inline(never)]
     fn exclusive_turn(&self, me: usize) -> Option<Turn<'_>> {
         self.word
             .compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
@@ -240,7 +240,7 @@ pub(super) fn biasing_available() -> bool {
 
 /// The calling thread's turn counter, `None` once the pool is used up. Allocation-free, so
 /// a thread's first turn may be on the data path.
-#[inline]
+#[inline(always)]
 fn this_thread() -> Option<&'static AtomicUsize> {
     use core::cell::Cell;
     #[cfg(not(loom))]

@@ -15,6 +15,10 @@
 //!
 //! With `BATCH` > 1 (writes only), an iteration posts `BATCH` writes with one doorbell,
 //! only the last signaled (a `Channel` scope, or one raw chain), and polls one completion.
+//!
+//! Built with `--features sim,tokio`, `PATH` may also be `async`: the same sends or writes
+//! through `AsyncChannel` on a current-thread runtime, each awaited before the next, with
+//! a pooled buffer (`BATCH` 1 only).
 
 use std::process::ExitCode;
 
@@ -142,6 +146,68 @@ fn channel_batch_loop(
             Ok(())
         })
         .expect("scope");
+    }
+}
+
+/// The async path: `iters` sends or writes through an `AsyncChannel`, one at a time.
+#[cfg(feature = "tokio")]
+#[inline(never)]
+fn run_async(iters: u64, write: bool) {
+    use zverbs::tokio::AsyncChannel;
+    let sim = Sim::with_devices(2);
+    let (ca, cb) = (
+        Context::open(&sim, "sim0").unwrap(),
+        Context::open(&sim, "sim1").unwrap(),
+    );
+    let (pa, pb) = (ca.alloc_pd().unwrap(), cb.alloc_pd().unwrap());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let prepared = AsyncChannel::<Sim, zverbs::LocalBuf<Sim>, 64, S>::prepare(
+        &ca,
+        &pa,
+        &ChannelConfig::default(),
+    )
+    .unwrap();
+    let (mut sink, region) = sink(&cb, &pb, &prepared.endpoint());
+    let ch = prepared.connect(&sink.qp.endpoint()).unwrap();
+    let ch = {
+        let _in = rt.enter();
+        AsyncChannel::new(ch).unwrap()
+    };
+    let pool = zverbs::MrPool::new(&pa, 1 << 16).unwrap();
+    let buf = pool.alloc(MSG).unwrap();
+    let remote = region.slice(..MSG as u64).unwrap();
+    rt.block_on(async_loop(
+        &ch,
+        buf,
+        (!write).then_some(&mut sink),
+        &remote,
+        iters,
+    ));
+}
+
+#[cfg(feature = "tokio")]
+#[inline(never)]
+async fn async_loop(
+    ch: &zverbs::tokio::AsyncChannel<Sim, zverbs::LocalBuf<Sim>, 64, S>,
+    mut buf: zverbs::LocalBuf<Sim>,
+    mut sink: Option<&mut Sink>,
+    remote: &zverbs::RemoteRegion,
+    iters: u64,
+) {
+    for _ in 0..iters {
+        let (r, back) = match sink.as_deref_mut() {
+            Some(sink) => {
+                let out = ch.send(buf).await;
+                sink.after_send();
+                out
+            }
+            None => ch.write(buf, remote).await,
+        };
+        r.expect("async operation");
+        buf = back;
     }
 }
 
@@ -299,8 +365,10 @@ fn main() -> ExitCode {
         "channel" => run_channel(iters, write, batch, false),
         "shared" => run_channel(iters, write, batch, true),
         "raw" => run_raw(iters, write, batch),
+        #[cfg(feature = "tokio")]
+        "async" if batch == 1 => run_async(iters, write),
         _ => {
-            eprintln!("PATH must be channel, shared or raw");
+            eprintln!("PATH must be channel, shared, raw or (with tokio) async; async BATCH 1");
             return ExitCode::from(2);
         }
     }

@@ -8,6 +8,11 @@
 #   OPS=send scripts/callgrind.sh   # one operation
 #   N1=2560 N2=25600 scripts/callgrind.sh
 #   BATCHES="8 32" scripts/callgrind.sh   # doorbell batches of writes (default: 32)
+#   ASYNC=0 scripts/callgrind.sh    # without the async comparison (a second build)
+#
+# Also printed: the channel on a shared completion queue (the dispatcher's cost per
+# operation, `shared+`) and, from a build with tokio, an awaited `AsyncChannel` operation
+# against the blocking one (`async+`).
 #
 # Each (path, op) runs `examples/post_poll_loop.rs` twice, with N1 and N2 iterations; setup
 # and teardown are the same in both runs, so (Ir(N2) - Ir(N1)) / (N2 - N1) is the cost of
@@ -37,9 +42,10 @@ cargo build --quiet --release --features sim --example post_poll_loop
 BIN=$TARGET/release/examples/post_poll_loop
 
 # Total instructions of one run (the `summary:` line callgrind writes).
-instructions() { # path op iters [batch]
-    local f="$OUT/$1-$2-$3-${4:-1}.out"
-    valgrind --tool=callgrind --callgrind-out-file="$f" "$BIN" "$1" "$2" "$3" "${4:-1}" 2>/dev/null
+instructions() { # path op iters [batch | tokio]
+    local f="$OUT/$1-$2-$3-${4:-1}.out" batch=${4:-1}
+    [ "$batch" = tokio ] && batch=1
+    valgrind --tool=callgrind --callgrind-out-file="$f" "$BIN" "$1" "$2" "$3" "$batch" 2>/dev/null
     awk '/^summary:/ { print $2 }' "$f"
 }
 
@@ -72,6 +78,20 @@ for op in $OPS; do
         profile raw write raw_loop
     fi
 done
+# The dispatcher: the same blocking operations on a shared completion queue.
+for op in $OPS; do
+    a=$(instructions shared "$op" "$N1")
+    b=$(instructions shared "$op" "$N2")
+    shared=$(awk -v a="$a" -v b="$b" -v n1="$N1" -v n2="$N2" \
+        'BEGIN { printf "%.1f", (b - a) / (n2 - n1) }')
+    c=$(awk -v a="$(awk '/^summary:/ { print $2 }' "$OUT/channel-$op-$N1-1.out")" \
+        -v b="$(awk '/^summary:/ { print $2 }' "$OUT/channel-$op-$N2-1.out")" \
+        -v n1="$N1" -v n2="$N2" 'BEGIN { printf "%.1f", (b - a) / (n2 - n1) }')
+    over=$(awk -v s="$shared" -v c="$c" 'BEGIN { printf "%.1f", s - c }')
+    printf '%-6s %-8s %16s\n' "$op" shared "$shared"
+    printf '%-6s %-8s %16s   (dispatcher over own queues)\n' "$op" shared+ "$over"
+    echo "shared_instructions_per_op op=$op shared=$shared own=$c overhead=$over"
+done
 # Doorbell batches: BATCH writes per doorbell, one completion; instructions per WR.
 for batch in $BATCHES; do
     m1=$((N1 / batch > 0 ? N1 / batch : 1))
@@ -87,4 +107,24 @@ for batch in $BATCHES; do
     printf '%-6s %-8s %16s   (per WR)\n' "w*$batch" overhead "$overhead"
     echo "instructions_per_wr batch=$batch channel=${per[channel]} raw=${per[raw]} overhead=$overhead"
 done
+# The async layer (feature tokio): an awaited operation against the blocking one, both
+# from one build with tokio (the feature alone moves the blocking figures by a few tens
+# of instructions, so the two are compared within that build). ASYNC=0 skips it.
+if [ "${ASYNC:-1}" != 0 ]; then
+    cargo build --quiet --release --features sim,tokio --example post_poll_loop
+    cp "$TARGET/release/examples/post_poll_loop" "$OUT/post_poll_loop-tokio"
+    BIN=$OUT/post_poll_loop-tokio
+    for op in $OPS; do
+        for path in channel async; do
+            a=$(instructions "$path" "$op" "$N1" tokio)
+            b=$(instructions "$path" "$op" "$N2" tokio)
+            per[$path]=$(awk -v a="$a" -v b="$b" -v n1="$N1" -v n2="$N2" \
+                'BEGIN { printf "%.1f", (b - a) / (n2 - n1) }')
+            printf '%-6s %-8s %16s   (tokio build)\n' "$op" "$path" "${per[$path]}"
+        done
+        overhead=$(awk -v c="${per[async]}" -v r="${per[channel]}" 'BEGIN { printf "%.1f", c - r }')
+        printf '%-6s %-8s %16s   (async over blocking)\n' "$op" async+ "$overhead"
+        echo "async_instructions_per_op op=$op async=${per[async]} blocking=${per[channel]} overhead=$overhead"
+    done
+fi
 echo "profiles: $OUT/*.annotate.txt" >&2

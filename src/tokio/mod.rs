@@ -332,27 +332,21 @@ impl<P: Provider + 'static, B: IoBuf, const DEPTH: usize, const SGES: usize>
         }
         let shared = &*self.handle.shared;
         let mut inner = shared.lock();
-        match what.post(&mut inner.ch, sge) {
-            // A receive just posted cannot have finished yet.
-            Ok(p) if matches!(what, Post::Receive) => {
-                drop(inner);
-                Begun::Posted(InFlight::new(shared, p, buf), sge)
+        let p = match what.post(&mut inner.ch, sge) {
+            Ok(p) => p,
+            Err(Error::QueueFull { .. }) => return Begun::Full(buf, sge, what),
+            Err(e) => return Begun::Ended(Err(e), buf, sge),
+        };
+        // Done at once (as a send on an idle link often is): no second trip through the
+        // lock. A receive just posted cannot have finished yet.
+        if !matches!(what, Post::Receive) {
+            if let Some(r) = inner.finish(&p) {
+                shared.freed(inner);
+                return Begun::Ended(r, buf, sge);
             }
-            // Done at once (as a send on an idle link often is): no second trip through
-            // the lock.
-            Ok(p) => match inner.finish(&p) {
-                Some(r) => {
-                    shared.freed(inner);
-                    Begun::Ended(r, buf, sge)
-                }
-                None => {
-                    drop(inner);
-                    Begun::Posted(InFlight::new(shared, p, buf), sge)
-                }
-            },
-            Err(Error::QueueFull { .. }) => Begun::Full(buf, sge, what),
-            Err(e) => Begun::Ended(Err(e), buf, sge),
         }
+        drop(inner);
+        Begun::Posted(InFlight::new(shared, p, buf), sge)
     }
 
     /// The rest of an operation [`begin`](Self::begin) started. One timer serves every

@@ -97,24 +97,6 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
         }
     }
 
-    /// As [`poll`](Self::poll), taking on a shared queue only what was routed already.
-    pub(super) fn poll_taking_routed(&mut self, queue: Queue) -> Result<usize, Error<P::Error>> {
-        let mut wcs = [WorkCompletion::EMPTY; POLL_BATCH];
-        let n = match queue {
-            Queue::Send => self.send_cq.take_routed(&self.sq, &mut wcs)?,
-            Queue::Recv => self.recv_cq.take_routed(&self.rq, &mut wcs)?,
-        };
-        let ring_err =
-            |u: crate::ring::UnknownCompletion| Error::UnexpectedCompletion { wr_id: u.wr_id };
-        for wc in &wcs[..n] {
-            match queue {
-                Queue::Send => self.sq.complete(wc).map_err(ring_err)?,
-                Queue::Recv => self.rq.complete(wc).map_err(ring_err)?,
-            }
-        }
-        Ok(n)
-    }
-
     /// As [`poll`](Self::poll), after routing everything the shared queue holds.
     /// Completions of requests already given up are ignored.
     fn poll_all(&mut self, queue: Queue) -> Result<usize, Error<P::Error>> {

@@ -61,33 +61,6 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
     ) -> Result<Completion, Error<P::Error>> {
         self.wait_seq_within(queue(send), seq, waiter)
     }
-
-    /// The outcome of `seq` on the send (`send`) or receive queue if it completed, without
-    /// waiting. On a shared queue it does not poll the queue itself: it sees what
-    /// [`route`](Self::route) (of any channel on the queue) or another channel's poll
-    /// brought to this channel's inbox. A queue of its own is polled.
-    pub(crate) fn try_routed(
-        &mut self,
-        send: bool,
-        seq: u64,
-    ) -> Result<Option<Completion>, Error<P::Error>> {
-        let q = queue(send);
-        if let Some(r) = self.take(q, seq) {
-            return r.map(Some);
-        }
-        self.poll_taking_routed(q)?;
-        self.take(q, seq).transpose()
-    }
-
-    /// Routes what the channel's (shared) queue for `send`/receive holds to the inboxes of
-    /// every channel on it; how many (`None` for a queue of its own, see
-    /// `Completions::route`).
-    pub(crate) fn route(&self, send: bool) -> Result<Option<usize>, Error<P::Error>> {
-        match queue(send) {
-            Queue::Send => self.send_cq.route(),
-            Queue::Recv => self.recv_cq.route(),
-        }
-    }
 }
 
 fn queue(send: bool) -> Queue {

@@ -157,17 +157,6 @@ impl<P: Provider> Completions<P> {
         self.poll_with(ring, out, Shared::Drain)
     }
 
-    /// As [`poll`](Self::poll), but on a shared queue only what was routed already: no
-    /// poll of the queue itself (a caller that drives many channels of one queue routes
-    /// once, with [`route`](Self::route), then looks at each inbox).
-    pub(crate) fn take_routed<W: WorkRequest, const DEPTH: usize>(
-        &mut self,
-        ring: &Ring<W, DEPTH>,
-        out: &mut [WorkCompletion],
-    ) -> Result<usize, Error<P::Error>> {
-        self.poll_with(ring, out, Shared::Take)
-    }
-
     /// The descriptor of the queue's completion channel, if it has one of its own.
     #[cfg(all(feature = "tokio", unix))]
     pub(crate) fn event_fd(&self) -> Option<std::os::fd::RawFd> {
@@ -202,24 +191,6 @@ impl<P: Provider> Completions<P> {
         Ok(any)
     }
 
-    /// On a shared queue, routes what it holds now to the inboxes (if nobody else is) and
-    /// says how many it routed (0 also when another thread held the poll right: that one
-    /// routes for everyone); `None` on a queue of its own, which it leaves alone.
-    pub(crate) fn route(&self) -> Result<Option<usize>, Error<P::Error>> {
-        #[cfg(feature = "std")]
-        if let Source::Shared(a) = &self.source {
-            let mut routed = 0;
-            loop {
-                let n = a.cq.dispatcher().poll(a.cq.queue())?;
-                routed += n;
-                if n != BATCH_ROUTED {
-                    return Ok(Some(routed));
-                }
-            }
-        }
-        Ok(None)
-    }
-
     /// The one polling body: a queue of its own is polled; on a shared queue, `how` says
     /// what is done before the inbox is taken from.
     #[inline(always)]
@@ -240,7 +211,6 @@ impl<P: Provider> Completions<P> {
                 let n = match how {
                     Shared::Poll => a.cq.poll(inbox, out)?,
                     Shared::Drain => a.cq.drain(inbox, out)?,
-                    Shared::Take => a.cq.dispatcher().take(inbox, out),
                 };
                 widen(ring, &mut out[..n]);
                 Ok(n)
@@ -257,14 +227,7 @@ enum Shared {
     Poll,
     /// Route everything the queue holds, waiting for the poll right.
     Drain,
-    /// Nothing: only what was routed already.
-    Take,
 }
-
-/// Completions the dispatcher routes per turn of the poll right: a full turn means more
-/// may wait.
-#[cfg(feature = "std")]
-const BATCH_ROUTED: usize = 16;
 
 #[cfg(feature = "std")]
 #[inline]

@@ -192,11 +192,11 @@ pub struct PeerPending {
 /// with `std` the slots live on the heap, allocated once at setup, and a multi-channel stays
 /// small to move; without `std` they are inline.
 #[cfg(feature = "std")]
-type Slots<T, const PEERS: usize> = std::boxed::Box<[Option<T>; PEERS]>;
+pub(crate) type Slots<T, const PEERS: usize> = std::boxed::Box<[Option<T>; PEERS]>;
 #[cfg(not(feature = "std"))]
-type Slots<T, const PEERS: usize> = [Option<T>; PEERS];
+pub(crate) type Slots<T, const PEERS: usize> = [Option<T>; PEERS];
 
-fn new_slots<T, const PEERS: usize>() -> Slots<T, PEERS> {
+pub(crate) fn new_slots<T, const PEERS: usize>() -> Slots<T, PEERS> {
     #[cfg(feature = "std")]
     {
         // Built element by element: never a whole array on the stack.

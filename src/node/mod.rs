@@ -2,7 +2,8 @@
 //!
 //! A node of rank `r` in a world of `W` ranks holds two RC queue pairs per peer: one for
 //! the caller's data ([`channels`](Node::channels)) and one the barriers use, so barrier
-//! traffic never meets user receives. Its peers are every other rank ([`Node::prepare`],
+//! traffic never meets user receives. A barrier queue pair is lean: no channel, no
+//! buffers, its completions on two queues the node polls itself (`ctrl`). Its peers are every other rank ([`Node::prepare`],
 //! `W` at most `PEERS`) or ranks it chooses ([`Node::prepare_with_peers`], `W` up to
 //! 65,536): with the partners [`barrier::neighbours`] names, a node of a 65,536-rank world
 //! runs whole-world dissemination barriers over 31 peers. A barrier blocks
@@ -51,6 +52,7 @@
 //! ```
 
 pub mod barrier;
+mod ctrl;
 #[cfg(feature = "std")]
 pub mod exchange;
 mod peers;
@@ -68,12 +70,12 @@ use crate::multi_channel::{MultiChannel, PreparedMultiChannel};
 use crate::provider::Provider;
 use crate::qp::Endpoint;
 use barrier::{Algorithm, BarrierError, BarrierMachine};
+use ctrl::{Ctrl, PreparedCtrl};
 use peers::{PeerMap, PeersRefused, MAX_WORLD};
 
-/// Work requests in flight per peer and queue on the barrier queue pairs: the
-/// `CTRL_RECVS` receives, and at most one send (a barrier sends a peer at most one
-/// message, and its sends are reaped before it completes). Small, because a node of a
-/// large world holds one such queue pair per peer.
+/// Send queue depth of a barrier queue pair: a barrier sends a peer at most one message
+/// and reaps its sends before it completes, so one is in flight at most. Small, because a
+/// node of a large world holds one such queue pair per peer.
 const CTRL_DEPTH: usize = 2;
 /// Receives kept posted per peer for barrier messages: exactly enough. A barrier brings at
 /// most one message per peer, and a peer runs at most one barrier ahead (it cannot finish
@@ -226,7 +228,7 @@ pub struct PreparedNode<
     map: PeerMap<PEERS>,
     config: NodeConfig,
     data: PreparedMultiChannel<P, PEERS, DEPTH, SGES>,
-    ctrl: PreparedMultiChannel<P, PEERS, CTRL_DEPTH, 1>,
+    ctrl: PreparedCtrl<P, PEERS>,
 }
 
 impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
@@ -248,7 +250,11 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
             .map
             .index(peer)
             .ok_or(NodeError::NotConnected { rank: peer })?;
-        Ok((self.data.endpoint(i)?, self.ctrl.endpoint(i)?))
+        let ctrl = self
+            .ctrl
+            .endpoint(i)
+            .ok_or(NodeError::NotConnected { rank: peer })?;
+        Ok((self.data.endpoint(i)?, ctrl))
     }
 
     /// Connects to every peer with the endpoints `remote(rank)` gives: the ones that rank
@@ -262,8 +268,20 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
             eps[i] = remote(self.map.rank_of(i));
         }
         let data = self.data.connect(|i| eps[i].map(|e| e.0))?;
-        let ctrl = self.ctrl.connect(|i| eps[i].map(|e| e.1))?;
-        Node::start(self.map, self.config, data, ctrl)
+        let ctrl = self
+            .ctrl
+            .connect(|i| eps[i].map(|e| e.1), &self.config.channel)?;
+        Ok(Node {
+            map: self.map,
+            config: self.config,
+            data,
+            ctrl,
+            running: None,
+            partners: heapless::Vec::new(),
+            pair_epoch: [0; PEERS],
+            early: [None; PEERS],
+            poisoned: false,
+        })
     }
 }
 
@@ -277,20 +295,13 @@ pub struct Node<P: Provider, const PEERS: usize, const DEPTH: usize = 64, const 
     map: PeerMap<PEERS>,
     config: NodeConfig,
     data: MultiChannel<P, PEERS, DEPTH, SGES>,
-    ctrl: MultiChannel<P, PEERS, CTRL_DEPTH, 1>,
+    ctrl: Ctrl<P, PEERS>,
     /// The barrier running, from its start until it completes or fails.
     running: Option<BarrierMachine<PEERS>>,
     /// The peer indices the running (or last) barrier exchanges messages with.
     partners: heapless::Vec<u32, PEERS>,
-    /// The partners' inboxes may hold messages (the last pass took one, or a barrier just
-    /// started): the next pass looks at each even if nothing new was routed.
-    rescan: bool,
     /// Per peer: barriers taken part in together.
     pair_epoch: [u32; PEERS],
-    /// Per peer: the oldest barrier receive still posted (`CTRL_RECVS` are posted).
-    recv_next: [u64; PEERS],
-    /// Per peer: barrier sends not yet reaped, `first..next`.
-    sends: [(u64, u64); PEERS],
     /// Per peer: a message for the next barrier with that peer, received early.
     early: [Option<barrier::Msg>; PEERS],
     poisoned: bool,
@@ -361,44 +372,12 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
         config: &NodeConfig,
     ) -> Result<PreparedNode<P, PEERS, DEPTH, SGES>, NodeError<P::Error>> {
         let data = MultiChannel::prepare(ctx, pd, map.indices(), &config.channel)?;
-        let ctrl = MultiChannel::prepare(ctx, pd, map.indices(), &config.channel)?;
+        let ctrl = PreparedCtrl::prepare(ctx, pd, map.indices(), &config.channel)?;
         Ok(PreparedNode {
             map,
             config: *config,
             data,
             ctrl,
-        })
-    }
-
-    fn start(
-        map: PeerMap<PEERS>,
-        config: NodeConfig,
-        data: MultiChannel<P, PEERS, DEPTH, SGES>,
-        mut ctrl: MultiChannel<P, PEERS, CTRL_DEPTH, 1>,
-    ) -> Result<Self, NodeError<P::Error>> {
-        let mut recv_next = [0; PEERS];
-        for p in map.indices() {
-            let ch = ctrl.peer(p)?;
-            for i in 0..CTRL_RECVS {
-                let seq = ch.post_recv_seq(core::iter::empty())?;
-                if i == 0 {
-                    recv_next[p] = seq;
-                }
-            }
-        }
-        Ok(Node {
-            map,
-            config,
-            data,
-            ctrl,
-            running: None,
-            partners: heapless::Vec::new(),
-            rescan: true,
-            pair_epoch: [0; PEERS],
-            recv_next,
-            sends: [(0, 0); PEERS],
-            early: [None; PEERS],
-            poisoned: false,
         })
     }
 
@@ -441,9 +420,9 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
     /// barrier without stranding a peer. `close` is for data sent unpolled.
     pub fn close(mut self, timeout: Duration) -> Result<(), NodeError<P::Error>> {
         let mut waiter = Waiter::new(Some(timeout), self.config.channel.flush_grace);
-        let data = self.data.drain_sends(&mut waiter);
-        let ctrl = self.ctrl.drain_sends(&mut waiter);
-        data.and(ctrl).map_err(|e| NodeError::Channel(e.error))
+        let data = self.data.drain_sends(&mut waiter).map_err(|e| e.error);
+        let ctrl = self.ctrl.drain(&mut waiter);
+        data.and(ctrl).map_err(NodeError::Channel)
     }
 
     /// Whether a failed barrier poisoned this node's barriers.

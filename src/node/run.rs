@@ -4,11 +4,11 @@
 //! thread can drive many nodes, as the stepped simulator does with 65,536 of them.
 
 use super::barrier::{neighbours, BarrierError, BarrierMachine, Msg};
-use super::{wire, Node, NodeError, CTRL_RECVS};
+use super::ctrl::Ctrl;
+use super::{wire, Node, NodeError};
 use crate::channel::wait::Waiter;
-use crate::multi_channel::MultiChannel;
 use crate::provider::Provider;
-use crate::types::{SendFlags, SendOp};
+use crate::types::WorkCompletion;
 
 impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
     Node<P, PEERS, DEPTH, SGES>
@@ -214,7 +214,6 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
                 .map_err(|_| NodeError::TooManyPeers { capacity: PEERS })?;
         }
         self.partners = partners;
-        self.rescan = true;
         let r = self.open(&mut m);
         match r {
             Ok(()) => self.running = Some(m),
@@ -230,7 +229,6 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
             map,
             ctrl,
             pair_epoch,
-            sends,
             early,
             partners,
             ..
@@ -243,7 +241,6 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
             ctrl,
             map,
             pair_epoch,
-            sends,
             failed: None,
         };
         m.start(&mut |to, msg| out.send(to, msg))
@@ -261,47 +258,33 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
         Ok(())
     }
 
-    /// One pass over the partners: messages in, messages out, and once complete, this
-    /// node's sends reaped. Returns (complete, anything happened).
+    /// One pass: the messages received handed in (and the machine's answers sent), and
+    /// once complete, this node's sends reaped. Returns (complete, anything happened).
     fn step(&mut self) -> Result<(bool, bool), NodeError<P::Error>> {
         let Node {
             map,
             ctrl,
             running,
             pair_epoch,
-            recv_next,
-            sends,
             early,
             partners,
-            rescan,
             ..
         } = self;
         let Some(m) = running.as_mut() else {
             return Ok((true, false));
         };
         let mut progress = false;
-        if !m.is_complete() {
-            // On shared queues: one poll of the receive queue routes every peer's message,
-            // then each partner's inbox is looked at (not the queue again per peer). Only
-            // this node polls its barrier queues and its inboxes fill only here, so with
-            // nothing routed and nothing taken on the last pass, they are all empty: no
-            // pass over the partners (what keeps a poll of an idle node at one queue poll).
-            let routed = match partners.first() {
-                Some(&p) => ctrl.peer(p as usize)?.route(false)?,
-                None => None,
-            };
-            let scan = core::mem::replace(rescan, false) || routed != Some(0);
-            for &p in partners.iter().filter(|_| scan) {
-                let p = p as usize;
-                let Some(c) = ctrl.peer(p)?.try_routed(false, recv_next[p])? else {
-                    continue;
-                };
+        let mut batch = [WorkCompletion::EMPTY; RECV_BATCH];
+        // Messages are taken while the barrier runs, also once it is complete: any left
+        // are for the next barrier with their sender (kept in `early`), and the receive
+        // queue has room for them all meanwhile.
+        while !m.is_complete() {
+            let n = ctrl.receive(&mut batch)?;
+            for wc in &batch[..n] {
                 progress = true;
-                *rescan = true; // a partner may have more than one message waiting
-                recv_next[p] += 1;
-                ctrl.peer(p)?.post_recv_seq(core::iter::empty())?;
+                let p = wc.wr_id as usize;
                 let from = map.rank_of(p);
-                let Some(msg) = classify(from, c.imm.unwrap_or(0), pair_epoch[p], &mut early[p])?
+                let Some(msg) = classify(from, wc.imm.unwrap_or(0), pair_epoch[p], &mut early[p])?
                 else {
                     continue; // for the next barrier with p: kept
                 };
@@ -309,32 +292,25 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
                     ctrl,
                     map,
                     pair_epoch,
-                    sends,
                     failed: None,
                 };
                 m.on_message(from as u16, msg, &mut |to, msg| out.send(to, msg))
                     .map_err(NodeError::Barrier)?;
                 out.check()?;
             }
-            if !m.is_complete() {
-                return Ok((false, progress));
+            if n < batch.len() {
+                break;
             }
+        }
+        if !m.is_complete() {
+            return Ok((false, progress));
         }
         // Complete only once this rank's own messages are acknowledged: a rank that leaves
         // (drops its node) right after the barrier cannot take with it a message a peer
         // still needs, such as one lost once on the wire and waiting for its retransmission.
-        if let Some(&p) = partners.first() {
-            ctrl.peer(p as usize)?.route(true)?;
-        }
-        for &p in partners.iter() {
-            let (span, ch) = (&mut sends[p as usize], ctrl.peer(p as usize)?);
-            while span.0 < span.1 {
-                if ch.try_routed(true, span.0)?.is_none() {
-                    return Ok((false, progress));
-                }
-                span.0 += 1;
-                progress = true;
-            }
+        ctrl.reap()?;
+        if partners.iter().any(|&p| ctrl.sending(p as usize)) {
+            return Ok((false, progress));
         }
         *running = None;
         Ok((true, progress))
@@ -368,43 +344,27 @@ fn classify<E>(
 /// Where a machine's messages go: the barrier queue pairs. Errors wait in `failed` (the
 /// machine's callback cannot return one).
 struct Out<'a, P: Provider, const PEERS: usize> {
-    ctrl: &'a mut MultiChannel<P, PEERS, { super::CTRL_DEPTH }, 1>,
+    ctrl: &'a mut Ctrl<P, PEERS>,
     map: &'a super::PeerMap<PEERS>,
     pair_epoch: &'a [u32; PEERS],
-    sends: &'a mut [(u64, u64); PEERS],
     failed: Option<NodeError<P::Error>>,
 }
 
 impl<P: Provider, const PEERS: usize> Out<'_, P, PEERS> {
-    /// Posts `msg` to rank `to` as a zero-length send with immediate data.
+    /// Sends `msg` to rank `to` as a zero-length send with immediate data.
     fn send(&mut self, to: u16, msg: Msg) {
         if self.failed.is_some() {
             return;
         }
         let rank = usize::from(to);
-        // `begin` checked that every partner has a channel.
+        // `begin` checked that every partner has a queue pair.
         let Some(p) = self.map.index(rank) else {
             self.failed = Some(NodeError::NotConnected { rank });
             return;
         };
         let imm = wire::encode(msg.kind, msg.round, self.pair_epoch[p]);
-        let r = self.ctrl.peer(p).and_then(|ch| {
-            ch.post_send_seq(
-                core::iter::empty(),
-                SendOp::SendWithImm(imm),
-                SendFlags::empty(),
-                None,
-            )
-        });
-        match r {
-            Ok(seq) => {
-                let span = &mut self.sends[p];
-                if span.0 == span.1 {
-                    span.0 = seq;
-                }
-                span.1 = seq + 1;
-            }
-            Err(e) => self.failed = Some(e.into()),
+        if let Err(e) = self.ctrl.send(p, imm) {
+            self.failed = Some(e.into());
         }
     }
 
@@ -413,8 +373,5 @@ impl<P: Provider, const PEERS: usize> Out<'_, P, PEERS> {
     }
 }
 
-const _: () = assert!(CTRL_RECVS >= 2, "a peer may be one barrier ahead");
-const _: () = assert!(
-    CTRL_RECVS as usize <= super::CTRL_DEPTH,
-    "the receives fit the ring"
-);
+/// Barrier messages taken from the receive queue per poll.
+const RECV_BATCH: usize = 16;

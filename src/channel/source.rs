@@ -26,12 +26,34 @@ pub(crate) struct Completions<P: Provider> {
 
 enum Source<P: Provider> {
     /// A queue of the channel's own (and the completion channel it raises events on):
-    /// completions carry the ring's sequence numbers.
-    Own(CompletionQueue<P>, Option<CompletionChannel<P>>),
+    /// completions carry the ring's sequence numbers. Boxed with `std`: most channels of
+    /// a large node are on shared queues, and an inline queue would make every channel
+    /// 128 bytes larger.
+    Own(Owned<OwnQueue<P>>),
     /// An inbox on a shared queue: completions carry the inbox's tag and the low bits of
     /// the sequence numbers.
     #[cfg(feature = "std")]
     Shared(Attached<P>),
+}
+
+/// A queue of a channel's own.
+struct OwnQueue<P: Provider> {
+    cq: CompletionQueue<P>,
+    /// Where `cq` raises its events (read by sleeping waits, which need `std`).
+    #[cfg_attr(not(all(feature = "std", unix)), allow(dead_code))]
+    events: Option<CompletionChannel<P>>,
+}
+
+#[cfg(feature = "std")]
+type Owned<T> = std::boxed::Box<T>;
+#[cfg(not(feature = "std"))]
+type Owned<T> = T;
+
+fn owned<T>(t: T) -> Owned<T> {
+    #[cfg(feature = "std")]
+    return std::boxed::Box::new(t);
+    #[cfg(not(feature = "std"))]
+    t
 }
 
 /// An inbox on a shared queue, detached when the channel goes.
@@ -54,14 +76,20 @@ impl<P: Provider> Drop for Attached<P> {
 impl<P: Provider> Completions<P> {
     /// A queue of `depth` of its own; with `events`, on a completion channel of its own.
     pub(crate) fn own(ctx: &Context<P>, depth: u32, events: bool) -> Result<Self, Error<P::Error>> {
-        let source = if events {
+        let own = if events {
             let ch = CompletionChannel::create(ctx)?;
-            Source::Own(CompletionQueue::create_on(ctx, depth, &ch)?, Some(ch))
+            OwnQueue {
+                cq: CompletionQueue::create_on(ctx, depth, &ch)?,
+                events: Some(ch),
+            }
         } else {
-            Source::Own(CompletionQueue::create(ctx, depth)?, None)
+            OwnQueue {
+                cq: CompletionQueue::create(ctx, depth)?,
+                events: None,
+            }
         };
         Ok(Completions {
-            source,
+            source: Source::Own(owned(own)),
             armed: false,
         })
     }
@@ -86,7 +114,7 @@ impl<P: Provider> Completions<P> {
     /// The completion queue, to create the queue pair on.
     pub(crate) fn queue(&self) -> &CompletionQueue<P> {
         match &self.source {
-            Source::Own(cq, _) => cq,
+            Source::Own(o) => &o.cq,
             #[cfg(feature = "std")]
             Source::Shared(a) => a.cq.queue(),
         }
@@ -112,15 +140,18 @@ impl<P: Provider> Completions<P> {
             return false;
         }
         match &self.source {
-            Source::Own(cq, Some(events)) => {
+            Source::Own(o) => {
+                let Some(events) = &o.events else {
+                    return waiter.pause();
+                };
                 if !self.armed {
                     // On failure the next poll reports the broken queue.
-                    self.armed = cq.arm(false).is_ok();
+                    self.armed = o.cq.arm(false).is_ok();
                     return true;
                 }
                 let _ = events.wait_readable(left);
                 while let Ok(Some(ev)) = events.try_get_event() {
-                    let _ = cq.ack_event(ev);
+                    let _ = o.cq.ack_event(ev);
                 }
                 self.armed = false;
                 true
@@ -161,7 +192,7 @@ impl<P: Provider> Completions<P> {
     #[cfg(all(feature = "tokio", unix))]
     pub(crate) fn event_fd(&self) -> Option<std::os::fd::RawFd> {
         match &self.source {
-            Source::Own(_, Some(events)) => Some(std::os::fd::AsRawFd::as_raw_fd(events)),
+            Source::Own(o) => o.events.as_ref().map(std::os::fd::AsRawFd::as_raw_fd),
             _ => None,
         }
     }
@@ -170,7 +201,7 @@ impl<P: Provider> Completions<P> {
     #[cfg(all(feature = "tokio", unix))]
     pub(crate) fn arm_events(&mut self) -> Result<(), Error<P::Error>> {
         match &self.source {
-            Source::Own(cq, Some(_)) => cq.arm(false),
+            Source::Own(o) if o.events.is_some() => o.cq.arm(false),
             _ => Ok(()),
         }
     }
@@ -179,7 +210,10 @@ impl<P: Provider> Completions<P> {
     /// whether there was one.
     #[cfg(all(feature = "tokio", unix))]
     pub(crate) fn take_events(&mut self) -> Result<bool, Error<P::Error>> {
-        let Source::Own(cq, Some(events)) = &self.source else {
+        let Source::Own(o) = &self.source else {
+            return Ok(false);
+        };
+        let (cq, Some(events)) = (&o.cq, &o.events) else {
             return Ok(false);
         };
         let mut any = false;
@@ -202,7 +236,7 @@ impl<P: Provider> Completions<P> {
         how: Shared,
     ) -> Result<usize, Error<P::Error>> {
         match &mut self.source {
-            Source::Own(cq, _) => cq.poll(out),
+            Source::Own(o) => o.cq.poll(out),
             #[cfg(feature = "std")]
             Source::Shared(a) => {
                 let Some(inbox) = a.inbox.as_mut() else {

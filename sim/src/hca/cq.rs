@@ -9,7 +9,7 @@
 //! possibly the one completing) to ERR.
 
 use super::net::Net;
-use super::qp::{flush_wc, msg_len, rd_atomic, QpObj, ReqState};
+use super::qp::{flush_wc, rd_atomic, QpObj, ReqState};
 use super::responder::RecvDone;
 use super::tables::Tables;
 use super::World;
@@ -41,7 +41,7 @@ impl QpObj {
             wr_id: e.wr.wr_id,
             status,
             opcode: e.wr.op.wc_opcode(),
-            byte_len: msg_len(&e.wr) as u32,
+            byte_len: e.wr.msg_len() as u32,
             imm: None,
             qp_num: self.qpn,
             src_qp: 0,

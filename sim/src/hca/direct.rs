@@ -24,7 +24,6 @@
 //! [`LinkModel::INSTANT`]: crate::LinkModel::INSTANT
 
 use super::net::Net;
-use super::qp::sg_len;
 use super::requester::local_limits;
 use super::responder::{execute, Exec};
 use super::tables::Tables;
@@ -150,8 +149,8 @@ fn plan(t: &Tables, net: &Net, q: usize, path: &Path) -> Option<Direct> {
     // local half fails exactly where `local_check` would). An atomic passes only with
     // 8 bytes, so `len` is the message length of every request that passes.
     let wr = &e.wr;
-    let len = sg_len(&wr.sg_list[..wr.num_sge]);
-    if !connected || local_limits(qp, wr, len).is_err() {
+    let len = wr.total;
+    if !connected || local_limits(qp, wr).is_err() {
         return None;
     }
     // Room for both completions, so that neither can overflow a CQ here.
@@ -176,7 +175,7 @@ fn plan(t: &Tables, net: &Net, q: usize, path: &Path) -> Option<Direct> {
     } else {
         &[]
     };
-    let ex = execute(&t.mrs, &net.cfg, qp, wr, inline, peer);
+    let ex = execute(&t.mrs, &net.cfg, qp, wr, qp.sq.gathers(0), inline, peer);
     if ex.rnr || ex.status != WcStatus::Success {
         return None;
     }

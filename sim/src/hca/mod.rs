@@ -241,7 +241,7 @@ impl World {
             .filter(|_| qp.sq.len() == 1 && qp.req.sent == 0);
         let personality = self.net.cfg.personality;
         if head.is_some_and(|e| {
-            qp.local_check(&self.tables.mrs, personality, &e.wr)
+            qp.local_check(&self.tables.mrs, personality, &e.wr, qp.sq.gathers(0))
                 .is_err()
         }) {
             self.pump(q);

@@ -11,7 +11,7 @@
 
 use super::mem::{copy, Dst, Src};
 use super::net::Net;
-pub(crate) use super::wq::{RecvQueue, SendQueue, SqEntry};
+pub(crate) use super::wq::{RecvQueue, SendHead, SendQueue, SqEntry};
 use crate::config::{Personality, ROCE_ROUTE_HOP_LIMIT};
 use crate::counters::QpCounters;
 use crate::trace::TraceKind;
@@ -155,15 +155,6 @@ pub(crate) fn invalid<T>(why: &'static str) -> Result<T, SimError> {
 #[inline]
 pub(crate) fn sg_len(sges: &[Sge]) -> u64 {
     sges.iter().map(|s| u64::from(s.length)).sum()
-}
-
-/// Message length of a request (atomics: 8).
-#[inline]
-pub(crate) fn msg_len(wr: &SendWr) -> u64 {
-    match wr.op {
-        SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => 8,
-        _ => sg_len(&wr.sg_list[..wr.num_sge]),
-    }
 }
 
 /// Whether `op` is a read or an atomic (uses a read/atomic credit).
@@ -377,6 +368,7 @@ impl QpObj {
             }
         }
         let sges = &wr.sg_list[..wr.num_sge];
+        let total = sg_len(sges);
         let inline = wr.flags.contains(SendFlags::INLINE);
         if inline {
             use SendOp::*;
@@ -387,7 +379,7 @@ impl QpObj {
             if !ok_op {
                 return invalid("INLINE on an operation without payload to send");
             }
-            if sg_len(sges) > u64::from(self.cap.max_inline_data) {
+            if total > u64::from(self.cap.max_inline_data) {
                 return invalid("inline data exceeds max_inline_data");
             }
         }
@@ -416,12 +408,7 @@ impl QpObj {
                 inline_len += n;
             }
         }
-        self.sq.push_with(|e| {
-            e.wr.wr_id = wr.wr_id;
-            e.wr.sg_list[..sges.len()].copy_from_slice(sges);
-            (e.wr.num_sge, e.wr.op, e.wr.flags) = (wr.num_sge, wr.op, wr.flags);
-            (e.psn, e.npkts, e.sent_once) = (0, 1, false);
-        });
+        self.sq.push(wr, total);
         if inline_len > 0 {
             // At most `max_inline_data` (checked above): the slot's room holds it.
             let room = self.sq.inline_mut(self.sq.len() - 1);

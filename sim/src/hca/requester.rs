@@ -19,7 +19,7 @@
 //! `World` entry points here route between the two (a response, a timer, a wake-up).
 
 use super::net::Net;
-use super::qp::{msg_len, rd_atomic, sg_len, QpObj, SqEntry, TimerKind};
+use super::qp::{rd_atomic, QpObj, SendHead, SqEntry, TimerKind};
 use super::tables::{MrObj, Slab, Tables};
 use super::World;
 use crate::config::{ack_timeout_ns, rnr_timer_ns, Personality};
@@ -31,13 +31,13 @@ fn mtu_bytes(m: Mtu) -> u64 {
     128 << (m as u8)
 }
 
-/// The requester's checks of `wr` (gathering `total` bytes) that need no memory lookup:
+/// The requester's checks of `wr` that need no memory lookup:
 /// the message length, and whether the QP may issue reads/atomics. Together with the
 /// local half of the responder's `execute` they make [`QpObj::local_check`].
 #[inline]
-pub(crate) fn local_limits(qp: &QpObj, wr: &SendWr, total: u64) -> Result<(), WcStatus> {
+pub(crate) fn local_limits(qp: &QpObj, wr: &SendHead) -> Result<(), WcStatus> {
     let atomic = matches!(wr.op, SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. });
-    if total > MAX_MSG || (atomic && total != 8) {
+    if wr.total > MAX_MSG || (atomic && wr.total != 8) {
         return Err(WcStatus::LocLenErr);
     }
     if rd_atomic(&wr.op) && qp.rts.is_some_and(|r| r.max_rd_atomic == 0) {
@@ -82,12 +82,12 @@ impl QpObj {
         &self,
         mrs: &Slab<MrObj>,
         personality: Personality,
-        wr: &SendWr,
+        wr: &SendHead,
+        sges: &[Sge],
     ) -> Result<(), WcStatus> {
         use SendOp::*;
-        let sges = &wr.sg_list[..wr.num_sge];
-        let total = sg_len(sges);
-        local_limits(self, wr, total)?;
+        let total = wr.total;
+        local_limits(self, wr)?;
         let local_ok = match wr.op {
             Read { .. } | CompareSwap { .. } | FetchAdd { .. } => {
                 mrs.scatter(self.pd, sges, total as usize, &mut [])
@@ -133,7 +133,8 @@ impl QpObj {
             let Some(e) = self.sq.get(i) else {
                 return Ok(());
             };
-            if let Err(status) = self.local_check(mrs, net.cfg.personality, &e.wr) {
+            let sges = self.sq.gathers(i);
+            if let Err(status) = self.local_check(mrs, net.cfg.personality, &e.wr, sges) {
                 return if i == 0 { Err(status) } else { Ok(()) };
             }
             let (Some(rtr), Some(rts)) = (self.rtr, self.rts) else {
@@ -143,7 +144,7 @@ impl QpObj {
             if rd && self.req.rd_inflight >= rts.max_rd_atomic {
                 return Ok(());
             }
-            let len = msg_len(&e.wr);
+            let len = e.wr.msg_len();
             let npkts = len.div_ceil(mtu_bytes(rtr.path_mtu)).max(1) as u32;
             let wire = match e.wr.op {
                 SendOp::Read { .. } => HEADER_BYTES + 16,

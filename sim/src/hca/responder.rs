@@ -21,7 +21,7 @@
 
 use super::mem::{self, Dst, Src};
 use super::net::Net;
-use super::qp::{msg_len, rd_atomic, sg_len, QpObj, SqEntry};
+use super::qp::{rd_atomic, sg_len, QpObj, SendHead};
 use super::tables::{MrObj, Slab, Tables};
 use super::World;
 use crate::config::{FabricConfig, Personality};
@@ -101,7 +101,7 @@ pub(crate) fn answer(t: &Tables, cfg: &FabricConfig, peer: &QpObj, pkt: &Packet)
         .filter(|r| r.epoch == pkt.epoch)
         .and_then(|r| {
             let i = r.sq.iter().position(|e| e.sent_once && e.psn == pkt.psn)?;
-            Some((r, r.sq.get(i)?, r.sq.inline(i)))
+            Some((r, r.sq.get(i)?, r.sq.gathers(i), r.sq.inline(i)))
         });
     let last = pkt.psn.wrapping_add(pkt.npkts - 1) & PSN_MASK;
     let ack = Answer::Again {
@@ -112,13 +112,13 @@ pub(crate) fn answer(t: &Tables, cfg: &FabricConfig, peer: &QpObj, pkt: &Packet)
     };
     if diff >= HALF {
         // Behind the expected PSN: re-acknowledge, re-read, or replay an atomic.
-        let Some((req, e, inline)) = found else {
+        let Some((req, e, sges, inline)) = found else {
             return ack;
         };
         let (kind, bytes) = match e.wr.op {
             SendOp::Read { .. } => {
-                let ex = execute(&t.mrs, cfg, req, &e.wr, inline, peer);
-                let bytes = msg_len(&e.wr) + u64::from(pkt.npkts) * HEADER_BYTES;
+                let ex = execute(&t.mrs, cfg, req, &e.wr, sges, inline, peer);
+                let bytes = e.wr.msg_len() + u64::from(pkt.npkts) * HEADER_BYTES;
                 match ex.status {
                     WcStatus::Success => (PacketKind::ReadResp, bytes),
                     st => (PacketKind::Nak(st), HEADER_BYTES),
@@ -128,7 +128,7 @@ pub(crate) fn answer(t: &Tables, cfg: &FabricConfig, peer: &QpObj, pkt: &Packet)
                 let Some(old) = peer.resp.recall(pkt.psn) else {
                     return Answer::Drop(DropReason::Stale);
                 };
-                replay_atomic(&t.mrs, req, e, old);
+                replay_atomic(&t.mrs, req, sges, old);
                 (PacketKind::AtomicResp, HEADER_BYTES + 8)
             }
             _ => return ack,
@@ -141,7 +141,7 @@ pub(crate) fn answer(t: &Tables, cfg: &FabricConfig, peer: &QpObj, pkt: &Packet)
             bytes,
         };
     }
-    let Some((req, e, inline)) = found.filter(|_| diff == 0) else {
+    let Some((req, e, sges, inline)) = found.filter(|_| diff == 0) else {
         return Answer::Drop(match diff {
             0 => DropReason::Stale,
             _ => DropReason::OutOfOrder,
@@ -150,8 +150,8 @@ pub(crate) fn answer(t: &Tables, cfg: &FabricConfig, peer: &QpObj, pkt: &Packet)
     Answer::Executed {
         wr_id: e.wr.wr_id,
         op: e.wr.op,
-        len: msg_len(&e.wr),
-        ex: execute(&t.mrs, cfg, req, &e.wr, inline, peer),
+        len: e.wr.msg_len(),
+        ex: execute(&t.mrs, cfg, req, &e.wr, sges, inline, peer),
     }
 }
 
@@ -173,20 +173,20 @@ fn respond(net: &mut Net, req: &Packet, psn: u32, kind: PacketKind, bytes: u64) 
     let _copies = net.send(pkt, bytes);
 }
 
-/// Executes request `wr` (with its INLINE payload `inline`) of requester `qp` at
+/// Executes request `wr` (with its gather list `sges` and INLINE payload `inline`) of requester `qp` at
 /// responder `peer`, resolving keys in the MR table `mrs`: checks, then effects. Nothing but the memory it writes on success
 /// changes, so a failed or RNR outcome can be recomputed later with the same result.
 pub(crate) fn execute(
     mrs: &Slab<MrObj>,
     cfg: &FabricConfig,
     qp: &QpObj,
-    wr: &SendWr,
+    wr: &SendHead,
+    sges: &[Sge],
     inline: &[u8],
     peer: &QpObj,
 ) -> Exec {
     use SendOp::*;
-    let sges = &wr.sg_list[..wr.num_sge];
-    let total = sg_len(sges);
+    let total = wr.total;
     let len = total as usize;
     let mut out = Exec {
         status: WcStatus::Success,
@@ -362,11 +362,11 @@ pub(crate) fn execute(
     out
 }
 
-/// Replays an atomic's cached `old` value into the requester's 8-byte scatter list
+/// Replays an atomic's cached `old` value into the requester's 8-byte scatter list `sges`
 /// (a duplicate atomic is never applied twice).
-fn replay_atomic(mrs: &Slab<MrObj>, qp: &QpObj, e: &SqEntry, old: u64) {
+fn replay_atomic(mrs: &Slab<MrObj>, qp: &QpObj, sges: &[Sge], old: u64) {
     let mut dst = [Dst::EMPTY; MAX_SGE];
-    if mrs.scatter(qp.pd, &e.wr.sg_list[..e.wr.num_sge], 8, &mut dst) {
+    if mrs.scatter(qp.pd, sges, 8, &mut dst) {
         mem::copy(&[Src::slice(&old.to_ne_bytes())], &dst, 8);
     }
 }

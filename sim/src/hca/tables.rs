@@ -366,7 +366,12 @@ impl Tables {
             init: None,
             rtr: None,
             rts: None,
-            sq: SendQueue::new(cap.max_send_wr as usize, cap.max_inline_data as usize, lazy),
+            sq: SendQueue::new(
+                cap.max_send_wr as usize,
+                cap.max_send_sge as usize,
+                cap.max_inline_data as usize,
+                lazy,
+            ),
             rq: RecvQueue::new(cap.max_recv_wr as usize, cap.max_recv_sge as usize, lazy),
             unsig_done: 0,
             direct_count: 0,

@@ -110,8 +110,8 @@ impl World {
             return Some(WcStatus::LocQpOpErr); // refused at post (`QpObj::post_send`)
         };
         let (src_dev, src_qpn, pd) = (qp.dev, qp.qpn, qp.pd);
-        let sges = &e.wr.sg_list[..e.wr.num_sge];
-        let len = sg_len(sges) as usize;
+        let sges = qp.sq.gathers(0);
+        let len = e.wr.total as usize;
         let mut src = [Src::EMPTY; MAX_SGE];
         if e.wr.flags.contains(SendFlags::INLINE) {
             src[0] = Src::slice(&qp.sq.inline(0)[..len]);

@@ -4,10 +4,11 @@
 //! A `VecDeque` of whole send entries would copy each entry (a request with 16 gather
 //! entries and 256 bytes of inline room, over 500 bytes) on every push and pop. Here a post
 //! writes only the fields and bytes it uses into the next slot, and retiring the head moves
-//! an index. A send slot's inline room is as large as the queue pair allows
-//! (`max_inline_data`, kept beside the slots), not 256 bytes; a receive slot holds its work
-//! request id and as many scatter entries as the queue pair allows (`max_recv_sge`), not
-//! the 16 of a [`RecvWr`].
+//! an index. A send slot's gather list and inline room are as large as the queue pair
+//! allows (`max_send_sge`, `max_inline_data`, kept beside the slots), not the 16 entries
+//! and 256 bytes a [`SendWr`] can carry; a receive slot holds its work request id and as
+//! many scatter entries as the queue pair allows (`max_recv_sge`), not the 16 of a
+//! [`RecvWr`].
 //!
 //! Both rings are allocated whole when the queue pair is created, so posting never
 //! allocates; or, with [`FabricConfig::lazy_queues`](crate::FabricConfig::lazy_queues),
@@ -16,11 +17,11 @@
 
 use crate::types::*;
 
-/// A queued send work request (its inline payload, copied at post time, is beside it:
-/// [`SendQueue::inline`]).
+/// A queued send work request: its fields but the gather list ([`SendQueue::gathers`])
+/// and the inline payload ([`SendQueue::inline`]), which are beside it.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct SqEntry {
-    pub(crate) wr: SendWr,
+    pub(crate) wr: SendHead,
     /// First PSN, once transmitted.
     pub(crate) psn: u32,
     /// PSNs the message uses (path-MTU segments, at least 1).
@@ -29,17 +30,48 @@ pub(crate) struct SqEntry {
     pub(crate) sent_once: bool,
 }
 
+/// A send work request as the HCA reads it: what was posted, but the gather list.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SendHead {
+    pub(crate) wr_id: u64,
+    pub(crate) op: SendOp,
+    pub(crate) flags: SendFlags,
+    /// Entries in the gather list.
+    pub(crate) num_sge: u8,
+    /// Bytes the gather list names (summed at post).
+    pub(crate) total: u64,
+}
+
+impl SendHead {
+    /// The head of `wr`, whose gather list names `total` bytes.
+    pub(crate) fn of(wr: &SendWr, total: u64) -> SendHead {
+        SendHead {
+            wr_id: wr.wr_id,
+            op: wr.op,
+            flags: wr.flags,
+            // At most `MAX_SGE` (checked against `max_send_sge` at post).
+            num_sge: wr.num_sge.min(MAX_SGE) as u8,
+            total,
+        }
+    }
+
+    /// Message length (atomics: 8).
+    #[inline]
+    pub(crate) fn msg_len(&self) -> u64 {
+        match self.op {
+            SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => 8,
+            _ => self.total,
+        }
+    }
+}
+
 const BLANK: SqEntry = SqEntry {
-    wr: SendWr {
+    wr: SendHead {
         wr_id: 0,
-        sg_list: [Sge {
-            addr: 0,
-            length: 0,
-            lkey: 0,
-        }; MAX_SGE],
-        num_sge: 0,
         op: SendOp::Send,
         flags: SendFlags::empty(),
+        num_sge: 0,
+        total: 0,
     },
     psn: 0,
     npkts: 1,
@@ -47,16 +79,23 @@ const BLANK: SqEntry = SqEntry {
 };
 
 /// A ring of at most `capacity` entries, each slot with `stride` side entries beside it
-/// (a send slot's inline bytes, a receive slot's scatter list): both queues are one.
+/// (a send slot's gather list, a receive slot's scatter list) and `stride2` more of a
+/// second kind (a send slot's inline bytes; none for a receive).
 #[derive(Debug)]
-struct Slots<T, U> {
+struct Slots<T, U, V> {
     slots: Vec<T>,
     /// Slot `s`'s side entries: `side[s * stride..][..stride]`.
     side: Vec<U>,
-    stride: usize,
-    head: usize,
-    len: usize,
-    capacity: usize,
+    /// Slot `s`'s side entries of the second kind: `side2[s * stride2..][..stride2]`.
+    side2: Vec<V>,
+    // Counts as u32 (a queue holds at most `MAX_QP_WR` requests of at most `MAX_SGE`
+    // entries and `MAX_INLINE` bytes): a queue pair is two of these, and a world of
+    // 65,536 nodes has millions of queue pairs.
+    stride: u32,
+    stride2: u32,
+    head: u32,
+    len: u32,
+    capacity: u32,
 }
 
 /// What a slot or a side entry holds before its first use.
@@ -72,6 +111,10 @@ impl Blank for u8 {
     const BLANK: Self = 0;
 }
 
+impl Blank for () {
+    const BLANK: Self = ();
+}
+
 impl Blank for (u64, usize) {
     const BLANK: Self = (0, 0);
 }
@@ -84,23 +127,41 @@ impl Blank for Sge {
     };
 }
 
-impl<T: Blank, U: Blank> Slots<T, U> {
+impl<T: Blank, U: Blank, V: Blank> Slots<T, U, V> {
     /// Empty; all `capacity` (at least 1) slots allocated now unless `lazy`.
-    fn new(capacity: usize, stride: usize, lazy: bool) -> Self {
+    fn new(capacity: usize, stride: usize, stride2: usize, lazy: bool) -> Self {
         let capacity = capacity.max(1);
         let n = if lazy { 0 } else { capacity };
+        let count = |n: usize| u32::try_from(n).expect("a queue's sizes fit in u32");
         Slots {
             slots: vec![T::BLANK; n],
             side: vec![U::BLANK; n * stride],
-            stride,
+            side2: vec![V::BLANK; n * stride2],
+            stride: count(stride),
+            stride2: count(stride2),
             head: 0,
             len: 0,
-            capacity,
+            capacity: count(capacity),
         }
     }
 
+    /// Entries held.
+    fn len(&self) -> usize {
+        self.len as usize
+    }
+
+    /// Side entries per slot.
+    fn stride(&self) -> usize {
+        self.stride as usize
+    }
+
+    /// Side entries of the second kind per slot.
+    fn stride2(&self) -> usize {
+        self.stride2 as usize
+    }
+
     fn slot(&self, i: usize) -> usize {
-        let at = self.head + i;
+        let at = self.head as usize + i;
         if at >= self.slots.len() {
             at - self.slots.len()
         } else {
@@ -109,58 +170,64 @@ impl<T: Blank, U: Blank> Slots<T, U> {
     }
 
     fn get(&self, i: usize) -> Option<&T> {
-        (i < self.len).then(|| &self.slots[self.slot(i)])
+        (i < self.len()).then(|| &self.slots[self.slot(i)])
     }
 
     fn get_mut(&mut self, i: usize) -> Option<&mut T> {
         let at = self.slot(i);
-        (i < self.len).then(|| &mut self.slots[at])
+        (i < self.len()).then(|| &mut self.slots[at])
     }
 
-    /// Entry `i`'s side entries; empty past the end.
-    fn side(&self, i: usize) -> &[U] {
-        if i >= self.len {
+    /// Entry `i`'s side entries of the second kind; empty past the end.
+    fn side2(&self, i: usize) -> &[V] {
+        if i >= self.len() {
             return &[];
         }
-        &self.side[self.slot(i) * self.stride..][..self.stride]
+        &self.side2[self.slot(i) * self.stride2()..][..self.stride2()]
     }
 
-    fn side_mut(&mut self, i: usize) -> &mut [U] {
-        if i >= self.len {
+    fn side2_mut(&mut self, i: usize) -> &mut [V] {
+        if i >= self.len() {
             return &mut [];
         }
-        let at = self.slot(i) * self.stride;
-        &mut self.side[at..][..self.stride]
+        let (at, n) = (self.slot(i) * self.stride2(), self.stride2());
+        &mut self.side2[at..][..n]
     }
 
     /// Makes room for one more entry and counts it in; its slot (physical index into
-    /// `slots`, side entries at `slot * stride`), which holds a stale entry for the caller
-    /// to overwrite.
+    /// `slots`, side entries at `slot * stride` and `slot * stride2`), which holds a stale
+    /// entry for the caller to overwrite.
     ///
     /// # Panics
     /// With `what` in the message, if the ring is at capacity (callers check first).
     fn push(&mut self, what: &str) -> usize {
-        if self.len == self.slots.len() {
-            assert!(self.len < self.capacity, "{what} overflow");
-            let to = (self.len * 2).clamp(1, self.capacity);
+        let len = self.len();
+        if len == self.slots.len() {
+            assert!(len < self.capacity as usize, "{what} overflow");
+            let to = (len * 2).clamp(1, self.capacity as usize);
+            let (head, stride, stride2) = (self.head as usize, self.stride(), self.stride2());
             // Unwrapped to the front, so the new slots extend the ring at its end.
-            self.slots.rotate_left(self.head);
-            self.side.rotate_left(self.head * self.stride);
+            self.slots.rotate_left(head);
+            self.side.rotate_left(head * stride);
+            self.side2.rotate_left(head * stride2);
             self.head = 0;
             // Exact: `Vec`'s own growth would round a first push up to 4 slots.
             self.slots.reserve_exact(to - self.slots.len());
-            self.side.reserve_exact(to * self.stride - self.side.len());
+            self.side.reserve_exact(to * stride - self.side.len());
+            self.side2.reserve_exact(to * stride2 - self.side2.len());
             self.slots.resize(to, T::BLANK);
-            self.side.resize(to * self.stride, U::BLANK);
+            self.side.resize(to * stride, U::BLANK);
+            self.side2.resize(to * stride2, V::BLANK);
         }
-        let at = self.slot(self.len);
+        let at = self.slot(len);
         self.len += 1;
         at
     }
 
     fn drop_front(&mut self) {
         if self.len > 0 {
-            self.head = self.slot(1);
+            // Below `slots.len()`, which is at most `capacity`: a u32.
+            self.head = self.slot(1) as u32;
             self.len -= 1;
         }
     }
@@ -171,19 +238,19 @@ impl<T: Blank, U: Blank> Slots<T, U> {
 }
 
 /// Send work requests not yet executed, oldest first, at most `capacity` of them, each
-/// with `stride` bytes of inline room.
+/// with room for `sges` gather entries and `inline` bytes of inline payload.
 #[derive(Debug)]
-pub(crate) struct SendQueue(Slots<SqEntry, u8>);
+pub(crate) struct SendQueue(Slots<SqEntry, Sge, u8>);
 
 impl SendQueue {
-    /// An empty queue of `capacity` (at least 1) slots with `stride` (at most
-    /// [`MAX_INLINE`]) inline bytes each, allocated now unless `lazy`.
-    pub(crate) fn new(capacity: usize, stride: usize, lazy: bool) -> SendQueue {
-        SendQueue(Slots::new(capacity, stride, lazy))
+    /// An empty queue of `capacity` (at least 1) slots with `sges` gather entries and
+    /// `inline` (at most [`MAX_INLINE`]) inline bytes each, allocated now unless `lazy`.
+    pub(crate) fn new(capacity: usize, sges: usize, inline: usize, lazy: bool) -> SendQueue {
+        SendQueue(Slots::new(capacity, sges, inline, lazy))
     }
 
     pub(crate) fn len(&self) -> usize {
-        self.0.len
+        self.0.len()
     }
 
     /// Entry `i` from the head.
@@ -200,30 +267,51 @@ impl SendQueue {
         self.0.get(0)
     }
 
+    /// Entry `i`'s gather list; empty past the end.
+    #[inline]
+    pub(crate) fn gathers(&self, i: usize) -> &[Sge] {
+        let q = &self.0;
+        if i >= q.len() {
+            return &[];
+        }
+        let at = q.slot(i);
+        // `num_sge` is at most the stride: `push` copied that many entries into the slot.
+        let n = usize::from(q.slots[at].wr.num_sge);
+        &q.side[at * q.stride()..][..n]
+    }
+
     /// Entry `i`'s inline room (its payload, if it was posted inline); empty past the end.
     pub(crate) fn inline(&self, i: usize) -> &[u8] {
-        self.0.side(i)
+        self.0.side2(i)
     }
 
     /// Entry `i`'s inline room, to write; empty past the end.
     pub(crate) fn inline_mut(&mut self, i: usize) -> &mut [u8] {
-        self.0.side_mut(i)
+        self.0.side2_mut(i)
     }
 
     pub(crate) fn iter(&self) -> impl Iterator<Item = &SqEntry> {
-        (0..self.0.len).map(|i| &self.0.slots[self.0.slot(i)])
+        (0..self.0.len()).map(|i| &self.0.slots[self.0.slot(i)])
     }
 
-    /// Appends an entry written in place by `fill` into a slot that holds a stale entry:
-    /// `fill` must set every field a reader uses (`wr` but the gather entries past its
-    /// `num_sge`, `psn`, `npkts`, `sent_once`; an inline payload goes into
-    /// [`inline_mut`](Self::inline_mut) after).
+    /// Appends `wr` (its gather list naming `total` bytes, at most the slot's room:
+    /// checked by the caller), not yet transmitted. An inline payload goes into
+    /// [`inline_mut`](Self::inline_mut) after.
     ///
     /// # Panics
-    /// If the queue is full (callers check `max_send_wr` first).
-    pub(crate) fn push_with(&mut self, fill: impl FnOnce(&mut SqEntry)) {
+    /// If the queue is full (callers check `max_send_wr` first), or the gather list is
+    /// longer than a slot's room (callers check `max_send_sge`).
+    pub(crate) fn push(&mut self, wr: &SendWr, total: u64) {
+        let sges = &wr.sg_list[..wr.num_sge];
         let at = self.0.push("send queue");
-        fill(&mut self.0.slots[at]);
+        self.0.slots[at] = SqEntry {
+            wr: SendHead::of(wr, total),
+            psn: 0,
+            npkts: 1,
+            sent_once: false,
+        };
+        let from = at * self.0.stride();
+        self.0.side[from..][..sges.len()].copy_from_slice(sges);
     }
 
     /// Removes the head and returns a copy of it.
@@ -254,28 +342,28 @@ pub(crate) struct RecvRef<'a> {
 /// Receive work requests not yet consumed, oldest first, at most `capacity` of them: per
 /// slot the id and the entry count, and `stride` (`max_recv_sge`) scatter entries.
 #[derive(Debug)]
-pub(crate) struct RecvQueue(Slots<(u64, usize), Sge>);
+pub(crate) struct RecvQueue(Slots<(u64, usize), Sge, ()>);
 
 impl RecvQueue {
     /// An empty queue of `capacity` receives of at most `stride` entries, allocated now
     /// unless `lazy`.
     pub(crate) fn new(capacity: usize, stride: usize, lazy: bool) -> RecvQueue {
-        RecvQueue(Slots::new(capacity, stride, lazy))
+        RecvQueue(Slots::new(capacity, stride, 0, lazy))
     }
 
     pub(crate) fn len(&self) -> usize {
-        self.0.len
+        self.0.len()
     }
 
     /// The oldest receive.
     pub(crate) fn front(&self) -> Option<RecvRef<'_>> {
         let q = &self.0;
-        (q.len > 0).then(|| {
+        (q.len() > 0).then(|| {
             let at = q.slot(0);
             let (wr_id, n) = q.slots[at];
             RecvRef {
                 wr_id,
-                sges: &q.side[at * q.stride..][..n],
+                sges: &q.side[at * q.stride()..][..n],
             }
         })
     }
@@ -287,13 +375,14 @@ impl RecvQueue {
     /// than a slot holds.
     pub(crate) fn push_back(&mut self, wr: &RecvWr) {
         assert!(
-            wr.num_sge <= self.0.stride,
+            wr.num_sge <= self.0.stride(),
             "more scatter entries than a slot holds"
         );
         let at = self.0.push("receive queue");
         let n = wr.num_sge;
         self.0.slots[at] = (wr.wr_id, n);
-        self.0.side[at * self.0.stride..][..n].copy_from_slice(&wr.sg_list[..n]);
+        let from = at * self.0.stride();
+        self.0.side[from..][..n].copy_from_slice(&wr.sg_list[..n]);
     }
 
     /// Removes the oldest receive; its id.
@@ -312,8 +401,22 @@ impl RecvQueue {
 mod tests {
     use super::*;
 
+    /// Pushes a send of id `id` with one gather entry at `id` of `id` bytes, and `id` in
+    /// every byte of its inline room.
     fn push(q: &mut SendQueue, id: u64) {
-        q.push_with(|e| e.wr.wr_id = id);
+        let mut wr = SendWr {
+            wr_id: id,
+            sg_list: [Sge::default(); MAX_SGE],
+            num_sge: 1,
+            op: SendOp::Send,
+            flags: SendFlags::empty(),
+        };
+        wr.sg_list[0] = Sge {
+            addr: id,
+            length: id as u32,
+            lkey: 0,
+        };
+        q.push(&wr, id);
         let last = q.len() - 1;
         q.inline_mut(last).fill(id as u8);
     }
@@ -321,7 +424,7 @@ mod tests {
     #[test]
     fn fifo_across_the_wrap() {
         for lazy in [false, true] {
-            let mut q = SendQueue::new(3, 2, lazy);
+            let mut q = SendQueue::new(3, 1, 2, lazy);
             for round in 0..5u64 {
                 push(&mut q, round * 10);
                 push(&mut q, round * 10 + 1);
@@ -339,7 +442,7 @@ mod tests {
 
     #[test]
     fn a_lazy_send_queue_grows_in_order_up_to_its_capacity() {
-        let mut q = SendQueue::new(5, 2, true);
+        let mut q = SendQueue::new(5, 1, 2, true);
         assert_eq!(q.0.slots.len(), 0);
         push(&mut q, 0);
         push(&mut q, 1);
@@ -348,9 +451,14 @@ mod tests {
             push(&mut q, id);
         }
         assert_eq!((q.0.slots.len(), q.0.slots.capacity()), (5, 5));
-        // Each entry's inline room moved with it through the growth.
+        // Each entry's gather list and inline room moved with it through the growth.
         for (i, id) in (1..6u8).enumerate() {
             assert_eq!(q.inline(i), [id, id]);
+            let g = q.gathers(i);
+            assert_eq!(
+                (g.len(), g[0].addr, q.get(i).map(|e| e.wr.msg_len())),
+                (1, id.into(), Some(id.into()))
+            );
         }
         assert_eq!(
             q.iter().map(|e| e.wr.wr_id).collect::<Vec<_>>(),
@@ -361,7 +469,7 @@ mod tests {
     #[test]
     #[should_panic(expected = "send queue overflow")]
     fn refuses_past_capacity() {
-        let mut q = SendQueue::new(1, 0, false);
+        let mut q = SendQueue::new(1, 1, 0, false);
         push(&mut q, 1);
         push(&mut q, 2);
     }

@@ -214,7 +214,9 @@ fn build(alg: Algorithm, n: usize, seed: u64) -> Result<World> {
         .collect();
     let mut nodes = Vec::with_capacity(n);
     let mut queue_pairs = 0;
-    for (prep, mine) in preps.into_iter().zip(&table) {
+    // A rank's row goes as soon as the rank is connected: the table is an exchange, not
+    // state a node keeps.
+    for (prep, mine) in preps.into_iter().zip(table) {
         let eps = |peer: usize| {
             let i = mine.binary_search_by_key(&peer, |e| e.0).ok()?;
             Some(mine[i].1)

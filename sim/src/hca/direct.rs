@@ -119,7 +119,7 @@ fn path(t: &Tables, net: &Net, q: usize) -> Option<Path> {
     if !quiet || qp.state != QpState::ReadyToSend {
         return None;
     }
-    let (rtr, rts, pdev) = (qp.rtr?, qp.rts?, qp.peer_dev?);
+    let (rtr, rts, pdev) = (qp.rtr?, qp.rts?, qp.peer_dev()?);
     let (dev, qpn) = (qp.dev, qp.qpn);
     let wire = &net.wire;
     if wire.blocked(dev, pdev).is_some() || wire.scripted(dev) || wire.scripted(pdev) {
@@ -127,7 +127,7 @@ fn path(t: &Tables, net: &Net, q: usize) -> Option<Path> {
     }
     let (p, peer) = t.qp_by_num(rtr.dest_qp_num)?;
     let connected = peer.rtr.is_some_and(|a| a.dest_qp_num == qpn)
-        && peer.peer_dev == Some(dev)
+        && peer.peer_dev() == Some(dev)
         && peer.dev == pdev
         && !peer.dead
         && matches!(peer.state, QpState::ReadyToReceive | QpState::ReadyToSend);

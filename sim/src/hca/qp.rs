@@ -38,8 +38,9 @@ pub(crate) enum TimerKind {
 pub(crate) struct ReqState {
     /// PSN of the next packet sent.
     pub(crate) next_psn: u32,
-    /// SQ entries `0..sent` are on the wire, awaiting their response.
-    pub(crate) sent: usize,
+    /// SQ entries `0..sent` are on the wire, awaiting their response (at most
+    /// `MAX_QP_WR`: a u32, as every count a queue pair keeps).
+    pub(crate) sent: u32,
     /// Reads and atomics among them.
     pub(crate) rd_inflight: u8,
     /// Transport retries left (reset on progress).
@@ -71,7 +72,7 @@ pub(crate) struct RespState {
     /// Allocated with the queue pair, or (lazy queues) at its first atomic, so that a
     /// queue pair that never serves one carries no cache.
     atomics: Vec<(u32, u64)>,
-    next_atomic: usize,
+    next_atomic: u32,
 }
 
 impl RespState {
@@ -97,9 +98,9 @@ impl RespState {
                 .reserve_exact(ATOMIC_CACHE - self.atomics.len());
             self.atomics.push((psn, old));
         } else {
-            self.atomics[self.next_atomic] = (psn, old);
+            self.atomics[self.next_atomic as usize] = (psn, old);
         }
-        self.next_atomic = (self.next_atomic + 1) % ATOMIC_CACHE;
+        self.next_atomic = (self.next_atomic + 1) % ATOMIC_CACHE as u32;
     }
 
     pub(crate) fn recall(&self, psn: u32) -> Option<u64> {
@@ -116,8 +117,10 @@ pub(crate) struct QpObj {
     pub(crate) epoch: u32,
     /// Its device crashed: the QP is gone but for its handle.
     pub(crate) dead: bool,
-    /// Device the RTR path resolves to.
-    pub(crate) peer_dev: Option<usize>,
+    /// Device the RTR path resolves to (read with [`QpObj::peer_dev`]; a device index
+    /// is a u32 here so that the queue pair, of which a large world has millions, stays
+    /// small).
+    pub(crate) peer_dev: Option<u32>,
     pub(crate) req: ReqState,
     pub(crate) resp: RespState,
     pub(crate) pd: usize,
@@ -139,12 +142,20 @@ pub(crate) struct QpObj {
     /// Receive WRs not yet consumed, oldest first.
     pub(crate) rq: RecvQueue,
     /// Executed unsignaled WRs still holding SQ slots (released by the next send CQE).
-    pub(crate) unsig_done: usize,
+    pub(crate) unsig_done: u32,
     /// Send WRs of this QP completed on the direct path (kept here, not in the shared
     /// world header, so that counting dirties only a line the post writes anyway).
     pub(crate) direct_count: u64,
     /// Doorbells, posts and send completions (`Qp::counters`).
     pub(crate) counters: QpCounters,
+}
+
+impl QpObj {
+    /// Device the RTR path resolves to.
+    #[inline]
+    pub(crate) fn peer_dev(&self) -> Option<usize> {
+        self.peer_dev.map(|d| d as usize)
+    }
 }
 
 pub(crate) fn invalid<T>(why: &'static str) -> Result<T, SimError> {
@@ -306,7 +317,7 @@ impl QpObj {
                 };
                 self.rtr = Some(a);
                 self.resp.epsn = a.rq_psn;
-                self.peer_dev = peer_dev;
+                self.peer_dev = peer_dev.and_then(|d| u32::try_from(d).ok());
                 ReadyToReceive
             }
             Transition::Rts(a) => {
@@ -383,7 +394,7 @@ impl QpObj {
                 return invalid("inline data exceeds max_inline_data");
             }
         }
-        if self.sq.len() + self.unsig_done >= self.cap.max_send_wr as usize {
+        if self.sq.len() + self.unsig_done as usize >= self.cap.max_send_wr as usize {
             return Err(SimError::QueueFull);
         }
         if self.state == QpState::Error {
@@ -451,4 +462,16 @@ impl QpObj {
         );
         Ok(Posted::Queued)
     }
+}
+/// A world of 65,536 nodes holds four million queue pairs (`examples/barrier_scale.rs`):
+/// each byte here is 4 MB there.
+#[cfg(all(test, target_pointer_width = "64"))]
+#[test]
+fn a_queue_pair_stays_small() {
+    assert!(
+        core::mem::size_of::<QpObj>() <= 408,
+        "{}",
+        core::mem::size_of::<QpObj>()
+    );
+    assert!(core::mem::size_of::<SqEntry>() <= 72);
 }

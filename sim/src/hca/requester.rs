@@ -117,7 +117,7 @@ impl QpObj {
     #[inline]
     pub(crate) fn transmit(&mut self, mrs: &Slab<MrObj>, net: &mut Net) -> Result<(), WcStatus> {
         // Nothing unsent (as after the direct path): no call.
-        if self.req.sent >= self.sq.len() {
+        if self.req.sent as usize >= self.sq.len() {
             return Ok(());
         }
         self.transmit_unsent(mrs, net)
@@ -129,7 +129,7 @@ impl QpObj {
             if self.state != QpState::ReadyToSend || self.req.rnr_wait {
                 return Ok(());
             }
-            let i = self.req.sent;
+            let i = self.req.sent as usize;
             let Some(e) = self.sq.get(i) else {
                 return Ok(());
             };
@@ -161,7 +161,7 @@ impl QpObj {
             let (dev, qpn, armed) = (self.dev, self.qpn, self.req.timer.is_some());
             let pkt = Packet {
                 src_dev: dev as u32,
-                dst_dev: self.peer_dev.unwrap_or(0) as u32,
+                dst_dev: self.peer_dev.unwrap_or(0),
                 src_qpn: qpn,
                 dst_qpn: rtr.dest_qp_num,
                 psn,
@@ -230,7 +230,7 @@ impl QpObj {
     /// why the response is dropped.
     fn answered(&self, pkt: &Packet) -> Result<usize, DropReason> {
         let from_peer = self.rtr.is_some_and(|r| r.dest_qp_num == pkt.src_qpn)
-            && self.peer_dev == Some(pkt.src_dev as usize);
+            && self.peer_dev == Some(pkt.src_dev);
         if self.state != QpState::ReadyToSend {
             return Err(DropReason::NotReady);
         }
@@ -242,7 +242,7 @@ impl QpObj {
             return Err(DropReason::Stale);
         }
         let covers = |e: &SqEntry| psn_diff(pkt.psn, e.psn) < e.npkts;
-        let i = self.sq.iter().take(self.req.sent).position(covers);
+        let i = self.sq.iter().take(self.req.sent as usize).position(covers);
         i.ok_or(DropReason::Stale)
     }
 
@@ -430,7 +430,7 @@ impl World {
         let Some(qp) = self.tables.qps.get(q) else {
             return false;
         };
-        let (Some(rtr), Some(dev)) = (qp.rtr, qp.peer_dev) else {
+        let (Some(rtr), Some(dev)) = (qp.rtr, qp.peer_dev()) else {
             return false;
         };
         if self.net.wire.blocked(qp.dev, dev).is_some() {
@@ -485,7 +485,7 @@ impl World {
                 continue;
             };
             let cut = qp
-                .peer_dev
+                .peer_dev()
                 .map_or(true, |d| net.wire.blocked(qp.dev, d).is_some());
             if cut {
                 qp.req.parked = false;

@@ -86,7 +86,7 @@ pub(crate) enum Answer {
 /// [`execute`]); no queue pair changes.
 pub(crate) fn answer(t: &Tables, cfg: &FabricConfig, peer: &QpObj, pkt: &Packet) -> Answer {
     let from_peer = peer.rtr.is_some_and(|r| r.dest_qp_num == pkt.src_qpn)
-        && peer.peer_dev == Some(pkt.src_dev as usize);
+        && peer.peer_dev == Some(pkt.src_dev);
     if !matches!(peer.state, QpState::ReadyToReceive | QpState::ReadyToSend) {
         return Answer::Drop(DropReason::NotReady);
     }

@@ -83,11 +83,13 @@ const BLANK: SqEntry = SqEntry {
 /// second kind (a send slot's inline bytes; none for a receive).
 #[derive(Debug)]
 struct Slots<T, U, V> {
-    slots: Vec<T>,
+    // Boxed slices, not `Vec`s: the room is always exactly what is allocated (growth is
+    // exact), so a capacity word would repeat the length, in every queue of every queue pair.
+    slots: Box<[T]>,
     /// Slot `s`'s side entries: `side[s * stride..][..stride]`.
-    side: Vec<U>,
+    side: Box<[U]>,
     /// Slot `s`'s side entries of the second kind: `side2[s * stride2..][..stride2]`.
-    side2: Vec<V>,
+    side2: Box<[V]>,
     // Counts as u32 (a queue holds at most `MAX_QP_WR` requests of at most `MAX_SGE`
     // entries and `MAX_INLINE` bytes): a queue pair is two of these, and a world of
     // 65,536 nodes has millions of queue pairs.
@@ -96,6 +98,15 @@ struct Slots<T, U, V> {
     head: u32,
     len: u32,
     capacity: u32,
+}
+
+/// Extends `b` to exactly `to` entries (blank), keeping its contents at the front.
+fn grow<T: Blank>(b: &mut Box<[T]>, to: usize) {
+    let mut v = core::mem::take(b).into_vec();
+    // Exact: `Vec`'s own growth would round a first push up to 4 slots.
+    v.reserve_exact(to - v.len());
+    v.resize(to, T::BLANK);
+    *b = v.into_boxed_slice();
 }
 
 /// What a slot or a side entry holds before its first use.
@@ -134,9 +145,9 @@ impl<T: Blank, U: Blank, V: Blank> Slots<T, U, V> {
         let n = if lazy { 0 } else { capacity };
         let count = |n: usize| u32::try_from(n).expect("a queue's sizes fit in u32");
         Slots {
-            slots: vec![T::BLANK; n],
-            side: vec![U::BLANK; n * stride],
-            side2: vec![V::BLANK; n * stride2],
+            slots: vec![T::BLANK; n].into_boxed_slice(),
+            side: vec![U::BLANK; n * stride].into_boxed_slice(),
+            side2: vec![V::BLANK; n * stride2].into_boxed_slice(),
             stride: count(stride),
             stride2: count(stride2),
             head: 0,
@@ -211,13 +222,9 @@ impl<T: Blank, U: Blank, V: Blank> Slots<T, U, V> {
             self.side.rotate_left(head * stride);
             self.side2.rotate_left(head * stride2);
             self.head = 0;
-            // Exact: `Vec`'s own growth would round a first push up to 4 slots.
-            self.slots.reserve_exact(to - self.slots.len());
-            self.side.reserve_exact(to * stride - self.side.len());
-            self.side2.reserve_exact(to * stride2 - self.side2.len());
-            self.slots.resize(to, T::BLANK);
-            self.side.resize(to * stride, U::BLANK);
-            self.side2.resize(to * stride2, V::BLANK);
+            grow(&mut self.slots, to);
+            grow(&mut self.side, to * stride);
+            grow(&mut self.side2, to * stride2);
         }
         let at = self.slot(len);
         self.len += 1;
@@ -450,7 +457,7 @@ mod tests {
         for id in 2..6 {
             push(&mut q, id);
         }
-        assert_eq!((q.0.slots.len(), q.0.slots.capacity()), (5, 5));
+        assert_eq!(q.0.slots.len(), 5);
         // Each entry's gather list and inline room moved with it through the growth.
         for (i, id) in (1..6u8).enumerate() {
             assert_eq!(q.inline(i), [id, id]);

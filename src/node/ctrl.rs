@@ -5,7 +5,9 @@
 //! without buffers, so the plane lends no memory and needs none of a data channel's
 //! machinery: no request rings or templates, and no dispatcher inboxes, since its
 //! completions have one reader, the node, which routes each by its `wr_id`. Per peer it
-//! holds a queue pair and a count of sends in flight.
+//! holds the backend's queue pair handle, the two queue pair numbers (for errors) and a
+//! count of sends in flight: once connected, a barrier queue pair needs nothing else of
+//! [`QueuePair`], which keeps its endpoints and configuration for users.
 //!
 //! Invariants:
 //! - Every request's `wr_id` is its peer index.
@@ -34,10 +36,18 @@ pub(super) struct PreparedCtrl<P: Provider, const PEERS: usize> {
     recv_cq: CompletionQueue<P>,
 }
 
+/// A connected barrier queue pair: the backend's handle (which destroys it when dropped),
+/// its number and its peer's.
+struct Connected<P: Provider> {
+    raw: P::Qp,
+    qp_num: u32,
+    peer_qp_num: u32,
+}
+
 /// Connected barrier queue pairs.
 pub(super) struct Ctrl<P: Provider, const PEERS: usize> {
     /// Dropped before the queues they complete on.
-    qps: Slots<QueuePair<P, ReadyToSend>, PEERS>,
+    qps: Slots<Connected<P>, PEERS>,
     sends: [u8; PEERS],
     send_cq: CompletionQueue<P>,
     recv_cq: CompletionQueue<P>,
@@ -98,7 +108,7 @@ impl<P: Provider, const PEERS: usize> PreparedCtrl<P, PEERS> {
         mut remote: impl FnMut(usize) -> Option<Endpoint>,
         config: &ChannelConfig,
     ) -> Result<Ctrl<P, PEERS>, Error<P::Error>> {
-        let mut qps = new_slots::<QueuePair<P, ReadyToSend>, PEERS>();
+        let mut qps = new_slots::<Connected<P>, PEERS>();
         for (p, slot) in qps.iter_mut().enumerate() {
             let Some(qp) = self.qps[p].take() else {
                 continue;
@@ -108,7 +118,12 @@ impl<P: Provider, const PEERS: usize> PreparedCtrl<P, PEERS> {
                 capacity: PEERS,
             })?;
             let qp = qp.into_rtr(&ep, &config.rtr).map_err(|e| e.error)?;
-            *slot = Some(qp.into_rts(&config.rts).map_err(|e| e.error)?);
+            let qp: QueuePair<P, ReadyToSend> = qp.into_rts(&config.rts).map_err(|e| e.error)?;
+            *slot = Some(Connected {
+                qp_num: qp.qp_num(),
+                peer_qp_num: ep.qp_num,
+                raw: qp.into_raw(),
+            });
         }
         // The emptied slots go first: queue pairs before the queues they complete on.
         drop(self.qps);
@@ -133,9 +148,11 @@ impl<P: Provider, const PEERS: usize> Ctrl<P, PEERS> {
         }
         let wr = SendWr::<0>::new(p as u64, SendOp::SendWithImm(imm), SendFlags::SIGNALED);
         // SAFETY: no gather entries: the device reads no memory.
-        unsafe { qp.post_send(core::slice::from_ref(&wr)) }.map_err(|e| Error::Provider {
-            op: "ibv_post_send",
-            source: e.error,
+        unsafe { P::post_send(&qp.raw, core::slice::from_ref(&wr)) }.map_err(|e| {
+            Error::Provider {
+                op: "ibv_post_send",
+                source: e.error,
+            }
         })?;
         self.sends[p] += 1;
         Ok(())
@@ -153,9 +170,11 @@ impl<P: Provider, const PEERS: usize> Ctrl<P, PEERS> {
             }
             let wr = RecvWr::<0>::new(wc.wr_id);
             // SAFETY: no scatter entries: the device writes no memory.
-            unsafe { qp.post_recv(core::slice::from_ref(&wr)) }.map_err(|e| Error::Provider {
-                op: "ibv_post_recv",
-                source: e.error,
+            unsafe { P::post_recv(&qp.raw, core::slice::from_ref(&wr)) }.map_err(|e| {
+                Error::Provider {
+                    op: "ibv_post_recv",
+                    source: e.error,
+                }
             })?;
         }
         Ok(n)
@@ -198,7 +217,7 @@ impl<P: Provider, const PEERS: usize> Ctrl<P, PEERS> {
         }
     }
 
-    fn qp(&self, p: usize) -> Result<&QueuePair<P, ReadyToSend>, Error<P::Error>> {
+    fn qp(&self, p: usize) -> Result<&Connected<P>, Error<P::Error>> {
         match self.qps.get(p) {
             Some(Some(qp)) => Ok(qp),
             _ => Err(Error::NoSuchPeer {
@@ -209,13 +228,13 @@ impl<P: Provider, const PEERS: usize> Ctrl<P, PEERS> {
     }
 }
 
-fn failed<P: Provider>(qp: &QueuePair<P, ReadyToSend>, wc: &WorkCompletion) -> Error<P::Error> {
+fn failed<P: Provider>(qp: &Connected<P>, wc: &WorkCompletion) -> Error<P::Error> {
     Error::Completion(CompletionError {
         status: wc.status,
         wr_id: wc.wr_id,
         opcode: wc.opcode,
-        qp_num: qp.qp_num(),
-        peer_qp_num: qp.remote().map(|r| r.qp_num),
+        qp_num: qp.qp_num,
+        peer_qp_num: Some(qp.peer_qp_num),
     })
 }
 

@@ -575,6 +575,12 @@ impl<P: Provider, S: State, T: Transport> QueuePair<P, S, T> {
         &self.raw
     }
 
+    /// The backend's handle, for a crate-internal owner that needs nothing else of the
+    /// queue pair (the handle destroys it when dropped).
+    pub(crate) fn into_raw(self) -> P::Qp {
+        self.raw
+    }
+
     fn transition<S2: State>(
         self,
         t: Result<Transition, &'static str>,

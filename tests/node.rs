@@ -8,9 +8,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Barrier as StdBarrier;
 use std::time::{Duration, Instant};
 
-use world::{config, world, ALGORITHMS};
+use world::{config, world, world_in, ALGORITHMS};
 use zverbs::node::barrier::BarrierError;
 use zverbs::node::NodeError;
+use zverbs::provider::sim::{FabricConfig, Sim};
 use zverbs::ErrorKind;
 
 #[test]
@@ -135,4 +136,71 @@ fn a_dead_participant_times_out_and_poisons_instead_of_hanging() {
             }
         });
     }
+}
+
+#[test]
+fn close_waits_for_barrier_messages_within_its_bound() {
+    // Healthy: a barrier returns with its messages acknowledged, so closing has nothing
+    // to wait for.
+    let nodes = world::<2>(2, &config(ALGORITHMS[1], Duration::from_secs(20)));
+    std::thread::scope(|t| {
+        for (_pd, mut node) in nodes {
+            t.spawn(move || {
+                node.barrier_all().unwrap();
+                let start = Instant::now();
+                node.close(Duration::from_secs(5)).unwrap();
+                assert!(start.elapsed() < Duration::from_secs(1));
+            });
+        }
+    });
+    // A barrier message to a rank that is gone is never acknowledged: closing gives up
+    // within its timeout (plus the grace) with a typed error, instead of hanging.
+    let mut nodes = world::<2>(2, &config(ALGORITHMS[1], Duration::from_secs(20)));
+    let (_pd, mut gone) = nodes.pop().unwrap();
+    let (_pd0, mut node) = nodes.pop().unwrap();
+    gone.abandon_barrier();
+    drop(gone);
+    node.start_barrier_all().unwrap();
+    // Its message is refused (the peer's queue pair is gone) or still retried.
+    match node.poll_barrier() {
+        Ok(done) => assert!(!done, "the peer never arrives"),
+        Err(e) => assert!(node.is_poisoned(), "{e}"),
+    }
+    node.abandon_barrier();
+    let timeout = Duration::from_millis(200);
+    let start = Instant::now();
+    let e = node.close(timeout).unwrap_err();
+    assert!(
+        matches!(
+            e.kind(),
+            ErrorKind::Timeout | ErrorKind::Completion | ErrorKind::DeviceFatal
+        ),
+        "{e}"
+    );
+    assert!(start.elapsed() < timeout * 10, "{:?}", start.elapsed());
+}
+
+#[test]
+fn close_gives_up_on_a_partitioned_peer_at_its_timeout() {
+    // Nothing answers across a partition: with timers that take their time, the message is
+    // retried for ~0.5 s (7 retries of a 67 ms timeout), longer than the close's bound,
+    // which ends it with a timeout.
+    let cfg = FabricConfig {
+        instant_timers: false,
+        ..FabricConfig::default()
+    };
+    let sim = Sim::with_config(cfg, 2);
+    let mut nodes = world_in::<2>(&sim, 2, &config(ALGORITHMS[1], Duration::from_secs(20)));
+    sim.fabric().partition(0, 1).unwrap();
+    let (_pd1, _far) = nodes.pop().unwrap();
+    let (_pd0, mut node) = nodes.pop().unwrap();
+    node.start_barrier_all().unwrap();
+    assert!(!node.poll_barrier().unwrap());
+    node.abandon_barrier();
+    let timeout = Duration::from_millis(200);
+    let start = Instant::now();
+    let e = node.close(timeout).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
+    let took = start.elapsed();
+    assert!(took >= timeout && took < timeout * 10, "{took:?}");
 }

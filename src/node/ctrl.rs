@@ -166,7 +166,12 @@ impl<P: Provider, const PEERS: usize> Ctrl<P, PEERS> {
             let p = wc.wr_id as usize;
             let qp = self.qp(p)?;
             if wc.status != WcStatus::Success {
-                return Err(failed(qp, wc));
+                // A receive fails when it is flushed (the queue pair went to the error
+                // state, and a failed send, if any, says why) or when a peer sent a
+                // payload where a barrier message has none.
+                let flushed = failed(qp, wc);
+                self.reap()?;
+                return Err(flushed);
             }
             let wr = RecvWr::<0>::new(wc.wr_id);
             // SAFETY: no scatter entries: the device writes no memory.

@@ -26,11 +26,20 @@ pub fn world<const N: usize>(
     n: usize,
     cfg: &NodeConfig,
 ) -> Vec<(ProtectionDomain<Sim>, Node<Sim, N, 16, 2>)> {
-    let sim = Sim::with_devices(n);
+    world_in(&Sim::with_devices(n), n, cfg)
+}
+
+/// As [`world`], on `sim` (which has at least `n` devices), so that a test can reach its
+/// fabric.
+pub fn world_in<const N: usize>(
+    sim: &Sim,
+    n: usize,
+    cfg: &NodeConfig,
+) -> Vec<(ProtectionDomain<Sim>, Node<Sim, N, 16, 2>)> {
     let mut pds = Vec::new();
     let mut prepared = Vec::new();
     for r in 0..n {
-        let ctx = Context::open(&sim, &format!("sim{r}")).unwrap();
+        let ctx = Context::open(sim, &format!("sim{r}")).unwrap();
         let pd = ctx.alloc_pd().unwrap();
         prepared.push(Node::<Sim, N, 16, 2>::prepare(&ctx, &pd, r, n, cfg).unwrap());
         pds.push(pd);

@@ -67,8 +67,12 @@ impl<P: Provider, const PEERS: usize> PreparedCtrl<P, PEERS> {
     ) -> Result<Self, Error<P::Error>> {
         let count = peers.clone().count().max(1);
         let depth = |per: usize| {
-            u32::try_from(count * per)
-                .map_err(|_| Error::InvalidAttribute("too many peers for one completion queue"))
+            count
+                .checked_mul(per)
+                .and_then(|n| u32::try_from(n).ok())
+                .ok_or(Error::InvalidAttribute(
+                    "too many peers for one completion queue",
+                ))
         };
         let send_cq = CompletionQueue::create(ctx, depth(CTRL_DEPTH)?)?;
         let recv_cq = CompletionQueue::create(ctx, depth(CTRL_RECVS as usize)?)?;
@@ -88,7 +92,10 @@ impl<P: Provider, const PEERS: usize> PreparedCtrl<P, PEERS> {
                 op: "ibv_post_recv",
                 source: e.error,
             })?;
-            qps[p] = Some(qp);
+            *qps.get_mut(p).ok_or(Error::NoSuchPeer {
+                peer: p,
+                capacity: PEERS,
+            })? = Some(qp);
         }
         Ok(PreparedCtrl {
             qps,

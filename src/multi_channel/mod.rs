@@ -212,7 +212,7 @@ pub(crate) fn new_slots<T, const PEERS: usize>() -> Slots<T, PEERS> {
     }
 }
 
-fn no_such_peer<P: Provider, const PEERS: usize>(peer: usize) -> Error<P::Error> {
+pub(crate) fn no_such_peer<P: Provider, const PEERS: usize>(peer: usize) -> Error<P::Error> {
     Error::NoSuchPeer {
         peer,
         capacity: PEERS,

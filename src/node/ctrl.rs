@@ -22,8 +22,8 @@ use crate::channel::wait::Waiter;
 use crate::channel::ChannelConfig;
 use crate::cq::CompletionQueue;
 use crate::device::{Context, ProtectionDomain};
-use crate::error::{CompletionError, Error};
-use crate::multi_channel::{new_slots, Slots};
+use crate::error::{verb, CompletionError, Error};
+use crate::multi_channel::{new_slots, no_such_peer, Slots};
 use crate::provider::Provider;
 use crate::qp::{Endpoint, Init, QueuePair, ReadyToSend};
 use crate::types::{RecvWr, SendFlags, SendOp, SendWr, WcStatus, WorkCompletion};
@@ -75,7 +75,7 @@ impl<P: Provider, const PEERS: usize> PreparedCtrl<P, PEERS> {
                 ))
         };
         let send_cq = CompletionQueue::create(ctx, depth(CTRL_DEPTH)?)?;
-        let recv_cq = CompletionQueue::create(ctx, depth(CTRL_RECVS as usize)?)?;
+        let recv_cq = CompletionQueue::create(ctx, depth(CTRL_RECVS)?)?;
         let mut qp_cfg = config.qp;
         qp_cfg.caps.max_send_wr = CTRL_DEPTH as u32;
         qp_cfg.caps.max_recv_wr = CTRL_RECVS as u32;
@@ -86,16 +86,13 @@ impl<P: Provider, const PEERS: usize> PreparedCtrl<P, PEERS> {
         for p in peers {
             let qp = QueuePair::create(ctx, pd, &send_cq, &recv_cq, &qp_cfg)?;
             let qp = qp.into_init(&config.init).map_err(|e| e.error)?;
-            let recvs = [RecvWr::<0>::new(p as u64); CTRL_RECVS as usize];
+            let recvs = [RecvWr::<0>::new(p as u64); CTRL_RECVS];
             // SAFETY: the receives have no scatter entries: the device writes no memory.
-            unsafe { qp.post_recv(&recvs) }.map_err(|e| Error::Provider {
-                op: "ibv_post_recv",
-                source: e.error,
-            })?;
-            *qps.get_mut(p).ok_or(Error::NoSuchPeer {
-                peer: p,
-                capacity: PEERS,
-            })? = Some(qp);
+            verb(
+                "ibv_post_recv",
+                unsafe { qp.post_recv(&recvs) }.map_err(|e| e.error),
+            )?;
+            *qps.get_mut(p).ok_or(no_such_peer::<P, PEERS>(p))? = Some(qp);
         }
         Ok(PreparedCtrl {
             qps,
@@ -120,10 +117,7 @@ impl<P: Provider, const PEERS: usize> PreparedCtrl<P, PEERS> {
             let Some(qp) = self.qps[p].take() else {
                 continue;
             };
-            let ep = remote(p).ok_or(Error::NoSuchPeer {
-                peer: p,
-                capacity: PEERS,
-            })?;
+            let ep = remote(p).ok_or(no_such_peer::<P, PEERS>(p))?;
             let qp = qp.into_rtr(&ep, &config.rtr).map_err(|e| e.error)?;
             let qp: QueuePair<P, ReadyToSend> = qp.into_rts(&config.rts).map_err(|e| e.error)?;
             *slot = Some(Connected {
@@ -155,12 +149,8 @@ impl<P: Provider, const PEERS: usize> Ctrl<P, PEERS> {
         }
         let wr = SendWr::<0>::new(p as u64, SendOp::SendWithImm(imm), SendFlags::SIGNALED);
         // SAFETY: no gather entries: the device reads no memory.
-        unsafe { P::post_send(&qp.raw, core::slice::from_ref(&wr)) }.map_err(|e| {
-            Error::Provider {
-                op: "ibv_post_send",
-                source: e.error,
-            }
-        })?;
+        let posted = unsafe { P::post_send(&qp.raw, core::slice::from_ref(&wr)) };
+        verb("ibv_post_send", posted.map_err(|e| e.error))?;
         self.sends[p] += 1;
         Ok(())
     }
@@ -182,12 +172,8 @@ impl<P: Provider, const PEERS: usize> Ctrl<P, PEERS> {
             }
             let wr = RecvWr::<0>::new(wc.wr_id);
             // SAFETY: no scatter entries: the device writes no memory.
-            unsafe { P::post_recv(&qp.raw, core::slice::from_ref(&wr)) }.map_err(|e| {
-                Error::Provider {
-                    op: "ibv_post_recv",
-                    source: e.error,
-                }
-            })?;
+            let posted = unsafe { P::post_recv(&qp.raw, core::slice::from_ref(&wr)) };
+            verb("ibv_post_recv", posted.map_err(|e| e.error))?;
         }
         Ok(n)
     }
@@ -232,10 +218,7 @@ impl<P: Provider, const PEERS: usize> Ctrl<P, PEERS> {
     fn qp(&self, p: usize) -> Result<&Connected<P>, Error<P::Error>> {
         match self.qps.get(p) {
             Some(Some(qp)) => Ok(qp),
-            _ => Err(Error::NoSuchPeer {
-                peer: p,
-                capacity: PEERS,
-            }),
+            _ => Err(no_such_peer::<P, PEERS>(p)),
         }
     }
 }

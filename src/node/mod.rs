@@ -3,10 +3,11 @@
 //! A node of rank `r` in a world of `W` ranks holds two RC queue pairs per peer: one for
 //! the caller's data ([`channels`](Node::channels)) and one the barriers use, so barrier
 //! traffic never meets user receives. A barrier queue pair is lean: no channel, no
-//! buffers, its completions on two queues the node polls itself (`ctrl`). Its peers are every other rank ([`Node::prepare`],
-//! `W` at most `PEERS`) or ranks it chooses ([`Node::prepare_with_peers`], `W` up to
-//! 65,536): with the partners [`barrier::neighbours`] names, a node of a 65,536-rank world
-//! runs whole-world dissemination barriers over 31 peers. A barrier blocks
+//! buffers, its completions on two queues the node polls itself (`ctrl`). Its peers are
+//! every other rank ([`Node::prepare`], `W` at most `PEERS`) or ranks it chooses
+//! ([`Node::prepare_with_peers`], `W` up to 65,536): with the partners
+//! [`barrier::neighbours`] names, a node of a 65,536-rank world runs whole-world
+//! dissemination barriers over 31 peers. A barrier blocks
 //! ([`Node::barrier_all`]) or is started and polled without waiting
 //! ([`Node::start_barrier_all`], [`Node::poll_barrier`]), so one thread can drive many
 //! nodes. Barriers run one of the sans-IO algorithms of
@@ -82,7 +83,7 @@ const CTRL_DEPTH: usize = 2;
 /// a barrier this node has not reached), so at most two messages from a peer wait at
 /// once: the current barrier's and the next's (kept in `early`). Each is reposted as it is
 /// taken.
-const CTRL_RECVS: u64 = 2;
+const CTRL_RECVS: usize = 2;
 
 /// Settings of a node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -269,6 +269,74 @@ fn a_receive_that_times_out_returns_its_buffer_with_timeout() {
     });
 }
 
+/// `op`'s output, or a failed test once `bound` passed (an operation that misses its own
+/// bound must fail the test, not hang it).
+async fn within<T>(bound: Duration, op: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(bound, op)
+        .await
+        .unwrap_or_else(|_| panic!("no outcome within {bound:?}"))
+}
+
+/// Every wait policy keeps the bound: spinning reads the clock, sleeping leaves the
+/// deadline with the reactor, which wakes the operation when it passes.
+#[test]
+fn every_wait_policy_times_out_within_its_bound() {
+    for wait in [
+        WaitPolicy::Spin,
+        WaitPolicy::SpinYield,
+        WaitPolicy::SpinSleep,
+    ] {
+        current_thread().block_on(async {
+            let timeout = Duration::from_millis(100);
+            let (_a, b) = pair(&ChannelConfig {
+                wait,
+                ..cfg(timeout)
+            });
+            let t0 = Instant::now();
+            let op = b.ch.receive(b.pool.alloc(16).unwrap());
+            let (r, buf) = within(10 * (timeout + Duration::from_millis(50)), op).await;
+            assert!(matches!(r, Err(Error::Timeout)), "{wait:?}: {r:?}");
+            assert_eq!(buf.len(), 16);
+            let took = t0.elapsed();
+            assert!(took >= timeout, "{wait:?}: ended early, after {took:?}");
+            assert!(
+                took < 10 * (timeout + Duration::from_millis(50)),
+                "{wait:?}: bounded by the timeout and the grace, took {took:?}"
+            );
+        });
+    }
+}
+
+/// An operation that finds the queue full waits for room within the channel's timeout:
+/// nothing was posted, so it ends with `Timeout` and its buffer, and the channel still
+/// works.
+#[test]
+fn an_operation_waiting_for_room_times_out_with_its_buffer() {
+    current_thread().block_on(async {
+        let timeout = Duration::from_millis(100);
+        let c = ChannelConfig {
+            wait: WaitPolicy::SpinSleep,
+            ..cfg(timeout)
+        };
+        let (a, b) = pair(&c);
+        // 64 receives posted (futures dropped unpolled: the channel keeps their buffers).
+        for _ in 0..64 {
+            drop(b.ch.receive(b.pool.alloc(8).unwrap()));
+        }
+        let t0 = Instant::now();
+        let op = b.ch.receive(b.pool.alloc(16).unwrap());
+        let (r, buf) = within(10 * timeout, op).await;
+        let took = t0.elapsed();
+        assert!(matches!(r, Err(Error::Timeout)), "{r:?}");
+        assert_eq!(buf.len(), 16);
+        assert!(took >= timeout, "ended early, after {took:?}");
+        assert!(took < 10 * timeout, "bounded by the timeout, took {took:?}");
+        // Not posted, so nothing broke: a message lands in the oldest receive.
+        let (s, _) = a.ch.send(filled(&a.pool, b"still up")).await;
+        s.unwrap();
+    });
+}
+
 #[test]
 fn dropping_the_channel_flushes_and_releases_the_buffers_of_dropped_futures() {
     current_thread().block_on(async {

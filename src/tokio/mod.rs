@@ -56,6 +56,9 @@
 //! default) for two turns (1,024 polls each, some tens of microseconds), with
 //! `SpinSleep` not at all; then it sleeps until the reactor
 //! wakes it. A completion that comes while it polls costs no trip through the reactor.
+//! A sleeping operation leaves its deadline with the channel: the reactor keeps one timer,
+//! set to the earliest deadline, and wakes the operations whose deadline passed (one timer
+//! per channel rather than one per operation: an operation's future holds no timer).
 //!
 //! **Bounds.** Every operation returns within the channel's
 //! [`timeout`](crate::ChannelConfig::timeout) plus its
@@ -96,6 +99,8 @@ use crate::mr::RemoteRegion;
 use crate::provider::Provider;
 use crate::ring::Completion;
 use crate::types::{SendFlags, SendOp, Sge};
+
+use tokio::time::Instant;
 
 /// What an operation returns: its result, and the buffer it took.
 pub type BufResult<T, B, E> = (Result<T, Error<E>>, B);
@@ -151,6 +156,13 @@ pub(crate) struct Inner<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: u
     reactor: Option<Waker>,
     /// Operations waiting for a free slot: whoever takes an outcome notifies them.
     space_waiters: usize,
+    /// The earliest deadline of an operation waiting for a free slot: when it passes, the
+    /// reactor notifies them all (each looks at its own deadline).
+    space_until: Option<Instant>,
+    /// The instant the reactor's deadline timer is set to, while it sleeps (`None`: no
+    /// deadline to keep). An operation that goes to sleep with an earlier deadline wakes
+    /// the reactor, which sets its timer again.
+    timer_at: Option<Instant>,
     /// The last handle is gone.
     closing: bool,
     /// The queues were armed and no event was taken since. Armed only while someone
@@ -160,8 +172,16 @@ pub(crate) struct Inner<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: u
 }
 
 struct Slot<B> {
-    waiting: Option<(Pending, Waker)>,
+    waiting: Option<Waiting>,
     orphan: Option<(Pending, B)>,
+}
+
+/// An operation asleep until its request finishes or `until` passes (the reactor wakes it
+/// at whichever comes first).
+struct Waiting {
+    pending: Pending,
+    waker: Waker,
+    until: Option<Instant>,
 }
 
 impl<B> Default for Slot<B> {
@@ -214,6 +234,8 @@ impl<P: Provider + 'static, B: IoBuf, const DEPTH: usize, const SGES: usize>
                 ],
                 reactor: None,
                 space_waiters: 0,
+                space_until: None,
+                timer_at: None,
                 closing: false,
                 armed: false,
             }),
@@ -349,70 +371,75 @@ impl<P: Provider + 'static, B: IoBuf, const DEPTH: usize, const SGES: usize>
         Begun::Posted(InFlight::new(shared, p, buf), sge)
     }
 
-    /// The rest of an operation [`begin`](Self::begin) started. One timer serves every
-    /// phase and is registered only when the operation sleeps; the clock is read first
-    /// when it has to wait at all.
-    async fn complete<T>(
-        &self,
-        begun: Begun<'_, P, B, DEPTH, SGES>,
-        finish: impl FnOnce(Completion, Sge) -> Result<T, Error<P::Error>>,
-    ) -> BufResult<T, B, P::Error> {
-        let shared = &*self.handle.shared;
-        let mut clock = Clock::new(shared.config.timeout);
-        let mut timer = pin!(None::<tokio::time::Sleep>);
-        let (mut op, sge) = match begun {
-            Begun::Ended(r, buf, sge) => return (r.and_then(|c| finish(c, sge)), buf),
-            Begun::Posted(op, sge) => (op, sge),
-            Begun::Full(buf, sge, what) => loop {
-                // Full: count in as a waiter for space (so takers notify), then try once
-                // more before sleeping, so a slot freed in between is not missed.
-                // Nothing is posted yet: on timeout the buffer comes back as it went.
-                let _waiter = SpaceWaiter::new(shared);
-                let notified = shared.space.notified();
-                let mut notified = pin!(notified);
-                notified.as_mut().enable();
-                let posted = what.post(&mut shared.lock().ch, sge);
-                match posted {
-                    Ok(p) => break (InFlight::new(shared, p, buf), sge),
-                    Err(Error::QueueFull { .. }) => {}
-                    Err(e) => return (Err(e), buf),
-                }
-                let end = clock.deadline();
-                let woken = poll_fn(|cx| {
-                    if notified.as_mut().poll(cx).is_ready() {
-                        return Poll::Ready(true);
+    /// The rest of an operation [`begin`](Self::begin) started. It holds no timer of its
+    /// own: an operation that sleeps leaves its deadline with the channel, and the reactor
+    /// wakes it when the deadline passes (one timer per channel, not one per operation, so
+    /// the future stays small); the clock is read first when it has to wait at all.
+    // A block, not an `async fn`: the latter keeps a second copy of its arguments (a
+    // 584-byte future against 480).
+    #[allow(clippy::manual_async_fn)]
+    fn complete<'a, T: 'a>(
+        &'a self,
+        begun: Begun<'a, P, B, DEPTH, SGES>,
+        finish: impl FnOnce(Completion, Sge) -> Result<T, Error<P::Error>> + 'a,
+    ) -> impl Future<Output = BufResult<T, B, P::Error>> + 'a {
+        async move {
+            let shared = &*self.handle.shared;
+            let mut clock = Clock::new(shared.config.timeout);
+            let (mut op, sge) = match begun {
+                Begun::Ended(r, buf, sge) => return (r.and_then(|c| finish(c, sge)), buf),
+                Begun::Posted(op, sge) => (op, sge),
+                Begun::Full(buf, sge, what) => loop {
+                    // Full: count in as a waiter for space (so takers notify), then try once
+                    // more before sleeping, so a slot freed in between is not missed.
+                    // Nothing is posted yet: on timeout the buffer comes back as it went.
+                    let _waiter = SpaceWaiter::new(shared);
+                    let notified = shared.space.notified();
+                    let mut notified = pin!(notified);
+                    notified.as_mut().enable();
+                    let end = clock.deadline();
+                    {
+                        let mut inner = shared.lock();
+                        match what.post(&mut inner.ch, sge) {
+                            Ok(p) => {
+                                drop(inner);
+                                break (InFlight::new(shared, p, buf), sge);
+                            }
+                            Err(Error::QueueFull { .. }) => {}
+                            Err(e) => return (Err(e), buf),
+                        }
+                        if end.is_some_and(|end| Instant::now() >= end) {
+                            return (Err(Error::Timeout), buf);
+                        }
+                        if let Some(end) = end {
+                            inner.space_until = Some(inner.space_until.map_or(end, |u| u.min(end)));
+                            inner.deadline_set(end);
+                        }
                     }
-                    match end {
-                        Some(end) if expired(&mut timer, end, cx) => Poll::Ready(false),
-                        _ => Poll::Pending,
+                    // Woken by a taker, or by the reactor once the earliest deadline passed.
+                    notified.await;
+                },
+            };
+            let outcome = op.settle(|| clock.deadline()).await;
+            let r = match outcome {
+                Some(r) => r,
+                None => {
+                    // Timed out: error state, the flush awaited for the grace, then whatever
+                    // is left discarded through RESET; the outcome is `Timeout`, the buffer
+                    // free again.
+                    let _ = shared.lock().ch.abort();
+                    // A grace past what `Instant` holds is no bound (as for the blocking calls).
+                    let end = Instant::now().checked_add(shared.config.flush_grace);
+                    let flushed = op.settle(|| end).await.is_some();
+                    if flushed {
+                        Err(Error::Timeout)
+                    } else {
+                        Err(op.discard().unwrap_or(Error::Timeout))
                     }
-                })
-                .await;
-                if !woken {
-                    return (Err(Error::Timeout), buf);
                 }
-            },
-        };
-        let outcome = op.settle(|| clock.deadline(), timer.as_mut()).await;
-        let r = match outcome {
-            Some(r) => r,
-            None => {
-                // Timed out: error state, the flush awaited for the grace, then whatever
-                // is left discarded through RESET; the outcome is `Timeout`, the buffer
-                // free again.
-                let _ = shared.lock().ch.abort();
-                // A grace past what `Instant` holds is no bound (as for the blocking calls).
-                let end = tokio::time::Instant::now().checked_add(shared.config.flush_grace);
-                timer.set(None);
-                let flushed = op.settle(|| end, timer.as_mut()).await.is_some();
-                if flushed {
-                    Err(Error::Timeout)
-                } else {
-                    Err(op.discard().unwrap_or(Error::Timeout))
-                }
-            }
-        };
-        (r.and_then(|c| finish(c, sge)), op.give_back())
+            };
+            (r.and_then(|c| finish(c, sge)), op.give_back())
+        }
     }
 }
 
@@ -429,7 +456,7 @@ enum Begun<'a, P: Provider, B: IoBuf, const DEPTH: usize, const SGES: usize> {
 /// An operation's deadline: read from the clock the first time it is asked for.
 struct Clock {
     timeout: Option<core::time::Duration>,
-    deadline: Option<Option<tokio::time::Instant>>,
+    deadline: Option<Option<Instant>>,
 }
 
 impl Clock {
@@ -441,35 +468,11 @@ impl Clock {
     }
 
     /// The deadline (`None`: no bound, also for a timeout past what `Instant` holds).
-    fn deadline(&mut self) -> Option<tokio::time::Instant> {
+    fn deadline(&mut self) -> Option<Instant> {
         let timeout = self.timeout?;
         *self
             .deadline
-            .get_or_insert_with(|| tokio::time::Instant::now().checked_add(timeout))
-    }
-}
-
-/// Whether `end` has passed, by the timer in `timer` (set to `end` first if it is unset or
-/// set to another instant).
-fn expired(
-    timer: &mut core::pin::Pin<&mut Option<tokio::time::Sleep>>,
-    end: tokio::time::Instant,
-    cx: &mut TaskContext<'_>,
-) -> bool {
-    match timer.as_mut().as_pin_mut() {
-        Some(mut t) => {
-            if t.deadline() != end {
-                t.as_mut().reset(end);
-            }
-            t.poll(cx).is_ready()
-        }
-        None => {
-            timer.set(Some(tokio::time::sleep_until(end)));
-            timer
-                .as_mut()
-                .as_pin_mut()
-                .is_some_and(|t| t.poll(cx).is_ready())
-        }
+            .get_or_insert_with(|| Instant::now().checked_add(timeout))
     }
 }
 
@@ -553,8 +556,11 @@ enum Step<T> {
     Done(T),
     /// Not yet: poll again at the runtime's next turn (no wake-up is arranged).
     Busy,
-    /// Not yet: the reactor wakes the task (its waker is in the request's slot).
+    /// Not yet: the reactor wakes the task (its waker and deadline are in the request's
+    /// slot).
     Asleep,
+    /// Not yet, and the deadline passed.
+    Late,
 }
 
 /// A posted request and its buffer; dropped unfinished, it leaves the buffer with the
@@ -591,23 +597,23 @@ impl<'a, P: Provider, B: IoBuf, const DEPTH: usize, const SGES: usize>
     /// first); the `block_on` future pays ~300 ns either way.
     async fn settle(
         &mut self,
-        mut end: impl FnMut() -> Option<tokio::time::Instant>,
-        mut timer: core::pin::Pin<&mut Option<tokio::time::Sleep>>,
+        mut end: impl FnMut() -> Option<Instant>,
     ) -> Option<Result<Completion, Error<P::Error>>> {
         poll_fn(|cx| {
-            let late = match self.poll(cx) {
+            let late = match self.poll(cx, &mut end) {
                 Step::Done(r) => return Poll::Ready(Some(r)),
                 // Busy: the clock every few turns (the first read starts the bound, a few
-                // microseconds after the post), no timer.
+                // microseconds after the post).
                 Step::Busy => {
                     let late = self.polls % CLOCK_EVERY == 0
-                        && end().is_some_and(|end| tokio::time::Instant::now() >= end);
+                        && end().is_some_and(|end| Instant::now() >= end);
                     if !late {
                         cx.waker().wake_by_ref();
                     }
                     late
                 }
-                Step::Asleep => end().is_some_and(|end| expired(&mut timer, end, cx)),
+                Step::Asleep => false,
+                Step::Late => true,
             };
             if late {
                 Poll::Ready(None)
@@ -618,7 +624,11 @@ impl<'a, P: Provider, B: IoBuf, const DEPTH: usize, const SGES: usize>
         .await
     }
 
-    fn poll(&mut self, cx: &mut TaskContext<'_>) -> Step<Result<Completion, Error<P::Error>>> {
+    fn poll(
+        &mut self,
+        cx: &mut TaskContext<'_>,
+        end: &mut impl FnMut() -> Option<Instant>,
+    ) -> Step<Result<Completion, Error<P::Error>>> {
         let Some(pending) = self.pending.as_ref() else {
             return Step::Done(Err(Error::InvalidAttribute("polled after completion")));
         };
@@ -656,7 +666,19 @@ impl<'a, P: Provider, B: IoBuf, const DEPTH: usize, const SGES: usize>
                 return Step::Done(r);
             }
         }
-        inner.slot(pending).waiting = Some((pending.duplicate(), cx.waker().clone()));
+        // Asleep until the reactor wakes us: on the outcome, or at the deadline.
+        let until = end();
+        if until.is_some_and(|until| Instant::now() >= until) {
+            return Step::Late;
+        }
+        inner.slot(pending).waiting = Some(Waiting {
+            pending: pending.duplicate(),
+            waker: cx.waker().clone(),
+            until,
+        });
+        if let Some(until) = until {
+            inner.deadline_set(until);
+        }
         Step::Asleep
     }
 
@@ -788,15 +810,56 @@ impl<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: usize> Inner<P, B, D
     fn wake_finished(&mut self) -> bool {
         let Inner { ch, slots, .. } = self;
         for slot in slots.iter_mut().flatten() {
-            if let Some((p, _)) = &slot.waiting {
-                if ch.has_finished(p) {
-                    if let Some((_, w)) = slot.waiting.take() {
-                        w.wake();
+            if let Some(w) = &slot.waiting {
+                if ch.has_finished(&w.pending) {
+                    if let Some(w) = slot.waiting.take() {
+                        w.waker.wake();
                     }
                 }
             }
         }
         self.release_orphans()
+    }
+
+    /// A sleeping operation's deadline: the reactor is woken to set its timer again if
+    /// `until` comes before the instant its timer is set to (or it has none). The reactor
+    /// reads the deadlines under the same lock before it sleeps, so either it sees this
+    /// one or its waker is here to be woken.
+    fn deadline_set(&mut self, until: Instant) {
+        if self.timer_at.map_or(true, |at| until < at) {
+            if let Some(w) = self.reactor.take() {
+                w.wake();
+            }
+        }
+    }
+
+    /// The earliest deadline of a sleeping operation (in a slot, or waiting for space).
+    fn next_deadline(&self) -> Option<Instant> {
+        let slots = self.slots.iter().flatten();
+        let untils = slots.filter_map(|s| s.waiting.as_ref().and_then(|w| w.until));
+        untils.chain(self.space_until).min()
+    }
+
+    /// Wakes the operations whose deadline passed by `now`: sleepers in slots, and every
+    /// operation waiting for space (each looks at its own deadline, and those not late
+    /// sleep again). Returns whether it woke anyone waiting for space.
+    fn wake_late(&mut self, now: Instant) -> bool {
+        for slot in self.slots.iter_mut().flatten() {
+            if slot
+                .waiting
+                .as_ref()
+                .is_some_and(|w| w.until.is_some_and(|u| u <= now))
+            {
+                if let Some(w) = slot.waiting.take() {
+                    w.waker.wake();
+                }
+            }
+        }
+        if self.space_until.is_some_and(|u| u <= now) {
+            self.space_until = None;
+            return true;
+        }
+        false
     }
 
     fn release_orphans(&mut self) -> bool {

@@ -1,6 +1,7 @@
 //! The reactor of one async channel: sleeps on the descriptors of its two completion
-//! channels, and each pass arms the queues, polls them and wakes the tasks whose requests
-//! finished.
+//! channels and on one timer (the earliest deadline of a sleeping operation), and each
+//! pass arms the queues, polls them, wakes the tasks whose requests finished and those
+//! whose deadline passed.
 
 use core::future::{poll_fn, Future};
 use core::pin::pin;
@@ -10,6 +11,7 @@ use std::sync::Arc;
 
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
+use tokio::time::Instant;
 
 use super::{IoBuf, Shared};
 use crate::provider::Provider;
@@ -59,6 +61,8 @@ pub(super) async fn run<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: u
     let Reactor { fds, shared } = &reactor;
     let grace = tokio::time::sleep(shared.config.flush_grace);
     let mut grace = pin!(grace);
+    // The operations' deadlines: set to the earliest, while there is one.
+    let mut timer = pin!(None::<tokio::time::Sleep>);
     // The close was seen by a pass (and the grace set, if it is a bound).
     let mut close_seen = false;
     let mut grace_set = false;
@@ -87,18 +91,43 @@ pub(super) async fn run<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: u
                     grace_set = true;
                 }
             }
-            if freed {
+            // Operations whose deadline passed: woken, to time out (the clock is read only
+            // while someone has a deadline).
+            let now = inner.next_deadline().map(|_| Instant::now());
+            if now.is_some_and(|now| inner.wake_late(now)) {
+                // Everyone waiting for space looks at its deadline (and at the queue).
+                drop(inner);
+                shared.space.notify_waiters();
+            } else if freed {
                 shared.freed(inner);
             }
         }
         poll_fn(|cx| {
-            {
+            let next = {
                 let mut inner = shared.lock();
                 if inner.closing && !close_seen {
                     // Closed since the pass: one more pass sets the grace.
                     return Poll::Ready(());
                 }
                 inner.reactor = Some(cx.waker().clone());
+                // Under the lock: an operation that sleeps after this with an earlier
+                // deadline sees `timer_at` and wakes us (`Inner::deadline_set`).
+                inner.timer_at = inner.next_deadline();
+                inner.timer_at
+            };
+            if let Some(at) = next {
+                match timer.as_mut().as_pin_mut() {
+                    Some(t) if t.deadline() == at => {}
+                    Some(t) => t.reset(at),
+                    None => timer.set(Some(tokio::time::sleep_until(at))),
+                }
+                if timer
+                    .as_mut()
+                    .as_pin_mut()
+                    .is_some_and(|t| t.poll(cx).is_ready())
+                {
+                    return Poll::Ready(());
+                }
             }
             for fd in &fds.0 {
                 if let Poll::Ready(Ok(mut ready)) = fd.poll_read_ready(cx) {

@@ -199,6 +199,46 @@ fn many_tasks_share_one_channel_on_a_multi_thread_runtime() {
     });
 }
 
+/// More operations wait for room than the channel keeps wakers for (64): those past the
+/// list poll again at every turn, and every one of them posts once room comes free.
+#[test]
+fn more_operations_wait_for_room_than_the_channel_keeps_wakers_for() {
+    const WAITING: usize = 100;
+    current_thread().block_on(async {
+        let (a, b) = pair(&cfg(Duration::from_secs(10)));
+        // The 64 receive slots taken by receives whose futures were dropped.
+        for _ in 0..64 {
+            drop(b.ch.receive(b.pool.alloc(8).unwrap()));
+        }
+        let waiting: Vec<_> = (0..WAITING)
+            .map(|_| {
+                let (ch, pool) = (b.ch.clone(), b.pool.clone());
+                tokio::spawn(async move {
+                    let (r, buf) = ch.receive(pool.alloc(8).unwrap()).await;
+                    assert_eq!(r.unwrap().byte_len, 8);
+                    u64::from_le_bytes(buf[..8].try_into().unwrap())
+                })
+            })
+            .collect();
+        // Let every task find the queue full before the first message frees a slot.
+        tokio::task::yield_now().await;
+        for i in 0..(64 + WAITING) as u64 {
+            a.ch.send(filled(&a.pool, &i.to_le_bytes()))
+                .await
+                .0
+                .unwrap();
+        }
+        let mut got = Vec::new();
+        for w in waiting {
+            got.push(within(Duration::from_secs(10), w).await.unwrap());
+        }
+        // The dropped receives took the first 64 messages; the tasks the rest.
+        got.sort_unstable();
+        assert_eq!(got, (64..(64 + WAITING) as u64).collect::<Vec<_>>());
+        assert_eq!(b.pool.stats().allocations, 0);
+    });
+}
+
 #[test]
 fn a_dropped_receive_keeps_its_buffer_until_the_message_lands() {
     current_thread().block_on(async {

@@ -87,8 +87,7 @@ pub use remote::{Connection, RemoteBuf, RemoteError};
 pub use rpc::{AsyncRpc, BulkAnswer};
 pub use wire::WireError;
 
-use core::future::{poll_fn, Future};
-use core::pin::pin;
+use core::future::Future;
 use core::task::{Context as TaskContext, Poll, Waker};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -142,8 +141,6 @@ impl<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: usize> Drop
 /// The channel, shared by its handles, the operations under way and the reactor.
 pub(crate) struct Shared<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: usize> {
     inner: Mutex<Inner<P, B, DEPTH, SGES>>,
-    /// Wakes posters waiting for a free slot; notified whenever an outcome is taken.
-    space: tokio::sync::Notify,
     config: ChannelConfig,
 }
 
@@ -154,10 +151,12 @@ pub(crate) struct Inner<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: u
     slots: [[Slot<B>; DEPTH]; 2],
     /// The reactor's waker, while it sleeps.
     reactor: Option<Waker>,
-    /// Operations waiting for a free slot: whoever takes an outcome notifies them.
-    space_waiters: usize,
+    /// Operations waiting for a free slot: whoever takes an outcome wakes them. At most
+    /// [`SPACE_WAITERS`] of them (room reserved at set-up, so waiting never allocates); one
+    /// that finds the list full tries again at the runtime's next turn.
+    space: Vec<Waker>,
     /// The earliest deadline of an operation waiting for a free slot: when it passes, the
-    /// reactor notifies them all (each looks at its own deadline).
+    /// reactor wakes them all (each looks at its own deadline).
     space_until: Option<Instant>,
     /// The instant the reactor's deadline timer is set to, while it sleeps (`None`: no
     /// deadline to keep). An operation that goes to sleep with an earlier deadline wakes
@@ -233,13 +232,12 @@ impl<P: Provider + 'static, B: IoBuf, const DEPTH: usize, const SGES: usize>
                     core::array::from_fn(|_| Slot::default()),
                 ],
                 reactor: None,
-                space_waiters: 0,
+                space: Vec::with_capacity(SPACE_WAITERS),
                 space_until: None,
                 timer_at: None,
                 closing: false,
                 armed: false,
             }),
-            space: tokio::sync::Notify::new(),
             config,
         });
         runtime.spawn(reactor::run(reactor::Reactor {
@@ -336,167 +334,260 @@ impl<P: Provider + 'static, B: IoBuf, const DEPTH: usize, const SGES: usize>
         what: Post<'a>,
         finish: impl FnOnce(Completion, Sge) -> Result<T, Error<P::Error>> + 'a,
     ) -> impl Future<Output = BufResult<T, B, P::Error>> + 'a {
-        self.complete(self.begin(buf, what), finish)
+        let shared = &*self.handle.shared;
+        Op {
+            shared,
+            stage: self.begin(buf, what),
+            clock: Clock::default(),
+            finish: Some(finish),
+        }
     }
 
     /// The part of an operation done when it is called: the buffer's checks and one
     /// attempt to post (with the request's outcome, if it finished within its post).
     /// A posted request is held by an [`InFlight`] from here on, so a future dropped
     /// before its first poll leaves the buffer with the channel until the device is done.
-    fn begin<'a>(&'a self, buf: B, what: Post<'a>) -> Begun<'a, P, B, DEPTH, SGES> {
+    fn begin<'a>(&'a self, buf: B, what: Post<'a>) -> Stage<'a, P, B, DEPTH, SGES> {
         let sge = match buf.sge() {
             Ok(sge) => sge,
-            Err(e) => return Begun::Ended(Err(e.into()), buf, Sge::default()),
+            Err(e) => return Stage::Ended(Err(e.into()), buf, Sge::default()),
         };
         if matches!(what, Post::Atomic(..)) && sge.length != 8 {
             let why = "an atomic's local buffer is 8 bytes";
-            return Begun::Ended(Err(Error::InvalidAttribute(why)), buf, sge);
+            return Stage::Ended(Err(Error::InvalidAttribute(why)), buf, sge);
         }
         let shared = &*self.handle.shared;
         let mut inner = shared.lock();
         let p = match what.post(&mut inner.ch, sge) {
             Ok(p) => p,
-            Err(Error::QueueFull { .. }) => return Begun::Full(buf, sge, what),
-            Err(e) => return Begun::Ended(Err(e), buf, sge),
+            Err(Error::QueueFull { .. }) => return Stage::Full(buf, sge, what),
+            Err(e) => return Stage::Ended(Err(e), buf, sge),
         };
         // Done at once (as a send on an idle link often is): no second trip through the
         // lock. A receive just posted cannot have finished yet.
         if !matches!(what, Post::Receive) {
             if let Some(r) = inner.finish(&p) {
                 shared.freed(inner);
-                return Begun::Ended(r, buf, sge);
+                return Stage::Ended(r, buf, sge);
             }
         }
         drop(inner);
-        Begun::Posted(InFlight::new(shared, p, buf), sge)
+        Stage::Posted(InFlight::new(shared, p, buf), sge)
     }
+}
 
-    /// The rest of an operation [`begin`](Self::begin) started. It holds no timer of its
-    /// own: an operation that sleeps leaves its deadline with the channel, and the reactor
-    /// wakes it when the deadline passes (one timer per channel, not one per operation, so
-    /// the future stays small); the clock is read first when it has to wait at all.
-    // A block, not an `async fn`: the latter keeps a second copy of its arguments (a
-    // 584-byte future against 480).
-    #[allow(clippy::manual_async_fn)]
-    fn complete<'a, T: 'a>(
-        &'a self,
-        begun: Begun<'a, P, B, DEPTH, SGES>,
-        finish: impl FnOnce(Completion, Sge) -> Result<T, Error<P::Error>> + 'a,
-    ) -> impl Future<Output = BufResult<T, B, P::Error>> + 'a {
-        async move {
-            let shared = &*self.handle.shared;
-            let mut clock = Clock::new(shared.config.timeout);
-            let (mut op, sge) = match begun {
-                Begun::Ended(r, buf, sge) => return (r.and_then(|c| finish(c, sge)), buf),
-                Begun::Posted(op, sge) => (op, sge),
-                Begun::Full(buf, sge, what) => loop {
-                    // Full: count in as a waiter for space (so takers notify), then try once
-                    // more before sleeping, so a slot freed in between is not missed.
-                    // Nothing is posted yet: on timeout the buffer comes back as it went.
-                    let _waiter = SpaceWaiter::new(shared);
-                    let notified = shared.space.notified();
-                    let mut notified = pin!(notified);
-                    notified.as_mut().enable();
-                    let end = clock.deadline();
-                    {
-                        let mut inner = shared.lock();
-                        match what.post(&mut inner.ch, sge) {
-                            Ok(p) => {
-                                drop(inner);
-                                break (InFlight::new(shared, p, buf), sge);
-                            }
-                            Err(Error::QueueFull { .. }) => {}
-                            Err(e) => return (Err(e), buf),
-                        }
-                        if end.is_some_and(|end| Instant::now() >= end) {
-                            return (Err(Error::Timeout), buf);
-                        }
-                        if let Some(end) = end {
-                            inner.space_until = Some(inner.space_until.map_or(end, |u| u.min(end)));
-                            inner.deadline_set(end);
-                        }
-                    }
-                    // Woken by a taker, or by the reactor once the earliest deadline passed.
-                    notified.await;
+/// An operation under way: what [`send`](AsyncChannel::send), [`write`](AsyncChannel::write)
+/// and the others return. Posted when called; it ends with the outcome and the buffer.
+/// Dropped once posted, it leaves the buffer with the channel until the device is done
+/// with it ([`InFlight`]).
+///
+/// Written by hand rather than as an `async` block: it holds no timer (a sleeping
+/// operation leaves its deadline with the reactor) and no intrusive list node (operations
+/// waiting for room leave their waker with the channel), so nothing in it is pinned, and
+/// it is small: futures are moved by value at every `.await` and `join!`.
+struct Op<'a, P: Provider, B: IoBuf, F, const DEPTH: usize, const SGES: usize> {
+    shared: &'a Shared<P, B, DEPTH, SGES>,
+    stage: Stage<'a, P, B, DEPTH, SGES>,
+    clock: Clock,
+    /// `Some` until the outcome was handed out.
+    finish: Option<F>,
+}
+
+/// Where an operation is, with its buffer's gather entry.
+enum Stage<'a, P: Provider, B: IoBuf, const DEPTH: usize, const SGES: usize> {
+    /// Refused, or finished within its post: the outcome and the buffer.
+    Ended(Result<Completion, Error<P::Error>>, B, Sge),
+    /// The queue was full: posting is tried again once there is room.
+    Full(B, Sge, Post<'a>),
+    /// Posted: its outcome is awaited, within the channel's timeout.
+    Posted(InFlight<'a, P, B, DEPTH, SGES>, Sge),
+    /// Timed out: the queue pair is in the error state, and the flush is awaited until the
+    /// clock's deadline (now the grace's), after which what is left is discarded.
+    Flushing(InFlight<'a, P, B, DEPTH, SGES>, Sge),
+    /// The outcome was handed out.
+    Done,
+}
+
+// No field of an `Op` is ever pinned (it holds no timer and no list node), so it may move.
+impl<P: Provider, B: IoBuf, F, const DEPTH: usize, const SGES: usize> Unpin
+    for Op<'_, P, B, F, DEPTH, SGES>
+{
+}
+
+impl<P: Provider, B: IoBuf, T, F, const DEPTH: usize, const SGES: usize> Future
+    for Op<'_, P, B, F, DEPTH, SGES>
+where
+    F: FnOnce(Completion, Sge) -> Result<T, Error<P::Error>>,
+{
+    type Output = BufResult<T, B, P::Error>;
+
+    fn poll(self: core::pin::Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        loop {
+            let Op {
+                shared,
+                stage,
+                clock,
+                ..
+            } = this;
+            let event = match stage {
+                Stage::Ended(..) | Stage::Done => Event::Now,
+                Stage::Full(_, sge, what) => match room(shared, clock, *sge, *what, cx) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(Ok(p)) => Event::Posted(p),
+                    Poll::Ready(Err(e)) => Event::Ended(Err(e.unwrap_or(Error::Timeout))),
                 },
-            };
-            let outcome = op.settle(|| clock.deadline()).await;
-            let r = match outcome {
-                Some(r) => r,
-                None => {
-                    // Timed out: error state, the flush awaited for the grace, then whatever
-                    // is left discarded through RESET; the outcome is `Timeout`, the buffer
-                    // free again.
-                    let _ = shared.lock().ch.abort();
-                    // A grace past what `Instant` holds is no bound (as for the blocking calls).
-                    let end = Instant::now().checked_add(shared.config.flush_grace);
-                    let flushed = op.settle(|| end).await.is_some();
-                    if flushed {
-                        Err(Error::Timeout)
-                    } else {
-                        Err(op.discard().unwrap_or(Error::Timeout))
+                Stage::Posted(op, _) => match op.step(cx, &mut || clock.deadline(shared)) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(Some(r)) => Event::Ended(r),
+                    Poll::Ready(None) => Event::Late,
+                },
+                Stage::Flushing(op, _) => {
+                    match op.step(cx, &mut || clock.deadline(shared)) {
+                        Poll::Pending => return Poll::Pending,
+                        // Flushed (or finished after all): the bound was missed all the same.
+                        Poll::Ready(Some(_)) => Event::Ended(Err(Error::Timeout)),
+                        Poll::Ready(None) => Event::Late,
                     }
                 }
             };
-            (r.and_then(|c| finish(c, sge)), op.give_back())
+            match (core::mem::replace(stage, Stage::Done), event) {
+                (Stage::Ended(r, buf, sge), _) => return Poll::Ready(this.hand_out(r, buf, sge)),
+                (Stage::Done, _) => panic!("an operation polled after its outcome"),
+                (Stage::Full(buf, sge, _), Event::Posted(p)) => {
+                    *stage = Stage::Posted(InFlight::new(shared, p, buf), sge);
+                }
+                (Stage::Full(buf, sge, _), Event::Ended(r)) => {
+                    return Poll::Ready(this.hand_out(r, buf, sge));
+                }
+                (Stage::Posted(mut op, sge) | Stage::Flushing(mut op, sge), Event::Ended(r)) => {
+                    return Poll::Ready(this.hand_out(r, op.give_back(), sge));
+                }
+                (Stage::Posted(op, sge), Event::Late) => {
+                    // Timed out: error state, the flush awaited for the grace, then
+                    // whatever is left discarded through RESET; the outcome is `Timeout`,
+                    // the buffer free again. A grace past what `Instant` holds is no
+                    // bound (as for the blocking calls).
+                    let _ = shared.lock().ch.abort();
+                    clock.restart(Instant::now().checked_add(shared.config.flush_grace));
+                    *stage = Stage::Flushing(op, sge);
+                }
+                (Stage::Flushing(mut op, sge), Event::Late) => {
+                    let e = op.discard().unwrap_or(Error::Timeout);
+                    return Poll::Ready(this.hand_out(Err(e), op.give_back(), sge));
+                }
+                (stage @ (Stage::Full(..) | Stage::Posted(..) | Stage::Flushing(..)), _) => {
+                    unreachable!("{} met an event of another stage", stage.name())
+                }
+            }
         }
     }
 }
 
-/// An operation as [`AsyncChannel::begin`] leaves it, with its buffer's gather entry.
-enum Begun<'a, P: Provider, B: IoBuf, const DEPTH: usize, const SGES: usize> {
-    /// Refused, or finished within its post: the outcome and the buffer.
-    Ended(Result<Completion, Error<P::Error>>, B, Sge),
-    /// Posted: its outcome is awaited.
-    Posted(InFlight<'a, P, B, DEPTH, SGES>, Sge),
-    /// The queue was full: posting is tried again once there is room.
-    Full(B, Sge, Post<'a>),
+/// What moved an operation on.
+enum Event<E> {
+    /// Nothing to wait for: the stage holds the outcome (or there is none).
+    Now,
+    /// Its request was posted (it had waited for room).
+    Posted(Pending),
+    /// Its outcome.
+    Ended(Result<Completion, Error<E>>),
+    /// Its deadline passed.
+    Late,
 }
 
-/// An operation's deadline: read from the clock the first time it is asked for.
+impl<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: usize> Stage<'_, P, B, DEPTH, SGES> {
+    fn name(&self) -> &'static str {
+        match self {
+            Stage::Ended(..) => "Ended",
+            Stage::Full(..) => "Full",
+            Stage::Posted(..) => "Posted",
+            Stage::Flushing(..) => "Flushing",
+            Stage::Done => "Done",
+        }
+    }
+}
+
+impl<P: Provider, B: IoBuf, T, F, const DEPTH: usize, const SGES: usize>
+    Op<'_, P, B, F, DEPTH, SGES>
+where
+    F: FnOnce(Completion, Sge) -> Result<T, Error<P::Error>>,
+{
+    fn hand_out(
+        &mut self,
+        r: Result<Completion, Error<P::Error>>,
+        buf: B,
+        sge: Sge,
+    ) -> BufResult<T, B, P::Error> {
+        let finish = self
+            .finish
+            .take()
+            .expect("an outcome is handed out once (Stage::Done after it)");
+        (r.and_then(|c| finish(c, sge)), buf)
+    }
+}
+
+/// One attempt of an operation that found the queue full: its request posted (`Ok`),
+/// refused (`Err(Some)`) or out of time (`Err(None)`), or `Pending` with its waker left
+/// with the channel (takers wake it; the reactor wakes it at its deadline). The attempt
+/// and the registration are made under one lock, so a slot freed in between is not missed.
+fn room<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: usize>(
+    shared: &Shared<P, B, DEPTH, SGES>,
+    clock: &mut Clock,
+    sge: Sge,
+    what: Post<'_>,
+    cx: &mut TaskContext<'_>,
+) -> Poll<Result<Pending, Option<Error<P::Error>>>> {
+    let end = clock.deadline(shared);
+    let mut inner = shared.lock();
+    match what.post(&mut inner.ch, sge) {
+        Ok(p) => return Poll::Ready(Ok(p)),
+        Err(Error::QueueFull { .. }) => {}
+        Err(e) => return Poll::Ready(Err(Some(e))),
+    }
+    if end.is_some_and(|end| Instant::now() >= end) {
+        return Poll::Ready(Err(None));
+    }
+    if inner.wait_for_space(cx.waker()) {
+        if let Some(end) = end {
+            inner.space_until = Some(inner.space_until.map_or(end, |u| u.min(end)));
+            inner.deadline_set(end);
+        }
+    } else {
+        // The list is full: try again at the runtime's next turn.
+        cx.waker().wake_by_ref();
+    }
+    Poll::Pending
+}
+
+/// An operation's deadline: the channel's timeout from the first time it is asked for
+/// (the clock is read then), or the flush grace's end once it timed out.
+#[derive(Default)]
 struct Clock {
-    timeout: Option<core::time::Duration>,
+    /// `None` until first asked for; then the deadline (`None`: no bound, also for a
+    /// timeout past what `Instant` holds).
     deadline: Option<Option<Instant>>,
 }
 
 impl Clock {
-    fn new(timeout: Option<core::time::Duration>) -> Self {
-        Clock {
-            timeout,
-            deadline: None,
-        }
+    fn deadline<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: usize>(
+        &mut self,
+        shared: &Shared<P, B, DEPTH, SGES>,
+    ) -> Option<Instant> {
+        *self.deadline.get_or_insert_with(|| {
+            let timeout = shared.config.timeout?;
+            Instant::now().checked_add(timeout)
+        })
     }
 
-    /// The deadline (`None`: no bound, also for a timeout past what `Instant` holds).
-    fn deadline(&mut self) -> Option<Instant> {
-        let timeout = self.timeout?;
-        *self
-            .deadline
-            .get_or_insert_with(|| Instant::now().checked_add(timeout))
-    }
-}
-
-/// Counts an operation in as waiting for a free slot while it lives.
-struct SpaceWaiter<'a, P: Provider, B: IoBuf, const DEPTH: usize, const SGES: usize>(
-    &'a Shared<P, B, DEPTH, SGES>,
-);
-
-impl<'a, P: Provider, B: IoBuf, const DEPTH: usize, const SGES: usize>
-    SpaceWaiter<'a, P, B, DEPTH, SGES>
-{
-    fn new(shared: &'a Shared<P, B, DEPTH, SGES>) -> Self {
-        shared.lock().space_waiters += 1;
-        SpaceWaiter(shared)
+    /// From now on the deadline is `end`.
+    fn restart(&mut self, end: Option<Instant>) {
+        self.deadline = Some(end);
     }
 }
 
-impl<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: usize> Drop
-    for SpaceWaiter<'_, P, B, DEPTH, SGES>
-{
-    fn drop(&mut self) {
-        self.0.lock().space_waiters -= 1;
-    }
-}
+/// Operations that may wait for room at once with their waker left with the channel.
+const SPACE_WAITERS: usize = 64;
 
 /// How often a busy-polling operation reads the clock for its timeout (in turns).
 const CLOCK_EVERY: u32 = 16;
@@ -587,41 +678,39 @@ impl<'a, P: Provider, B: IoBuf, const DEPTH: usize, const SGES: usize>
         }
     }
 
-    /// Waits for the outcome until the instant `end` gives (asked at the first poll that
-    /// needs it; `None`: no bound) has passed: `None` then.
+    /// The outcome, or `None` once the instant `end` gives (asked at the first poll that
+    /// needs it; `None`: no bound) has passed.
     ///
     /// Busy polling comes back at the runtime's next turn by waking its own task
     /// (`wake_by_ref`), not through [`yield_now`](tokio::task::yield_now): measured on a
     /// current-thread runtime, a spawned task's self-wake and re-poll takes 33 ns and a
     /// `yield_now` 330 ns (its deferred wake-up parks the runtime on the I/O driver
     /// first); the `block_on` future pays ~300 ns either way.
-    async fn settle(
+    fn step(
         &mut self,
-        mut end: impl FnMut() -> Option<Instant>,
-    ) -> Option<Result<Completion, Error<P::Error>>> {
-        poll_fn(|cx| {
-            let late = match self.poll(cx, &mut end) {
-                Step::Done(r) => return Poll::Ready(Some(r)),
-                // Busy: the clock every few turns (the first read starts the bound, a few
-                // microseconds after the post).
-                Step::Busy => {
-                    let late = self.polls % CLOCK_EVERY == 0
-                        && end().is_some_and(|end| Instant::now() >= end);
-                    if !late {
-                        cx.waker().wake_by_ref();
-                    }
-                    late
+        cx: &mut TaskContext<'_>,
+        end: &mut impl FnMut() -> Option<Instant>,
+    ) -> Poll<Option<Result<Completion, Error<P::Error>>>> {
+        let late = match self.poll(cx, end) {
+            Step::Done(r) => return Poll::Ready(Some(r)),
+            // Busy: the clock every few turns (the first read starts the bound, a few
+            // microseconds after the post).
+            Step::Busy => {
+                let late =
+                    self.polls % CLOCK_EVERY == 0 && end().is_some_and(|end| Instant::now() >= end);
+                if !late {
+                    cx.waker().wake_by_ref();
                 }
-                Step::Asleep => false,
-                Step::Late => true,
-            };
-            if late {
-                Poll::Ready(None)
-            } else {
-                Poll::Pending
+                late
             }
-        })
-        .await
+            Step::Asleep => false,
+            Step::Late => true,
+        };
+        if late {
+            Poll::Ready(None)
+        } else {
+            Poll::Pending
+        }
     }
 
     fn poll(
@@ -747,14 +836,10 @@ impl<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: usize> Shared<P, B, 
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Slots came free (outcomes were taken) under `inner`: unlocks, then wakes the
-    /// operations waiting for room, if any.
-    fn freed(&self, inner: MutexGuard<'_, Inner<P, B, DEPTH, SGES>>) {
-        let waiting = inner.space_waiters > 0;
-        drop(inner);
-        if waiting {
-            self.space.notify_waiters();
-        }
+    /// Slots came free (outcomes were taken) under `inner`: wakes the operations waiting
+    /// for room, if any, and unlocks.
+    fn freed(&self, mut inner: MutexGuard<'_, Inner<P, B, DEPTH, SGES>>) {
+        inner.wake_space();
     }
 
     /// The last handle went: flush what is in flight and let the reactor end.
@@ -830,6 +915,31 @@ impl<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: usize> Inner<P, B, D
             if let Some(w) = self.reactor.take() {
                 w.wake();
             }
+        }
+    }
+
+    /// Leaves `waker` with the channel until room comes free (once: a waker that would
+    /// wake the same task is not added again); false if the list is full.
+    fn wait_for_space(&mut self, waker: &Waker) -> bool {
+        if self.space.iter().any(|w| w.will_wake(waker)) {
+            return true;
+        }
+        if self.space.len() == SPACE_WAITERS {
+            return false;
+        }
+        self.space.push(waker.clone());
+        true
+    }
+
+    /// Wakes every operation waiting for room (each tries to post again). Under the lock:
+    /// a waker only schedules its task (tokio's never run it in `wake`).
+    #[inline]
+    fn wake_space(&mut self) {
+        if self.space.is_empty() {
+            return;
+        }
+        for w in self.space.drain(..) {
+            w.wake();
         }
     }
 

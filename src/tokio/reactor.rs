@@ -96,8 +96,7 @@ pub(super) async fn run<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: u
             let now = inner.next_deadline().map(|_| Instant::now());
             if now.is_some_and(|now| inner.wake_late(now)) {
                 // Everyone waiting for space looks at its deadline (and at the queue).
-                drop(inner);
-                shared.space.notify_waiters();
+                inner.wake_space();
             } else if freed {
                 shared.freed(inner);
             }

@@ -118,10 +118,21 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
         &mut self,
         pending: &Pending,
     ) -> Option<Result<Completion, Error<P::Error>>> {
-        let (queue, seq) = (pending.queue, pending.seq);
-        if let Some(r) = self.take(queue, seq) {
+        if let Some(r) = self.take(pending.queue, pending.seq) {
             return Some(r);
         }
+        self.try_finish_posted(pending)
+    }
+
+    /// As [`try_finish`](Self::try_finish), for a request posted under the same borrow of
+    /// the channel: nothing polled since, so its outcome cannot be recorded yet, and only
+    /// the queue is polled.
+    #[inline]
+    pub(crate) fn try_finish_posted(
+        &mut self,
+        pending: &Pending,
+    ) -> Option<Result<Completion, Error<P::Error>>> {
+        let (queue, seq) = (pending.queue, pending.seq);
         match self.poll_for(queue, seq, None) {
             Ok(Polled::Retired) => Some(self.retired(queue, seq, |c| c)),
             Ok(Polled::Recorded) => {

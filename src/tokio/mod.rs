@@ -365,8 +365,9 @@ impl<P: Provider + 'static, B: IoBuf, const DEPTH: usize, const SGES: usize>
         };
         // Done at once (as a send on an idle link often is): no second trip through the
         // lock. A receive just posted cannot have finished yet.
+        // Its slot has no waiter yet, and nothing polled since the post.
         if !matches!(what, Post::Receive) {
-            if let Some(r) = inner.finish(&p) {
+            if let Some(r) = inner.ch.try_finish_posted(&p) {
                 shared.freed(inner);
                 return Stage::Ended(r, buf, sge);
             }
@@ -838,6 +839,7 @@ impl<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: usize> Shared<P, B, 
 
     /// Slots came free (outcomes were taken) under `inner`: wakes the operations waiting
     /// for room, if any, and unlocks.
+    #[inline]
     fn freed(&self, mut inner: MutexGuard<'_, Inner<P, B, DEPTH, SGES>>) {
         inner.wake_space();
     }

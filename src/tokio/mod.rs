@@ -332,14 +332,14 @@ impl<P: Provider + 'static, B: IoBuf, const DEPTH: usize, const SGES: usize>
         &'a self,
         buf: B,
         what: Post<'a>,
-        finish: impl FnOnce(Completion, Sge) -> Result<T, Error<P::Error>> + 'a,
+        finish: impl FnOnce(Completion, Sge) -> Result<T, Error<P::Error>> + Copy + 'a,
     ) -> impl Future<Output = BufResult<T, B, P::Error>> + 'a {
         let shared = &*self.handle.shared;
         Op {
             shared,
             stage: self.begin(buf, what),
             clock: Clock::default(),
-            finish: Some(finish),
+            finish,
         }
     }
 
@@ -390,8 +390,8 @@ struct Op<'a, P: Provider, B: IoBuf, F, const DEPTH: usize, const SGES: usize> {
     shared: &'a Shared<P, B, DEPTH, SGES>,
     stage: Stage<'a, P, B, DEPTH, SGES>,
     clock: Clock,
-    /// `Some` until the outcome was handed out.
-    finish: Option<F>,
+    /// Turns the completion into the operation's value (a function without state).
+    finish: F,
 }
 
 /// Where an operation is, with its buffer's gather entry.
@@ -418,7 +418,7 @@ impl<P: Provider, B: IoBuf, F, const DEPTH: usize, const SGES: usize> Unpin
 impl<P: Provider, B: IoBuf, T, F, const DEPTH: usize, const SGES: usize> Future
     for Op<'_, P, B, F, DEPTH, SGES>
 where
-    F: FnOnce(Completion, Sge) -> Result<T, Error<P::Error>>,
+    F: FnOnce(Completion, Sge) -> Result<T, Error<P::Error>> + Copy,
 {
     type Output = BufResult<T, B, P::Error>;
 
@@ -512,7 +512,7 @@ impl<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: usize> Stage<'_, P, 
 impl<P: Provider, B: IoBuf, T, F, const DEPTH: usize, const SGES: usize>
     Op<'_, P, B, F, DEPTH, SGES>
 where
-    F: FnOnce(Completion, Sge) -> Result<T, Error<P::Error>>,
+    F: FnOnce(Completion, Sge) -> Result<T, Error<P::Error>> + Copy,
 {
     fn hand_out(
         &mut self,
@@ -520,10 +520,7 @@ where
         buf: B,
         sge: Sge,
     ) -> BufResult<T, B, P::Error> {
-        let finish = self
-            .finish
-            .take()
-            .expect("an outcome is handed out once (Stage::Done after it)");
+        let finish = self.finish;
         (r.and_then(|c| finish(c, sge)), buf)
     }
 }

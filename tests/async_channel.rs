@@ -347,6 +347,44 @@ fn every_wait_policy_times_out_within_its_bound() {
     }
 }
 
+/// Many operations asleep at once on a multi-thread runtime, with deadlines: the reactor's
+/// one timer wakes each in time. The first to time out breaks the channel, so the others
+/// end with a flush or a timeout; every one ends within the bound, with its buffer.
+#[test]
+fn many_sleeping_operations_end_within_their_bound_on_a_multi_thread_runtime() {
+    multi_thread().block_on(async {
+        let timeout = Duration::from_millis(100);
+        let c = ChannelConfig {
+            wait: WaitPolicy::SpinSleep,
+            ..cfg(timeout)
+        };
+        let (_a, b) = pair(&c);
+        let t0 = Instant::now();
+        let tasks: Vec<_> = (0..32)
+            .map(|_| {
+                let (ch, pool) = (b.ch.clone(), b.pool.clone());
+                tokio::spawn(async move { ch.receive(pool.alloc(16).unwrap()).await })
+            })
+            .collect();
+        let mut timeouts = 0;
+        for t in tasks {
+            let (r, buf) = within(10 * (timeout + Duration::from_millis(50)), t)
+                .await
+                .unwrap();
+            assert!(r.is_err(), "nobody sent: {r:?}");
+            timeouts += usize::from(matches!(r, Err(Error::Timeout)));
+            assert_eq!(buf.len(), 16);
+        }
+        assert!(timeouts >= 1, "one of them timed out first");
+        assert!(
+            t0.elapsed() >= timeout,
+            "ended early, after {:?}",
+            t0.elapsed()
+        );
+        assert_eq!(b.pool.stats().allocations, 0);
+    });
+}
+
 /// An operation that finds the queue full waits for room within the channel's timeout:
 /// nothing was posted, so it ends with `Timeout` and its buffer, and the channel still
 /// works.

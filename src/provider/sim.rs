@@ -297,8 +297,13 @@ impl Provider for Sim {
             let sges = wr.sges();
             // Entries past MAX_SGE are dropped here, but `num_sge` keeps the real count so
             // the simulator rejects the request exactly as a device rejects too many SGEs.
-            for (d, e) in out.sg_list.iter_mut().zip(sges) {
-                *d = *e;
+            // One entry, the usual case, is one move (the loop is a call to `memcpy`).
+            if let [e] = sges {
+                out.sg_list[0] = *e;
+            } else {
+                for (d, e) in out.sg_list.iter_mut().zip(sges) {
+                    *d = *e;
+                }
             }
             out.num_sge = sge_count(sges.len(), wr.sges_fit());
             (out.wr_id, out.op, out.flags) = (wr.wr_id, wr.op, wr.flags);

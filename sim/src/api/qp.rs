@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::counters::QpCounters;
+use crate::hca::Scratch;
 
 /// Attributes of a new queue pair (`ibv_qp_init_attr`; its type is the creating call's).
 #[derive(Clone, Copy, Debug)]
@@ -384,24 +385,23 @@ impl Qp {
     }
 
     fn post_recv_list(&self, mut next: impl FnMut(&mut RecvWr) -> bool) -> Result<(), PostError> {
-        let mut wr = RecvWr {
-            wr_id: 0,
-            sg_list: [Sge::default(); MAX_SGE],
-            num_sge: 0,
-        };
         let mut w = enter(&self.world);
+        // Built in the world's scratch request (see `World::scratch`).
+        let mut scratch = w.scratch.take().unwrap_or_else(Scratch::new);
+        let wr = &mut scratch.recv;
         let mut res = Ok(());
         let mut posted = 0;
         for index in 0.. {
-            if !next(&mut wr) {
+            if !next(wr) {
                 break;
             }
-            if let Err(error) = w.post_recv(self.id, &wr) {
+            if let Err(error) = w.post_recv(self.id, wr) {
                 res = Err(PostError { index, error });
                 break;
             }
             posted += 1;
         }
+        w.scratch = Some(scratch);
         w.count_posts(self.id, false, posted);
         w.run_due();
         res

@@ -191,7 +191,7 @@ impl World {
         // A responder in ERR answers nothing: a requester asleep on its RNR NAK must wake
         // and find that out by retrying.
         self.wake_parked(q);
-        let World { tables, net } = self;
+        let World { tables, net, .. } = self;
         // Timers and packets of the old incarnation become stale.
         let epoch = tables.next_epoch();
         // Looked up again: the requester just woken may be `q` itself (a queue pair

@@ -60,6 +60,37 @@ pub(crate) struct World {
     pub(crate) tables: Tables,
     /// What they share: configuration, time and events, the wire, the trace.
     pub(crate) net: Net,
+    /// The requests a post call builds each request of its list in, kept from call to
+    /// call so that a call does not clear a whole `MAX_SGE` list first (entries past a
+    /// request's `num_sge` are left over, and never read). Taken for the call (`None`
+    /// only during one).
+    pub(crate) scratch: Option<Box<Scratch>>,
+}
+
+/// A send and a receive request to build posted requests in.
+#[derive(Debug)]
+pub(crate) struct Scratch {
+    pub(crate) send: SendWr,
+    pub(crate) recv: RecvWr,
+}
+
+impl Scratch {
+    pub(crate) fn new() -> Box<Scratch> {
+        Box::new(Scratch {
+            send: SendWr {
+                wr_id: 0,
+                sg_list: [Sge::default(); MAX_SGE],
+                num_sge: 0,
+                op: SendOp::Send,
+                flags: SendFlags::empty(),
+            },
+            recv: RecvWr {
+                wr_id: 0,
+                sg_list: [Sge::default(); MAX_SGE],
+                num_sge: 0,
+            },
+        })
+    }
 }
 
 impl World {
@@ -67,6 +98,7 @@ impl World {
         World {
             tables: Tables::new(),
             net: Net::new(cfg),
+            scratch: Some(Scratch::new()),
         }
     }
 
@@ -120,7 +152,7 @@ impl World {
             // name the requester that may sleep on its RNR NAK): wake that requester.
             self.wake_parked(q);
         }
-        let World { tables, net } = self;
+        let World { tables, net, .. } = self;
         let qp = tables.qps.get_mut(q).expect("live QP");
         if qp.dead {
             return Err(SimError::DeviceFatal);
@@ -152,28 +184,24 @@ impl World {
         mut next: impl FnMut(&mut SendWr) -> bool,
         raw: Option<&RawInline>,
     ) -> Result<(), (usize, SimError)> {
-        let mut wr = SendWr {
-            wr_id: 0,
-            sg_list: [Sge::default(); MAX_SGE],
-            num_sge: 0,
-            op: SendOp::Send,
-            flags: SendFlags::empty(),
-        };
+        let mut scratch = self.scratch.take().unwrap_or_else(Scratch::new);
+        let wr = &mut scratch.send;
         let mut res = Ok(());
         let mut posted = 0;
         for index in 0.. {
-            if !next(&mut wr) {
+            if !next(wr) {
                 break;
             }
             if self.net.untimed && index > 0 {
                 self.fail_head_now(q);
             }
-            if let Err(error) = self.post_send(q, &wr, raw) {
+            if let Err(error) = self.post_send(q, wr, raw) {
                 res = Err((index, error));
                 break;
             }
             posted += 1;
         }
+        self.scratch = Some(scratch);
         self.count_posts(q, true, posted);
         if self.tables.qps.get(q).is_some_and(|qp| qp.ty == QpType::Ud) {
             self.send_datagrams(q);
@@ -308,7 +336,7 @@ impl World {
     /// Crashes device `dev`: its queue pairs vanish without completions, its CQs empty,
     /// and packets to or from it are lost from now on.
     pub(crate) fn crash(&mut self, dev: usize) {
-        let World { tables, net } = self;
+        let World { tables, net, .. } = self;
         net.wire.ports[dev].crashed = true;
         for q in 0..tables.qps.slots() {
             let epoch = tables.next_epoch();

@@ -100,7 +100,7 @@ impl World {
     /// Puts the head request of `q`'s send queue on the wire; its completion status, or
     /// `None` when there is nothing to send.
     fn send_front(&mut self, q: usize) -> Option<WcStatus> {
-        let World { tables, net } = self;
+        let World { tables, net, .. } = self;
         let qp = tables.qps.get_mut(q)?;
         if qp.state != QpState::ReadyToSend {
             return None;
@@ -175,7 +175,7 @@ impl World {
     /// dropped (see the module docs).
     pub(crate) fn deliver_datagram(&mut self, pkt: Packet) {
         let (dst, qpn, psn) = (pkt.dst_dev as usize, pkt.dst_qpn, Some(pkt.psn));
-        let World { tables, net } = self;
+        let World { tables, net, .. } = self;
         let rxe = net.cfg.personality == Personality::Rxe;
         let dgram = net.datagrams.slots.get(pkt.dgram as usize);
         let Some((qkey, len)) = dgram.map(|d| (d.qkey, d.data.len())) else {

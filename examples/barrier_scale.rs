@@ -51,9 +51,11 @@ const MAX: usize = 1 << 16;
 /// Data channel depth and SGEs: the scatter keeps one write per peer in flight.
 const DEPTH: usize = 2;
 const SGES: usize = 1;
-/// Peer capacities: dissemination has at most 2 × 16 - 1 partners, the tree 3, a
-/// centralized leaf 1 and its root everyone (the centralized sweep stops at `ROOT_PEERS`).
-const DISSEMINATION_PEERS: usize = 32;
+/// Peer capacities: dissemination has at most 2 × 16 - 1 partners (`rank ± 2^k` for
+/// `k < 16`; the sweep's N are powers of two, where `+2^15` and `-2^15` meet), the tree 3,
+/// a centralized leaf 1 and its root everyone (the centralized sweep stops at
+/// `ROOT_PEERS`). A node's per-peer slots are sized by these.
+const DISSEMINATION_PEERS: usize = 31;
 const TREE_PEERS: usize = 3;
 const ROOT_PEERS: usize = 8192;
 /// Bytes each scatter write carries.

@@ -16,7 +16,8 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
         let depth = Self::depth()?;
         let send_cq = Completions::own(ctx, depth, true)?;
         let recv_cq = Completions::own(ctx, depth, true)?;
-        Self::prepare_on(ctx, pd, config, send_cq, recv_cq, Ring::new(), Ring::new())
+        let (sq, rq) = (Ring::new(), Ring::new());
+        Self::prepare_on(ctx, pd, config_of(config), send_cq, recv_cq, sq, rq)
     }
 
     /// The descriptors of the send and the receive queue's completion channels (readable

@@ -132,6 +132,22 @@ impl Default for ChannelConfig {
     }
 }
 
+/// A channel's configuration as it keeps it: with `std`, one copy shared by the channels of
+/// a [`MultiChannel`](crate::MultiChannel) (a node of many peers holds it once, not once
+/// per peer); without, inline.
+#[cfg(feature = "std")]
+pub(crate) type Config = std::sync::Arc<ChannelConfig>;
+#[cfg(not(feature = "std"))]
+pub(crate) type Config = ChannelConfig;
+
+/// `config` as a channel keeps it ([`Config`]).
+pub(crate) fn config_of(config: &ChannelConfig) -> Config {
+    #[cfg(feature = "std")]
+    return std::sync::Arc::new(*config);
+    #[cfg(not(feature = "std"))]
+    *config
+}
+
 /// One RC peer. `DEPTH` work requests may be in flight per direction; each holds up to `SGES`
 /// scatter/gather entries. See the module docs.
 pub struct Channel<P: Provider, const DEPTH: usize = 64, const SGES: usize = 4> {
@@ -142,7 +158,7 @@ pub struct Channel<P: Provider, const DEPTH: usize = 64, const SGES: usize = 4> 
     recv_cq: Completions<P>,
     sq: Ring<SendWr<SGES>, DEPTH>,
     rq: Ring<RecvWr<SGES>, DEPTH>,
-    config: ChannelConfig,
+    config: Config,
     /// Where a blocking call's first poll lands, and the completion of a request retired
     /// by a poll. Larger polls land on the stack: a channel keeps one completion, not
     /// `POLL_BATCH` (640 bytes in each of a node's many channels).
@@ -284,6 +300,15 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
         pd: &ProtectionDomain<P>,
         config: &ChannelConfig,
     ) -> Result<PreparedChannel<P, DEPTH, SGES>, Error<P::Error>> {
+        Self::prepare_with(ctx, pd, config_of(config))
+    }
+
+    /// As [`prepare`](Self::prepare), keeping `config` as given (shared).
+    pub(crate) fn prepare_with(
+        ctx: &Context<P>,
+        pd: &ProtectionDomain<P>,
+        config: Config,
+    ) -> Result<PreparedChannel<P, DEPTH, SGES>, Error<P::Error>> {
         let depth = Self::depth()?;
         let events = config.wait == WaitPolicy::SpinSleep;
         let send_cq = Completions::own(ctx, depth, events)?;
@@ -304,6 +329,18 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
         send: &Arc<SharedCompletionQueue<P>>,
         recv: &Arc<SharedCompletionQueue<P>>,
     ) -> Result<PreparedChannel<P, DEPTH, SGES>, Error<P::Error>> {
+        Self::prepare_shared_with(ctx, pd, config_of(config), send, recv)
+    }
+
+    /// As [`prepare_shared`](Self::prepare_shared), keeping `config` as given (shared).
+    #[cfg(feature = "std")]
+    pub(crate) fn prepare_shared_with(
+        ctx: &Context<P>,
+        pd: &ProtectionDomain<P>,
+        config: Config,
+        send: &Arc<SharedCompletionQueue<P>>,
+        recv: &Arc<SharedCompletionQueue<P>>,
+    ) -> Result<PreparedChannel<P, DEPTH, SGES>, Error<P::Error>> {
         Self::depth()?;
         let (mut sq, mut rq) = (Ring::new(), Ring::new());
         let send_cq = Completions::attach(send, &mut sq)?;
@@ -321,7 +358,7 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
     fn prepare_on(
         ctx: &Context<P>,
         pd: &ProtectionDomain<P>,
-        config: &ChannelConfig,
+        config: Config,
         send_cq: Completions<P>,
         recv_cq: Completions<P>,
         sq: Ring<SendWr<SGES>, DEPTH>,
@@ -341,7 +378,7 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
             recv_cq,
             sq,
             rq,
-            config: *config,
+            config,
         })
     }
 

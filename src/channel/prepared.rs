@@ -2,7 +2,7 @@
 //! early, as C verbs programs post them in INIT so the peer's first message finds one.
 
 use super::source::Completions;
-use super::{collect_sges, post_recv_one, Channel, ChannelConfig, Owner, Pending, Queue};
+use super::{collect_sges, post_recv_one, Channel, Owner, Pending, Queue};
 use crate::error::Error;
 use crate::provider::Provider;
 use crate::qp::{Endpoint, Init, QueuePair};
@@ -18,7 +18,7 @@ pub struct PreparedChannel<P: Provider, const DEPTH: usize = 64, const SGES: usi
     pub(super) recv_cq: Completions<P>,
     pub(super) sq: Ring<SendWr<SGES>, DEPTH>,
     pub(super) rq: Ring<RecvWr<SGES>, DEPTH>,
-    pub(super) config: ChannelConfig,
+    pub(super) config: super::Config,
 }
 
 impl<P: Provider, const DEPTH: usize, const SGES: usize> PreparedChannel<P, DEPTH, SGES> {

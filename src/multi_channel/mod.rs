@@ -288,13 +288,20 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
             };
             let send = Arc::new(create(ctx, count, depth)?);
             let recv = Arc::new(create(ctx, count, depth)?);
+            // One configuration for every peer's channel.
+            let shared = crate::channel::config_of(config);
             for (slot, _) in slots.iter_mut().zip(named).filter(|(_, n)| *n) {
-                *slot = Some(Channel::prepare_shared(ctx, pd, config, &send, &recv)?);
+                let c = shared.clone();
+                *slot = Some(Channel::prepare_shared_with(ctx, pd, c, &send, &recv)?);
             }
             return Ok(PreparedMultiChannel { peers: slots });
         }
+        let shared = crate::channel::config_of(config);
         for (slot, _) in slots.iter_mut().zip(named).filter(|(_, n)| *n) {
-            *slot = Some(Channel::prepare(ctx, pd, config)?);
+            // An `Arc` with `std`, the configuration itself without.
+            #[allow(clippy::clone_on_copy)]
+            let c = shared.clone();
+            *slot = Some(Channel::prepare_with(ctx, pd, c)?);
         }
         Ok(PreparedMultiChannel { peers: slots })
     }

@@ -93,7 +93,6 @@ impl Pd {
             world: self.world.clone(),
             id,
             qpn,
-            cap: attr.cap,
             ty,
         })
     }
@@ -160,10 +159,11 @@ impl std::error::Error for PostError {
 /// outstanding work without completions.
 #[derive(Debug)]
 pub struct Qp {
+    // A handle: what the world keeps of the queue pair (its capacities, say) is read
+    // there, so that a handle stays small (a node of many peers holds two per peer).
     pub(super) world: Shared,
     pub(super) id: usize,
     pub(super) qpn: u32,
-    pub(super) cap: QpCaps,
     pub(super) ty: QpType,
 }
 
@@ -190,7 +190,12 @@ impl Qp {
 
     /// Capacities granted (exactly those asked).
     pub fn cap(&self) -> QpCaps {
-        self.cap
+        enter(&self.world)
+            .tables
+            .qps
+            .get(self.id)
+            .expect("live QP")
+            .cap
     }
 
     /// What the queue pair did so far: doorbells, posts, send completions (see

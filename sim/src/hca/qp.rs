@@ -474,4 +474,7 @@ fn a_queue_pair_stays_small() {
         core::mem::size_of::<QpObj>()
     );
     assert!(core::mem::size_of::<SqEntry>() <= 72);
+    // The handle users hold (a node holds two per peer): the world, an index, the number.
+    let handle = core::mem::size_of::<crate::Qp>();
+    assert!(handle <= 24, "{handle}");
 }

@@ -47,6 +47,14 @@ fn cfg(timeout: Duration) -> ChannelConfig {
     }
 }
 
+/// As [`cfg`], with operations that sleep at once (the reactor wakes them).
+fn sleeping(timeout: Duration) -> ChannelConfig {
+    ChannelConfig {
+        wait: WaitPolicy::SpinSleep,
+        ..cfg(timeout)
+    }
+}
+
 /// `len` bytes the peer may read, write and use atomics on (leaked for the test's life).
 fn target(pd: &ProtectionDomain<Sim>, len: usize) -> (MemoryRegion<'static, Sim>, RemoteRegion) {
     let buf = Box::leak(vec![0u8; len].into_boxed_slice());
@@ -354,10 +362,7 @@ fn every_wait_policy_times_out_within_its_bound() {
 fn many_sleeping_operations_end_within_their_bound_on_a_multi_thread_runtime() {
     multi_thread().block_on(async {
         let timeout = Duration::from_millis(100);
-        let c = ChannelConfig {
-            wait: WaitPolicy::SpinSleep,
-            ..cfg(timeout)
-        };
+        let c = sleeping(timeout);
         let (_a, b) = pair(&c);
         let t0 = Instant::now();
         let tasks: Vec<_> = (0..32)
@@ -392,10 +397,7 @@ fn many_sleeping_operations_end_within_their_bound_on_a_multi_thread_runtime() {
 fn an_operation_waiting_for_room_times_out_with_its_buffer() {
     current_thread().block_on(async {
         let timeout = Duration::from_millis(100);
-        let c = ChannelConfig {
-            wait: WaitPolicy::SpinSleep,
-            ..cfg(timeout)
-        };
+        let c = sleeping(timeout);
         let (a, b) = pair(&c);
         // 64 receives posted (futures dropped unpolled: the channel keeps their buffers).
         for _ in 0..64 {

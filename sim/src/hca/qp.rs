@@ -469,7 +469,7 @@ impl QpObj {
 #[test]
 fn a_queue_pair_stays_small() {
     assert!(
-        core::mem::size_of::<QpObj>() <= 408,
+        core::mem::size_of::<QpObj>() <= 384,
         "{}",
         core::mem::size_of::<QpObj>()
     );

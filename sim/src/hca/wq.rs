@@ -79,25 +79,69 @@ const BLANK: SqEntry = SqEntry {
 };
 
 /// A ring of at most `capacity` entries, each slot with `stride` side entries beside it
-/// (a send slot's gather list, a receive slot's scatter list) and `stride2` more of a
-/// second kind (a send slot's inline bytes; none for a receive).
+/// (a send slot's gather list, a receive slot's scatter list) and, in `room`, what else a
+/// slot holds beside it (a send slot's inline bytes; nothing for a receive).
 #[derive(Debug)]
-struct Slots<T, U, V> {
+struct Slots<T, U, R> {
     // Boxed slices, not `Vec`s: the room is always exactly what is allocated (growth is
     // exact), so a capacity word would repeat the length, in every queue of every queue pair.
     slots: Box<[T]>,
     /// Slot `s`'s side entries: `side[s * stride..][..stride]`.
     side: Box<[U]>,
-    /// Slot `s`'s side entries of the second kind: `side2[s * stride2..][..stride2]`.
-    side2: Box<[V]>,
+    room: R,
     // Counts as u32 (a queue holds at most `MAX_QP_WR` requests of at most `MAX_SGE`
-    // entries and `MAX_INLINE` bytes): a queue pair is two of these, and a world of
-    // 65,536 nodes has millions of queue pairs.
+    // entries): a queue pair is two of these, and a world of 65,536 nodes has millions of
+    // queue pairs.
     stride: u32,
-    stride2: u32,
     head: u32,
     len: u32,
     capacity: u32,
+}
+
+/// What a ring's slots hold beside their entries and side entries, laid out by slot and
+/// kept in step with them as the ring grows.
+trait Room {
+    /// Unwraps the ring: slot `head` moves to the front.
+    fn rotate_left(&mut self, head: usize);
+    /// Room for `slots` slots.
+    fn grow(&mut self, slots: usize);
+}
+
+/// Nothing (a receive queue's slots).
+impl Room for () {
+    fn rotate_left(&mut self, _: usize) {}
+    fn grow(&mut self, _: usize) {}
+}
+
+/// A send slot's inline room: `bytes[s * stride..][..stride]`.
+#[derive(Debug)]
+struct Inline {
+    bytes: Box<[u8]>,
+    stride: u32,
+}
+
+impl Inline {
+    fn new(slots: usize, stride: usize) -> Inline {
+        Inline {
+            bytes: vec![0; slots * stride].into_boxed_slice(),
+            stride: u32::try_from(stride).expect("a queue's sizes fit in u32"),
+        }
+    }
+
+    fn stride(&self) -> usize {
+        self.stride as usize
+    }
+}
+
+impl Room for Inline {
+    fn rotate_left(&mut self, head: usize) {
+        self.bytes.rotate_left(head * self.stride());
+    }
+
+    fn grow(&mut self, slots: usize) {
+        let to = slots * self.stride();
+        grow(&mut self.bytes, to);
+    }
 }
 
 /// Extends `b` to exactly `to` entries (blank), keeping its contents at the front.
@@ -122,10 +166,6 @@ impl Blank for u8 {
     const BLANK: Self = 0;
 }
 
-impl Blank for () {
-    const BLANK: Self = ();
-}
-
 impl Blank for (u64, usize) {
     const BLANK: Self = (0, 0);
 }
@@ -138,18 +178,18 @@ impl Blank for Sge {
     };
 }
 
-impl<T: Blank, U: Blank, V: Blank> Slots<T, U, V> {
-    /// Empty; all `capacity` (at least 1) slots allocated now unless `lazy`.
-    fn new(capacity: usize, stride: usize, stride2: usize, lazy: bool) -> Self {
+impl<T: Blank, U: Blank, R: Room> Slots<T, U, R> {
+    /// Empty; all `capacity` (at least 1) slots allocated now unless `lazy`, with `room`
+    /// made for as many slots by `room_for`.
+    fn new(capacity: usize, stride: usize, lazy: bool, room_for: impl FnOnce(usize) -> R) -> Self {
         let capacity = capacity.max(1);
         let n = if lazy { 0 } else { capacity };
         let count = |n: usize| u32::try_from(n).expect("a queue's sizes fit in u32");
         Slots {
             slots: vec![T::BLANK; n].into_boxed_slice(),
             side: vec![U::BLANK; n * stride].into_boxed_slice(),
-            side2: vec![V::BLANK; n * stride2].into_boxed_slice(),
+            room: room_for(n),
             stride: count(stride),
-            stride2: count(stride2),
             head: 0,
             len: 0,
             capacity: count(capacity),
@@ -164,11 +204,6 @@ impl<T: Blank, U: Blank, V: Blank> Slots<T, U, V> {
     /// Side entries per slot.
     fn stride(&self) -> usize {
         self.stride as usize
-    }
-
-    /// Side entries of the second kind per slot.
-    fn stride2(&self) -> usize {
-        self.stride2 as usize
     }
 
     fn slot(&self, i: usize) -> usize {
@@ -189,25 +224,9 @@ impl<T: Blank, U: Blank, V: Blank> Slots<T, U, V> {
         (i < self.len()).then(|| &mut self.slots[at])
     }
 
-    /// Entry `i`'s side entries of the second kind; empty past the end.
-    fn side2(&self, i: usize) -> &[V] {
-        if i >= self.len() {
-            return &[];
-        }
-        &self.side2[self.slot(i) * self.stride2()..][..self.stride2()]
-    }
-
-    fn side2_mut(&mut self, i: usize) -> &mut [V] {
-        if i >= self.len() {
-            return &mut [];
-        }
-        let (at, n) = (self.slot(i) * self.stride2(), self.stride2());
-        &mut self.side2[at..][..n]
-    }
-
     /// Makes room for one more entry and counts it in; its slot (physical index into
-    /// `slots`, side entries at `slot * stride` and `slot * stride2`), which holds a stale
-    /// entry for the caller to overwrite.
+    /// `slots`, side entries at `slot * stride`, the same slot of `room`), which holds a
+    /// stale entry for the caller to overwrite.
     ///
     /// # Panics
     /// With `what` in the message, if the ring is at capacity (callers check first).
@@ -216,15 +235,15 @@ impl<T: Blank, U: Blank, V: Blank> Slots<T, U, V> {
         if len == self.slots.len() {
             assert!(len < self.capacity as usize, "{what} overflow");
             let to = (len * 2).clamp(1, self.capacity as usize);
-            let (head, stride, stride2) = (self.head as usize, self.stride(), self.stride2());
+            let (head, stride) = (self.head as usize, self.stride());
             // Unwrapped to the front, so the new slots extend the ring at its end.
             self.slots.rotate_left(head);
             self.side.rotate_left(head * stride);
-            self.side2.rotate_left(head * stride2);
+            self.room.rotate_left(head);
             self.head = 0;
             grow(&mut self.slots, to);
             grow(&mut self.side, to * stride);
-            grow(&mut self.side2, to * stride2);
+            self.room.grow(to);
         }
         let at = self.slot(len);
         self.len += 1;
@@ -247,13 +266,13 @@ impl<T: Blank, U: Blank, V: Blank> Slots<T, U, V> {
 /// Send work requests not yet executed, oldest first, at most `capacity` of them, each
 /// with room for `sges` gather entries and `inline` bytes of inline payload.
 #[derive(Debug)]
-pub(crate) struct SendQueue(Slots<SqEntry, Sge, u8>);
+pub(crate) struct SendQueue(Slots<SqEntry, Sge, Inline>);
 
 impl SendQueue {
     /// An empty queue of `capacity` (at least 1) slots with `sges` gather entries and
     /// `inline` (at most [`MAX_INLINE`]) inline bytes each, allocated now unless `lazy`.
     pub(crate) fn new(capacity: usize, sges: usize, inline: usize, lazy: bool) -> SendQueue {
-        SendQueue(Slots::new(capacity, sges, inline, lazy))
+        SendQueue(Slots::new(capacity, sges, lazy, |n| Inline::new(n, inline)))
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -289,12 +308,22 @@ impl SendQueue {
 
     /// Entry `i`'s inline room (its payload, if it was posted inline); empty past the end.
     pub(crate) fn inline(&self, i: usize) -> &[u8] {
-        self.0.side2(i)
+        let q = &self.0;
+        if i >= q.len() {
+            return &[];
+        }
+        let n = q.room.stride();
+        &q.room.bytes[q.slot(i) * n..][..n]
     }
 
     /// Entry `i`'s inline room, to write; empty past the end.
     pub(crate) fn inline_mut(&mut self, i: usize) -> &mut [u8] {
-        self.0.side2_mut(i)
+        let q = &mut self.0;
+        if i >= q.len() {
+            return &mut [];
+        }
+        let (at, n) = (q.slot(i), q.room.stride());
+        &mut q.room.bytes[at * n..][..n]
     }
 
     pub(crate) fn iter(&self) -> impl Iterator<Item = &SqEntry> {
@@ -355,7 +384,7 @@ impl RecvQueue {
     /// An empty queue of `capacity` receives of at most `stride` entries, allocated now
     /// unless `lazy`.
     pub(crate) fn new(capacity: usize, stride: usize, lazy: bool) -> RecvQueue {
-        RecvQueue(Slots::new(capacity, stride, 0, lazy))
+        RecvQueue(Slots::new(capacity, stride, lazy, |_| ()))
     }
 
     pub(crate) fn len(&self) -> usize {

@@ -72,10 +72,10 @@ impl QpObj {
         if let Some(e) = self.sq.pop_front() {
             self.counters.send_end(true);
             let wc = flush_wc(e.wr.wr_id, e.wr.op.wc_opcode(), self.qpn);
-            return Some((self.send_cq, wc));
+            return Some((self.send_cq(), wc));
         }
         let wr_id = self.rq.pop_front()?;
-        Some((self.recv_cq, flush_wc(wr_id, WcOpcode::Recv, self.qpn)))
+        Some((self.recv_cq(), flush_wc(wr_id, WcOpcode::Recv, self.qpn)))
     }
 }
 
@@ -153,7 +153,7 @@ impl World {
                 .tables
                 .qps
                 .get(q)
-                .is_some_and(|qp| qp.send_cq == cq || qp.recv_cq == cq);
+                .is_some_and(|qp| qp.send_cq() == cq || qp.recv_cq() == cq);
             if uses {
                 self.set_err(q);
             }
@@ -167,7 +167,7 @@ impl World {
             return;
         };
         if let Some(wc) = qp.retire_front(status) {
-            let cq = qp.send_cq;
+            let cq = qp.send_cq();
             self.push_cqe(cq, wc);
         }
     }

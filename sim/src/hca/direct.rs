@@ -74,7 +74,7 @@ impl World {
             peer.resp.remember(d.psn, old);
         }
         if let Some(rd) = d.ex.recv {
-            let (cq, wc) = (peer.recv_cq, peer.retire_recv(&rd));
+            let (cq, wc) = (peer.recv_cq(), peer.retire_recv(&rd));
             self.push_cqe_se(cq, wc, rd.solicited);
         }
 
@@ -88,7 +88,7 @@ impl World {
         match d.wc {
             Some(wc) => {
                 qp.unsig_done = 0;
-                let cq = qp.send_cq;
+                let cq = qp.send_cq();
                 self.push_cqe(cq, wc);
             }
             None => qp.unsig_done += 1,
@@ -120,7 +120,7 @@ fn path(t: &Tables, net: &Net, q: usize) -> Option<Path> {
         return None;
     }
     let (rtr, rts, pdev) = (qp.rtr?, qp.rts?, qp.peer_dev()?);
-    let (dev, qpn) = (qp.dev, qp.qpn);
+    let (dev, qpn) = (qp.dev(), qp.qpn);
     let wire = &net.wire;
     if wire.blocked(dev, pdev).is_some() || wire.scripted(dev) || wire.scripted(pdev) {
         return None;
@@ -128,7 +128,7 @@ fn path(t: &Tables, net: &Net, q: usize) -> Option<Path> {
     let (p, peer) = t.qp_by_num(rtr.dest_qp_num)?;
     let connected = peer.rtr.is_some_and(|a| a.dest_qp_num == qpn)
         && peer.peer_dev() == Some(dev)
-        && peer.dev == pdev
+        && peer.dev() == pdev
         && !peer.dead
         && matches!(peer.state, QpState::ReadyToReceive | QpState::ReadyToSend);
     connected.then_some(Path { p, rtr, rts })
@@ -161,10 +161,10 @@ fn plan(t: &Tables, net: &Net, q: usize, path: &Path) -> Option<Direct> {
         SendOp::Send | SendOp::SendWithImm(_) | SendOp::WriteWithImm { .. }
     );
     let (need_send, need_recv) = (usize::from(signaled), usize::from(takes_recv));
-    let fits = if qp.send_cq == peer.recv_cq {
-        room(qp.send_cq, need_send + need_recv)
+    let fits = if qp.send_cq() == peer.recv_cq() {
+        room(qp.send_cq(), need_send + need_recv)
     } else {
-        room(qp.send_cq, need_send) && room(peer.recv_cq, need_recv)
+        room(qp.send_cq(), need_send) && room(peer.recv_cq(), need_recv)
     };
     if !fits {
         return None;

@@ -134,9 +134,9 @@ impl World {
         let t = &mut self.tables;
         if let Some(qp) = t.qps.remove(q) {
             t.direct_retired += qp.direct_count;
-            t.release_cq(qp.send_cq, false);
-            t.release_cq(qp.recv_cq, false);
-            t.release_pd(qp.pd, false);
+            t.release_cq(qp.send_cq(), false);
+            t.release_cq(qp.recv_cq(), false);
+            t.release_pd(qp.pd(), false);
         }
     }
 
@@ -225,7 +225,7 @@ impl World {
         let Tables { qps, mrs, ahs, .. } = &mut self.tables;
         let net = &mut self.net;
         let qp = qps.get_mut(q).expect("live QP");
-        let pd = qp.pd;
+        let pd = qp.pd();
         let inline_src = |addr, n| match raw {
             Some(r) => r.src(addr, n),
             None => mrs
@@ -242,7 +242,7 @@ impl World {
         }
         let sent = match qp.post_send(wr, net, inline_src)? {
             Posted::Flushed(wc) => {
-                let cq = qp.send_cq;
+                let cq = qp.send_cq();
                 self.push_cqe(cq, wc);
                 return Ok(());
             }
@@ -282,7 +282,7 @@ impl World {
         let qp = self.tables.qps.get_mut(q).expect("live QP");
         match qp.post_recv(wr, &mut self.net)? {
             Posted::Flushed(wc) => {
-                let cq = qp.recv_cq;
+                let cq = qp.recv_cq();
                 self.push_cqe(cq, wc);
             }
             Posted::Queued => self.wake_parked(q),
@@ -308,7 +308,7 @@ impl World {
         let q = self
             .tables
             .qp_by_num(pkt.dst_qpn)
-            .filter(|(_, qp)| qp.dev == dst && !qp.dead)
+            .filter(|(_, qp)| qp.dev() == dst && !qp.dead)
             .map(|(q, qp)| (q, qp.ty));
         let why = match q {
             Some((_, QpType::Ud)) => why.or(Some(DropReason::WrongTransport)),
@@ -340,7 +340,7 @@ impl World {
         net.wire.ports[dev].crashed = true;
         for q in 0..tables.qps.slots() {
             let epoch = tables.next_epoch();
-            let Some(qp) = tables.qps.get_mut(q).filter(|qp| qp.dev == dev) else {
+            let Some(qp) = tables.qps.get_mut(q).filter(|qp| qp.dev() == dev) else {
                 continue;
             };
             qp.sq.clear();

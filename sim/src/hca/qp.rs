@@ -112,7 +112,9 @@ impl RespState {
 #[derive(Debug)]
 pub(crate) struct QpObj {
     pub(crate) qpn: u32,
-    pub(crate) dev: usize,
+    /// Its device, PD and CQs are table indices kept as u32 (a world of 65,536 nodes has
+    /// millions of queue pairs); [`QpObj::dev`] and the others read them as `usize`.
+    pub(super) dev_: u32,
     /// Incarnation, fabric-unique; changes on RESET, ERR and crash.
     pub(crate) epoch: u32,
     /// Its device crashed: the QP is gone but for its handle.
@@ -123,9 +125,9 @@ pub(crate) struct QpObj {
     pub(crate) peer_dev: Option<u32>,
     pub(crate) req: ReqState,
     pub(crate) resp: RespState,
-    pub(crate) pd: usize,
-    pub(crate) send_cq: usize,
-    pub(crate) recv_cq: usize,
+    pub(super) pd_: u32,
+    pub(super) send_cq_: u32,
+    pub(super) recv_cq_: u32,
     pub(crate) cap: QpCaps,
     pub(crate) sig_all: bool,
     /// Its transport: RC uses the requester and responder state above; UD only its
@@ -151,6 +153,30 @@ pub(crate) struct QpObj {
 }
 
 impl QpObj {
+    /// Its device.
+    #[inline]
+    pub(crate) fn dev(&self) -> usize {
+        self.dev_ as usize
+    }
+
+    /// Its protection domain.
+    #[inline]
+    pub(crate) fn pd(&self) -> usize {
+        self.pd_ as usize
+    }
+
+    /// The CQ its sends complete on.
+    #[inline]
+    pub(crate) fn send_cq(&self) -> usize {
+        self.send_cq_ as usize
+    }
+
+    /// The CQ its receives complete on.
+    #[inline]
+    pub(crate) fn recv_cq(&self) -> usize {
+        self.recv_cq_ as usize
+    }
+
     /// Device the RTR path resolves to.
     #[inline]
     pub(crate) fn peer_dev(&self) -> Option<usize> {
@@ -213,7 +239,7 @@ impl QpObj {
         let from = self.state;
         self.state = to;
         if from != to {
-            net.trace(self.dev, self.qpn, TraceKind::State(from, to), None, None);
+            net.trace(self.dev(), self.qpn, TraceKind::State(from, to), None, None);
         }
     }
 
@@ -426,7 +452,7 @@ impl QpObj {
             copy(&spans, &[Dst::slice(&mut room[..inline_len])], inline_len);
         }
         let kind = TraceKind::PostSend(wr.op.wc_opcode());
-        net.trace(self.dev, self.qpn, kind, None, Some(wr.wr_id));
+        net.trace(self.dev(), self.qpn, kind, None, Some(wr.wr_id));
         Ok(Posted::Queued)
     }
 
@@ -454,7 +480,7 @@ impl QpObj {
         }
         self.rq.push_back(wr);
         net.trace(
-            self.dev,
+            self.dev(),
             self.qpn,
             TraceKind::PostRecv,
             None,
@@ -469,7 +495,7 @@ impl QpObj {
 #[test]
 fn a_queue_pair_stays_small() {
     assert!(
-        core::mem::size_of::<QpObj>() <= 384,
+        core::mem::size_of::<QpObj>() <= 368,
         "{}",
         core::mem::size_of::<QpObj>()
     );

@@ -90,16 +90,16 @@ impl QpObj {
         local_limits(self, wr)?;
         let local_ok = match wr.op {
             Read { .. } | CompareSwap { .. } | FetchAdd { .. } => {
-                mrs.scatter(self.pd, sges, total as usize, &mut [])
+                mrs.scatter(self.pd(), sges, total as usize, &mut [])
             }
             _ if wr.flags.contains(SendFlags::INLINE) => true,
-            _ => mrs.gather(self.pd, sges, &mut []),
+            _ => mrs.gather(self.pd(), sges, &mut []),
         };
         if !local_ok {
             let writes = matches!(wr.op, Read { .. } | CompareSwap { .. } | FetchAdd { .. });
             let unusable_key = |s: &Sge| {
                 s.length > 0
-                    && !matches!(mrs.lookup(s.lkey, false, self.pd),
+                    && !matches!(mrs.lookup(s.lkey, false, self.pd()),
                         Some(m) if !writes || m.access.contains(AccessFlags::LOCAL_WRITE))
             };
             let inline = wr.flags.contains(SendFlags::INLINE);
@@ -158,7 +158,7 @@ impl QpObj {
             self.req.next_psn = psn.wrapping_add(npkts) & PSN_MASK;
             self.req.sent += 1;
             self.req.rd_inflight += u8::from(rd);
-            let (dev, qpn, armed) = (self.dev, self.qpn, self.req.timer.is_some());
+            let (dev, qpn, armed) = (self.dev(), self.qpn, self.req.timer.is_some());
             let pkt = Packet {
                 src_dev: dev as u32,
                 dst_dev: self.peer_dev.unwrap_or(0),
@@ -266,7 +266,7 @@ impl QpObj {
         } else {
             rnr_timer_ns(code)
         };
-        net.trace(self.dev, self.qpn, TraceKind::RnrWait(wait), psn, id);
+        net.trace(self.dev(), self.qpn, TraceKind::RnrWait(wait), psn, id);
         match park {
             true => self.disarm(net),
             false => {
@@ -286,7 +286,7 @@ impl QpObj {
         if self.state != QpState::ReadyToSend {
             return Expiry::Nothing;
         }
-        let (dev, qpn) = (self.dev, self.qpn);
+        let (dev, qpn) = (self.dev(), self.qpn);
         match kind {
             TimerKind::Ack => {
                 let Some(head) = self.sq.front().filter(|_| self.req.sent > 0) else {
@@ -343,7 +343,7 @@ impl World {
         let i = match qp.answered(&pkt) {
             Ok(i) => i,
             Err(why) => {
-                let (dev, qpn, kind) = (qp.dev, qp.qpn, TraceKind::Drop(pkt.kind, why));
+                let (dev, qpn, kind) = (qp.dev(), qp.qpn, TraceKind::Drop(pkt.kind, why));
                 return self.net.trace(dev, qpn, kind, Some(pkt.psn), None);
             }
         };
@@ -433,12 +433,12 @@ impl World {
         let (Some(rtr), Some(dev)) = (qp.rtr, qp.peer_dev()) else {
             return false;
         };
-        if self.net.wire.blocked(qp.dev, dev).is_some() {
+        if self.net.wire.blocked(qp.dev(), dev).is_some() {
             return false;
         }
         self.tables
             .qp_by_num(rtr.dest_qp_num)
-            .is_some_and(|(_, r)| !r.dead && r.dev == dev && r.state == QpState::Init)
+            .is_some_and(|(_, r)| !r.dead && r.dev() == dev && r.state == QpState::Init)
     }
 
     /// Responder `p` reached RTR: wakes the requester its RTR attributes name if it waits
@@ -486,7 +486,7 @@ impl World {
             };
             let cut = qp
                 .peer_dev()
-                .map_or(true, |d| net.wire.blocked(qp.dev, d).is_some());
+                .map_or(true, |d| net.wire.blocked(qp.dev(), d).is_some());
             if cut {
                 qp.req.parked = false;
                 let now = net.now();

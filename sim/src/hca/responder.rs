@@ -201,13 +201,13 @@ pub(crate) fn execute(
     let mut dst = [Dst::EMPTY; MAX_SGE];
     let local_ok = match wr.op {
         Read { .. } | CompareSwap { .. } | FetchAdd { .. } => {
-            mrs.scatter(qp.pd, sges, len, &mut dst)
+            mrs.scatter(qp.pd(), sges, len, &mut dst)
         }
         _ if wr.flags.contains(SendFlags::INLINE) => {
             src[0] = Src::slice(&inline[..len]);
             true
         }
-        _ => mrs.gather(qp.pd, sges, &mut src),
+        _ => mrs.gather(qp.pd(), sges, &mut src),
     };
     if !local_ok {
         return fail(out, WcStatus::RemOpErr);
@@ -239,7 +239,7 @@ pub(crate) fn execute(
         _ => None,
     };
     let remote = |rkey: u32, addr: u64, n: usize| {
-        mrs.lookup(rkey, true, peer.pd)
+        mrs.lookup(rkey, true, peer.pd())
             .filter(|m| m.access.contains(need))
             .map(|m| &m.region)
             .filter(|r| r.contains(addr, n))
@@ -270,7 +270,7 @@ pub(crate) fn execute(
                 out.recv = Some(done);
                 return fail(out, req);
             }
-            if !mrs.scatter(peer.pd, rsges, len, &mut dst) {
+            if !mrs.scatter(peer.pd(), rsges, len, &mut dst) {
                 done.status = WcStatus::LocProtErr;
                 out.recv = Some(done);
                 return fail(out, WcStatus::RemOpErr);
@@ -366,7 +366,7 @@ pub(crate) fn execute(
 /// (a duplicate atomic is never applied twice).
 fn replay_atomic(mrs: &Slab<MrObj>, qp: &QpObj, sges: &[Sge], old: u64) {
     let mut dst = [Dst::EMPTY; MAX_SGE];
-    if mrs.scatter(qp.pd, sges, 8, &mut dst) {
+    if mrs.scatter(qp.pd(), sges, 8, &mut dst) {
         mem::copy(&[Src::slice(&old.to_ne_bytes())], &dst, 8);
     }
 }
@@ -377,7 +377,7 @@ impl World {
         let Some(peer) = self.tables.qps.get(p) else {
             return;
         };
-        let (dev, qpn, psn) = (peer.dev, peer.qpn, Some(pkt.psn));
+        let (dev, qpn, psn) = (peer.dev(), peer.qpn, Some(pkt.psn));
         let net = &mut self.net;
         let (wr_id, op, len, ex) = match answer(&self.tables, &net.cfg, peer, &pkt) {
             Answer::Drop(why) => {
@@ -413,7 +413,7 @@ impl World {
             }
         }
         if let Some(rd) = ex.recv {
-            let (cq, wc) = (peer.recv_cq, peer.retire_recv(&rd));
+            let (cq, wc) = (peer.recv_cq(), peer.retire_recv(&rd));
             self.push_cqe_se(cq, wc, rd.solicited);
         }
         if ex.status != WcStatus::Success {

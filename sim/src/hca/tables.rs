@@ -347,17 +347,18 @@ impl Tables {
             return Err(SimError::QueueFull);
         }
         let epoch = self.next_epoch();
+        let index = |i: usize| u32::try_from(i).expect("table indices fit in u32");
         let qp = QpObj {
             qpn,
-            dev,
+            dev_: index(dev),
             epoch,
             dead: false,
             peer_dev: None,
             req: ReqState::default(),
             resp: RespState::new(lazy),
-            pd,
-            send_cq: cqs.0,
-            recv_cq: cqs.1,
+            pd_: index(pd),
+            send_cq_: index(cqs.0),
+            recv_cq_: index(cqs.1),
             cap,
             sig_all,
             ty,

@@ -109,7 +109,7 @@ impl World {
         let SendOp::Datagram { dest, imm } = e.wr.op else {
             return Some(WcStatus::LocQpOpErr); // refused at post (`QpObj::post_send`)
         };
-        let (src_dev, src_qpn, pd) = (qp.dev, qp.qpn, qp.pd);
+        let (src_dev, src_qpn, pd) = (qp.dev(), qp.qpn, qp.pd());
         let sges = qp.sq.gathers(0);
         let len = e.wr.total as usize;
         let mut src = [Src::EMPTY; MAX_SGE];
@@ -183,7 +183,7 @@ impl World {
         };
         let target = tables
             .qp_by_num(qpn)
-            .filter(|(_, qp)| qp.dev == dst && !qp.dead);
+            .filter(|(_, qp)| qp.dev() == dst && !qp.dead);
         let qp_index = target.map_or(0, |t| t.0);
         let q = match (net.wire.arrival(dst), target) {
             (Some(why), _) => Err(why),
@@ -233,7 +233,7 @@ impl World {
             // rxe of Linux 6.1 (before "RDMA/rxe: Fix responder length checking for UD
             // request packets", 2024): `copy_data` fails, a malformed WQE.
             WcStatus::LocQpOpErr
-        } else if !tables.mrs.scatter(qp.pd, rwr.sges, total, &mut spans) {
+        } else if !tables.mrs.scatter(qp.pd(), rwr.sges, total, &mut spans) {
             WcStatus::LocProtErr
         } else {
             mem::copy(&[Src::slice(&d.grh), Src::slice(&d.data)], &spans, total);
@@ -253,7 +253,7 @@ impl World {
         };
         net.datagrams.release(pkt.dgram);
         let qp = tables.qps.get_mut(q).expect("live QP");
-        let cq = qp.recv_cq;
+        let cq = qp.recv_cq();
         let mut wc = qp.retire_recv(&done);
         (wc.src_qp, wc.grh) = (pkt.src_qpn, true);
         self.push_cqe_se(cq, wc, done.solicited);

@@ -68,43 +68,49 @@ pub(crate) const ATOMIC_CACHE: usize = 16;
 pub(crate) struct RespState {
     /// Expected PSN.
     pub(crate) epsn: u32,
-    /// (PSN, old value) of recent atomics, a ring of at most `ATOMIC_CACHE` once full.
-    /// Allocated with the queue pair, or (lazy queues) at its first atomic, so that a
-    /// queue pair that never serves one carries no cache.
-    atomics: Vec<(u32, u64)>,
-    next_atomic: u32,
+    /// (PSN, old value) of recent atomics. Allocated with the queue pair, or (lazy queues)
+    /// at its first atomic, so that a queue pair that never serves one carries a pointer,
+    /// not an empty `Vec`'s three words.
+    atomics: Option<Box<AtomicCache>>,
+}
+
+/// The last [`ATOMIC_CACHE`] atomic results, a ring once full.
+#[derive(Clone, Debug, Default)]
+struct AtomicCache {
+    entries: [(u32, u64); ATOMIC_CACHE],
+    /// Entries filled.
+    len: usize,
+    /// The entry the next one takes.
+    next: usize,
 }
 
 impl RespState {
     pub(crate) fn new(lazy: bool) -> RespState {
         RespState {
             epsn: 0,
-            atomics: Vec::with_capacity(if lazy { 0 } else { ATOMIC_CACHE }),
-            next_atomic: 0,
+            atomics: (!lazy).then(Box::default),
         }
     }
 
     /// Back to a fresh queue pair's state, keeping the cache's room (no allocation).
     pub(crate) fn reset(&mut self) {
         self.epsn = 0;
-        self.atomics.clear();
-        self.next_atomic = 0;
+        if let Some(c) = &mut self.atomics {
+            **c = AtomicCache::default();
+        }
     }
 
     #[inline]
     pub(crate) fn remember(&mut self, psn: u32, old: u64) {
-        if self.atomics.len() < ATOMIC_CACHE {
-            self.atomics
-                .reserve_exact(ATOMIC_CACHE - self.atomics.len());
-            self.atomics.push((psn, old));
-        } else {
-            self.atomics[self.next_atomic as usize] = (psn, old);
-        }
-        self.next_atomic = (self.next_atomic + 1) % ATOMIC_CACHE as u32;
+        let c = self.atomics.get_or_insert_with(Box::default);
+        c.entries[c.next] = (psn, old);
+        c.len = (c.len + 1).min(ATOMIC_CACHE);
+        c.next = (c.next + 1) % ATOMIC_CACHE;
     }
 
     pub(crate) fn recall(&self, psn: u32) -> Option<u64> {
-        self.atomics.iter().find(|a| a.0 == psn).map(|a| a.1)
+        let c = self.atomics.as_ref()?;
+        c.entries[..c.len].iter().find(|a| a.0 == psn).map(|a| a.1)
     }
 }
 
@@ -495,7 +501,7 @@ impl QpObj {
 #[test]
 fn a_queue_pair_stays_small() {
     assert!(
-        core::mem::size_of::<QpObj>() <= 368,
+        core::mem::size_of::<QpObj>() <= 352,
         "{}",
         core::mem::size_of::<QpObj>()
     );

@@ -23,7 +23,10 @@ const GEN_MASK: u32 = 0x7f;
 /// index first (so numbering does not depend on how it is stored), found in O(log n).
 #[derive(Debug)]
 pub(crate) struct Slab<T> {
-    slots: Vec<(u8, Option<T>)>,
+    slots: Vec<Option<T>>,
+    /// Each slot's generation, beside the slots rather than in each (where a byte would
+    /// cost an object's alignment: 7 bytes of padding in every queue pair's slot).
+    gens: Vec<u8>,
     /// The free slots below `slots.len()`; room for every slot is reserved as the slab
     /// grows, so that freeing never allocates (a destroy may run on a data-path thread).
     free: BinaryHeap<Reverse<u32>>,
@@ -33,6 +36,7 @@ impl<T> Slab<T> {
     pub(crate) const fn new() -> Self {
         Slab {
             slots: Vec::new(),
+            gens: Vec::new(),
             free: BinaryHeap::new(),
         }
     }
@@ -42,17 +46,18 @@ impl<T> Slab<T> {
         let i = match self.free.pop() {
             Some(Reverse(i)) => i as usize,
             None => {
-                self.slots.push((0, None));
+                self.slots.push(None);
+                self.gens.push(0);
                 // `reserve` grows by doubling: amortised O(1).
                 let more = self.slots.len() - self.free.len();
                 self.free.reserve(more);
                 self.slots.len() - 1
             }
         };
-        let slot = &mut self.slots[i];
-        slot.0 = slot.0 % GEN_MASK as u8 + 1;
-        slot.1 = Some(v);
-        (i, slot.0)
+        let gen = &mut self.gens[i];
+        *gen = *gen % GEN_MASK as u8 + 1;
+        self.slots[i] = Some(v);
+        (i, *gen)
     }
 
     /// Index the next `insert` uses.
@@ -61,7 +66,7 @@ impl<T> Slab<T> {
     }
 
     pub(crate) fn remove(&mut self, i: usize) -> Option<T> {
-        let v = self.slots.get_mut(i)?.1.take();
+        let v = self.slots.get_mut(i)?.take();
         if v.is_some() {
             // Below `slots.len()`, which the callers keep within u32 (24-bit QPNs, keys).
             self.free.push(Reverse(i as u32));
@@ -70,16 +75,19 @@ impl<T> Slab<T> {
     }
 
     pub(crate) fn get(&self, i: usize) -> Option<&T> {
-        self.slots.get(i)?.1.as_ref()
+        self.slots.get(i)?.as_ref()
     }
 
     pub(crate) fn get_mut(&mut self, i: usize) -> Option<&mut T> {
-        self.slots.get_mut(i)?.1.as_mut()
+        self.slots.get_mut(i)?.as_mut()
     }
 
     /// The live object at `i` if its generation is `gen`.
     fn get_gen(&self, i: usize, gen: u8) -> Option<&T> {
-        self.slots.get(i).filter(|s| s.0 == gen)?.1.as_ref()
+        self.slots
+            .get(i)
+            .filter(|_| self.gens.get(i) == Some(&gen))?
+            .as_ref()
     }
 
     /// Number of slots (live or free); valid indices are below it.
@@ -88,7 +96,7 @@ impl<T> Slab<T> {
     }
 
     pub(crate) fn iter(&self) -> impl Iterator<Item = &T> {
-        self.slots.iter().filter_map(|s| s.1.as_ref())
+        self.slots.iter().filter_map(|s| s.as_ref())
     }
 }
 

@@ -195,7 +195,7 @@ impl Qp {
             .qps
             .get(self.id)
             .expect("live QP")
-            .cap
+            .cap()
     }
 
     /// What the queue pair did so far: doorbells, posts, send completions (see

@@ -134,7 +134,6 @@ pub(crate) struct QpObj {
     pub(super) pd_: u32,
     pub(super) send_cq_: u32,
     pub(super) recv_cq_: u32,
-    pub(crate) cap: QpCaps,
     pub(crate) sig_all: bool,
     /// Its transport: RC uses the requester and responder state above; UD only its
     /// queues, `qkey` and `req.next_psn` (`ud.rs`).
@@ -159,6 +158,20 @@ pub(crate) struct QpObj {
 }
 
 impl QpObj {
+    /// Its capacities (exactly those asked), as its queues were made with them.
+    #[inline]
+    pub(crate) fn cap(&self) -> QpCaps {
+        let (max_send_wr, max_send_sge, max_inline_data) = self.sq.limits();
+        let (max_recv_wr, max_recv_sge) = self.rq.limits();
+        QpCaps {
+            max_send_wr,
+            max_recv_wr,
+            max_send_sge,
+            max_recv_sge,
+            max_inline_data,
+        }
+    }
+
     /// Its device.
     #[inline]
     pub(crate) fn dev(&self) -> usize {
@@ -388,7 +401,7 @@ impl QpObj {
         if !matches!(self.state, QpState::ReadyToSend | QpState::Error) {
             return invalid("QP not in RTS");
         }
-        if wr.num_sge > self.cap.max_send_sge as usize {
+        if wr.num_sge > self.sq.limits().1 as usize {
             return invalid("num_sge exceeds max_send_sge");
         }
         // An RDMA operation on a UD queue pair is refused (IBTA; the kernel's verbs), but
@@ -422,11 +435,11 @@ impl QpObj {
             if !ok_op {
                 return invalid("INLINE on an operation without payload to send");
             }
-            if total > u64::from(self.cap.max_inline_data) {
+            if total > u64::from(self.sq.limits().2) {
                 return invalid("inline data exceeds max_inline_data");
             }
         }
-        if self.sq.len() + self.unsig_done as usize >= self.cap.max_send_wr as usize {
+        if self.sq.len() + self.unsig_done as usize >= self.sq.limits().0 as usize {
             return Err(SimError::QueueFull);
         }
         if self.state == QpState::Error {
@@ -471,10 +484,10 @@ impl QpObj {
         if self.state == QpState::Reset {
             return invalid("QP in RESET");
         }
-        if wr.num_sge > self.cap.max_recv_sge as usize {
+        if wr.num_sge > self.rq.limits().1 as usize {
             return invalid("num_sge exceeds max_recv_sge");
         }
-        if self.rq.len() >= self.cap.max_recv_wr as usize {
+        if self.rq.len() >= self.rq.limits().0 as usize {
             return Err(SimError::QueueFull);
         }
         if self.state == QpState::Error {
@@ -501,7 +514,7 @@ impl QpObj {
 #[test]
 fn a_queue_pair_stays_small() {
     assert!(
-        core::mem::size_of::<QpObj>() <= 352,
+        core::mem::size_of::<QpObj>() <= 336,
         "{}",
         core::mem::size_of::<QpObj>()
     );

@@ -367,7 +367,6 @@ impl Tables {
             pd_: index(pd),
             send_cq_: index(cqs.0),
             recv_cq_: index(cqs.1),
-            cap,
             sig_all,
             ty,
             qkey: 0,

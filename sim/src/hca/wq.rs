@@ -279,6 +279,11 @@ impl SendQueue {
         self.0.len()
     }
 
+    /// Its capacities as created: requests, gather entries and inline bytes per request.
+    pub(crate) fn limits(&self) -> (u32, u32, u32) {
+        (self.0.capacity, self.0.stride, self.0.room.stride)
+    }
+
     /// Entry `i` from the head.
     pub(crate) fn get(&self, i: usize) -> Option<&SqEntry> {
         self.0.get(i)
@@ -389,6 +394,11 @@ impl RecvQueue {
 
     pub(crate) fn len(&self) -> usize {
         self.0.len()
+    }
+
+    /// Its capacities as created: receives, and scatter entries per receive.
+    pub(crate) fn limits(&self) -> (u32, u32) {
+        (self.0.capacity, self.0.stride)
     }
 
     /// The oldest receive.

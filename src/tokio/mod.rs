@@ -364,8 +364,8 @@ impl<P: Provider + 'static, B: IoBuf, const DEPTH: usize, const SGES: usize>
             Err(e) => return Stage::Ended(Err(e), buf, sge),
         };
         // Done at once (as a send on an idle link often is): no second trip through the
-        // lock. A receive just posted cannot have finished yet.
-        // Its slot has no waiter yet, and nothing polled since the post.
+        // lock. A receive just posted cannot have finished yet. Nothing polled since the
+        // post, and its slot has no waiter yet.
         if !matches!(what, Post::Receive) {
             if let Some(r) = inner.ch.try_finish_posted(&p) {
                 shared.freed(inner);
@@ -477,8 +477,8 @@ where
                     let e = op.discard().unwrap_or(Error::Timeout);
                     return Poll::Ready(this.hand_out(Err(e), op.give_back(), sge));
                 }
-                (stage @ (Stage::Full(..) | Stage::Posted(..) | Stage::Flushing(..)), _) => {
-                    unreachable!("{} met an event of another stage", stage.name())
+                (Stage::Full(..) | Stage::Posted(..) | Stage::Flushing(..), _) => {
+                    unreachable!("a waiting stage met an event of another stage")
                 }
             }
         }
@@ -495,18 +495,6 @@ enum Event<E> {
     Ended(Result<Completion, Error<E>>),
     /// Its deadline passed.
     Late,
-}
-
-impl<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: usize> Stage<'_, P, B, DEPTH, SGES> {
-    fn name(&self) -> &'static str {
-        match self {
-            Stage::Ended(..) => "Ended",
-            Stage::Full(..) => "Full",
-            Stage::Posted(..) => "Posted",
-            Stage::Flushing(..) => "Flushing",
-            Stage::Done => "Done",
-        }
-    }
 }
 
 impl<P: Provider, B: IoBuf, T, F, const DEPTH: usize, const SGES: usize>
@@ -949,10 +937,10 @@ impl<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: usize> Inner<P, B, D
         untils.chain(self.space_until).min()
     }
 
-    /// Wakes the operations whose deadline passed by `now`: sleepers in slots, and every
-    /// operation waiting for space (each looks at its own deadline, and those not late
-    /// sleep again). Returns whether it woke anyone waiting for space.
-    fn wake_late(&mut self, now: Instant) -> bool {
+    /// Wakes the operations whose deadline passed by `now`: sleepers in slots, and, once
+    /// the earliest of their deadlines passed, every operation waiting for space (each
+    /// looks at its own deadline and at the queue; those not late wait again).
+    fn wake_late(&mut self, now: Instant) {
         for slot in self.slots.iter_mut().flatten() {
             if slot
                 .waiting
@@ -966,9 +954,8 @@ impl<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: usize> Inner<P, B, D
         }
         if self.space_until.is_some_and(|u| u <= now) {
             self.space_until = None;
-            return true;
+            self.wake_space();
         }
-        false
     }
 
     fn release_orphans(&mut self) -> bool {

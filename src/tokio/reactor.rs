@@ -84,20 +84,17 @@ pub(super) async fn run<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: u
             if inner.closing && !close_seen {
                 close_seen = true;
                 // A grace past what `Instant` holds: the flush is awaited without a bound.
-                if let Some(end) =
-                    tokio::time::Instant::now().checked_add(shared.config.flush_grace)
-                {
+                if let Some(end) = Instant::now().checked_add(shared.config.flush_grace) {
                     grace.as_mut().reset(end);
                     grace_set = true;
                 }
             }
             // Operations whose deadline passed: woken, to time out (the clock is read only
             // while someone has a deadline).
-            let now = inner.next_deadline().map(|_| Instant::now());
-            if now.is_some_and(|now| inner.wake_late(now)) {
-                // Everyone waiting for space looks at its deadline (and at the queue).
-                inner.wake_space();
-            } else if freed {
+            if inner.next_deadline().is_some() {
+                inner.wake_late(Instant::now());
+            }
+            if freed {
                 shared.freed(inner);
             }
         }

@@ -275,6 +275,8 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
         let mut slots = new_slots::<PreparedChannel<P, DEPTH, SGES>, PEERS>();
         #[cfg_attr(not(feature = "std"), allow(unused_variables))]
         let count = named.iter().filter(|&&n| n).count();
+        // One configuration for every peer's channel.
+        let shared = crate::channel::config_of(config);
         #[cfg(feature = "std")]
         if config.completion_queues == crate::channel::CqLayout::Shared && count > 0 {
             use crate::dispatch::SharedCompletionQueue;
@@ -288,15 +290,12 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
             };
             let send = Arc::new(create(ctx, count, depth)?);
             let recv = Arc::new(create(ctx, count, depth)?);
-            // One configuration for every peer's channel.
-            let shared = crate::channel::config_of(config);
             for (slot, _) in slots.iter_mut().zip(named).filter(|(_, n)| *n) {
                 let c = shared.clone();
                 *slot = Some(Channel::prepare_shared_with(ctx, pd, c, &send, &recv)?);
             }
             return Ok(PreparedMultiChannel { peers: slots });
         }
-        let shared = crate::channel::config_of(config);
         for (slot, _) in slots.iter_mut().zip(named).filter(|(_, n)| *n) {
             // An `Arc` with `std`, the configuration itself without.
             #[allow(clippy::clone_on_copy)]

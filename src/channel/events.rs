@@ -26,6 +26,39 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
         [self.send_cq.event_fd(), self.recv_cq.event_fd()]
     }
 
+    /// Whether both queues are shared and led by a reactor task: an event loop then sleeps
+    /// on the channel's inboxes ([`sleep_task`](Self::sleep_task)) instead of descriptors,
+    /// and keeps both reactors running until [`leave_reactors`](Self::leave_reactors).
+    pub(crate) fn join_reactors(&self) -> bool {
+        if !self.send_cq.join_reactor() {
+            return false;
+        }
+        if !self.recv_cq.join_reactor() {
+            self.send_cq.leave_reactor();
+            return false;
+        }
+        true
+    }
+
+    /// Undoes a [`join_reactors`](Self::join_reactors) that returned `true`.
+    pub(crate) fn leave_reactors(&self) {
+        self.send_cq.leave_reactor();
+        self.recv_cq.leave_reactor();
+    }
+
+    /// On led shared queues: `waker` is woken when a completion is routed to either of the
+    /// channel's inboxes; `true` if one already waits (then poll instead of sleeping).
+    /// Undone by [`awake`](Self::awake).
+    pub(crate) fn sleep_task(&self, waker: &core::task::Waker) -> Result<bool, Error<P::Error>> {
+        Ok(self.send_cq.sleep_task(waker)? | self.recv_cq.sleep_task(waker)?)
+    }
+
+    /// The event loop is awake: routing no longer wakes it.
+    pub(crate) fn awake(&self) {
+        self.send_cq.awake();
+        self.recv_cq.awake();
+    }
+
     /// Arms both queues for their next completion. Arm, then poll: a completion that came
     /// before the arm raises no event, and only the poll after it finds it.
     pub(crate) fn arm_events(&mut self) -> Result<(), Error<P::Error>> {

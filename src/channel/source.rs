@@ -197,6 +197,51 @@ impl<P: Provider> Completions<P> {
         }
     }
 
+    /// On a shared queue led by a reactor task ([`crate::tokio::AsyncQueue`], which wakes
+    /// a sleeping task through its inbox): becomes one of its users, which keeps it
+    /// running until [`leave_reactor`](Self::leave_reactor). `false` for any other queue.
+    #[cfg(all(feature = "tokio", unix))]
+    pub(crate) fn join_reactor(&self) -> bool {
+        match &self.source {
+            Source::Shared(a) => a.cq.dispatcher().sleepers().join_reactor(),
+            Source::Own(_) => false,
+        }
+    }
+
+    /// Undoes a [`join_reactor`](Self::join_reactor) that returned `true`.
+    #[cfg(all(feature = "tokio", unix))]
+    pub(crate) fn leave_reactor(&self) {
+        if let Source::Shared(a) = &self.source {
+            a.cq.dispatcher().sleepers().leave_reactor();
+        }
+    }
+
+    /// On a shared queue: `waker` is woken when a completion is routed to this channel's
+    /// inbox; `true` if completions already wait there (then poll instead of sleeping).
+    /// Undone by [`awake`](Self::awake). A queue of its own: nothing (`false`).
+    #[cfg(all(feature = "tokio", unix))]
+    pub(crate) fn sleep_task(&self, waker: &core::task::Waker) -> Result<bool, Error<P::Error>> {
+        match &self.source {
+            Source::Shared(Attached {
+                cq,
+                inbox: Some(inbox),
+            }) => cq.sleep_task(inbox, waker),
+            _ => Ok(false),
+        }
+    }
+
+    /// The owner is awake: routing no longer wakes it.
+    #[cfg(all(feature = "tokio", unix))]
+    pub(crate) fn awake(&self) {
+        if let Source::Shared(Attached {
+            cq,
+            inbox: Some(inbox),
+        }) = &self.source
+        {
+            cq.awake(inbox);
+        }
+    }
+
     /// Arms a queue of its own on a completion channel for its next completion.
     #[cfg(all(feature = "tokio", unix))]
     pub(crate) fn arm_events(&mut self) -> Result<(), Error<P::Error>> {

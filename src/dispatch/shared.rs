@@ -134,7 +134,7 @@ impl<P: Provider> SharedCompletionQueue<P> {
     ) -> Result<(), Error<P::Error>> {
         let sleepers = self.dispatch.sleepers();
         let i = inbox.index() as usize;
-        sleepers.register(i);
+        sleepers.register(i, super::sleep::Wake::Thread(std::thread::current()));
         let r = (|| {
             self.dispatch.drain(&self.cq)?;
             if self.dispatch.has_mail(inbox) {
@@ -150,6 +150,30 @@ impl<P: Provider> SharedCompletionQueue<P> {
         })();
         sleepers.unregister(i);
         r
+    }
+
+    /// An async channel's reactor sleeps on `inbox` (the queue's own reactor leads, see
+    /// [`sleep`](super::sleep)): leaves `waker` to be woken when a completion is routed to
+    /// it, then routes everything pending; `true` if completions already wait in the inbox
+    /// (then it polls instead of sleeping). Undone by [`awake`](Self::awake).
+    #[cfg(feature = "tokio")]
+    pub(crate) fn sleep_task(
+        &self,
+        inbox: &Inbox,
+        waker: &core::task::Waker,
+    ) -> Result<bool, Error<P::Error>> {
+        let wake = super::sleep::Wake::Task(waker.clone());
+        self.dispatch
+            .sleepers()
+            .register(inbox.index() as usize, wake);
+        self.dispatch.drain(&self.cq)?;
+        Ok(self.dispatch.has_mail(inbox))
+    }
+
+    /// `inbox`'s owner is awake (see [`sleep_task`](Self::sleep_task)).
+    #[cfg(feature = "tokio")]
+    pub(crate) fn awake(&self, inbox: &Inbox) {
+        self.dispatch.sleepers().unregister(inbox.index() as usize);
     }
 
     /// The leader's sleep: arm, route what came before the arm, sleep on the descriptor,

@@ -20,21 +20,49 @@
 //!   leader held it, so that leader, when it gives the lead up (`SeqCst`), sees the
 //!   follower's flag (set before, `SeqCst`) and unparks it.
 //!
+//! A sleeper may be a task rather than a thread (the async layer, [`crate::tokio`]): it
+//! leaves a [`Waker`] instead of its thread handle, and routing wakes it the same way. The
+//! lead is then held for good by the queue's reactor task, which sleeps on the descriptor
+//! for everyone: it arms the queue while anyone sleeps (a new sleeper wakes it, so that it
+//! arms), and on every event routes what came, which wakes the sleepers it concerns.
+//! Threads sleeping on the same queue then park as followers.
+//!
 //! Every sleep is bounded by the caller's deadline. None of this is on the data path: a
 //! router pays one relaxed load per completion to look for a sleeper.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use core::task::Waker;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard};
 use std::thread::Thread;
 
 pub(crate) struct Sleepers {
     slots: Box<[Sleeper]>,
     leader: AtomicBool,
+    /// While a reactor task holds the lead for good: its users (the queue's handles and
+    /// the async channels on it), 0 when none does. It ends when they are gone.
+    reactor_users: AtomicUsize,
+    /// How many inboxes' owners sleep (flags set).
+    asleep: AtomicUsize,
+    /// The reactor task that holds the lead for good, while it waits: woken when a sleeper
+    /// comes (to arm the queue) and when its last handle goes.
+    reactor: Mutex<Option<Waker>>,
 }
 
 struct Sleeper {
     asleep: AtomicBool,
-    thread: Mutex<Option<Thread>>,
+    wake: Mutex<Option<Wake>>,
+}
+
+/// How a sleeping owner is woken.
+pub(crate) enum Wake {
+    /// A parked thread.
+    Thread(Thread),
+    /// A task.
+    Task(Waker),
+}
+
+fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Sleepers {
@@ -43,23 +71,93 @@ impl Sleepers {
             slots: (0..inboxes)
                 .map(|_| Sleeper {
                     asleep: AtomicBool::new(false),
-                    thread: Mutex::new(None),
+                    wake: Mutex::new(None),
                 })
                 .collect(),
             leader: AtomicBool::new(false),
+            reactor_users: AtomicUsize::new(0),
+            asleep: AtomicUsize::new(0),
+            reactor: Mutex::new(None),
         }
     }
 
-    /// The owner of inbox `i` is about to sleep, on this thread.
-    pub(crate) fn register(&self, i: usize) {
+    /// The owner of inbox `i` is about to sleep, to be woken by `wake`. Then it routes what
+    /// the queue holds (poll right held) and looks at its inbox once more before it sleeps.
+    pub(crate) fn register(&self, i: usize, wake: Wake) {
         let s = &self.slots[i];
-        *s.thread.lock().unwrap_or_else(|e| e.into_inner()) = Some(std::thread::current());
-        s.asleep.store(true, Ordering::SeqCst);
+        *locked(&s.wake) = Some(wake);
+        if !s.asleep.swap(true, Ordering::SeqCst) {
+            self.asleep.fetch_add(1, Ordering::SeqCst);
+        }
+        // A reactor that leads arms the queue only while someone sleeps: it looks again.
+        self.wake_reactor();
     }
 
     /// The owner of inbox `i` is awake again.
     pub(crate) fn unregister(&self, i: usize) {
-        self.slots[i].asleep.store(false, Ordering::SeqCst);
+        if self.slots[i].asleep.swap(false, Ordering::SeqCst) {
+            self.asleep.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Whether any owner sleeps (a leading reactor keeps the queue armed while one does).
+    pub(crate) fn anyone_asleep(&self) -> bool {
+        self.asleep.load(Ordering::SeqCst) > 0
+    }
+
+    /// Takes the lead for good, for a reactor task, with one user (the queue's handle);
+    /// `false` if someone else leads (a thread leads for one sleep at most).
+    pub(crate) fn lead_for_good(&self) -> bool {
+        if !self.try_lead() {
+            return false;
+        }
+        self.reactor_users.store(1, Ordering::SeqCst);
+        true
+    }
+
+    /// One more user of the leading reactor; `false` if no reactor leads (or it is ending:
+    /// its users never come back from 0).
+    pub(crate) fn join_reactor(&self) -> bool {
+        self.reactor_users
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n > 0).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
+    /// A user of the leading reactor is gone; the last one wakes it, to end.
+    pub(crate) fn leave_reactor(&self) {
+        if self.reactor_users.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.wake_reactor();
+        }
+    }
+
+    /// Whether the leading reactor has users left (else it ends).
+    pub(crate) fn reactor_in_use(&self) -> bool {
+        self.reactor_users.load(Ordering::SeqCst) > 0
+    }
+
+    /// The leading reactor ends: the lead goes back to sleeping threads.
+    pub(crate) fn reactor_resigns(&self) {
+        self.resign();
+    }
+
+    /// The leading reactor waits: `waker` is woken by the next sleeper (or by
+    /// [`wake_reactor`](Self::wake_reactor)). Set before the reactor looks at
+    /// [`anyone_asleep`](Self::anyone_asleep) (`SeqCst` both ways): a sleeper that comes
+    /// after that look finds the waker.
+    pub(crate) fn reactor_waits(&self, waker: &Waker) {
+        let mut r = locked(&self.reactor);
+        if !r.as_ref().is_some_and(|w| w.will_wake(waker)) {
+            *r = Some(waker.clone());
+        }
+    }
+
+    /// Wakes the leading reactor, if one waits.
+    pub(crate) fn wake_reactor(&self) {
+        if let Some(w) = locked(&self.reactor).take() {
+            w.wake();
+        }
     }
 
     /// A completion was routed to inbox `i` (poll right held): wakes its owner if it sleeps.
@@ -72,12 +170,10 @@ impl Sleepers {
 
     #[cold]
     fn unpark(&self, i: usize) {
-        if let Some(t) = &*self.slots[i]
-            .thread
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-        {
-            t.unpark();
+        match &*locked(&self.slots[i].wake) {
+            Some(Wake::Thread(t)) => t.unpark(),
+            Some(Wake::Task(w)) => w.wake_by_ref(),
+            None => {}
         }
     }
 
@@ -88,7 +184,8 @@ impl Sleepers {
             .is_ok()
     }
 
-    /// Gives up the lead and unparks every sleeper, so that one of them leads next.
+    /// Gives up the lead (also a reactor's, when it ends) and wakes every sleeper, so that
+    /// one of them leads next.
     pub(crate) fn resign(&self) {
         self.leader.store(false, Ordering::SeqCst);
         for i in 0..self.slots.len() {

@@ -75,6 +75,7 @@
 mod buf;
 mod connect;
 mod group;
+mod queue;
 mod reactor;
 mod remote;
 mod rpc;
@@ -83,6 +84,7 @@ mod wire;
 pub use buf::IoBuf;
 pub use connect::ConnectError;
 pub use group::AsyncGroup;
+pub use queue::AsyncQueue;
 pub use remote::{Connection, RemoteBuf, RemoteError};
 pub use rpc::{AsyncRpc, BulkAnswer};
 pub use wire::WireError;
@@ -144,6 +146,17 @@ pub(crate) struct Shared<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: 
     config: ChannelConfig,
 }
 
+impl<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: usize> Drop
+    for Shared<P, B, DEPTH, SGES>
+{
+    fn drop(&mut self) {
+        let inner = self.inner.get_mut().unwrap_or_else(|e| e.into_inner());
+        if inner.on_queues {
+            inner.ch.leave_reactors();
+        }
+    }
+}
+
 pub(crate) struct Inner<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: usize> {
     ch: Channel<P, DEPTH, SGES>,
     /// Per queue (send, receive), by sequence number modulo `DEPTH`: who waits for the
@@ -168,6 +181,9 @@ pub(crate) struct Inner<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: u
     /// sleeps (a task, an orphaned buffer, the close): busy-polling tasks need no events,
     /// and an armed queue costs a write to the descriptor per completion.
     armed: bool,
+    /// The queues are shared, led by their reactors (which it joined): the channel's
+    /// reactor sleeps on its inboxes, and "arming" registers it there.
+    on_queues: bool,
 }
 
 struct Slot<B> {
@@ -206,24 +222,47 @@ impl<P: Provider + 'static, B: IoBuf, const DEPTH: usize, const SGES: usize>
         Channel::prepare_with_events(ctx, pd, config)
     }
 
+    /// Prepares the channel on shared completion queues, as
+    /// [`Channel::prepare_shared`] does: `send`'s reactor wakes the channel's send
+    /// completions, `recv`'s its receives (they may be one queue). Exchange endpoints,
+    /// `connect`, then [`new`](Self::new).
+    pub fn prepare_shared(
+        ctx: &Context<P>,
+        pd: &ProtectionDomain<P>,
+        config: &ChannelConfig,
+        send: &AsyncQueue<P>,
+        recv: &AsyncQueue<P>,
+    ) -> Result<PreparedChannel<P, DEPTH, SGES>, Error<P::Error>> {
+        Channel::prepare_shared(ctx, pd, config, send.queue(), recv.queue())
+    }
+
     /// Drives `channel` asynchronously: spawns its reactor on the current tokio runtime.
-    /// The channel must come from [`prepare`](Self::prepare) (its queues raise events),
-    /// else [`Error::InvalidAttribute`]; outside a runtime, the same.
+    /// The channel must come from [`prepare`](Self::prepare) (its queues raise events) or
+    /// [`prepare_shared`](Self::prepare_shared) (its queues' reactors run), else
+    /// [`Error::InvalidAttribute`]; outside a runtime, the same.
     pub fn new(channel: Channel<P, DEPTH, SGES>) -> Result<Self, Error<P::Error>> {
-        let [Some(send_fd), Some(recv_fd)] = channel.event_fds() else {
-            return Err(Error::InvalidAttribute(
-                "an async channel needs completion channels: prepare it with AsyncChannel::prepare",
-            ));
-        };
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return Err(Error::InvalidAttribute(
                 "an async channel is made inside a tokio runtime",
             ));
         };
-        let fds = reactor::Fds::new(send_fd, recv_fd).map_err(|_| {
-            Error::InvalidAttribute("the completion channels cannot join the tokio reactor")
-        })?;
+        let wakeup = match channel.event_fds() {
+            [Some(send_fd), Some(recv_fd)] => {
+                reactor::Wakeup::Fds(reactor::Fds::new(send_fd, recv_fd).map_err(|_| {
+                    Error::InvalidAttribute(
+                        "the completion channels cannot join the tokio reactor",
+                    )
+                })?)
+            }
+            _ if channel.join_reactors() => reactor::Wakeup::Inboxes,
+            _ => {
+                return Err(Error::InvalidAttribute(
+                    "an async channel needs completion channels or async queues: prepare it with AsyncChannel::prepare or prepare_shared",
+                ))
+            }
+        };
         let config = *channel.config();
+        let on_queues = matches!(wakeup, reactor::Wakeup::Inboxes);
         let shared = Arc::new(Shared {
             inner: Mutex::new(Inner {
                 ch: channel,
@@ -237,11 +276,12 @@ impl<P: Provider + 'static, B: IoBuf, const DEPTH: usize, const SGES: usize>
                 timer_at: None,
                 closing: false,
                 armed: false,
+                on_queues,
             }),
             config,
         });
         runtime.spawn(reactor::run(reactor::Reactor {
-            fds,
+            wakeup,
             shared: shared.clone(),
         }));
         Ok(AsyncChannel {
@@ -847,6 +887,15 @@ impl<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: usize> Inner<P, B, D
     /// Arms the queues unless they are; whether it armed them now (then the caller polls
     /// again). An arm that fails is reported by the next poll.
     fn arm(&mut self) -> bool {
+        if self.on_queues {
+            // The channel's reactor, if it sleeps, is woken when a completion is routed to
+            // an inbox (one that is awake registers before it sleeps: `needs_events`).
+            // Everything pending was routed: the caller polls again.
+            if let Some(w) = &self.reactor {
+                let _ = self.ch.sleep_task(w);
+            }
+            return true;
+        }
         if self.armed {
             return false;
         }

@@ -1,5 +1,6 @@
 //! The reactor of one async channel: sleeps on the descriptors of its two completion
-//! channels and on one timer (the earliest deadline of a sleeping operation), and each
+//! channels (or, on shared queues, on its inboxes: the queues' reactor wakes it, see
+//! `queue.rs`) and on one timer (the earliest deadline of a sleeping operation), and each
 //! pass arms the queues, polls them, wakes the tasks whose requests finished and those
 //! whose deadline passed.
 
@@ -39,17 +40,33 @@ impl Fds {
         // SAFETY: the descriptors belong to completion channels the channel owns and does
         // not close or replace while it lives; the reactor drops these registrations before
         // its reference to the channel (field order of `Reactor`).
-        let register = |fd| unsafe {
-            AsyncFd::register_with_interest(Fd(fd), Interest::READABLE)
-                .map_err(std::io::Error::from)
-        };
-        Ok(Fds([register(send)?, register(recv)?]))
+        unsafe { Ok(Fds([register(send)?, register(recv)?])) }
     }
+}
+
+/// Registers `fd` with the runtime's I/O driver, for reading.
+///
+/// # Safety
+/// `fd` stays open, naming the same file, for as long as the registration lives (else
+/// dropping it would deregister whatever file took the number).
+pub(super) unsafe fn register(fd: RawFd) -> std::io::Result<AsyncFd<Fd>> {
+    // SAFETY: the caller's contract is tokio's (the descriptor outlives the registration).
+    unsafe { AsyncFd::register_with_interest(Fd(fd), Interest::READABLE) }
+        .map_err(std::io::Error::from)
+}
+
+/// What wakes a channel's reactor besides its timer.
+pub(super) enum Wakeup {
+    /// The descriptors of the channel's own completion channels.
+    Fds(Fds),
+    /// Its inboxes on shared queues: the queues' reactor routes completions there and
+    /// wakes the reactor that sleeps on them.
+    Inboxes,
 }
 
 /// The reactor's state: the registrations drop before the channel (fields drop in order).
 pub(super) struct Reactor<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: usize> {
-    pub(super) fds: Fds,
+    pub(super) wakeup: Wakeup,
     pub(super) shared: Arc<Shared<P, B, DEPTH, SGES>>,
 }
 
@@ -58,7 +75,7 @@ pub(super) struct Reactor<P: Provider, B: IoBuf, const DEPTH: usize, const SGES:
 pub(super) async fn run<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: usize>(
     reactor: Reactor<P, B, DEPTH, SGES>,
 ) {
-    let Reactor { fds, shared } = &reactor;
+    let Reactor { wakeup, shared } = &reactor;
     let grace = tokio::time::sleep(shared.config.flush_grace);
     let mut grace = pin!(grace);
     // The operations' deadlines: set to the earliest, while there is one.
@@ -69,11 +86,16 @@ pub(super) async fn run<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: u
     loop {
         {
             let mut inner = shared.lock();
+            if let Wakeup::Inboxes = wakeup {
+                inner.ch.awake();
+            }
             let _ = inner.ch.poll_queues();
             let mut freed = inner.wake_finished();
             // Arm (only while someone sleeps), then poll again: a completion that came
-            // before the arm raises no event, and this poll finds it.
-            if inner.needs_events() && inner.arm() {
+            // before the arm raises no event, and this poll finds it. (On inboxes the
+            // reactor registers to be woken when it sleeps, below.)
+            let fds = matches!(wakeup, Wakeup::Fds(_));
+            if fds && inner.needs_events() && inner.arm() {
                 let _ = inner.ch.poll_queues();
                 freed |= inner.wake_finished();
             }
@@ -109,6 +131,14 @@ pub(super) async fn run<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: u
                 // Under the lock: an operation that sleeps after this with an earlier
                 // deadline sees `timer_at` and wakes us (`Inner::deadline_set`).
                 inner.timer_at = inner.next_deadline();
+                // On inboxes: woken when a completion is routed to one (registered, then
+                // everything pending routed, then the inboxes looked at: mail means a pass
+                // now). A routing failure (a dead device) is left to the deadlines.
+                if let Wakeup::Inboxes = wakeup {
+                    if inner.needs_events() && inner.ch.sleep_task(cx.waker()).unwrap_or(false) {
+                        return Poll::Ready(());
+                    }
+                }
                 inner.timer_at
             };
             if let Some(at) = next {
@@ -125,7 +155,11 @@ pub(super) async fn run<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: u
                     return Poll::Ready(());
                 }
             }
-            for fd in &fds.0 {
+            let fds: &[AsyncFd<Fd>] = match wakeup {
+                Wakeup::Fds(fds) => &fds.0,
+                Wakeup::Inboxes => &[],
+            };
+            for fd in fds {
                 if let Poll::Ready(Ok(mut ready)) = fd.poll_read_ready(cx) {
                     // Take every event; readiness is cleared only once the descriptor said
                     // would-block (`take_events` read until it did).

@@ -14,7 +14,8 @@
 //!   trip (after 128 empty polls a waiter arms its queue, polls again and sleeps on the
 //!   completion channel).
 //! - With `--features sim,tokio`: `pingpong_64B/async/*` (the same round trip through
-//!   `AsyncChannel`), `write_64B/*` and `send_64B/*` (message rates, blocking against
+//!   `AsyncChannel`), `pingpong_64B/async_shared/*` (one side's channel on an
+//!   `AsyncQueue`), `write_64B/*` and `send_64B/*` (message rates, blocking against
 //!   async, on one thread).
 //!
 //! Criterion runs the variants one after another, and this machine drifts between a fast
@@ -186,7 +187,7 @@ fn pingpong(c: &mut Criterion) {
 mod async_pingpong {
     use super::*;
     use tokio::runtime::Runtime;
-    use zverbs::tokio::AsyncChannel;
+    use zverbs::tokio::{AsyncChannel, AsyncQueue};
     use zverbs::{LocalBuf, MrPool};
 
     type ACh = AsyncChannel<Sim, LocalBuf<Sim>, 16, 1>;
@@ -210,23 +211,32 @@ mod async_pingpong {
             .unwrap()
     }
 
-    pub fn pair(wait: WaitPolicy) -> Ping {
+    /// With `shared`, A's channel is on one shared queue ([`AsyncQueue`], both
+    /// directions); else on queues of its own.
+    pub fn pair(wait: WaitPolicy, shared: bool) -> Ping {
         let sim = Sim::with_devices(2);
         let cfg = ChannelConfig {
             wait,
             ..ChannelConfig::default()
         };
-        let prep = |dev: &str| {
+        let (rt_a, rt_b) = (runtime(), runtime());
+        let prep = |dev: &str, rt: &Runtime, shared: bool| {
             let ctx = Box::leak(Box::new(Context::open(&sim, dev).unwrap()));
             let pd = Box::leak(Box::new(ctx.alloc_pd().unwrap()));
             let pool = MrPool::new(pd, 1 << 16).unwrap();
             let bufs = (pool.alloc(MSG).unwrap(), pool.alloc(MSG).unwrap());
-            (ACh::prepare(ctx, pd, &cfg).unwrap(), bufs)
+            let ch = if shared {
+                let _in = rt.enter();
+                let q = AsyncQueue::create(ctx, 2, 16).unwrap();
+                ACh::prepare_shared(ctx, pd, &cfg, &q, &q).unwrap()
+            } else {
+                ACh::prepare(ctx, pd, &cfg).unwrap()
+            };
+            (ch, bufs)
         };
-        let ((a, abufs), (b, bbufs)) = (prep("sim0"), prep("sim1"));
+        let ((a, abufs), (b, bbufs)) = (prep("sim0", &rt_a, shared), prep("sim1", &rt_b, false));
         let (ea, eb) = (a.endpoint(), b.endpoint());
         let (a, b) = (a.connect(&eb).unwrap(), b.connect(&ea).unwrap());
-        let (rt_a, rt_b) = (runtime(), runtime());
         let a = {
             let _in = rt_a.enter();
             ACh::new(a).unwrap()
@@ -536,8 +546,13 @@ fn async_pingpong(c: &mut Criterion) {
         ("spin", WaitPolicy::Spin),
         ("events", WaitPolicy::SpinYield),
     ] {
-        let mut ping = async_pingpong::pair(wait);
+        let mut ping = async_pingpong::pair(wait, false);
         g.bench_function(BenchmarkId::new("async", policy), |bch| {
+            bch.iter_custom(|iters| ping.round_trips(iters))
+        });
+        ping.stop();
+        let mut ping = async_pingpong::pair(wait, true);
+        g.bench_function(BenchmarkId::new("async_shared", policy), |bch| {
             bch.iter_custom(|iters| ping.round_trips(iters))
         });
         ping.stop();
@@ -582,14 +597,22 @@ fn interleaved(rounds: usize) {
     #[cfg(feature = "tokio")]
     {
         let (mut ba, mut bb) = pair(false, WaitPolicy::SpinYield);
-        let mut ping = async_pingpong::pair(WaitPolicy::SpinYield);
+        let mut ping = async_pingpong::pair(WaitPolicy::SpinYield, false);
         compare(
             rounds,
             "pingpong_64B spin_yield: blocking Channel against AsyncChannel",
             ("blocking", &mut |n| round_trips(&mut ba, &mut bb, n)),
             ("async", &mut |n| ping.round_trips(n)),
         );
+        let mut shared = async_pingpong::pair(WaitPolicy::SpinYield, true);
+        compare(
+            rounds,
+            "pingpong_64B spin_yield: AsyncChannel on own queues against on an AsyncQueue",
+            ("async", &mut |n| ping.round_trips(n)),
+            ("async_shared", &mut |n| shared.round_trips(n)),
+        );
         ping.stop();
+        shared.stop();
     }
 }
 

@@ -358,7 +358,7 @@ fn a_blocking_thread_sleeping_on_a_led_queue_is_woken_by_the_reactor() {
     multi_thread().block_on(async {
         let c = cfg(WaitPolicy::SpinSleep, Duration::from_secs(5));
         let s = star(&c);
-        let (hub, leaf) = blocking_pair(&s, s.queue.queue(), &c);
+        let (hub, leaf) = blocking_pair((&s.sim, s.hub_ctx, s.hub_pd), s.queue.queue(), &c);
         let t0 = Instant::now();
         let got = receive_while_sent_later(hub, leaf);
         assert_eq!(got, Ok(5));
@@ -374,17 +374,17 @@ fn a_blocking_thread_sleeping_on_a_led_queue_is_woken_by_the_reactor() {
 type End = (Channel<Sim>, &'static ProtectionDomain<Sim>);
 
 fn blocking_pair(
-    s: &Star,
+    (sim, hub_ctx, hub_pd): (&Sim, &'static Context<Sim>, &'static ProtectionDomain<Sim>),
     queue: &Arc<SharedCompletionQueue<Sim>>,
     c: &ChannelConfig,
 ) -> (End, End) {
-    let ctx = leak(Context::open(&s.sim, &format!("sim{}", PEERS + 1)).unwrap());
+    let ctx = leak(Context::open(sim, &format!("sim{}", PEERS + 1)).unwrap());
     let pd = leak(ctx.alloc_pd().unwrap());
-    let a = Channel::<Sim>::prepare_shared(s.hub_ctx, s.hub_pd, c, queue, queue).unwrap();
+    let a = Channel::<Sim>::prepare_shared(hub_ctx, hub_pd, c, queue, queue).unwrap();
     let b = Channel::<Sim>::prepare(ctx, pd, c).unwrap();
     let (ea, eb) = (a.endpoint(), b.endpoint());
     (
-        (a.connect(&eb).unwrap(), s.hub_pd),
+        (a.connect(&eb).unwrap(), hub_pd),
         (b.connect(&ea).unwrap(), pd),
     )
 }
@@ -409,34 +409,73 @@ fn receive_while_sent_later(hub: End, leaf: End) -> Result<u32, String> {
     })
 }
 
-/// The queue's reactor ends once its handles and the async channels on it are gone (it
-/// holds the queue no longer), and gives the lead back: a blocking thread sleeping on the
-/// queue then leads, and is woken by the event itself.
+/// The queue's reactor ends once its handles and the channels on it are gone (it holds
+/// the queue no longer), and gives the lead back: a blocking thread sleeping on the queue
+/// then leads, and is woken by the event itself.
 #[test]
 fn the_queue_reactor_ends_with_its_last_user_and_threads_lead_again() {
     multi_thread().block_on(async {
         let c = cfg(WaitPolicy::SpinSleep, Duration::from_secs(5));
         let s = star(&c);
         let queue = s.queue.queue().clone();
-        let (hub, leaf) = blocking_pair(&s, &queue, &c);
         let Star {
+            sim,
+            hub_ctx,
+            hub_pd,
             queue: handle,
             hub: hub_channels,
             leaves,
             ..
         } = s;
         drop((handle, hub_channels, leaves));
-        // Left: this clone and the blocking channel's two attachments.
         within(Duration::from_secs(5), async {
-            while Arc::strong_count(&queue) > 3 {
+            while Arc::strong_count(&queue) > 1 {
                 tokio::time::sleep(Duration::from_millis(1)).await;
             }
         })
         .await;
+        let (hub, leaf) = blocking_pair((&sim, hub_ctx, hub_pd), &queue, &c);
         let t0 = Instant::now();
         let got = receive_while_sent_later(hub, leaf);
         assert_eq!(got, Ok(5));
         assert!(t0.elapsed() < Duration::from_secs(5), "woken by the event");
+    });
+}
+
+/// The queue's handle may go before the channels prepared on it are driven: they keep its
+/// reactor running (a sleeping task is woken by the message, not by its deadline).
+#[test]
+fn channels_prepared_on_a_queue_keep_its_reactor_after_the_handle_goes() {
+    current_thread().block_on(async {
+        let sim = Sim::with_devices(2);
+        let (ca, cb) = (
+            leak(Context::open(&sim, "sim0").unwrap()),
+            leak(Context::open(&sim, "sim1").unwrap()),
+        );
+        let (pa, pb) = (leak(ca.alloc_pd().unwrap()), leak(cb.alloc_pd().unwrap()));
+        let c = cfg(WaitPolicy::SpinSleep, TIMEOUT);
+        let q = AsyncQueue::create(ca, 2, 64).unwrap();
+        let a = Ch::prepare_shared(ca, pa, &c, &q, &q).unwrap();
+        drop(q);
+        let b = Ch::prepare(cb, pb, &c).unwrap();
+        let (ea, eb) = (a.endpoint(), b.endpoint());
+        let a = Ch::new(a.connect(&eb).unwrap()).unwrap();
+        let b = Ch::new(b.connect(&ea).unwrap()).unwrap();
+        let (pool_a, pool_b) = (
+            MrPool::new(pa, 1 << 16).unwrap(),
+            MrPool::new(pb, 1 << 16).unwrap(),
+        );
+        let t0 = Instant::now();
+        let got = tokio::spawn({
+            let a = a.clone();
+            async move { a.receive(pool_a.alloc(8).unwrap()).await }
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        b.send(filled(&pool_b, b"kept")).await.0.unwrap();
+        let (r, buf) = within(TIMEOUT * 2, got).await.unwrap();
+        assert_eq!(r.unwrap().byte_len, 4);
+        assert_eq!(&buf[..4], b"kept");
+        assert!(t0.elapsed() < TIMEOUT / 2, "woken by the message");
     });
 }
 

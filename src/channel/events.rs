@@ -26,24 +26,11 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
         [self.send_cq.event_fd(), self.recv_cq.event_fd()]
     }
 
-    /// Whether both queues are shared and led by a reactor task: an event loop then sleeps
-    /// on the channel's inboxes ([`sleep_task`](Self::sleep_task)) instead of descriptors,
-    /// and keeps both reactors running until [`leave_reactors`](Self::leave_reactors).
-    pub(crate) fn join_reactors(&self) -> bool {
-        if !self.send_cq.join_reactor() {
-            return false;
-        }
-        if !self.recv_cq.join_reactor() {
-            self.send_cq.leave_reactor();
-            return false;
-        }
-        true
-    }
-
-    /// Undoes a [`join_reactors`](Self::join_reactors) that returned `true`.
-    pub(crate) fn leave_reactors(&self) {
-        self.send_cq.leave_reactor();
-        self.recv_cq.leave_reactor();
+    /// Whether both queues are shared and led by reactor tasks, which run while the
+    /// channel is attached: an event loop then sleeps on the channel's inboxes
+    /// ([`sleep_task`](Self::sleep_task)) instead of descriptors.
+    pub(crate) fn on_led_queues(&self) -> bool {
+        self.send_cq.reactor_led() && self.recv_cq.reactor_led()
     }
 
     /// On led shared queues: `waker` is woken when a completion is routed to either of the

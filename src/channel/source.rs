@@ -197,22 +197,14 @@ impl<P: Provider> Completions<P> {
         }
     }
 
-    /// On a shared queue led by a reactor task ([`crate::tokio::AsyncQueue`], which wakes
-    /// a sleeping task through its inbox): becomes one of its users, which keeps it
-    /// running until [`leave_reactor`](Self::leave_reactor). `false` for any other queue.
+    /// Whether the queue is shared and led by a reactor task ([`crate::tokio::AsyncQueue`],
+    /// which wakes a sleeping task through its inbox) that runs while the inbox is
+    /// attached.
     #[cfg(all(feature = "tokio", unix))]
-    pub(crate) fn join_reactor(&self) -> bool {
+    pub(crate) fn reactor_led(&self) -> bool {
         match &self.source {
-            Source::Shared(a) => a.cq.dispatcher().sleepers().join_reactor(),
+            Source::Shared(a) => a.inbox.as_ref().is_some_and(|i| i.reactor_led()),
             Source::Own(_) => false,
-        }
-    }
-
-    /// Undoes a [`join_reactor`](Self::join_reactor) that returned `true`.
-    #[cfg(all(feature = "tokio", unix))]
-    pub(crate) fn leave_reactor(&self) {
-        if let Source::Shared(a) = &self.source {
-            a.cq.dispatcher().sleepers().leave_reactor();
         }
     }
 

@@ -21,7 +21,8 @@
 //! Sleeping: channels with [`WaitPolicy::SpinSleep`](crate::WaitPolicy) on one shared
 //! queue sleep by a leader/follower scheme (one sleeps on the completion channel, the
 //! others park until a completion is routed to them); see `sleep.rs` for why no wake-up
-//! is lost.
+//! is lost. Async channels sleep by the same scheme, as tasks, with the queue's reactor
+//! leading for good (`zverbs::tokio::AsyncQueue`, feature `tokio`).
 //!
 //! Capacity: a channel never has more requests in flight than its ring holds, and its
 //! inbox holds at least that many (checked at attach), so an inbox cannot overflow; the
@@ -174,6 +175,9 @@ impl fmt::Display for AttachError {
 pub struct Inbox {
     index: u16,
     generation: u8,
+    /// Attached while a reactor task led the queue (`zverbs::tokio::AsyncQueue`): the
+    /// reactor runs until the inbox is detached.
+    joined: bool,
 }
 
 impl Inbox {
@@ -191,6 +195,11 @@ impl Inbox {
     /// The inbox index.
     pub fn index(&self) -> u16 {
         self.index
+    }
+    /// Whether a reactor task leads the queue and runs until the inbox is detached.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+    pub(crate) fn reactor_led(&self) -> bool {
+        self.joined
     }
 }
 
@@ -245,6 +254,7 @@ impl Dispatcher {
                 return Ok(Inbox {
                     index: i as u16,
                     generation,
+                    joined: self.sleepers.join_reactor(),
                 });
             }
         }
@@ -257,6 +267,9 @@ impl Dispatcher {
     pub fn detach(&self, inbox: Inbox) {
         let dropped = self.with_poll_right(|| self.boxes[inbox.index as usize].detach());
         self.stale.fetch_add(dropped as u64, Ordering::Relaxed);
+        if inbox.joined {
+            self.sleepers.leave_reactor();
+        }
     }
 
     /// If nobody else is polling, moves up to one batch of completions from `cq` to their

@@ -39,7 +39,8 @@ pub(crate) struct Sleepers {
     slots: Box<[Sleeper]>,
     leader: AtomicBool,
     /// While a reactor task holds the lead for good: its users (the queue's handles and
-    /// the async channels on it), 0 when none does. It ends when they are gone.
+    /// the inboxes attached since it leads), 0 when none does. It ends when they are gone,
+    /// and 0 is final: a reactor that ends is not joined again.
     reactor_users: AtomicUsize,
     /// How many inboxes' owners sleep (flags set).
     asleep: AtomicUsize,
@@ -58,6 +59,7 @@ pub(crate) enum Wake {
     /// A parked thread.
     Thread(Thread),
     /// A task.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
     Task(Waker),
 }
 
@@ -100,23 +102,8 @@ impl Sleepers {
         }
     }
 
-    /// Whether any owner sleeps (a leading reactor keeps the queue armed while one does).
-    pub(crate) fn anyone_asleep(&self) -> bool {
-        self.asleep.load(Ordering::SeqCst) > 0
-    }
-
-    /// Takes the lead for good, for a reactor task, with one user (the queue's handle);
-    /// `false` if someone else leads (a thread leads for one sleep at most).
-    pub(crate) fn lead_for_good(&self) -> bool {
-        if !self.try_lead() {
-            return false;
-        }
-        self.reactor_users.store(1, Ordering::SeqCst);
-        true
-    }
-
-    /// One more user of the leading reactor; `false` if no reactor leads (or it is ending:
-    /// its users never come back from 0).
+    /// One more user of the leading reactor (an inbox attached); `false` if no reactor
+    /// leads (or it is ending: its users never come back from 0).
     pub(crate) fn join_reactor(&self) -> bool {
         self.reactor_users
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
@@ -129,27 +116,6 @@ impl Sleepers {
     pub(crate) fn leave_reactor(&self) {
         if self.reactor_users.fetch_sub(1, Ordering::SeqCst) == 1 {
             self.wake_reactor();
-        }
-    }
-
-    /// Whether the leading reactor has users left (else it ends).
-    pub(crate) fn reactor_in_use(&self) -> bool {
-        self.reactor_users.load(Ordering::SeqCst) > 0
-    }
-
-    /// The leading reactor ends: the lead goes back to sleeping threads.
-    pub(crate) fn reactor_resigns(&self) {
-        self.resign();
-    }
-
-    /// The leading reactor waits: `waker` is woken by the next sleeper (or by
-    /// [`wake_reactor`](Self::wake_reactor)). Set before the reactor looks at
-    /// [`anyone_asleep`](Self::anyone_asleep) (`SeqCst` both ways): a sleeper that comes
-    /// after that look finds the waker.
-    pub(crate) fn reactor_waits(&self, waker: &Waker) {
-        let mut r = locked(&self.reactor);
-        if !r.as_ref().is_some_and(|w| w.will_wake(waker)) {
-            *r = Some(waker.clone());
         }
     }
 
@@ -192,6 +158,46 @@ impl Sleepers {
             if self.slots[i].asleep.load(Ordering::SeqCst) {
                 self.unpark(i);
             }
+        }
+    }
+}
+
+/// What only a reactor task that leads for good uses.
+#[cfg(feature = "tokio")]
+impl Sleepers {
+    /// Whether any owner sleeps (a leading reactor keeps the queue armed while one does).
+    pub(crate) fn anyone_asleep(&self) -> bool {
+        self.asleep.load(Ordering::SeqCst) > 0
+    }
+
+    /// Takes the lead for good, for a reactor task, with one user (the queue's handle);
+    /// `false` if someone else leads (a thread leads for one sleep at most).
+    pub(crate) fn lead_for_good(&self) -> bool {
+        if !self.try_lead() {
+            return false;
+        }
+        self.reactor_users.store(1, Ordering::SeqCst);
+        true
+    }
+
+    /// Whether the leading reactor has users left (else it ends).
+    pub(crate) fn reactor_in_use(&self) -> bool {
+        self.reactor_users.load(Ordering::SeqCst) > 0
+    }
+
+    /// The leading reactor ends: the lead goes back to sleeping threads.
+    pub(crate) fn reactor_resigns(&self) {
+        self.resign();
+    }
+
+    /// The leading reactor waits: `waker` is woken by the next sleeper (or by
+    /// [`wake_reactor`](Self::wake_reactor)). Set before the reactor looks at
+    /// [`anyone_asleep`](Self::anyone_asleep) (`SeqCst` both ways): a sleeper that comes
+    /// after that look finds the waker.
+    pub(crate) fn reactor_waits(&self, waker: &Waker) {
+        let mut r = locked(&self.reactor);
+        if !r.as_ref().is_some_and(|w| w.will_wake(waker)) {
+            *r = Some(waker.clone());
         }
     }
 }

@@ -50,6 +50,10 @@
 //! descriptors (tokio `AsyncFd`, readiness cleared only after the descriptor said
 //! would-block), and each pass arms the queues, polls them (arm, then poll: no completion
 //! slips between), and wakes the tasks whose requests finished. There is no polling timer.
+//! Channels on shared completion queues ([`AsyncQueue`], made with
+//! [`prepare_shared`](AsyncChannel::prepare_shared)) go through the lock-free dispatcher
+//! instead: one reactor per queue sleeps on its descriptor, routes each completion to its
+//! channel's inbox and so wakes that channel's reactor, which sleeps on its inboxes.
 //! A waiting operation polls the queues itself first, once per turn of the runtime (busy
 //! polling that still lets other tasks and the I/O driver run): with
 //! [`WaitPolicy::Spin`](crate::WaitPolicy) until it is done, with `SpinYield` (the
@@ -146,17 +150,6 @@ pub(crate) struct Shared<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: 
     config: ChannelConfig,
 }
 
-impl<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: usize> Drop
-    for Shared<P, B, DEPTH, SGES>
-{
-    fn drop(&mut self) {
-        let inner = self.inner.get_mut().unwrap_or_else(|e| e.into_inner());
-        if inner.on_queues {
-            inner.ch.leave_reactors();
-        }
-    }
-}
-
 pub(crate) struct Inner<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: usize> {
     ch: Channel<P, DEPTH, SGES>,
     /// Per queue (send, receive), by sequence number modulo `DEPTH`: who waits for the
@@ -181,8 +174,9 @@ pub(crate) struct Inner<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: u
     /// sleeps (a task, an orphaned buffer, the close): busy-polling tasks need no events,
     /// and an armed queue costs a write to the descriptor per completion.
     armed: bool,
-    /// The queues are shared, led by their reactors (which it joined): the channel's
-    /// reactor sleeps on its inboxes, and "arming" registers it there.
+    /// The queues are shared, led by their reactors (which run while the channel is
+    /// attached): the channel's reactor sleeps on its inboxes, and "arming" registers it
+    /// there.
     on_queues: bool,
 }
 
@@ -254,7 +248,7 @@ impl<P: Provider + 'static, B: IoBuf, const DEPTH: usize, const SGES: usize>
                     )
                 })?)
             }
-            _ if channel.join_reactors() => reactor::Wakeup::Inboxes,
+            _ if channel.on_led_queues() => reactor::Wakeup::Inboxes,
             _ => {
                 return Err(Error::InvalidAttribute(
                     "an async channel needs completion channels or async queues: prepare it with AsyncChannel::prepare or prepare_shared",

@@ -27,8 +27,9 @@ use crate::provider::Provider;
 /// reactor that sleeps on its events. Prepare channels on it with
 /// [`AsyncChannel::prepare_shared`](super::AsyncChannel::prepare_shared).
 ///
-/// A handle: clones share the queue. The reactor runs while a handle or a channel on the
-/// queue is left, then gives the lead back to sleeping threads.
+/// A handle: clones share the queue. The reactor runs while a handle is left or a channel
+/// prepared on the queue while it ran is attached, then gives the lead back to sleeping
+/// threads. (So the handle may go before the channels made on it.)
 ///
 /// ```
 /// # #[cfg(feature = "sim")] {
@@ -138,7 +139,7 @@ struct QueueReactor<P: Provider> {
 }
 
 /// Routes, arms while anyone sleeps, sleeps on the descriptor; until no handle and no
-/// async channel is left, then gives the lead back.
+/// channel attached while it led is left, then gives the lead back.
 async fn run<P: Provider>(reactor: QueueReactor<P>) {
     let QueueReactor { fd, queue } = &reactor;
     let (cq, sleepers) = (queue.queue(), queue.dispatcher().sleepers());

@@ -178,6 +178,9 @@ pub(crate) struct Inner<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: u
     /// attached): the channel's reactor sleeps on its inboxes, and "arming" registers it
     /// there.
     on_queues: bool,
+    /// A slot may hold a sleeping operation or an orphan: set when one is left there,
+    /// recomputed by [`wake_finished`](Self::wake_finished).
+    parked: bool,
 }
 
 struct Slot<B> {
@@ -271,6 +274,7 @@ impl<P: Provider + 'static, B: IoBuf, const DEPTH: usize, const SGES: usize>
                 closing: false,
                 armed: false,
                 on_queues,
+                parked: false,
             }),
             config,
         });
@@ -401,7 +405,9 @@ impl<P: Provider + 'static, B: IoBuf, const DEPTH: usize, const SGES: usize>
         // lock. A receive just posted cannot have finished yet. Nothing polled since the
         // post, and its slot has no waiter yet.
         if !matches!(what, Post::Receive) {
-            if let Some(r) = inner.ch.try_finish_posted(&p) {
+            let r = inner.ch.try_finish_posted(&p);
+            inner.polled();
+            if let Some(r) = r {
                 shared.freed(inner);
                 return Stage::Ended(r, buf, sge);
             }
@@ -780,6 +786,7 @@ impl<'a, P: Provider, B: IoBuf, const DEPTH: usize, const SGES: usize>
         if until.is_some_and(|until| Instant::now() >= until) {
             return Step::Late;
         }
+        inner.parked = true;
         inner.slot(pending).waiting = Some(Waiting {
             pending: pending.duplicate(),
             waker: cx.waker().clone(),
@@ -811,6 +818,8 @@ impl<'a, P: Provider, B: IoBuf, const DEPTH: usize, const SGES: usize>
         if let Some(p) = self.pending.take() {
             let _ = inner.ch.take_finished(&p);
         }
+        // The others' requests ended with this one's (flushed or discarded).
+        inner.polled();
         self.shared.freed(inner);
         fatal
     }
@@ -834,10 +843,12 @@ impl<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: usize> Drop
         // The reactor releases the buffer on an event: arm, then look.
         inner.arm();
         let _ = inner.ch.poll_queues();
+        inner.polled();
         if inner.ch.take_finished(&pending).is_some() {
             self.shared.freed(inner);
             drop(buf);
         } else {
+            inner.parked = true;
             let slot = inner.slot(&pending);
             slot.orphan = Some((pending, buf));
         }
@@ -915,24 +926,43 @@ impl<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: usize> Inner<P, B, D
     fn finish(&mut self, p: &Pending) -> Option<Result<Completion, Error<P::Error>>> {
         // A failed poll (a dead device) is reported by the reactor's pass and bounded by
         // the timeout: the request is still lent to the device.
-        let r = self.ch.try_finish(p)?;
-        self.slot(p).waiting = None;
-        Some(r)
+        let r = self.ch.try_finish(p);
+        if r.is_some() {
+            self.slot(p).waiting = None;
+        }
+        self.polled();
+        r
+    }
+
+    /// After an operation polled the queues: on shared queues, the completions it took
+    /// for other operations of the channel (recorded, not routed through an inbox, so
+    /// nothing else wakes them) wake those now. On queues of its own the reactor is woken
+    /// by the event every completion after an arm raises, whoever polls it.
+    #[inline]
+    fn polled(&mut self) {
+        if self.on_queues && self.parked && self.wake_finished() {
+            self.wake_space();
+        }
     }
 
     /// Wakes the tasks whose requests finished; drops the buffers of orphans that did.
     /// Returns whether an orphan was released (a slot came free).
     fn wake_finished(&mut self) -> bool {
         let Inner { ch, slots, .. } = self;
+        let mut parked = false;
         for slot in slots.iter_mut().flatten() {
             if let Some(w) = &slot.waiting {
                 if ch.has_finished(&w.pending) {
                     if let Some(w) = slot.waiting.take() {
                         w.waker.wake();
                     }
+                } else {
+                    parked = true;
                 }
             }
+            parked |= slot.orphan.is_some();
         }
+        self.parked = parked;
         self.release_orphans()
     }
 

@@ -19,10 +19,12 @@
 //! - [`node`]: rank, world, barriers, endpoint exchange.
 //! - [`pool`]: a registered slab carved into owned buffers ([`LocalBuf`]), for layers that
 //!   hand buffers to the device by value.
-//! - [`rpc`]: eRPC-style RPC; so far its sans-IO protocol core (sessions, credits,
-//!   go-back-N, at-most-once handlers), to be driven over UD queue pairs.
+//! - [`rpc`]: eRPC-style RPC: a sans-IO protocol core (sessions, credits, go-back-N,
+//!   at-most-once handlers) and an engine over UD queue pairs.
 //! - `tokio` (feature `tokio`): async operations on owned buffers, woken by completion
-//!   events; connections that lend and borrow registered memory.
+//!   events, on completion queues of their own or shared ones (one reactor per shared
+//!   queue, completions routed through the dispatcher to each channel's inbox);
+//!   connections that lend and borrow registered memory.
 //!
 //! ```
 //! # #[cfg(feature = "sim")] {

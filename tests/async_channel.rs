@@ -3,14 +3,14 @@
 //! or the channel closes.
 #![cfg(all(feature = "sim", feature = "tokio"))]
 
+mod common;
+
+use common::rt::{current_thread, filled, multi_thread, target, within};
 use std::time::{Duration, Instant};
 
 use zverbs::provider::sim::Sim;
 use zverbs::tokio::AsyncChannel;
-use zverbs::{
-    AccessFlags, ChannelConfig, Context, Error, MemoryRegion, MrPool, ProtectionDomain,
-    RemoteRegion, WaitPolicy,
-};
+use zverbs::{ChannelConfig, Context, Error, MrPool, ProtectionDomain, WaitPolicy};
 
 type Ch = AsyncChannel<Sim>;
 
@@ -53,40 +53,6 @@ fn sleeping(timeout: Duration) -> ChannelConfig {
         wait: WaitPolicy::SpinSleep,
         ..cfg(timeout)
     }
-}
-
-/// `len` bytes the peer may read, write and use atomics on (leaked for the test's life).
-fn target(pd: &ProtectionDomain<Sim>, len: usize) -> (MemoryRegion<'static, Sim>, RemoteRegion) {
-    let buf = Box::leak(vec![0u8; len].into_boxed_slice());
-    let access = AccessFlags::LOCAL_WRITE
-        | AccessFlags::REMOTE_WRITE
-        | AccessFlags::REMOTE_READ
-        | AccessFlags::REMOTE_ATOMIC;
-    // SAFETY: the test reads the bytes only after the peer's operation completed.
-    let mr = unsafe { pd.register_with_access(buf, access) }.unwrap();
-    let remote = mr.remote();
-    (mr, remote)
-}
-
-fn filled(pool: &MrPool<Sim>, bytes: &[u8]) -> zverbs::LocalBuf<Sim> {
-    let mut buf = pool.alloc(bytes.len()).unwrap();
-    buf.copy_from_slice(bytes);
-    buf
-}
-
-fn current_thread() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
-fn multi_thread() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
 }
 
 #[test]
@@ -315,14 +281,6 @@ fn a_receive_that_times_out_returns_its_buffer_with_timeout() {
             "bounded by the timeout and the grace"
         );
     });
-}
-
-/// `op`'s output, or a failed test once `bound` passed (an operation that misses its own
-/// bound must fail the test, not hang it).
-async fn within<T>(bound: Duration, op: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(bound, op)
-        .await
-        .unwrap_or_else(|_| panic!("no outcome within {bound:?}"))
 }
 
 /// Every wait policy keeps the bound: spinning reads the clock, sleeping leaves the

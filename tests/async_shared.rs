@@ -4,16 +4,16 @@
 //! futures, the queue's reactor ending, and blocking threads sleeping on the same queue.
 #![cfg(all(feature = "sim", feature = "tokio"))]
 
+mod common;
+
+use common::rt::{current_thread, filled, multi_thread, target, within};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use zverbs::dispatch::SharedCompletionQueue;
 use zverbs::provider::sim::Sim;
 use zverbs::tokio::{AsyncChannel, AsyncGroup, AsyncQueue};
-use zverbs::{
-    AccessFlags, Channel, ChannelConfig, Context, Error, MemoryRegion, MrPool, ProtectionDomain,
-    RemoteRegion, WaitPolicy,
-};
+use zverbs::{Channel, ChannelConfig, Context, Error, MrPool, ProtectionDomain, WaitPolicy};
 
 type Ch = AsyncChannel<Sim>;
 
@@ -74,47 +74,6 @@ fn cfg(wait: WaitPolicy, timeout: Duration) -> ChannelConfig {
         flush_grace: Duration::from_millis(50),
         ..ChannelConfig::default()
     }
-}
-
-fn filled(pool: &MrPool<Sim>, bytes: &[u8]) -> zverbs::LocalBuf<Sim> {
-    let mut buf = pool.alloc(bytes.len()).unwrap();
-    buf.copy_from_slice(bytes);
-    buf
-}
-
-/// `len` bytes the peer may read, write and use atomics on (leaked for the test's life).
-fn target(pd: &ProtectionDomain<Sim>, len: usize) -> (MemoryRegion<'static, Sim>, RemoteRegion) {
-    let buf = Box::leak(vec![0u8; len].into_boxed_slice());
-    let access = AccessFlags::LOCAL_WRITE
-        | AccessFlags::REMOTE_WRITE
-        | AccessFlags::REMOTE_READ
-        | AccessFlags::REMOTE_ATOMIC;
-    // SAFETY: the test reads the bytes only after the peer's operation completed.
-    let mr = unsafe { pd.register_with_access(buf, access) }.unwrap();
-    let remote = mr.remote();
-    (mr, remote)
-}
-
-fn current_thread() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
-fn multi_thread() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
-/// `op`'s output, or a failed test once `bound` passed (a missed bound fails, not hangs).
-async fn within<T>(bound: Duration, op: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(bound, op)
-        .await
-        .unwrap_or_else(|_| panic!("no outcome within {bound:?}"))
 }
 
 /// Every operation from the hub (on the shared queue) to every leaf, all peers at once,

@@ -2,6 +2,8 @@
 #![allow(dead_code)]
 
 pub mod counting;
+#[cfg(feature = "tokio")]
+pub mod rt;
 
 use std::time::Duration;
 

@@ -194,8 +194,17 @@ impl<P: Provider> SharedCompletionQueue<P> {
             return Ok(());
         }
         let _ = events.wait_readable(left);
-        while let Some(ev) = events.try_get_event()? {
-            let _ = self.cq.ack_event(ev);
+        self.take_events()
+    }
+
+    /// Takes and acknowledges every event waiting on the queue's completion channel (its
+    /// leader's, after a wake-up); none without a channel.
+    #[cfg(unix)]
+    pub(crate) fn take_events(&self) -> Result<(), Error<P::Error>> {
+        if let Some(events) = &self.events {
+            while let Some(ev) = events.try_get_event()? {
+                let _ = self.cq.ack_event(ev);
+            }
         }
         Ok(())
     }

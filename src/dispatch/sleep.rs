@@ -185,11 +185,6 @@ impl Sleepers {
         self.reactor_users.load(Ordering::SeqCst) > 0
     }
 
-    /// The leading reactor ends: the lead goes back to sleeping threads.
-    pub(crate) fn reactor_resigns(&self) {
-        self.resign();
-    }
-
     /// The leading reactor waits: `waker` is woken by the next sleeper (or by
     /// [`wake_reactor`](Self::wake_reactor)). Set before the reactor looks at
     /// [`anyone_asleep`](Self::anyone_asleep) (`SeqCst` both ways): a sleeper that comes

@@ -166,11 +166,7 @@ async fn run<P: Provider>(reactor: QueueReactor<P>) {
             if let Poll::Ready(Ok(mut ready)) = fd.poll_read_ready(cx) {
                 // Readiness is cleared only once the descriptor said would-block.
                 let _ = ready.try_io(|_| {
-                    if let Some(events) = queue.events() {
-                        while let Ok(Some(ev)) = events.try_get_event() {
-                            let _ = cq.ack_event(ev);
-                        }
-                    }
+                    let _ = queue.take_events();
                     Err::<(), _>(std::io::ErrorKind::WouldBlock.into())
                 });
                 // An event disarms the queue.
@@ -184,5 +180,6 @@ async fn run<P: Provider>(reactor: QueueReactor<P>) {
             break;
         }
     }
-    sleepers.reactor_resigns();
+    // The lead goes back to sleeping threads (every sleeper is woken, to lead next).
+    sleepers.resign();
 }

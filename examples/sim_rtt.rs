@@ -6,6 +6,14 @@
 //! cargo run --release --features sim --example sim_rtt [-- ROUND_TRIPS]
 //! ```
 //!
+//! With `--features sim,tokio` and a second argument `async`, the same round trip through
+//! two `AsyncChannel`s on one current-thread runtime, in the order of the async ping-pong
+//! bench (`pingpong_64B/async/*`): what the async layer adds to a round trip's software.
+//!
+//! With `threads`, the two sides on two threads as the bench runs them, in blocks of
+//! 10,000 round trips: prints the fastest block and the median (the host's speed drifts,
+//! so compare builds by alternating runs of this).
+//!
 //! Prints `ns_per_round_trip=<mean>`. Under `valgrind --tool=callgrind`, two runs with
 //! different `ROUND_TRIPS` give instructions per round trip (setup cancels out), as
 //! `scripts/callgrind.sh` does for post + poll. Compare with the two-thread bench: the
@@ -27,6 +35,15 @@ fn main() {
         .nth(1)
         .map_or(Ok(200_000), |s| s.parse())
         .expect("ROUND_TRIPS must be a number");
+    if std::env::args().nth(2).as_deref() == Some("threads") {
+        return run_threads(iters);
+    }
+    if std::env::args().nth(2).as_deref() == Some("async") {
+        #[cfg(feature = "tokio")]
+        return run_async(iters);
+        #[cfg(not(feature = "tokio"))]
+        panic!("the async round trip needs --features sim,tokio");
+    }
     let sim = Sim::with_devices(2);
     let (ca, cb) = (
         Context::open(&sim, "sim0").unwrap(),
@@ -61,4 +78,130 @@ fn main() {
     }
     let ns = start.elapsed().as_nanos() as f64 / iters.max(1) as f64;
     println!("ns_per_round_trip={ns:.0}");
+}
+
+/// Both sides of the async ping-pong, one task: A posts its receive and sends; B takes
+/// the message, posts its next receive and echoes; A takes the echo.
+#[cfg(feature = "tokio")]
+fn run_async(iters: u64) {
+    use zverbs::tokio::AsyncChannel;
+    use zverbs::{LocalBuf, MrPool};
+    type ACh = AsyncChannel<Sim, LocalBuf<Sim>, 64, 4>;
+    let sim = Sim::with_devices(2);
+    let (ca, cb) = (
+        Context::open(&sim, "sim0").unwrap(),
+        Context::open(&sim, "sim1").unwrap(),
+    );
+    let (pa, pb) = (ca.alloc_pd().unwrap(), cb.alloc_pd().unwrap());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let cfg = ChannelConfig::default();
+    let a = ACh::prepare(&ca, &pa, &cfg).unwrap();
+    let b = ACh::prepare(&cb, &pb, &cfg).unwrap();
+    let (ea, eb) = (a.endpoint(), b.endpoint());
+    let (a, b) = (a.connect(&eb).unwrap(), b.connect(&ea).unwrap());
+    let (a, b) = {
+        let _in = rt.enter();
+        (ACh::new(a).unwrap(), ACh::new(b).unwrap())
+    };
+    let (qa, qb) = (
+        MrPool::new(&pa, 1 << 16).unwrap(),
+        MrPool::new(&pb, 1 << 16).unwrap(),
+    );
+    let (msg, inbox) = (qa.alloc(MSG).unwrap(), qa.alloc(MSG).unwrap());
+    let (first, spare) = (qb.alloc(MSG).unwrap(), qb.alloc(MSG).unwrap());
+    let ns = rt.block_on(round_trips(&a, &b, (msg, inbox), (first, spare), iters));
+    println!("ns_per_round_trip={ns:.0}");
+}
+
+#[cfg(feature = "tokio")]
+#[inline(never)]
+async fn round_trips(
+    a: &zverbs::tokio::AsyncChannel<Sim, zverbs::LocalBuf<Sim>, 64, 4>,
+    b: &zverbs::tokio::AsyncChannel<Sim, zverbs::LocalBuf<Sim>, 64, 4>,
+    (mut msg, mut inbox): (zverbs::LocalBuf<Sim>, zverbs::LocalBuf<Sim>),
+    (first, mut spare): (zverbs::LocalBuf<Sim>, zverbs::LocalBuf<Sim>),
+    iters: u64,
+) -> f64 {
+    let mut b_recv = b.receive(first);
+    let start = Instant::now();
+    for _ in 0..iters {
+        let a_recv = a.receive(inbox);
+        let (s, sent) = a.send(msg).await;
+        s.unwrap();
+        let (r, got) = b_recv.await;
+        r.unwrap();
+        b_recv = b.receive(spare);
+        let (s, echoed) = b.send(got).await;
+        s.unwrap();
+        let (r, back) = a_recv.await;
+        assert_eq!(r.unwrap().byte_len as usize, MSG);
+        (msg, inbox, spare) = (sent, back, echoed);
+    }
+    let ns = start.elapsed().as_nanos() as f64 / iters.max(1) as f64;
+    drop(b_recv);
+    ns
+}
+
+/// The ping-pong on two threads (receives posted ahead, as `pingpong_64B/sim_channel`),
+/// `iters` round trips in blocks of 10,000: the fastest block and the median, per trip.
+fn run_threads(iters: u64) {
+    const BLOCK: u64 = 10_000;
+    let sim = Sim::with_devices(2);
+    let (ca, cb) = (
+        Context::open(&sim, "sim0").unwrap(),
+        Context::open(&sim, "sim1").unwrap(),
+    );
+    let (pa, pb) = (ca.alloc_pd().unwrap(), cb.alloc_pd().unwrap());
+    let cfg = ChannelConfig {
+        wait: zverbs::WaitPolicy::Spin,
+        ..ChannelConfig::default()
+    };
+    let a = Channel::<Sim, 64, 4>::prepare(&ca, &pa, &cfg).unwrap();
+    let b = Channel::<Sim, 64, 4>::prepare(&cb, &pb, &cfg).unwrap();
+    let (ea, eb) = (a.endpoint(), b.endpoint());
+    let (mut a, mut b) = (a.connect(&eb).unwrap(), b.connect(&ea).unwrap());
+    let out = pa.register(buffer(MSG)).unwrap();
+    let mut a_in = pa.register(buffer(MSG)).unwrap();
+    let mut b_in = pb.register(buffer(MSG)).unwrap();
+    let src = out.slice(..).unwrap();
+    let a_dst = [a_in.slice_mut(..).unwrap().sge()];
+    let b_buf = [b_in.slice_mut(..).unwrap().sge()];
+    let blocks = (iters / BLOCK).max(1);
+    let mut times: Vec<f64> = std::thread::scope(|t| {
+        t.spawn(move || {
+            // SAFETY (every receive): `b_in` is written by the device only until the
+            // receive is redeemed, and read by the device only for the echo, which
+            // completes before the next receive is posted on it.
+            let mut r = unsafe { b.post_receive_unpolled(&b_buf) }.unwrap();
+            for _ in 0..blocks * BLOCK {
+                b.wait(r).unwrap();
+                let p = unsafe { b.post_send_unpolled(&b_buf, SendOp::Send, SendFlags::empty()) };
+                b.wait(p.unwrap()).unwrap();
+                r = unsafe { b.post_receive_unpolled(&b_buf) }.unwrap();
+            }
+            drop(r);
+        });
+        (0..blocks)
+            .map(|_| {
+                let start = Instant::now();
+                for _ in 0..BLOCK {
+                    // SAFETY: `a_in` is written by the device only until this receive is
+                    // redeemed below, and read by nobody.
+                    let r = unsafe { a.post_receive_unpolled(&a_dst) }.unwrap();
+                    a.send([src]).unwrap();
+                    a.wait(r).unwrap();
+                }
+                start.elapsed().as_nanos() as f64 / BLOCK as f64
+            })
+            .collect()
+    });
+    times.sort_by(f64::total_cmp);
+    println!(
+        "ns_per_round_trip fastest={:.0} median={:.0}",
+        times[0],
+        times[times.len() / 2]
+    );
 }

@@ -51,7 +51,7 @@ impl Fabric {
     pub fn qp_counters(&self, qp_num: u32) -> Option<QpCounters> {
         let w = enter(&self.world);
         let q = w.tables.qp_index(qp_num)?;
-        w.tables.qps.get(q).map(|qp| qp.counters)
+        w.tables.qps.get(q).map(|qp| qp.rq.counted(qp.counters))
     }
 
     /// Events scheduled and not yet processed.

@@ -2,7 +2,9 @@
 
 use super::*;
 use crate::counters::QpCounters;
+use crate::hca::rq::SharedRq;
 use crate::hca::Scratch;
+use crate::hca::QPN_BASE;
 
 /// Attributes of a new queue pair (`ibv_qp_init_attr`; its type is the creating call's).
 #[derive(Clone, Copy, Debug)]
@@ -87,13 +89,13 @@ impl Pd {
             return Err(SimError::Invalid("CQ of another fabric"));
         }
         let cqs = (attr.send_cq.id, attr.recv_cq.id);
-        let (id, qpn) =
+        let (_, qpn, rq) =
             enter(&self.world).create_qp(self.id, cqs, attr.cap, attr.sq_sig_all, ty)?;
         Ok(Qp {
             world: self.world.clone(),
-            id,
             qpn,
             ty,
+            rq,
         })
     }
 
@@ -162,12 +164,21 @@ pub struct Qp {
     // A handle: what the world keeps of the queue pair (its capacities, say) is read
     // there, so that a handle stays small (a node of many peers holds two per peer).
     pub(super) world: Shared,
-    pub(super) id: usize,
+    /// Its number, which names its slot in the world too (`QPN_BASE` + index).
     pub(super) qpn: u32,
     pub(super) ty: QpType,
+    /// Its receive queue, which it posts to without the world's lock while it may
+    /// (threaded mode: `hca/rq.rs`).
+    pub(super) rq: Option<std::sync::Arc<SharedRq>>,
 }
 
 impl Qp {
+    /// Its slot in the world's table.
+    #[inline]
+    fn id(&self) -> usize {
+        (self.qpn - QPN_BASE) as usize
+    }
+
     /// The queue pair number, unique in the fabric.
     pub fn qp_num(&self) -> u32 {
         self.qpn
@@ -178,7 +189,7 @@ impl Qp {
         enter(&self.world)
             .tables
             .qps
-            .get(self.id)
+            .get(self.id())
             .expect("live QP")
             .state
     }
@@ -193,7 +204,7 @@ impl Qp {
         enter(&self.world)
             .tables
             .qps
-            .get(self.id)
+            .get(self.id())
             .expect("live QP")
             .cap()
     }
@@ -204,16 +215,16 @@ impl Qp {
         enter(&self.world)
             .tables
             .qps
-            .get(self.id)
+            .get(self.id())
+            .map(|qp| qp.rq.counted(qp.counters))
             .expect("live QP")
-            .counters
     }
 
     /// The queue pair's attributes (`ibv_query_qp`): the state, the attributes of the RTR
     /// and RTS transitions as applied, and the PSNs in use now.
     pub fn query(&self) -> QpAttr {
         let w = enter(&self.world);
-        let qp = w.tables.qps.get(self.id).expect("live QP");
+        let qp = w.tables.qps.get(self.id()).expect("live QP");
         QpAttr {
             state: qp.state,
             rtr: qp.rtr,
@@ -232,7 +243,7 @@ impl Qp {
     /// [`SimError::Invalid`] for an illegal transition or attribute; the state is unchanged.
     pub fn modify(&self, m: &Transition) -> Result<(), SimError> {
         let mut w = enter(&self.world);
-        let res = w.modify(self.id, m);
+        let res = w.modify(self.id(), m);
         w.run_due();
         res
     }
@@ -337,7 +348,7 @@ impl Qp {
         raw: Option<&RawInline>,
     ) -> Result<(), PostError> {
         let mut w = enter(&self.world);
-        let res = w.post_send_list(self.id, next, raw);
+        let res = w.post_send_list(self.id(), next, raw);
         w.run_due();
         res.map_err(|(index, error)| PostError { index, error })
     }
@@ -390,6 +401,12 @@ impl Qp {
     }
 
     fn post_recv_list(&self, mut next: impl FnMut(&mut RecvWr) -> bool) -> Result<(), PostError> {
+        if let Some(done) = self.rq.as_ref().and_then(|rq| rq.post(&mut next)) {
+            return done.map_err(|r| PostError {
+                index: r.index,
+                error: r.error,
+            });
+        }
         let mut w = enter(&self.world);
         // Built in the world's scratch request (see `World::scratch`).
         let mut scratch = w.scratch.take().unwrap_or_else(Scratch::new);
@@ -400,14 +417,14 @@ impl Qp {
             if !next(wr) {
                 break;
             }
-            if let Err(error) = w.post_recv(self.id, wr) {
+            if let Err(error) = w.post_recv(self.id(), wr) {
                 res = Err(PostError { index, error });
                 break;
             }
             posted += 1;
         }
         w.scratch = Some(scratch);
-        w.count_posts(self.id, false, posted);
+        w.count_posts(self.id(), false, posted);
         w.run_due();
         res
     }
@@ -415,6 +432,6 @@ impl Qp {
 
 impl Drop for Qp {
     fn drop(&mut self) {
-        enter(&self.world).destroy_qp(self.id);
+        enter(&self.world).destroy_qp(self.id());
     }
 }

@@ -53,7 +53,7 @@ impl QpObj {
     /// its completion (for `recv_cq`).
     #[inline]
     pub(crate) fn retire_recv(&mut self, rd: &RecvDone) -> WorkCompletion {
-        self.rq.pop_front();
+        self.rq.with(|q| q.pop_front());
         WorkCompletion {
             wr_id: rd.wr_id,
             status: rd.status,
@@ -74,7 +74,7 @@ impl QpObj {
             let wc = flush_wc(e.wr.wr_id, e.wr.op.wc_opcode(), self.qpn);
             return Some((self.send_cq(), wc));
         }
-        let wr_id = self.rq.pop_front()?;
+        let wr_id = self.rq.with(|q| q.pop_front())?;
         Some((self.recv_cq(), flush_wc(wr_id, WcOpcode::Recv, self.qpn)))
     }
 }

@@ -14,6 +14,7 @@
 //!   polls without it (loom-checked);
 //! - [`net`]: what the blocks share: configuration, time and events, the wire, the trace;
 //! - [`comp_channel`]: completion channels: a CQ's arming and the events it raises;
+//! - [`rq`]: where a receive queue lives, and the receive post without the world's lock;
 //! - [`qp`]: the queue pair: its state, its send queue, the verbs state machine and posting;
 //! - [`tables`]: the object tables (devices, PDs, MRs, CQs, QPs) and their lookups;
 //! - [`requester`]: transmission, the ACK timer, retries, RNR waits, responses;
@@ -44,13 +45,18 @@ mod net;
 mod qp;
 mod requester;
 mod responder;
+pub(crate) mod rq;
 mod tables;
 mod ud;
 mod wq;
 
+use std::sync::Arc;
+
 use mem::RawInline;
 use net::Net;
+pub(crate) use qp::QPN_BASE;
 use qp::{Posted, ReqState};
+use rq::SharedRq;
 use tables::Tables;
 
 /// The whole simulated fabric.
@@ -117,14 +123,24 @@ impl World {
         cap: QpCaps,
         sig_all: bool,
         ty: QpType,
-    ) -> Result<(usize, u32), SimError> {
+    ) -> Result<(usize, u32, Option<Arc<SharedRq>>), SimError> {
         let lazy = self.net.cfg.lazy_queues;
         let (i, qpn) = self.tables.create_qp(pd, cqs, cap, sig_all, ty, lazy)?;
         // Room in the event heap for what it can have in flight: a request and a response
         // per WR, plus its timer (lazy queues: the heap grows as packets fly instead).
         let n = (cap.max_send_wr as usize + cap.max_recv_wr as usize) * 2 + 2;
         self.net.sched.events.reserve(if lazy { 0 } else { n }, i);
-        Ok((i, qpn))
+        // Threaded mode: the handle posts its receives without the world's lock while it
+        // may (`rq.rs`).
+        let rq = match self.net.cfg.mode {
+            Mode::Stepped => None,
+            Mode::Threaded => {
+                let (events, traced) = (self.net.sched.events.pending_flag(), self.net.cfg.trace);
+                let qp = self.tables.qps.get_mut(i).expect("new QP");
+                Some(qp.rq.share(events, traced))
+            }
+        };
+        Ok((i, qpn, rq))
     }
 
     /// Destroys QP `q`, discarding its work without completions.
@@ -285,7 +301,12 @@ impl World {
                 let cq = qp.recv_cq();
                 self.push_cqe(cq, wc);
             }
-            Posted::Queued => self.wake_parked(q),
+            Posted::Queued => {
+                self.wake_parked(q);
+                if let Some(qp) = self.tables.qps.get_mut(q) {
+                    qp.rq.woke_requester();
+                }
+            }
         }
         Ok(())
     }
@@ -344,7 +365,7 @@ impl World {
                 continue;
             };
             qp.sq.clear();
-            qp.rq.clear();
+            qp.rq.with(|q| q.clear());
             qp.unsig_done = 0;
             (qp.req, qp.dead, qp.epoch) = (ReqState::default(), true, epoch);
             qp.resp.reset();

@@ -7,11 +7,12 @@
 //! (`hca/mod.rs`). Its requester (`requester.rs`) and responder (`responder.rs`) work on
 //! the state kept here.
 //!
-//! Its work queues are in `wq.rs`.
+//! Its work queues are in `wq.rs`; where its receive queue lives, in `rq.rs`.
 
 use super::mem::{copy, Dst, Src};
 use super::net::Net;
-pub(crate) use super::wq::{RecvQueue, SendHead, SendQueue, SqEntry};
+use super::rq::RqHome;
+pub(crate) use super::wq::{SendHead, SendQueue, SqEntry};
 use crate::config::{Personality, ROCE_ROUTE_HOP_LIMIT};
 use crate::counters::QpCounters;
 use crate::trace::TraceKind;
@@ -146,8 +147,9 @@ pub(crate) struct QpObj {
     pub(crate) rts: Option<RtsAttr>,
     /// Send WRs not yet executed, oldest first.
     pub(crate) sq: SendQueue,
-    /// Receive WRs not yet consumed, oldest first.
-    pub(crate) rq: RecvQueue,
+    /// Receive WRs not yet consumed, oldest first (shared with the handle in threaded
+    /// mode: `rq.rs`).
+    pub(crate) rq: RqHome,
     /// Executed unsignaled WRs still holding SQ slots (released by the next send CQE).
     pub(crate) unsig_done: u32,
     /// Send WRs of this QP completed on the direct path (kept here, not in the shared
@@ -162,7 +164,7 @@ impl QpObj {
     #[inline]
     pub(crate) fn cap(&self) -> QpCaps {
         let (max_send_wr, max_send_sge, max_inline_data) = self.sq.limits();
-        let (max_recv_wr, max_recv_sge) = self.rq.limits();
+        let (max_recv_wr, max_recv_sge) = self.rq.read().limits();
         QpCaps {
             max_send_wr,
             max_recv_wr,
@@ -257,6 +259,7 @@ impl QpObj {
     pub(crate) fn set_state(&mut self, to: QpState, net: &mut Net) {
         let from = self.state;
         self.state = to;
+        self.rq.set_accepting(self.accepts_receives());
         if from != to {
             net.trace(self.dev(), self.qpn, TraceKind::State(from, to), None, None);
         }
@@ -276,7 +279,7 @@ impl QpObj {
         let to = match *m {
             Transition::Reset => {
                 self.sq.clear();
-                self.rq.clear();
+                self.rq.with(|q| q.clear());
                 self.unsig_done = 0;
                 (self.init, self.rtr, self.rts) = (None, None, None);
                 self.qkey = 0;
@@ -484,30 +487,35 @@ impl QpObj {
         if self.state == QpState::Reset {
             return invalid("QP in RESET");
         }
-        if wr.num_sge > self.rq.limits().1 as usize {
-            return invalid("num_sge exceeds max_recv_sge");
+        let (state, qpn) = (self.state, self.qpn);
+        let posted = self.rq.with(|q| {
+            let (capacity, stride) = q.limits();
+            if wr.num_sge > stride as usize {
+                return invalid("num_sge exceeds max_recv_sge");
+            }
+            if q.len() >= capacity as usize {
+                return Err(SimError::QueueFull);
+            }
+            if state == QpState::Error {
+                return Ok(Posted::Flushed(flush_wc(wr.wr_id, WcOpcode::Recv, qpn)));
+            }
+            q.push_back(wr);
+            Ok(Posted::Queued)
+        })?;
+        if let Posted::Queued = posted {
+            let dev = self.dev();
+            net.trace(dev, qpn, TraceKind::PostRecv, None, Some(wr.wr_id));
         }
-        if self.rq.len() >= self.rq.limits().0 as usize {
-            return Err(SimError::QueueFull);
-        }
-        if self.state == QpState::Error {
-            return Ok(Posted::Flushed(flush_wc(
-                wr.wr_id,
-                WcOpcode::Recv,
-                self.qpn,
-            )));
-        }
-        self.rq.push_back(wr);
-        net.trace(
-            self.dev(),
-            self.qpn,
-            TraceKind::PostRecv,
-            None,
-            Some(wr.wr_id),
-        );
-        Ok(Posted::Queued)
+        Ok(posted)
+    }
+
+    /// Whether it accepts receives without completing them at once (a receive posted in
+    /// ERR completes flushed; in RESET it is refused; a dead one refuses everything).
+    pub(crate) fn accepts_receives(&self) -> bool {
+        !self.dead && !matches!(self.state, QpState::Reset | QpState::Error)
     }
 }
+
 /// A world of 65,536 nodes holds four million queue pairs (`examples/barrier_scale.rs`):
 /// each byte here is 4 MB there.
 #[cfg(all(test, target_pointer_width = "64"))]
@@ -519,7 +527,8 @@ fn a_queue_pair_stays_small() {
         core::mem::size_of::<QpObj>()
     );
     assert!(core::mem::size_of::<SqEntry>() <= 72);
-    // The handle users hold (a node holds two per peer): the world, an index, the number.
+    // The handle users hold (a node holds two per peer): the world, the number, the type,
+    // the shared receive queue (threaded mode).
     let handle = core::mem::size_of::<crate::Qp>();
     assert!(handle <= 24, "{handle}");
 }

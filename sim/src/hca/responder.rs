@@ -231,8 +231,10 @@ pub(crate) fn execute(
     if !access.contains(need) || (rd_atomic(&wr.op) && max_rd == 0) {
         return fail(out, WcStatus::RemInvReqErr);
     }
+    // Held to the end: a shared receive queue stays locked while its head is written.
+    let mut rq = peer.rq.read();
     let rwr = match wr.op {
-        Send | SendWithImm(_) | WriteWithImm { .. } => match peer.rq.front() {
+        Send | SendWithImm(_) | WriteWithImm { .. } => match rq.front_for_request() {
             Some(r) => Some(r),
             None => return Exec { rnr: true, ..out },
         },

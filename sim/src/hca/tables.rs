@@ -11,7 +11,8 @@ use std::collections::{BTreeMap, BinaryHeap};
 use super::comp_channel::{CqNotify, Notifier};
 use super::cq_buf::CqWriter;
 use super::mem::{Dst, Region, Src};
-use super::qp::{invalid, QpObj, RecvQueue, ReqState, RespState, SendQueue, MAX_24, QPN_BASE};
+use super::qp::{invalid, QpObj, ReqState, RespState, SendQueue, MAX_24, QPN_BASE};
+use super::rq::RqHome;
 use crate::types::*;
 
 /// Key bit that marks an rkey (lkeys have it clear), so a swapped key never validates.
@@ -380,7 +381,7 @@ impl Tables {
                 cap.max_inline_data as usize,
                 lazy,
             ),
-            rq: RecvQueue::new(cap.max_recv_wr as usize, cap.max_recv_sge as usize, lazy),
+            rq: RqHome::new(cap.max_recv_wr as usize, cap.max_recv_sge as usize, lazy),
             unsig_done: 0,
             direct_count: 0,
             counters: Default::default(),

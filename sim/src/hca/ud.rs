@@ -195,7 +195,7 @@ impl World {
                 Err(DropReason::NotReady)
             }
             (None, Some((_, qp))) if qp.qkey != qkey => Err(DropReason::QKey),
-            (None, Some((_, qp))) => match qp.rq.front() {
+            (None, Some((_, qp))) => match qp.rq.read().front() {
                 None => Err(DropReason::NoReceive),
                 Some(r) if (sg_len(r.sges) as usize) < GRH_BYTES + len && !rxe => {
                     Err(DropReason::ShortReceive)
@@ -226,7 +226,8 @@ impl World {
         );
         let d = &net.datagrams.slots[pkt.dgram as usize];
         let qp = tables.qps.get(q).expect("live QP");
-        let rwr = qp.rq.front().expect("a receive");
+        let rq = qp.rq.read();
+        let rwr = rq.front().expect("a receive");
         let total = GRH_BYTES + d.data.len();
         let mut spans = [Dst::EMPTY; MAX_SGE];
         let status = if (sg_len(rwr.sges) as usize) < total {
@@ -251,6 +252,7 @@ impl World {
             imm: d.imm,
             solicited: d.solicited,
         };
+        drop(rq);
         net.datagrams.release(pkt.dgram);
         let qp = tables.qps.get_mut(q).expect("live QP");
         let cq = qp.recv_cq();

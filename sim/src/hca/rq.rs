@@ -1,0 +1,301 @@
+//! Where a queue pair's receive queue lives, and the receive post that does not take the
+//! fabric's lock.
+//!
+//! In threaded mode a receive queue is shared by the world (whose responder consumes it)
+//! and the queue pair's handle (which posts to it), under a lock of its own. A post then
+//! takes only that lock while the queue is **open** for it: the queue pair in a state that
+//! accepts receives without completing them at once (INIT to SQE, not dead), no trace to
+//! write, and no requester that an earlier request found this queue empty for (it may
+//! sleep on its RNR NAK until a receive is posted, and only the world can wake it). The
+//! world opens and closes the queue under the same lock as it changes those, so a post
+//! either sees the change or comes before it. Everything else a post checks (entry count,
+//! room) is the queue's own, so an open post gives exactly the outcome the world's would,
+//! and a closed one goes to the world with nothing done.
+//!
+//! What it buys: on the untimed fabric the world's lock is held for a whole request's
+//! execution, and a thread re-posting its receive waited behind the peer's send: in the
+//! two-thread ping-pong (`examples/sim_rtt.rs threads`) 0.7 to 1 acquisition of the
+//! world's lock per round trip found it held; with receives posted here, almost none
+//! does. The consumer's side is the world, under its lock, which takes this one too.
+//!
+//! In stepped mode (one thread drives the world; a world of 65,536 nodes has four million
+//! queue pairs) the queue stays in the queue pair: no allocation and no lock of its own.
+
+use std::sync::Arc;
+
+use super::wq::{RecvQueue, RecvRef};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use crate::counters::QpCounters;
+use crate::padded::Padded;
+use crate::sync::{Mutex, MutexGuard};
+use crate::types::*;
+
+/// A queue pair's receive queue: in the queue pair, or shared with its handle.
+#[derive(Debug)]
+pub(crate) enum RqHome {
+    /// Stepped mode: under the world's lock only.
+    Local(RecvQueue),
+    /// Threaded mode: shared with the handle, under its own lock.
+    Shared(Arc<SharedRq>),
+}
+
+/// A receive queue shared by the world and a handle.
+#[derive(Debug)]
+pub(crate) struct SharedRq {
+    state: Mutex<RqState>,
+    /// True while the world has events scheduled (`Events::pending_flag`): a post then
+    /// goes through the world, which runs those that are due first (one may move the
+    /// queue pair to ERR, say).
+    events: Arc<Padded<AtomicBool>>,
+}
+
+/// What the lock of a [`SharedRq`] guards.
+#[derive(Debug)]
+pub(crate) struct RqState {
+    q: RecvQueue,
+    /// The queue pair accepts receives without completing them at once (and is not dead).
+    accepting: bool,
+    /// A request found the queue empty: the next post goes through the world, which wakes
+    /// a requester asleep on its RNR NAK.
+    found_empty: bool,
+    /// The world records a trace (every post is an event in it).
+    traced: bool,
+    /// Receive doorbells and requests posted without the world, added to the queue pair's
+    /// counters when they are read.
+    doorbells: u64,
+    posted: u64,
+    /// The request a post builds each of its requests in (see `World::scratch`).
+    scratch: RecvWr,
+}
+
+/// A post without the world's lock was refused by request `index` (as the world would).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Refused {
+    pub(crate) index: usize,
+    pub(crate) error: SimError,
+}
+
+impl RqHome {
+    /// An empty queue of `capacity` receives of at most `stride` entries, allocated now
+    /// unless `lazy`, in the queue pair.
+    pub(crate) fn new(capacity: usize, stride: usize, lazy: bool) -> RqHome {
+        RqHome::Local(RecvQueue::new(capacity, stride, lazy))
+    }
+
+    /// Shares the queue (a new queue pair's, in RESET) with its handle; the handle's
+    /// share. `events` is the world's flag of scheduled events; with `traced`, every post
+    /// goes through the world.
+    pub(crate) fn share(&mut self, events: Arc<Padded<AtomicBool>>, traced: bool) -> Arc<SharedRq> {
+        let q = match self {
+            RqHome::Local(q) => core::mem::replace(q, RecvQueue::new(1, 1, true)),
+            RqHome::Shared(s) => return s.clone(),
+        };
+        let shared = Arc::new(SharedRq {
+            state: Mutex::new(RqState {
+                q,
+                accepting: false,
+                found_empty: false,
+                traced,
+                doorbells: 0,
+                posted: 0,
+                scratch: RecvWr {
+                    wr_id: 0,
+                    sg_list: [Sge::default(); MAX_SGE],
+                    num_sge: 0,
+                },
+            }),
+            events,
+        });
+        *self = RqHome::Shared(shared.clone());
+        shared
+    }
+
+    /// The queue, locked if shared, for reading (the responder's look at its head).
+    #[inline]
+    pub(crate) fn read(&self) -> RqRead<'_> {
+        match self {
+            RqHome::Local(q) => RqRead::Local(q),
+            RqHome::Shared(s) => RqRead::Shared(s.lock()),
+        }
+    }
+
+    /// `f` on the queue, locked if shared.
+    #[inline]
+    pub(crate) fn with<R>(&mut self, f: impl FnOnce(&mut RecvQueue) -> R) -> R {
+        match self {
+            RqHome::Local(q) => f(q),
+            RqHome::Shared(s) => f(&mut s.lock().q),
+        }
+    }
+
+    /// The queue pair's state changed: whether it now accepts receives without completing
+    /// them at once (`Local`: nothing to do).
+    pub(crate) fn set_accepting(&mut self, accepting: bool) {
+        if let RqHome::Shared(s) = self {
+            s.lock().accepting = accepting;
+        }
+    }
+
+    /// A receive was posted through the world, which woke any requester asleep on this
+    /// queue's RNR NAK: posts may skip the world again.
+    pub(crate) fn woke_requester(&mut self) {
+        if let RqHome::Shared(s) = self {
+            s.lock().found_empty = false;
+        }
+    }
+
+    /// `c` with the receive posts made without the world added.
+    pub(crate) fn counted(&self, mut c: QpCounters) -> QpCounters {
+        if let RqHome::Shared(s) = self {
+            let s = s.lock();
+            c.recv_doorbells += s.doorbells;
+            c.recvs_posted += s.posted;
+        }
+        c
+    }
+}
+
+impl SharedRq {
+    fn lock(&self) -> MutexGuard<'_, RqState> {
+        // A panic under this lock (a bug) leaves the queue as it was.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Posts the requests `next` writes (see `Qp::post_recv_list`) without the world's
+    /// lock, if the queue is open: `Some` with the outcome the world would give, or `None`
+    /// (nothing taken from `next`) when the call must go through the world.
+    pub(crate) fn post(
+        &self,
+        mut next: impl FnMut(&mut RecvWr) -> bool,
+    ) -> Option<Result<(), Refused>> {
+        if self.events.load(Ordering::Acquire) {
+            return None;
+        }
+        let mut g = self.lock();
+        let s = &mut *g;
+        if !s.accepting || s.found_empty || s.traced {
+            return None;
+        }
+        let (capacity, stride) = s.q.limits();
+        let mut res = Ok(());
+        let mut posted = 0;
+        for index in 0.. {
+            if !next(&mut s.scratch) {
+                break;
+            }
+            // The checks of `QpObj::post_recv` that an open queue can fail.
+            let error = if s.scratch.num_sge > stride as usize {
+                Some(SimError::Invalid("num_sge exceeds max_recv_sge"))
+            } else if s.q.len() >= capacity as usize {
+                Some(SimError::QueueFull)
+            } else {
+                None
+            };
+            if let Some(error) = error {
+                res = Err(Refused { index, error });
+                break;
+            }
+            s.q.push_back(&s.scratch);
+            posted += 1;
+        }
+        if posted > 0 {
+            s.doorbells += 1;
+            s.posted += posted;
+        }
+        Some(res)
+    }
+}
+
+/// A receive queue held for reading.
+pub(crate) enum RqRead<'a> {
+    Local(&'a RecvQueue),
+    Shared(MutexGuard<'a, RqState>),
+}
+
+impl core::ops::Deref for RqRead<'_> {
+    type Target = RecvQueue;
+    #[inline]
+    fn deref(&self) -> &RecvQueue {
+        match self {
+            RqRead::Local(q) => q,
+            RqRead::Shared(s) => &s.q,
+        }
+    }
+}
+
+impl RqRead<'_> {
+    /// The oldest receive, for a request that consumes one; if there is none, the next
+    /// post goes through the world (to wake the requester, which waits for it on an RNR
+    /// NAK).
+    #[inline]
+    pub(crate) fn front_for_request(&mut self) -> Option<RecvRef<'_>> {
+        match self {
+            RqRead::Local(q) => q.front(),
+            RqRead::Shared(s) => {
+                if s.q.len() == 0 {
+                    s.found_empty = true;
+                    return None;
+                }
+                s.q.front()
+            }
+        }
+    }
+}
+
+#[cfg(all(test, loom))]
+mod loom_model {
+    use super::*;
+    use loom::thread;
+
+    fn recv(wr_id: u64) -> impl FnMut(&mut RecvWr) -> bool {
+        let mut done = false;
+        move |wr| {
+            let more = !done;
+            (wr.wr_id, wr.num_sge, done) = (wr_id, 0, true);
+            more
+        }
+    }
+
+    /// A handle posts while the world consumes one receive and then moves the queue pair
+    /// to ERR (closing the queue, flushing what is left): every receive the handle posted
+    /// is consumed or flushed, and a post after the close goes to the world.
+    #[test]
+    fn posts_race_consumption_and_close() {
+        loom::model(|| {
+            let mut home = RqHome::new(4, 1, false);
+            let events = Arc::new(Padded(AtomicBool::new(false)));
+            let shared = home.share(events, false);
+            home.set_accepting(true);
+            let poster = thread::spawn(move || {
+                let mut taken = 0;
+                for id in 0..2 {
+                    match shared.post(recv(id)) {
+                        Some(Ok(())) => taken += 1,
+                        Some(Err(r)) => panic!("refused: {:?}", r.error),
+                        None => {}
+                    }
+                }
+                taken
+            });
+            let consumed = home.with(|q| q.pop_front()).is_some() as u64;
+            // The world's move to ERR: closed, then flushed, under the queue's lock.
+            home.set_accepting(false);
+            let flushed = home.with(|q| {
+                let mut n = 0;
+                while q.pop_front().is_some() {
+                    n += 1;
+                }
+                n
+            });
+            let taken = poster.join().unwrap();
+            assert_eq!(consumed + flushed, taken, "a posted receive was lost");
+            assert!(
+                home.read().front().is_none(),
+                "a receive outlived the close"
+            );
+            let c = home.counted(QpCounters::default());
+            assert_eq!(c.recvs_posted, taken);
+        });
+    }
+}

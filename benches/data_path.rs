@@ -12,8 +12,10 @@
 //!   selective signaling (one completion per batch), through a `Channel` scope and raw;
 //!   throughput in elements = work requests.
 //! - `pingpong_64B/*`: two threads bouncing 64 bytes: over a bare lock-free SPSC ring (the
-//!   in-process floor) and over two simulator `Channel`s. The figure is the interquartile
-//!   mean round trip of each sample (see `two_threads`).
+//!   in-process floor), over the least a software RC SEND moves between two threads
+//!   (`rc_floor`: a receive queue, a completion queue and buffers per end, nothing else;
+//!   the floor of any simulator that keeps those), and over two simulator `Channel`s. The
+//!   figure is the interquartile mean round trip of each sample (see `two_threads`).
 //! - `dispatch_sim/threads/{1,2,4}`: a `MultiChannel` on sim0 with 1, 2, 4 peers on its
 //!   shared completion queues (the default layout) to as many channels on sim1; each
 //!   thread drives its own peer's channel (`channels_mut`) with a blocking signaled 64-byte
@@ -42,7 +44,7 @@ use zverbs::{
     Sge, WcStatus, WorkCompletion,
 };
 
-use common::{assert_no_allocs, count_allocs, spsc, timed_no_alloc, CountingAlloc};
+use common::{assert_no_allocs, count_allocs, rc_floor, spsc, timed_no_alloc, CountingAlloc};
 
 #[global_allocator]
 static GLOBAL: CountingAlloc = CountingAlloc;
@@ -437,6 +439,40 @@ fn pingpong(c: &mut Criterion) {
                     for _ in 0..n {
                         ab.pop(&mut buf);
                         ba.push(&buf);
+                    }
+                },
+            )
+        })
+    });
+
+    // The least an RC SEND between two threads moves (`common/rc_floor.rs`): what is
+    // left of `sim_channel` once the simulator's work is gone.
+    g.bench_function("rc_floor", |b| {
+        b.iter_custom(|iters| {
+            let (ea, eb) = (rc_floor::End::<MSG>::new(), rc_floor::End::<MSG>::new());
+            two_threads(
+                "rc floor",
+                iters,
+                |n, tick| {
+                    let (mut own, mut to_b) = (rc_floor::Owner::default(), Default::default());
+                    let (msg, mut back) = ([0xA5u8; MSG], [0u8; MSG]);
+                    ea.post_recv(&mut own);
+                    for _ in 0..n {
+                        eb.send(&mut to_b, &msg);
+                        ea.wait(&mut own, &mut back);
+                        ea.post_recv(&mut own);
+                        tick();
+                    }
+                    assert_eq!(back, msg);
+                },
+                |n| {
+                    let (mut own, mut to_a) = (rc_floor::Owner::default(), Default::default());
+                    let mut got = [0u8; MSG];
+                    eb.post_recv(&mut own);
+                    for _ in 0..n {
+                        eb.wait(&mut own, &mut got);
+                        ea.send(&mut to_a, &got);
+                        eb.post_recv(&mut own);
                     }
                 },
             )

@@ -7,6 +7,7 @@
 //! loop unless that loop allocates.
 #![allow(dead_code)]
 
+pub mod rc_floor;
 pub mod spsc;
 
 use std::alloc::{GlobalAlloc, Layout, System};

@@ -110,11 +110,18 @@ impl CqBuf {
 }
 
 /// The writing end of a CQ's ring: the HCA's, owned by the CQ object (one writer).
-pub(crate) struct CqWriter(std::sync::Arc<CqBuf>);
+pub(crate) struct CqWriter {
+    buf: std::sync::Arc<CqBuf>,
+    /// The reader's `head` as last loaded: at most the real one (readers only advance it),
+    /// so room counted from it is at most the real room. The writer reloads it only when
+    /// that count says full (or, lazily sized, time to grow), so a push does not take the
+    /// line each poll writes from the polling thread.
+    head_seen: core::cell::Cell<usize>,
+}
 
 impl core::fmt::Debug for CqWriter {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        self.0.fmt(f)
+        self.buf.fmt(f)
     }
 }
 
@@ -123,7 +130,7 @@ impl CqWriter {
     /// by doubling as completions arrive, up to the busiest the CQ gets).
     pub(crate) fn new(depth: usize, lazy: bool) -> CqWriter {
         let n = if lazy { 0 } else { depth.next_power_of_two() };
-        CqWriter(std::sync::Arc::new(CqBuf {
+        let buf = std::sync::Arc::new(CqBuf {
             tail: Padded(AtomicUsize::new(0)),
             read: Padded(ReadEnd {
                 head: AtomicUsize::new(0),
@@ -132,48 +139,66 @@ impl CqWriter {
             overflowed: AtomicBool::new(false),
             depth,
             slots: UnsafeCell::new(slots(n)),
-        }))
+        });
+        CqWriter {
+            buf,
+            head_seen: core::cell::Cell::new(0),
+        }
     }
 
     /// The reading end, for the CQ's handle.
     pub(crate) fn reader(&self) -> std::sync::Arc<CqBuf> {
-        self.0.clone()
+        self.buf.clone()
     }
 
-    /// Completions written and not yet polled (at most: readers only take them away).
+    /// Completions written and not yet polled, at most (readers only take them away):
+    /// counted from `head_seen` if that shows room for `n` more, else reloaded.
     #[inline]
-    pub(crate) fn len(&self) -> usize {
-        self.0.tail.load(Relaxed) - self.0.read.head.load(Acquire)
+    fn len_for(&self, n: usize) -> usize {
+        let tail = self.buf.tail.load(Relaxed);
+        let seen = tail - self.head_seen.get();
+        if seen + n <= self.buf.depth {
+            return seen;
+        }
+        let head = self.buf.read.head.load(Acquire);
+        self.head_seen.set(head);
+        tail - head
     }
 
     /// Whether the CQ has overflowed.
     #[inline]
     pub(crate) fn overflowed(&self) -> bool {
-        self.0.overflowed.load(Relaxed)
+        self.buf.overflowed.load(Relaxed)
     }
 
     /// Whether `n` more completions fit.
     #[inline]
     pub(crate) fn has_room(&self, n: usize) -> bool {
-        !self.overflowed() && (n == 0 || self.len() + n <= self.0.depth)
+        !self.overflowed() && (n == 0 || self.len_for(n) + n <= self.buf.depth)
     }
 
     /// Writes `wc` after the others; false, writing nothing, when the CQ is full (it has
     /// just overflowed: marked so, every later poll fails).
     #[inline]
     pub(crate) fn push(&mut self, wc: WorkCompletion) -> bool {
-        let tail = self.0.tail.load(Relaxed);
-        let len = tail - self.0.read.head.load(Acquire);
-        if len >= self.0.depth {
-            self.0.overflowed.store(true, Release);
-            return false;
-        }
+        let tail = self.buf.tail.load(Relaxed);
         // SAFETY: a read of the array's length; it is replaced only by `grow`, on this
         // (the one writing) end.
-        if len == self.0.slots.with(|s| unsafe { (&*s).len() }) {
+        let room = self.buf.slots.with(|s| unsafe { (&*s).len() });
+        let mut len = tail - self.head_seen.get();
+        if len >= self.buf.depth || len == room {
+            // Full or time to grow by the last head seen: look again.
+            self.head_seen.set(self.buf.read.head.load(Acquire));
+            len = tail - self.head_seen.get();
+        }
+        if len >= self.buf.depth {
+            self.buf.overflowed.store(true, Release);
+            return false;
+        }
+        if len == room {
             self.grow();
         }
-        let b = &*self.0;
+        let b = &*self.buf;
         b.slots.with(|s| {
             // SAFETY: no `with_mut` of the array runs now (only `grow`, on this end).
             let s = unsafe { &*s };
@@ -189,7 +214,7 @@ impl CqWriter {
     /// Doubles the slot array (a lazily sized CQ, full of unpolled completions).
     #[cold]
     fn grow(&mut self) {
-        let b = &*self.0;
+        let b = &*self.buf;
         let _g = b.read.poll.lock().unwrap_or_else(PoisonError::into_inner);
         let (head, tail) = (b.read.head.load(Relaxed), b.tail.load(Relaxed));
         b.slots.with_mut(|s| {
@@ -209,7 +234,7 @@ impl CqWriter {
 
     /// Drops every unpolled completion (the device was reset).
     pub(crate) fn clear(&mut self) {
-        let b = &*self.0;
+        let b = &*self.buf;
         let _g = b.read.poll.lock().unwrap_or_else(PoisonError::into_inner);
         b.read.head.store(b.tail.load(Relaxed), Release);
     }
@@ -221,6 +246,28 @@ mod tests {
 
     fn wc(i: u64) -> WorkCompletion {
         WorkCompletion { wr_id: i, ..BLANK }
+    }
+
+    /// The writer counts room from the head it last saw: room the reader made since is
+    /// found when the count says full, not missed, and a full ring is still full.
+    #[test]
+    fn room_made_by_polls_is_seen_when_the_ring_looks_full() {
+        let mut w = CqWriter::new(4, false);
+        let r = w.reader();
+        for i in 0..4 {
+            assert!(w.has_room(1) && w.push(wc(i)));
+        }
+        assert!(!w.has_room(1), "full");
+        let mut out = [BLANK; 3];
+        assert_eq!(r.poll(&mut out).unwrap(), 3);
+        assert!(w.has_room(3) && !w.has_room(4));
+        for i in 4..7 {
+            assert!(w.push(wc(i)));
+        }
+        assert!(!w.has_room(1), "full again");
+        assert_eq!(r.poll(&mut out).unwrap(), 3);
+        assert_eq!(out.map(|c| c.wr_id), [3, 4, 5]);
+        assert!(!r.is_empty() && w.has_room(3));
     }
 
     /// A lazily sized ring grows while it wraps, keeps order, and overflows past `depth`
@@ -251,7 +298,7 @@ mod tests {
         while w.has_room(1) {
             assert!(w.push(wc(0)));
         }
-        assert_eq!(w.len(), 5);
+        assert_eq!(w.len_for(1), 5, "full: counted from a head loaded now");
         assert!(!w.push(wc(0)), "a sixth completion overflows a 5-deep CQ");
         assert_eq!(r.poll(&mut out), Err(SimError::CqOverflow));
     }

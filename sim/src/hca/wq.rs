@@ -166,8 +166,8 @@ impl Blank for u8 {
     const BLANK: Self = 0;
 }
 
-impl Blank for (u64, usize) {
-    const BLANK: Self = (0, 0);
+impl Blank for () {
+    const BLANK: Self = ();
 }
 
 impl Blank for Sge {
@@ -380,16 +380,19 @@ pub(crate) struct RecvRef<'a> {
     pub(crate) sges: &'a [Sge],
 }
 
-/// Receive work requests not yet consumed, oldest first, at most `capacity` of them: per
-/// slot the id and the entry count, and `stride` (`max_recv_sge`) scatter entries.
+/// Receive work requests not yet consumed, oldest first, at most `capacity` of them, each
+/// in one run of `stride + 1` entries: its head (`addr`: the work request's id, `length`:
+/// its entry count), then room for `stride` (`max_recv_sge`) scatter entries. One run,
+/// not an id array beside an entry array: the responder that takes a receive reads one
+/// line where the poster wrote it (a one-entry receive is 32 bytes), not two.
 #[derive(Debug)]
-pub(crate) struct RecvQueue(Slots<(u64, usize), Sge, ()>);
+pub(crate) struct RecvQueue(Slots<(), Sge, ()>);
 
 impl RecvQueue {
     /// An empty queue of `capacity` receives of at most `stride` entries, allocated now
     /// unless `lazy`.
     pub(crate) fn new(capacity: usize, stride: usize, lazy: bool) -> RecvQueue {
-        RecvQueue(Slots::new(capacity, stride, lazy, |_| ()))
+        RecvQueue(Slots::new(capacity, stride + 1, lazy, |_| ()))
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -398,19 +401,24 @@ impl RecvQueue {
 
     /// Its capacities as created: receives, and scatter entries per receive.
     pub(crate) fn limits(&self) -> (u32, u32) {
-        (self.0.capacity, self.0.stride)
+        (self.0.capacity, self.0.stride - 1)
+    }
+
+    /// The oldest receive: its id and scatter entries (the queue is not empty).
+    #[inline]
+    fn head(&self) -> (u64, &[Sge]) {
+        let q = &self.0;
+        let from = q.head as usize * q.stride();
+        let head = &q.side[from];
+        (head.addr, &q.side[from + 1..][..head.length as usize])
     }
 
     /// The oldest receive.
+    #[inline]
     pub(crate) fn front(&self) -> Option<RecvRef<'_>> {
-        let q = &self.0;
-        (q.len() > 0).then(|| {
-            let at = q.slot(0);
-            let (wr_id, n) = q.slots[at];
-            RecvRef {
-                wr_id,
-                sges: &q.side[at * q.stride()..][..n],
-            }
+        (self.len() > 0).then(|| {
+            let (wr_id, sges) = self.head();
+            RecvRef { wr_id, sges }
         })
     }
 
@@ -420,20 +428,26 @@ impl RecvQueue {
     /// If the queue is full (callers check `max_recv_wr` first) or `wr` has more entries
     /// than a slot holds.
     pub(crate) fn push_back(&mut self, wr: &RecvWr) {
+        let n = wr.num_sge;
         assert!(
-            wr.num_sge <= self.0.stride(),
+            n < self.0.stride(),
             "more scatter entries than a slot holds"
         );
         let at = self.0.push("receive queue");
-        let n = wr.num_sge;
-        self.0.slots[at] = (wr.wr_id, n);
         let from = at * self.0.stride();
-        self.0.side[from..][..n].copy_from_slice(&wr.sg_list[..n]);
+        let run = &mut self.0.side[from..][..n + 1];
+        run[0] = Sge {
+            addr: wr.wr_id,
+            // At most `MAX_SGE` (checked against the stride above).
+            length: n as u32,
+            lkey: 0,
+        };
+        run[1..].copy_from_slice(&wr.sg_list[..n]);
     }
 
     /// Removes the oldest receive; its id.
     pub(crate) fn pop_front(&mut self) -> Option<u64> {
-        let &(wr_id, _) = self.0.get(0)?;
+        let wr_id = (self.len() > 0).then(|| self.head().0)?;
         self.0.drop_front();
         Some(wr_id)
     }

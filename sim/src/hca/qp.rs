@@ -116,47 +116,59 @@ impl RespState {
 }
 
 /// A reliable-connected queue pair.
+///
+/// Laid out in three groups (`repr(C)`, in this order), because on the threaded fabric
+/// two threads work on it at once: what its own posts write (the requester side), what
+/// both only read between control operations (its attributes), and what the peer's
+/// requests write (the responder side). Mixed, every send dirtied lines the peer's next
+/// request reads. (It is not line-aligned, so a group's edge may still share a line.)
 #[derive(Debug)]
+#[repr(C)]
 pub(crate) struct QpObj {
+    // Written by its own posts.
+    /// Send WRs not yet executed, oldest first.
+    pub(crate) sq: SendQueue,
+    /// Doorbells, posts and send completions (`Qp::counters`).
+    pub(crate) counters: QpCounters,
+    /// Send WRs of this QP completed on the direct path (kept here, not in the shared
+    /// world header, so that counting dirties only a line the post writes anyway).
+    pub(crate) direct_count: u64,
+    pub(crate) req: ReqState,
+    /// Executed unsignaled WRs still holding SQ slots (released by the next send CQE).
+    pub(crate) unsig_done: u32,
+
+    // Read by both between control operations.
     pub(crate) qpn: u32,
     /// Its device, PD and CQs are table indices kept as u32 (a world of 65,536 nodes has
     /// millions of queue pairs); [`QpObj::dev`] and the others read them as `usize`.
     pub(super) dev_: u32,
+    pub(super) pd_: u32,
+    pub(super) send_cq_: u32,
+    pub(super) recv_cq_: u32,
     /// Incarnation, fabric-unique; changes on RESET, ERR and crash.
     pub(crate) epoch: u32,
-    /// Its device crashed: the QP is gone but for its handle.
-    pub(crate) dead: bool,
+    /// UD: the Q_Key its receives accept, from INIT (0 before).
+    pub(crate) qkey: u32,
     /// Device the RTR path resolves to (read with [`QpObj::peer_dev`]; a device index
     /// is a u32 here so that the queue pair, of which a large world has millions, stays
     /// small).
     pub(crate) peer_dev: Option<u32>,
-    pub(crate) req: ReqState,
-    pub(crate) resp: RespState,
-    pub(super) pd_: u32,
-    pub(super) send_cq_: u32,
-    pub(super) recv_cq_: u32,
+    /// Its device crashed: the QP is gone but for its handle.
+    pub(crate) dead: bool,
     pub(crate) sig_all: bool,
-    /// Its transport: RC uses the requester and responder state above; UD only its
+    /// Its transport: RC uses the requester and responder state; UD only its
     /// queues, `qkey` and `req.next_psn` (`ud.rs`).
     pub(crate) ty: QpType,
-    /// UD: the Q_Key its receives accept, from INIT (0 before).
-    pub(crate) qkey: u32,
     pub(crate) state: QpState,
     pub(crate) init: Option<InitAttr>,
     pub(crate) rtr: Option<RtrAttr>,
     pub(crate) rts: Option<RtsAttr>,
-    /// Send WRs not yet executed, oldest first.
-    pub(crate) sq: SendQueue,
     /// Receive WRs not yet consumed, oldest first (shared with the handle in threaded
     /// mode: `rq.rs`).
     pub(crate) rq: RqHome,
-    /// Executed unsignaled WRs still holding SQ slots (released by the next send CQE).
-    pub(crate) unsig_done: u32,
-    /// Send WRs of this QP completed on the direct path (kept here, not in the shared
-    /// world header, so that counting dirties only a line the post writes anyway).
-    pub(crate) direct_count: u64,
-    /// Doorbells, posts and send completions (`Qp::counters`).
-    pub(crate) counters: QpCounters,
+
+    // Written by the peer's requests.
+    pub(crate) resp: RespState,
 }
 
 impl QpObj {

@@ -153,16 +153,22 @@ impl CqWriter {
 
     /// Completions written and not yet polled, at most (readers only take them away):
     /// counted from `head_seen` if that shows room for `n` more, else reloaded.
-    #[inline]
+    #[inline(always)]
     fn len_for(&self, n: usize) -> usize {
-        let tail = self.buf.tail.load(Relaxed);
-        let seen = tail - self.head_seen.get();
+        let seen = self.buf.tail.load(Relaxed) - self.head_seen.get();
         if seen + n <= self.buf.depth {
             return seen;
         }
+        self.len_now()
+    }
+
+    /// Completions written and not yet polled, from the head loaded now (kept as seen).
+    #[cold]
+    #[inline(never)]
+    fn len_now(&self) -> usize {
         let head = self.buf.read.head.load(Acquire);
         self.head_seen.set(head);
-        tail - head
+        self.buf.tail.load(Relaxed) - head
     }
 
     /// Whether the CQ has overflowed.
@@ -172,7 +178,7 @@ impl CqWriter {
     }
 
     /// Whether `n` more completions fit.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn has_room(&self, n: usize) -> bool {
         !self.overflowed() && (n == 0 || self.len_for(n) + n <= self.buf.depth)
     }
@@ -188,8 +194,7 @@ impl CqWriter {
         let mut len = tail - self.head_seen.get();
         if len >= self.buf.depth || len == room {
             // Full or time to grow by the last head seen: look again.
-            self.head_seen.set(self.buf.read.head.load(Acquire));
-            len = tail - self.head_seen.get();
+            len = self.len_now();
         }
         if len >= self.buf.depth {
             self.buf.overflowed.store(true, Release);

@@ -231,14 +231,16 @@ pub(crate) fn execute(
     if !access.contains(need) || (rd_atomic(&wr.op) && max_rd == 0) {
         return fail(out, WcStatus::RemInvReqErr);
     }
-    // Held to the end: a shared receive queue stays locked while its head is written.
-    let mut rq = peer.rq.read();
-    let rwr = match wr.op {
-        Send | SendWithImm(_) | WriteWithImm { .. } => match rq.front_for_request() {
+    // Held to the end by a request that consumes a receive: a shared receive queue stays
+    // locked while its head is written (and is not locked by the others).
+    let takes_recv = matches!(wr.op, Send | SendWithImm(_) | WriteWithImm { .. });
+    let mut rq = takes_recv.then(|| peer.rq.read());
+    let rwr = match rq.as_mut() {
+        Some(rq) => match rq.front_for_request() {
             Some(r) => Some(r),
             None => return Exec { rnr: true, ..out },
         },
-        _ => None,
+        None => None,
     };
     let remote = |rkey: u32, addr: u64, n: usize| {
         mrs.lookup(rkey, true, peer.pd())

@@ -30,6 +30,41 @@ fn buffer(len: usize) -> &'static mut [u8] {
     Box::leak(vec![0u8; len].into_boxed_slice())
 }
 
+/// Two connected channels on sim0 and sim1 (the contexts, domains and regions leaked, so
+/// that the rest can be `'static`), A's message, A's inbox and B's buffer.
+struct Pair {
+    a: Channel<Sim, 64, 4>,
+    b: Channel<Sim, 64, 4>,
+    src: zverbs::LocalSlice<'static>,
+    a_dst: [zverbs::Sge; 1],
+    b_buf: [zverbs::Sge; 1],
+}
+
+fn pair(cfg: ChannelConfig) -> Pair {
+    let sim = Sim::with_devices(2);
+    let open = |dev| &*Box::leak(Box::new(Context::open(&sim, dev).unwrap()));
+    let (ca, cb) = (open("sim0"), open("sim1"));
+    let (pa, pb) = (
+        &*Box::leak(Box::new(ca.alloc_pd().unwrap())),
+        &*Box::leak(Box::new(cb.alloc_pd().unwrap())),
+    );
+    let a = Channel::<Sim, 64, 4>::prepare(ca, pa, &cfg).unwrap();
+    let b = Channel::<Sim, 64, 4>::prepare(cb, pb, &cfg).unwrap();
+    let (ea, eb) = (a.endpoint(), b.endpoint());
+    let (a, b) = (a.connect(&eb).unwrap(), b.connect(&ea).unwrap());
+    let region = |pd: &'static zverbs::ProtectionDomain<Sim>| {
+        Box::leak(Box::new(pd.register(buffer(MSG)).unwrap()))
+    };
+    let (out, a_in, b_in) = (region(pa), region(pa), region(pb));
+    Pair {
+        a,
+        b,
+        src: out.slice(..).unwrap(),
+        a_dst: [a_in.slice_mut(..).unwrap().sge()],
+        b_buf: [b_in.slice_mut(..).unwrap().sge()],
+    }
+}
+
 fn main() {
     let iters: u64 = std::env::args()
         .nth(1)
@@ -44,24 +79,13 @@ fn main() {
         #[cfg(not(feature = "tokio"))]
         panic!("the async round trip needs --features sim,tokio");
     }
-    let sim = Sim::with_devices(2);
-    let (ca, cb) = (
-        Context::open(&sim, "sim0").unwrap(),
-        Context::open(&sim, "sim1").unwrap(),
-    );
-    let (pa, pb) = (ca.alloc_pd().unwrap(), cb.alloc_pd().unwrap());
-    let cfg = ChannelConfig::default();
-    let a = Channel::<Sim, 64, 4>::prepare(&ca, &pa, &cfg).unwrap();
-    let b = Channel::<Sim, 64, 4>::prepare(&cb, &pb, &cfg).unwrap();
-    let (ea, eb) = (a.endpoint(), b.endpoint());
-    let (mut a, mut b) = (a.connect(&eb).unwrap(), b.connect(&ea).unwrap());
-    let out = pa.register(buffer(MSG)).unwrap();
-    let mut a_in = pa.register(buffer(MSG)).unwrap();
-    let mut b_in = pb.register(buffer(MSG)).unwrap();
-    let src = out.slice(..).unwrap();
-    let a_dst = [a_in.slice_mut(..).unwrap().sge()];
-    let b_buf = [b_in.slice_mut(..).unwrap().sge()];
-
+    let Pair {
+        mut a,
+        mut b,
+        src,
+        a_dst,
+        b_buf,
+    } = pair(ChannelConfig::default());
     let start = Instant::now();
     for _ in 0..iters {
         // SAFETY (both receives): the buffer is written by the device only until the
@@ -149,26 +173,16 @@ async fn round_trips(
 /// `iters` round trips in blocks of 10,000: the fastest block and the median, per trip.
 fn run_threads(iters: u64) {
     const BLOCK: u64 = 10_000;
-    let sim = Sim::with_devices(2);
-    let (ca, cb) = (
-        Context::open(&sim, "sim0").unwrap(),
-        Context::open(&sim, "sim1").unwrap(),
-    );
-    let (pa, pb) = (ca.alloc_pd().unwrap(), cb.alloc_pd().unwrap());
-    let cfg = ChannelConfig {
+    let Pair {
+        mut a,
+        mut b,
+        src,
+        a_dst,
+        b_buf,
+    } = pair(ChannelConfig {
         wait: zverbs::WaitPolicy::Spin,
         ..ChannelConfig::default()
-    };
-    let a = Channel::<Sim, 64, 4>::prepare(&ca, &pa, &cfg).unwrap();
-    let b = Channel::<Sim, 64, 4>::prepare(&cb, &pb, &cfg).unwrap();
-    let (ea, eb) = (a.endpoint(), b.endpoint());
-    let (mut a, mut b) = (a.connect(&eb).unwrap(), b.connect(&ea).unwrap());
-    let out = pa.register(buffer(MSG)).unwrap();
-    let mut a_in = pa.register(buffer(MSG)).unwrap();
-    let mut b_in = pb.register(buffer(MSG)).unwrap();
-    let src = out.slice(..).unwrap();
-    let a_dst = [a_in.slice_mut(..).unwrap().sge()];
-    let b_buf = [b_in.slice_mut(..).unwrap().sge()];
+    });
     let blocks = (iters / BLOCK).max(1);
     let mut times: Vec<f64> = std::thread::scope(|t| {
         t.spawn(move || {

@@ -365,7 +365,7 @@ impl World {
                 continue;
             };
             qp.sq.clear();
-            qp.rq.with(|q| q.clear());
+            qp.rq.clear_closed();
             qp.unsig_done = 0;
             (qp.req, qp.dead, qp.epoch) = (ReqState::default(), true, epoch);
             qp.resp.reset();

@@ -291,7 +291,7 @@ impl QpObj {
         let to = match *m {
             Transition::Reset => {
                 self.sq.clear();
-                self.rq.with(|q| q.clear());
+                self.rq.clear_closed();
                 self.unsig_done = 0;
                 (self.init, self.rtr, self.rts) = (None, None, None);
                 self.qkey = 0;

@@ -137,6 +137,20 @@ impl RqHome {
         }
     }
 
+    /// Empties the queue and closes it (a reset or a crash), under one hold of its lock:
+    /// a post cannot slip in between and outlive the reset (it is refused, or comes first
+    /// and is discarded with the rest).
+    pub(crate) fn clear_closed(&mut self) {
+        match self {
+            RqHome::Local(q) => q.clear(),
+            RqHome::Shared(s) => {
+                let mut s = s.lock();
+                s.q.clear();
+                s.accepting = false;
+            }
+        }
+    }
+
     /// A receive was posted through the world, which woke any requester asleep on this
     /// queue's RNR NAK: posts may skip the world again.
     pub(crate) fn woke_requester(&mut self) {
@@ -296,6 +310,25 @@ mod loom_model {
             );
             let c = home.counted(QpCounters::default());
             assert_eq!(c.recvs_posted, taken);
+        });
+    }
+
+    /// A post racing a reset (or a crash) is refused or discarded with the rest: no
+    /// receive is left in the queue of a queue pair in RESET.
+    #[test]
+    fn a_post_does_not_outlive_a_reset() {
+        loom::model(|| {
+            let mut home = RqHome::new(4, 1, false);
+            let events = Arc::new(Padded(AtomicBool::new(false)));
+            let shared = home.share(events, false);
+            home.set_accepting(true);
+            let poster = thread::spawn(move || shared.post(recv(7)).is_some());
+            home.clear_closed();
+            poster.join().unwrap();
+            assert!(
+                home.read().front().is_none(),
+                "a receive outlived the reset"
+            );
         });
     }
 }

@@ -478,9 +478,16 @@ where
                     Poll::Ready(Ok(p)) => Event::Posted(p),
                     Poll::Ready(Err(e)) => Event::Ended(Err(e.unwrap_or(Error::Timeout))),
                 },
-                Stage::Posted(op, _) => match op.step(cx, &mut || clock.deadline(shared)) {
+                Stage::Posted(op, sge) => match op.step(cx, &mut || clock.deadline(shared)) {
                     Poll::Pending => return Poll::Pending,
-                    Poll::Ready(Some(r)) => Event::Ended(r),
+                    // The common end, taken here: the buffer out of the in-flight
+                    // record (which then has nothing left to do on drop), the stage
+                    // marked done without moving it whole.
+                    Poll::Ready(Some(r)) => {
+                        let (buf, sge) = (op.give_back(), *sge);
+                        *stage = Stage::Done;
+                        return Poll::Ready(this.hand_out(r, buf, sge));
+                    }
                     Poll::Ready(None) => Event::Late,
                 },
                 Stage::Flushing(op, _) => {
@@ -501,7 +508,7 @@ where
                 (Stage::Full(buf, sge, _), Event::Ended(r)) => {
                     return Poll::Ready(this.hand_out(r, buf, sge));
                 }
-                (Stage::Posted(mut op, sge) | Stage::Flushing(mut op, sge), Event::Ended(r)) => {
+                (Stage::Flushing(mut op, sge), Event::Ended(r)) => {
                     return Poll::Ready(this.hand_out(r, op.give_back(), sge));
                 }
                 (Stage::Posted(op, sge), Event::Late) => {
@@ -869,7 +876,7 @@ impl<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: usize> Shared<P, B, 
 
     /// Slots came free (outcomes were taken) under `inner`: wakes the operations waiting
     /// for room, if any, and unlocks.
-    #[inline]
+    #[inline(always)]
     fn freed(&self, mut inner: MutexGuard<'_, Inner<P, B, DEPTH, SGES>>) {
         inner.wake_space();
     }

@@ -120,8 +120,8 @@ impl RespState {
 /// Laid out in three groups (`repr(C)`, in this order), because on the threaded fabric
 /// two threads work on it at once: what its own posts write (the requester side), what
 /// both only read between control operations (its attributes), and what the peer's
-/// requests write (the responder side). Mixed, every send dirtied lines the peer's next
-/// request reads. (It is not line-aligned, so a group's edge may still share a line.)
+/// requests write (the responder side), so that a send does not dirty the lines the
+/// peer's next request reads. (It is not line-aligned: a group's edge may share a line.)
 #[derive(Debug)]
 #[repr(C)]
 pub(crate) struct QpObj {

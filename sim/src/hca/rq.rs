@@ -12,11 +12,11 @@
 //! room) is the queue's own, so an open post gives exactly the outcome the world's would,
 //! and a closed one goes to the world with nothing done.
 //!
-//! What it buys: on the untimed fabric the world's lock is held for a whole request's
-//! execution, and a thread re-posting its receive waited behind the peer's send: in the
-//! two-thread ping-pong (`examples/sim_rtt.rs threads`) 0.7 to 1 acquisition of the
-//! world's lock per round trip found it held; with receives posted here, almost none
-//! does. The consumer's side is the world, under its lock, which takes this one too.
+//! Why: on the untimed fabric the world's lock is held for a whole request's execution,
+//! and a thread re-posting its receive under it would wait behind the peer's send (in the
+//! two-thread ping-pong, `examples/sim_rtt.rs threads`, most round trips would meet the
+//! lock held). The consumer's side is the world, under its lock, which takes this one
+//! too.
 //!
 //! In stepped mode (one thread drives the world; a world of 65,536 nodes has four million
 //! queue pairs) the queue stays in the queue pair: no allocation and no lock of its own.

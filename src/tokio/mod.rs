@@ -842,6 +842,10 @@ impl<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: usize> Drop
     for InFlight<'_, P, B, DEPTH, SGES>
 {
     fn drop(&mut self) {
+        // Given back (the common end): nothing is left with the channel.
+        if self.buf.is_none() {
+            return;
+        }
         let (Some(pending), Some(buf)) = (self.pending.take(), self.buf.take()) else {
             return;
         };

@@ -89,7 +89,7 @@ impl Pd {
             return Err(SimError::Invalid("CQ of another fabric"));
         }
         let cqs = (attr.send_cq.id, attr.recv_cq.id);
-        let (_, qpn, rq) =
+        let (qpn, rq) =
             enter(&self.world).create_qp(self.id, cqs, attr.cap, attr.sq_sig_all, ty)?;
         Ok(Qp {
             world: self.world.clone(),

@@ -115,7 +115,8 @@ impl World {
         Ok(())
     }
 
-    /// Creates a queue pair in RESET (see [`Tables::create_qp`]).
+    /// Creates a queue pair in RESET (see [`Tables::create_qp`]): its number (which names
+    /// its slot) and, in threaded mode, its receive queue for the handle to post to.
     pub(crate) fn create_qp(
         &mut self,
         pd: usize,
@@ -123,7 +124,7 @@ impl World {
         cap: QpCaps,
         sig_all: bool,
         ty: QpType,
-    ) -> Result<(usize, u32, Option<Arc<SharedRq>>), SimError> {
+    ) -> Result<(u32, Option<Arc<SharedRq>>), SimError> {
         let lazy = self.net.cfg.lazy_queues;
         let (i, qpn) = self.tables.create_qp(pd, cqs, cap, sig_all, ty, lazy)?;
         // Room in the event heap for what it can have in flight: a request and a response
@@ -140,7 +141,7 @@ impl World {
                 Some(qp.rq.share(events, traced))
             }
         };
-        Ok((i, qpn, rq))
+        Ok((qpn, rq))
     }
 
     /// Destroys QP `q`, discarding its work without completions.

@@ -501,13 +501,7 @@ impl QpObj {
         }
         let (state, qpn) = (self.state, self.qpn);
         let posted = self.rq.with(|q| {
-            let (capacity, stride) = q.limits();
-            if wr.num_sge > stride as usize {
-                return invalid("num_sge exceeds max_recv_sge");
-            }
-            if q.len() >= capacity as usize {
-                return Err(SimError::QueueFull);
-            }
+            q.admits(wr.num_sge)?;
             if state == QpState::Error {
                 return Ok(Posted::Flushed(flush_wc(wr.wr_id, WcOpcode::Recv, qpn)));
             }

@@ -191,7 +191,6 @@ impl SharedRq {
         if !s.accepting || s.found_empty || s.traced {
             return None;
         }
-        let (capacity, stride) = s.q.limits();
         let mut res = Ok(());
         let mut posted = 0;
         for index in 0.. {
@@ -199,14 +198,7 @@ impl SharedRq {
                 break;
             }
             // The checks of `QpObj::post_recv` that an open queue can fail.
-            let error = if s.scratch.num_sge > stride as usize {
-                Some(SimError::Invalid("num_sge exceeds max_recv_sge"))
-            } else if s.q.len() >= capacity as usize {
-                Some(SimError::QueueFull)
-            } else {
-                None
-            };
-            if let Some(error) = error {
+            if let Err(error) = s.q.admits(s.scratch.num_sge) {
                 res = Err(Refused { index, error });
                 break;
             }
@@ -262,6 +254,15 @@ mod loom_model {
     use super::*;
     use loom::thread;
 
+    /// A shared queue of four one-entry receives, open for posts: the world's end and
+    /// the handle's.
+    fn open_queue() -> (RqHome, Arc<SharedRq>) {
+        let mut home = RqHome::new(4, 1, false);
+        let shared = home.share(Arc::new(Padded(AtomicBool::new(false))), false);
+        home.set_accepting(true);
+        (home, shared)
+    }
+
     fn recv(wr_id: u64) -> impl FnMut(&mut RecvWr) -> bool {
         let mut done = false;
         move |wr| {
@@ -277,10 +278,7 @@ mod loom_model {
     #[test]
     fn posts_race_consumption_and_close() {
         loom::model(|| {
-            let mut home = RqHome::new(4, 1, false);
-            let events = Arc::new(Padded(AtomicBool::new(false)));
-            let shared = home.share(events, false);
-            home.set_accepting(true);
+            let (mut home, shared) = open_queue();
             let poster = thread::spawn(move || {
                 let mut taken = 0;
                 for id in 0..2 {
@@ -318,10 +316,7 @@ mod loom_model {
     #[test]
     fn a_post_does_not_outlive_a_reset() {
         loom::model(|| {
-            let mut home = RqHome::new(4, 1, false);
-            let events = Arc::new(Padded(AtomicBool::new(false)));
-            let shared = home.share(events, false);
-            home.set_accepting(true);
+            let (mut home, shared) = open_queue();
             let poster = thread::spawn(move || shared.post(recv(7)).is_some());
             home.clear_closed();
             poster.join().unwrap();

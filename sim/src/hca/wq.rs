@@ -404,6 +404,18 @@ impl RecvQueue {
         (self.0.capacity, self.0.stride - 1)
     }
 
+    /// Whether a receive of `num_sge` entries may be queued: too many entries, or no room.
+    pub(crate) fn admits(&self, num_sge: usize) -> Result<(), SimError> {
+        let (capacity, stride) = self.limits();
+        if num_sge > stride as usize {
+            return Err(SimError::Invalid("num_sge exceeds max_recv_sge"));
+        }
+        if self.len() >= capacity as usize {
+            return Err(SimError::QueueFull);
+        }
+        Ok(())
+    }
+
     /// The oldest receive: its id and scatter entries (the queue is not empty).
     #[inline]
     fn head(&self) -> (u64, &[Sge]) {

@@ -136,4 +136,20 @@ impl SendOp {
             SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
         }
     }
+
+    /// Whether the operation consumes a receive at its responder on a connected queue
+    /// pair (a send, or a write with immediate data); a datagram consumes one at its
+    /// destination's queue pair instead.
+    ///
+    /// ```
+    /// use zverbs_types::SendOp;
+    /// assert!(SendOp::SendWithImm(7).consumes_receive());
+    /// assert!(!SendOp::Write { remote_addr: 0, rkey: 1 }.consumes_receive());
+    /// ```
+    pub const fn consumes_receive(&self) -> bool {
+        matches!(
+            self,
+            SendOp::Send | SendOp::SendWithImm(_) | SendOp::WriteWithImm { .. }
+        )
+    }
 }

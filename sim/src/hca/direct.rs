@@ -156,10 +156,7 @@ fn plan(t: &Tables, net: &Net, q: usize, path: &Path) -> Option<Direct> {
     // Room for both completions, so that neither can overflow a CQ here.
     let room = |c: usize, n: usize| t.cqs.get(c).is_some_and(|c| c.buf.has_room(n));
     let signaled = qp.sig_all || wr.flags.contains(SendFlags::SIGNALED);
-    let takes_recv = matches!(
-        wr.op,
-        SendOp::Send | SendOp::SendWithImm(_) | SendOp::WriteWithImm { .. }
-    );
+    let takes_recv = wr.op.consumes_receive();
     let (need_send, need_recv) = (usize::from(signaled), usize::from(takes_recv));
     let fits = if qp.send_cq() == peer.recv_cq() {
         room(qp.send_cq(), need_send + need_recv)

@@ -233,8 +233,7 @@ pub(crate) fn execute(
     }
     // Held to the end by a request that consumes a receive: a shared receive queue stays
     // locked while its head is written (and is not locked by the others).
-    let takes_recv = matches!(wr.op, Send | SendWithImm(_) | WriteWithImm { .. });
-    let mut rq = takes_recv.then(|| peer.rq.read());
+    let mut rq = wr.op.consumes_receive().then(|| peer.rq.read());
     let rwr = match rq.as_mut() {
         Some(rq) => match rq.front_for_request() {
             Some(r) => Some(r),

@@ -148,7 +148,7 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
     /// As [`try_finish`](Self::try_finish), for a request posted under the same borrow of
     /// the channel: nothing polled since, so its outcome cannot be recorded yet, and only
     /// the queue is polled.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn try_finish_posted(
         &mut self,
         pending: &Pending,

@@ -95,7 +95,8 @@ pub use wire::WireError;
 
 use core::future::Future;
 use core::task::{Context as TaskContext, Poll, Waker};
-use std::sync::{Arc, Mutex, MutexGuard};
+use parking_lot::{Mutex, MutexGuard};
+use std::sync::Arc;
 
 use crate::channel::{Channel, ChannelConfig, Pending, PreparedChannel, WaitPolicy};
 use crate::device::{Context, ProtectionDomain};
@@ -385,6 +386,7 @@ impl<P: Provider + 'static, B: IoBuf, const DEPTH: usize, const SGES: usize>
     /// attempt to post (with the request's outcome, if it finished within its post).
     /// A posted request is held by an [`InFlight`] from here on, so a future dropped
     /// before its first poll leaves the buffer with the channel until the device is done.
+    #[inline(always)]
     fn begin<'a>(&'a self, buf: B, what: Post<'a>) -> Stage<'a, P, B, DEPTH, SGES> {
         let sge = match buf.sge() {
             Ok(sge) => sge,
@@ -485,7 +487,10 @@ where
                     // marked done without moving it whole.
                     Poll::Ready(Some(r)) => {
                         let (buf, sge) = (op.give_back(), *sge);
-                        *stage = Stage::Done;
+                        // The record holds nothing now (its buffer given back, its
+                        // outcome taken): forgotten, it leaks nothing, and the drop glue
+                        // of the whole stage is skipped.
+                        core::mem::forget(core::mem::replace(stage, Stage::Done));
                         return Poll::Ready(this.hand_out(r, buf, sge));
                     }
                     Poll::Ready(None) => Event::Late,
@@ -872,10 +877,11 @@ impl<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: usize> Drop
 const BUSY_POLLS: u32 = 2;
 
 impl<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: usize> Shared<P, B, DEPTH, SGES> {
-    /// The lock on the channel. Never held across an `.await`; a panic while it was held
-    /// (a bug) leaves the state as it was, so the lock is taken anyway.
+    /// The lock on the channel. Never held across an `.await` (the guard is not `Send`).
+    /// It is not poisoned: a panic while it was held (a bug) leaves the state as it was.
+    #[inline(always)]
     fn lock(&self) -> MutexGuard<'_, Inner<P, B, DEPTH, SGES>> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        self.inner.lock()
     }
 
     /// Slots came free (outcomes were taken) under `inner`: wakes the operations waiting
@@ -934,6 +940,7 @@ impl<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: usize> Inner<P, B, D
     }
 
     /// `p`'s outcome if it finished (polling once if not yet).
+    #[inline(always)]
     fn finish(&mut self, p: &Pending) -> Option<Result<Completion, Error<P::Error>>> {
         // A failed poll (a dead device) is reported by the reactor's pass and bounded by
         // the timeout: the request is still lent to the device.

@@ -466,55 +466,94 @@ where
 
     fn poll(self: core::pin::Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
+        // The two common ends here, the rest (room, time-outs, flushes) out of line.
+        let Op {
+            shared,
+            stage,
+            clock,
+            ..
+        } = this;
+        match stage {
+            // Finished within its post (as a send on an idle link often is).
+            Stage::Ended(..) => {
+                if let Stage::Ended(r, buf, sge) = core::mem::replace(stage, Stage::Done) {
+                    return Poll::Ready(this.hand_out(r, buf, sge));
+                }
+                unreachable!("the stage was Ended")
+            }
+            Stage::Posted(op, sge) => match op.step(cx, &mut || clock.deadline(shared)) {
+                Poll::Pending => Poll::Pending,
+                // The buffer out of the in-flight record, which then holds nothing (its
+                // outcome was taken): forgotten, it leaks nothing, and the drop glue of
+                // the whole stage is skipped.
+                Poll::Ready(Some(r)) => {
+                    let (buf, sge) = (op.give_back(), *sge);
+                    core::mem::forget(core::mem::replace(stage, Stage::Done));
+                    Poll::Ready(this.hand_out(r, buf, sge))
+                }
+                Poll::Ready(None) => this.poll_rest(cx, Some(Event::Late)),
+            },
+            _ => this.poll_rest(cx, None),
+        }
+    }
+}
+
+impl<P: Provider, B: IoBuf, T, F, const DEPTH: usize, const SGES: usize>
+    Op<'_, P, B, F, DEPTH, SGES>
+where
+    F: FnOnce(Completion, Sge) -> Result<T, Error<P::Error>> + Copy,
+{
+    /// [`poll`](Future::poll) past its two common ends: waiting for room, the time-out
+    /// and the flush. `first` is what moved the current stage on, if the caller knows.
+    #[inline(never)]
+    fn poll_rest(
+        &mut self,
+        cx: &mut TaskContext<'_>,
+        mut first: Option<Event<P::Error>>,
+    ) -> Poll<BufResult<T, B, P::Error>> {
         loop {
             let Op {
                 shared,
                 stage,
                 clock,
                 ..
-            } = this;
-            let event = match stage {
-                Stage::Ended(..) | Stage::Done => Event::Now,
-                Stage::Full(_, sge, what) => match room(shared, clock, *sge, *what, cx) {
-                    Poll::Pending => return Poll::Pending,
-                    Poll::Ready(Ok(p)) => Event::Posted(p),
-                    Poll::Ready(Err(e)) => Event::Ended(Err(e.unwrap_or(Error::Timeout))),
-                },
-                Stage::Posted(op, sge) => match op.step(cx, &mut || clock.deadline(shared)) {
-                    Poll::Pending => return Poll::Pending,
-                    // The common end, taken here: the buffer out of the in-flight
-                    // record (which then has nothing left to do on drop), the stage
-                    // marked done without moving it whole.
-                    Poll::Ready(Some(r)) => {
-                        let (buf, sge) = (op.give_back(), *sge);
-                        // The record holds nothing now (its buffer given back, its
-                        // outcome taken): forgotten, it leaks nothing, and the drop glue
-                        // of the whole stage is skipped.
-                        core::mem::forget(core::mem::replace(stage, Stage::Done));
-                        return Poll::Ready(this.hand_out(r, buf, sge));
-                    }
-                    Poll::Ready(None) => Event::Late,
-                },
-                Stage::Flushing(op, _) => {
-                    match op.step(cx, &mut || clock.deadline(shared)) {
+            } = self;
+            let event = match first.take() {
+                Some(event) => event,
+                None => match stage {
+                    Stage::Ended(..) | Stage::Done => Event::Now,
+                    Stage::Full(_, sge, what) => match room(shared, clock, *sge, *what, cx) {
                         Poll::Pending => return Poll::Pending,
-                        // Flushed (or finished after all): the bound was missed all the same.
-                        Poll::Ready(Some(_)) => Event::Ended(Err(Error::Timeout)),
+                        Poll::Ready(Ok(p)) => Event::Posted(p),
+                        Poll::Ready(Err(e)) => Event::Ended(Err(e.unwrap_or(Error::Timeout))),
+                    },
+                    Stage::Posted(op, _) => match op.step(cx, &mut || clock.deadline(shared)) {
+                        Poll::Pending => return Poll::Pending,
+                        Poll::Ready(Some(r)) => Event::Ended(r),
                         Poll::Ready(None) => Event::Late,
+                    },
+                    Stage::Flushing(op, _) => {
+                        match op.step(cx, &mut || clock.deadline(shared)) {
+                            Poll::Pending => return Poll::Pending,
+                            // Flushed (or finished after all): the bound was missed all
+                            // the same.
+                            Poll::Ready(Some(_)) => Event::Ended(Err(Error::Timeout)),
+                            Poll::Ready(None) => Event::Late,
+                        }
                     }
-                }
+                },
             };
             match (core::mem::replace(stage, Stage::Done), event) {
-                (Stage::Ended(r, buf, sge), _) => return Poll::Ready(this.hand_out(r, buf, sge)),
+                (Stage::Ended(r, buf, sge), _) => return Poll::Ready(self.hand_out(r, buf, sge)),
                 (Stage::Done, _) => panic!("an operation polled after its outcome"),
                 (Stage::Full(buf, sge, _), Event::Posted(p)) => {
                     *stage = Stage::Posted(InFlight::new(shared, p, buf), sge);
                 }
                 (Stage::Full(buf, sge, _), Event::Ended(r)) => {
-                    return Poll::Ready(this.hand_out(r, buf, sge));
+                    return Poll::Ready(self.hand_out(r, buf, sge));
                 }
-                (Stage::Flushing(mut op, sge), Event::Ended(r)) => {
-                    return Poll::Ready(this.hand_out(r, op.give_back(), sge));
+                (Stage::Posted(mut op, sge) | Stage::Flushing(mut op, sge), Event::Ended(r)) => {
+                    return Poll::Ready(self.hand_out(r, op.give_back(), sge));
                 }
                 (Stage::Posted(op, sge), Event::Late) => {
                     // Timed out: error state, the flush awaited for the grace, then
@@ -527,7 +566,7 @@ where
                 }
                 (Stage::Flushing(mut op, sge), Event::Late) => {
                     let e = op.discard().unwrap_or(Error::Timeout);
-                    return Poll::Ready(this.hand_out(Err(e), op.give_back(), sge));
+                    return Poll::Ready(self.hand_out(Err(e), op.give_back(), sge));
                 }
                 (Stage::Full(..) | Stage::Posted(..) | Stage::Flushing(..), _) => {
                     unreachable!("a waiting stage met an event of another stage")

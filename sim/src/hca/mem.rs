@@ -71,6 +71,10 @@ impl Region {
     }
 }
 
+/// The spans a gather or scatter list resolves to, in list order, entries of no length
+/// left out (so at most [`MAX_SGE`]): filled in place, the room past them never written.
+pub(crate) type Spans<T> = heapless::Vec<T, { crate::types::MAX_SGE }>;
+
 /// Bytes that may be read for `'a`.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Src<'a> {
@@ -81,6 +85,7 @@ pub(crate) struct Src<'a> {
 
 impl<'a> Src<'a> {
     /// The empty span.
+    #[cfg(test)]
     pub(crate) const EMPTY: Src<'static> = Src {
         ptr: ptr::null(),
         len: 0,
@@ -107,6 +112,7 @@ pub(crate) struct Dst<'a> {
 
 impl<'a> Dst<'a> {
     /// The empty span.
+    #[cfg(test)]
     pub(crate) const EMPTY: Dst<'static> = Dst {
         ptr: ptr::null_mut(),
         len: 0,

@@ -9,7 +9,7 @@
 //!
 //! Its work queues are in `wq.rs`; where its receive queue lives, in `rq.rs`.
 
-use super::mem::{copy, Dst, Src};
+use super::mem::{copy, Dst, Spans, Src};
 use super::net::Net;
 use super::rq::RqHome;
 pub(crate) use super::wq::{SendHead, SendQueue, SqEntry};
@@ -467,15 +467,14 @@ impl QpObj {
         }
         // Inline data is resolved before anything is queued (a bad source refuses the
         // post) and copied into the entry's slot.
-        let mut spans = [Src::EMPTY; MAX_SGE];
+        let mut spans = Spans::new();
         let mut inline_len = 0;
         if inline {
-            for (s, span) in sges.iter().filter(|s| s.length > 0).zip(&mut spans) {
+            for s in sges.iter().filter(|s| s.length > 0) {
                 let n = s.length as usize;
-                let Some(src) = inline_src(s.addr, n) else {
+                if !inline_src(s.addr, n).is_some_and(|src| spans.push(src).is_ok()) {
                     return invalid("inline data outside registered memory");
-                };
-                *span = src;
+                }
                 inline_len += n;
             }
         }

@@ -18,6 +18,7 @@
 //! arms and traces through. Completing a request is the CQ block's (`cq.rs`); the
 //! `World` entry points here route between the two (a response, a timer, a wake-up).
 
+use super::mem::Spans;
 use super::net::Net;
 use super::qp::{rd_atomic, QpObj, SendHead, SqEntry, TimerKind};
 use super::tables::{MrObj, Slab, Tables};
@@ -90,10 +91,10 @@ impl QpObj {
         local_limits(self, wr)?;
         let local_ok = match wr.op {
             Read { .. } | CompareSwap { .. } | FetchAdd { .. } => {
-                mrs.scatter(self.pd(), sges, total as usize, &mut [])
+                mrs.scatter(self.pd(), sges, total as usize, &mut Spans::new())
             }
             _ if wr.flags.contains(SendFlags::INLINE) => true,
-            _ => mrs.gather(self.pd(), sges, &mut []),
+            _ => mrs.gather(self.pd(), sges, &mut Spans::new()),
         };
         if !local_ok {
             let writes = matches!(wr.op, Read { .. } | CompareSwap { .. } | FetchAdd { .. });

@@ -19,7 +19,7 @@
 //! requester's scatter list when it executes at the responder; the requester's completion
 //! still waits for the response packet (and a lost response makes the read execute again).
 
-use super::mem::{self, Dst, Src};
+use super::mem::{self, Spans, Src};
 use super::net::Net;
 use super::qp::{rd_atomic, sg_len, QpObj, SendHead};
 use super::tables::{MrObj, Slab, Tables};
@@ -197,16 +197,13 @@ pub(crate) fn execute(
     let fail = |out: Exec, status| Exec { status, ..out };
     // The requester's side again (an MR may have gone since the local check: the
     // request is then answered as a remote operation error).
-    let mut src = [Src::EMPTY; MAX_SGE];
-    let mut dst = [Dst::EMPTY; MAX_SGE];
+    let mut src = Spans::new();
+    let mut dst = Spans::new();
     let local_ok = match wr.op {
         Read { .. } | CompareSwap { .. } | FetchAdd { .. } => {
             mrs.scatter(qp.pd(), sges, len, &mut dst)
         }
-        _ if wr.flags.contains(SendFlags::INLINE) => {
-            src[0] = Src::slice(&inline[..len]);
-            true
-        }
+        _ if wr.flags.contains(SendFlags::INLINE) => src.push(Src::slice(&inline[..len])).is_ok(),
         _ => mrs.gather(qp.pd(), sges, &mut src),
     };
     if !local_ok {
@@ -368,7 +365,7 @@ pub(crate) fn execute(
 /// Replays an atomic's cached `old` value into the requester's 8-byte scatter list `sges`
 /// (a duplicate atomic is never applied twice).
 fn replay_atomic(mrs: &Slab<MrObj>, qp: &QpObj, sges: &[Sge], old: u64) {
-    let mut dst = [Dst::EMPTY; MAX_SGE];
+    let mut dst = Spans::new();
     if mrs.scatter(qp.pd(), sges, 8, &mut dst) {
         mem::copy(&[Src::slice(&old.to_ne_bytes())], &dst, 8);
     }

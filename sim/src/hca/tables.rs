@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BinaryHeap};
 
 use super::comp_channel::{CqNotify, Notifier};
 use super::cq_buf::CqWriter;
-use super::mem::{Dst, Region, Src};
+use super::mem::{Dst, Region, Spans, Src};
 use super::qp::{invalid, QpObj, ReqState, RespState, SendQueue, MAX_24, QPN_BASE};
 use super::rq::RqHome;
 use crate::types::*;
@@ -463,34 +463,26 @@ impl Slab<MrObj> {
 
     /// Resolves a local gather list in `pd` into `out`; false on a protection error.
     /// Zero-length entries are skipped unchecked, as rxe does.
-    ///
-    /// `out` may be shorter than `sges` (even empty, to check only): spans past its end
-    /// are checked and not stored.
-    pub(crate) fn gather<'w>(&'w self, pd: usize, sges: &[Sge], out: &mut [Src<'w>]) -> bool {
-        sges.iter().enumerate().all(|(i, s)| {
-            s.length == 0 || {
-                let src = self.lookup(s.lkey, false, pd);
-                let span = src.and_then(|m| m.region.src(s.addr, s.length as usize));
-                if let (Some(span), Some(o)) = (span, out.get_mut(i)) {
-                    *o = span;
-                }
-                span.is_some()
-            }
+    pub(crate) fn gather<'w>(&'w self, pd: usize, sges: &[Sge], out: &mut Spans<Src<'w>>) -> bool {
+        // A list holds at most `MAX_SGE` entries, so `out` has room for each.
+        sges.iter().filter(|s| s.length > 0).all(|s| {
+            let src = self.lookup(s.lkey, false, pd);
+            let span = src.and_then(|m| m.region.src(s.addr, s.length as usize));
+            span.is_some_and(|span| out.push(span).is_ok())
         })
     }
 
     /// Resolves the entries of a scatter list in `pd` that the first `len` bytes reach into
     /// `out`; false if one names no MR of `pd`, leaves it, or lacks LOCAL_WRITE.
-    /// `out` may be shorter than `sges` (even empty, to check only), as for `gather`.
     pub(crate) fn scatter<'w>(
         &'w self,
         pd: usize,
         sges: &[Sge],
         len: usize,
-        out: &mut [Dst<'w>],
+        out: &mut Spans<Dst<'w>>,
     ) -> bool {
         let mut left = len;
-        for (i, s) in sges.iter().enumerate() {
+        for s in sges {
             if left == 0 {
                 break;
             }
@@ -499,12 +491,8 @@ impl Slab<MrObj> {
             }
             let dst = self.lookup(s.lkey, false, pd);
             match dst.and_then(|m| m.region.dst(s.addr, s.length as usize)) {
-                Some(span) => {
-                    if let Some(o) = out.get_mut(i) {
-                        *o = span;
-                    }
-                }
-                None => return false,
+                Some(span) if out.push(span).is_ok() => {}
+                _ => return false,
             }
             left -= left.min(s.length as usize);
         }

@@ -34,7 +34,7 @@
 //! UD takes the packet path on every fabric (the direct path is RC's): on the untimed
 //! fabric a datagram is an event due at once, delivered before its post returns.
 
-use super::mem::{self, Dst, Src};
+use super::mem::{self, Dst, Spans, Src};
 use super::net::Net;
 use super::qp::{sg_len, MAX_FLOW_LABEL};
 use super::responder::RecvDone;
@@ -112,10 +112,14 @@ impl World {
         let (src_dev, src_qpn, pd) = (qp.dev(), qp.qpn, qp.pd());
         let sges = qp.sq.gathers(0);
         let len = e.wr.total as usize;
-        let mut src = [Src::EMPTY; MAX_SGE];
-        if e.wr.flags.contains(SendFlags::INLINE) {
-            src[0] = Src::slice(&qp.sq.inline(0)[..len]);
-        } else if !tables.mrs.gather(pd, sges, &mut src) {
+        let mut src = Spans::new();
+        let inline = e.wr.flags.contains(SendFlags::INLINE);
+        let local_ok = if inline {
+            src.push(Src::slice(&qp.sq.inline(0)[..len])).is_ok()
+        } else {
+            tables.mrs.gather(pd, sges, &mut src)
+        };
+        if !local_ok {
             return Some(WcStatus::LocProtErr);
         }
         let ah = tables.ahs.by_key(dest.ah).filter(|ah| ah.pd == pd);
@@ -229,7 +233,7 @@ impl World {
         let rq = qp.rq.read();
         let rwr = rq.front().expect("a receive");
         let total = GRH_BYTES + d.data.len();
-        let mut spans = [Dst::EMPTY; MAX_SGE];
+        let mut spans = Spans::new();
         let status = if (sg_len(rwr.sges) as usize) < total {
             // rxe of Linux 6.1 (before "RDMA/rxe: Fix responder length checking for UD
             // request packets", 2024): `copy_data` fails, a malformed WQE.
@@ -252,7 +256,7 @@ impl World {
             imm: d.imm,
             solicited: d.solicited,
         };
-        drop(rq);
+        drop((rq, spans));
         net.datagrams.release(pkt.dgram);
         let qp = tables.qps.get_mut(q).expect("live QP");
         let cq = qp.recv_cq();

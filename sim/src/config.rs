@@ -166,7 +166,7 @@ pub struct FabricConfig {
 ///   `BadRespErr`;
 /// - the service level of an RTR path is not kept (rxe's address vector has none), so
 ///   [`Qp::query`](crate::Qp::query) reports 0; and the hop limit of a GID-routed path is
-///   the IP route's, [`ROCE_ROUTE_HOP_LIMIT`](crate::ROCE_ROUTE_HOP_LIMIT), not the one
+///   the IP route's, [`ROCE_ROUTE_HOP_LIMIT`], not the one
 ///   asked for (Linux resolves every RoCE path through the IP stack,
 ///   `ib_resolve_unicast_gid_dmac`, which overwrites it).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]

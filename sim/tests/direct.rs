@@ -30,12 +30,31 @@ struct W {
 
 #[derive(Clone, Debug)]
 enum Op {
-    Post { b: bool, wrs: Vec<W> },
-    Recv { b: bool, n: u8, short: bool },
-    Poll { b: bool, max: u8 },
-    DropNext { dev: u8 },
-    LinkDown { dev: u8 },
-    LinkUp { dev: u8 },
+    /// `built`: through `post_send_raw_with` (requests built in place: the direct path
+    /// may take the whole list without queueing it), else `post_send`.
+    Post {
+        b: bool,
+        wrs: Vec<W>,
+        built: bool,
+    },
+    Recv {
+        b: bool,
+        n: u8,
+        short: bool,
+    },
+    Poll {
+        b: bool,
+        max: u8,
+    },
+    DropNext {
+        dev: u8,
+    },
+    LinkDown {
+        dev: u8,
+    },
+    LinkUp {
+        dev: u8,
+    },
 }
 
 struct Env {
@@ -135,13 +154,21 @@ impl Env {
     fn apply(&self, op: &Op) -> String {
         let f = &self.pair.fabric;
         match *op {
-            Op::Post { b, ref wrs } => {
+            Op::Post { b, ref wrs, built } => {
                 let wrs: Vec<SendWr> = wrs
                     .iter()
                     .enumerate()
                     .map(|(i, &w)| self.wr(b, i, w))
                     .collect();
-                format!("{:?}", self.side(b).qp.post_send(wrs))
+                let qp = &self.side(b).qp;
+                let res = if built {
+                    // SAFETY: inline entries name bytes of this side's buffer, which lives
+                    // through the call (`wr` moves only keys and remote addresses).
+                    unsafe { qp.post_send_raw_with(wrs.len(), |i, wr| *wr = wrs[i]) }
+                } else {
+                    qp.post_send(wrs)
+                };
+                format!("{res:?}")
             }
             Op::Recv { b, n, short } => {
                 let me = &self.mrs[usize::from(b)];
@@ -203,7 +230,8 @@ fn w() -> impl Strategy<Value = W> {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        6 => (any::<bool>(), prop::collection::vec(w(), 1..6)).prop_map(|(b, wrs)| Op::Post { b, wrs }),
+        6 => (any::<bool>(), prop::collection::vec(w(), 1..6), any::<bool>())
+            .prop_map(|(b, wrs, built)| Op::Post { b, wrs, built }),
         3 => (any::<bool>(), 1..4u8, prop::bool::weighted(0.1)).prop_map(|(b, n, short)| Op::Recv { b, n, short }),
         2 => (any::<bool>(), 0..8u8).prop_map(|(b, max)| Op::Poll { b, max }),
         1 => any::<u8>().prop_map(|dev| Op::DropNext { dev }),

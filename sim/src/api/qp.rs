@@ -325,21 +325,15 @@ impl Qp {
     pub unsafe fn post_send_raw_with(
         &self,
         n: usize,
-        mut fill: impl FnMut(usize, &mut SendWr),
+        fill: impl FnMut(usize, &mut SendWr),
     ) -> Result<(), PostError> {
         // SAFETY: the caller vouches for the inline SGE ranges, which are read only inside
         // this call.
         let raw = unsafe { RawInline::new() };
-        let mut i = 0;
-        let next = |slot: &mut SendWr| {
-            let more = i < n;
-            if more {
-                fill(i, slot);
-                i += 1;
-            }
-            more
-        };
-        self.post_send_list(next, Some(&raw))
+        let mut w = enter(&self.world);
+        let res = w.post_send_indexed(self.id(), n, fill, Some(&raw));
+        w.run_due();
+        res.map_err(|(index, error)| PostError { index, error })
     }
 
     fn post_send_list(

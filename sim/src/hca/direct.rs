@@ -6,8 +6,12 @@
 //! read or atomic response) completes it at the requester before the post returns. When
 //! nothing else is in flight and nothing scripted can intervene, [`World::run_direct`]
 //! performs those effects in the same order without packets, the event heap or timers, for
-//! each request from the head of the send queue once the whole list is posted. [`plan`]
-//! decides and executes (memory only), reading the tables; `direct_one` then applies:
+//! each request from the head of the send queue once the whole list is posted. A list
+//! built in place (`post_send_raw_with`, the form the library's provider uses) on an empty
+//! send queue skips the queue altogether where that changes nothing
+//! ([`World::post_direct`]: every post's checks first, no inline request): its requests
+//! execute from the scratch request they were built in. [`plan`] decides and executes
+//! (memory only), reading the tables; `apply` then applies:
 //!
 //! 1. the responder's effects (memory, expected PSN, atomic replay cache, the consumed
 //!    receive and its completion), as `on_request` applies them;
@@ -24,10 +28,11 @@
 //! [`LinkModel::INSTANT`]: crate::LinkModel::INSTANT
 
 use super::net::Net;
+use super::qp::{sg_len, Admitted, SendHead};
 use super::requester::local_limits;
 use super::responder::{execute, Exec};
 use super::tables::Tables;
-use super::World;
+use super::{Scratch, World};
 use crate::types::*;
 use crate::wire::PSN_MASK;
 
@@ -61,9 +66,99 @@ impl World {
     /// Executes the head of QP `q`'s send queue at once, as the packet path would on this
     /// fabric; false, having changed nothing, when it must take the packet path instead.
     fn direct_one(&mut self, q: usize, path: &Path) -> bool {
-        let Some(d) = plan(&self.tables, &self.net, q, path) else {
+        let t = &self.tables;
+        let Some(qp) = t.qps.get(q) else {
             return false;
         };
+        let Some(e) = qp.sq.front() else {
+            return false;
+        };
+        // The inline room is looked at only by an inline request.
+        let inline = if e.wr.flags.contains(SendFlags::INLINE) {
+            qp.sq.inline(0)
+        } else {
+            &[]
+        };
+        let Some(d) = plan(t, &self.net, q, path, &e.wr, qp.sq.gathers(0), inline) else {
+            return false;
+        };
+        self.apply(q, d, true);
+        true
+    }
+
+    /// Posts `n` send work requests, `fill(i, wr)` writing request `i`, on the direct path
+    /// without queueing them, when that gives what posting them one by one
+    /// (`post_send_list`) and running the queue would: every request is checked first
+    /// (as the posts would check them, each counting those before it as queued), none is
+    /// inline (an inline request's bytes are read at its post, so executing an earlier one
+    /// first could change them), and the first executes here. Those from the first the
+    /// direct path declines are then queued, as their posts would have queued them. `None`,
+    /// having changed nothing, when the list must be posted one by one instead.
+    pub(crate) fn post_direct(
+        &mut self,
+        q: usize,
+        n: usize,
+        fill: &mut impl FnMut(usize, &mut SendWr),
+    ) -> Option<Result<(), (usize, SimError)>> {
+        let qp = self.tables.qps.get(q)?;
+        if qp.ty != QpType::Rc || qp.sq.len() != 0 || n == 0 {
+            return None;
+        }
+        let path = path(&self.tables, &self.net, q)?;
+        let mut scratch = self.scratch.take().unwrap_or_else(Scratch::new);
+        let wr = &mut scratch.send;
+        // The posts' checks: the first refused ends the list (those before it are posted).
+        let held = qp.unsig_done as usize;
+        let (mut admitted, mut res) = (n, Ok(()));
+        for i in 0..n {
+            fill(i, wr);
+            match qp.admits_send(wr, &self.net, held + i) {
+                Ok(Admitted::Queue(_)) if !wr.flags.contains(SendFlags::INLINE) => {}
+                Ok(_) => {
+                    self.scratch = Some(scratch);
+                    return None;
+                }
+                Err(e) => {
+                    (admitted, res) = (i, Err((i, e)));
+                    break;
+                }
+            }
+        }
+        // Executed in order; the first declined, if it is the first of the list, is posted
+        // one by one after all (its post may fail it at once: `fail_head_now`).
+        let mut done = 0;
+        while done < admitted {
+            fill(done, wr);
+            let total = sg_len(&wr.sg_list[..wr.num_sge]);
+            let head = SendHead::of(wr, total);
+            let sges = &wr.sg_list[..wr.num_sge];
+            let Some(d) = plan(&self.tables, &self.net, q, &path, &head, sges, &[]) else {
+                break;
+            };
+            self.apply(q, d, false);
+            done += 1;
+        }
+        if done == 0 {
+            self.scratch = Some(scratch);
+            return None;
+        }
+        let qp = self.tables.qps.get_mut(q).expect("live QP");
+        for i in done..admitted {
+            fill(i, wr);
+            let total = sg_len(&wr.sg_list[..wr.num_sge]);
+            qp.queue_send(wr, total, &mut self.net);
+        }
+        self.scratch = Some(scratch);
+        self.count_posts(q, true, admitted);
+        if done < admitted {
+            self.run_direct(q);
+            self.pump(q);
+        }
+        Some(res)
+    }
+
+    /// Applies an executed request `d` of QP `q` (`queued`: the head of its send queue).
+    fn apply(&mut self, q: usize, d: Direct, queued: bool) {
         // The queue pairs are looked up again to change them: the plan read the whole
         // table (and the responder may be the requester itself).
 
@@ -80,7 +175,9 @@ impl World {
 
         // The requester, as `on_response` and `complete_front` leave it.
         let qp = self.tables.qps.get_mut(q).expect("live QP");
-        qp.sq.drop_front();
+        if queued {
+            qp.sq.drop_front();
+        }
         qp.req.next_psn = d.next;
         (qp.req.retries, qp.req.rnr_left) = (d.rts.retry_cnt, d.rts.rnr_retry);
         qp.direct_count += 1;
@@ -93,7 +190,6 @@ impl World {
             }
             None => qp.unsig_done += 1,
         }
-        true
     }
 }
 
@@ -134,13 +230,21 @@ fn path(t: &Tables, net: &Net, q: usize) -> Option<Path> {
     connected.then_some(Path { p, rtr, rts })
 }
 
-/// Whether the head of QP `q`'s send queue may take the direct path on `path`; if so,
-/// executes it at its responder (which moves its bytes and changes nothing else) and
-/// returns what is left to apply.
+/// Whether QP `q`'s request `wr` (gather list `sges`, inline payload `inline`), next in
+/// its send queue, may take the direct path on `path`; if so, executes it at its
+/// responder (which moves its bytes and changes nothing else) and returns what is left to
+/// apply.
 #[inline]
-fn plan(t: &Tables, net: &Net, q: usize, path: &Path) -> Option<Direct> {
+fn plan(
+    t: &Tables,
+    net: &Net,
+    q: usize,
+    path: &Path,
+    wr: &SendHead,
+    sges: &[Sge],
+    inline: &[u8],
+) -> Option<Direct> {
     let qp = t.qps.get(q)?;
-    let e = qp.sq.front()?;
     let (p, rtr, rts, qpn, psn) = (path.p, path.rtr, path.rts, qp.qpn, qp.req.next_psn);
     let peer = t.qps.get(p)?;
     // In step with the requester (a packet path request left both where they were).
@@ -148,7 +252,6 @@ fn plan(t: &Tables, net: &Net, q: usize, path: &Path) -> Option<Direct> {
     // The requester's local checks: the limits here, the memory in `execute` (its
     // local half fails exactly where `local_check` would). An atomic passes only with
     // 8 bytes, so `len` is the message length of every request that passes.
-    let wr = &e.wr;
     let len = wr.total;
     if !connected || local_limits(qp, wr).is_err() {
         return None;
@@ -166,13 +269,7 @@ fn plan(t: &Tables, net: &Net, q: usize, path: &Path) -> Option<Direct> {
     if !fits {
         return None;
     }
-    // The inline room is looked at only by an inline request.
-    let inline = if wr.flags.contains(SendFlags::INLINE) {
-        qp.sq.inline(0)
-    } else {
-        &[]
-    };
-    let ex = execute(&t.mrs, &net.cfg, qp, wr, qp.sq.gathers(0), inline, peer);
+    let ex = execute(&t.mrs, &net.cfg, qp, wr, sges, inline, peer);
     if ex.rnr || ex.status != WcStatus::Success {
         return None;
     }

@@ -72,7 +72,7 @@ impl Region {
 }
 
 /// The spans a gather or scatter list resolves to, in list order, entries of no length
-/// left out (so at most [`MAX_SGE`]): filled in place, the room past them never written.
+/// left out (so at most [`MAX_SGE`](crate::types::MAX_SGE)): filled in place, the room past them never written.
 pub(crate) type Spans<T> = heapless::Vec<T, { crate::types::MAX_SGE }>;
 
 /// Bytes that may be read for `'a`.

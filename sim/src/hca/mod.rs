@@ -229,6 +229,30 @@ impl World {
         res
     }
 
+    /// Posts `n` send WRs, `fill(i, wr)` writing WR `i`: executed without queueing where
+    /// the direct path may take the whole list (`post_direct`), else one by one.
+    pub(crate) fn post_send_indexed(
+        &mut self,
+        q: usize,
+        n: usize,
+        mut fill: impl FnMut(usize, &mut SendWr),
+        raw: Option<&RawInline>,
+    ) -> Result<(), (usize, SimError)> {
+        if let Some(res) = self.post_direct(q, n, &mut fill) {
+            return res;
+        }
+        let mut i = 0;
+        let next = |wr: &mut SendWr| {
+            let more = i < n;
+            if more {
+                fill(i, wr);
+                i += 1;
+            }
+            more
+        };
+        self.post_send_list(q, next, raw)
+    }
+
     /// Posts one send WR (see `QpObj::post_send`). With `raw`, inline SGEs are read from
     /// their addresses; otherwise they must lie in memory registered in the PD. The
     /// requester transmits it at once, but on an untimed fabric, where transmission waits

@@ -250,6 +250,15 @@ pub(crate) fn flush_wc(wr_id: u64, opcode: WcOpcode, qp_num: u32) -> WorkComplet
     }
 }
 
+/// What a post's checks decided for a work request they accept.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Admitted {
+    /// To be queued: its gather list names this many bytes.
+    Queue(u64),
+    /// To complete at once with `WrFlushErr` (the queue pair is in ERR).
+    Flush,
+}
+
 /// What a post did with a work request it accepted.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Posted {
@@ -410,6 +419,50 @@ impl QpObj {
         net: &mut Net,
         mut inline_src: impl FnMut(u64, usize) -> Option<Src<'m>>,
     ) -> Result<Posted, SimError> {
+        let held = self.sq.len() + self.unsig_done as usize;
+        let total = match self.admits_send(wr, net, held)? {
+            Admitted::Queue(total) => total,
+            Admitted::Flush => {
+                self.counters.send_end(true);
+                return Ok(Posted::Flushed(flush_wc(
+                    wr.wr_id,
+                    wr.op.wc_opcode(),
+                    self.qpn,
+                )));
+            }
+        };
+        let sges = &wr.sg_list[..wr.num_sge];
+        // Inline data is resolved before anything is queued (a bad source refuses the
+        // post) and copied into the entry's slot.
+        let mut spans = Spans::new();
+        let mut inline_len = 0;
+        if wr.flags.contains(SendFlags::INLINE) {
+            for s in sges.iter().filter(|s| s.length > 0) {
+                let n = s.length as usize;
+                if !inline_src(s.addr, n).is_some_and(|src| spans.push(src).is_ok()) {
+                    return invalid("inline data outside registered memory");
+                }
+                inline_len += n;
+            }
+        }
+        self.queue_send(wr, total, net);
+        if inline_len > 0 {
+            // At most `max_inline_data` (checked above): the slot's room holds it.
+            let room = self.sq.inline_mut(self.sq.len() - 1);
+            copy(&spans, &[Dst::slice(&mut room[..inline_len])], inline_len);
+        }
+        Ok(Posted::Queued)
+    }
+
+    /// The checks of a send WR's post, with `held` send queue slots held (queued, or
+    /// completed unsignaled): whether it is refused, queued (with the bytes its gather list
+    /// names) or completed at once flushed (in ERR). Changes nothing.
+    pub(crate) fn admits_send(
+        &self,
+        wr: &SendWr,
+        net: &Net,
+        held: usize,
+    ) -> Result<Admitted, SimError> {
         if self.dead {
             return Err(SimError::DeviceFatal);
         }
@@ -438,10 +491,8 @@ impl QpObj {
                 return invalid("atomic remote address not 8-byte aligned (rxe)");
             }
         }
-        let sges = &wr.sg_list[..wr.num_sge];
-        let total = sg_len(sges);
-        let inline = wr.flags.contains(SendFlags::INLINE);
-        if inline {
+        let total = sg_len(&wr.sg_list[..wr.num_sge]);
+        if wr.flags.contains(SendFlags::INLINE) {
             use SendOp::*;
             let ok_op = matches!(
                 wr.op,
@@ -454,39 +505,21 @@ impl QpObj {
                 return invalid("inline data exceeds max_inline_data");
             }
         }
-        if self.sq.len() + self.unsig_done as usize >= self.sq.limits().0 as usize {
+        if held >= self.sq.limits().0 as usize {
             return Err(SimError::QueueFull);
         }
         if self.state == QpState::Error {
-            self.counters.send_end(true);
-            return Ok(Posted::Flushed(flush_wc(
-                wr.wr_id,
-                wr.op.wc_opcode(),
-                self.qpn,
-            )));
+            return Ok(Admitted::Flush);
         }
-        // Inline data is resolved before anything is queued (a bad source refuses the
-        // post) and copied into the entry's slot.
-        let mut spans = Spans::new();
-        let mut inline_len = 0;
-        if inline {
-            for s in sges.iter().filter(|s| s.length > 0) {
-                let n = s.length as usize;
-                if !inline_src(s.addr, n).is_some_and(|src| spans.push(src).is_ok()) {
-                    return invalid("inline data outside registered memory");
-                }
-                inline_len += n;
-            }
-        }
+        Ok(Admitted::Queue(total))
+    }
+
+    /// Queues a send WR its post admitted (naming `total` bytes), tracing the post; an
+    /// inline payload is the caller's to copy into the slot.
+    pub(crate) fn queue_send(&mut self, wr: &SendWr, total: u64, net: &mut Net) {
         self.sq.push(wr, total);
-        if inline_len > 0 {
-            // At most `max_inline_data` (checked above): the slot's room holds it.
-            let room = self.sq.inline_mut(self.sq.len() - 1);
-            copy(&spans, &[Dst::slice(&mut room[..inline_len])], inline_len);
-        }
         let kind = TraceKind::PostSend(wr.op.wc_opcode());
         net.trace(self.dev(), self.qpn, kind, None, Some(wr.wr_id));
-        Ok(Posted::Queued)
     }
 
     /// Validates and queues one receive WR (see `Qp::post_recv`), tracing the post.

@@ -298,7 +298,9 @@ impl Qp {
     /// from earlier requests (only the first `num_sge` are read). INLINE entries are read
     /// straight from their addresses, as with [`Qp::post_send_raw`]. This is the form
     /// without copies of whole requests: an adapter converting its own request type fills
-    /// only the fields and entries it uses.
+    /// only the fields and entries it uses. `fill` may be called more than once for the
+    /// same `i` (the requests are checked before any executes) and must write the same
+    /// request each time.
     ///
     /// ```
     /// # use zverbs_sim::*;

@@ -125,10 +125,13 @@ impl World {
             }
         }
         // Executed in order; the first declined, if it is the first of the list, is posted
-        // one by one after all (its post may fail it at once: `fail_head_now`).
+        // one by one after all (its post may fail it at once: `fail_head_now`). A list of
+        // one is still in the scratch request.
         let mut done = 0;
         while done < admitted {
-            fill(done, wr);
+            if n > 1 {
+                fill(done, wr);
+            }
             let total = sg_len(&wr.sg_list[..wr.num_sge]);
             let head = SendHead::of(wr, total);
             let sges = &wr.sg_list[..wr.num_sge];

@@ -11,6 +11,20 @@ pub(crate) use loom::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 #[cfg(loom)]
 pub(crate) use loom::cell::UnsafeCell;
 
+// The sleep of threads on a shared queue (`dispatch::sleep`): its flags, locks and parking.
+#[cfg(loom)]
+pub(crate) use loom::sync::atomic::AtomicBool;
+#[cfg(loom)]
+pub(crate) use loom::sync::{Mutex, MutexGuard};
+#[cfg(loom)]
+pub(crate) use loom::thread::{current, Thread};
+#[cfg(all(feature = "std", not(loom)))]
+pub(crate) use std::sync::atomic::AtomicBool;
+#[cfg(all(feature = "std", not(loom)))]
+pub(crate) use std::sync::{Mutex, MutexGuard};
+#[cfg(all(feature = "std", not(loom)))]
+pub(crate) use std::thread::{current, Thread};
+
 /// `core::cell::UnsafeCell` with loom's closure API, so both builds share one call shape.
 #[cfg(not(loom))]
 #[derive(Debug)]

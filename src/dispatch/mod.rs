@@ -374,6 +374,7 @@ impl Dispatcher {
         self.boxes[inbox.index as usize].has_mail()
     }
 
+    #[cfg(feature = "tokio")]
     pub(crate) fn sleepers(&self) -> &sleep::Sleepers {
         &self.sleepers
     }
@@ -429,5 +430,7 @@ impl fmt::Debug for Dispatcher {
     }
 }
 
+#[cfg(all(test, loom))]
+mod loom_sleep;
 #[cfg(all(test, not(loom)))]
 mod tests;

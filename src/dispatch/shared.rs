@@ -132,24 +132,10 @@ impl<P: Provider> SharedCompletionQueue<P> {
         inbox: &Inbox,
         left: Option<std::time::Duration>,
     ) -> Result<(), Error<P::Error>> {
-        let sleepers = self.dispatch.sleepers();
-        let i = inbox.index() as usize;
-        sleepers.register(i, super::sleep::Wake::Thread(std::thread::current()));
-        let r = (|| {
-            self.dispatch.drain(&self.cq)?;
-            if self.dispatch.has_mail(inbox) {
-                return Ok(());
-            }
-            if !sleepers.try_lead() {
-                park(left);
-                return Ok(());
-            }
-            let r = self.lead(inbox, left);
-            sleepers.resign();
-            r
-        })();
-        sleepers.unregister(i);
-        r
+        let me = crate::sync::current();
+        let lead = || self.lead(inbox, left);
+        self.dispatch
+            .sleep_on(&self.cq, inbox, me, || park(left), lead)
     }
 
     /// An async channel's reactor sleeps on `inbox` (the queue's own reactor leads, see

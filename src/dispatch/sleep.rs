@@ -29,11 +29,15 @@
 //!
 //! Every sleep is bounded by the caller's deadline. None of this is on the data path: a
 //! router pays one relaxed load per completion to look for a sleeper.
+//!
+//! Model-checked with loom (`loom_sleep.rs`): sleepers that lead and follow while the
+//! device completes their requests, and a router routing for them; each model fails with
+//! a wake-up taken out (the resignation's, the router's) or the flag set after the drain.
 
 use core::task::Waker;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard};
-use std::thread::Thread;
+
+use super::{CompletionSource, Dispatcher, Inbox};
+use crate::sync::{AtomicBool, AtomicUsize, Mutex, MutexGuard, Ordering, Thread};
 
 pub(crate) struct Sleepers {
     slots: Box<[Sleeper]>,
@@ -159,6 +163,41 @@ impl Sleepers {
                 self.unpark(i);
             }
         }
+    }
+}
+
+impl Dispatcher {
+    /// A thread's sleep on `inbox` (`me`), the scheme above: it says it sleeps, routes what
+    /// `cq` holds, and returns at once if mail waits for it; else it parks (`park`, bounded
+    /// by the caller) while another sleeper leads, or it leads (`lead`: arm the queue,
+    /// route once more, sleep on its descriptor) and then resigns, waking the others.
+    /// Whatever woke it, the caller polls after.
+    pub(crate) fn sleep_on<C: CompletionSource + ?Sized, E: From<C::Error>>(
+        &self,
+        cq: &C,
+        inbox: &Inbox,
+        me: Thread,
+        park: impl FnOnce(),
+        lead: impl FnOnce() -> Result<(), E>,
+    ) -> Result<(), E> {
+        let sleepers = &self.sleepers;
+        let i = inbox.index() as usize;
+        sleepers.register(i, Wake::Thread(me));
+        let r = (|| {
+            self.drain(cq)?;
+            if self.has_mail(inbox) {
+                return Ok(());
+            }
+            if !sleepers.try_lead() {
+                park();
+                return Ok(());
+            }
+            let r = lead();
+            sleepers.resign();
+            r
+        })();
+        sleepers.unregister(i);
+        r
     }
 }
 

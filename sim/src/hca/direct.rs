@@ -132,9 +132,8 @@ impl World {
             if n > 1 {
                 fill(done, wr);
             }
-            let total = sg_len(&wr.sg_list[..wr.num_sge]);
-            let head = SendHead::of(wr, total);
             let sges = &wr.sg_list[..wr.num_sge];
+            let head = SendHead::of(wr, sg_len(sges));
             let Some(d) = plan(&self.tables, &self.net, q, &path, &head, sges, &[]) else {
                 break;
             };

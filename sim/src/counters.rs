@@ -43,6 +43,12 @@ pub struct QpCounters {
 }
 
 impl QpCounters {
+    /// `n` more send work requests posted by a post call already counted.
+    #[inline]
+    pub(crate) fn more_sends(&mut self, n: usize) {
+        self.sends_posted += n as u64;
+    }
+
     /// One post call that posted `n` work requests (sends, or receives).
     #[inline]
     pub(crate) fn posts(&mut self, send: bool, n: usize) {

@@ -83,6 +83,7 @@
 mod api;
 mod config;
 mod counters;
+mod gate;
 mod hca;
 mod padded;
 mod rng;

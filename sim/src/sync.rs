@@ -5,12 +5,12 @@
 #[cfg(loom)]
 pub(crate) use loom::cell::UnsafeCell;
 #[cfg(loom)]
-pub(crate) use loom::sync::atomic::{AtomicBool, AtomicUsize};
+pub(crate) use loom::sync::atomic::{fence, AtomicBool, AtomicUsize};
 #[cfg(loom)]
 pub(crate) use loom::sync::{Mutex, MutexGuard};
 
 #[cfg(not(loom))]
-pub(crate) use std::sync::atomic::{AtomicBool, AtomicUsize};
+pub(crate) use std::sync::atomic::{fence, AtomicBool, AtomicUsize};
 #[cfg(not(loom))]
 pub(crate) use std::sync::{Mutex, MutexGuard};
 
@@ -35,4 +35,24 @@ impl<T> UnsafeCell<T> {
     pub(crate) fn with_mut<R>(&self, f: impl FnOnce(*mut T) -> R) -> R {
         f(self.0.get())
     }
+}
+
+/// One turn of a wait for another thread that holds something briefly (a lane, a CQ
+/// writer lock): a spin hint, and every 64 turns the processor given up, in case the
+/// holder is not running.
+#[cfg(not(loom))]
+#[inline]
+pub(crate) fn spin(turns: &mut u32) {
+    *turns = turns.wrapping_add(1);
+    if *turns % 64 == 0 {
+        std::thread::yield_now();
+    } else {
+        core::hint::spin_loop();
+    }
+}
+
+/// Loom's: every turn yields, so that the model moves the holder on.
+#[cfg(loom)]
+pub(crate) fn spin(_turns: &mut u32) {
+    loom::thread::yield_now();
 }

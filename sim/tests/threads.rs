@@ -76,3 +76,149 @@ fn ping_pong_1000_messages() {
     assert_eq!(p.a.qp.state(), QpState::ReadyToSend);
     assert_eq!(p.b.qp.state(), QpState::ReadyToSend);
 }
+
+/// Requests each end writes to the other in `both_ends_stream_while_the_world_changes`.
+const WRITES: usize = 40_000;
+
+/// Writes `WRITES` words into the peer's `inb` (word `k` holds `k + 1`), in lists of four
+/// (three unsignaled writes, then a signaled write with immediate `k`, which consumes one
+/// of the peer's receives), reposting its own receives as their completions arrive;
+/// returns the immediates received, in order.
+fn streamer(s: &Side, peer_inb: (u64, u32)) -> Vec<u32> {
+    let out = Buf::new(WRITES * 8, 0);
+    for k in 0..WRITES {
+        out.set(k * 8, &(k as u64 + 1).to_le_bytes());
+    }
+    let mo = out.reg(&s.pd, AccessFlags::empty());
+    let mut wc = [blank_wc(); 16];
+    let (mut imms, mut sent, mut acked) = (Vec::new(), 0, 0);
+    let expected = WRITES / 4;
+    let mut poll = |imms: &mut Vec<u32>, acked: &mut usize| {
+        let n = s.cq.poll(&mut wc).unwrap();
+        for w in &wc[..n] {
+            assert_eq!(w.status, WcStatus::Success, "{w:?}");
+            match w.opcode {
+                WcOpcode::RecvRdmaWithImm => {
+                    imms.push(w.imm.unwrap());
+                    s.qp.post_recv([rwr(0, &[])]).unwrap();
+                }
+                _ => *acked += 1,
+            }
+        }
+        n
+    };
+    while sent < WRITES {
+        let res = unsafe {
+            s.qp.post_send_raw_with(4, |i, wr| {
+                let k = sent + i;
+                let last = i == 3;
+                wr.wr_id = k as u64;
+                wr.sg_list[0] = sge(&mo, k * 8, 8);
+                wr.num_sge = 1;
+                let remote_addr = peer_inb.0 + k as u64 * 8;
+                let rkey = peer_inb.1;
+                (wr.op, wr.flags) = if last {
+                    let imm = (k / 4) as u32;
+                    let op = SendOp::WriteWithImm {
+                        remote_addr,
+                        rkey,
+                        imm,
+                    };
+                    (op, SendFlags::SIGNALED)
+                } else {
+                    (SendOp::Write { remote_addr, rkey }, SendFlags::empty())
+                };
+            })
+        };
+        match res {
+            Ok(()) => sent += 4,
+            // Room comes back with the completions.
+            Err(e) if e.index == 0 && e.error == SimError::QueueFull => {}
+            Err(e) => panic!("{e:?}"),
+        }
+        poll(&mut imms, &mut acked);
+    }
+    while imms.len() < expected || acked < expected {
+        if poll(&mut imms, &mut acked) == 0 {
+            std::thread::yield_now();
+        }
+    }
+    imms
+}
+
+/// Both ends write to each other at once (on their send lanes, each consuming the
+/// other's receives and writing the other's CQ), while a third thread keeps changing the
+/// world: queue pairs created and destroyed (their lanes joining and leaving the gate's
+/// list), counters and attributes read. Every word arrives, every completion is a
+/// success, the immediates arrive in order, and the counters add up.
+#[test]
+fn both_ends_stream_while_the_world_changes() {
+    let cfg = Cfg {
+        cap: QpCaps {
+            max_send_wr: 8,
+            max_recv_wr: 64,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        },
+        cq_depth: 256,
+        ..Cfg::default()
+    };
+    let p = pair_with(cfg);
+    let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+    let (ia, ib) = (Buf::new(WRITES * 8, 0), Buf::new(WRITES * 8, 0));
+    let (ma, mb) = (ia.reg(&p.a.pd, access), ib.reg(&p.b.pd, access));
+    for s in [&p.a, &p.b] {
+        for _ in 0..64 {
+            s.qp.post_recv([rwr(0, &[])]).unwrap();
+        }
+    }
+    let (addr_a, addr_b) = (ia.addr(0), ib.addr(0));
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let (ra, rb) = std::thread::scope(|sc| {
+        let ta = sc.spawn(|| streamer(&p.a, (addr_b, mb.rkey())));
+        let tb = sc.spawn(|| streamer(&p.b, (addr_a, ma.rkey())));
+        sc.spawn(|| {
+            let mut churn = 0u64;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                let cq = p.a.ctx.create_cq(4).unwrap();
+                let qp =
+                    p.a.pd
+                        .create_qp(&QpInitAttr {
+                            send_cq: &cq,
+                            recv_cq: &cq,
+                            cap: cfg.cap,
+                            sq_sig_all: false,
+                        })
+                        .unwrap();
+                drop(qp);
+                churn += p.a.qp.counters().sends_posted + u64::from(p.b.qp.query().sq_psn);
+                std::thread::yield_now();
+            }
+            churn
+        });
+        let r = (ta.join().unwrap(), tb.join().unwrap());
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        r
+    });
+    let want: Vec<u32> = (0..(WRITES / 4) as u32).collect();
+    assert_eq!(ra, want);
+    assert_eq!(rb, want);
+    for inb in [&ia, &ib] {
+        let got = inb.get();
+        for k in 0..WRITES {
+            let v = u64::from_le_bytes(got[k * 8..][..8].try_into().unwrap());
+            assert_eq!(v, k as u64 + 1, "word {k}");
+        }
+    }
+    // Most went on the lanes (a list meeting the gate closed, or an empty receive queue,
+    // takes the packet path).
+    let direct = p.fabric.direct_executions();
+    assert!(direct > WRITES as u64, "{direct} of {}", 2 * WRITES);
+    for s in [&p.a, &p.b] {
+        assert_eq!(s.qp.state(), QpState::ReadyToSend);
+        let c = s.qp.counters();
+        assert_eq!(c.sends_posted, WRITES as u64);
+        assert_eq!(c.send_completions, (WRITES / 4) as u64);
+    }
+}

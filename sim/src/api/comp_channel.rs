@@ -229,7 +229,7 @@ const TICK_NS: u64 = 100_000;
 /// as the HCA would complete work while the host sleeps; ends when none is (or the
 /// fabric is gone).
 #[cfg(not(loom))]
-fn clock(weak: std::sync::Weak<std::sync::Mutex<World>>) {
+fn clock(weak: std::sync::Weak<crate::gate::Gate<World>>) {
     loop {
         let Some(world) = weak.upgrade() else {
             return;

@@ -41,7 +41,7 @@ impl Fabric {
     /// ```
     pub fn direct_executions(&self) -> u64 {
         let w = lock(&self.world);
-        w.tables.direct_retired + w.tables.qps.iter().map(|qp| qp.direct_count).sum::<u64>()
+        w.tables.direct_retired + w.tables.qps.iter().map(|qp| *qp.direct_count).sum::<u64>()
     }
 
     /// The counters of the live queue pair numbered `qp_num` (as [`Qp::counters`] gives
@@ -51,7 +51,7 @@ impl Fabric {
     pub fn qp_counters(&self, qp_num: u32) -> Option<QpCounters> {
         let w = enter(&self.world);
         let q = w.tables.qp_index(qp_num)?;
-        w.tables.qps.get(q).map(|qp| qp.rq.counted(qp.counters))
+        w.tables.qps.get(q).map(|qp| qp.rq.counted(*qp.counters))
     }
 
     /// Events scheduled and not yet processed.

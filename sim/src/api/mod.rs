@@ -1,7 +1,9 @@
 //! The public handles: thin wrappers that lock the fabric's world and call into it.
 //!
-//! One mutex guards the whole fabric. Every call locks it once, except a poll with no
-//! events scheduled, which reads the CQ's ring alone (`hca/cq_buf.rs`). In threaded mode every
+//! One gate guards the whole fabric (`gate.rs`). Every call takes it exclusively once,
+//! except a poll with no events scheduled, which reads the CQ's ring alone
+//! (`hca/cq_buf.rs`), a receive post on an open queue (`hca/rq.rs`), and a send list the
+//! untimed fabric's direct path takes on the queue pair's own lane (`hca/direct.rs`). In threaded mode every
 //! call first processes the events that are due by the wall clock, and posts process the
 //! events they make due before unlocking (with the instant link model of
 //! [`Fabric::with_devices`] that is all the work they enable). In stepped mode handle calls
@@ -11,13 +13,13 @@
 
 use core::fmt;
 #[cfg(loom)]
-use loom::sync::{Arc, Mutex, MutexGuard};
+use loom::sync::Arc;
 use std::sync::atomic::AtomicBool;
-use std::sync::PoisonError;
 #[cfg(not(loom))]
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use crate::config::{FabricConfig, Mode};
+use crate::gate::{Exclusive, Gate};
 use crate::hca::mem::{RawInline, Region};
 use crate::hca::World;
 use crate::types::*;
@@ -26,18 +28,19 @@ pub(crate) mod comp_channel;
 mod fabric;
 pub(crate) mod qp;
 
-pub(crate) type Shared = Arc<Mutex<World>>;
+pub(crate) type Shared = Arc<Gate<World>>;
 
 /// Events an auto-stepping poll runs at most per call.
 const AUTO_STEP_BUDGET: usize = 1 << 16;
 
-/// Locks the world; a panic elsewhere does not poison it for the other handles.
-pub(crate) fn lock(w: &Mutex<World>) -> MutexGuard<'_, World> {
-    w.lock().unwrap_or_else(PoisonError::into_inner)
+/// Takes the world exclusively (`gate.rs`); a panic elsewhere does not poison it for the
+/// other handles.
+pub(crate) fn lock(w: &Gate<World>) -> Exclusive<'_, World> {
+    w.lock()
 }
 
-/// Locks the world and, in threaded mode, processes the events that are due.
-pub(crate) fn enter(w: &Mutex<World>) -> MutexGuard<'_, World> {
+/// Takes the world exclusively and, in threaded mode, processes the events that are due.
+pub(crate) fn enter(w: &Gate<World>) -> Exclusive<'_, World> {
     let mut g = lock(w);
     g.run_due();
     g
@@ -86,7 +89,7 @@ impl Fabric {
     /// ```
     pub fn with_config(cfg: FabricConfig, n: usize) -> Fabric {
         let f = Fabric {
-            world: Arc::new(Mutex::new(World::new(cfg))),
+            world: Arc::new(Gate::new(World::new(cfg))),
         };
         for i in 0..n {
             f.add_device(&format!("sim{i}")).expect("fresh device name");

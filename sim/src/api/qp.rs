@@ -4,7 +4,7 @@ use super::*;
 use crate::counters::QpCounters;
 use crate::hca::rq::SharedRq;
 use crate::hca::Scratch;
-use crate::hca::QPN_BASE;
+use crate::hca::{SendLane, QPN_BASE};
 
 /// Attributes of a new queue pair (`ibv_qp_init_attr`; its type is the creating call's).
 #[derive(Clone, Copy, Debug)]
@@ -89,13 +89,14 @@ impl Pd {
             return Err(SimError::Invalid("CQ of another fabric"));
         }
         let cqs = (attr.send_cq.id, attr.recv_cq.id);
-        let (qpn, rq) =
+        let (qpn, rq, lane) =
             enter(&self.world).create_qp(self.id, cqs, attr.cap, attr.sq_sig_all, ty)?;
         Ok(Qp {
             world: self.world.clone(),
             qpn,
             ty,
             rq,
+            lane,
         })
     }
 
@@ -170,6 +171,9 @@ pub struct Qp {
     /// Its receive queue, which it posts to without the world's lock while it may
     /// (threaded mode: `hca/rq.rs`).
     pub(super) rq: Option<std::sync::Arc<SharedRq>>,
+    /// Its send lane, on which the untimed fabric's direct path runs without the world
+    /// held exclusively (threaded mode, RC: `gate.rs`, `hca/direct.rs`).
+    pub(super) lane: Option<std::sync::Arc<SendLane>>,
 }
 
 impl Qp {
@@ -216,7 +220,7 @@ impl Qp {
             .tables
             .qps
             .get(self.id())
-            .map(|qp| qp.rq.counted(qp.counters))
+            .map(|qp| qp.rq.counted(*qp.counters))
             .expect("live QP")
     }
 
@@ -289,8 +293,42 @@ impl Qp {
         raw: Option<&RawInline>,
     ) -> Result<(), PostError> {
         let mut wrs = wrs.into_iter();
+        // A request alone may run on the lane (a list needs each request twice).
+        let first = wrs.next();
+        let second = first.and_then(|_| wrs.next());
+        if let (Some(wr), None) = (first, second) {
+            if let Some(res) = self.post_on_lane(1, &mut |_, slot| *slot = wr, raw) {
+                return res.map_err(|(index, error)| PostError { index, error });
+            }
+        }
+        let mut wrs = first.into_iter().chain(second).chain(wrs);
         let next = |slot: &mut SendWr| wrs.next().map(|wr| *slot = wr).is_some();
         self.post_send_list(next, raw)
+    }
+
+    /// Posts `n` send requests on the queue pair's lane, beside the other lanes
+    /// (`hca/direct.rs`); `None`, having posted nothing, when the lane is not to be had
+    /// or its direct path declines the list (the caller then posts it with the world held
+    /// exclusively).
+    fn post_on_lane(
+        &self,
+        n: usize,
+        fill: &mut impl FnMut(usize, &mut SendWr),
+        raw: Option<&RawInline>,
+    ) -> Option<Result<(), (usize, SimError)>> {
+        let l = self.lane.as_ref()?;
+        let w = self.world.lane(&l.flag)?;
+        // SAFETY: this lane runs (its flag raised), and owns its scratch request.
+        let wr = unsafe { l.scratch.lane_mut() };
+        let taken = w.post_direct(self.id(), n, fill, wr)?;
+        if taken.done == taken.admitted {
+            return Some(taken.res);
+        }
+        drop(w);
+        let mut w = enter(&self.world);
+        let res = w.post_rest(self.id(), taken, fill, raw);
+        w.run_due();
+        Some(res)
     }
 
     /// Posts send work requests built in place: `fill(i, wr)` writes request `i` (of `n`)
@@ -332,10 +370,25 @@ impl Qp {
         // SAFETY: the caller vouches for the inline SGE ranges, which are read only inside
         // this call.
         let raw = unsafe { RawInline::new() };
-        let mut w = enter(&self.world);
-        let res = w.post_send_indexed(self.id(), n, fill, Some(&raw));
-        w.run_due();
+        let mut fill = fill;
+        let res = match self.post_on_lane(n, &mut fill, Some(&raw)) {
+            Some(res) => res,
+            None => self.post_indexed_exclusive(n, fill, &raw),
+        };
         res.map_err(|(index, error)| PostError { index, error })
+    }
+
+    /// [`Qp::post_send_raw_with`] with the world held exclusively.
+    fn post_indexed_exclusive(
+        &self,
+        n: usize,
+        fill: impl FnMut(usize, &mut SendWr),
+        raw: &RawInline,
+    ) -> Result<(), (usize, SimError)> {
+        let mut w = enter(&self.world);
+        let res = w.post_send_indexed(self.id(), n, fill, Some(raw));
+        w.run_due();
+        res
     }
 
     fn post_send_list(

@@ -60,6 +60,12 @@ impl CqNotify {
         self.channel.is_some()
     }
 
+    /// Whether the CQ is armed (its next completion may raise an event).
+    #[inline]
+    pub(crate) fn armed(&self) -> bool {
+        self.armed.is_some()
+    }
+
     /// Whether the CQ is armed on a channel (the clock thread runs while one is).
     pub(crate) fn armed_on_channel(&self) -> bool {
         self.armed.is_some() && self.channel.is_some()

@@ -33,10 +33,10 @@ impl QpObj {
         let written = signaled || status != WcStatus::Success;
         self.counters.send_end(written);
         if !written {
-            self.unsig_done += 1;
+            *self.unsig_done += 1;
             return None;
         }
-        self.unsig_done = 0;
+        *self.unsig_done = 0;
         Some(WorkCompletion {
             wr_id: e.wr.wr_id,
             status,
@@ -54,6 +54,12 @@ impl QpObj {
     #[inline]
     pub(crate) fn retire_recv(&mut self, rd: &RecvDone) -> WorkCompletion {
         self.rq.with(|q| q.pop_front());
+        self.recv_wc(rd)
+    }
+
+    /// The completion of the receive `rd` consumed.
+    #[inline]
+    fn recv_wc(&self, rd: &RecvDone) -> WorkCompletion {
         WorkCompletion {
             wr_id: rd.wr_id,
             status: rd.status,
@@ -64,6 +70,14 @@ impl QpObj {
             src_qp: 0,
             grh: false,
         }
+    }
+
+    /// [`QpObj::retire_recv`] from a shared queue pair, whose receive queue is shared
+    /// (its own lock): for the lane that sends to it (`direct.rs`).
+    #[inline]
+    pub(crate) fn retire_recv_shared(&self, rd: &RecvDone) -> WorkCompletion {
+        self.rq.pop_shared();
+        self.recv_wc(rd)
     }
 
     /// Takes the next work request to flush, the send queue's before the receive
@@ -197,8 +211,8 @@ impl World {
         // Looked up again: the requester just woken may be `q` itself (a queue pair
         // connected to itself).
         let qp = tables.qps.get_mut(q).expect("live QP");
-        qp.unsig_done = 0;
-        (qp.req, qp.epoch) = (ReqState::default(), epoch);
+        *qp.unsig_done = 0;
+        (*qp.req, qp.epoch) = (ReqState::default(), epoch);
         net.sched.events.cancel_timer(q);
         qp.set_state(QpState::Error, net);
         // One at a time: a flush completion may overflow a CQ, which re-enters `set_err`.

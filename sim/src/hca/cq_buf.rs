@@ -1,12 +1,15 @@
 //! A CQ's buffer: the ring of completions the HCA writes and pollers read.
 //!
 //! As a real CQ's ring lives in host memory, written by the device and read by the driver
-//! without a system call, this one is written by the HCA under the fabric's lock and read
-//! by [`Cq::poll`](crate::Cq::poll) without it: a thread spinning on its CQ touches only
-//! this buffer, never the lock another thread needs to post the work it waits for.
+//! without a system call, this one is written by the HCA (the world held exclusively, or a
+//! send lane under the writer lock) and read by [`Cq::poll`](crate::Cq::poll) without
+//! either: a thread spinning on its CQ touches only this buffer, never what another thread
+//! needs to post the work it waits for.
 //!
-//! One writer: the CQ object in the tables owns the only [`CqWriter`] (so `&mut` to it
-//! means the fabric's lock is held). Readers serialise on the buffer's own poll lock.
+//! One writer at a time: the CQ object in the tables owns the only [`CqWriter`], written
+//! through `&mut` by the world's exclusive holder, or through its writer lock
+//! ([`CqWriter::lock`]) by connection lanes sharing the world (`gate.rs`), which may
+//! write one CQ from two threads. Readers serialise on the buffer's own poll lock.
 //! Completions are numbered from the CQ's creation; the invariants:
 //!
 //! - `head <= tail` and `tail - head <= depth`; completion `i` for `head <= i < tail` lies
@@ -16,8 +19,8 @@
 //! - `head` is stored only under the poll lock, after the slots below it were read
 //!   (Release); the writer reuses a slot only below `head + slots.len()` for a `head` it
 //!   loaded (Acquire), so that read happened before its write;
-//! - the slot array is replaced (a lazily sized CQ growing) only with both the fabric's
-//!   lock and the poll lock held, so no access to it is concurrent with that.
+//! - the slot array is replaced (a lazily sized CQ growing) only by the writer with the
+//!   poll lock held, so no access to it is concurrent with that.
 
 use std::sync::PoisonError;
 
@@ -115,8 +118,36 @@ pub(crate) struct CqWriter {
     /// The reader's `head` as last loaded: at most the real one (readers only advance it),
     /// so room counted from it is at most the real room. The writer reloads it only when
     /// that count says full (or, lazily sized, time to grow), so a push does not take the
-    /// line each poll writes from the polling thread.
-    head_seen: core::cell::Cell<usize>,
+    /// line each poll writes from the polling thread. The writer's alone (an atomic only
+    /// so that the writer may change from one thread to another).
+    head_seen: core::sync::atomic::AtomicUsize,
+    /// Held by a lane writing here (`CqWriter::lock`).
+    write: AtomicBool,
+}
+
+/// The writer's side held by a lane: [`CqWriter::lock`].
+pub(crate) struct CqWrite<'a>(&'a CqWriter);
+
+impl CqWrite<'_> {
+    /// Whether `n` more completions fit (see [`CqWriter::has_room`]).
+    #[inline(always)]
+    pub(crate) fn has_room(&self, n: usize) -> bool {
+        self.0.has_room(n)
+    }
+
+    /// Writes `wc` (see [`CqWriter::push`]).
+    #[inline]
+    pub(crate) fn push(&self, wc: WorkCompletion) -> bool {
+        // SAFETY: this guard holds the writer lock.
+        unsafe { self.0.push_shared(wc) }
+    }
+}
+
+impl Drop for CqWrite<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        self.0.write.store(false, Release);
+    }
 }
 
 impl core::fmt::Debug for CqWriter {
@@ -142,7 +173,8 @@ impl CqWriter {
         });
         CqWriter {
             buf,
-            head_seen: core::cell::Cell::new(0),
+            head_seen: core::sync::atomic::AtomicUsize::new(0),
+            write: AtomicBool::new(false),
         }
     }
 
@@ -155,7 +187,7 @@ impl CqWriter {
     /// counted from `head_seen` if that shows room for `n` more, else reloaded.
     #[inline(always)]
     fn len_for(&self, n: usize) -> usize {
-        let seen = self.buf.tail.load(Relaxed) - self.head_seen.get();
+        let seen = self.buf.tail.load(Relaxed) - self.head_seen.load(Relaxed);
         if seen + n <= self.buf.depth {
             return seen;
         }
@@ -167,7 +199,7 @@ impl CqWriter {
     #[inline(never)]
     fn len_now(&self) -> usize {
         let head = self.buf.read.head.load(Acquire);
-        self.head_seen.set(head);
+        self.head_seen.store(head, Relaxed);
         self.buf.tail.load(Relaxed) - head
     }
 
@@ -183,15 +215,40 @@ impl CqWriter {
         !self.overflowed() && (n == 0 || self.len_for(n) + n <= self.buf.depth)
     }
 
+    /// Takes the writer lock, for a lane sharing the world (the exclusive holder writes
+    /// through `&mut` instead, and needs none: no lane runs then).
+    #[inline]
+    pub(crate) fn lock(&self) -> CqWrite<'_> {
+        let mut turns = 0;
+        while self
+            .write
+            .compare_exchange_weak(false, true, Acquire, Relaxed)
+            .is_err()
+        {
+            crate::sync::spin(&mut turns);
+        }
+        CqWrite(self)
+    }
+
     /// Writes `wc` after the others; false, writing nothing, when the CQ is full (it has
     /// just overflowed: marked so, every later poll fails).
     #[inline]
     pub(crate) fn push(&mut self, wc: WorkCompletion) -> bool {
+        // SAFETY: `&mut`: no other writer.
+        unsafe { self.push_shared(wc) }
+    }
+
+    /// [`CqWriter::push`] from a shared reference.
+    ///
+    /// # Safety
+    /// The caller is the one writer now: it holds the writer lock, or `&mut` to this.
+    #[inline]
+    unsafe fn push_shared(&self, wc: WorkCompletion) -> bool {
         let tail = self.buf.tail.load(Relaxed);
         // SAFETY: a read of the array's length; it is replaced only by `grow`, on this
         // (the one writing) end.
         let room = self.buf.slots.with(|s| unsafe { (&*s).len() });
-        let mut len = tail - self.head_seen.get();
+        let mut len = tail - self.head_seen.load(Relaxed);
         if len >= self.buf.depth || len == room {
             // Full or time to grow by the last head seen: look again.
             len = self.len_now();
@@ -201,7 +258,8 @@ impl CqWriter {
             return false;
         }
         if len == room {
-            self.grow();
+            // SAFETY: the caller is the one writer.
+            unsafe { self.grow() };
         }
         let b = &*self.buf;
         b.slots.with(|s| {
@@ -217,13 +275,17 @@ impl CqWriter {
     }
 
     /// Doubles the slot array (a lazily sized CQ, full of unpolled completions).
+    ///
+    /// # Safety
+    /// As [`CqWriter::push_shared`].
     #[cold]
-    fn grow(&mut self) {
+    unsafe fn grow(&self) {
         let b = &*self.buf;
         let _g = b.read.poll.lock().unwrap_or_else(PoisonError::into_inner);
         let (head, tail) = (b.read.head.load(Relaxed), b.tail.load(Relaxed));
         b.slots.with_mut(|s| {
-            // SAFETY: both locks are held: no other access to the array or its slots.
+            // SAFETY: the one writer, with the poll lock held: no other access to the array or
+            // its slots.
             let s = unsafe { &mut *s };
             let n = (s.len() * 2).clamp(1, b.depth.next_power_of_two());
             let bigger = slots(n);

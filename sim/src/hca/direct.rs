@@ -1,4 +1,5 @@
-//! The untimed fabric's direct path: a send work request executed inside its post.
+//! The untimed fabric's direct path: a send work request executed inside its post, on
+//! the queue pair's own lane.
 //!
 //! On a fabric where time cannot matter (threaded, [`LinkModel::INSTANT`], instant timers,
 //! no random faults, no trace) the transport's whole exchange for one request is fixed:
@@ -7,8 +8,8 @@
 //! nothing else is in flight and nothing scripted can intervene, [`World::run_direct`]
 //! performs those effects in the same order without packets, the event heap or timers, for
 //! each request from the head of the send queue once the whole list is posted. A list
-//! built in place (`post_send_raw_with`, the form the library's provider uses) on an empty
-//! send queue skips the queue altogether where that changes nothing
+//! built in place (`post_send_raw_with`, the form the library's provider uses; or a single
+//! request) on an empty send queue skips the queue altogether where that changes nothing
 //! ([`World::post_direct`]: every post's checks first, no inline request): its requests
 //! execute from the scratch request they were built in. [`plan`] decides and executes
 //! (memory only), reading the tables; `apply` then applies:
@@ -18,23 +19,69 @@
 //! 2. the requester's (PSN, retry counters, its completion or held unsignaled slot), as
 //!    `on_response` and `complete_front` apply them.
 //!
-//! Anything else (a local or remote error, an RNR NAK, a full CQ, a scripted drop or
-//! corruption, a link down, a partition, a crash, a QP not in a plain connected state)
+//! Anything else (a local or remote error, an RNR NAK, a full or armed CQ, a scripted drop
+//! or corruption, a link down, a partition, a crash, a QP not in a plain connected state)
 //! declines *before any effect*, and the request takes the packet path, which computes the
 //! same outcome again (the responder's `execute` changes nothing but the memory of a
 //! successful request). `tests/model.rs` runs its reference model on this fabric and on the stepped
 //! one, and the conformance suite runs on both, so the two paths stay equivalent.
 //!
+//! **Lanes.** `post_direct` runs without the world held exclusively: on the queue pair's
+//! [`SendLane`], beside the lanes of other queue pairs (`gate.rs`), so that two threads
+//! driving the two ends of one connection never wait for a fabric-wide lock. What the lane
+//! of A (connected to B) writes is its own: A's requester cells and B's responder cell
+//! (`LaneCell`s: only A sends to B here, since `path` requires the two to name each
+//! other), the head of B's receive queue (under that queue's lock), and the two CQs,
+//! under their writer locks, taken in index order and held over the list, so that the
+//! room a request counts is there when it writes. Everything else it only reads, and only
+//! the exclusive side changes it, after draining the lanes. A list the lane executes in
+//! part leaves its rest to the exclusive side (`World::post_rest`), which checks each
+//! request again as its post would: the world may have changed in between, as it may
+//! between two posts.
+//!
 //! [`LinkModel::INSTANT`]: crate::LinkModel::INSTANT
 
+use super::cq_buf::CqWrite;
 use super::net::Net;
 use super::qp::{sg_len, Admitted, SendHead};
 use super::requester::local_limits;
 use super::responder::{execute, Exec};
 use super::tables::Tables;
-use super::{Scratch, World};
+use super::World;
+use crate::gate::{LaneCell, LaneFlag};
 use crate::types::*;
 use crate::wire::PSN_MASK;
+
+/// A queue pair's send lane (threaded mode, RC): the flag that lets one thread at a time
+/// run its direct path beside the other lanes (`gate.rs`), and the request it builds
+/// posts in. Shared by the world (which drains the flag before it changes anything) and
+/// the queue pair's handle.
+///
+/// What the lane of queue pair A, connected to B, owns while it runs: A's requester
+/// state, counters and held unsignaled slots, B's responder state (no other queue pair
+/// sends to B on the direct path: `path` checks that A and B name each other), the head
+/// of B's receive queue (under its own lock; B's handle posts at the tail), and, under
+/// their writer locks, the CQs it writes. It only reads the rest of the world.
+#[derive(Debug)]
+pub(crate) struct SendLane {
+    pub(crate) flag: LaneFlag,
+    pub(crate) scratch: LaneCell<SendWr>,
+}
+
+impl SendLane {
+    pub(crate) fn new() -> SendLane {
+        SendLane {
+            flag: LaneFlag::new(),
+            scratch: LaneCell::new(SendWr {
+                wr_id: 0,
+                sg_list: [Sge::default(); MAX_SGE],
+                num_sge: 0,
+                op: SendOp::Send,
+                flags: SendFlags::empty(),
+            }),
+        }
+    }
+}
 
 /// A request the direct path takes, executed: what is left to apply.
 struct Direct {
@@ -51,82 +98,80 @@ struct Direct {
     wc: Option<WorkCompletion>,
 }
 
+/// What [`World::post_direct`] did with a list it took: requests `..done` executed, and
+/// `done..admitted` still to post one by one, with the world held exclusively
+/// (`World::post_rest`); `res` is the outcome of the posts' checks.
+pub(crate) struct Taken {
+    pub(crate) done: usize,
+    pub(crate) admitted: usize,
+    pub(crate) res: Result<(), (usize, SimError)>,
+}
+
 impl World {
     /// Executes the send queue of QP `q` from its head on the direct path, as far as it
     /// may go; the rest is left to the packet path (`pump`).
     pub(crate) fn run_direct(&mut self, q: usize) {
         // What cannot change while requests execute here (the fabric, the link, the
-        // connection and its states) is checked once for the whole send queue.
-        let Some(path) = path(&self.tables, &self.net, q) else {
+        // connection and its states) is checked once for the whole send queue; the
+        // executed entries leave it at the end.
+        let w = &*self;
+        let Some(path) = path(&w.tables, &w.net, q) else {
             return;
         };
-        while self.direct_one(q, &path) {}
+        let Some(cqs) = CqPair::lock(&w.tables, &path) else {
+            return;
+        };
+        let mut done = 0;
+        while direct_one(w, q, &path, &cqs, done) {
+            done += 1;
+        }
+        drop(cqs);
+        let sq = &mut self.tables.qps.get_mut(q).expect("live QP").sq;
+        for _ in 0..done {
+            sq.drop_front();
+        }
     }
 
-    /// Executes the head of QP `q`'s send queue at once, as the packet path would on this
-    /// fabric; false, having changed nothing, when it must take the packet path instead.
-    fn direct_one(&mut self, q: usize, path: &Path) -> bool {
-        let t = &self.tables;
-        let Some(qp) = t.qps.get(q) else {
-            return false;
-        };
-        let Some(e) = qp.sq.front() else {
-            return false;
-        };
-        // The inline room is looked at only by an inline request.
-        let inline = if e.wr.flags.contains(SendFlags::INLINE) {
-            qp.sq.inline(0)
-        } else {
-            &[]
-        };
-        let Some(d) = plan(t, &self.net, q, path, &e.wr, qp.sq.gathers(0), inline) else {
-            return false;
-        };
-        self.apply(q, d, true);
-        true
-    }
-
-    /// Posts `n` send work requests, `fill(i, wr)` writing request `i`, on the direct path
-    /// without queueing them, when that gives what posting them one by one
-    /// (`post_send_list`) and running the queue would: every request is checked first
-    /// (as the posts would check them, each counting those before it as queued), none is
+    /// Posts `n` send work requests, `fill(i, wr)` writing request `i` into `wr`, on the
+    /// direct path without queueing them, when that gives what posting them one by one
+    /// (`post_send_list`) and running the queue would: every request is checked first (as
+    /// the posts would check them, each counting those before it as queued), none is
     /// inline (an inline request's bytes are read at its post, so executing an earlier one
     /// first could change them), and the first executes here. Those from the first the
-    /// direct path declines are then queued, as their posts would have queued them. `None`,
-    /// having changed nothing, when the list must be posted one by one instead.
+    /// direct path declines are left to post one by one ([`Taken`]). `None`, having
+    /// changed nothing, when the list must be posted one by one instead.
+    ///
+    /// Runs on QP `q`'s send lane, or with the world held exclusively.
     pub(crate) fn post_direct(
-        &mut self,
+        &self,
         q: usize,
         n: usize,
         fill: &mut impl FnMut(usize, &mut SendWr),
-    ) -> Option<Result<(), (usize, SimError)>> {
+        wr: &mut SendWr,
+    ) -> Option<Taken> {
         let qp = self.tables.qps.get(q)?;
         if qp.ty != QpType::Rc || qp.sq.len() != 0 || n == 0 {
             return None;
         }
         let path = path(&self.tables, &self.net, q)?;
-        let mut scratch = self.scratch.take().unwrap_or_else(Scratch::new);
-        let wr = &mut scratch.send;
         // The posts' checks: the first refused ends the list (those before it are posted).
-        let held = qp.unsig_done as usize;
+        let held = *qp.unsig_done as usize;
         let (mut admitted, mut res) = (n, Ok(()));
         for i in 0..n {
             fill(i, wr);
             match qp.admits_send(wr, &self.net, held + i) {
                 Ok(Admitted::Queue(_)) if !wr.flags.contains(SendFlags::INLINE) => {}
-                Ok(_) => {
-                    self.scratch = Some(scratch);
-                    return None;
-                }
+                Ok(_) => return None,
                 Err(e) => {
                     (admitted, res) = (i, Err((i, e)));
                     break;
                 }
             }
         }
+        let cqs = CqPair::lock(&self.tables, &path)?;
         // Executed in order; the first declined, if it is the first of the list, is posted
         // one by one after all (its post may fail it at once: `fail_head_now`). A list of
-        // one is still in the scratch request.
+        // one is still in `wr`.
         let mut done = 0;
         while done < admitted {
             if n > 1 {
@@ -134,63 +179,150 @@ impl World {
             }
             let sges = &wr.sg_list[..wr.num_sge];
             let head = SendHead::of(wr, sg_len(sges));
-            let Some(d) = plan(&self.tables, &self.net, q, &path, &head, sges, &[]) else {
+            let Some(d) = plan(self, q, &path, &cqs, &head, sges, &[]) else {
                 break;
             };
-            self.apply(q, d, false);
+            apply(self, q, d, &cqs);
             done += 1;
         }
         if done == 0 {
-            self.scratch = Some(scratch);
             return None;
         }
-        let qp = self.tables.qps.get_mut(q).expect("live QP");
-        for i in done..admitted {
-            fill(i, wr);
-            let total = sg_len(&wr.sg_list[..wr.num_sge]);
-            qp.queue_send(wr, total, &mut self.net);
+        // SAFETY: the lane of `q`, or the world held exclusively (the caller's).
+        unsafe { qp.counters.lane_mut() }.posts(true, done);
+        Some(Taken {
+            done,
+            admitted,
+            res,
+        })
+    }
+}
+
+/// Executes the request `i` entries past the head of QP `q`'s send queue (those before it
+/// executed) at once, as the packet path would on this fabric; false, having changed
+/// nothing, when it must take the packet path instead. The world is held exclusively.
+fn direct_one(w: &World, q: usize, path: &Path, cqs: &CqPair<'_>, i: usize) -> bool {
+    let Some(qp) = w.tables.qps.get(q) else {
+        return false;
+    };
+    let Some(e) = qp.sq.get(i) else {
+        return false;
+    };
+    // The inline room is looked at only by an inline request.
+    let inline = if e.wr.flags.contains(SendFlags::INLINE) {
+        qp.sq.inline(i)
+    } else {
+        &[]
+    };
+    let Some(d) = plan(w, q, path, cqs, &e.wr, qp.sq.gathers(i), inline) else {
+        return false;
+    };
+    apply(w, q, d, cqs);
+    true
+}
+
+/// Applies an executed request `d` of QP `q`, as `on_request`, `on_response` and
+/// `complete_front` leave the two queue pairs (but the send queue entry, which the caller
+/// retires if there is one).
+fn apply(w: &World, q: usize, d: Direct, cqs: &CqPair<'_>) {
+    let t = &w.tables;
+    // The responder, as `on_request` leaves it.
+    let peer = t.qps.get(d.p).expect("live QP");
+    {
+        // SAFETY: `q`'s lane (or the exclusive holder) owns its connected responder's
+        // state: no other lane sends to `peer` (`path`).
+        let resp = unsafe { peer.resp.lane_mut() };
+        resp.epsn = d.next;
+        if let Some(old) = d.ex.old {
+            resp.remember(d.psn, old);
         }
-        self.scratch = Some(scratch);
-        self.count_posts(q, true, admitted);
-        if done < admitted {
-            self.run_direct(q);
-            self.pump(q);
-        }
-        Some(res)
+    }
+    if let Some(rd) = d.ex.recv {
+        let wc = peer.retire_recv_shared(&rd);
+        let pushed = cqs.recv().push(wc);
+        debug_assert!(pushed, "room was checked");
     }
 
-    /// Applies an executed request `d` of QP `q` (`queued`: the head of its send queue).
-    fn apply(&mut self, q: usize, d: Direct, queued: bool) {
-        // The queue pairs are looked up again to change them: the plan read the whole
-        // table (and the responder may be the requester itself).
+    // The requester, as `on_response` and `complete_front` leave it.
+    let qp = t.qps.get(q).expect("live QP");
+    // SAFETY (each `lane_mut`): `q`'s lane (or the exclusive holder) owns its requester
+    // state; no other reference to these cells is alive here.
+    let req = unsafe { qp.req.lane_mut() };
+    req.next_psn = d.next;
+    (req.retries, req.rnr_left) = (d.rts.retry_cnt, d.rts.rnr_retry);
+    *unsafe { qp.direct_count.lane_mut() } += 1;
+    unsafe { qp.counters.lane_mut() }.send_end(d.wc.is_some());
+    let unsig_done = unsafe { qp.unsig_done.lane_mut() };
+    match d.wc {
+        Some(wc) => {
+            *unsig_done = 0;
+            let pushed = cqs.send().push(wc);
+            debug_assert!(pushed, "room was checked");
+        }
+        None => *unsig_done += 1,
+    }
+}
 
-        // The responder, as `on_request` leaves it.
-        let peer = self.tables.qps.get_mut(d.p).expect("live QP");
-        peer.resp.epsn = d.next;
-        if let Some(old) = d.ex.old {
-            peer.resp.remember(d.psn, old);
-        }
-        if let Some(rd) = d.ex.recv {
-            let (cq, wc) = (peer.recv_cq(), peer.retire_recv(&rd));
-            self.push_cqe_se(cq, wc, rd.solicited);
-        }
+/// The two CQs a connection's requests write, the requester's send CQ and the
+/// responder's receive CQ, held with their writer locks (in index order, so two lanes
+/// cannot wait for each other; one lock when they are one CQ). Neither is armed: a
+/// completion into an armed CQ raises an event, which only the exclusive side may (the
+/// direct path declines then).
+struct CqPair<'a> {
+    send: CqWrite<'a>,
+    /// The receive CQ when it is another CQ.
+    recv: Option<CqWrite<'a>>,
+    /// Both are one CQ.
+    one: bool,
+}
 
-        // The requester, as `on_response` and `complete_front` leave it.
-        let qp = self.tables.qps.get_mut(q).expect("live QP");
-        if queued {
-            qp.sq.drop_front();
+impl<'a> CqPair<'a> {
+    #[inline]
+    fn lock(t: &'a Tables, path: &Path) -> Option<CqPair<'a>> {
+        let (s, r) = (path.send_cq, path.recv_cq);
+        let (sc, rc) = (t.cqs.get(s)?, t.cqs.get(r)?);
+        if sc.notify.armed() || rc.notify.armed() {
+            return None;
         }
-        qp.req.next_psn = d.next;
-        (qp.req.retries, qp.req.rnr_left) = (d.rts.retry_cnt, d.rts.rnr_retry);
-        qp.direct_count += 1;
-        qp.counters.send_end(d.wc.is_some());
-        match d.wc {
-            Some(wc) => {
-                qp.unsig_done = 0;
-                let cq = qp.send_cq();
-                self.push_cqe(cq, wc);
-            }
-            None => qp.unsig_done += 1,
+        if s == r {
+            let send = sc.buf.lock();
+            return Some(CqPair {
+                send,
+                recv: None,
+                one: true,
+            });
+        }
+        let (send, recv) = if s < r {
+            let send = sc.buf.lock();
+            (send, rc.buf.lock())
+        } else {
+            let recv = rc.buf.lock();
+            (sc.buf.lock(), recv)
+        };
+        Some(CqPair {
+            send,
+            recv: Some(recv),
+            one: false,
+        })
+    }
+
+    #[inline]
+    fn send(&self) -> &CqWrite<'a> {
+        &self.send
+    }
+
+    #[inline]
+    fn recv(&self) -> &CqWrite<'a> {
+        self.recv.as_ref().unwrap_or(&self.send)
+    }
+
+    /// Room for a send and a receive completion (`s`, `r`: 0 or 1).
+    #[inline]
+    fn has_room(&self, s: usize, r: usize) -> bool {
+        if self.one {
+            self.send.has_room(s + r)
+        } else {
+            self.send.has_room(s) && self.recv().has_room(r)
         }
     }
 }
@@ -204,6 +336,9 @@ struct Path {
     p: usize,
     rtr: RtrAttr,
     rts: RtsAttr,
+    /// The requester's send CQ and the responder's receive CQ.
+    send_cq: usize,
+    recv_cq: usize,
 }
 
 #[inline]
@@ -228,8 +363,15 @@ fn path(t: &Tables, net: &Net, q: usize) -> Option<Path> {
         && peer.peer_dev() == Some(dev)
         && peer.dev() == pdev
         && !peer.dead
+        && peer.rq.is_shared()
         && matches!(peer.state, QpState::ReadyToReceive | QpState::ReadyToSend);
-    connected.then_some(Path { p, rtr, rts })
+    connected.then(|| Path {
+        p,
+        rtr,
+        rts,
+        send_cq: qp.send_cq(),
+        recv_cq: peer.recv_cq(),
+    })
 }
 
 /// Whether QP `q`'s request `wr` (gather list `sges`, inline payload `inline`), next in
@@ -238,14 +380,15 @@ fn path(t: &Tables, net: &Net, q: usize) -> Option<Path> {
 /// apply.
 #[inline]
 fn plan(
-    t: &Tables,
-    net: &Net,
+    w: &World,
     q: usize,
     path: &Path,
+    cqs: &CqPair<'_>,
     wr: &SendHead,
     sges: &[Sge],
     inline: &[u8],
 ) -> Option<Direct> {
+    let t = &w.tables;
     let qp = t.qps.get(q)?;
     let (p, rtr, rts, qpn, psn) = (path.p, path.rtr, path.rts, qp.qpn, qp.req.next_psn);
     let peer = t.qps.get(p)?;
@@ -259,19 +402,12 @@ fn plan(
         return None;
     }
     // Room for both completions, so that neither can overflow a CQ here.
-    let room = |c: usize, n: usize| t.cqs.get(c).is_some_and(|c| c.buf.has_room(n));
     let signaled = qp.sig_all || wr.flags.contains(SendFlags::SIGNALED);
     let takes_recv = wr.op.consumes_receive();
-    let (need_send, need_recv) = (usize::from(signaled), usize::from(takes_recv));
-    let fits = if qp.send_cq() == peer.recv_cq() {
-        room(qp.send_cq(), need_send + need_recv)
-    } else {
-        room(qp.send_cq(), need_send) && room(peer.recv_cq(), need_recv)
-    };
-    if !fits {
+    if !cqs.has_room(usize::from(signaled), usize::from(takes_recv)) {
         return None;
     }
-    let ex = execute(&t.mrs, &net.cfg, qp, wr, sges, inline, peer);
+    let ex = execute(&t.mrs, &w.net.cfg, qp, wr, sges, inline, peer);
     if ex.rnr || ex.status != WcStatus::Success {
         return None;
     }

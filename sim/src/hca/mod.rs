@@ -1,7 +1,8 @@
 //! The HCAs: everything a device does between the host's doorbell and the wire.
 //!
-//! The whole fabric is one [`World`] behind the fabric's mutex, in two parts that are
-//! borrowed apart: the [`Tables`] of objects the HCAs hold (looked up by index, key or
+//! The whole fabric is one [`World`] behind the fabric's gate (`gate.rs`: held
+//! exclusively, or shared by the queue pairs' send lanes of the direct path), in two
+//! parts that are borrowed apart: the [`Tables`] of objects the HCAs hold (looked up by index, key or
 //! number), and the [`Net`] they all share (the configuration, simulated time and its
 //! events, the wire, the trace), which no lookup reaches. A block that holds a queue pair
 //! from the tables can still send, arm its timer and trace through the `Net`.
@@ -10,8 +11,8 @@
 //! listed before it (and the last four from here, the `World` they add entry points to):
 //!
 //! - [`mem`]: raw access to registered memory (`unsafe`, as is the next);
-//! - [`cq_buf`]: a CQ's ring of completions, written under the fabric's lock and read by
-//!   polls without it (loom-checked);
+//! - [`cq_buf`]: a CQ's ring of completions, written by the exclusive side or under its
+//!   writer lock, and read by polls without either (loom-checked);
 //! - [`net`]: what the blocks share: configuration, time and events, the wire, the trace;
 //! - [`comp_channel`]: completion channels: a CQ's arming and the events it raises;
 //! - [`rq`]: where a receive queue lives, and the receive post without the world's lock;
@@ -20,7 +21,8 @@
 //! - [`requester`]: transmission, the ACK timer, retries, RNR waits, responses;
 //! - [`responder`]: in-order execution, duplicates, NAKs, the checks and effects;
 //! - [`cq`]: completions written, flushes, a queue pair's move to ERR;
-//! - [`direct`]: the untimed fabric's fast path (a request executed inside its post);
+//! - [`direct`]: the untimed fabric's fast path (a request executed inside its post, on
+//!   the queue pair's send lane);
 //! - [`ud`]: unreliable datagrams: address handles, sends and receives.
 //!
 //! Here: the world itself and the entry points that route work between the blocks: the
@@ -31,6 +33,7 @@
 //! the wall clock in threaded mode).
 
 use crate::config::{FabricConfig, Mode};
+use crate::gate::{LaneFlag, Lanes};
 use crate::sched::EvKind;
 use crate::trace::TraceKind;
 use crate::types::*;
@@ -52,6 +55,7 @@ mod wq;
 
 use std::sync::Arc;
 
+pub(crate) use direct::{SendLane, Taken};
 use mem::RawInline;
 use net::Net;
 pub(crate) use qp::QPN_BASE;
@@ -71,7 +75,19 @@ pub(crate) struct World {
     /// request's `num_sge` are left over, and never read). Taken for the call (`None`
     /// only during one).
     pub(crate) scratch: Option<Box<Scratch>>,
+    /// The send lanes of the queue pairs that have one (threaded mode, RC), by slot.
+    lanes: Vec<(usize, Arc<SendLane>)>,
 }
+
+impl Lanes for World {
+    fn lane_flags(&self) -> impl Iterator<Item = &LaneFlag> {
+        self.lanes.iter().map(|(_, l)| &l.flag)
+    }
+}
+
+/// What a new queue pair's handle holds: its number, and in threaded mode its receive
+/// queue and (RC) its send lane.
+pub(crate) type NewQp = (u32, Option<Arc<SharedRq>>, Option<Arc<SendLane>>);
 
 /// A send and a receive request to build posted requests in.
 #[derive(Debug)]
@@ -105,6 +121,7 @@ impl World {
             tables: Tables::new(),
             net: Net::new(cfg),
             scratch: Some(Scratch::new()),
+            lanes: Vec::new(),
         }
     }
 
@@ -116,7 +133,8 @@ impl World {
     }
 
     /// Creates a queue pair in RESET (see [`Tables::create_qp`]): its number (which names
-    /// its slot) and, in threaded mode, its receive queue for the handle to post to.
+    /// its slot) and, in threaded mode, its receive queue for the handle to post to and
+    /// (RC) its send lane.
     pub(crate) fn create_qp(
         &mut self,
         pd: usize,
@@ -124,7 +142,7 @@ impl World {
         cap: QpCaps,
         sig_all: bool,
         ty: QpType,
-    ) -> Result<(u32, Option<Arc<SharedRq>>), SimError> {
+    ) -> Result<NewQp, SimError> {
         let lazy = self.net.cfg.lazy_queues;
         let (i, qpn) = self.tables.create_qp(pd, cqs, cap, sig_all, ty, lazy)?;
         // Room in the event heap for what it can have in flight: a request and a response
@@ -141,16 +159,22 @@ impl World {
                 Some(qp.rq.share(events, traced))
             }
         };
-        Ok((qpn, rq))
+        let lane = (rq.is_some() && ty == QpType::Rc).then(|| {
+            let lane = Arc::new(SendLane::new());
+            self.lanes.push((i, lane.clone()));
+            lane
+        });
+        Ok((qpn, rq, lane))
     }
 
     /// Destroys QP `q`, discarding its work without completions.
     pub(crate) fn destroy_qp(&mut self, q: usize) {
         self.wake_parked(q);
         self.net.sched.events.cancel_timer(q);
+        self.lanes.retain(|(i, _)| *i != q);
         let t = &mut self.tables;
         if let Some(qp) = t.qps.remove(q) {
-            t.direct_retired += qp.direct_count;
+            t.direct_retired += *qp.direct_count;
             t.release_cq(qp.send_cq(), false);
             t.release_cq(qp.recv_cq(), false);
             t.release_pd(qp.pd(), false);
@@ -238,9 +262,62 @@ impl World {
         mut fill: impl FnMut(usize, &mut SendWr),
         raw: Option<&RawInline>,
     ) -> Result<(), (usize, SimError)> {
-        if let Some(res) = self.post_direct(q, n, &mut fill) {
+        let mut scratch = self.scratch.take().unwrap_or_else(Scratch::new);
+        let taken = self.post_direct(q, n, &mut fill, &mut scratch.send);
+        self.scratch = Some(scratch);
+        match taken {
+            Some(taken) => self.post_rest(q, taken, fill, raw),
+            None => self.post_send_each(q, n, fill, raw),
+        }
+    }
+
+    /// Ends a post call whose requests `..taken.done` the direct path executed: the
+    /// requests up to `taken.admitted` are posted one by one (and run as the queue runs).
+    pub(crate) fn post_rest(
+        &mut self,
+        q: usize,
+        taken: Taken,
+        fill: impl FnMut(usize, &mut SendWr),
+        raw: Option<&RawInline>,
+    ) -> Result<(), (usize, SimError)> {
+        let Taken {
+            done,
+            admitted,
+            res,
+        } = taken;
+        if done == admitted {
             return res;
         }
+        // Queued as their posts queued them (no request runs before the list is posted),
+        // each checked again: on a lane, the world may have changed since.
+        let mut fill = fill;
+        let mut scratch = self.scratch.take().unwrap_or_else(Scratch::new);
+        let mut posted = Ok(());
+        for i in done..admitted {
+            fill(i, &mut scratch.send);
+            if let Err(e) = self.post_send(q, &scratch.send, raw) {
+                posted = Err((i, e));
+                break;
+            }
+        }
+        self.scratch = Some(scratch);
+        let n = posted.as_ref().err().map_or(admitted, |e| e.0) - done;
+        if let Some(qp) = self.tables.qps.get_mut(q) {
+            qp.counters.more_sends(n);
+        }
+        self.run_direct(q);
+        self.pump(q);
+        posted.and(res)
+    }
+
+    /// Posts requests `..n` of a list one by one, `fill(i, wr)` writing request `i`.
+    fn post_send_each(
+        &mut self,
+        q: usize,
+        n: usize,
+        mut fill: impl FnMut(usize, &mut SendWr),
+        raw: Option<&RawInline>,
+    ) -> Result<(), (usize, SimError)> {
         let mut i = 0;
         let next = |wr: &mut SendWr| {
             let more = i < n;
@@ -391,8 +468,8 @@ impl World {
             };
             qp.sq.clear();
             qp.rq.clear_closed();
-            qp.unsig_done = 0;
-            (qp.req, qp.dead, qp.epoch) = (ReqState::default(), true, epoch);
+            *qp.unsig_done = 0;
+            (*qp.req, qp.dead, qp.epoch) = (ReqState::default(), true, epoch);
             qp.resp.reset();
             net.sched.events.cancel_timer(q);
             qp.set_state(QpState::Error, net);

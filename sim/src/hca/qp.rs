@@ -15,6 +15,7 @@ use super::rq::RqHome;
 pub(crate) use super::wq::{SendHead, SendQueue, SqEntry};
 use crate::config::{Personality, ROCE_ROUTE_HOP_LIMIT};
 use crate::counters::QpCounters;
+use crate::gate::LaneCell;
 use crate::trace::TraceKind;
 use crate::types::*;
 
@@ -125,17 +126,17 @@ impl RespState {
 #[derive(Debug)]
 #[repr(C)]
 pub(crate) struct QpObj {
-    // Written by its own posts.
+    // Written by its own posts (in `LaneCell`s: by its send lane too, `direct.rs`).
     /// Send WRs not yet executed, oldest first.
     pub(crate) sq: SendQueue,
     /// Doorbells, posts and send completions (`Qp::counters`).
-    pub(crate) counters: QpCounters,
+    pub(crate) counters: LaneCell<QpCounters>,
     /// Send WRs of this QP completed on the direct path (kept here, not in the shared
     /// world header, so that counting dirties only a line the post writes anyway).
-    pub(crate) direct_count: u64,
-    pub(crate) req: ReqState,
+    pub(crate) direct_count: LaneCell<u64>,
+    pub(crate) req: LaneCell<ReqState>,
     /// Executed unsignaled WRs still holding SQ slots (released by the next send CQE).
-    pub(crate) unsig_done: u32,
+    pub(crate) unsig_done: LaneCell<u32>,
 
     // Read by both between control operations.
     pub(crate) qpn: u32,
@@ -167,8 +168,8 @@ pub(crate) struct QpObj {
     /// mode: `rq.rs`).
     pub(crate) rq: RqHome,
 
-    // Written by the peer's requests.
-    pub(crate) resp: RespState,
+    // Written by the peer's requests (by the peer's send lane too, `direct.rs`).
+    pub(crate) resp: LaneCell<RespState>,
 }
 
 impl QpObj {
@@ -301,10 +302,10 @@ impl QpObj {
             Transition::Reset => {
                 self.sq.clear();
                 self.rq.clear_closed();
-                self.unsig_done = 0;
+                *self.unsig_done = 0;
                 (self.init, self.rtr, self.rts) = (None, None, None);
                 self.qkey = 0;
-                (self.req, self.peer_dev) = (ReqState::default(), None);
+                (*self.req, self.peer_dev) = (ReqState::default(), None);
                 self.resp.reset();
                 self.epoch = epoch;
                 net.sched.events.cancel_timer(self.slot());
@@ -419,7 +420,7 @@ impl QpObj {
         net: &mut Net,
         mut inline_src: impl FnMut(u64, usize) -> Option<Src<'m>>,
     ) -> Result<Posted, SimError> {
-        let held = self.sq.len() + self.unsig_done as usize;
+        let held = self.sq.len() + *self.unsig_done as usize;
         let total = match self.admits_send(wr, net, held)? {
             Admitted::Queue(total) => total,
             Admitted::Flush => {
@@ -566,7 +567,7 @@ fn a_queue_pair_stays_small() {
     );
     assert!(core::mem::size_of::<SqEntry>() <= 72);
     // The handle users hold (a node holds two per peer): the world, the number, the type,
-    // the shared receive queue (threaded mode).
+    // the shared receive queue and the send lane (threaded mode).
     let handle = core::mem::size_of::<crate::Qp>();
-    assert!(handle <= 24, "{handle}");
+    assert!(handle <= 32, "{handle}");
 }

@@ -15,8 +15,8 @@
 //! Why: on the untimed fabric the world's lock is held for a whole request's execution,
 //! and a thread re-posting its receive under it would wait behind the peer's send (in the
 //! two-thread ping-pong, `examples/sim_rtt.rs threads`, most round trips would meet the
-//! lock held). The consumer's side is the world, under its lock, which takes this one
-//! too.
+//! lock held). The consumer's side is the world held exclusively, or the send lane of
+//! the queue pair connected to this one (`direct.rs`); either takes this lock too.
 //!
 //! In stepped mode (one thread drives the world; a world of 65,536 nodes has four million
 //! queue pairs) the queue stays in the queue pair: no allocation and no lock of its own.
@@ -126,6 +126,22 @@ impl RqHome {
         match self {
             RqHome::Local(q) => f(q),
             RqHome::Shared(s) => f(&mut s.lock().q),
+        }
+    }
+
+    /// Whether the queue is shared with the handle (threaded mode).
+    #[inline]
+    pub(crate) fn is_shared(&self) -> bool {
+        matches!(self, RqHome::Shared(_))
+    }
+
+    /// Retires the oldest receive of a shared queue, under its lock (a lane sending to
+    /// this queue pair holds no `&mut` to it); a local queue is never reached so (only
+    /// the exclusive side, through [`RqHome::with`], consumes it).
+    #[inline]
+    pub(crate) fn pop_shared(&self) {
+        if let RqHome::Shared(s) = self {
+            s.lock().q.pop_front();
         }
     }
 

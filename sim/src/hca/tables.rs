@@ -11,8 +11,9 @@ use std::collections::{BTreeMap, BinaryHeap};
 use super::comp_channel::{CqNotify, Notifier};
 use super::cq_buf::CqWriter;
 use super::mem::{Dst, Region, Spans, Src};
-use super::qp::{invalid, QpObj, ReqState, RespState, SendQueue, MAX_24, QPN_BASE};
+use super::qp::{invalid, QpObj, RespState, SendQueue, MAX_24, QPN_BASE};
 use super::rq::RqHome;
+use crate::gate::LaneCell;
 use crate::types::*;
 
 /// Key bit that marks an rkey (lkeys have it clear), so a swapped key never validates.
@@ -363,8 +364,8 @@ impl Tables {
             epoch,
             dead: false,
             peer_dev: None,
-            req: ReqState::default(),
-            resp: RespState::new(lazy),
+            req: LaneCell::default(),
+            resp: LaneCell::new(RespState::new(lazy)),
             pd_: index(pd),
             send_cq_: index(cqs.0),
             recv_cq_: index(cqs.1),
@@ -382,8 +383,8 @@ impl Tables {
                 lazy,
             ),
             rq: RqHome::new(cap.max_recv_wr as usize, cap.max_recv_sge as usize, lazy),
-            unsig_done: 0,
-            direct_count: 0,
+            unsig_done: LaneCell::new(0),
+            direct_count: LaneCell::new(0),
             counters: Default::default(),
         };
         let (i, _) = self.qps.insert(qp);

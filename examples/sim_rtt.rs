@@ -14,6 +14,11 @@
 //! 10,000 round trips: prints the fastest block and the median (the host's speed drifts,
 //! so compare builds by alternating runs of this).
 //!
+//! With `both`, the two sides on two threads each write `ROUND_TRIPS` batches of 32
+//! writes of 64 B to the other at once (a `Channel` scope per batch) and print the total
+//! rate: two threads sending both ways over one connection, which take turns only where
+//! they share something (their CQs' writer locks, `sim/src/hca/direct.rs`).
+//!
 //! Prints `ns_per_round_trip=<mean>`. Under `valgrind --tool=callgrind`, two runs with
 //! different `ROUND_TRIPS` give instructions per round trip (setup cancels out), as
 //! `scripts/callgrind.sh` does for post + poll. Compare with the two-thread bench: the
@@ -38,6 +43,10 @@ struct Pair {
     src: zverbs::LocalSlice<'static>,
     a_dst: [zverbs::Sge; 1],
     b_buf: [zverbs::Sge; 1],
+    /// B's message, and the regions each side writes into at the other (`both`).
+    b_src: zverbs::LocalSlice<'static>,
+    into_b: zverbs::RemoteRegion,
+    into_a: zverbs::RemoteRegion,
 }
 
 fn pair(cfg: ChannelConfig) -> Pair {
@@ -55,13 +64,21 @@ fn pair(cfg: ChannelConfig) -> Pair {
     let region = |pd: &'static zverbs::ProtectionDomain<Sim>| {
         Box::leak(Box::new(pd.register(buffer(MSG)).unwrap()))
     };
-    let (out, a_in, b_in) = (region(pa), region(pa), region(pb));
+    let (out, a_in, b_in, b_out) = (region(pa), region(pa), region(pb), region(pb));
+    let writable = |pd: &'static zverbs::ProtectionDomain<Sim>| {
+        // SAFETY: leaked, and never touched through Rust references.
+        let mr = unsafe { pd.register_with_access(buffer(MSG), zverbs::AccessFlags::all()) };
+        Box::leak(Box::new(mr.unwrap())).remote()
+    };
     Pair {
         a,
         b,
         src: out.slice(..).unwrap(),
         a_dst: [a_in.slice_mut(..).unwrap().sge()],
         b_buf: [b_in.slice_mut(..).unwrap().sge()],
+        b_src: b_out.slice(..).unwrap(),
+        into_b: writable(pb),
+        into_a: writable(pa),
     }
 }
 
@@ -72,6 +89,9 @@ fn main() {
         .expect("ROUND_TRIPS must be a number");
     if std::env::args().nth(2).as_deref() == Some("threads") {
         return run_threads(iters);
+    }
+    if std::env::args().nth(2).as_deref() == Some("both") {
+        return run_both(iters);
     }
     if std::env::args().nth(2).as_deref() == Some("async") {
         #[cfg(feature = "tokio")]
@@ -85,6 +105,7 @@ fn main() {
         src,
         a_dst,
         b_buf,
+        ..
     } = pair(ChannelConfig::default());
     let start = Instant::now();
     for _ in 0..iters {
@@ -179,6 +200,7 @@ fn run_threads(iters: u64) {
         src,
         a_dst,
         b_buf,
+        ..
     } = pair(ChannelConfig {
         wait: zverbs::WaitPolicy::Spin,
         ..ChannelConfig::default()
@@ -218,4 +240,44 @@ fn run_threads(iters: u64) {
         times[0],
         times[times.len() / 2]
     );
+}
+
+/// `batches` scopes of 32 writes of `src` into `dst`.
+fn stream(
+    ch: &mut Channel<Sim, 64, 4>,
+    src: zverbs::LocalSlice<'_>,
+    dst: &zverbs::RemoteRegion,
+    batches: u64,
+) {
+    for _ in 0..batches {
+        ch.scope(|s| {
+            for _ in 0..32 {
+                s.post_write([src], dst)?;
+            }
+            Ok(())
+        })
+        .expect("scope");
+    }
+}
+
+/// Both sides write to each other at once, each on its own thread.
+fn run_both(batches: u64) {
+    let Pair {
+        mut a,
+        mut b,
+        src,
+        b_src,
+        into_b,
+        into_a,
+        ..
+    } = pair(ChannelConfig::default());
+    let start = Instant::now();
+    // Both channels live until both sides are done (a destroyed peer answers nothing).
+    std::thread::scope(|t| {
+        t.spawn(|| stream(&mut b, b_src, &into_a, batches));
+        stream(&mut a, src, &into_b, batches);
+    });
+    let writes = 2 * 32 * batches;
+    let secs = start.elapsed().as_secs_f64();
+    println!("M_writes_per_s={:.1}", writes as f64 / secs / 1e6);
 }

@@ -118,7 +118,7 @@ impl World {
         let Some(path) = path(&w.tables, &w.net, q) else {
             return;
         };
-        let Some(cqs) = CqPair::lock(&w.tables, &path) else {
+        let Some(cqs) = CqPair::lock(&w.tables, &path, true) else {
             return;
         };
         let mut done = 0;
@@ -156,9 +156,10 @@ impl World {
         let path = path(&self.tables, &self.net, q)?;
         // The posts' checks: the first refused ends the list (those before it are posted).
         let held = *qp.unsig_done as usize;
-        let (mut admitted, mut res) = (n, Ok(()));
+        let (mut admitted, mut res, mut recv) = (n, Ok(()), false);
         for i in 0..n {
             fill(i, wr);
+            recv |= wr.op.consumes_receive();
             match qp.admits_send(wr, &self.net, held + i) {
                 Ok(Admitted::Queue(_)) if !wr.flags.contains(SendFlags::INLINE) => {}
                 Ok(_) => return None,
@@ -168,7 +169,7 @@ impl World {
                 }
             }
         }
-        let cqs = CqPair::lock(&self.tables, &path)?;
+        let cqs = CqPair::lock(&self.tables, &path, recv)?;
         // Executed in order; the first declined, if it is the first of the list, is posted
         // one by one after all (its post may fail it at once: `fail_head_now`). A list of
         // one is still in `wr`.
@@ -239,7 +240,8 @@ fn apply(w: &World, q: usize, d: Direct, cqs: &CqPair<'_>) {
     }
     if let Some(rd) = d.ex.recv {
         let wc = peer.retire_recv_shared(&rd);
-        let pushed = cqs.recv().push(wc);
+        // Locked and with room: the plan checked.
+        let pushed = cqs.recv().is_some_and(|c| c.push(wc));
         debug_assert!(pushed, "room was checked");
     }
 
@@ -263,34 +265,43 @@ fn apply(w: &World, q: usize, d: Direct, cqs: &CqPair<'_>) {
     }
 }
 
-/// The two CQs a connection's requests write, the requester's send CQ and the
-/// responder's receive CQ, held with their writer locks (in index order, so two lanes
-/// cannot wait for each other; one lock when they are one CQ). Neither is armed: a
-/// completion into an armed CQ raises an event, which only the exclusive side may (the
-/// direct path declines then).
+/// The CQs a connection's requests write, the requester's send CQ and (when some request
+/// consumes a receive) the responder's receive CQ, held with their writer locks (in index
+/// order, so two lanes cannot wait for each other; one lock when they are one CQ). A list
+/// of writes to a peer locks only its own CQ, so the peer's lane, writing back, meets no
+/// lock of this one. None is armed: a completion into an armed CQ raises an event, which
+/// only the exclusive side may (the direct path declines then).
 struct CqPair<'a> {
     send: CqWrite<'a>,
-    /// The receive CQ when it is another CQ.
-    recv: Option<CqWrite<'a>>,
-    /// Both are one CQ.
-    one: bool,
+    recv: RecvCq<'a>,
+}
+
+/// The receive CQ of a [`CqPair`].
+enum RecvCq<'a> {
+    /// Not locked: no request of the list consumes a receive.
+    None,
+    /// The send CQ.
+    Same,
+    Other(CqWrite<'a>),
 }
 
 impl<'a> CqPair<'a> {
+    /// Locks the send CQ of `path`, and its receive CQ if `recv`; `None` if one is armed.
     #[inline]
-    fn lock(t: &'a Tables, path: &Path) -> Option<CqPair<'a>> {
+    fn lock(t: &'a Tables, path: &Path, recv: bool) -> Option<CqPair<'a>> {
         let (s, r) = (path.send_cq, path.recv_cq);
-        let (sc, rc) = (t.cqs.get(s)?, t.cqs.get(r)?);
-        if sc.notify.armed() || rc.notify.armed() {
+        let sc = t.cqs.get(s)?;
+        if sc.notify.armed() {
             return None;
         }
-        if s == r {
+        if !recv || s == r {
+            let recv = if recv { RecvCq::Same } else { RecvCq::None };
             let send = sc.buf.lock();
-            return Some(CqPair {
-                send,
-                recv: None,
-                one: true,
-            });
+            return Some(CqPair { send, recv });
+        }
+        let rc = t.cqs.get(r)?;
+        if rc.notify.armed() {
+            return None;
         }
         let (send, recv) = if s < r {
             let send = sc.buf.lock();
@@ -301,8 +312,7 @@ impl<'a> CqPair<'a> {
         };
         Some(CqPair {
             send,
-            recv: Some(recv),
-            one: false,
+            recv: RecvCq::Other(recv),
         })
     }
 
@@ -311,18 +321,24 @@ impl<'a> CqPair<'a> {
         &self.send
     }
 
+    /// The receive CQ, if locked.
     #[inline]
-    fn recv(&self) -> &CqWrite<'a> {
-        self.recv.as_ref().unwrap_or(&self.send)
+    fn recv(&self) -> Option<&CqWrite<'a>> {
+        match &self.recv {
+            RecvCq::None => None,
+            RecvCq::Same => Some(&self.send),
+            RecvCq::Other(c) => Some(c),
+        }
     }
 
-    /// Room for a send and a receive completion (`s`, `r`: 0 or 1).
+    /// Room for a send and a receive completion (`s`, `r`: 0 or 1); none for a receive
+    /// completion when the receive CQ is not locked.
     #[inline]
     fn has_room(&self, s: usize, r: usize) -> bool {
-        if self.one {
-            self.send.has_room(s + r)
-        } else {
-            self.send.has_room(s) && self.recv().has_room(r)
+        match &self.recv {
+            RecvCq::Same => self.send.has_room(s + r),
+            RecvCq::Other(c) => self.send.has_room(s) && c.has_room(r),
+            RecvCq::None => r == 0 && self.send.has_room(s),
         }
     }
 }

@@ -338,7 +338,9 @@ impl Qp {
     /// without copies of whole requests: an adapter converting its own request type fills
     /// only the fields and entries it uses. `fill` may be called more than once for the
     /// same `i` (the requests are checked before any executes) and must write the same
-    /// request each time.
+    /// request each time. It runs inside the post (on the queue pair's send lane, or with
+    /// the fabric held), so it must not call into this fabric: that call would wait for
+    /// the post to end.
     ///
     /// ```
     /// # use zverbs_sim::*;

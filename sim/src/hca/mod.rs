@@ -265,10 +265,20 @@ impl World {
         let mut scratch = self.scratch.take().unwrap_or_else(Scratch::new);
         let taken = self.post_direct(q, n, &mut fill, &mut scratch.send);
         self.scratch = Some(scratch);
-        match taken {
-            Some(taken) => self.post_rest(q, taken, fill, raw),
-            None => self.post_send_each(q, n, fill, raw),
-        }
+        let Some(taken) = taken else {
+            // One by one.
+            let mut i = 0;
+            let next = |wr: &mut SendWr| {
+                let more = i < n;
+                if more {
+                    fill(i, wr);
+                    i += 1;
+                }
+                more
+            };
+            return self.post_send_list(q, next, raw);
+        };
+        self.post_rest(q, taken, fill, raw)
     }
 
     /// Ends a post call whose requests `..taken.done` the direct path executed: the
@@ -308,26 +318,6 @@ impl World {
         self.run_direct(q);
         self.pump(q);
         posted.and(res)
-    }
-
-    /// Posts requests `..n` of a list one by one, `fill(i, wr)` writing request `i`.
-    fn post_send_each(
-        &mut self,
-        q: usize,
-        n: usize,
-        mut fill: impl FnMut(usize, &mut SendWr),
-        raw: Option<&RawInline>,
-    ) -> Result<(), (usize, SimError)> {
-        let mut i = 0;
-        let next = |wr: &mut SendWr| {
-            let more = i < n;
-            if more {
-                fill(i, wr);
-                i += 1;
-            }
-            more
-        };
-        self.post_send_list(q, next, raw)
     }
 
     /// Posts one send WR (see `QpObj::post_send`). With `raw`, inline SGEs are read from

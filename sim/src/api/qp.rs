@@ -317,7 +317,7 @@ impl Qp {
         raw: Option<&RawInline>,
     ) -> Option<Result<(), (usize, SimError)>> {
         let l = self.lane.as_ref()?;
-        let w = self.world.lane(&l.flag)?;
+        let w = self.world.lane(&l.flag, self.id())?;
         // SAFETY: this lane runs (its flag raised), and owns its scratch request.
         let wr = unsafe { l.scratch.lane_mut() };
         let taken = w.post_direct(self.id(), n, fill, wr)?;

@@ -52,10 +52,9 @@ use crate::gate::{LaneCell, LaneFlag};
 use crate::types::*;
 use crate::wire::PSN_MASK;
 
-/// A queue pair's send lane (threaded mode, RC): the flag that lets one thread at a time
-/// run its direct path beside the other lanes (`gate.rs`), and the request it builds
-/// posts in. Shared by the world (which drains the flag before it changes anything) and
-/// the queue pair's handle.
+/// A queue pair's send lane (threaded mode, RC), which its handle holds: the busy flag
+/// that lets one thread at a time run its direct path beside the other lanes (`gate.rs`),
+/// and the request it builds posts in.
 ///
 /// What the lane of queue pair A, connected to B, owns while it runs: A's requester
 /// state, counters and held unsignaled slots, B's responder state (no other queue pair

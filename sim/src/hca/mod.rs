@@ -33,7 +33,6 @@
 //! the wall clock in threaded mode).
 
 use crate::config::{FabricConfig, Mode};
-use crate::gate::{LaneFlag, Lanes};
 use crate::sched::EvKind;
 use crate::trace::TraceKind;
 use crate::types::*;
@@ -75,14 +74,6 @@ pub(crate) struct World {
     /// request's `num_sge` are left over, and never read). Taken for the call (`None`
     /// only during one).
     pub(crate) scratch: Option<Box<Scratch>>,
-    /// The send lanes of the queue pairs that have one (threaded mode, RC), by slot.
-    lanes: Vec<(usize, Arc<SendLane>)>,
-}
-
-impl Lanes for World {
-    fn lane_flags(&self) -> impl Iterator<Item = &LaneFlag> {
-        self.lanes.iter().map(|(_, l)| &l.flag)
-    }
 }
 
 /// What a new queue pair's handle holds: its number, and in threaded mode its receive
@@ -121,7 +112,6 @@ impl World {
             tables: Tables::new(),
             net: Net::new(cfg),
             scratch: Some(Scratch::new()),
-            lanes: Vec::new(),
         }
     }
 
@@ -159,11 +149,7 @@ impl World {
                 Some(qp.rq.share(events, traced))
             }
         };
-        let lane = (rq.is_some() && ty == QpType::Rc).then(|| {
-            let lane = Arc::new(SendLane::new());
-            self.lanes.push((i, lane.clone()));
-            lane
-        });
+        let lane = (rq.is_some() && ty == QpType::Rc).then(|| Arc::new(SendLane::new()));
         Ok((qpn, rq, lane))
     }
 
@@ -171,7 +157,6 @@ impl World {
     pub(crate) fn destroy_qp(&mut self, q: usize) {
         self.wake_parked(q);
         self.net.sched.events.cancel_timer(q);
-        self.lanes.retain(|(i, _)| *i != q);
         let t = &mut self.tables;
         if let Some(qp) = t.qps.remove(q) {
             t.direct_retired += *qp.direct_count;

@@ -10,7 +10,9 @@
 //! The simulator does not depend on `zverbs`; `zverbs` adapts it behind its `sim` feature.
 //! Both speak the plain verbs data of `zverbs-types` ([`AccessFlags`], [`QpState`],
 //! [`WorkCompletion`], [`Transition`], ...), re-exported here.
-//! It is thread-safe: two threads may drive the two ends of a connection.
+//! It is thread-safe: two threads may drive the two ends of a connection, and on the
+//! untimed fabric they do so without a fabric-wide lock (each queue pair's sends run on its
+//! own lane beside the others', polls and receive posts touch only their own queues).
 //!
 //! ```
 //! use zverbs_sim::*;

@@ -181,17 +181,8 @@ fn both_ends_stream_while_the_world_changes() {
         sc.spawn(|| {
             let mut churn = 0u64;
             while !done.load(std::sync::atomic::Ordering::Relaxed) {
-                let cq = p.a.ctx.create_cq(4).unwrap();
-                let qp =
-                    p.a.pd
-                        .create_qp(&QpInitAttr {
-                            send_cq: &cq,
-                            recv_cq: &cq,
-                            cap: cfg.cap,
-                            sq_sig_all: false,
-                        })
-                        .unwrap();
-                drop(qp);
+                // A context, PD, CQ and queue pair made and gone.
+                drop(side(&p.fabric, "sim0", &cfg));
                 churn += p.a.qp.counters().sends_posted + u64::from(p.b.qp.query().sq_psn);
                 std::thread::yield_now();
             }

@@ -47,7 +47,7 @@ use super::qp::{sg_len, Admitted, SendHead};
 use super::requester::local_limits;
 use super::responder::{execute, Exec};
 use super::tables::Tables;
-use super::World;
+use super::{blank_send, World};
 use crate::gate::{LaneCell, LaneFlag};
 use crate::types::*;
 use crate::wire::PSN_MASK;
@@ -71,13 +71,7 @@ impl SendLane {
     pub(crate) fn new() -> SendLane {
         SendLane {
             flag: LaneFlag::new(),
-            scratch: LaneCell::new(SendWr {
-                wr_id: 0,
-                sg_list: [Sge::default(); MAX_SGE],
-                num_sge: 0,
-                op: SendOp::Send,
-                flags: SendFlags::empty(),
-            }),
+            scratch: LaneCell::new(blank_send()),
         }
     }
 }

@@ -87,16 +87,22 @@ pub(crate) struct Scratch {
     pub(crate) recv: RecvWr,
 }
 
+/// A send request to build posted requests in (its contents are never read before a
+/// post writes them).
+pub(crate) fn blank_send() -> SendWr {
+    SendWr {
+        wr_id: 0,
+        sg_list: [Sge::default(); MAX_SGE],
+        num_sge: 0,
+        op: SendOp::Send,
+        flags: SendFlags::empty(),
+    }
+}
+
 impl Scratch {
     pub(crate) fn new() -> Box<Scratch> {
         Box::new(Scratch {
-            send: SendWr {
-                wr_id: 0,
-                sg_list: [Sge::default(); MAX_SGE],
-                num_sge: 0,
-                op: SendOp::Send,
-                flags: SendFlags::empty(),
-            },
+            send: blank_send(),
             recv: RecvWr {
                 wr_id: 0,
                 sg_list: [Sge::default(); MAX_SGE],
@@ -272,7 +278,7 @@ impl World {
         &mut self,
         q: usize,
         taken: Taken,
-        fill: impl FnMut(usize, &mut SendWr),
+        mut fill: impl FnMut(usize, &mut SendWr),
         raw: Option<&RawInline>,
     ) -> Result<(), (usize, SimError)> {
         let Taken {
@@ -285,7 +291,6 @@ impl World {
         }
         // Queued as their posts queued them (no request runs before the list is posted),
         // each checked again: on a lane, the world may have changed since.
-        let mut fill = fill;
         let mut scratch = self.scratch.take().unwrap_or_else(Scratch::new);
         let mut posted = Ok(());
         for i in done..admitted {

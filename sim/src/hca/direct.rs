@@ -218,6 +218,7 @@ fn direct_one(w: &World, q: usize, path: &Path, cqs: &CqPair<'_>, i: usize) -> b
 /// Applies an executed request `d` of QP `q`, as `on_request`, `on_response` and
 /// `complete_front` leave the two queue pairs (but the send queue entry, which the caller
 /// retires if there is one).
+#[inline]
 fn apply(w: &World, q: usize, d: Direct, cqs: &CqPair<'_>) {
     let t = &w.tables;
     // The responder, as `on_request` leaves it.
@@ -326,7 +327,7 @@ impl<'a> CqPair<'a> {
 
     /// Room for a send and a receive completion (`s`, `r`: 0 or 1); none for a receive
     /// completion when the receive CQ is not locked.
-    #[inline]
+    #[inline(always)]
     fn has_room(&self, s: usize, r: usize) -> bool {
         match &self.recv {
             RecvCq::Same => self.send.has_room(s + r),

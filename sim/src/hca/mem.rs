@@ -38,6 +38,7 @@ impl Region {
     }
 
     /// Offset of `addr..addr + len` inside the region, if it lies fully inside.
+    #[inline]
     fn offset(&self, addr: u64, len: usize) -> Option<usize> {
         let off = usize::try_from(addr)
             .ok()?
@@ -46,11 +47,13 @@ impl Region {
     }
 
     /// Whether `addr..addr + len` lies inside the region.
+    #[inline]
     pub(crate) fn contains(&self, addr: u64, len: usize) -> bool {
         self.offset(addr, len).is_some()
     }
 
     /// A readable span of `addr..addr + len`, if inside the region.
+    #[inline]
     pub(crate) fn src(&self, addr: u64, len: usize) -> Option<Src<'_>> {
         let off = self.offset(addr, len)?;
         Some(Src {
@@ -61,6 +64,7 @@ impl Region {
     }
 
     /// A writable span of `addr..addr + len`, if inside the region and the region is writable.
+    #[inline]
     pub(crate) fn dst(&self, addr: u64, len: usize) -> Option<Dst<'_>> {
         let off = self.offset(addr, len).filter(|_| self.writable)?;
         Some(Dst {
@@ -157,6 +161,7 @@ impl RawInline {
 ///
 /// # Panics
 /// If either list holds fewer than `len` bytes (callers check lengths first).
+#[inline]
 pub(crate) fn copy(src: &[Src<'_>], dst: &[Dst<'_>], mut len: usize) {
     if let (Some(s), Some(d)) = (src.first(), dst.first()) {
         if s.len >= len && d.len >= len {

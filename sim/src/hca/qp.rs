@@ -458,6 +458,7 @@ impl QpObj {
     /// The checks of a send WR's post, with `held` send queue slots held (queued, or
     /// completed unsignaled): whether it is refused, queued (with the bytes its gather list
     /// names) or completed at once flushed (in ERR). Changes nothing.
+    #[inline]
     pub(crate) fn admits_send(
         &self,
         wr: &SendWr,

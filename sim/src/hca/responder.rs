@@ -176,6 +176,7 @@ fn respond(net: &mut Net, req: &Packet, psn: u32, kind: PacketKind, bytes: u64) 
 /// Executes request `wr` (with its gather list `sges` and INLINE payload `inline`) of requester `qp` at
 /// responder `peer`, resolving keys in the MR table `mrs`: checks, then effects. Nothing but the memory it writes on success
 /// changes, so a failed or RNR outcome can be recomputed later with the same result.
+#[inline]
 pub(crate) fn execute(
     mrs: &Slab<MrObj>,
     cfg: &FabricConfig,
@@ -238,11 +239,12 @@ pub(crate) fn execute(
         },
         None => None,
     };
-    let remote = |rkey: u32, addr: u64, n: usize| {
+    // The region `rkey` names, if it grants `need`; the span's bounds are the caller's
+    // to check (`Region::src`, `Region::dst`).
+    let remote = |rkey: u32| {
         mrs.lookup(rkey, true, peer.pd())
             .filter(|m| m.access.contains(need))
             .map(|m| &m.region)
-            .filter(|r| r.contains(addr, n))
     };
 
     // Effects (everything is checked before a byte moves), responder completion.
@@ -297,7 +299,7 @@ pub(crate) fn execute(
                 solicited: wr.flags.contains(SendFlags::SOLICITED),
             });
             if len > 0 {
-                let target = remote(rkey, remote_addr, len);
+                let target = remote(rkey);
                 let Some(d) = target.and_then(|r| r.dst(remote_addr, len)) else {
                     // IB: the receive of a failed WRITE_WITH_IMM completes with a
                     // local access error (when so configured; else it is flushed).
@@ -323,7 +325,7 @@ pub(crate) fn execute(
         }
         (Read { remote_addr, rkey }, _) => {
             if len > 0 {
-                let Some(s) = remote(rkey, remote_addr, len) else {
+                let Some(s) = remote(rkey) else {
                     return fail(out, WcStatus::RemAccessErr);
                 };
                 let Some(s) = s.src(remote_addr, len) else {
@@ -344,7 +346,7 @@ pub(crate) fn execute(
             if remote_addr % 8 != 0 {
                 return fail(out, WcStatus::RemInvReqErr);
             }
-            let target = remote(rkey, remote_addr, 8).and_then(|r| r.dst(remote_addr, 8));
+            let target = remote(rkey).and_then(|r| r.dst(remote_addr, 8));
             let Some(r) = target else {
                 return fail(out, WcStatus::RemAccessErr);
             };

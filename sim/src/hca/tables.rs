@@ -85,6 +85,7 @@ impl<T> Slab<T> {
     }
 
     /// The live object at `i` if its generation is `gen`.
+    #[inline]
     fn get_gen(&self, i: usize, gen: u8) -> Option<&T> {
         self.slots
             .get(i)
@@ -464,13 +465,20 @@ impl Slab<MrObj> {
 
     /// Resolves a local gather list in `pd` into `out`; false on a protection error.
     /// Zero-length entries are skipped unchecked, as rxe does.
+    #[inline]
     pub(crate) fn gather<'w>(&'w self, pd: usize, sges: &[Sge], out: &mut Spans<Src<'w>>) -> bool {
         // A list holds at most `MAX_SGE` entries, so `out` has room for each.
-        sges.iter().filter(|s| s.length > 0).all(|s| {
+        for s in sges {
+            if s.length == 0 {
+                continue;
+            }
             let src = self.lookup(s.lkey, false, pd);
-            let span = src.and_then(|m| m.region.src(s.addr, s.length as usize));
-            span.is_some_and(|span| out.push(span).is_ok())
-        })
+            match src.and_then(|m| m.region.src(s.addr, s.length as usize)) {
+                Some(span) if out.push(span).is_ok() => {}
+                _ => return false,
+            }
+        }
+        true
     }
 
     /// Resolves the entries of a scatter list in `pd` that the first `len` bytes reach into

@@ -44,6 +44,7 @@ pub(crate) struct SendHead {
 
 impl SendHead {
     /// The head of `wr`, whose gather list names `total` bytes.
+    #[inline]
     pub(crate) fn of(wr: &SendWr, total: u64) -> SendHead {
         SendHead {
             wr_id: wr.wr_id,

@@ -43,7 +43,7 @@
 
 use super::cq_buf::CqWrite;
 use super::net::Net;
-use super::qp::{sg_len, Admitted, SendHead};
+use super::qp::{sg_len, SendHead};
 use super::requester::local_limits;
 use super::responder::{execute, Exec};
 use super::tables::Tables;
@@ -147,14 +147,18 @@ impl World {
             return None;
         }
         let path = path(&self.tables, &self.net, q)?;
-        // The posts' checks: the first refused ends the list (those before it are posted).
+        // The posts' checks, the queue pair's once (it is in RTS: `path`), then each
+        // request's: the first refused ends the list (those before it are posted).
+        if qp.admits_sends() != Ok(false) {
+            return None;
+        }
         let held = *qp.unsig_done as usize;
         let (mut admitted, mut res, mut recv) = (n, Ok(()), false);
         for i in 0..n {
             fill(i, wr);
             recv |= wr.op.consumes_receive();
-            match qp.admits_send(wr, &self.net, held + i) {
-                Ok(Admitted::Queue(_)) if !wr.flags.contains(SendFlags::INLINE) => {}
+            match qp.admits_wr(wr, &self.net, held + i) {
+                Ok(_) if !wr.flags.contains(SendFlags::INLINE) => {}
                 Ok(_) => return None,
                 Err(e) => {
                     (admitted, res) = (i, Err((i, e)));

@@ -161,8 +161,8 @@ impl RawInline {
 ///
 /// # Panics
 /// If either list holds fewer than `len` bytes (callers check lengths first).
-#[inline]
-pub(crate) fn copy(src: &[Src<'_>], dst: &[Dst<'_>], mut len: usize) {
+#[inline(always)]
+pub(crate) fn copy(src: &[Src<'_>], dst: &[Dst<'_>], len: usize) {
     if let (Some(s), Some(d)) = (src.first(), dst.first()) {
         if s.len >= len && d.len >= len {
             // The common case, one span each way.
@@ -172,6 +172,12 @@ pub(crate) fn copy(src: &[Src<'_>], dst: &[Dst<'_>], mut len: usize) {
             return;
         }
     }
+    copy_spans(src, dst, len);
+}
+
+/// [`copy`] across spans.
+#[inline(never)]
+fn copy_spans(src: &[Src<'_>], dst: &[Dst<'_>], mut len: usize) {
     let (mut si, mut so, mut di, mut doff) = (0, 0, 0, 0);
     while len > 0 {
         let (s, d) = (&src[si], &dst[di]);

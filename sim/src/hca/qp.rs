@@ -465,12 +465,33 @@ impl QpObj {
         net: &Net,
         held: usize,
     ) -> Result<Admitted, SimError> {
+        let flush = self.admits_sends()?;
+        let total = self.admits_wr(wr, net, held)?;
+        Ok(if flush {
+            Admitted::Flush
+        } else {
+            Admitted::Queue(total)
+        })
+    }
+
+    /// The checks of [`QpObj::admits_send`] that concern the queue pair alone, made first:
+    /// whether it posts at all, and if so whether its posts complete at once flushed (in
+    /// ERR).
+    #[inline]
+    pub(crate) fn admits_sends(&self) -> Result<bool, SimError> {
         if self.dead {
             return Err(SimError::DeviceFatal);
         }
         if !matches!(self.state, QpState::ReadyToSend | QpState::Error) {
             return invalid("QP not in RTS");
         }
+        Ok(self.state == QpState::Error)
+    }
+
+    /// The checks of [`QpObj::admits_send`] that concern the request, with `held` send
+    /// queue slots held: the bytes its gather list names, if they pass.
+    #[inline]
+    pub(crate) fn admits_wr(&self, wr: &SendWr, net: &Net, held: usize) -> Result<u64, SimError> {
         if wr.num_sge > self.sq.limits().1 as usize {
             return invalid("num_sge exceeds max_send_sge");
         }
@@ -510,10 +531,7 @@ impl QpObj {
         if held >= self.sq.limits().0 as usize {
             return Err(SimError::QueueFull);
         }
-        if self.state == QpState::Error {
-            return Ok(Admitted::Flush);
-        }
-        Ok(Admitted::Queue(total))
+        Ok(total)
     }
 
     /// Queues a send WR its post admitted (naming `total` bytes), tracing the post; an

@@ -176,7 +176,7 @@ fn respond(net: &mut Net, req: &Packet, psn: u32, kind: PacketKind, bytes: u64) 
 /// Executes request `wr` (with its gather list `sges` and INLINE payload `inline`) of requester `qp` at
 /// responder `peer`, resolving keys in the MR table `mrs`: checks, then effects. Nothing but the memory it writes on success
 /// changes, so a failed or RNR outcome can be recomputed later with the same result.
-#[inline]
+#[inline(always)]
 pub(crate) fn execute(
     mrs: &Slab<MrObj>,
     cfg: &FabricConfig,

@@ -454,7 +454,7 @@ impl Slab<AhObj> {
 /// it.
 impl Slab<MrObj> {
     /// The live MR named by `key` (an rkey when `remote`) in `pd`.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn lookup(&self, key: u32, remote: bool, pd: usize) -> Option<&MrObj> {
         if (key & RKEY_BIT != 0) != remote {
             return None;
@@ -465,7 +465,7 @@ impl Slab<MrObj> {
 
     /// Resolves a local gather list in `pd` into `out`; false on a protection error.
     /// Zero-length entries are skipped unchecked, as rxe does.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn gather<'w>(&'w self, pd: usize, sges: &[Sge], out: &mut Spans<Src<'w>>) -> bool {
         // A list holds at most `MAX_SGE` entries, so `out` has room for each.
         for s in sges {

@@ -59,7 +59,7 @@ impl QpObj {
 
     /// The completion of the receive `rd` consumed.
     #[inline]
-    fn recv_wc(&self, rd: &RecvDone) -> WorkCompletion {
+    pub(crate) fn recv_wc(&self, rd: &RecvDone) -> WorkCompletion {
         WorkCompletion {
             wr_id: rd.wr_id,
             status: rd.status,
@@ -70,14 +70,6 @@ impl QpObj {
             src_qp: 0,
             grh: false,
         }
-    }
-
-    /// [`QpObj::retire_recv`] from a shared queue pair, whose receive queue is shared
-    /// (its own lock): for the lane that sends to it (`direct.rs`).
-    #[inline]
-    pub(crate) fn retire_recv_shared(&self, rd: &RecvDone) -> WorkCompletion {
-        self.rq.pop_shared();
-        self.recv_wc(rd)
     }
 
     /// Takes the next work request to flush, the send queue's before the receive

@@ -46,6 +46,7 @@ use super::net::Net;
 use super::qp::{sg_len, SendHead};
 use super::requester::local_limits;
 use super::responder::{execute, Exec};
+use super::rq::RqRead;
 use super::tables::Tables;
 use super::{blank_send, World};
 use crate::gate::{LaneCell, LaneFlag};
@@ -77,7 +78,7 @@ impl SendLane {
 }
 
 /// A request the direct path takes, executed: what is left to apply.
-struct Direct {
+struct Direct<'w> {
     /// The responder's slot.
     p: usize,
     /// The request's first PSN, and the next after it.
@@ -89,6 +90,9 @@ struct Direct {
     rts: RtsAttr,
     /// The requester's completion, when the request is signaled.
     wc: Option<WorkCompletion>,
+    /// The responder's receive queue, held since `execute` when the request consumes a
+    /// receive.
+    rq: Option<RqRead<'w>>,
 }
 
 /// What [`World::post_direct`] did with a list it took: requests `..done` executed, and
@@ -223,7 +227,7 @@ fn direct_one(w: &World, q: usize, path: &Path, cqs: &CqPair<'_>, i: usize) -> b
 /// `complete_front` leave the two queue pairs (but the send queue entry, which the caller
 /// retires if there is one).
 #[inline]
-fn apply(w: &World, q: usize, d: Direct, cqs: &CqPair<'_>) {
+fn apply(w: &World, q: usize, d: Direct<'_>, cqs: &CqPair<'_>) {
     let t = &w.tables;
     // The responder, as `on_request` leaves it.
     let peer = t.qps.get(d.p).expect("live QP");
@@ -237,7 +241,12 @@ fn apply(w: &World, q: usize, d: Direct, cqs: &CqPair<'_>) {
         }
     }
     if let Some(rd) = d.ex.recv {
-        let wc = peer.retire_recv_shared(&rd);
+        // Retired under the hold `execute` took (the path's receive queue is shared).
+        debug_assert!(matches!(d.rq, Some(RqRead::Shared(_))), "held shared");
+        if let Some(mut rq) = d.rq {
+            rq.pop_shared();
+        }
+        let wc = peer.recv_wc(&rd);
         // Locked and with room: the plan checked.
         let pushed = cqs.recv().is_some_and(|c| c.push(wc));
         debug_assert!(pushed, "room was checked");
@@ -285,7 +294,7 @@ enum RecvCq<'a> {
 
 impl<'a> CqPair<'a> {
     /// Locks the send CQ of `path`, and its receive CQ if `recv`; `None` if one is armed.
-    #[inline]
+    #[inline(always)]
     fn lock(t: &'a Tables, path: &Path, recv: bool) -> Option<CqPair<'a>> {
         let (s, r) = (path.send_cq, path.recv_cq);
         let sc = t.cqs.get(s)?;
@@ -393,15 +402,15 @@ fn path(t: &Tables, net: &Net, q: usize) -> Option<Path> {
 /// responder (which moves its bytes and changes nothing else) and returns what is left to
 /// apply.
 #[inline]
-fn plan(
-    w: &World,
+fn plan<'w>(
+    w: &'w World,
     q: usize,
     path: &Path,
     cqs: &CqPair<'_>,
     wr: &SendHead,
     sges: &[Sge],
     inline: &[u8],
-) -> Option<Direct> {
+) -> Option<Direct<'w>> {
     let t = &w.tables;
     let qp = t.qps.get(q)?;
     let (p, rtr, rts, qpn, psn) = (path.p, path.rtr, path.rts, qp.qpn, qp.req.next_psn);
@@ -421,7 +430,8 @@ fn plan(
     if !cqs.has_room(usize::from(signaled), usize::from(takes_recv)) {
         return None;
     }
-    let ex = execute(&t.mrs, &w.net.cfg, qp, wr, sges, inline, peer);
+    let mut rq = None;
+    let ex = execute(&t.mrs, &w.net.cfg, qp, wr, sges, inline, peer, &mut rq);
     if ex.rnr || ex.status != WcStatus::Success {
         return None;
     }
@@ -443,5 +453,6 @@ fn plan(
         ex,
         rts,
         wc,
+        rq,
     })
 }

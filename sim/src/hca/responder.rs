@@ -22,6 +22,7 @@
 use super::mem::{self, Spans, Src};
 use super::net::Net;
 use super::qp::{rd_atomic, sg_len, QpObj, SendHead};
+use super::rq::RqRead;
 use super::tables::{MrObj, Slab, Tables};
 use super::World;
 use crate::config::{FabricConfig, Personality};
@@ -117,7 +118,7 @@ pub(crate) fn answer(t: &Tables, cfg: &FabricConfig, peer: &QpObj, pkt: &Packet)
         };
         let (kind, bytes) = match e.wr.op {
             SendOp::Read { .. } => {
-                let ex = execute(&t.mrs, cfg, req, &e.wr, sges, inline, peer);
+                let ex = execute(&t.mrs, cfg, req, &e.wr, sges, inline, peer, &mut None);
                 let bytes = e.wr.msg_len() + u64::from(pkt.npkts) * HEADER_BYTES;
                 match ex.status {
                     WcStatus::Success => (PacketKind::ReadResp, bytes),
@@ -151,7 +152,7 @@ pub(crate) fn answer(t: &Tables, cfg: &FabricConfig, peer: &QpObj, pkt: &Packet)
         wr_id: e.wr.wr_id,
         op: e.wr.op,
         len: e.wr.msg_len(),
-        ex: execute(&t.mrs, cfg, req, &e.wr, sges, inline, peer),
+        ex: execute(&t.mrs, cfg, req, &e.wr, sges, inline, peer, &mut None),
     }
 }
 
@@ -173,18 +174,23 @@ fn respond(net: &mut Net, req: &Packet, psn: u32, kind: PacketKind, bytes: u64) 
     let _copies = net.send(pkt, bytes);
 }
 
-/// Executes request `wr` (with its gather list `sges` and INLINE payload `inline`) of requester `qp` at
-/// responder `peer`, resolving keys in the MR table `mrs`: checks, then effects. Nothing but the memory it writes on success
-/// changes, so a failed or RNR outcome can be recomputed later with the same result.
+/// Executes request `wr` (with its gather list `sges` and INLINE payload `inline`) of
+/// requester `qp` at responder `peer`, resolving keys in the MR table `mrs`: checks, then
+/// effects. Nothing but the memory it writes on success changes, so a failed or RNR
+/// outcome can be recomputed later with the same result. A request that consumes a
+/// receive leaves `peer`'s receive queue held in `rq` (locked if shared), so that the
+/// caller may retire the receive under the same hold (`direct.rs`).
 #[inline(always)]
-pub(crate) fn execute(
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn execute<'p>(
     mrs: &Slab<MrObj>,
     cfg: &FabricConfig,
     qp: &QpObj,
     wr: &SendHead,
     sges: &[Sge],
     inline: &[u8],
-    peer: &QpObj,
+    peer: &'p QpObj,
+    rq: &mut Option<RqRead<'p>>,
 ) -> Exec {
     use SendOp::*;
     let total = wr.total;
@@ -229,10 +235,11 @@ pub(crate) fn execute(
     if !access.contains(need) || (rd_atomic(&wr.op) && max_rd == 0) {
         return fail(out, WcStatus::RemInvReqErr);
     }
-    // Held to the end by a request that consumes a receive: a shared receive queue stays
-    // locked while its head is written (and is not locked by the others).
-    let mut rq = wr.op.consumes_receive().then(|| peer.rq.read());
-    let rwr = match rq.as_mut() {
+    // Held to the end (and after, in `rq`) by a request that consumes a receive: a shared
+    // receive queue stays locked while its head is written (and is not locked by the
+    // others).
+    let held = wr.op.consumes_receive().then(|| rq.insert(peer.rq.read()));
+    let rwr = match held {
         Some(rq) => match rq.front_for_request() {
             Some(r) => Some(r),
             None => return Exec { rnr: true, ..out },

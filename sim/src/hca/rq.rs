@@ -135,16 +135,6 @@ impl RqHome {
         matches!(self, RqHome::Shared(_))
     }
 
-    /// Retires the oldest receive of a shared queue, under its lock (a lane sending to
-    /// this queue pair holds no `&mut` to it); a local queue is never reached so (only
-    /// the exclusive side, through [`RqHome::with`], consumes it).
-    #[inline]
-    pub(crate) fn pop_shared(&self) {
-        if let RqHome::Shared(s) = self {
-            s.lock().q.pop_front();
-        }
-    }
-
     /// The queue pair's state changed: whether it now accepts receives without completing
     /// them at once (`Local`: nothing to do).
     pub(crate) fn set_accepting(&mut self, accepting: bool) {
@@ -187,6 +177,7 @@ impl RqHome {
 }
 
 impl SharedRq {
+    #[inline]
     fn lock(&self) -> MutexGuard<'_, RqState> {
         // A panic under this lock (a bug) leaves the queue as it was.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
@@ -247,6 +238,16 @@ impl core::ops::Deref for RqRead<'_> {
 }
 
 impl RqRead<'_> {
+    /// Retires the oldest receive of a shared queue held so (a lane sending to this queue
+    /// pair holds no `&mut` to it); a local queue is never reached so (only the exclusive
+    /// side, through [`RqHome::with`], consumes it).
+    #[inline]
+    pub(crate) fn pop_shared(&mut self) {
+        if let RqRead::Shared(s) = self {
+            s.q.pop_front();
+        }
+    }
+
     /// The oldest receive, for a request that consumes one; if there is none, the next
     /// post goes through the world (to wake the requester, which waits for it on an RNR
     /// NAK).

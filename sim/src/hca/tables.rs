@@ -483,6 +483,7 @@ impl Slab<MrObj> {
 
     /// Resolves the entries of a scatter list in `pd` that the first `len` bytes reach into
     /// `out`; false if one names no MR of `pd`, leaves it, or lacks LOCAL_WRITE.
+    #[inline(always)]
     pub(crate) fn scatter<'w>(
         &'w self,
         pd: usize,

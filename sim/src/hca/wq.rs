@@ -440,6 +440,7 @@ impl RecvQueue {
     /// # Panics
     /// If the queue is full (callers check `max_recv_wr` first) or `wr` has more entries
     /// than a slot holds.
+    #[inline]
     pub(crate) fn push_back(&mut self, wr: &RecvWr) {
         let n = wr.num_sge;
         assert!(
@@ -459,6 +460,7 @@ impl RecvQueue {
     }
 
     /// Removes the oldest receive; its id.
+    #[inline]
     pub(crate) fn pop_front(&mut self) -> Option<u64> {
         let wr_id = (self.len() > 0).then(|| self.head().0)?;
         self.0.drop_front();

@@ -76,7 +76,7 @@ impl Wire {
     }
 
     /// Whether packets between `a` and `b` are lost on the way.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn blocked(&self, a: usize, b: usize) -> Option<DropReason> {
         let (da, db) = (&self.ports[a], &self.ports[b]);
         if da.crashed || db.crashed {

@@ -30,7 +30,7 @@ struct W {
 
 #[derive(Clone, Debug)]
 enum Op {
-    /// `built`: through `post_send_raw_with` (requests built in place: the direct path
+    /// `built`: through `post_send_raw` (requests read where they lie: the direct path
     /// may take the whole list without queueing it), else `post_send`.
     Post {
         b: bool,
@@ -164,7 +164,7 @@ impl Env {
                 let res = if built {
                     // SAFETY: inline entries name bytes of this side's buffer, which lives
                     // through the call (`wr` moves only keys and remote addresses).
-                    unsafe { qp.post_send_raw_with(wrs.len(), |i, wr| *wr = wrs[i]) }
+                    unsafe { qp.post_send_raw(&wrs) }
                 } else {
                     qp.post_send(wrs)
                 };

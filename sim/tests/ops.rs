@@ -357,7 +357,7 @@ fn inline_copies_at_post_time() {
     assert_eq!((err.index, p.a.qp.state()), (0, QpState::ReadyToSend));
     // ... and read directly by the raw one.
     // SAFETY: `stack` is readable for the whole call.
-    unsafe { p.a.qp.post_send_raw([swr(3, op, &[raw], inline)]) }.unwrap();
+    unsafe { p.a.qp.post_send_raw(&[swr(3, op, &[raw], inline)]) }.unwrap();
     assert_eq!(one(&p.a.cq), ok(3, WcOpcode::RdmaWrite, 3, None, &p.a.qp));
     assert_eq!(dst.get()[8..16], [0x55, 0x55, 3, 4, 5, 0x55, 0x55, 0x55]);
 }

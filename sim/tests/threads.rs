@@ -108,28 +108,33 @@ fn streamer(s: &Side, peer_inb: (u64, u32)) -> Vec<u32> {
         n
     };
     while sent < WRITES {
-        let res = unsafe {
-            s.qp.post_send_raw_with(4, |i, wr| {
-                let k = sent + i;
-                let last = i == 3;
-                wr.wr_id = k as u64;
-                wr.sg_list[0] = sge(&mo, k * 8, 8);
-                wr.num_sge = 1;
-                let remote_addr = peer_inb.0 + k as u64 * 8;
-                let rkey = peer_inb.1;
-                (wr.op, wr.flags) = if last {
-                    let imm = (k / 4) as u32;
-                    let op = SendOp::WriteWithImm {
-                        remote_addr,
-                        rkey,
-                        imm,
-                    };
-                    (op, SendFlags::SIGNALED)
-                } else {
-                    (SendOp::Write { remote_addr, rkey }, SendFlags::empty())
+        let wrs: [SendWr; 4] = core::array::from_fn(|i| {
+            let k = sent + i;
+            let remote_addr = peer_inb.0 + k as u64 * 8;
+            let rkey = peer_inb.1;
+            let (op, flags) = if i == 3 {
+                let imm = (k / 4) as u32;
+                let op = SendOp::WriteWithImm {
+                    remote_addr,
+                    rkey,
+                    imm,
                 };
-            })
-        };
+                (op, SendFlags::SIGNALED)
+            } else {
+                (SendOp::Write { remote_addr, rkey }, SendFlags::empty())
+            };
+            let mut sg_list = [Sge::default(); MAX_SGE];
+            sg_list[0] = sge(&mo, k * 8, 8);
+            SendWr {
+                wr_id: k as u64,
+                sg_list,
+                num_sge: 1,
+                op,
+                flags,
+            }
+        });
+        // SAFETY: no request is inline.
+        let res = unsafe { s.qp.post_send_raw(&wrs) };
         match res {
             Ok(()) => sent += 4,
             // Room comes back with the completions.

@@ -120,7 +120,33 @@ impl ProviderError for s::SimError {
     }
 }
 
-/// The simulator's `num_sge` for a request with `len` entries: a `num_sge` past the
+/// The library's send request, read by the simulator where it lies: a `num_sge` past the
+/// entries it holds is refused there (`EINVAL`, and the post stops there), as a device
+/// refuses too many SGEs.
+impl<const S: usize> s::SendRequest for SendWr<S> {
+    #[inline(always)]
+    fn wr_id(&self) -> u64 {
+        self.wr_id
+    }
+    #[inline(always)]
+    fn op(&self) -> s::SendOp {
+        self.op
+    }
+    #[inline(always)]
+    fn flags(&self) -> s::SendFlags {
+        self.flags
+    }
+    #[inline(always)]
+    fn num_sge(&self) -> usize {
+        usize::from(self.num_sge)
+    }
+    #[inline(always)]
+    fn sges(&self) -> &[s::Sge] {
+        &self.sg_list
+    }
+}
+
+/// The simulator's `num_sge` for a receive with `len` entries: a `num_sge` past the
 /// request's own list (`!fits`) becomes a count above every queue pair's SGE limit, so the
 /// simulator refuses that request (`EINVAL`, and the post stops there) without reading the
 /// entries the list does not have (the scratch request's are left from earlier posts).
@@ -292,25 +318,10 @@ impl Provider for Sim {
         qp: &s::Qp,
         wrs: &[SendWr<S>],
     ) -> Result<(), PostError<s::SimError>> {
-        let fill = |i: usize, out: &mut s::SendWr| {
-            let wr = &wrs[i];
-            let sges = wr.sges();
-            // Entries past MAX_SGE are dropped here, but `num_sge` keeps the real count so
-            // the simulator rejects the request exactly as a device rejects too many SGEs.
-            // One entry, the usual case, is one move (the loop is a call to `memcpy`).
-            if let [e] = sges {
-                out.sg_list[0] = *e;
-            } else {
-                for (d, e) in out.sg_list.iter_mut().zip(sges) {
-                    *d = *e;
-                }
-            }
-            out.num_sge = sge_count(sges.len(), wr.sges_fit());
-            (out.wr_id, out.op, out.flags) = (wr.wr_id, wr.op, wr.flags);
-        };
         // SAFETY: the caller upholds `Provider::post_send`, which includes that inline
-        // gather entries are readable for the duration of this call.
-        unsafe { qp.post_send_raw_with(wrs.len(), fill) }.map_err(post_error)
+        // gather entries are readable for the duration of this call. The requests are read
+        // where they lie (`s::SendRequest`, below).
+        unsafe { qp.post_send_raw(wrs) }.map_err(post_error)
     }
 
     unsafe fn post_recv<const S: usize>(

@@ -69,7 +69,7 @@ impl Pd {
     /// let wr = SendWr { wr_id: 1, sg_list, num_sge: 1, op: SendOp::Datagram { dest, imm: None },
     ///     flags: SendFlags::INLINE };
     /// // SAFETY: `msg` is readable for the call.
-    /// unsafe { qa.post_send_raw([wr]) }.unwrap();
+    /// unsafe { qa.post_send_raw(&[wr]) }.unwrap();
     /// let mut wc = [WorkCompletion::EMPTY; 1];
     /// assert_eq!(cb.poll(&mut wc).unwrap(), 1);
     /// assert_eq!((wc[0].byte_len, wc[0].src_qp, wc[0].grh), (45, qa.qp_num(), true));
@@ -268,36 +268,18 @@ impl Qp {
         self.post_sends(wrs, None)
     }
 
-    /// Like [`Qp::post_send`], but INLINE SGEs are read straight from their addresses, as
-    /// a real driver does, and need not be registered.
-    ///
-    /// # Errors
-    /// As [`Qp::post_send`].
-    ///
-    /// # Safety
-    /// For every request with [`SendFlags::INLINE`], each SGE's `addr..addr + length` must
-    /// be valid for reads during this call.
-    pub unsafe fn post_send_raw<I: IntoIterator<Item = SendWr>>(
-        &self,
-        wrs: I,
-    ) -> Result<(), PostError> {
-        // SAFETY: the caller vouches for the inline SGE ranges, which are read only inside
-        // this call.
-        let raw = unsafe { RawInline::new() };
-        self.post_sends(wrs, Some(&raw))
-    }
-
     fn post_sends<I: IntoIterator<Item = SendWr>>(
         &self,
         wrs: I,
         raw: Option<&RawInline>,
     ) -> Result<(), PostError> {
         let mut wrs = wrs.into_iter();
-        // A request alone may run on the lane (a list needs each request twice).
+        // A request alone may run on the lane (a list needs each request twice: posted
+        // through `post_send_raw`, it is read where it lies).
         let first = wrs.next();
         let second = first.and_then(|_| wrs.next());
         if let (Some(wr), None) = (first, second) {
-            if let Some(res) = self.post_on_lane(1, &mut |_, slot| *slot = wr, raw) {
+            if let Some(res) = self.post_on_lane(core::slice::from_ref(&wr), raw) {
                 return res.map_err(|(index, error)| PostError { index, error });
             }
         }
@@ -306,41 +288,32 @@ impl Qp {
         self.post_send_list(next, raw)
     }
 
-    /// Posts `n` send requests on the queue pair's lane, beside the other lanes
+    /// Posts the send requests `wrs` on the queue pair's lane, beside the other lanes
     /// (`hca/direct.rs`); `None`, having posted nothing, when the lane is not to be had
     /// or its direct path declines the list (the caller then posts it with the world held
     /// exclusively).
     fn post_on_lane(
         &self,
-        n: usize,
-        fill: &mut impl FnMut(usize, &mut SendWr),
+        wrs: &[impl SendRequest],
         raw: Option<&RawInline>,
     ) -> Option<Result<(), (usize, SimError)>> {
         let l = self.lane.as_ref()?;
         let w = self.world.lane(&l.flag, self.id())?;
-        // SAFETY: this lane runs (its flag raised), and owns its scratch request.
-        let wr = unsafe { l.scratch.lane_mut() };
-        let taken = w.post_direct(self.id(), n, fill, wr)?;
+        let taken = w.post_direct(self.id(), wrs)?;
         if taken.done == taken.admitted {
             return Some(taken.res);
         }
         drop(w);
         let mut w = enter(&self.world);
-        let res = w.post_rest(self.id(), taken, fill, raw);
+        let res = w.post_rest(self.id(), taken, wrs, raw);
         w.run_due();
         Some(res)
     }
 
-    /// Posts send work requests built in place: `fill(i, wr)` writes request `i` (of `n`)
-    /// into a scratch request whose gather entries past the `num_sge` it sets are left over
-    /// from earlier requests (only the first `num_sge` are read). INLINE entries are read
-    /// straight from their addresses, as with [`Qp::post_send_raw`]. This is the form
-    /// without copies of whole requests: an adapter converting its own request type fills
-    /// only the fields and entries it uses. `fill` may be called more than once for the
-    /// same `i` (the requests are checked before any executes) and must write the same
-    /// request each time. It runs inside the post (on the queue pair's send lane, or with
-    /// the fabric held), so it must not call into this fabric: that call would wait for
-    /// the post to end.
+    /// Like [`Qp::post_send`], but the requests are read where they lie (any
+    /// [`SendRequest`]: an adapter's own request type posts without a copy of each
+    /// request), and INLINE SGEs are read straight from their addresses, as a real driver
+    /// does, and need not be registered.
     ///
     /// ```
     /// # use zverbs_sim::*;
@@ -350,12 +323,9 @@ impl Qp {
     /// # let cq = ctx.create_cq(8).unwrap();
     /// # let cap = QpCaps { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
     /// # let qp = pd.create_qp(&QpInitAttr { send_cq: &cq, recv_cq: &cq, cap, sq_sig_all: false }).unwrap();
+    /// let wr = SendWr { wr_id: 1, sg_list: [Sge::default(); MAX_SGE], num_sge: 0, op: SendOp::Send, flags: SendFlags::SIGNALED };
     /// // In RESET a post is refused; the error names request 0.
-    /// let res = unsafe {
-    ///     qp.post_send_raw_with(2, |i, wr| {
-    ///         (wr.wr_id, wr.op, wr.flags, wr.num_sge) = (i as u64, SendOp::Send, SendFlags::SIGNALED, 0);
-    ///     })
-    /// };
+    /// let res = unsafe { qp.post_send_raw(&[wr, wr]) };
     /// assert_eq!(res.unwrap_err().index, 0);
     /// ```
     ///
@@ -363,34 +333,22 @@ impl Qp {
     /// As [`Qp::post_send`].
     ///
     /// # Safety
-    /// As [`Qp::post_send_raw`].
-    pub unsafe fn post_send_raw_with(
-        &self,
-        n: usize,
-        fill: impl FnMut(usize, &mut SendWr),
-    ) -> Result<(), PostError> {
+    /// For every request with [`SendFlags::INLINE`], each SGE's `addr..addr + length` must
+    /// be valid for reads during this call.
+    pub unsafe fn post_send_raw(&self, wrs: &[impl SendRequest]) -> Result<(), PostError> {
         // SAFETY: the caller vouches for the inline SGE ranges, which are read only inside
         // this call.
         let raw = unsafe { RawInline::new() };
-        let mut fill = fill;
-        let res = match self.post_on_lane(n, &mut fill, Some(&raw)) {
+        let res = match self.post_on_lane(wrs, Some(&raw)) {
             Some(res) => res,
-            None => self.post_indexed_exclusive(n, fill, &raw),
+            None => {
+                let mut w = enter(&self.world);
+                let res = w.post_send_slice(self.id(), wrs, Some(&raw));
+                w.run_due();
+                res
+            }
         };
         res.map_err(|(index, error)| PostError { index, error })
-    }
-
-    /// [`Qp::post_send_raw_with`] with the world held exclusively.
-    fn post_indexed_exclusive(
-        &self,
-        n: usize,
-        fill: impl FnMut(usize, &mut SendWr),
-        raw: &RawInline,
-    ) -> Result<(), (usize, SimError)> {
-        let mut w = enter(&self.world);
-        let res = w.post_send_indexed(self.id(), n, fill, Some(raw));
-        w.run_due();
-        res
     }
 
     fn post_send_list(
@@ -416,9 +374,9 @@ impl Qp {
         self.post_recv_list(|slot| wrs.next().map(|wr| *slot = wr).is_some())
     }
 
-    /// Posts receive work requests built in place, as [`Qp::post_send_raw_with`] does
-    /// for sends: `fill(i, wr)` writes request `i` (of `n`) into a scratch request whose
-    /// scatter entries past the `num_sge` it sets are left over from earlier requests.
+    /// Posts receive work requests built in place: `fill(i, wr)` writes request `i` (of
+    /// `n`) into a scratch request whose scatter entries past the `num_sge` it sets are
+    /// left over from earlier requests (only the first `num_sge` are read).
     ///
     /// ```
     /// # use zverbs_sim::*;

@@ -8,11 +8,11 @@
 //! nothing else is in flight and nothing scripted can intervene, [`World::run_direct`]
 //! performs those effects in the same order without packets, the event heap or timers, for
 //! each request from the head of the send queue once the whole list is posted. A list
-//! built in place (`post_send_raw_with`, the form the library's provider uses; or a single
+//! read where it lies (`post_send_raw`, the form the library's provider uses; or a single
 //! request) on an empty send queue skips the queue altogether where that changes nothing
 //! ([`World::post_direct`]: every post's checks first, no inline request): its requests
-//! execute from the scratch request they were built in. [`plan`] decides and executes
-//! (memory only), reading the tables; `apply` then applies:
+//! execute from the caller's list, read in place. [`plan`] decides and executes (memory
+//! only), reading the tables; `apply` then applies:
 //!
 //! 1. the responder's effects (memory, expected PSN, atomic replay cache, the consumed
 //!    receive and its completion), as `on_request` applies them;
@@ -48,14 +48,13 @@ use super::requester::local_limits;
 use super::responder::{execute, Exec};
 use super::rq::RqRead;
 use super::tables::Tables;
-use super::{blank_send, World};
-use crate::gate::{LaneCell, LaneFlag};
+use super::World;
+use crate::gate::LaneFlag;
 use crate::types::*;
 use crate::wire::PSN_MASK;
 
 /// A queue pair's send lane (threaded mode, RC), which its handle holds: the busy flag
-/// that lets one thread at a time run its direct path beside the other lanes (`gate.rs`),
-/// and the request it builds posts in.
+/// that lets one thread at a time run its direct path beside the other lanes (`gate.rs`).
 ///
 /// What the lane of queue pair A, connected to B, owns while it runs: A's requester
 /// state, counters and held unsignaled slots, B's responder state (no other queue pair
@@ -65,14 +64,12 @@ use crate::wire::PSN_MASK;
 #[derive(Debug)]
 pub(crate) struct SendLane {
     pub(crate) flag: LaneFlag,
-    pub(crate) scratch: LaneCell<SendWr>,
 }
 
 impl SendLane {
     pub(crate) fn new() -> SendLane {
         SendLane {
             flag: LaneFlag::new(),
-            scratch: LaneCell::new(blank_send()),
         }
     }
 }
@@ -129,23 +126,18 @@ impl World {
         }
     }
 
-    /// Posts `n` send work requests, `fill(i, wr)` writing request `i` into `wr`, on the
-    /// direct path without queueing them, when that gives what posting them one by one
-    /// (`post_send_list`) and running the queue would: every request is checked first (as
-    /// the posts would check them, each counting those before it as queued), none is
-    /// inline (an inline request's bytes are read at its post, so executing an earlier one
-    /// first could change them), and the first executes here. Those from the first the
-    /// direct path declines are left to post one by one ([`Taken`]). `None`, having
-    /// changed nothing, when the list must be posted one by one instead.
+    /// Posts the send work requests `wrs`, read where they lie, on the direct path without
+    /// queueing them, when that gives what posting them one by one (`post_send_list`) and
+    /// running the queue would: every request is checked first (as the posts would check
+    /// them, each counting those before it as queued), none is inline (an inline request's
+    /// bytes are read at its post, so executing an earlier one first could change them),
+    /// and the first executes here. Those from the first the direct path declines are left
+    /// to post one by one ([`Taken`]). `None`, having changed nothing, when the list must
+    /// be posted one by one instead.
     ///
     /// Runs on QP `q`'s send lane, or with the world held exclusively.
-    pub(crate) fn post_direct(
-        &self,
-        q: usize,
-        n: usize,
-        fill: &mut impl FnMut(usize, &mut SendWr),
-        wr: &mut SendWr,
-    ) -> Option<Taken> {
+    pub(crate) fn post_direct(&self, q: usize, wrs: &[impl SendRequest]) -> Option<Taken> {
+        let n = wrs.len();
         let qp = self.tables.qps.get(q)?;
         if qp.ty != QpType::Rc || qp.sq.len() != 0 || n == 0 {
             return None;
@@ -158,11 +150,10 @@ impl World {
         }
         let held = *qp.unsig_done as usize;
         let (mut admitted, mut res, mut recv) = (n, Ok(()), false);
-        for i in 0..n {
-            fill(i, wr);
-            recv |= wr.op.consumes_receive();
+        for (i, wr) in wrs.iter().enumerate() {
+            recv |= wr.op().consumes_receive();
             match qp.admits_wr(wr, &self.net, held + i) {
-                Ok(_) if !wr.flags.contains(SendFlags::INLINE) => {}
+                Ok(_) if !wr.flags().contains(SendFlags::INLINE) => {}
                 Ok(_) => return None,
                 Err(e) => {
                     (admitted, res) = (i, Err((i, e)));
@@ -172,14 +163,13 @@ impl World {
         }
         let cqs = CqPair::lock(&self.tables, &path, recv)?;
         // Executed in order; the first declined, if it is the first of the list, is posted
-        // one by one after all (its post may fail it at once: `fail_head_now`). A list of
-        // one is still in `wr`.
+        // one by one after all (its post may fail it at once: `fail_head_now`).
         let mut done = 0;
-        while done < admitted {
-            if n > 1 {
-                fill(done, wr);
-            }
-            let sges = &wr.sg_list[..wr.num_sge];
+        while let Some(wr) = wrs.get(done).filter(|_| done < admitted) {
+            // As admitted: `num_sge` of its entries.
+            let Some(sges) = wr.sges().get(..wr.num_sge()) else {
+                break;
+            };
             let head = SendHead::of(wr, sg_len(sges));
             let Some(d) = plan(self, q, &path, &cqs, &head, sges, &[]) else {
                 break;

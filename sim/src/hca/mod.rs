@@ -244,32 +244,21 @@ impl World {
         res
     }
 
-    /// Posts `n` send WRs, `fill(i, wr)` writing WR `i`: executed without queueing where
-    /// the direct path may take the whole list (`post_direct`), else one by one.
-    pub(crate) fn post_send_indexed(
+    /// Posts the send WRs `wrs`, read where they lie: executed without queueing where the
+    /// direct path may take the whole list (`post_direct`), else one by one.
+    pub(crate) fn post_send_slice(
         &mut self,
         q: usize,
-        n: usize,
-        mut fill: impl FnMut(usize, &mut SendWr),
+        wrs: &[impl SendRequest],
         raw: Option<&RawInline>,
     ) -> Result<(), (usize, SimError)> {
-        let mut scratch = self.scratch.take().unwrap_or_else(Scratch::new);
-        let taken = self.post_direct(q, n, &mut fill, &mut scratch.send);
-        self.scratch = Some(scratch);
-        let Some(taken) = taken else {
+        let Some(taken) = self.post_direct(q, wrs) else {
             // One by one.
-            let mut i = 0;
-            let next = |wr: &mut SendWr| {
-                let more = i < n;
-                if more {
-                    fill(i, wr);
-                    i += 1;
-                }
-                more
-            };
+            let mut wrs = wrs.iter();
+            let next = |wr: &mut SendWr| wrs.next().map(|r| wr.set_from(r)).is_some();
             return self.post_send_list(q, next, raw);
         };
-        self.post_rest(q, taken, fill, raw)
+        self.post_rest(q, taken, wrs, raw)
     }
 
     /// Ends a post call whose requests `..taken.done` the direct path executed: the
@@ -278,7 +267,7 @@ impl World {
         &mut self,
         q: usize,
         taken: Taken,
-        mut fill: impl FnMut(usize, &mut SendWr),
+        wrs: &[impl SendRequest],
         raw: Option<&RawInline>,
     ) -> Result<(), (usize, SimError)> {
         let Taken {
@@ -293,8 +282,8 @@ impl World {
         // each checked again: on a lane, the world may have changed since.
         let mut scratch = self.scratch.take().unwrap_or_else(Scratch::new);
         let mut posted = Ok(());
-        for i in done..admitted {
-            fill(i, &mut scratch.send);
+        for (i, wr) in wrs.iter().enumerate().take(admitted).skip(done) {
+            scratch.send.set_from(wr);
             if let Err(e) = self.post_send(q, &scratch.send, raw) {
                 posted = Err((i, e));
                 break;

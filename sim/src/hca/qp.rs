@@ -491,14 +491,24 @@ impl QpObj {
     /// The checks of [`QpObj::admits_send`] that concern the request, with `held` send
     /// queue slots held: the bytes its gather list names, if they pass.
     #[inline]
-    pub(crate) fn admits_wr(&self, wr: &SendWr, net: &Net, held: usize) -> Result<u64, SimError> {
-        if wr.num_sge > self.sq.limits().1 as usize {
+    pub(crate) fn admits_wr(
+        &self,
+        wr: &impl SendRequest,
+        net: &Net,
+        held: usize,
+    ) -> Result<u64, SimError> {
+        let n = wr.num_sge();
+        if n > self.sq.limits().1 as usize {
             return invalid("num_sge exceeds max_send_sge");
         }
+        let Some(sges) = wr.sges().get(..n) else {
+            return invalid("num_sge exceeds the entries the request holds");
+        };
+        let (op, flags) = (wr.op(), wr.flags());
         // An RDMA operation on a UD queue pair is refused (IBTA; the kernel's verbs), but
         // rxe's user-space provider posts it and its requester then fails it with
         // `LocQpOpErr`, the queue pair to ERR (`ud.rs`).
-        let datagram = matches!(wr.op, SendOp::Datagram { .. });
+        let datagram = matches!(op, SendOp::Datagram { .. });
         if self.ty == QpType::Rc && datagram {
             return invalid("a datagram on an RC queue pair");
         }
@@ -508,17 +518,17 @@ impl QpObj {
         if let (
             Personality::Rxe,
             SendOp::CompareSwap { remote_addr, .. } | SendOp::FetchAdd { remote_addr, .. },
-        ) = (net.cfg.personality, wr.op)
+        ) = (net.cfg.personality, op)
         {
             if remote_addr % 8 != 0 {
                 return invalid("atomic remote address not 8-byte aligned (rxe)");
             }
         }
-        let total = sg_len(&wr.sg_list[..wr.num_sge]);
-        if wr.flags.contains(SendFlags::INLINE) {
+        let total = sg_len(sges);
+        if flags.contains(SendFlags::INLINE) {
             use SendOp::*;
             let ok_op = matches!(
-                wr.op,
+                op,
                 Send | SendWithImm(_) | Write { .. } | WriteWithImm { .. } | Datagram { .. }
             );
             if !ok_op {

@@ -45,13 +45,13 @@ pub(crate) struct SendHead {
 impl SendHead {
     /// The head of `wr`, whose gather list names `total` bytes.
     #[inline]
-    pub(crate) fn of(wr: &SendWr, total: u64) -> SendHead {
+    pub(crate) fn of(wr: &impl SendRequest, total: u64) -> SendHead {
         SendHead {
-            wr_id: wr.wr_id,
-            op: wr.op,
-            flags: wr.flags,
+            wr_id: wr.wr_id(),
+            op: wr.op(),
+            flags: wr.flags(),
             // At most `MAX_SGE` (checked against `max_send_sge` at post).
-            num_sge: wr.num_sge.min(MAX_SGE) as u8,
+            num_sge: wr.num_sge().min(MAX_SGE) as u8,
             total,
         }
     }

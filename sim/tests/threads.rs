@@ -1,4 +1,9 @@
 //! Two threads ping-pong over one connection.
+//!
+//! Under valgrind, run these with `--fair-sched=yes`: valgrind runs one thread at a time,
+//! and its default scheduler can leave a thread spinning for a lock (a CQ writer lock, the
+//! gate's drain) while the holder waits for its turn, for minutes; fairly scheduled, the
+//! file takes seconds.
 
 mod common;
 

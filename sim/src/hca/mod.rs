@@ -87,22 +87,16 @@ pub(crate) struct Scratch {
     pub(crate) recv: RecvWr,
 }
 
-/// A send request to build posted requests in (its contents are never read before a
-/// post writes them).
-pub(crate) fn blank_send() -> SendWr {
-    SendWr {
-        wr_id: 0,
-        sg_list: [Sge::default(); MAX_SGE],
-        num_sge: 0,
-        op: SendOp::Send,
-        flags: SendFlags::empty(),
-    }
-}
-
 impl Scratch {
     pub(crate) fn new() -> Box<Scratch> {
         Box::new(Scratch {
-            send: blank_send(),
+            send: SendWr {
+                wr_id: 0,
+                sg_list: [Sge::default(); MAX_SGE],
+                num_sge: 0,
+                op: SendOp::Send,
+                flags: SendFlags::empty(),
+            },
             recv: RecvWr {
                 wr_id: 0,
                 sg_list: [Sge::default(); MAX_SGE],

@@ -2,11 +2,34 @@
 //!
 //! A [`Region`] is created (unsafely) when memory is registered and lives in the world's MR
 //! table until the MR is dropped. Spans ([`Src`], [`Dst`]) borrow a region, or a Rust slice,
-//! and are bounds-checked at creation, so copying between them is safe to call. All copies
-//! happen with the world lock held.
+//! and are bounds-checked at creation, so copying between them is safe to call.
+//!
+//! **Concurrent access.** Copies and atomics run with the world held exclusively or on a
+//! queue pair's send lane (`gate.rs`), and lanes of different queue pairs run beside each
+//! other: two lanes may read and write the same bytes of one region at once (two peers'
+//! RDMA WRITEs to overlapping bytes, a WRITE beside a READ of them, two atomics on one
+//! word). Every access the simulator makes to memory is therefore atomic:
+//!
+//! - a copy moves the bytes with relaxed atomic loads and stores, a word (8 bytes) at a
+//!   time where source and destination share their alignment, else a byte at a time
+//!   ([`copy`]). Two copies into overlapping bytes leave each byte (each word, where both
+//!   are aligned alike) from one of them, and a read beside a write sees each byte old or
+//!   new: what hardware promises for racing DMA (nothing about the order between bytes),
+//!   and no data race in Rust's memory model, where racing non-atomic accesses are
+//!   undefined behaviour;
+//! - a fetch-and-add or compare-and-swap is one read-modify-write instruction on the word
+//!   ([`atomic`]: `AtomicU64`, sequentially consistent): indivisible against every other
+//!   atomic the simulator executes on that word, from any queue pair of any device, and
+//!   against the host's own `AtomicU64` operations on it. Devices report
+//!   `IBV_ATOMIC_HCA` by default, as hardware and rxe do (`FabricConfig::atomic_cap`).
+//!
+//! A region is never accessed beside its deregistration: a lane reads the MR table with
+//! the world shared, and a deregistration removes the region only with the world held
+//! exclusively, after every lane has drained (`gate.rs`).
 
 use core::marker::PhantomData;
-use core::ptr;
+use core::sync::atomic::Ordering::{Relaxed, SeqCst};
+use core::sync::atomic::{AtomicU64, AtomicU8};
 
 /// Registered process memory `base..base + len`, readable, and writable when `writable`.
 #[derive(Debug)]
@@ -17,9 +40,10 @@ pub(crate) struct Region {
 }
 
 // SAFETY: a `Region` only names memory; the contract of `Region::new` makes that memory
-// usable from any thread, and every access happens under the world's mutex.
+// usable from any thread.
 unsafe impl Send for Region {}
-// SAFETY: as above; `&Region` only hands out spans, whose use is serialized by the mutex.
+// SAFETY: `&Region` only hands out spans, and every access through a span is atomic (module
+// docs), so threads sharing a region never race.
 unsafe impl Sync for Region {}
 
 impl Region {
@@ -91,7 +115,7 @@ impl<'a> Src<'a> {
     /// The empty span.
     #[cfg(test)]
     pub(crate) const EMPTY: Src<'static> = Src {
-        ptr: ptr::null(),
+        ptr: core::ptr::null(),
         len: 0,
         _life: PhantomData,
     };
@@ -118,7 +142,7 @@ impl<'a> Dst<'a> {
     /// The empty span.
     #[cfg(test)]
     pub(crate) const EMPTY: Dst<'static> = Dst {
-        ptr: ptr::null_mut(),
+        ptr: core::ptr::null_mut(),
         len: 0,
         _life: PhantomData,
     };
@@ -157,7 +181,8 @@ impl RawInline {
 }
 
 /// Copies `len` bytes from the concatenation of `src` to the concatenation of `dst`,
-/// range by range. Overlapping memory is copied as by `memmove` per range.
+/// range by range, with atomic accesses (see the module docs). Overlapping memory is
+/// copied as by `memmove` per range.
 ///
 /// # Panics
 /// If either list holds fewer than `len` bytes (callers check lengths first).
@@ -167,8 +192,8 @@ pub(crate) fn copy(src: &[Src<'_>], dst: &[Dst<'_>], len: usize) {
         if s.len >= len && d.len >= len {
             // The common case, one span each way.
             // SAFETY: `len <= s.len` and `len <= d.len`; spans are valid for their
-            // lifetime, which outlives this call; `ptr::copy` tolerates overlap.
-            unsafe { ptr::copy(s.ptr, d.ptr, len) }
+            // lifetime, which outlives this call, and are accessed only atomically.
+            unsafe { move_bytes(s.ptr, d.ptr, len) }
             return;
         }
     }
@@ -185,8 +210,8 @@ fn copy_spans(src: &[Src<'_>], dst: &[Dst<'_>], mut len: usize) {
         if n > 0 {
             // SAFETY: `so + n <= s.len` and `doff + n <= d.len`, and spans are only created
             // over memory valid for reads (`Src`) or writes (`Dst`) for their lifetime, which
-            // outlives this call. `ptr::copy` tolerates overlap.
-            unsafe { ptr::copy(s.ptr.add(so), d.ptr.add(doff), n) }
+            // outlives this call, and are accessed only atomically.
+            unsafe { move_bytes(s.ptr.add(so), d.ptr.add(doff), n) }
         }
         (so, doff, len) = (so + n, doff + n, len - n);
         if so == s.len {
@@ -198,22 +223,105 @@ fn copy_spans(src: &[Src<'_>], dst: &[Dst<'_>], mut len: usize) {
     }
 }
 
-/// Replaces the native-endian `u64` under `dst` (8 bytes, 8-aligned) by `f(old)`; returns
-/// `old`.
+/// Moves `n` bytes from `src` to `dst` with relaxed atomic loads and stores: words where
+/// the two share their alignment modulo 8, bytes elsewhere; backwards when `dst` lies
+/// inside `src..src + n` (as `memmove` does).
+///
+/// # Safety
+/// `src..src + n` must be valid for reads and `dst..dst + n` for writes, and neither may be
+/// accessed non-atomically by another thread meanwhile.
+#[inline(always)]
+unsafe fn move_bytes(src: *const u8, dst: *mut u8, n: usize) {
+    let (s, d) = (src as usize, dst as usize);
+    if d > s && d - s < n {
+        // SAFETY: the caller's contract, passed on.
+        return unsafe { move_back(src, dst, n) };
+    }
+    let mut i = 0;
+    if (s ^ d) % 8 == 0 {
+        let head = ((8 - s % 8) % 8).min(n);
+        while i < head {
+            // SAFETY: `i < n`: inside both ranges (the caller's contract).
+            unsafe { move_byte(src.add(i), dst.add(i)) };
+            i += 1;
+        }
+        while i + 8 <= n {
+            // SAFETY: `i + 8 <= n`: inside both ranges; `src + i` and `dst + i` are
+            // 8-aligned (they share their alignment and `i` passed `head`); every access
+            // to them is atomic (the caller's contract).
+            unsafe {
+                let w = AtomicU64::from_ptr(src.add(i).cast_mut().cast()).load(Relaxed);
+                AtomicU64::from_ptr(dst.add(i).cast()).store(w, Relaxed);
+            }
+            i += 8;
+        }
+    }
+    while i < n {
+        // SAFETY: `i < n`: inside both ranges (the caller's contract).
+        unsafe { move_byte(src.add(i), dst.add(i)) };
+        i += 1;
+    }
+}
+
+/// [`move_bytes`] from the last byte to the first, a byte at a time (overlapping ranges
+/// with `dst` after `src`: a copy within one region, which programs rarely make).
+///
+/// # Safety
+/// As [`move_bytes`].
+#[inline(never)]
+unsafe fn move_back(src: *const u8, dst: *mut u8, n: usize) {
+    for i in (0..n).rev() {
+        // SAFETY: `i < n`: inside both ranges (the caller's contract).
+        unsafe { move_byte(src.add(i), dst.add(i)) };
+    }
+}
+
+/// One byte moved with a relaxed atomic load and store.
+///
+/// # Safety
+/// `src` valid for reads, `dst` for writes, neither accessed non-atomically meanwhile.
+#[inline(always)]
+unsafe fn move_byte(src: *const u8, dst: *mut u8) {
+    // SAFETY: the caller's contract; `AtomicU8` has the size and alignment of `u8`.
+    unsafe {
+        let b = AtomicU8::from_ptr(src.cast_mut()).load(Relaxed);
+        AtomicU8::from_ptr(dst).store(b, Relaxed);
+    }
+}
+
+/// The read-modify-write of a remote atomic.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Rmw {
+    /// Fetch-and-add (wrapping).
+    Add(u64),
+    /// Compare-and-swap: `swap` is stored when the word equals `compare`.
+    Cas {
+        /// Expected value.
+        compare: u64,
+        /// Stored on a match.
+        swap: u64,
+    },
+}
+
+/// Applies `op` to the native-endian `u64` under `dst` (8 bytes, 8-aligned) as one
+/// indivisible operation (see the module docs); returns the old value.
 ///
 /// # Panics
 /// If `dst` is not 8 bytes long or not 8-byte aligned (callers check alignment first).
-pub(crate) fn atomic(dst: &Dst<'_>, f: impl FnOnce(u64) -> u64) -> u64 {
+pub(crate) fn atomic(dst: &Dst<'_>, op: Rmw) -> u64 {
     assert!(
         dst.len == 8 && dst.ptr as usize % 8 == 0,
         "bad atomic target"
     );
-    let p = dst.ptr.cast::<u64>();
-    // SAFETY: `dst` covers 8 writable bytes (span invariant) and `p` is aligned (checked).
-    unsafe {
-        let old = p.read();
-        p.write(f(old));
-        old
+    // SAFETY: `dst` covers 8 writable bytes (span invariant) for its lifetime, which
+    // outlives `word`; `ptr` is 8-aligned (checked); every access the simulator makes to
+    // registered memory is atomic (module docs).
+    let word = unsafe { AtomicU64::from_ptr(dst.ptr.cast()) };
+    match op {
+        Rmw::Add(add) => word.fetch_add(add, SeqCst),
+        Rmw::Cas { compare, swap } => match word.compare_exchange(compare, swap, SeqCst, SeqCst) {
+            Ok(old) | Err(old) => old,
+        },
     }
 }
 

@@ -253,6 +253,21 @@ pub(crate) fn execute<'p>(
             .filter(|m| m.access.contains(need))
             .map(|m| &m.region)
     };
+    // A remote atomic: the word's read-modify-write, its old value scattered to `dst`.
+    let atomic = |out: Exec, remote_addr: u64, rkey: u32, rmw: mem::Rmw| {
+        if remote_addr % 8 != 0 {
+            return fail(out, WcStatus::RemInvReqErr);
+        }
+        let Some(word) = remote(rkey).and_then(|r| r.dst(remote_addr, 8)) else {
+            return fail(out, WcStatus::RemAccessErr);
+        };
+        let old = mem::atomic(&word, rmw);
+        mem::copy(&[Src::slice(&old.to_ne_bytes())], &dst, 8);
+        Exec {
+            old: Some(old),
+            ..out
+        }
+    };
 
     // Effects (everything is checked before a byte moves), responder completion.
     match (wr.op, rwr) {
@@ -343,28 +358,21 @@ pub(crate) fn execute<'p>(
         }
         (
             CompareSwap {
-                remote_addr, rkey, ..
-            }
-            | FetchAdd {
-                remote_addr, rkey, ..
+                remote_addr,
+                rkey,
+                compare,
+                swap,
             },
             _,
-        ) => {
-            if remote_addr % 8 != 0 {
-                return fail(out, WcStatus::RemInvReqErr);
-            }
-            let target = remote(rkey).and_then(|r| r.dst(remote_addr, 8));
-            let Some(r) = target else {
-                return fail(out, WcStatus::RemAccessErr);
-            };
-            let old = mem::atomic(&r, |v| match wr.op {
-                CompareSwap { compare, swap, .. } if v == compare => swap,
-                FetchAdd { add, .. } => v.wrapping_add(add),
-                _ => v,
-            });
-            mem::copy(&[Src::slice(&old.to_ne_bytes())], &dst, 8);
-            out.old = Some(old);
-        }
+        ) => return atomic(out, remote_addr, rkey, mem::Rmw::Cas { compare, swap }),
+        (
+            FetchAdd {
+                remote_addr,
+                rkey,
+                add,
+            },
+            _,
+        ) => return atomic(out, remote_addr, rkey, mem::Rmw::Add(add)),
         (Send | SendWithImm(_), None) => unreachable!("sends take a receive"),
         (Datagram { .. }, _) => unreachable!("refused above"),
     }

@@ -14,7 +14,7 @@
 
 use crate::error::{verb, Error};
 use crate::provider::Provider;
-use crate::types::{Gid, PortAttr};
+use crate::types::{DeviceAttr, Gid, PortAttr};
 
 /// An open RDMA device.
 pub struct Context<P: Provider> {
@@ -27,6 +27,19 @@ impl<P: Provider> Context<P> {
         Ok(Context {
             raw: verb("ibv_open_device", provider.open_device(name))?,
         })
+    }
+
+    /// Queries the device's limits and capabilities (`ibv_query_device`).
+    ///
+    /// ```
+    /// # #[cfg(feature = "sim")] {
+    /// use zverbs::{provider::sim::Sim, AtomicCap, Context};
+    /// let ctx = Context::open(&Sim::with_devices(1), "sim0").unwrap();
+    /// assert_eq!(ctx.query_device().unwrap().atomic_cap, AtomicCap::Hca);
+    /// # }
+    /// ```
+    pub fn query_device(&self) -> Result<DeviceAttr, Error<P::Error>> {
+        verb("ibv_query_device", P::query_device(&self.raw))
     }
 
     /// Queries port `port` (1-based).

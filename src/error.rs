@@ -135,6 +135,19 @@ pub enum Error<E> {
     OutOfBounds(BoundsError),
     /// An attribute failed validation before reaching the device.
     InvalidAttribute(&'static str),
+    /// A configuration asks for more than the device (or its port) offers, as its
+    /// attributes report it; nothing was created or changed.
+    ExceedsDevice {
+        /// The field asked, as the configuration names it (e.g. `"caps.max_send_wr"`).
+        field: &'static str,
+        /// The value asked.
+        value: u64,
+        /// The device's limit.
+        limit: u64,
+    },
+    /// The device does not support the operation (e.g. an atomic on a device whose
+    /// `atomic_cap` is `NONE`); nothing was posted.
+    Unsupported(&'static str),
     /// The queue pair is not in a state that allows the operation.
     InvalidState(QpState),
     /// A wait ran out of time. The queue pair was moved to the error state so that no
@@ -182,7 +195,9 @@ impl<E: ProviderError> Error<E> {
             Error::QueueFull { .. } => ErrorKind::QueueFull,
             Error::TooManySges { .. }
             | Error::InvalidAttribute(_)
+            | Error::ExceedsDevice { .. }
             | Error::ForeignPending { .. } => ErrorKind::InvalidArgument,
+            Error::Unsupported(_) => ErrorKind::Unsupported,
             Error::OutOfBounds(_) => ErrorKind::OutOfBounds,
             Error::InvalidState(_) => ErrorKind::InvalidState,
             Error::Timeout | Error::Undrained { .. } => ErrorKind::Timeout,
@@ -211,6 +226,12 @@ impl<E: fmt::Display> fmt::Display for Error<E> {
             }
             Error::OutOfBounds(b) => b.fmt(f),
             Error::InvalidAttribute(why) => write!(f, "invalid attribute: {why}"),
+            Error::ExceedsDevice {
+                field,
+                value,
+                limit,
+            } => write!(f, "{field} = {value} exceeds the device's limit {limit}"),
+            Error::Unsupported(what) => write!(f, "not supported by the device: {what}"),
             Error::InvalidState(s) => write!(f, "queue pair is in state {s:?}"),
             Error::Timeout => f.write_str("timed out waiting for completions"),
             Error::Undrained { sends } => {

@@ -7,8 +7,8 @@
 //! and posting never allocates.
 
 pub use zverbs_types::{
-    AccessFlags, AhAttr, AhKey, Gid, Mtu, PortAttr, PortState, QpCaps, QpState, QpType, SendFlags,
-    SendOp, Sge, UdDest, WcOpcode, WcStatus, WorkCompletion,
+    AccessFlags, AhAttr, AhKey, AtomicCap, DeviceAttr, Gid, Mtu, PortAttr, PortState, QpCaps,
+    QpState, QpType, SendFlags, SendOp, Sge, UdDest, WcOpcode, WcStatus, WorkCompletion,
 };
 
 /// A send work request with room for `S` gather entries.

@@ -12,6 +12,7 @@ use zverbs::qp::{
 };
 use zverbs::{
     ChannelConfig, CompletionQueue, Context, Endpoint, Error, ErrorKind, Mtu, ProtectionDomain,
+    QpCaps,
 };
 
 /// A queue pair in INIT on `dev` of `sim`, with what keeps it alive (fields drop in order).
@@ -107,31 +108,101 @@ fn rts_attributes_and_psns() {
 }
 
 #[test]
-fn effective_mtu_is_the_smallest() {
+fn path_mtu_is_negotiated_or_exact() {
     let (_sim, a, b) = two(&QpConfig::default());
     let eb = b.qp.endpoint();
-    // The simulated ports run 4096: every cap below it wins.
+    // The simulated ports run 4096.
     assert_eq!(a.qp.endpoint().mtu, Mtu::Mtu4096);
-    let mtu = |qp: QueuePair<Sim, Init>, remote: Mtu, cap: Mtu| {
+    let rtr = |qp: QueuePair<Sim, Init>, remote: Mtu, asked: Option<Mtu>| {
         let remote = Endpoint { mtu: remote, ..eb };
         let opts = RtrOptions {
-            mtu: cap,
+            mtu: asked,
             ..RtrOptions::default()
         };
-        let qp = qp.into_rtr(&remote, &opts).unwrap();
-        let got = qp.path().unwrap().path_mtu;
-        (qp.reset().unwrap(), got)
+        match qp.into_rtr(&remote, &opts) {
+            Ok(qp) => {
+                let got = qp.path().unwrap().path_mtu;
+                (qp.reset().unwrap(), Ok(got))
+            }
+            Err(e) => (e.qp.reset().unwrap(), Err(e.error)),
+        }
     };
     let init =
         |qp: QueuePair<Sim, zverbs::qp::Reset>| qp.into_init(&InitOptions::default()).unwrap();
-    let (qp, got) = mtu(a.qp, Mtu::Mtu4096, Mtu::Mtu4096);
-    assert_eq!(got, Mtu::Mtu4096);
-    let (qp, got) = mtu(init(qp), Mtu::Mtu1024, Mtu::Mtu4096);
-    assert_eq!(got, Mtu::Mtu1024, "the peer's MTU is the smallest");
-    let (qp, got) = mtu(init(qp), Mtu::Mtu2048, Mtu::Mtu512);
-    assert_eq!(got, Mtu::Mtu512, "the cap is the smallest");
-    let (_qp, got) = mtu(init(qp), Mtu::Mtu256, Mtu::Mtu2048);
-    assert_eq!(got, Mtu::Mtu256);
+    let (qp, got) = rtr(a.qp, Mtu::Mtu4096, None);
+    assert_eq!(got.unwrap(), Mtu::Mtu4096);
+    let (qp, got) = rtr(init(qp), Mtu::Mtu1024, None);
+    assert_eq!(
+        got.unwrap(),
+        Mtu::Mtu1024,
+        "by default the smaller port wins"
+    );
+    let (qp, got) = rtr(init(qp), Mtu::Mtu2048, Some(Mtu::Mtu512));
+    assert_eq!(got.unwrap(), Mtu::Mtu512, "an MTU asked is used as asked");
+    // Asked above the peer's port: refused, not lowered (the peer would run another).
+    let (qp, got) = rtr(init(qp), Mtu::Mtu1024, Some(Mtu::Mtu4096));
+    match got.unwrap_err() {
+        Error::ExceedsDevice { value, limit, .. } => assert_eq!((value, limit), (4096, 1024)),
+        e => panic!("expected ExceedsDevice, got {e:?}"),
+    }
+    let (_qp, got) = rtr(init(qp), Mtu::Mtu256, None);
+    assert_eq!(got.unwrap(), Mtu::Mtu256);
+}
+
+#[test]
+fn device_limits_are_checked_where_configs_are_made() {
+    let sim = Sim::with_devices(2);
+    let ctx = Context::open(&sim, "sim0").unwrap();
+    let dev = ctx.query_device().unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = CompletionQueue::create(&ctx, 16).unwrap();
+    let over = |caps: QpCaps| QpConfig {
+        caps,
+        ..QpConfig::default()
+    };
+    let caps = QpConfig::default().caps;
+    for (cfg, field, limit) in [
+        (
+            over(QpCaps {
+                max_send_wr: dev.max_qp_wr + 1,
+                ..caps
+            }),
+            "caps.max_send_wr",
+            dev.max_qp_wr,
+        ),
+        (
+            over(QpCaps {
+                max_recv_sge: dev.max_sge + 1,
+                ..caps
+            }),
+            "caps.max_recv_sge",
+            dev.max_sge,
+        ),
+    ] {
+        match QueuePair::create(&ctx, &pd, &cq, &cq, &cfg).unwrap_err() {
+            Error::ExceedsDevice {
+                field: f, limit: l, ..
+            } => assert_eq!((f, l), (field, u64::from(limit))),
+            e => panic!("{field}: expected ExceedsDevice, got {e:?}"),
+        }
+    }
+    let (_sim, a, b) = two(&QpConfig::default());
+    let over_rd = RtrOptions {
+        max_dest_rd_atomic: u8::try_from(dev.max_qp_rd_atom + 1).unwrap(),
+        ..RtrOptions::default()
+    };
+    let e = a.qp.into_rtr(&b.qp.endpoint(), &over_rd).unwrap_err();
+    assert!(
+        matches!(
+            e.error,
+            Error::ExceedsDevice {
+                field: "rtr.max_dest_rd_atomic",
+                ..
+            }
+        ),
+        "{:?}",
+        e.error
+    );
 }
 
 #[test]
@@ -198,7 +269,7 @@ fn gid_index_is_the_paths_sgid_index() {
 #[test]
 fn channel_path() {
     let rtr = RtrOptions {
-        mtu: Mtu::Mtu1024,
+        mtu: Some(Mtu::Mtu1024),
         sl: 4,
         traffic_class: 0x60,
         flow_label: 0x1_2345,

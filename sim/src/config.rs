@@ -141,6 +141,13 @@ pub struct FabricConfig {
     /// pairs (`examples/barrier_scale.rs` runs 65,536 nodes so). Posting may then allocate
     /// until each queue has reached its busiest; with the default (false) it never does.
     pub lazy_queues: bool,
+    /// How the devices execute remote atomics, as their
+    /// [`DeviceAttr::atomic_cap`](crate::DeviceAttr) reports it. The simulator executes
+    /// every atomic as one read-modify-write instruction on the word, which is atomic
+    /// against the host's own atomics too (`Glob`); the default reports `Hca`, as hardware
+    /// and rxe do. With [`AtomicCap::None`](crate::AtomicCap::None) a post of an atomic is
+    /// refused (`Invalid`).
+    pub atomic_cap: crate::types::AtomicCap,
 }
 
 /// The device whose behaviour the simulator reproduces where real verbs stacks differ.
@@ -199,6 +206,7 @@ impl Default for FabricConfig {
             loc_access_err: true,
             personality: Personality::Hca,
             lazy_queues: false,
+            atomic_cap: crate::types::AtomicCap::Hca,
         }
     }
 }

@@ -9,9 +9,9 @@
 use core::fmt;
 
 pub use zverbs_types::{
-    AccessFlags, AhAttr, AhKey, Gid, InitAttr, Mtu, PortAttr, PortState, QpCaps, QpState, QpType,
-    RtrAttr, RtsAttr, SendFlags, SendOp, Sge, Transition, UdDest, UdInitAttr, WcOpcode, WcStatus,
-    WorkCompletion,
+    AccessFlags, AhAttr, AhKey, AtomicCap, DeviceAttr, Gid, InitAttr, Mtu, PortAttr, PortState,
+    QpCaps, QpState, QpType, RtrAttr, RtsAttr, SendFlags, SendOp, Sge, Transition, UdDest,
+    UdInitAttr, WcOpcode, WcStatus, WorkCompletion,
 };
 
 /// Most scatter/gather entries one work request may carry in the simulator.
@@ -22,6 +22,9 @@ pub const MAX_INLINE: usize = 256;
 pub const MAX_CQE: u32 = 1 << 16;
 /// Most work requests one queue of a queue pair may hold.
 pub const MAX_QP_WR: u32 = 1 << 14;
+/// Most RDMA READs and atomics a queue pair may have outstanding, as requester
+/// (`max_rd_atomic`) and as responder (`max_dest_rd_atomic`).
+pub const MAX_QP_RD_ATOM: u8 = 16;
 /// Largest message an RC queue pair carries (2^31 bytes, as in the verbs spec).
 pub const MAX_MSG: u64 = 1 << 31;
 

@@ -125,6 +125,7 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
                 "an atomic's result slice must be 8 bytes",
             ));
         }
+        self.qp.check_atomics()?;
         self.blocking_rdma([result.sge()], remote, op)?;
         Ok(result.read_u64().unwrap_or_default())
     }

@@ -17,7 +17,7 @@ impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
     /// let sim = Sim::with_devices(2);
     /// let (ca, cb) = (Context::open(&sim, "sim0")?, Context::open(&sim, "sim1")?);
     /// let (pa, pb) = (ca.alloc_pd()?, cb.alloc_pd()?);
-    /// let rtr = RtrOptions { mtu: Mtu::Mtu2048, sl: 2, traffic_class: 0x68, ..RtrOptions::default() };
+    /// let rtr = RtrOptions { mtu: Some(Mtu::Mtu2048), sl: 2, traffic_class: 0x68, ..RtrOptions::default() };
     /// let config = ChannelConfig { rtr, ..ChannelConfig::default() };
     /// let a = Channel::<Sim>::prepare(&ca, &pa, &config)?;
     /// let b = Channel::<Sim>::prepare(&cb, &pb, &ChannelConfig::default())?;

@@ -176,6 +176,7 @@ impl<'env, P: Provider, const DEPTH: usize, const SGES: usize> Scope<'env, P, DE
         remote: &RemoteRegion,
         add: u64,
     ) -> Result<u64, Error<P::Error>> {
+        self.ch.qp.check_atomics()?;
         let op = remote.fetch_add_op(add);
         self.stage_rdma([result.sge()], remote, op)
     }
@@ -189,6 +190,7 @@ impl<'env, P: Provider, const DEPTH: usize, const SGES: usize> Scope<'env, P, DE
         compare: u64,
         swap: u64,
     ) -> Result<u64, Error<P::Error>> {
+        self.ch.qp.check_atomics()?;
         let op = remote.compare_swap_op(compare, swap);
         self.stage_rdma([result.sge()], remote, op)
     }

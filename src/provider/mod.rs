@@ -28,7 +28,8 @@ use core::fmt;
 
 use crate::error::ProviderError;
 use crate::types::{
-    AccessFlags, AhKey, Gid, Mtu, PortAttr, QpCaps, QpState, RecvWr, SendWr, WorkCompletion,
+    AccessFlags, AhKey, DeviceAttr, Gid, Mtu, PortAttr, QpCaps, QpState, RecvWr, SendWr,
+    WorkCompletion,
 };
 pub use zverbs_types::{AhAttr, InitAttr, QpType, RtrAttr, RtsAttr, Transition, UdInitAttr};
 
@@ -117,6 +118,8 @@ pub trait Provider: Sized {
     fn for_each_device(&self, f: &mut dyn FnMut(&str));
     /// Opens a device by name.
     fn open_device(&self, name: &str) -> Result<Self::Context, Self::Error>;
+    /// Queries the device's limits and capabilities (`ibv_query_device`).
+    fn query_device(ctx: &Self::Context) -> Result<DeviceAttr, Self::Error>;
     /// Queries a port (1-based).
     fn query_port(ctx: &Self::Context, port: u8) -> Result<PortAttr, Self::Error>;
     /// Reads one entry of a port's GID table.

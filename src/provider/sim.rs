@@ -183,6 +183,10 @@ impl Provider for Sim {
         self.fabric.open_device(name)
     }
 
+    fn query_device(ctx: &s::Context) -> Result<crate::types::DeviceAttr, s::SimError> {
+        Ok(ctx.query_device())
+    }
+
     fn query_port(ctx: &s::Context, port: u8) -> Result<PortAttr, s::SimError> {
         ctx.query_port(port)
     }

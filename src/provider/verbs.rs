@@ -299,6 +299,29 @@ impl Provider for Verbs {
         }
     }
 
+    fn query_device(ctx: &Context) -> Result<crate::types::DeviceAttr, VerbsError> {
+        let mut a = MaybeUninit::<ffi::ibv_device_attr>::zeroed();
+        // SAFETY: open context; `a` is a writable `ibv_device_attr` the call fills.
+        let ret = unsafe { ffi::ibv_query_device(ctx.as_ptr(), a.as_mut_ptr()) };
+        check("ibv_query_device", ret)?;
+        // SAFETY: zero-initialised plain C data (integers and byte arrays), filled above.
+        let a = unsafe { a.assume_init() };
+        let count = |n: i32| u32::try_from(n).unwrap_or(0);
+        Ok(crate::types::DeviceAttr {
+            max_qp_wr: count(a.max_qp_wr),
+            max_sge: count(a.max_sge),
+            max_cqe: count(a.max_cqe),
+            max_qp_rd_atom: count(a.max_qp_rd_atom),
+            max_qp_init_rd_atom: count(a.max_qp_init_rd_atom),
+            max_mr_size: a.max_mr_size,
+            atomic_cap: match a.atomic_cap {
+                ffi::IBV_ATOMIC_HCA => crate::types::AtomicCap::Hca,
+                ffi::IBV_ATOMIC_GLOB => crate::types::AtomicCap::Glob,
+                _ => crate::types::AtomicCap::None,
+            },
+        })
+    }
+
     fn query_port(ctx: &Context, port: u8) -> Result<PortAttr, VerbsError> {
         let mut a = ffi::ibv_port_attr::default();
         // SAFETY: open context; `a` is a full `ibv_port_attr`, larger than the compat

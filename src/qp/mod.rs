@@ -46,7 +46,7 @@ use crate::device::{Context, ProtectionDomain};
 use crate::error::{verb, Error};
 pub use crate::provider::PathAttr;
 use crate::provider::{InitAttr, PostError, Provider, RtrAttr, RtsAttr, Transition};
-use crate::types::{AccessFlags, Mtu, QpCaps, QpState, QpType, RecvWr, SendWr};
+use crate::types::{AccessFlags, AtomicCap, Mtu, QpCaps, QpState, QpType, RecvWr, SendWr};
 
 mod sealed {
     pub trait Sealed {}
@@ -165,8 +165,9 @@ pub const MAX_SL: u8 = 15;
 /// Attributes of INIT → RTR besides the peer's endpoint: the receive side's limits and the
 /// address vector of the path (`ibv_qp_attr.ah_attr`).
 ///
-/// The MTU used is the smallest of [`mtu`](Self::mtu), the local port's and the peer's;
-/// [`QueuePair::path`] reads back what the device applied. The GRH fields
+/// The MTU used is [`mtu`](Self::mtu) if given, else the smaller of the local port's and
+/// the peer's; [`QueuePair::path`] reads back what the device applied. Every limit is
+/// checked against the device first: [`Error::ExceedsDevice`] names the field. The GRH fields
 /// (`traffic_class`, `flow_label`, `hop_limit`) are sent when the path is routed by GID,
 /// which is whenever the peer's endpoint carries a GID (always on RoCE).
 ///
@@ -178,8 +179,12 @@ pub const MAX_SL: u8 = 15;
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RtrOptions {
-    /// Cap on the path MTU; the MTU used is the smallest of this, ours and the peer's.
-    pub mtu: Mtu,
+    /// The path MTU. `None` (the default) takes the largest both ends can use: the
+    /// smaller of the local port's active MTU and the one the peer's endpoint names.
+    /// `Some(mtu)` asks for exactly `mtu`, as a C program's `path_mtu` does; more than
+    /// either port's active MTU is refused ([`Error::ExceedsDevice`]), not lowered, so
+    /// that the two ends of a path never run different MTUs.
+    pub mtu: Option<Mtu>,
     /// RNR NAK timer code sent to a peer whose send finds no receive (0..=31; 12 ≈ 0.64 ms).
     pub min_rnr_timer: u8,
     /// Reads and atomics accepted in flight as responder.
@@ -202,7 +207,7 @@ pub struct RtrOptions {
 impl Default for RtrOptions {
     fn default() -> Self {
         RtrOptions {
-            mtu: Mtu::Mtu4096,
+            mtu: None,
             min_rnr_timer: 12,
             max_dest_rd_atomic: 16,
             sl: 0,
@@ -243,7 +248,32 @@ pub struct QueuePair<P: Provider, S: State, T: Transport = Rc> {
     local: Endpoint,
     remote: Option<Endpoint>,
     config: QpConfig,
+    device: DeviceLimits,
     _state: PhantomData<(S, T)>,
+}
+
+/// What a queue pair keeps of its device's attributes, to check its transitions and
+/// operations against.
+#[derive(Clone, Copy, Debug)]
+struct DeviceLimits {
+    /// `max_qp_rd_atom`, saturated to the `u8` of `max_dest_rd_atomic`.
+    rd_atom: u8,
+    /// `max_qp_init_rd_atom`, saturated to the `u8` of `max_rd_atomic`.
+    init_rd_atom: u8,
+    atomic_cap: AtomicCap,
+}
+
+/// `Ok` when `value` is at most `limit`, else the error naming `field`.
+fn within<E>(field: &'static str, value: u64, limit: u64) -> Result<(), Error<E>> {
+    if value <= limit {
+        Ok(())
+    } else {
+        Err(Error::ExceedsDevice {
+            field,
+            value,
+            limit,
+        })
+    }
 }
 
 /// A failed transition: the queue pair, still in its old state, and why.
@@ -311,6 +341,21 @@ impl<P: Provider, T: Transport> QueuePair<P, Reset, T> {
         if let Some(psn) = config.psn {
             check(psn <= MAX_24BIT, "psn exceeds 24 bits").map_err(Error::InvalidAttribute)?;
         }
+        let dev = ctx.query_device()?;
+        let caps = &config.caps;
+        let max_wr = u64::from(dev.max_qp_wr);
+        within("caps.max_send_wr", caps.max_send_wr.into(), max_wr)?;
+        within("caps.max_recv_wr", caps.max_recv_wr.into(), max_wr)?;
+        within(
+            "caps.max_send_sge",
+            caps.max_send_sge.into(),
+            dev.max_sge.into(),
+        )?;
+        within(
+            "caps.max_recv_sge",
+            caps.max_recv_sge.into(),
+            dev.max_sge.into(),
+        )?;
         let port = ctx.query_port(config.port)?;
         let gid = ctx.query_gid(config.port, config.gid_index)?;
         let raw = verb(
@@ -334,6 +379,11 @@ impl<P: Provider, T: Transport> QueuePair<P, Reset, T> {
             },
             remote: None,
             config: *config,
+            device: DeviceLimits {
+                rd_atom: u8::try_from(dev.max_qp_rd_atom).unwrap_or(u8::MAX),
+                init_rd_atom: u8::try_from(dev.max_qp_init_rd_atom).unwrap_or(u8::MAX),
+                atomic_cap: dev.atomic_cap,
+            },
             _state: PhantomData,
         })
     }
@@ -381,9 +431,26 @@ impl<P: Provider> QueuePair<P, Init> {
                 opts.flow_label <= MAX_FLOW_LABEL,
                 "flow_label exceeds 20 bits",
             ))
-            .map(|()| {
-                Transition::Rtr(RtrAttr {
-                    path_mtu: opts.mtu.min(self.local.mtu).min(remote.mtu),
+            .map_err(Error::InvalidAttribute)
+            .and_then(|()| {
+                let rd_atom = u64::from(opts.max_dest_rd_atomic);
+                within(
+                    "rtr.max_dest_rd_atomic",
+                    rd_atom,
+                    self.device.rd_atom.into(),
+                )?;
+                let common = self.local.mtu.min(remote.mtu);
+                if let Some(asked) = opts.mtu {
+                    let (value, port) = (asked.bytes().into(), self.local.mtu.bytes().into());
+                    within("rtr.mtu", value, port)?;
+                    within(
+                        "rtr.mtu (the peer's port)",
+                        value,
+                        remote.mtu.bytes().into(),
+                    )?;
+                }
+                Ok(Transition::Rtr(RtrAttr {
+                    path_mtu: opts.mtu.unwrap_or(common),
                     dest_qp_num: remote.qp_num,
                     rq_psn: remote.psn,
                     max_dest_rd_atomic: opts.max_dest_rd_atomic,
@@ -396,7 +463,7 @@ impl<P: Provider> QueuePair<P, Init> {
                     traffic_class: opts.traffic_class,
                     flow_label: opts.flow_label,
                     hop_limit: opts.hop_limit,
-                })
+                }))
             });
         self.transition(attr).map(|mut qp| {
             qp.remote = Some(*remote);
@@ -420,14 +487,21 @@ impl<P: Provider> QueuePair<P, ReadyToReceive> {
         let attr = check(opts.timeout <= 31, "timeout exceeds 31")
             .and(check(opts.retry_cnt <= 7, "retry_cnt exceeds 7"))
             .and(check(opts.rnr_retry <= 7, "rnr_retry exceeds 7"))
-            .map(|()| {
-                Transition::Rts(RtsAttr {
+            .map_err(Error::InvalidAttribute)
+            .and_then(|()| {
+                let rd_atomic = u64::from(opts.max_rd_atomic);
+                within(
+                    "rts.max_rd_atomic",
+                    rd_atomic,
+                    self.device.init_rd_atom.into(),
+                )?;
+                Ok(Transition::Rts(RtsAttr {
                     sq_psn: self.local.psn,
                     timeout: opts.timeout,
                     retry_cnt: opts.retry_cnt,
                     rnr_retry: opts.rnr_retry,
                     max_rd_atomic: opts.max_rd_atomic,
-                })
+                }))
             });
         self.transition(attr)
     }
@@ -481,7 +555,7 @@ impl<P: Provider> QueuePair<P, ReadyToSend> {
     /// # };
     /// # let (_c1, _p1, _q1, a) = make("sim0");
     /// # let (_c2, _p2, _q2, b) = make("sim1");
-    /// let opts = RtrOptions { mtu: Mtu::Mtu1024, sl: 5, ..RtrOptions::default() };
+    /// let opts = RtrOptions { mtu: Some(Mtu::Mtu1024), sl: 5, ..RtrOptions::default() };
     /// let a = a.into_rtr(&b.endpoint(), &opts).unwrap();
     /// let a = a.into_rts(&RtsOptions::default()).unwrap();
     /// let path = a.path().unwrap();
@@ -524,6 +598,24 @@ impl<P: Provider, T: Transport> QueuePair<P, ReadyToSend, T> {
 }
 
 impl<P: Provider, S: State, T: Transport> QueuePair<P, S, T> {
+    /// How its device executes remote atomics (`ibv_device_attr.atomic_cap`, read when
+    /// the queue pair was created).
+    pub fn atomic_cap(&self) -> AtomicCap {
+        self.device.atomic_cap
+    }
+
+    /// `Ok` when the device executes atomics, else [`Error::Unsupported`]: what the
+    /// atomic operations of the levels above check before they post.
+    pub(crate) fn check_atomics(&self) -> Result<(), Error<P::Error>> {
+        if self.device.atomic_cap.supported() {
+            Ok(())
+        } else {
+            Err(Error::Unsupported(
+                "remote atomics (the device's atomic_cap is NONE)",
+            ))
+        }
+    }
+
     /// This side's endpoint, to send to the peer.
     pub fn endpoint(&self) -> Endpoint {
         self.local
@@ -583,22 +675,24 @@ impl<P: Provider, S: State, T: Transport> QueuePair<P, S, T> {
 
     fn transition<S2: State>(
         self,
-        t: Result<Transition, &'static str>,
+        t: Result<Transition, Error<P::Error>>,
     ) -> Result<QueuePair<P, S2, T>, TransitionError<P, S, T>> {
-        let result = match t {
-            Err(why) => Err(Error::InvalidAttribute(why)),
-            Ok(t) => verb("ibv_modify_qp", P::modify_qp(&self.raw, &t)),
+        let t = match t {
+            Err(error) => return Err(TransitionError { qp: self, error }),
+            Ok(t) => t,
         };
+        let result = verb("ibv_modify_qp", P::modify_qp(&self.raw, &t));
         match result {
             Ok(()) => Ok(QueuePair {
                 raw: self.raw,
                 local: self.local,
-                remote: if matches!(t, Ok(Transition::Reset)) {
+                remote: if matches!(t, Transition::Reset) {
                     None
                 } else {
                     self.remote
                 },
                 config: self.config,
+                device: self.device,
                 _state: PhantomData,
             }),
             Err(error) => Err(TransitionError { qp: self, error }),

@@ -6,10 +6,10 @@ use super::scenarios::{filled, untouched, LW, SIG};
 use super::*;
 use zverbs::Mtu;
 
-/// A's RTR: every address-vector field away from its default, the MTU capped at 2048.
+/// A's RTR: every address-vector field away from its default, the MTU asked as 1024 (rxe's ports over a 1500-byte Ethernet run 1024).
 fn a_rtr() -> RtrOptions {
     RtrOptions {
-        mtu: Mtu::Mtu2048,
+        mtu: Some(Mtu::Mtu1024),
         sl: 3,
         traffic_class: 0x68,
         flow_label: 0x1_2345,
@@ -34,9 +34,8 @@ pub fn path_attributes<E: Env>(env: &E) -> Run<Outcome> {
     let (aw, bw) = (wait(env, &a.scq, 1)?, wait(env, &b.rcq, 1)?);
     let pa = a.qp.path().map_err(err("path of a"))?;
     let pb = b.qp.path().map_err(err("path of b"))?;
-    // The smallest of the cap, the local port's MTU and the peer's.
+    // A's as asked; B's (none asked) the smaller of the two ports'.
     let (ea, eb) = (a.qp.endpoint(), b.qp.endpoint());
-    let smallest = a_rtr().mtu.min(ea.mtu).min(eb.mtu);
     let d = dst.as_slice();
     let mut o = Outcome::default();
     o.wcs("a", &aw)
@@ -49,21 +48,37 @@ pub fn path_attributes<E: Env>(env: &E) -> Run<Outcome> {
         .item("a.traffic_class", format_args!("{:#x}", pa.traffic_class))
         .item("a.flow_label", format_args!("{:#x}", pa.flow_label))
         .item("a.hop_limit", pa.hop_limit)
-        .check("a.path_mtu", pa.path_mtu == smallest)
+        .check("a.path_mtu", pa.path_mtu == Mtu::Mtu1024)
         .check("a.dest_qp_num", pa.dest_qp_num == eb.qp_num)
         .check("a.dgid", pa.dgid == Some(eb.gid))
         .item("b.sl", pb.sl)
         .item("b.traffic_class", format_args!("{:#x}", pb.traffic_class))
         .item("b.hop_limit", pb.hop_limit)
+        .check("b.path_mtu", pb.path_mtu == ea.mtu.min(eb.mtu));
+    Ok(o)
+}
+
+/// What the device reports of itself (`ibv_query_device`): how it executes atomics
+/// (`HCA` on hardware HCAs, on rxe and on the simulator), and room for the queue pair
+/// defaults (`RtrOptions`/`RtsOptions` ask for 16 reads and atomics in flight; `QpConfig`
+/// for 4 gather entries).
+pub fn device_attributes<E: Env>(env: &E) -> Run<Outcome> {
+    let ctx = Context::open(env.provider(), env.devices().0).map_err(err("open"))?;
+    let d = ctx.query_device().map_err(err("query_device"))?;
+    let mut o = Outcome::default();
+    o.item("atomic_cap", format_args!("{:?}", d.atomic_cap))
         .check(
-            "b.path_mtu",
-            pb.path_mtu == Mtu::Mtu4096.min(ea.mtu).min(eb.mtu),
-        );
+            "rd_atom",
+            d.max_qp_rd_atom >= 16 && d.max_qp_init_rd_atom >= 16,
+        )
+        .check("sge", d.max_sge >= 4)
+        .check("wr", d.max_qp_wr >= 64 && d.max_cqe >= 64);
     Ok(o)
 }
 
 pub mod expected {
     #![allow(non_upper_case_globals)]
+    pub const device_attributes: &str = "atomic_cap=Hca; rd_atom=ok; sge=ok; wr=ok";
     pub const path_attributes: &str = "a=[1:SUCCESS Send]; b=[101:SUCCESS Recv len=64]; \
          bytes=ok; a.sl=3; a.traffic_class=0x68; a.flow_label=0x12345; a.hop_limit=9; \
          a.path_mtu=ok; a.dest_qp_num=ok; a.dgid=ok; b.sl=0; b.traffic_class=0x0; \

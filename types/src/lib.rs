@@ -17,11 +17,13 @@
 #[cfg(test)]
 extern crate std;
 
+mod device;
 mod port;
 mod qp;
 mod wc;
 mod wr;
 
+pub use device::{AtomicCap, DeviceAttr};
 pub use port::{Gid, Mtu, PortAttr, PortState};
 pub use qp::{AhAttr, InitAttr, QpCaps, QpState, QpType, RtrAttr, RtsAttr, Transition, UdInitAttr};
 pub use wc::{WcOpcode, WcStatus, WorkCompletion};

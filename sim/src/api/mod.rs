@@ -179,6 +179,20 @@ impl Context {
         })
     }
 
+    /// The device's limits and capabilities (`ibv_query_device`).
+    pub fn query_device(&self) -> DeviceAttr {
+        let atomic_cap = enter(&self.world).net.cfg.atomic_cap;
+        DeviceAttr {
+            max_qp_wr: MAX_QP_WR,
+            max_sge: MAX_SGE as u32,
+            max_cqe: MAX_CQE,
+            max_qp_rd_atom: MAX_QP_RD_ATOM.into(),
+            max_qp_init_rd_atom: MAX_QP_RD_ATOM.into(),
+            max_mr_size: usize::MAX as u64,
+            atomic_cap,
+        }
+    }
+
     /// GID `index` of `port`.
     ///
     /// # Errors

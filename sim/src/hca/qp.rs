@@ -373,6 +373,9 @@ impl QpObj {
                 if a.sl > 15 || a.flow_label > MAX_FLOW_LABEL {
                     return invalid("sl exceeds 15 or flow_label exceeds 20 bits");
                 }
+                if a.max_dest_rd_atomic > MAX_QP_RD_ATOM {
+                    return invalid("max_dest_rd_atomic exceeds the device's max_qp_rd_atom");
+                }
                 // The port's active MTU is 4096, the largest there is: any path_mtu fits.
                 let a = match net.cfg.personality {
                     Personality::Hca => a,
@@ -396,6 +399,9 @@ impl QpObj {
                 }
                 if a.sq_psn > MAX_24 || a.timeout > 31 || a.retry_cnt > 7 || a.rnr_retry > 7 {
                     return invalid("bad sq_psn, timeout, retry_cnt or rnr_retry");
+                }
+                if a.max_rd_atomic > MAX_QP_RD_ATOM {
+                    return invalid("max_rd_atomic exceeds the device's max_qp_init_rd_atom");
                 }
                 if self.state == ReadyToReceive {
                     self.req.next_psn = a.sq_psn;
@@ -515,12 +521,11 @@ impl QpObj {
         if self.ty == QpType::Ud && !datagram && net.cfg.personality == Personality::Hca {
             return invalid("a UD queue pair sends datagrams only");
         }
-        if let (
-            Personality::Rxe,
-            SendOp::CompareSwap { remote_addr, .. } | SendOp::FetchAdd { remote_addr, .. },
-        ) = (net.cfg.personality, op)
-        {
-            if remote_addr % 8 != 0 {
+        if let SendOp::CompareSwap { remote_addr, .. } | SendOp::FetchAdd { remote_addr, .. } = op {
+            if !net.cfg.atomic_cap.supported() {
+                return invalid("an atomic on a device without atomics (atomic_cap NONE)");
+            }
+            if net.cfg.personality == Personality::Rxe && remote_addr % 8 != 0 {
                 return invalid("atomic remote address not 8-byte aligned (rxe)");
             }
         }

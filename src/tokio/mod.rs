@@ -698,6 +698,7 @@ impl Post<'_> {
             Post::Receive => ch.post_receive_pending(sge),
             Post::Send(op, remote) => ch.post_send_pending(sge, op, SendFlags::empty(), remote),
             Post::Atomic(op, remote) => {
+                ch.queue_pair().check_atomics()?;
                 ch.post_send_pending(sge, op, SendFlags::empty(), Some(remote))
             }
         }

@@ -104,9 +104,15 @@ impl<P: Provider + 'static> core::fmt::Debug for RemoteBuf<P> {
 /// It owns its device context, protection domain and [`MrPool`], a data channel for the
 /// user's operations ([`channel`](Self::channel)) and a **control queue pair** of its own,
 /// so control messages never mix with the user's sends and receives. The messages are
-/// fixed-size (40 bytes), versioned and checked; a malformed one, or one naming a lease
-/// that is not out, is a protocol error ([`RemoteError::Protocol`]) that tears the
-/// connection down.
+/// fixed-size (40 bytes), versioned and checked.
+///
+/// **A protocol error ends the connection at once.** The first message out of protocol
+/// (malformed, an unknown version or kind, a lease that is not out, a grant or refusal
+/// nobody asked for, a grant of another length than asked) tears the connection down
+/// before another message is read: every lease lent to the peer ends (its registration
+/// dropped, so the peer's later RDMA on it fails with `REM_ACCESS_ERR`), every waiting
+/// call returns [`RemoteError::Protocol`], the control loop stops, and nothing the peer
+/// sends afterwards is acted on. Other connections are untouched.
 ///
 /// **Leases.** Memory lent to the peer gets a registration of its own, over exactly the
 /// lent range, with exactly the rights asked for. The pool's slab stays local-only, so the
@@ -168,6 +174,8 @@ struct Inner<P: Provider + 'static> {
 
 struct State<P: Provider> {
     next_id: u32,
+    /// The request awaiting its answer, if any: the only one a grant or refusal may answer.
+    asked: Option<Ask>,
     reply: Option<Msg>,
     /// Memory of ours lent to the peer, by lease number.
     leases: Vec<Option<Lease<P>>>,
@@ -177,6 +185,17 @@ struct State<P: Provider> {
     returned: VecDeque<LocalBuf<P>>,
     /// Why the connection is over, if it is.
     over: Option<Over>,
+    /// The control loop, aborted when the connection ends.
+    serving: Option<tokio::task::AbortHandle>,
+}
+
+/// A request sent: its id and length, and whether its caller gave up waiting (then a
+/// grant that still comes is released at once).
+#[derive(Clone, Copy, Debug)]
+struct Ask {
+    id: u32,
+    len: u64,
+    abandoned: bool,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -267,11 +286,13 @@ impl<P: Provider + 'static> Connection<P> {
             ctrl,
             state: Mutex::new(State {
                 next_id: 0,
+                asked: None,
                 reply: None,
                 leases: (0..LEASES).map(|_| None).collect(),
                 offered: VecDeque::with_capacity(LEASES),
                 returned: VecDeque::with_capacity(LEASES),
                 over: None,
+                serving: None,
             }),
             news: Notify::new(),
             asking: tokio::sync::Mutex::new(()),
@@ -286,6 +307,7 @@ impl<P: Provider + 'static> Connection<P> {
             inner.ctrl.clone(),
             inner.pool.clone(),
         ));
+        inner.lock().serving = Some(serving.abort_handle());
         Ok(Connection {
             data,
             inner,
@@ -317,19 +339,28 @@ impl<P: Provider + 'static> Connection<P> {
             let mut s = self.inner.lock();
             s.reply = None;
             s.next_id = s.next_id.wrapping_add(1);
-            s.next_id
+            let id = s.next_id;
+            s.asked = Some(Ask {
+                id,
+                len,
+                abandoned: false,
+            });
+            id
         };
-        self.inner.send(Msg::Request { id, len, access }).await?;
-        let reply = self
-            .inner
-            .wait(|s| match s.reply {
-                Some(m @ (Msg::Grant { id: i, .. } | Msg::Refuse { id: i, .. })) if i == id => {
-                    s.reply = None;
-                    Some(m)
+        let asked = async {
+            self.inner.send(Msg::Request { id, len, access }).await?;
+            self.inner.wait(|s| s.reply.take()).await
+        };
+        let reply = match asked.await {
+            Ok(reply) => reply,
+            Err(e) => {
+                // Given up (or over): an answer that still comes is not this call's.
+                if let Some(ask) = self.inner.lock().asked.as_mut().filter(|a| a.id == id) {
+                    ask.abandoned = true;
                 }
-                _ => None,
-            })
-            .await?;
+                return Err(e);
+            }
+        };
         match reply {
             Msg::Grant {
                 lease,
@@ -457,11 +488,12 @@ impl<P: Provider + 'static> Inner<P> {
                 notified.as_mut().enable();
                 {
                     let mut s = self.lock();
-                    if let Some(t) = take(&mut s) {
-                        return Ok(t);
-                    }
+                    // Over first: nothing queued is handed out once the connection ended.
                     if let Some(over) = s.over {
                         return Err(over.into());
+                    }
+                    if let Some(t) = take(&mut s) {
+                        return Ok(t);
                     }
                 }
                 notified.await;
@@ -512,14 +544,22 @@ impl<P: Provider + 'static> Inner<P> {
         RemoteError::Protocol(e)
     }
 
-    /// Ends the connection: every lease of ours ends, every waiter learns why.
+    /// Ends the connection: the control loop stops (nothing the peer sends is acted on
+    /// any more), every lease of ours ends (its registration dropped first), and every
+    /// waiter learns why. Called from the control loop itself, the abort lands on its
+    /// next await, which it does not reach.
     fn end(&self, why: Over) {
         let mut s = self.lock();
         s.over.get_or_insert(why);
+        if let Some(serving) = s.serving.take() {
+            serving.abort();
+        }
         for lease in s.leases.iter_mut() {
             lease.take();
         }
         s.returned.clear();
+        s.offered.clear();
+        s.reply = None;
         drop(s);
         self.news.notify_waiters();
     }
@@ -568,11 +608,16 @@ async fn serve<P: Provider + 'static>(
                 return;
             }
         };
-        let ((next, buf), answered) = tokio::join!(ctrl.receive(spare), handle(&c, msg));
-        if let Err(e) = answered {
-            c.end(e);
-            return;
-        }
+        // The next receive is posted before the answer goes out, and a handler's
+        // protocol error ends the connection at once, not when the next message comes.
+        let next = async { Ok::<_, Over>(ctrl.receive(spare).await) };
+        let ((next, buf), ()) = match tokio::try_join!(next, handle(&c, msg)) {
+            Ok(done) => done,
+            Err(e) => {
+                c.end(e);
+                return;
+            }
+        };
         drop(c);
         spare = got;
         got = buf;
@@ -609,11 +654,11 @@ async fn handle<P: Provider + 'static>(c: &Arc<Inner<P>>, msg: Msg) -> Result<()
             };
             c.send(answer).await.map_err(|_| Over::Gone)
         }
-        Msg::Grant { .. } | Msg::Refuse { .. } => {
-            c.lock().reply = Some(msg);
-            c.news.notify_waiters();
-            Ok(())
-        }
+        Msg::Grant { .. } | Msg::Refuse { .. } => match answer(c, msg)? {
+            // Its caller gave up: the lease goes back at once.
+            Some(lease) => c.send(Msg::Release { lease }).await.map_err(|_| Over::Gone),
+            None => Ok(()),
+        },
         Msg::Give {
             lease,
             addr,
@@ -647,4 +692,31 @@ async fn handle<P: Provider + 'static>(c: &Arc<Inner<P>>, msg: Msg) -> Result<()
                 .ok_or(Over::Protocol(WireError::Lease(lease)))
         }
     }
+}
+
+/// Takes a grant or refusal as the answer to the request outstanding, if it is one; the
+/// lease of a grant whose caller gave up waiting, to release.
+fn answer<P: Provider + 'static>(c: &Inner<P>, msg: Msg) -> Result<Option<u32>, Over> {
+    let (id, kind, granted) = match msg {
+        Msg::Grant { id, len, lease, .. } => (id, 2, Some((len, lease))),
+        Msg::Refuse { id, .. } => (id, 3, None),
+        _ => return Err(Over::Protocol(WireError::Unexpected(0))),
+    };
+    let mut s = c.lock();
+    let ask = match s.asked {
+        Some(a) if a.id == id && s.reply.is_none() => a,
+        _ => return Err(Over::Protocol(WireError::Unexpected(kind))),
+    };
+    if let Some((granted, _)) = granted.filter(|&(len, _)| len != ask.len) {
+        let asked = ask.len;
+        return Err(Over::Protocol(WireError::Granted { asked, granted }));
+    }
+    s.asked = None;
+    if ask.abandoned {
+        return Ok(granted.map(|(_, lease)| lease));
+    }
+    s.reply = Some(msg);
+    drop(s);
+    c.news.notify_waiters();
+    Ok(None)
 }

@@ -68,9 +68,16 @@ pub enum WireError {
     Access(u32),
     /// A message naming a lease that does not exist (or is over).
     Lease(u32),
-    /// A message of this kind was not expected now (a grant nobody asked for, more
-    /// offers than leases).
+    /// A message of this kind was not expected now (a grant or refusal nobody asked for,
+    /// more offers than leases).
     Unexpected(u8),
+    /// A grant of another length than the request asked for.
+    Granted {
+        /// Bytes asked for.
+        asked: u64,
+        /// Bytes the grant claims.
+        granted: u64,
+    },
 }
 
 impl core::fmt::Display for WireError {
@@ -83,6 +90,9 @@ impl core::fmt::Display for WireError {
             WireError::Access(a) => write!(f, "bad access flags {a:#x} in a request"),
             WireError::Lease(l) => write!(f, "control message names lease {l}, which is not out"),
             WireError::Unexpected(k) => write!(f, "control message of kind {k} not expected now"),
+            WireError::Granted { asked, granted } => {
+                write!(f, "a grant of {granted} bytes for a request of {asked}")
+            }
         }
     }
 }

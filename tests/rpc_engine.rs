@@ -604,3 +604,34 @@ fn a_silent_stranger_is_let_go() {
     }
     assert!(up, "the freed session serves a real client");
 }
+
+/// A datagram size over the port's active MTU is refused where the engine is made (the
+/// device would drop every full datagram), naming the field and the port's limit.
+#[test]
+fn an_mtu_over_the_port_is_refused_at_creation() {
+    let sim = Sim::with_devices(1);
+    let ctx = Context::open(&sim, "sim0").unwrap();
+    let port = ctx.query_port(1).unwrap().active_mtu.bytes();
+    let cfg = |mtu: usize| EngineConfig {
+        core: Config {
+            mtu,
+            ..Config::default()
+        },
+        ..EngineConfig::default()
+    };
+    match Rpc::new(&ctx, ctx.alloc_pd().unwrap(), cfg(port as usize + 1)) {
+        Err(zverbs::rpc::EngineError::Device(zverbs::Error::ExceedsDevice {
+            field,
+            value,
+            limit,
+        })) => assert_eq!(
+            (field, value, limit),
+            ("core.mtu", u64::from(port) + 1, port.into())
+        ),
+        Err(e) => panic!("expected ExceedsDevice, got {e}"),
+        Ok(_) => panic!("an MTU over the port's was accepted"),
+    }
+    let e = Rpc::new(&ctx, ctx.alloc_pd().unwrap(), cfg(port as usize + 1)).err();
+    assert_eq!(e.map(|e| e.kind()), Some(ErrorKind::InvalidArgument));
+    assert!(Rpc::new(&ctx, ctx.alloc_pd().unwrap(), cfg(port as usize)).is_ok());
+}

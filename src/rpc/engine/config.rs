@@ -11,7 +11,8 @@ use crate::rpc::{Config, Event, RpcError};
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
     /// The protocol core's settings; its `mtu` is the largest datagram payload (header
-    /// included), at most the port's MTU.
+    /// included), at most the port's active MTU ([`Rpc::new`](super::Rpc::new) refuses
+    /// more with `Error::ExceedsDevice`).
     pub core: Config,
     /// The UD queue pair's port, GID index and first PSN (its capacities are set here).
     pub qp: QpConfig,

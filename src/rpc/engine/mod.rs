@@ -169,6 +169,16 @@ impl<P: Provider> Rpc<P> {
         }
         let core = Endpoint::new(cfg.core.clone())?;
         let mtu = cfg.core.mtu;
+        // A datagram longer than the port's active MTU is dropped by the device: refuse
+        // the configuration here rather than time out on the first full datagram.
+        let port_mtu = ctx.query_port(cfg.qp.port)?.active_mtu.bytes();
+        if mtu > port_mtu as usize {
+            return Err(EngineError::Device(Error::ExceedsDevice {
+                field: "core.mtu",
+                value: mtu as u64,
+                limit: port_mtu.into(),
+            }));
+        }
         // Slots 64-byte aligned, as the pool's blocks are.
         let stride = (GRH + mtu).next_multiple_of(64);
         let tx_stride = mtu.next_multiple_of(64);

@@ -1,7 +1,7 @@
-//! Wait policies (issue 14, item 3): spin, spin then yield, spin then sleep on the
-//! completion channel. A sleeping waiter uses almost no CPU while it waits for a slow peer
-//! (measured with `getrusage(RUSAGE_THREAD)`), wakes when the completion comes, and every
-//! policy is bounded by the timeout.
+//! Wait policies: spin, spin then yield, spin then sleep on the completion channel. A
+//! sleeping waiter uses almost no CPU while it waits for a slow peer (measured with
+//! `getrusage(RUSAGE_THREAD)`; on the timed fabric the simulator's clock thread too, from
+//! `/proc`), wakes when the completion comes, and every policy is bounded by the timeout.
 #![cfg(all(feature = "sim", target_os = "linux"))]
 
 mod common;
@@ -34,10 +34,49 @@ fn cfg(wait: WaitPolicy) -> ChannelConfig {
 
 const SLOW_PEER: Duration = Duration::from_secs(1);
 
+/// CPU time used so far by the simulator's clock threads of this process (`/proc`, in
+/// clock ticks of 10 ms).
+fn clock_threads_cpu() -> Duration {
+    let mut ticks = 0;
+    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let path = task.path();
+        let comm = std::fs::read_to_string(path.join("comm")).unwrap_or_default();
+        // The kernel keeps 15 bytes of a thread name: "zverbs-sim-cloc".
+        let name = comm.trim();
+        if name.len() < 15 || !"zverbs-sim-clock".starts_with(name) {
+            continue;
+        }
+        let stat = std::fs::read_to_string(path.join("stat")).unwrap_or_default();
+        // Fields after the command name's closing parenthesis: state is field 3, utime
+        // and stime are fields 14 and 15.
+        let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let t = |i: usize| {
+            f.get(i - 3)
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        ticks += t(14) + t(15);
+    }
+    Duration::from_millis(10 * ticks)
+}
+
 #[test]
 fn a_sleeping_receive_waits_a_second_on_almost_no_cpu() {
+    sleeping_receive(Sim::with_devices(2), false);
+}
+
+/// The timed fabric: simulated time follows the wall clock, and a clock thread runs the
+/// events that fall due while a queue is armed. With nothing scheduled it sleeps too.
+#[test]
+fn a_sleeping_receive_on_the_timed_fabric_waits_on_almost_no_cpu() {
+    let timed = zverbs::provider::sim::FabricConfig::default();
+    sleeping_receive(Sim::with_config(timed, 2), true);
+}
+
+fn sleeping_receive(sim: Sim, timed: bool) {
     let c = cfg(WaitPolicy::SpinSleep);
-    let (a, mut b) = pair_on::<16>(&Sim::with_devices(2), &c, &c);
+    let (a, mut b) = pair_on::<16>(&sim, &c, &c);
     let (mut a_ch, a_pd) = (a.ch, a.pd);
     let mut inbox = [0u8; 8];
     let mut inbox = b.pd.register(&mut inbox).unwrap();
@@ -48,14 +87,20 @@ fn a_sleeping_receive_waits_a_second_on_almost_no_cpu() {
             a_ch.send([a_pd.register(&mut msg).unwrap().slice(..).unwrap()])
                 .unwrap();
         });
-        let (cpu0, wall0) = (thread_cpu(), Instant::now());
+        let (cpu0, clock0, wall0) = (thread_cpu(), clock_threads_cpu(), Instant::now());
         let got = b.ch.receive([inbox.slice_mut(..).unwrap()]).unwrap();
         let (cpu, wall) = (thread_cpu() - cpu0, wall0.elapsed());
+        let clock = clock_threads_cpu() - clock0;
         assert_eq!(got.byte_len, 4);
         assert!(wall >= SLOW_PEER - Duration::from_millis(50), "{wall:?}");
         assert!(
             cpu < wall / 5,
             "a sleeping wait used {cpu:?} of CPU in {wall:?}"
+        );
+        // Under 5 % of a core for the sleeper and the fabric's clock together.
+        assert!(
+            cpu + clock < wall / 20,
+            "timed={timed}: the wait used {cpu:?} and the clock thread {clock:?} in {wall:?}"
         );
     });
     assert_eq!(&inbox.as_slice()[..4], b"slow");

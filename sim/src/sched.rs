@@ -212,6 +212,23 @@ pub(crate) struct Events {
     /// Mirrors `!is_empty()` for lock-free readers (`Cq::poll`); written under the
     /// world's lock.
     pending: Arc<crate::padded::Padded<AtomicBool>>,
+    /// The clock thread, while it sleeps until `wake_at` (threaded mode, a CQ armed):
+    /// an event scheduled earlier wakes it (`api/comp_channel.rs`).
+    pub(crate) clock: Option<ClockWake>,
+}
+
+/// A sleeping clock thread and the time it wakes at by itself.
+#[derive(Debug)]
+pub(crate) struct ClockWake {
+    pub(crate) thread: std::thread::Thread,
+    pub(crate) wake_at: u64,
+}
+
+impl Drop for ClockWake {
+    /// The fabric is gone (or the thread stops sleeping): wake it, so that it sees so.
+    fn drop(&mut self) {
+        self.thread.unpark();
+    }
 }
 
 impl Events {
@@ -222,6 +239,7 @@ impl Events {
             seq: 0,
             reserved: 0,
             pending: Arc::new(crate::padded::Padded(AtomicBool::new(false))),
+            clock: None,
         }
     }
 
@@ -245,6 +263,18 @@ impl Events {
         let seq = self.next_seq();
         self.packets.push(Flight { time, seq, pkt });
         self.pending.store(true, atomic::Ordering::Release);
+        self.wake_clock(time);
+    }
+
+    /// Wakes the sleeping clock thread if an event now falls due before it would wake.
+    #[inline]
+    fn wake_clock(&mut self, time: u64) {
+        if let Some(c) = &mut self.clock {
+            if time < c.wake_at {
+                c.wake_at = time;
+                c.thread.unpark();
+            }
+        }
     }
 
     /// Arms (or moves) the timer of QP slot `slot` to `time`.
@@ -252,6 +282,7 @@ impl Events {
         let seq = self.next_seq();
         self.timers.set(slot as u32, time, seq);
         self.pending.store(true, atomic::Ordering::Release);
+        self.wake_clock(time);
     }
 
     /// Disarms the timer of QP slot `slot`, if armed.

@@ -15,7 +15,8 @@
 //!
 //! Time and sleepers: in [`Mode::Stepped`] nothing happens while a thread sleeps (step
 //! the fabric, then look at the descriptor). In [`Mode::Threaded`] with a timed link, an
-//! armed CQ keeps a clock thread running the events that fall due, so a thread asleep on
+//! armed CQ keeps a clock thread running the events that fall due (it sleeps until the
+//! next one, or until a call schedules one: nothing while nothing is due), so a thread asleep on
 //! the descriptor is woken as hardware would wake it; on the untimed fabric work completes
 //! inside the call of the thread that makes it possible, which raises the event itself.
 //!
@@ -221,15 +222,16 @@ fn start_clock(world: &Shared, w: &mut World) {
 #[cfg(loom)]
 fn start_clock(_: &Shared, _: &mut World) {}
 
-/// Longest the clock thread sleeps: how late it may notice work scheduled by a call.
-#[cfg(not(loom))]
-const TICK_NS: u64 = 100_000;
-
 /// The clock thread: runs the events that fall due while some CQ on a channel is armed,
 /// as the HCA would complete work while the host sleeps; ends when none is (or the
 /// fabric is gone).
+///
+/// It sleeps until the next scheduled event, or, with none, until one is scheduled: a
+/// call that schedules an event earlier than its wake-up unparks it (`Events::clock`),
+/// and so does the fabric's end. A parked thread costs nothing while nothing is due.
 #[cfg(not(loom))]
 fn clock(weak: std::sync::Weak<crate::gate::Gate<World>>) {
+    use crate::sched::ClockWake;
     loop {
         let Some(world) = weak.upgrade() else {
             return;
@@ -239,16 +241,26 @@ fn clock(weak: std::sync::Weak<crate::gate::Gate<World>>) {
             w.run_due();
             if !w.tables.any_armed() {
                 w.tables.notifier.clock = false;
+                w.net.sched.events.clock = None;
                 return;
             }
             let wall = w.net.sched.wall();
-            w.net
-                .sched
-                .events
-                .next_time()
-                .map_or(TICK_NS, |t| t.saturating_sub(wall).min(TICK_NS))
+            let next = w.net.sched.events.next_time();
+            let wake_at = next.unwrap_or(u64::MAX);
+            // Kept from turn to turn (a record dropped unparks its thread).
+            match &mut w.net.sched.events.clock {
+                Some(c) => c.wake_at = wake_at,
+                None => {
+                    let thread = std::thread::current();
+                    w.net.sched.events.clock = Some(ClockWake { thread, wake_at });
+                }
+            }
+            next.map(|t| t.saturating_sub(wall))
         };
         drop(world);
-        std::thread::sleep(std::time::Duration::from_nanos(sleep.max(1_000)));
+        match sleep {
+            Some(ns) => std::thread::park_timeout(std::time::Duration::from_nanos(ns.max(1_000))),
+            None => std::thread::park(),
+        }
     }
 }

@@ -56,6 +56,10 @@
 #![cfg_attr(not(feature = "std"), no_std)]
 #![deny(missing_docs, unsafe_op_in_unsafe_fn)]
 
+// Unit tests use std (collections, threads) also when the library is built without it.
+#[cfg(all(test, not(feature = "std")))]
+extern crate std;
+
 pub mod channel;
 pub mod cq;
 pub mod device;

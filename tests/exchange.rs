@@ -7,6 +7,7 @@
 //! never starts) is never a released port-0 port, which the kernel could hand to another
 //! test's listener at once: it is a random free port below the ephemeral range instead
 //! ([`spare_addrs`]).
+#![cfg(feature = "std")]
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::hash_map::RandomState;

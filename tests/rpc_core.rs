@@ -8,6 +8,7 @@
 //! every request gets exactly one outcome, a response, with the bytes the handler wrote
 //! for that request; each handler runs exactly once. Responses are not checked for order:
 //! the core, like eRPC, promises none (see `zverbs::rpc`).
+#![cfg(feature = "std")]
 
 use std::collections::HashSet;
 

@@ -3,6 +3,7 @@
 use super::*;
 use crate::types::{SendFlags, SendOp};
 use proptest::prelude::*;
+use std::vec::Vec;
 
 type W = SendWr<1>;
 fn wr() -> W {

@@ -148,6 +148,11 @@ pub struct FabricConfig {
     /// and rxe do. With [`AtomicCap::None`](crate::AtomicCap::None) a post of an atomic is
     /// refused (`Invalid`).
     pub atomic_cap: crate::types::AtomicCap,
+    /// Threaded mode: queue pairs' send lanes run the direct path beside each other,
+    /// without the fabric's exclusive lock (`gate.rs`; the default). When false every
+    /// post takes the exclusive side: the same outcomes, one thread at a time, which the
+    /// differential tests compare the lanes against.
+    pub send_lanes: bool,
 }
 
 /// The device whose behaviour the simulator reproduces where real verbs stacks differ.
@@ -207,6 +212,7 @@ impl Default for FabricConfig {
             personality: Personality::Hca,
             lazy_queues: false,
             atomic_cap: crate::types::AtomicCap::Hca,
+            send_lanes: true,
         }
     }
 }

@@ -89,7 +89,10 @@ impl Fabric {
     /// ```
     pub fn with_config(cfg: FabricConfig, n: usize) -> Fabric {
         let f = Fabric {
-            world: Arc::new(Gate::new(World::new(cfg), cfg.mode == Mode::Threaded)),
+            world: Arc::new(Gate::new(
+                World::new(cfg),
+                cfg.mode == Mode::Threaded && cfg.send_lanes,
+            )),
         };
         for i in 0..n {
             f.add_device(&format!("sim{i}")).expect("fresh device name");

@@ -15,9 +15,11 @@
 //! | [`gather_read`](MultiChannel::gather_read) | one remote region per peer, read into a local buffer |
 //! | [`multicast_send`](MultiChannel::multicast_send) | the same buffer to a chosen set of peers |
 //!
-//! Each comes blocking (above), scoped ([`scope`](MultiChannel::scope): post any mix, all
-//! complete before it returns) and unpolled (`unsafe`
-//! [`post_send_unpolled`](MultiChannel::post_send_unpolled) returning a [`PeerPending`]).
+//! These are blocking calls. A [`scope`](MultiChannel::scope) posts any mix of per-peer work
+//! (and [`multicast_send`](MultiChannel::multicast_send)'s scoped form), all complete before
+//! it returns. At the unpolled level work is posted peer by peer (`unsafe`
+//! [`post_send_unpolled`](MultiChannel::post_send_unpolled) returning a [`PeerPending`]);
+//! there is no unpolled collective.
 //! Nothing here allocates after setup. A peer index out of range or not set up is
 //! [`Error::NoSuchPeer`].
 //!

@@ -245,16 +245,22 @@ unsafe fn move_bytes(src: *const u8, dst: *mut u8, n: usize) {
             unsafe { move_byte(src.add(i), dst.add(i)) };
             i += 1;
         }
-        while i + 8 <= n {
-            // SAFETY: `i + 8 <= n`: inside both ranges; `src + i` and `dst + i` are
-            // 8-aligned (they share their alignment and `i` passed `head`); every access
-            // to them is atomic (the caller's contract).
+        let words = (n - i) / 8;
+        // SAFETY: `i + 8 * words <= n`: inside both ranges (the caller's contract); both
+        // are 8-aligned at `i` (they share their alignment and `i` passed `head`).
+        let (mut s, mut d) = unsafe { (src.add(i).cast::<u64>(), dst.add(i).cast::<u64>()) };
+        // SAFETY: one past the last word, inside or at the end of the source range.
+        let end = unsafe { s.add(words) };
+        while s != end {
+            // SAFETY: `s < end`: a word inside both ranges, aligned; every access to them
+            // is atomic (the caller's contract).
             unsafe {
-                let w = AtomicU64::from_ptr(src.add(i).cast_mut().cast()).load(Relaxed);
-                AtomicU64::from_ptr(dst.add(i).cast()).store(w, Relaxed);
+                let w = AtomicU64::from_ptr(s.cast_mut()).load(Relaxed);
+                AtomicU64::from_ptr(d).store(w, Relaxed);
+                (s, d) = (s.add(1), d.add(1));
             }
-            i += 8;
         }
+        i += 8 * words;
     }
     while i < n {
         // SAFETY: `i < n`: inside both ranges (the caller's contract).

@@ -39,6 +39,17 @@
 //! request again as its post would: the world may have changed in between, as it may
 //! between two posts.
 //!
+//! **What may run beside a lane, and why that is sound** (each with the test that shows it):
+//!
+//! | beside a lane | what both touch | what makes it sound |
+//! |---|---|---|
+//! | another lane's RDMA WRITE, READ or SEND into the same bytes | target memory | every access is a relaxed atomic load or store (`mem.rs`): each byte (each aligned word) ends from one writer, a reader sees each old or new; no data race in Rust's model, no order between bytes promised, as with racing DMA (`tests/lanes_differential.rs`) |
+//! | another lane's atomic on the same word | the word | one `AtomicU64` read-modify-write instruction (`mem::atomic`): `IBV_ATOMIC_HCA` and more (`tests/atomics_concurrent.rs`; loom: `tests/loom_collectives.rs`) |
+//! | a duplicate atomic's replay | the responder's replay cache | only the exclusive side replays (duplicates exist only on the packet path), and a lane owns its peer's responder cell: no two writers |
+//! | the peer's own receive posts, or another lane's SEND to it | B's receive queue | its lock; a lane takes the head, a handle posts at the tail (loom: `rq.rs`) |
+//! | polls, or another lane completing into a shared CQ | the CQs | per-CQ writer locks held over the list, polls read the ring lock-free (loom: `cq_buf.rs`, `gate.rs`) |
+//! | a deregistration, a queue pair destroyed or reset, a transition, a link down, a crash | the tables the lane reads | all run exclusively, and the exclusive side closes the gate and drains every lane first (loom: `gate.rs`; `tests/loom_collectives.rs`, a lane's atomic racing its target's deregistration) |
+//!
 //! [`LinkModel::INSTANT`]: crate::LinkModel::INSTANT
 
 use super::cq_buf::CqWrite;

@@ -48,6 +48,16 @@
 //! malformed packets, packets for sessions that do not exist or from the wrong peer, and
 //! packets that fit no current state are counted in [`Stats`] and dropped.
 //!
+//! Dropped, not fatal to the session: unlike a connection's control protocol (where the
+//! first message out of protocol ends the connection, `zverbs::tokio::Connection`), a
+//! session runs over unreliable datagrams, where late retransmissions and duplicates are
+//! normal, and where any stranger on the fabric can send a datagram naming a session. If
+//! such a packet ended the session, a stranger could end anyone's sessions; dropped, it
+//! costs its sender's sessions nothing and the others nothing either. A peer that sends
+//! only such packets is a peer that says nothing: its requests fail with
+//! [`RpcError::TimedOut`], and a serving session it holds closes at
+//! [`idle_timeout_ns`](Config::idle_timeout_ns).
+//!
 //! # Memory
 //!
 //! [`Endpoint::new`] allocates everything: the session and slot tables, one arena of

@@ -6,7 +6,11 @@
 //! The rogue speaks the set-up correctly by hand, then sends raw control messages.
 #![cfg(all(feature = "sim", feature = "tokio"))]
 
+mod common;
+
 use std::time::{Duration, Instant};
+
+use common::rt::multi_thread as runtime;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -30,14 +34,6 @@ fn cfg() -> ChannelConfig {
         flush_grace: Duration::from_millis(50),
         ..ChannelConfig::default()
     }
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
 }
 
 /// A control message, as `tokio/wire.rs` lays it out (40 bytes, big-endian).

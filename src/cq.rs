@@ -34,7 +34,8 @@ pub struct CompletionQueue<P: Provider> {
 }
 
 impl<P: Provider> CompletionQueue<P> {
-    /// Creates a queue with room for `depth` completions.
+    /// Creates a queue with room for `depth` completions: 1 up to the device's `max_cqe`
+    /// (more is [`Error::ExceedsDevice`]).
     pub fn create(ctx: &Context<P>, depth: u32) -> Result<Self, Error<P::Error>> {
         Self::create_with(ctx, depth, None)
     }
@@ -58,6 +59,14 @@ impl<P: Provider> CompletionQueue<P> {
             return Err(Error::InvalidAttribute(
                 "completion queue depth must be at least 1",
             ));
+        }
+        let max_cqe = ctx.query_device()?.max_cqe;
+        if depth > max_cqe {
+            return Err(Error::ExceedsDevice {
+                field: "depth",
+                value: depth.into(),
+                limit: max_cqe.into(),
+            });
         }
         let raw = verb("ibv_create_cq", P::create_cq(&ctx.raw, depth, channel))?;
         Ok(CompletionQueue {

@@ -186,6 +186,12 @@ fn device_limits_are_checked_where_configs_are_made() {
             e => panic!("{field}: expected ExceedsDevice, got {e:?}"),
         }
     }
+    match CompletionQueue::create(&ctx, dev.max_cqe + 1).err() {
+        Some(Error::ExceedsDevice { field, limit, .. }) => {
+            assert_eq!((field, limit), ("depth", u64::from(dev.max_cqe)))
+        }
+        e => panic!("a CQ deeper than max_cqe: {e:?}"),
+    }
     let (_sim, a, b) = two(&QpConfig::default());
     let over_rd = RtrOptions {
         max_dest_rd_atomic: u8::try_from(dev.max_qp_rd_atom + 1).unwrap(),

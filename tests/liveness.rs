@@ -1,5 +1,5 @@
 #![cfg(feature = "sim")]
-//! Liveness under faults (issue 13): every wait returns within its timeout plus the grace,
+//! Liveness under faults: every wait returns within its timeout plus the grace,
 //! with a typed error, also when the local device dies; a call's timeout bounds the whole
 //! call; a final barrier strands no peer; connected means ready.
 //!

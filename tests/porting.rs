@@ -1,4 +1,4 @@
-//! What a C verbs program does, ported (issue 14, item 6): receives posted in INIT before
+//! What a C verbs program does, ported: receives posted in INIT before
 //! the endpoint exchange, and a scoped receive whose completion (byte count, immediate
 //! data) is read safely after "post a receive, then send".
 #![cfg(feature = "sim")]

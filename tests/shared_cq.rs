@@ -1,4 +1,4 @@
-//! Shared completion queues on the data path (issue 14, item 1): the channels of a
+//! Shared completion queues on the data path: the channels of a
 //! `MultiChannel` complete on one send and one receive queue, and the dispatcher routes
 //! every completion to its own channel, exactly once, whoever polls.
 #![cfg(feature = "sim")]

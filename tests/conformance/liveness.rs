@@ -1,4 +1,4 @@
-//! Liveness scenarios (issue 13) that every backend can show: a wait on a silent peer
+//! Liveness scenarios that every backend can show: a wait on a silent peer
 //! returns within its timeout plus the grace and leaves nothing in flight; a side that
 //! sends before its peer connected is delivered; ranks that barrier the moment their
 //! connect returns, and leave the moment their last barrier returns, strand nobody.

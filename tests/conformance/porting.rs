@@ -1,4 +1,4 @@
-//! What a ported C verbs program relies on (issue 14, item 6), on every backend: a receive
+//! What a ported C verbs program relies on, on every backend: a receive
 //! posted in INIT, before the endpoint exchange, catches the peer's first message; a scoped
 //! receive reports its completion (byte count, immediate data) after "post a receive, then
 //! send".

@@ -154,3 +154,53 @@ fn timed_fabric() {
 fn stepped_fabric() {
     check("stepped", FabricConfig::stepped);
 }
+
+/// A device whose `atomic_cap` is `NONE` refuses atomics before anything is posted, with a
+/// typed error, at the blocking and the scoped level; other operations still work.
+#[test]
+fn a_device_without_atomics_refuses_them_before_posting() {
+    use zverbs::{AtomicCap, Error, ErrorKind};
+    let cfg = FabricConfig {
+        atomic_cap: AtomicCap::None,
+        ..FabricConfig::instant()
+    };
+    let sim = Sim::with_config(cfg, 2);
+    let (ca, cb) = (
+        Context::open(&sim, "sim0").unwrap(),
+        Context::open(&sim, "sim1").unwrap(),
+    );
+    assert_eq!(ca.query_device().unwrap().atomic_cap, AtomicCap::None);
+    let (pa, pb) = (ca.alloc_pd().unwrap(), cb.alloc_pd().unwrap());
+    let c = ChannelConfig::default();
+    let a = Channel::<Sim, 4, 1>::prepare(&ca, &pa, &c).unwrap();
+    let b = Channel::<Sim, 4, 1>::prepare(&cb, &pb, &c).unwrap();
+    let (ea, eb) = (a.endpoint(), b.endpoint());
+    let (mut a, _b) = (a.connect(&eb).unwrap(), b.connect(&ea).unwrap());
+    assert_eq!(a.queue_pair().atomic_cap(), AtomicCap::None);
+    let mut word = Word([0; 8]);
+    // SAFETY: read only after the region is dropped, with nothing in flight.
+    let target = unsafe { pb.register_with_access(&mut word.0, AccessFlags::all()) }.unwrap();
+    let remote = target.remote();
+    let mut result = Word([0; 8]);
+    let mut result = pa.register(&mut result.0).unwrap();
+    let unsupported =
+        |e: Error<_>| matches!(e, Error::Unsupported(_)) && e.kind() == ErrorKind::Unsupported;
+    let e = a
+        .fetch_add(result.slice_mut(..).unwrap(), &remote, 1)
+        .unwrap_err();
+    assert!(unsupported(e));
+    let e = a
+        .compare_swap(result.slice_mut(..).unwrap(), &remote, 0, 1)
+        .unwrap_err();
+    assert!(unsupported(e));
+    let slot = result.slice_mut(..).unwrap();
+    let e = a
+        .scope(|s| s.post_fetch_add(slot, &remote, 1).map(drop))
+        .unwrap_err();
+    assert!(unsupported(e));
+    assert_eq!(a.in_flight(), (0, 0), "nothing was posted");
+    result.as_mut_slice().fill(7);
+    a.write([result.slice(..).unwrap()], &remote).unwrap();
+    drop(target);
+    assert_eq!(word.0, [7; 8], "a write still works");
+}

@@ -299,6 +299,31 @@ fn a_grant_beyond_the_request_then_a_give() {
     });
 }
 
+/// A call still waiting for its control message to be taken (the rogue posts no receive)
+/// fails with the protocol error once the rogue breaks the protocol, not at its timeout.
+#[test]
+fn a_pending_send_fails_with_the_protocol_error() {
+    runtime().block_on(async {
+        let sim = Sim::with_devices(2);
+        let (victim, rogue) = victim_and_rogue(&sim).await;
+        let buf = victim.pool().alloc(8).unwrap();
+        let offering = victim.send_local(buf, AccessFlags::REMOTE_READ);
+        let bad = async {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            rogue.send(&[0x5a; 40]).await;
+            Instant::now()
+        };
+        let (r, sent) = tokio::join!(offering, bad);
+        let took = sent.elapsed();
+        assert!(
+            matches!(r, Err(RemoteError::Protocol(WireError::Magic(_)))),
+            "{r:?}"
+        );
+        assert!(took < AT_ONCE, "at once, not at the timeout: {took:?}");
+        assert_eq!(victim.leases_out(), 0);
+    });
+}
+
 /// Bytes that are no control message (a bad magic) end the connection as well.
 #[test]
 fn a_malformed_control_message() {

@@ -462,17 +462,37 @@ impl<P: Provider + 'static> Inner<P> {
             .map_err(|_| RemoteError::Exhausted)?;
         buf.copy_from_slice(&msg.encode());
         // The control queue pair has no timeout of its own (its receives wait as long as
-        // the connection lives): a send is bounded here. Timed out, the future is dropped
-        // and its buffer stays with the channel until the send is flushed.
-        let sent = self.ctrl.send(buf);
-        let r = match self.config.timeout {
-            None => sent.await.0,
-            Some(t) => match tokio::time::timeout(t, sent).await {
-                Ok((r, _)) => r,
-                Err(_) => return Err(RemoteError::Timeout),
-            },
+        // the connection lives): a send is bounded here, and ends with the connection.
+        // Given up, the future is dropped and its buffer stays with the channel until the
+        // send is flushed.
+        let sent = async {
+            let sent = self.ctrl.send(buf);
+            let r = match self.config.timeout {
+                None => sent.await.0,
+                Some(t) => match tokio::time::timeout(t, sent).await {
+                    Ok((r, _)) => r,
+                    Err(_) => return Err(RemoteError::Timeout),
+                },
+            };
+            r.map_err(RemoteError::Verbs)
         };
-        r.map_err(RemoteError::Verbs)
+        tokio::select! {
+            r = sent => r,
+            over = self.ended() => Err(over.into()),
+        }
+    }
+
+    /// Why the connection ended, once it has.
+    async fn ended(&self) -> Over {
+        loop {
+            let notified = self.news.notified();
+            let mut notified = core::pin::pin!(notified);
+            notified.as_mut().enable();
+            if let Some(over) = self.lock().over {
+                return over;
+            }
+            notified.await;
+        }
     }
 
     /// Waits until `take` finds what it wants in the state, the connection ends, or the

@@ -12,7 +12,11 @@
 //! [`WorkCompletion`], [`Transition`], ...), re-exported here.
 //! It is thread-safe: two threads may drive the two ends of a connection, and on the
 //! untimed fabric they do so without a fabric-wide lock (each queue pair's sends run on its
-//! own lane beside the others', polls and receive posts touch only their own queues).
+//! own lane beside the others', polls and receive posts touch only their own queues; the
+//! locked path remains for armed CQs, errors, RNR, a full CQ and UD). Remote atomics are
+//! one read-modify-write of the word, atomic against every other atomic on it (devices
+//! report `IBV_ATOMIC_HCA`, [`Context::query_device`]), and copies into registered memory
+//! are atomic word by word, so racing RDMA into the same bytes is no data race.
 //!
 //! ```
 //! use zverbs_sim::*;

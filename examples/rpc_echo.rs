@@ -198,6 +198,10 @@ mod measured {
             core: Config {
                 max_sessions: 2,
                 max_msg_size: BIG,
+                // Connect requests resent for a second (every `rto_ns`, 5 ms): round trips
+                // in an emulated rxe guest reach tens of milliseconds, past the default ten
+                // tries.
+                handshake_tries: 200,
                 ..cfg.core.clone()
             },
             bulk: Some(BulkConfig {

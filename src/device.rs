@@ -19,17 +19,21 @@ use crate::types::{DeviceAttr, Gid, PortAttr};
 /// An open RDMA device.
 pub struct Context<P: Provider> {
     pub(crate) raw: P::Context,
+    /// The device's attributes, read when it was opened (they do not change).
+    attr: DeviceAttr,
 }
 
 impl<P: Provider> Context<P> {
     /// Opens the device called `name`.
     pub fn open(provider: &P, name: &str) -> Result<Self, Error<P::Error>> {
-        Ok(Context {
-            raw: verb("ibv_open_device", provider.open_device(name))?,
-        })
+        let raw = verb("ibv_open_device", provider.open_device(name))?;
+        let attr = verb("ibv_query_device", P::query_device(&raw))?;
+        Ok(Context { raw, attr })
     }
 
-    /// Queries the device's limits and capabilities (`ibv_query_device`).
+    /// The device's limits and capabilities (`ibv_query_device`, read when the context
+    /// was opened: they do not change while it is open). Queue pairs and completion queues
+    /// are checked against them where they are made.
     ///
     /// ```
     /// # #[cfg(feature = "sim")] {
@@ -39,7 +43,7 @@ impl<P: Provider> Context<P> {
     /// # }
     /// ```
     pub fn query_device(&self) -> Result<DeviceAttr, Error<P::Error>> {
-        verb("ibv_query_device", P::query_device(&self.raw))
+        Ok(self.attr)
     }
 
     /// Queries port `port` (1-based).

@@ -14,7 +14,7 @@
 //! raise an event on it; see [`event`](crate::event) for the order that loses no wake-up.
 
 use crate::device::Context;
-use crate::error::{verb, Error};
+use crate::error::{verb, within, Error};
 use crate::event::{CompletionChannel, CqEvent};
 use crate::provider::Provider;
 use crate::sync::{AtomicUsize, Ordering};
@@ -60,14 +60,7 @@ impl<P: Provider> CompletionQueue<P> {
                 "completion queue depth must be at least 1",
             ));
         }
-        let max_cqe = ctx.query_device()?.max_cqe;
-        if depth > max_cqe {
-            return Err(Error::ExceedsDevice {
-                field: "depth",
-                value: depth.into(),
-                limit: max_cqe.into(),
-            });
-        }
+        within("depth", depth.into(), ctx.query_device()?.max_cqe.into())?;
         let raw = verb("ibv_create_cq", P::create_cq(&ctx.raw, depth, channel))?;
         Ok(CompletionQueue {
             key: P::cq_key(&raw),

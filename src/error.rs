@@ -269,6 +269,20 @@ impl<E> From<CompletionError> for Error<E> {
     }
 }
 
+/// `Ok` when `value` is at most the device's `limit`, else [`Error::ExceedsDevice`] naming
+/// `field`.
+pub(crate) fn within<E>(field: &'static str, value: u64, limit: u64) -> Result<(), Error<E>> {
+    if value <= limit {
+        Ok(())
+    } else {
+        Err(Error::ExceedsDevice {
+            field,
+            value,
+            limit,
+        })
+    }
+}
+
 /// Shorthand to wrap a provider error with the verb's name.
 pub(crate) fn verb<T, E>(op: &'static str, r: Result<T, E>) -> Result<T, Error<E>> {
     r.map_err(|source| Error::Provider { op, source })

@@ -43,7 +43,7 @@ use core::marker::PhantomData;
 
 use crate::cq::CompletionQueue;
 use crate::device::{Context, ProtectionDomain};
-use crate::error::{verb, Error};
+use crate::error::{verb, within, Error};
 pub use crate::provider::PathAttr;
 use crate::provider::{InitAttr, PostError, Provider, RtrAttr, RtsAttr, Transition};
 use crate::types::{AccessFlags, AtomicCap, Mtu, QpCaps, QpState, QpType, RecvWr, SendWr};
@@ -263,19 +263,6 @@ struct DeviceLimits {
     atomic_cap: AtomicCap,
 }
 
-/// `Ok` when `value` is at most `limit`, else the error naming `field`.
-fn within<E>(field: &'static str, value: u64, limit: u64) -> Result<(), Error<E>> {
-    if value <= limit {
-        Ok(())
-    } else {
-        Err(Error::ExceedsDevice {
-            field,
-            value,
-            limit,
-        })
-    }
-}
-
 /// A failed transition: the queue pair, still in its old state, and why.
 pub struct TransitionError<P: Provider, S: State, T: Transport = Rc> {
     /// The queue pair, unchanged.
@@ -439,15 +426,10 @@ impl<P: Provider> QueuePair<P, Init> {
                     rd_atom,
                     self.device.rd_atom.into(),
                 )?;
+                // Both ports' active MTUs bound the path (the peer's, as its endpoint says).
                 let common = self.local.mtu.min(remote.mtu);
                 if let Some(asked) = opts.mtu {
-                    let (value, port) = (asked.bytes().into(), self.local.mtu.bytes().into());
-                    within("rtr.mtu", value, port)?;
-                    within(
-                        "rtr.mtu (the peer's port)",
-                        value,
-                        remote.mtu.bytes().into(),
-                    )?;
+                    within("rtr.mtu", asked.bytes().into(), common.bytes().into())?;
                 }
                 Ok(Transition::Rtr(RtrAttr {
                     path_mtu: opts.mtu.unwrap_or(common),

@@ -9,7 +9,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::Notify;
 
 use super::connect::{ConnectError, SetUp};
-use super::wire::{Msg, WireError, MSG_LEN, REFUSED_BAD, REFUSED_EXHAUSTED, REMOTE_RIGHTS};
+use super::wire::{
+    Msg, WireError, GRANT, MSG_LEN, REFUSE, REFUSED_BAD, REFUSED_EXHAUSTED, REMOTE_RIGHTS,
+};
 use super::AsyncChannel;
 use crate::channel::ChannelConfig;
 use crate::device::{Context, ProtectionDomain};
@@ -478,20 +480,7 @@ impl<P: Provider + 'static> Inner<P> {
         };
         tokio::select! {
             r = sent => r,
-            over = self.ended() => Err(over.into()),
-        }
-    }
-
-    /// Why the connection ended, once it has.
-    async fn ended(&self) -> Over {
-        loop {
-            let notified = self.news.notified();
-            let mut notified = core::pin::pin!(notified);
-            notified.as_mut().enable();
-            if let Some(over) = self.lock().over {
-                return over;
-            }
-            notified.await;
+            Err(over) = self.watch(|_| None::<()>) => Err(over.into()),
         }
     }
 
@@ -499,31 +488,34 @@ impl<P: Provider + 'static> Inner<P> {
     /// timeout passes.
     async fn wait<T>(
         &self,
-        mut take: impl FnMut(&mut State<P>) -> Option<T>,
+        take: impl FnMut(&mut State<P>) -> Option<T>,
     ) -> Result<T, RemoteError<P::Error>> {
-        let waiting = async {
-            loop {
-                let notified = self.news.notified();
-                let mut notified = core::pin::pin!(notified);
-                notified.as_mut().enable();
-                {
-                    let mut s = self.lock();
-                    // Over first: nothing queued is handed out once the connection ended.
-                    if let Some(over) = s.over {
-                        return Err(over.into());
-                    }
-                    if let Some(t) = take(&mut s) {
-                        return Ok(t);
-                    }
-                }
-                notified.await;
-            }
-        };
+        let waiting = async { self.watch(take).await.map_err(Into::into) };
         match self.config.timeout {
             None => waiting.await,
             Some(t) => tokio::time::timeout(t, waiting)
                 .await
                 .unwrap_or(Err(RemoteError::Timeout)),
+        }
+    }
+
+    /// Waits, without a bound, until `take` finds what it wants or the connection ends.
+    async fn watch<T>(&self, mut take: impl FnMut(&mut State<P>) -> Option<T>) -> Result<T, Over> {
+        loop {
+            let notified = self.news.notified();
+            let mut notified = core::pin::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let mut s = self.lock();
+                // Over first: nothing queued is handed out once the connection ended.
+                if let Some(over) = s.over {
+                    return Err(over);
+                }
+                if let Some(t) = take(&mut s) {
+                    return Ok(t);
+                }
+            }
+            notified.await;
         }
     }
 
@@ -674,11 +666,12 @@ async fn handle<P: Provider + 'static>(c: &Arc<Inner<P>>, msg: Msg) -> Result<()
             };
             c.send(answer).await.map_err(|_| Over::Gone)
         }
-        Msg::Grant { .. } | Msg::Refuse { .. } => match answer(c, msg)? {
+        Msg::Grant { id, len, lease, .. } => match answer(c, msg, id, Some((len, lease)))? {
             // Its caller gave up: the lease goes back at once.
             Some(lease) => c.send(Msg::Release { lease }).await.map_err(|_| Over::Gone),
             None => Ok(()),
         },
+        Msg::Refuse { id, .. } => answer(c, msg, id, None).map(drop),
         Msg::Give {
             lease,
             addr,
@@ -714,14 +707,16 @@ async fn handle<P: Provider + 'static>(c: &Arc<Inner<P>>, msg: Msg) -> Result<()
     }
 }
 
-/// Takes a grant or refusal as the answer to the request outstanding, if it is one; the
-/// lease of a grant whose caller gave up waiting, to release.
-fn answer<P: Provider + 'static>(c: &Inner<P>, msg: Msg) -> Result<Option<u32>, Over> {
-    let (id, kind, granted) = match msg {
-        Msg::Grant { id, len, lease, .. } => (id, 2, Some((len, lease))),
-        Msg::Refuse { id, .. } => (id, 3, None),
-        _ => return Err(Over::Protocol(WireError::Unexpected(0))),
-    };
+/// Takes `msg`, a grant (`granted`: its length and lease) or a refusal answering request
+/// `id`, as the answer to the request outstanding, if it is one; the lease of a grant whose
+/// caller gave up waiting, to release.
+fn answer<P: Provider + 'static>(
+    c: &Inner<P>,
+    msg: Msg,
+    id: u32,
+    granted: Option<(u64, u32)>,
+) -> Result<Option<u32>, Over> {
+    let kind = if granted.is_some() { GRANT } else { REFUSE };
     let mut s = c.lock();
     let ask = match s.asked {
         Some(a) if a.id == id && s.reply.is_none() => a,

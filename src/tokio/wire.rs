@@ -100,8 +100,10 @@ impl core::fmt::Display for WireError {
 impl std::error::Error for WireError {}
 
 const REQUEST: u8 = 1;
-const GRANT: u8 = 2;
-const REFUSE: u8 = 3;
+/// The kind byte of [`Msg::Grant`] (what [`WireError::Unexpected`] names).
+pub(crate) const GRANT: u8 = 2;
+/// The kind byte of [`Msg::Refuse`].
+pub(crate) const REFUSE: u8 = 3;
 const GIVE: u8 = 4;
 const RETURN: u8 = 5;
 const RELEASE: u8 = 6;

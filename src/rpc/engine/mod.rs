@@ -44,7 +44,7 @@ use super::peers::Peers;
 use super::{Endpoint, Event, RequestHandle, SessionId};
 use crate::cq::CompletionQueue;
 use crate::device::{Context, ProtectionDomain};
-use crate::error::Error;
+use crate::error::{within, Error};
 use crate::event::CompletionChannel;
 use crate::pool::{LocalBuf, MrPool};
 use crate::provider::{AhAttr, Provider};
@@ -172,13 +172,7 @@ impl<P: Provider> Rpc<P> {
         // A datagram longer than the port's active MTU is dropped by the device: refuse
         // the configuration here rather than time out on the first full datagram.
         let port_mtu = ctx.query_port(cfg.qp.port)?.active_mtu.bytes();
-        if mtu > port_mtu as usize {
-            return Err(EngineError::Device(Error::ExceedsDevice {
-                field: "core.mtu",
-                value: mtu as u64,
-                limit: port_mtu.into(),
-            }));
-        }
+        within("core.mtu", mtu as u64, port_mtu.into()).map_err(EngineError::Device)?;
         // Slots 64-byte aligned, as the pool's blocks are.
         let stride = (GRH + mtu).next_multiple_of(64);
         let tx_stride = mtu.next_multiple_of(64);

@@ -23,7 +23,7 @@ use zverbs::WorkCompletion;
 mod loom_support;
 use loom_support::explore;
 #[cfg(feature = "sim")]
-use loom_support::{scoped, star};
+use loom_support::{leaves_receive, scoped, star};
 
 /// The device's completion queue, handing out at most `per_poll` completions per poll. A
 /// mutex is fine here: it stands for hardware.
@@ -313,30 +313,13 @@ fn channels_of_a_multi_channel_on_shared_queues_in_two_threads() {
 #[test]
 fn scatter_send_to_two_leaves_receiving_in_their_own_threads() {
     explore(&[(1, None), (2, Some(20_000))], || {
-        let mut s = star();
-        let mut parts = *b"to-1to-2";
-        let parts = s.pds[0].register(&mut parts).unwrap();
-        let (mut in1, mut in2) = ([0u8; 4], [0u8; 4]);
-        let mut in1 = s.pds[1].register(&mut in1).unwrap();
-        let mut in2 = s.pds[2].register(&mut in2).unwrap();
-        let (leaf1, leaf2) = s.leaves.split_at_mut(1);
-        let (leaf1, leaf2) = (&mut leaf1[0], &mut leaf2[0]);
-        let (r1, r2) = (&mut in1, &mut in2);
-        scoped::scope(|t| {
-            t.spawn(move || {
-                let c = leaf1.receive([r1.slice_mut(..).unwrap()]).unwrap();
-                assert_eq!(c.byte_len, 4);
-            });
-            t.spawn(move || {
-                let c = leaf2.receive([r2.slice_mut(..).unwrap()]).unwrap();
-                assert_eq!(c.byte_len, 4);
-            });
+        let got = leaves_receive(&mut star(), |root, pd| {
+            let mut parts = *b"to-1to-2";
+            let parts = pd.register(&mut parts).unwrap();
             let (one, two) = parts.slice(..).unwrap().split_at(4).unwrap();
-            s.root.scatter_send([(1, one), (2, two)]).unwrap();
+            root.scatter_send([(1, one), (2, two)]).unwrap();
         });
-        assert_eq!(in1.as_slice(), b"to-1");
-        assert_eq!(in2.as_slice(), b"to-2");
-        assert!(s.root.channels_mut().all(|(_, c)| c.in_flight() == (0, 0)));
+        assert_eq!(got, [*b"to-1", *b"to-2"]);
     });
 }
 

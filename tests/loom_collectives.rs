@@ -14,7 +14,7 @@
 
 mod loom_support;
 
-use loom_support::{explore, scoped, star};
+use loom_support::{explore, leaves_receive, scoped, star};
 use zverbs::{AccessFlags, ErrorKind, WcStatus};
 
 const PASSES: &[(usize, Option<usize>)] = &[(1, None), (2, Some(2_000))];
@@ -97,37 +97,12 @@ fn scatter_write_and_gather_read_while_the_leaves_write_back() {
 #[test]
 fn multicast_send_to_two_leaves_receiving_in_their_own_threads() {
     explore(PASSES, || {
-        let mut s = star();
-        let mut msg = *b"all!";
-        let msg = s.pds[0].register(&mut msg).unwrap();
-        let (mut in1, mut in2) = ([0u8; 4], [0u8; 4]);
-        let mut in1 = s.pds[1].register(&mut in1).unwrap();
-        let mut in2 = s.pds[2].register(&mut in2).unwrap();
-        let (leaf1, leaf2) = s.leaves.split_at_mut(1);
-        let (leaf1, leaf2) = (&mut leaf1[0], &mut leaf2[0]);
-        let (r1, r2) = (&mut in1, &mut in2);
-        scoped::scope(|t| {
-            t.spawn(move || {
-                assert_eq!(
-                    leaf1.receive([r1.slice_mut(..).unwrap()]).unwrap().byte_len,
-                    4
-                )
-            });
-            t.spawn(move || {
-                assert_eq!(
-                    leaf2.receive([r2.slice_mut(..).unwrap()]).unwrap().byte_len,
-                    4
-                )
-            });
-            s.root
-                .multicast_send([1, 2], msg.slice(..).unwrap())
-                .unwrap();
+        let got = leaves_receive(&mut star(), |root, pd| {
+            let mut msg = *b"all!";
+            let msg = pd.register(&mut msg).unwrap();
+            root.multicast_send([1, 2], msg.slice(..).unwrap()).unwrap();
         });
-        assert_eq!(
-            (in1.as_slice(), in2.as_slice()),
-            (&b"all!"[..], &b"all!"[..])
-        );
-        assert!(s.root.channels_mut().all(|(_, c)| c.in_flight() == (0, 0)));
+        assert_eq!(got, [*b"all!", *b"all!"]);
     });
 }
 

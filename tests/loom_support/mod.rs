@@ -98,7 +98,7 @@ pub mod scoped {
 pub struct Star {
     pub sim: zverbs::provider::sim::Sim,
     pub pds: Vec<zverbs::ProtectionDomain<zverbs::provider::sim::Sim>>,
-    pub root: zverbs::MultiChannel<zverbs::provider::sim::Sim, 3, 4, 1>,
+    pub root: Root,
     pub leaves: Vec<zverbs::Channel<zverbs::provider::sim::Sim, 4, 1>>,
 }
 
@@ -136,4 +136,40 @@ pub fn star() -> Star {
         root,
         leaves,
     }
+}
+
+/// The root's multi-channel in a [`Star`].
+#[cfg(feature = "sim")]
+pub type Root = zverbs::MultiChannel<zverbs::provider::sim::Sim, 3, 4, 1>;
+
+/// Each leaf receives up to 4 bytes in a thread of its own while `send` runs the root's
+/// part on this one (given the root and its protection domain); asserts that every one of
+/// the root's requests completed, and returns what each leaf received.
+#[cfg(feature = "sim")]
+pub fn leaves_receive(
+    s: &mut Star,
+    send: impl FnOnce(&mut Root, &zverbs::ProtectionDomain<zverbs::provider::sim::Sim>),
+) -> [[u8; 4]; 2] {
+    let (mut in1, mut in2) = ([0u8; 4], [0u8; 4]);
+    {
+        let mut r1 = s.pds[1].register(&mut in1).unwrap();
+        let mut r2 = s.pds[2].register(&mut in2).unwrap();
+        let (leaf1, leaf2) = s.leaves.split_at_mut(1);
+        let (leaf1, leaf2) = (&mut leaf1[0], &mut leaf2[0]);
+        let (r1, r2) = (&mut r1, &mut r2);
+        let (root, pd) = (&mut s.root, &s.pds[0]);
+        scoped::scope(|t| {
+            t.spawn(move || {
+                let c = leaf1.receive([r1.slice_mut(..).unwrap()]).unwrap();
+                assert_eq!(c.byte_len, 4);
+            });
+            t.spawn(move || {
+                let c = leaf2.receive([r2.slice_mut(..).unwrap()]).unwrap();
+                assert_eq!(c.byte_len, 4);
+            });
+            send(root, pd);
+        });
+    }
+    assert!(s.root.channels_mut().all(|(_, c)| c.in_flight() == (0, 0)));
+    [in1, in2]
 }

@@ -86,8 +86,8 @@ mod world {
     use std::sync::Barrier;
     use std::time::{Duration, Instant};
 
+    use zverbs::bootstrap::NetworkConfig;
     use zverbs::node::barrier::Algorithm;
-    use zverbs::node::exchange::NetworkConfig;
     use zverbs::node::{Node, NodeConfig};
     use zverbs::provider::Provider;
     use zverbs::qp::QpConfig;

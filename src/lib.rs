@@ -60,6 +60,8 @@
 #[cfg(all(test, not(feature = "std")))]
 extern crate std;
 
+#[cfg(feature = "std")]
+pub mod bootstrap;
 pub mod channel;
 pub mod cq;
 pub mod device;

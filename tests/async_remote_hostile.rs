@@ -14,7 +14,7 @@ use common::rt::multi_thread as runtime;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use zverbs::node::exchange::encode_frame;
+use zverbs::bootstrap::encode_frame;
 use zverbs::provider::sim::Sim;
 use zverbs::tokio::{AsyncChannel, Connection, RemoteError, WireError};
 use zverbs::{

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use zverbs::node::exchange::{
+use zverbs::bootstrap::{
     encode_frame, exchange, exchange_with_listener, parse_config, read_frame, ConfigError,
     ExchangeError, NetworkConfig, FRAME_HEADER_LEN, FRAME_MAGIC, MAX_PAYLOAD,
 };

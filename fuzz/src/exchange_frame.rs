@@ -1,4 +1,4 @@
-//! Target `exchange_frame`: the out-of-band exchange frame (`zverbs::node::exchange`:
+//! Target `exchange_frame`: the out-of-band exchange frame (`zverbs::bootstrap`:
 //! `decode_frame`, `read_frame`, `encode_frame`).
 //!
 //! Input: one control byte, then the bytes of a stream. The control byte says how a
@@ -23,7 +23,7 @@
 
 use std::io::{self, Read};
 
-use zverbs::node::exchange::{
+use zverbs::bootstrap::{
     decode_frame, encode_frame, read_frame, FrameError, FRAME_HEADER_LEN, FRAME_MAGIC,
     FRAME_VERSION, MAX_PAYLOAD,
 };

@@ -1,4 +1,4 @@
-//! Target `network_config`: the JSON network configuration (`zverbs::node::exchange`:
+//! Target `network_config`: the JSON network configuration (`zverbs::bootstrap`:
 //! `parse_config`, `NetworkConfig::from_json`, `FromStr`).
 //!
 //! Input: any bytes (invalid UTF-8 is replaced, so every input reaches the parser).
@@ -24,7 +24,7 @@ use std::collections::HashSet;
 use std::net::{IpAddr, SocketAddr};
 
 use serde_json::Value;
-use zverbs::node::exchange::{parse_config, ConfigError, NetworkConfig};
+use zverbs::bootstrap::{parse_config, ConfigError, NetworkConfig};
 
 /// One entry as the reference reads it.
 #[derive(Debug)]

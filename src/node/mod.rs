@@ -18,7 +18,7 @@
 //!
 //! Endpoints are exchanged out of band: in-process through
 //! [`PreparedNode::connect`], or over TCP from a JSON network configuration
-//! ([`exchange`], std only) with `PreparedNode::connect_tcp`.
+//! ([`bootstrap`](crate::bootstrap), std only) with `PreparedNode::connect_tcp`.
 //!
 //! ```
 //! use zverbs::node::{barrier::Algorithm, Node, NodeConfig};
@@ -54,8 +54,6 @@
 
 pub mod barrier;
 mod ctrl;
-#[cfg(feature = "std")]
-pub mod exchange;
 mod peers;
 mod run;
 mod wire;
@@ -149,7 +147,7 @@ pub enum NodeError<E> {
     },
     /// The out-of-band endpoint exchange failed.
     #[cfg(feature = "std")]
-    Exchange(exchange::ExchangeError),
+    Exchange(crate::bootstrap::ExchangeError),
     /// A peer's endpoint table is malformed.
     EndpointTable {
         /// The peer whose table it is.

@@ -8,9 +8,9 @@ use std::net::TcpListener;
 use std::time::Duration;
 use std::vec::Vec;
 
-use super::exchange::tcp::{deadline_after, Session};
-use super::exchange::NetworkConfig;
 use super::{Node, NodeError, PreparedNode};
+use crate::bootstrap::tcp::{deadline_after, Session};
+use crate::bootstrap::NetworkConfig;
 use crate::provider::Provider;
 use crate::qp::{Endpoint, ENDPOINT_LEN};
 
@@ -36,7 +36,7 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
     }
 
     /// Connects using every rank's endpoint table, indexed by rank (this node's own entry
-    /// is ignored), as [`exchange`](super::exchange::exchange) returns them.
+    /// is ignored), as [`exchange`](crate::bootstrap::exchange) returns them.
     pub fn connect_tables(
         self,
         tables: &[Vec<u8>],
@@ -77,9 +77,9 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
     /// rank's `app` bytes come back indexed by rank.
     ///
     /// `timeout` bounds the whole call: the exchange, the local connect and the readiness
-    /// round (see [`exchange::tcp`](super::exchange::tcp#readiness-round)). A rank that
+    /// round (see [`bootstrap::tcp`](crate::bootstrap::tcp#readiness-round)). A rank that
     /// could not connect its queue pairs tells the others, which fail at once with
-    /// [`ExchangeError::NotReady`](super::exchange::ExchangeError::NotReady) naming it;
+    /// [`ExchangeError::NotReady`](crate::bootstrap::ExchangeError::NotReady) naming it;
     /// ranks not ready by the deadline are named the same way. Once it returns `Ok`, every
     /// rank is past the exchange (each said it was ready), so this rank may start another
     /// `connect_tcp` on the same ports at once: its connections cannot reach a peer still

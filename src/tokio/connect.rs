@@ -1,5 +1,5 @@
 //! Connection set-up over tokio TCP: the framed, versioned endpoint exchange of
-//! [`node::exchange`](crate::node::exchange) (one `"ZVEX"` frame each way, its length checked
+//! [`bootstrap`](crate::bootstrap) (one `"ZVEX"` frame each way, its length checked
 //! before anything is allocated), then the readiness round (each side says it moved its
 //! queue pairs to RTS, and waits until the other did). One deadline bounds all of it.
 
@@ -10,9 +10,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
+use crate::bootstrap::frame::check_header;
+use crate::bootstrap::{encode_frame, FrameError, FRAME_HEADER_LEN};
 use crate::error::Error;
-use crate::node::exchange::frame::check_header;
-use crate::node::exchange::{encode_frame, FrameError, FRAME_HEADER_LEN};
 use crate::qp::EndpointError;
 
 /// Why a connection could not be set up.

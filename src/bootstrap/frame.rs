@@ -15,7 +15,7 @@
 //! allocated for it: never allocate what a peer claims.
 //!
 //! ```
-//! use zverbs::node::exchange::{decode_frame, encode_frame, FrameError};
+//! use zverbs::bootstrap::{decode_frame, encode_frame, FrameError};
 //! let mut buf = Vec::new();
 //! encode_frame(3, b"hello", &mut buf)?;
 //! let (rank, payload, used) = decode_frame(&buf)?;

@@ -13,7 +13,7 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use zverbs::node::exchange::{exchange, parse_config};
+//! use zverbs::bootstrap::{exchange, parse_config};
 //!
 //! let config = parse_config(r#"{"nodes":[
 //!     {"rank":0,"address":"10.0.0.1","port":7000},
@@ -24,12 +24,15 @@
 //! ```
 
 pub mod config;
+mod conn;
+mod error;
 pub mod frame;
 pub mod tcp;
 
 pub use config::{parse_config, ConfigError, NetworkConfig};
+pub use error::ExchangeError;
 pub use frame::{
     decode_frame, encode_frame, read_frame, FrameError, FRAME_HEADER_LEN, FRAME_MAGIC,
     FRAME_VERSION, MAX_PAYLOAD,
 };
-pub use tcp::{exchange, exchange_with_listener, ExchangeError};
+pub use tcp::{exchange, exchange_with_listener};

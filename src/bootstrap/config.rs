@@ -1,7 +1,7 @@
 //! The network configuration: which address every rank listens on.
 //!
 //! ```
-//! use zverbs::node::exchange::{parse_config, ConfigError};
+//! use zverbs::bootstrap::{parse_config, ConfigError};
 //! let cfg = parse_config(r#"{"nodes":[
 //!     {"rank":1,"address":"::1","port":7001},
 //!     {"rank":0,"address":"127.0.0.1","port":7000}]}"#)?;

@@ -83,6 +83,7 @@ mod sync;
 #[cfg(all(feature = "tokio", unix))]
 pub mod tokio;
 pub mod types;
+pub mod wr_id;
 
 pub use channel::{
     Channel, ChannelConfig, CqLayout, Pending, PostedReceive, PreparedChannel, Scope, WaitPolicy,

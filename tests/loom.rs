@@ -17,7 +17,8 @@
 
 use loom::sync::{Arc, Mutex};
 use loom::thread;
-use zverbs::dispatch::{CompletionSource, Dispatcher, Inbox, WrId};
+use zverbs::dispatch::{CompletionSource, Dispatcher, Inbox};
+use zverbs::wr_id::WrId;
 use zverbs::WorkCompletion;
 
 mod loom_support;

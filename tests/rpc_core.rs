@@ -13,7 +13,7 @@
 use std::collections::HashSet;
 
 use proptest::prelude::*;
-use zverbs::rpc::{Config, Endpoint, Event, Header, PktType, Refusal, RpcError, HEADER_LEN};
+use zverbs::rpc::{Config, Event, Header, PktType, Refusal, RpcCore, RpcError, HEADER_LEN};
 use zverbs::ErrorKind;
 
 #[path = "common/counting.rs"]
@@ -114,7 +114,7 @@ fn server_crash_fails_outstanding_requests_once() {
     let (mut p, s) = Pair::connected(cfg(), 4);
     let hs: Vec<_> = (0..3).map(|i| p.request(s, &[i; 3000])).collect();
     let t0 = p.now;
-    p.server = Endpoint::new(p.cfg.clone()).unwrap(); // restarted: knows no session
+    p.server = RpcCore::new(p.cfg.clone()).unwrap(); // restarted: knows no session
     p.drive();
     for h in &hs {
         assert_eq!(p.outcomes[h], Err(RpcError::TimedOut));
@@ -215,7 +215,7 @@ fn garbage_and_unknown_sessions_are_counted() {
 #[test]
 fn connect_refused_when_the_server_is_full() {
     let mut p = Pair::new(cfg(), 8);
-    p.server = Endpoint::new(Config {
+    p.server = RpcCore::new(Config {
         max_sessions: 1,
         ..cfg()
     })
@@ -302,8 +302,8 @@ fn disconnect_frees_both_ends() {
 fn the_data_path_does_not_allocate() {
     let cfg = cfg();
     let (mut c, mut s) = (
-        Endpoint::new(cfg.clone()).unwrap(),
-        Endpoint::new(cfg).unwrap(),
+        RpcCore::new(cfg.clone()).unwrap(),
+        RpcCore::new(cfg).unwrap(),
     );
     let session = c.connect(SERVER).unwrap();
     let (mut buf, mut resp) = ([0u8; 1024], [0u8; 4000]);

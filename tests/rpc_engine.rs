@@ -342,8 +342,8 @@ fn strangers_are_counted_and_dropped() {
 
 /// A request packet as a real client's core sends it on its session.
 fn valid_request_packet() -> Vec<u8> {
-    let mut ep = zverbs::rpc::Endpoint::new(Config::default()).unwrap();
-    let mut server = zverbs::rpc::Endpoint::new(Config::default()).unwrap();
+    let mut ep = zverbs::rpc::RpcCore::new(Config::default()).unwrap();
+    let mut server = zverbs::rpc::RpcCore::new(Config::default()).unwrap();
     let s = ep.connect(1).unwrap();
     let mut buf = [0u8; 1024];
     for _ in 0..4 {
@@ -560,7 +560,7 @@ fn a_silent_stranger_is_let_go() {
     cfg.core.idle_timeout_ns = 20 * MS;
     let mut server = rpc(&sim, "sim0", cfg.clone());
     let connect = {
-        let mut ep = zverbs::rpc::Endpoint::new(cfg.core.clone()).unwrap();
+        let mut ep = zverbs::rpc::RpcCore::new(cfg.core.clone()).unwrap();
         ep.connect(1).unwrap();
         let mut buf = [0u8; 1024];
         let t = ep.poll_transmit(0, &mut buf).unwrap();

@@ -14,7 +14,7 @@
 //!   header (an endpoint never emits what a peer would drop as malformed).
 
 use arbitrary::{Arbitrary, Unstructured};
-use zverbs::rpc::{Config, Endpoint, Event, Header, HeaderError, Limits, PktType, HEADER_LEN};
+use zverbs::rpc::{Config, RpcCore, Event, Header, HeaderError, Limits, PktType, HEADER_LEN};
 
 /// Decodes by the table, field by field, in the documented order of checks.
 pub fn reference_decode(b: &[u8]) -> Result<Header, HeaderError> {
@@ -160,7 +160,7 @@ impl ValidHeader {
 /// Drains an endpoint: every transmit must be a valid header under `limits`; a connected
 /// session gets a 300-byte request of type 1, requests are answered with their bytes
 /// reversed, responses read and released.
-fn drain(e: &mut Endpoint, now: u64, limits: &Limits, to: u64) {
+fn drain(e: &mut RpcCore, now: u64, limits: &Limits, to: u64) {
     let mut buf = [0u8; 128];
     while let Some(t) = e.poll_transmit(now, &mut buf) {
         assert_eq!(t.to, to);
@@ -229,8 +229,8 @@ pub fn check(data: &[u8]) {
         .collect();
     starts.insert(0, 0);
     starts.push(data.len());
-    let mut server = Endpoint::new(config()).unwrap();
-    let mut client = Endpoint::new(config()).unwrap();
+    let mut server = RpcCore::new(config()).unwrap();
+    let mut client = RpcCore::new(config()).unwrap();
     client.connect(SERVER).unwrap();
     let mut malformed = 0;
     let mut now = 0;

@@ -4,12 +4,14 @@
 use crate::cq::CompletionQueue;
 use crate::device::Context;
 #[cfg(feature = "std")]
-use crate::dispatch::{Inbox, SharedCompletionQueue, SEQ_MASK};
+use crate::dispatch::{Inbox, SharedCompletionQueue};
 use crate::error::Error;
 use crate::event::CompletionChannel;
 use crate::provider::Provider;
 use crate::ring::{Ring, WorkRequest};
 use crate::types::WorkCompletion;
+#[cfg(feature = "std")]
+use crate::wr_id::SEQ_MASK;
 #[cfg(feature = "std")]
 use std::sync::Arc;
 

@@ -78,53 +78,7 @@ use crate::cq::CompletionQueue;
 use crate::provider::Provider;
 use crate::sync::{AtomicU64, Ordering};
 use crate::types::WorkCompletion;
-
-/// Bits of a [`WrId`] that carry the channel's sequence number.
-pub const SEQ_BITS: u32 = 40;
-/// The sequence part of a [`WrId`].
-pub const SEQ_MASK: u64 = (1 << SEQ_BITS) - 1;
-const INBOX_SHIFT: u32 = SEQ_BITS;
-const GEN_SHIFT: u32 = 56;
-
-/// A `wr_id` posted over a shared completion queue: bits 56..64 the inbox's attachment
-/// generation, 40..56 the inbox index, 0..40 the low bits of the channel's sequence number
-/// (a channel has at most its ring depth in flight, far below 2^40, so the low bits name
-/// the request exactly; [`Ring`](crate::ring::Ring) widens them back).
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub struct WrId(pub u64);
-
-impl WrId {
-    /// Packs the three fields (`seq` is cut to its low [`SEQ_BITS`]).
-    pub const fn new(inbox: u16, generation: u8, seq: u64) -> WrId {
-        WrId(
-            ((generation as u64) << GEN_SHIFT) | ((inbox as u64) << INBOX_SHIFT) | (seq & SEQ_MASK),
-        )
-    }
-    /// The inbox (channel) index.
-    pub const fn inbox(self) -> u16 {
-        (self.0 >> INBOX_SHIFT) as u16
-    }
-    /// The inbox's attachment generation when the request was posted.
-    pub const fn generation(self) -> u8 {
-        (self.0 >> GEN_SHIFT) as u8
-    }
-    /// The low bits of the sequence number.
-    pub const fn seq(self) -> u64 {
-        self.0 & SEQ_MASK
-    }
-}
-
-impl fmt::Debug for WrId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "WrId(inbox {}, gen {}, seq {})",
-            self.inbox(),
-            self.generation(),
-            self.seq()
-        )
-    }
-}
+use crate::wr_id::{WrId, SEQ_MASK};
 
 /// Anything that yields completions: a completion queue, or a fake in tests.
 pub trait CompletionSource {

@@ -1,12 +1,12 @@
 //! The client half: handshakes, sends under credits, go-back-N on replies, and the
 //! retransmission and session timers.
 
-use super::endpoint::Endpoint;
 use super::header::{Header, PktType, HEADER_LEN};
+use super::protocol::RpcCore;
 use super::session::{SlotState, State};
 use super::{Event, Refusal, RequestHandle, RpcError, Transmit};
 
-impl Endpoint {
+impl RpcCore {
     /// The index of the client session in `state` a reply names, if it is `from`'s.
     fn client_session(&mut self, from: u64, h: &Header, state: State) -> Option<usize> {
         let i = usize::from(h.dest_session);

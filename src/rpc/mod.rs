@@ -1,11 +1,11 @@
 //! eRPC-style RPC: the protocol core as a sans-IO state machine (feature `std`).
 //!
-//! An [`Endpoint`] is one side of many RPC sessions, client and server at once. It owns
+//! An [`RpcCore`] is one side of many RPC sessions, client and server at once. It owns
 //! no socket, queue pair or clock: the caller hands it datagrams
-//! ([`handle_packet`](Endpoint::handle_packet)), asks it for datagrams to send
-//! ([`poll_transmit`](Endpoint::poll_transmit)), fires its timers
-//! ([`next_timeout`](Endpoint::next_timeout), [`handle_timeout`](Endpoint::handle_timeout))
-//! and reads what happened ([`poll_event`](Endpoint::poll_event)), in the shape of
+//! ([`handle_packet`](RpcCore::handle_packet)), asks it for datagrams to send
+//! ([`poll_transmit`](RpcCore::poll_transmit)), fires its timers
+//! ([`next_timeout`](RpcCore::next_timeout), [`handle_timeout`](RpcCore::handle_timeout))
+//! and reads what happened ([`poll_event`](RpcCore::poll_event)), in the shape of
 //! quinn-proto. Time is a `u64` of nanoseconds since any fixed start, passed as `now`;
 //! peers are named by a `u64` the caller chooses (for a UD engine, an index into its
 //! address handles). A later engine moves the datagrams over a UD queue pair.
@@ -36,7 +36,7 @@
 //! - A session that hears nothing for [`session_timeout_ns`](Config::session_timeout_ns)
 //!   while it has requests outstanding fails each of them once with
 //!   [`RpcError::TimedOut`] and is left [failed](RpcError::SessionFailed) until
-//!   [`disconnect`](Endpoint::disconnect)ed.
+//!   [`disconnect`](RpcCore::disconnect)ed.
 //!
 //! Responses complete in whatever order they complete; eRPC promises no order among the
 //! requests of a session, and neither does this core. What it promises: every request
@@ -60,24 +60,24 @@
 //!
 //! # Memory
 //!
-//! [`Endpoint::new`] allocates everything: the session and slot tables, one arena of
+//! [`RpcCore::new`] allocates everything: the session and slot tables, one arena of
 //! message buffers (two of [`max_msg_size`](Config::max_msg_size) bytes per slot, the
 //! request and the response, `max_sessions × window × 2 × max_msg_size` bytes in all,
 //! zeroed; an allocator without room is an [`RpcError::InvalidConfig`]), and fixed-capacity queues for replies and events. After that
 //! the data path allocates nothing. Sizes come from [`Config`] at run time rather than
 //! const generics: a session count or message size is a deployment choice, and a
 //! 64 KiB-per-slot array in a type would be unwieldy. Requests are copied into the arena
-//! on [`enqueue_request`](Endpoint::enqueue_request), responses on
-//! [`respond`](Endpoint::respond) (or written in place with
-//! [`respond_with`](Endpoint::respond_with)); the caller reads received messages in place
-//! ([`response`](Endpoint::response), [`request`](Endpoint::request)). The arena is one
+//! on [`enqueue_request`](RpcCore::enqueue_request), responses on
+//! [`respond`](RpcCore::respond) (or written in place with
+//! [`respond_with`](RpcCore::respond_with)); the caller reads received messages in place
+//! ([`response`](RpcCore::response), [`request`](RpcCore::request)). The arena is one
 //! contiguous allocation, addressed only through slot-buffer accessors, so that an engine
 //! can later register it and post packets straight from it.
 //!
 //! ```
-//! use zverbs::rpc::{Config, Endpoint, Event};
+//! use zverbs::rpc::{Config, RpcCore, Event};
 //! let cfg = Config { max_sessions: 2, max_msg_size: 4096, ..Config::default() };
-//! let (mut client, mut server) = (Endpoint::new(cfg.clone())?, Endpoint::new(cfg)?);
+//! let (mut client, mut server) = (RpcCore::new(cfg.clone())?, RpcCore::new(cfg)?);
 //! let (c_addr, s_addr) = (1, 2); // how each names the other
 //! let session = client.connect(s_addr)?;
 //! let mut buf = [0u8; 1024];
@@ -121,12 +121,12 @@ mod bulk;
 mod client;
 #[cfg(feature = "std")]
 mod clock;
-mod endpoint;
 #[cfg(feature = "std")]
 mod engine;
 pub mod header;
 #[cfg(feature = "std")]
 mod peers;
+mod protocol;
 mod server;
 mod session;
 
@@ -136,9 +136,9 @@ use crate::error::ErrorKind;
 
 #[cfg(feature = "std")]
 pub use bulk::BulkConfig;
-pub use endpoint::Endpoint;
 pub use engine::{EngineConfig, EngineError, EngineStats, Handler, Notice, Rpc};
 pub use header::{Header, HeaderError, Limits, PktType, HEADER_LEN};
+pub use protocol::RpcCore;
 
 /// An endpoint's configuration. Both ends of a session must use the same
 /// [`mtu`](Self::mtu) (checked at connect) and should use the same
@@ -278,7 +278,7 @@ pub enum RpcError {
     UnknownSession,
     /// The session is not connected yet (or is disconnecting).
     NotConnected,
-    /// The session timed out earlier; [`disconnect`](Endpoint::disconnect) it.
+    /// The session timed out earlier; [`disconnect`](RpcCore::disconnect) it.
     SessionFailed,
     /// Every slot of the session's window is in use.
     WindowFull {
@@ -424,7 +424,7 @@ macro_rules! handle_accessors {
 handle_accessors!(RequestHandle);
 handle_accessors!(ServerHandle);
 
-/// Something that happened, from [`Endpoint::poll_event`].
+/// Something that happened, from [`RpcCore::poll_event`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Event {
     /// A client session is open: requests may be enqueued.
@@ -445,16 +445,16 @@ pub enum Event {
     },
     /// A session is closed (either role); its number is free again.
     Disconnected(SessionId),
-    /// A request arrived whole: read it with [`Endpoint::request`], answer with
-    /// [`Endpoint::respond`].
+    /// A request arrived whole: read it with [`RpcCore::request`], answer with
+    /// [`RpcCore::respond`].
     Request {
         /// The request.
         handle: ServerHandle,
         /// Its application request type.
         req_type: u8,
     },
-    /// A response arrived whole: read it with [`Endpoint::response`], then
-    /// [`release`](Endpoint::release) the slot.
+    /// A response arrived whole: read it with [`RpcCore::response`], then
+    /// [`release`](RpcCore::release) the slot.
     Response {
         /// The request it answers.
         handle: RequestHandle,
@@ -470,7 +470,7 @@ pub enum Event {
     },
 }
 
-/// A datagram [`Endpoint::poll_transmit`] wrote: `out[..len]`, for peer `to`.
+/// A datagram [`RpcCore::poll_transmit`] wrote: `out[..len]`, for peer `to`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Transmit {
     /// The peer.
@@ -479,12 +479,12 @@ pub struct Transmit {
     pub len: usize,
 }
 
-/// An endpoint's counters, from [`Endpoint::stats`].
+/// An endpoint's counters, from [`RpcCore::stats`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Stats {
-    /// Datagrams given to [`handle_packet`](Endpoint::handle_packet).
+    /// Datagrams given to [`handle_packet`](RpcCore::handle_packet).
     pub rx_packets: u64,
-    /// Datagrams written by [`poll_transmit`](Endpoint::poll_transmit).
+    /// Datagrams written by [`poll_transmit`](RpcCore::poll_transmit).
     pub tx_packets: u64,
     /// Datagrams whose header failed [`Header::decode`] or [`Header::validate`].
     pub malformed: u64,

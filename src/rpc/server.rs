@@ -1,43 +1,12 @@
 //! The server half: session answers, request reassembly, at-most-once delivery, and the
 //! replies (CRs and response packets) that `poll_transmit` sends first.
 
-use super::endpoint::Endpoint;
 use super::header::{Header, PktType, HEADER_LEN};
+use super::protocol::{Reply, RpcCore};
 use super::session::{SlotState, State};
-use super::{Event, Refusal, ServerHandle, SessionId, Transmit};
+use super::{Event, Refusal, ServerHandle, Transmit};
 
-/// A server packet waiting to be sent. Slot replies name their request, so that one
-/// whose slot has moved on is skipped.
-#[derive(Clone, Copy, Debug)]
-pub(super) enum Reply {
-    /// Credit return for request packet `pkt`.
-    Cr {
-        session: SessionId,
-        slot: usize,
-        req_num: u64,
-        pkt: u16,
-    },
-    /// Response packet `pkt`.
-    Resp {
-        session: SessionId,
-        slot: usize,
-        req_num: u64,
-        pkt: u16,
-    },
-    /// A connect or disconnect response.
-    Session {
-        to: u64,
-        pkt_type: PktType,
-        /// The client's session number.
-        dest: u16,
-        /// Ours.
-        src: u16,
-        status: u8,
-        token: u64,
-    },
-}
-
-impl Endpoint {
+impl RpcCore {
     /// The index of the serving session a Req or RFR names, if it is `from`'s.
     /// Its client is heard at `now`: the idle timeout starts again.
     fn serving(&mut self, now: u64, from: u64, h: &Header) -> Option<usize> {

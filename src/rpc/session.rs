@@ -45,7 +45,7 @@ pub(super) struct Session {
     /// its client was last heard: the idle timeout runs from here.
     pub quiet_since: Option<u64>,
     /// Client: bit `w` is set iff slot `w` has a send to make ([`Slot::can_send`]).
-    /// Kept by [`Endpoint::sync_slot`](super::Endpoint::sync_slot).
+    /// Kept by [`RpcCore::sync_slot`](super::RpcCore::sync_slot).
     pub sendable: u64,
 }
 

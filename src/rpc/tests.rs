@@ -18,7 +18,7 @@ fn config_ranges() {
     let bad = |f: &dyn Fn(&mut Config)| {
         let mut c = small();
         f(&mut c);
-        let e = Endpoint::new(c).unwrap_err();
+        let e = RpcCore::new(c).unwrap_err();
         assert!(matches!(e, RpcError::InvalidConfig(_)), "{e}");
         assert_eq!(e.kind(), ErrorKind::InvalidArgument);
     };
@@ -39,13 +39,13 @@ fn config_ranges() {
         c.max_msg_size = 1 << 31;
         c.mtu = HEADER_LEN + 65_535;
     });
-    assert!(Endpoint::new(small()).is_ok());
+    assert!(RpcCore::new(small()).is_ok());
     assert_eq!(Config::default().limits().data_per_pkt, 1000);
 }
 
 #[test]
 fn calls_on_wrong_sessions_and_handles() {
-    let mut e = Endpoint::new(small()).unwrap();
+    let mut e = RpcCore::new(small()).unwrap();
     let s = e.connect(9).unwrap();
     let t = e.connect(9).unwrap();
     assert_eq!(e.connect(9), Err(RpcError::NoFreeSession));
@@ -80,12 +80,12 @@ fn calls_on_wrong_sessions_and_handles() {
 #[test]
 fn respond_with_writes_in_place() {
     let (mut c, mut sv) = (
-        Endpoint::new(small()).unwrap(),
-        Endpoint::new(small()).unwrap(),
+        RpcCore::new(small()).unwrap(),
+        RpcCore::new(small()).unwrap(),
     );
     let s = c.connect(2).unwrap();
     let mut buf = [0; 64];
-    let mut pump = |c: &mut Endpoint, sv: &mut Endpoint| {
+    let mut pump = |c: &mut RpcCore, sv: &mut RpcCore| {
         while let Some(t) = c.poll_transmit(0, &mut buf) {
             sv.handle_packet(0, 1, &buf[..t.len]);
         }
@@ -133,7 +133,7 @@ fn respond_with_writes_in_place() {
 
 #[test]
 fn poll_transmit_needs_an_mtu_of_room() {
-    let mut e = Endpoint::new(small()).unwrap();
+    let mut e = RpcCore::new(small()).unwrap();
     e.connect(3).unwrap();
     assert_eq!(e.poll_transmit(0, &mut [0; 63]), None);
     let mut buf = [0; 64];
@@ -182,7 +182,7 @@ fn error_kinds_and_display() {
 
 /// Moves every datagram between `a` (named 1) and `b` (named 2) at `now` until quiet;
 /// returns each side's events.
-fn exchange(a: &mut Endpoint, b: &mut Endpoint, now: u64) -> (Vec<Event>, Vec<Event>) {
+fn exchange(a: &mut RpcCore, b: &mut RpcCore, now: u64) -> (Vec<Event>, Vec<Event>) {
     let mut buf = [0u8; 64];
     loop {
         let mut moved = false;
@@ -216,8 +216,8 @@ fn idle_serving_sessions_close() {
         ..small()
     };
     let (mut client, mut server) = (
-        Endpoint::new(cfg.clone()).unwrap(),
-        Endpoint::new(cfg).unwrap(),
+        RpcCore::new(cfg.clone()).unwrap(),
+        RpcCore::new(cfg).unwrap(),
     );
     let s = client.connect(2).unwrap();
     let (_, accepted) = exchange(&mut client, &mut server, 0);
@@ -250,7 +250,7 @@ fn idle_serving_sessions_close() {
     server.handle_timeout(due);
     assert!(matches!(server.poll_event(), Some(Event::Disconnected(_))));
     // The entry is free again: a second client (named 1 too) gets it.
-    let mut other = Endpoint::new(Config {
+    let mut other = RpcCore::new(Config {
         max_sessions: 1,
         ..small()
     })

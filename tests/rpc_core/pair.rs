@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use zverbs::rpc::{Config, Endpoint, Event, RequestHandle, RpcError, ServerHandle, SessionId};
+use zverbs::rpc::{Config, Event, RequestHandle, RpcCore, RpcError, ServerHandle, SessionId};
 
 pub const CLIENT: u64 = 1;
 pub const SERVER: u64 = 2;
@@ -66,8 +66,8 @@ pub struct Packet {
 
 /// A client and a server endpoint and the network between them.
 pub struct Pair {
-    pub client: Endpoint,
-    pub server: Endpoint,
+    pub client: RpcCore,
+    pub server: RpcCore,
     pub cfg: Config,
     pub now: u64,
     pub net: Vec<Packet>,
@@ -99,8 +99,8 @@ impl Pair {
             ..cfg
         };
         Pair {
-            client: Endpoint::new(cfg.clone()).unwrap(),
-            server: Endpoint::new(cfg.clone()).unwrap(),
+            client: RpcCore::new(cfg.clone()).unwrap(),
+            server: RpcCore::new(cfg.clone()).unwrap(),
             cfg,
             now: 0,
             net: Vec::new(),

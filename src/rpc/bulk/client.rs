@@ -13,7 +13,7 @@ impl<P: Provider> Bulk<P> {
     #[inline(never)]
     pub(in crate::rpc) fn connect(
         &mut self,
-        core: &mut Endpoint,
+        core: &mut RpcCore,
         session: SessionId,
         notify: bool,
     ) -> bool {
@@ -64,7 +64,7 @@ impl<P: Provider> Bulk<P> {
         &mut self,
         i: usize,
         session: SessionId,
-        core: &mut Endpoint,
+        core: &mut RpcCore,
         tags: &[u64],
         notice: &mut impl FnMut(Notice<'_, P>),
     ) {
@@ -103,7 +103,7 @@ impl<P: Provider> Bulk<P> {
     #[inline(never)]
     pub(in crate::rpc) fn on_response(
         &mut self,
-        core: &mut Endpoint,
+        core: &mut RpcCore,
         handle: RequestHandle,
         slot: usize,
         tags: &[u64],
@@ -115,7 +115,7 @@ impl<P: Provider> Bulk<P> {
         let bytes = core.response(handle)?;
         if let Kind::Connect | Kind::Redial = kind {
             let ep = match bytes {
-                [VERSION, OK, ep @ ..] => QpEndpoint::decode(ep).ok(),
+                [VERSION, OK, ep @ ..] => Endpoint::decode(ep).ok(),
                 _ => None,
             };
             self.links[i] = match (mem::replace(&mut self.links[i], Link::Lost), ep) {

@@ -31,7 +31,7 @@
 //!
 //! | message | bytes |
 //! |---|---|
-//! | connect request | version, endpoint (34 bytes, [`QpEndpoint::encode`]) |
+//! | connect request | version, endpoint (34 bytes, [`Endpoint::encode`]) |
 //! | connect response | version, status, endpoint (with [`OK`]) |
 //! | large request | version, caller's type, address (8), remote key (4), length (4) |
 //! | large response | version, status, then the bytes ([`OK`]) or address, key, length ([`REMOTE`]), or a work completion status ([`READ_FAILED`], 4) |
@@ -58,17 +58,18 @@ mod server;
 use server::Served;
 
 use super::{
-    BulkFailure, Endpoint, Handler, Notice, RequestHandle, RpcError, ServerHandle, SessionId,
+    BulkFailure, Handler, Notice, RequestHandle, RpcCore, RpcError, ServerHandle, SessionId,
 };
 use crate::cq::CompletionQueue;
 use crate::device::{Context, ProtectionDomain};
 use crate::pool::{LocalBuf, MrPool};
 use crate::provider::Provider;
 use crate::qp::{
-    Endpoint as QpEndpoint, Init, InitOptions, QpConfig, QueuePair, ReadyToSend, Reset, RtrOptions,
-    RtsOptions, State, ENDPOINT_LEN,
+    Endpoint, Init, InitOptions, QpConfig, QueuePair, ReadyToSend, Reset, RtrOptions, RtsOptions,
+    State, ENDPOINT_LEN,
 };
 use crate::types::{AccessFlags, RecvWr, SendFlags, SendOp, SendWr, Sge, WcStatus, WorkCompletion};
+use crate::wr_id::RpcId;
 
 /// The internal request type that connects a session's reliable connection.
 pub const CONNECT: u8 = 0xFF;
@@ -88,15 +89,6 @@ const NO_MEMORY: u8 = 3;
 pub const READ_FAILED: u8 = 4;
 /// Status: a malformed internal request, or a length beyond the server's limit.
 const REJECTED: u8 = 5;
-/// A read's work request id has this bit (a datagram send's has bit 63); its generation
-/// and slot follow.
-pub(super) const BULK_BIT: u64 = 1 << 62;
-/// With [`BULK_BIT`]: a client's release message.
-const RELEASE_SEND: u64 = 1 << 61;
-/// With [`BULK_BIT`]: a server's receive for a release message; the session follows.
-const RELEASE_RECV: u64 = 1 << 60;
-/// A slot's generation (in a read's id, below [`RELEASE_RECV`]).
-const GEN_MASK: u32 = 0x0fff_ffff;
 /// Length of a large request's payload.
 const REQUEST_LEN: usize = 18;
 
@@ -264,14 +256,11 @@ impl<P: Provider> Bulk<P> {
     #[cold]
     #[inline(never)]
     pub(super) fn completed(&mut self, wc: &WorkCompletion) {
-        if wc.wr_id & RELEASE_SEND != 0 {
-            return; // sent: nothing was held for it
-        }
-        if wc.wr_id & RELEASE_RECV != 0 {
-            return self.released(wc);
-        }
-        let slot = (wc.wr_id & 0xffff_ffff) as usize;
-        let gen = ((wc.wr_id >> 32) as u32) & GEN_MASK;
+        let (slot, gen) = match RpcId::decode(wc.wr_id) {
+            RpcId::BulkRead { slot, gen } => (slot as usize, gen),
+            RpcId::ReleaseRecv(session) => return self.released(session as usize, wc),
+            _ => return, // a release message sent: nothing was held for it
+        };
         let current = self.gens.get(slot) == Some(&gen);
         let reading = matches!(
             self.ops.get(slot),
@@ -285,8 +274,7 @@ impl<P: Provider> Bulk<P> {
     /// Server: a release message arrived on session `i`'s connection (`i` in the id): the
     /// client read the response of the slot and request its immediate names, which is
     /// freed. The receive is posted again.
-    fn released(&mut self, wc: &WorkCompletion) {
-        let i = (wc.wr_id & 0xffff_ffff) as usize;
+    fn released(&mut self, i: usize, wc: &WorkCompletion) {
         if wc.status != WcStatus::Success || i >= self.links.len() {
             return; // flushed: the link was reset
         }
@@ -308,7 +296,7 @@ impl<P: Provider> Bulk<P> {
         let Some(Link::Up(qp)) = self.links.get(i) else {
             return;
         };
-        let wr = RecvWr::<1>::new(BULK_BIT | RELEASE_RECV | i as u64);
+        let wr = RecvWr::<1>::new(RpcId::ReleaseRecv(i as u32).encode());
         for _ in 0..n {
             // SAFETY: the receives name no memory. A failure (the queue pair in error,
             // or full after a stale completion) leaves fewer receives: a release message
@@ -326,7 +314,7 @@ impl<P: Provider> Bulk<P> {
         let w = (slot - i * self.window) as u32; // < window <= 64
         let imm = w << 24 | (handle.req_num() & 0xff_ffff) as u32;
         let wr = SendWr::<1>::new(
-            BULK_BIT | RELEASE_SEND,
+            RpcId::ReleaseSend.encode(),
             SendOp::SendWithImm(imm),
             SendFlags::SIGNALED,
         );
@@ -357,8 +345,12 @@ impl<P: Provider> Bulk<P> {
             return Err(BulkFailure::NoLink);
         };
         let buf = self.pool.alloc(len).map_err(|_| BulkFailure::NoMemory)?;
-        let id = BULK_BIT | u64::from(self.gens[slot]) << 32 | slot as u64;
-        debug_assert!(self.gens[slot] <= GEN_MASK);
+        let id = RpcId::BulkRead {
+            slot: slot as u32,
+            gen: self.gens[slot],
+        }
+        .encode();
+        debug_assert!(self.gens[slot] <= RpcId::GEN_MASK);
         let mut wr = SendWr::<1>::new(
             id,
             SendOp::Read {
@@ -392,7 +384,7 @@ impl<P: Provider> Bulk<P> {
     #[inline(never)]
     pub(super) fn finish(
         &mut self,
-        core: &mut Endpoint,
+        core: &mut RpcCore,
         handlers: &mut [Option<Handler>],
         tags: &[u64],
         no_handler: &mut u64,
@@ -476,7 +468,7 @@ impl<P: Provider> Bulk<P> {
     pub(super) fn reset(
         &mut self,
         i: usize,
-        core: &mut Endpoint,
+        core: &mut RpcCore,
         tags: &[u64],
         notice: &mut impl FnMut(Notice<'_, P>),
     ) {
@@ -488,7 +480,7 @@ impl<P: Provider> Bulk<P> {
             Link::Lost => Link::Lost,
         };
         for slot in i * self.window..(i + 1) * self.window {
-            self.gens[slot] = (self.gens[slot] + 1) & GEN_MASK;
+            self.gens[slot] = (self.gens[slot] + 1) & RpcId::GEN_MASK;
             // A connect request that will have no answer (the session ended) leaves
             // nothing behind: a caller's request there later is plain.
             if !matches!(self.ops[slot], Op::Sent(_)) {
@@ -550,7 +542,7 @@ fn idle<P: Provider, S: State>(qp: QueuePair<P, S>) -> Link<P> {
 }
 
 /// A queue pair in INIT connected to `ep` (RTR, then RTS), or back to RESET.
-fn up<P: Provider>(qp: QueuePair<P, Init>, ep: &QpEndpoint) -> Link<P> {
+fn up<P: Provider>(qp: QueuePair<P, Init>, ep: &Endpoint) -> Link<P> {
     match qp.into_rtr(ep, &RtrOptions::default()) {
         Err(e) => idle(e.qp),
         Ok(qp) => match qp.into_rts(&RtsOptions::default()) {

@@ -9,7 +9,7 @@ impl<P: Provider> Bulk<P> {
     #[inline(never)]
     pub(in crate::rpc) fn on_request(
         &mut self,
-        core: &mut Endpoint,
+        core: &mut RpcCore,
         handle: ServerHandle,
         req_type: u8,
         tags: &[u64],
@@ -35,14 +35,14 @@ impl<P: Provider> Bulk<P> {
     /// Server: connects session `i`'s queue pair to the client's; the answer.
     fn accept(
         &mut self,
-        core: &mut Endpoint,
+        core: &mut RpcCore,
         handle: ServerHandle,
         i: usize,
         tags: &[u64],
         notice: &mut impl FnMut(Notice<'_, P>),
     ) -> Option<Reply> {
         let ep = match core.request(handle) {
-            Ok([VERSION, ep @ ..]) => QpEndpoint::decode(ep).ok(),
+            Ok([VERSION, ep @ ..]) => Endpoint::decode(ep).ok(),
             _ => None,
         };
         let Some(ep) = ep else {
@@ -70,7 +70,7 @@ impl<P: Provider> Bulk<P> {
     /// Server: starts the read of a large request; the answer if it cannot.
     fn fetch(
         &mut self,
-        core: &Endpoint,
+        core: &RpcCore,
         handle: ServerHandle,
         i: usize,
         slot: usize,
@@ -100,7 +100,7 @@ impl<P: Provider> Bulk<P> {
     /// Server: the read of a request completed; runs its handler.
     pub(super) fn serve(
         &mut self,
-        core: &mut Endpoint,
+        core: &mut RpcCore,
         handlers: &mut [Option<Handler>],
         no_handler: &mut u64,
         slot: usize,

@@ -1,4 +1,4 @@
-//! [`Rpc`]: the protocol core ([`Endpoint`]) driven over one unreliable-datagram queue
+//! [`Rpc`]: the protocol core ([`RpcCore`]) driven over one unreliable-datagram queue
 //! pair, with request handlers by type.
 //!
 //! One `Rpc` per thread, as in eRPC: it owns a UD queue pair, one completion queue, a
@@ -7,7 +7,7 @@
 //! peers. [`run_event_loop_once`](Rpc::run_event_loop_once) does one pass:
 //!
 //! 1. polls the completion queue: each received datagram goes to the core
-//!    ([`Endpoint::handle_packet`]), named by its sender (the GID in its global route
+//!    ([`RpcCore::handle_packet`]), named by its sender (the GID in its global route
 //!    header and its source QPN); send completions free send slots;
 //! 2. reposts the receives it consumed as one chain (one doorbell);
 //! 3. fires the core's timers;
@@ -37,11 +37,11 @@
 
 use std::time::{Duration, Instant};
 
-use super::bulk::{Bulk, Kind, BULK_BIT, CONNECT, REQUEST};
+use super::bulk::{Bulk, Kind, CONNECT, REQUEST};
 use super::clock::Clock;
 use super::header::{Header, PktType};
 use super::peers::Peers;
-use super::{Endpoint, Event, RequestHandle, SessionId};
+use super::{Event, RequestHandle, RpcCore, SessionId};
 use crate::cq::CompletionQueue;
 use crate::device::{Context, ProtectionDomain};
 use crate::error::{within, Error};
@@ -49,9 +49,10 @@ use crate::event::CompletionChannel;
 use crate::pool::{LocalBuf, MrPool};
 use crate::provider::{AhAttr, Provider};
 use crate::qp::UdOptions;
-use crate::qp::{AddressHandle, Endpoint as QpEndpoint, QueuePair, ReadyToSend, Ud};
+use crate::qp::{AddressHandle, Endpoint, QueuePair, ReadyToSend, Ud};
 use crate::types::WorkCompletion;
 use crate::types::{Gid, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest, WcOpcode, WcStatus};
+use crate::wr_id::RpcId;
 
 /// Bytes of global route header at the start of every UD receive.
 const GRH: usize = 40;
@@ -64,8 +65,6 @@ const POLL: usize = 32;
 /// Idle passes between two looks at the timers (a few microseconds of spinning; the
 /// retransmission timeout is milliseconds).
 const TIMER_PASSES: u32 = 32;
-/// A send's `wr_id` has this bit; a receive's is its slot.
-const SEND_BIT: u64 = 1 << 63;
 
 mod config;
 mod large;
@@ -111,7 +110,7 @@ pub use config::{EngineConfig, EngineError, EngineStats, Handler, Notice};
 /// # }
 /// ```
 pub struct Rpc<P: Provider> {
-    core: Endpoint,
+    core: RpcCore,
     handlers: Vec<Option<Handler>>,
     /// The tag of each client slot (`session × window + slot`).
     tags: Vec<u64>,
@@ -167,7 +166,7 @@ impl<P: Provider> Rpc<P> {
                 "recv_slots and send_slots: 1..=16384",
             ));
         }
-        let core = Endpoint::new(cfg.core.clone())?;
+        let core = RpcCore::new(cfg.core.clone())?;
         let mtu = cfg.core.mtu;
         // A datagram longer than the port's active MTU is dropped by the device: refuse
         // the configuration here rather than time out on the first full datagram.
@@ -250,12 +249,12 @@ impl<P: Provider> Rpc<P> {
     }
 
     /// This endpoint's address, for peers' [`create_session`](Self::create_session).
-    pub fn addr(&self) -> QpEndpoint {
+    pub fn addr(&self) -> Endpoint {
         self.qp.endpoint()
     }
 
     /// The protocol core (its statistics, sessions).
-    pub fn core(&self) -> &Endpoint {
+    pub fn core(&self) -> &RpcCore {
         &self.core
     }
 
@@ -288,7 +287,7 @@ impl<P: Provider> Rpc<P> {
     /// connected (or refused).
     pub fn create_session(
         &mut self,
-        remote: &QpEndpoint,
+        remote: &Endpoint,
     ) -> Result<SessionId, EngineError<P::Error>> {
         let peer = self.peer(remote.gid, remote.qp_num, remote.lid)?;
         self.dirty = true;
@@ -421,7 +420,7 @@ impl<P: Provider> Rpc<P> {
         for chunk in self.repost.chunks(REPOST) {
             let wrs = &mut self.recv_chain;
             for (wr, &slot) in wrs.iter_mut().zip(chunk) {
-                wr.wr_id = slot;
+                wr.wr_id = RpcId::DatagramRecv(slot).encode();
                 wr.sg_list[0] = Sge {
                     addr: base + slot * self.stride as u64,
                     length: len,
@@ -446,21 +445,26 @@ impl<P: Provider> Rpc<P> {
     fn receive(&mut self, now: u64, n: usize) -> Result<(), EngineError<P::Error>> {
         for i in 0..n {
             let wc = self.wcs[i];
-            if wc.wr_id & (SEND_BIT | BULK_BIT) != 0 {
-                if wc.wr_id & SEND_BIT != 0 {
-                    // The chain's signaled last request: every earlier one is done too.
-                    self.tx_done = (wc.wr_id & !SEND_BIT) + 1;
-                } else if let Some(b) = &mut self.bulk {
-                    b.completed(&wc); // a read or a release message
+            let slot = match RpcId::decode(wc.wr_id) {
+                RpcId::DatagramRecv(slot) => slot,
+                // The chain's signaled last request: every earlier one is done too.
+                RpcId::DatagramSend(seq) => {
+                    self.tx_done = seq + 1;
+                    continue;
                 }
-                continue;
-            }
-            self.repost.push(wc.wr_id);
+                _ => {
+                    if let Some(b) = &mut self.bulk {
+                        b.completed(&wc); // a read or a release message
+                    }
+                    continue;
+                }
+            };
+            self.repost.push(slot);
             if wc.status != WcStatus::Success || wc.opcode != WcOpcode::Recv {
                 self.stats.recv_errors += 1;
                 continue;
             }
-            let slot = wc.wr_id as usize * self.stride;
+            let slot = slot as usize * self.stride;
             let len = (wc.byte_len as usize).clamp(GRH, GRH + self.cfg.core.mtu);
             // SAFETY: the slot's receive completed and it is reposted only after this pass;
             // `slot + len` is within the ring (`len` clamped to one slot).
@@ -612,7 +616,7 @@ impl<P: Provider> Rpc<P> {
                 };
                 self.peers.used(t.to, seq);
                 let wr = &mut self.send_chain[n];
-                wr.wr_id = seq | SEND_BIT;
+                wr.wr_id = RpcId::DatagramSend(seq).encode();
                 (wr.op, wr.flags) = (SendOp::Datagram { dest, imm: None }, SendFlags::empty());
                 wr.sg_list[0] = Sge {
                     addr: self.tx.addr() + off as u64,

@@ -1,4 +1,4 @@
-//! The endpoint: tables, queues, and the calls its user makes.
+//! [`RpcCore`]: the protocol core's tables, queues, and the calls its user makes.
 //!
 //! Map: this file holds the state and the user's calls (sessions, requests, responses,
 //! events, the dispatch of packets, transmits and timers); `client.rs` the client's
@@ -9,9 +9,39 @@ use std::collections::VecDeque;
 use std::vec::Vec;
 
 use super::header::{Header, HeaderError, Limits, PktType, HEADER_LEN};
-use super::server::Reply;
 use super::session::{Arena, Session, Slot, SlotState, State};
 use super::{Config, Event, RequestHandle, RpcError, ServerHandle, SessionId, Stats, Transmit};
+
+/// A server packet waiting to be sent. Slot replies name their request, so that one
+/// whose slot has moved on is skipped.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Reply {
+    /// Credit return for request packet `pkt`.
+    Cr {
+        session: SessionId,
+        slot: usize,
+        req_num: u64,
+        pkt: u16,
+    },
+    /// Response packet `pkt`.
+    Resp {
+        session: SessionId,
+        slot: usize,
+        req_num: u64,
+        pkt: u16,
+    },
+    /// A connect or disconnect response.
+    Session {
+        to: u64,
+        pkt_type: PktType,
+        /// The client's session number.
+        dest: u16,
+        /// Ours.
+        src: u16,
+        status: u8,
+        token: u64,
+    },
+}
 
 /// One RPC endpoint: client and server of up to [`Config::max_sessions`] sessions. See
 /// the [module docs](super).
@@ -28,7 +58,7 @@ use super::{Config, Event, RequestHandle, RpcError, ServerHandle, SessionId, Sta
 //   included), and no running timer is due before it: `arm` with every deadline set
 //   earlier than before; `handle_timeout` makes it exact.
 #[derive(Debug)]
-pub struct Endpoint {
+pub struct RpcCore {
     pub(super) cfg: Config,
     pub(super) limits: Limits,
     /// `cfg.window` as a `u64`, for request-number arithmetic.
@@ -52,16 +82,16 @@ pub struct Endpoint {
     pub(super) stats: Stats,
 }
 
-impl Endpoint {
+impl RpcCore {
     /// An endpoint with every table and buffer `cfg` calls for, allocated now.
-    pub fn new(cfg: Config) -> Result<Endpoint, RpcError> {
+    pub fn new(cfg: Config) -> Result<RpcCore, RpcError> {
         let arena = cfg.validate()?;
         let n = cfg.max_sessions;
         let slots = n * cfg.window; // checked by `validate`
         let bufs = Arena::new(slots, cfg.max_msg_size, arena).ok_or(RpcError::InvalidConfig(
             "the message buffers do not fit in memory",
         ))?;
-        Ok(Endpoint {
+        Ok(RpcCore {
             limits: cfg.limits(),
             window: u64::try_from(cfg.window).unwrap_or(u64::MAX),
             sessions: vec![Session::FREE; n],

@@ -34,15 +34,16 @@
 //! Last, a scatter on the dissemination world: every node writes 64 bytes to each of its
 //! `⌈log2 N⌉` partners `rank + 2^k` over its data channels, and every byte is checked.
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::error::Error as StdError;
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use zverbs::node::barrier::{self, rounds, Algorithm};
 use zverbs::node::{Node, NodeConfig, NodeError, PreparedNode};
 use zverbs::provider::sim::{FabricConfig, Sim, SimError};
 use zverbs::{AccessFlags, Channel, Context, Endpoint, Pending, ProtectionDomain, SendFlags};
+
+#[global_allocator]
+static GLOBAL: zverbs_testkit::CountingAlloc = zverbs_testkit::CountingAlloc;
 
 type Result<T> = core::result::Result<T, Box<dyn StdError>>;
 
@@ -60,45 +61,6 @@ const TREE_PEERS: usize = 3;
 const ROOT_PEERS: usize = 8192;
 /// Bytes each scatter write carries.
 const PIECE: usize = 64;
-
-/// Live and peak heap bytes (the peak reset per run).
-struct Heap;
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: forwards every call to `System` unchanged; it only counts bytes.
-unsafe impl GlobalAlloc for Heap {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        let live = LIVE.fetch_add(l.size(), Relaxed) + l.size();
-        PEAK.fetch_max(live, Relaxed);
-        // SAFETY: same contract as the caller's.
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
-        let live = LIVE.fetch_add(l.size(), Relaxed) + l.size();
-        PEAK.fetch_max(live, Relaxed);
-        // SAFETY: same contract as the caller's.
-        unsafe { System.alloc_zeroed(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        LIVE.fetch_sub(l.size(), Relaxed);
-        // SAFETY: same contract as the caller's.
-        unsafe { System.dealloc(p, l) }
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
-        if new >= l.size() {
-            let live = LIVE.fetch_add(new - l.size(), Relaxed) + new - l.size();
-            PEAK.fetch_max(live, Relaxed);
-        } else {
-            LIVE.fetch_sub(l.size() - new, Relaxed);
-        }
-        // SAFETY: same contract as the caller's.
-        unsafe { System.realloc(p, l, new) }
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Heap = Heap;
 
 type Chan = Channel<Sim, DEPTH, SGES>;
 type NodeResult<T> = core::result::Result<T, NodeError<SimError>>;
@@ -435,12 +397,12 @@ fn sweep() -> Result<()> {
         let mut sweep = Vec::new();
         let mut n = 2;
         while n <= top {
-            PEAK.store(LIVE.load(Relaxed), Relaxed);
-            let base = LIVE.load(Relaxed);
+            zverbs_testkit::process::reset();
+            let base = zverbs_testkit::process::live_bytes();
             let mut w = build(alg, n, seed).map_err(|e| format!("{alg:?}, N = {n}: {e}"))?;
             let r =
                 barrier_run(&mut w).map_err(|e| format!("{alg:?}, N = {n}, seed {seed}: {e}"))?;
-            let peak = PEAK.load(Relaxed) - base;
+            let peak = zverbs_testkit::process::peak_bytes() - base;
             let critical = one_way * (rounds(alg, n) + 1);
             let bound = one_way * ceil_log2(n);
             if r.latency < one_way * rounds(alg, n) {

@@ -17,42 +17,16 @@
 
 mod backend;
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 
 use backend::{Args, Backend};
 
-/// Counts allocations while `COUNTING` is set.
-struct CountingAlloc;
-
-static COUNTING: AtomicBool = AtomicBool::new(false);
-static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
-
-// SAFETY: forwards every call to `System` unchanged; only counts.
-unsafe impl GlobalAlloc for CountingAlloc {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if COUNTING.load(Ordering::Relaxed) {
-            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        }
-        // SAFETY: same contract as the caller's.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as the caller's.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        if COUNTING.load(Ordering::Relaxed) {
-            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        }
-        // SAFETY: same contract as the caller's.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
 #[global_allocator]
-static GLOBAL: CountingAlloc = CountingAlloc;
+static GLOBAL: zverbs_testkit::CountingAlloc = zverbs_testkit::CountingAlloc;
+
+/// Every thread's allocations in the measured part, for the report.
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
 
 fn main() -> ExitCode {
     match run() {
@@ -127,7 +101,7 @@ mod measured {
     use zverbs::provider::Provider;
     use zverbs::{Channel, ChannelConfig, Context};
 
-    use super::{ALLOCATIONS, COUNTING};
+    use super::ALLOCATIONS;
 
     /// Bytes per message.
     const MSG: usize = 64;
@@ -171,7 +145,7 @@ mod measured {
                 serve().map_err(|e| format!("echo side: {e}"))
             });
 
-            COUNTING.store(true, Ordering::SeqCst);
+            zverbs_testkit::process::reset();
             start_line.wait();
             let ping = (|| -> Result<(), zverbs::Error<P::Error>> {
                 for _ in 0..rounds {
@@ -186,7 +160,7 @@ mod measured {
             let echoed = echo
                 .join()
                 .unwrap_or_else(|_| Err("echo thread panicked".into()));
-            COUNTING.store(false, Ordering::SeqCst);
+            ALLOCATIONS.fetch_add(zverbs_testkit::process::stats().count, Ordering::SeqCst);
             ping.map_err(|e| format!("ping side: {e}"))?;
             echoed
         })?;

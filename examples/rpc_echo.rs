@@ -17,35 +17,16 @@
 
 mod backend;
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 
 use backend::{Args, Backend};
 
-/// Counts allocations while `COUNTING` is set.
-struct CountingAlloc;
-
-static COUNTING: AtomicBool = AtomicBool::new(false);
-static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
-
-// SAFETY: forwards every call to `System` unchanged; only counts.
-unsafe impl GlobalAlloc for CountingAlloc {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if COUNTING.load(Ordering::Relaxed) {
-            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        }
-        // SAFETY: same contract as the caller's.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as the caller's.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
 #[global_allocator]
-static GLOBAL: CountingAlloc = CountingAlloc;
+static GLOBAL: zverbs_testkit::CountingAlloc = zverbs_testkit::CountingAlloc;
+
+/// Every thread's allocations in the measured part, for the report.
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
 
 fn main() -> ExitCode {
     match run() {
@@ -103,7 +84,7 @@ mod measured {
     use zverbs::rpc::{BulkConfig, Config, EngineConfig, Event, Notice, Rpc, SessionId};
     use zverbs::Context;
 
-    use super::{ALLOCATIONS, COUNTING};
+    use super::ALLOCATIONS;
 
     const ECHO: u8 = 1;
     const REVERSE: u8 = 2;
@@ -286,7 +267,7 @@ mod measured {
         }
         c.until(WINDOW, false)?;
         let base = c.done;
-        COUNTING.store(true, Ordering::SeqCst);
+        zverbs_testkit::process::reset();
         for i in 0..calls {
             let t0 = Instant::now();
             c.call(ECHO, &small)?;
@@ -306,7 +287,7 @@ mod measured {
         }
         c.until(issued, false)?;
         let rate = (c.done - base) as f64 / t0.elapsed().as_secs_f64();
-        COUNTING.store(false, Ordering::SeqCst);
+        ALLOCATIONS.fetch_add(zverbs_testkit::process::stats().count, Ordering::SeqCst);
         // 1 MiB, reversed: the bytes come back whole.
         let big: Vec<u8> = (0..BIG).map(|i| (i * 7) as u8).collect();
         let rounds = 8;
@@ -328,7 +309,7 @@ mod measured {
         let n = c.done;
         c.call_bulk(REVERSE)?; // warm: the first use of the reads
         c.until(n + 1, false)?;
-        COUNTING.store(true, Ordering::SeqCst);
+        zverbs_testkit::process::reset();
         let t0 = Instant::now();
         for _ in 0..rounds {
             let n = c.done;
@@ -336,7 +317,7 @@ mod measured {
             c.until(n + 1, false)?;
         }
         let per_bulk = t0.elapsed() / rounds;
-        COUNTING.store(false, Ordering::SeqCst);
+        ALLOCATIONS.fetch_add(zverbs_testkit::process::stats().count, Ordering::SeqCst);
         let n = c.done;
         c.call_bulk(REVERSE)?;
         c.until(n + 1, true)?;

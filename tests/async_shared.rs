@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 #[global_allocator]
-static GLOBAL: common::counting::Counting = common::counting::Counting;
+static GLOBAL: zverbs_testkit::CountingAlloc = zverbs_testkit::CountingAlloc;
 
 use zverbs::dispatch::SharedCompletionQueue;
 use zverbs::provider::sim::Sim;
@@ -266,8 +266,8 @@ fn a_group_on_one_shared_queue_scatters_and_gathers() {
         let mut scatter = core::pin::pin!(group.scatter(parts));
         let counted = std::future::poll_fn(|cx| {
             let (r, n) =
-                common::counting::count_allocs(|| std::future::Future::poll(scatter.as_mut(), cx));
-            allocs += n;
+                zverbs_testkit::measure(|| std::future::Future::poll(scatter.as_mut(), cx));
+            allocs += n.count;
             r
         });
         let (sent, got) = tokio::join!(

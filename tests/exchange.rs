@@ -9,12 +9,11 @@
 //! ([`spare_addrs`]).
 #![cfg(feature = "std")]
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -25,30 +24,8 @@ use zverbs::bootstrap::{
 
 /// Records the largest single allocation, to show that a peer's length claim is never
 /// allocated.
-struct PeakAlloc;
-
-static PEAK: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: forwards to the system allocator unchanged; only records sizes.
-unsafe impl GlobalAlloc for PeakAlloc {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        PEAK.fetch_max(layout.size(), Ordering::Relaxed);
-        // SAFETY: same contract as ours.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as ours.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        PEAK.fetch_max(new_size, Ordering::Relaxed);
-        // SAFETY: same contract as ours.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
 #[global_allocator]
-static ALLOC: PeakAlloc = PeakAlloc;
+static ALLOC: zverbs_testkit::CountingAlloc = zverbs_testkit::CountingAlloc;
 
 const LONG: Duration = Duration::from_secs(10);
 
@@ -573,7 +550,7 @@ fn oversized_claim_is_rejected_without_allocating() {
     );
 
     // Nothing in this test binary ever allocated anywhere near a claimed 4 GiB.
-    let peak = PEAK.load(Ordering::Relaxed);
+    let peak = zverbs_testkit::process::stats().largest;
     assert!(peak < 16 << 20, "largest allocation {peak} bytes");
 }
 

@@ -15,7 +15,7 @@ use zverbs::provider::sim::Sim;
 use zverbs::{AccessFlags, Error, MemoryRegion, ProtectionDomain, RemoteRegion};
 
 #[global_allocator]
-static GLOBAL: common::counting::Counting = common::counting::Counting;
+static GLOBAL: zverbs_testkit::CountingAlloc = zverbs_testkit::CountingAlloc;
 
 const RW: AccessFlags = AccessFlags::LOCAL_WRITE
     .union(AccessFlags::REMOTE_WRITE)
@@ -348,13 +348,13 @@ fn collectives_and_barriers_do_not_allocate_after_setup() {
                 // Warm up: first barrier and write.
                 node.barrier_all().unwrap();
                 ready.wait();
-                let ((), allocs) = common::counting::count_allocs(|| {
+                let ((), allocs) = zverbs_testkit::measure(|| {
                     for _ in 0..50 {
                         node.channels().scatter_write([(next, src, &dst)]).unwrap();
                         node.barrier_all().unwrap();
                     }
                 });
-                assert_eq!(allocs, 0, "allocations on the data path");
+                assert_eq!(allocs.count, 0, "allocations on the data path");
                 done.wait();
             });
         }

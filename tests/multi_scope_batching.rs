@@ -16,7 +16,7 @@ use zverbs::{
 use zverbs_sim::{Personality, QpCounters};
 
 #[global_allocator]
-static GLOBAL: common::counting::Counting = common::counting::Counting;
+static GLOBAL: zverbs_testkit::CountingAlloc = zverbs_testkit::CountingAlloc;
 
 const PEERS: usize = 4;
 
@@ -306,12 +306,12 @@ fn a_batching_scope_does_not_allocate_after_setup() {
         .unwrap();
     };
     round(&mut s.root); // warm-up
-    let ((), allocs) = common::counting::count_allocs(|| {
+    let ((), allocs) = zverbs_testkit::measure(|| {
         for _ in 0..20 {
             round(&mut s.root);
         }
     });
-    assert_eq!(allocs, 0, "allocations in a scope");
+    assert_eq!(allocs.count, 0, "allocations in a scope");
     assert_eq!(s.counters(1).sends_posted, 21 * 12);
 }
 

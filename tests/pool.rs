@@ -12,7 +12,7 @@ use zverbs::provider::sim::Sim;
 use zverbs::{Context, Error, ErrorKind, LocalBuf, MrPool, PoolError, PoolStats};
 
 #[global_allocator]
-static GLOBAL: common::counting::Counting = common::counting::Counting;
+static GLOBAL: zverbs_testkit::CountingAlloc = zverbs_testkit::CountingAlloc;
 
 static_assertions::assert_impl_all!(MrPool<Sim>: Clone, Send, Sync);
 static_assertions::assert_impl_all!(LocalBuf<Sim>: Send, Sync);
@@ -191,7 +191,7 @@ fn buffers_carry_rdma_operations() {
 fn alloc_and_free_allocate_nothing_after_set_up() {
     let pool = pool(1 << 20);
     let keep = pool.alloc(3000).unwrap(); // some splitting on every round
-    let ((), allocs) = common::counting::count_allocs(|| {
+    let ((), allocs) = zverbs_testkit::measure(|| {
         for i in 0..1000usize {
             let a = pool.alloc(64 << (i % 8)).unwrap();
             let b = pool.alloc(1 + i % 5000).unwrap();
@@ -207,7 +207,7 @@ fn alloc_and_free_allocate_nothing_after_set_up() {
         drop(full);
         let _ = pool.stats();
     });
-    assert_eq!(allocs, 0);
+    assert_eq!(allocs.count, 0);
     drop(keep);
 }
 

@@ -16,13 +16,11 @@ use zverbs::rpc::{
 use zverbs::types::WcStatus;
 use zverbs::Context;
 
-#[path = "common/counting.rs"]
-mod counting;
 #[path = "common/pump.rs"]
 mod pump;
 
 #[global_allocator]
-static GLOBAL: counting::Counting = counting::Counting;
+static GLOBAL: zverbs_testkit::CountingAlloc = zverbs_testkit::CountingAlloc;
 
 const ECHO: u8 = 1;
 /// Answers with the request's first 8 bytes: a large request, a small response.
@@ -474,7 +472,7 @@ fn no_allocation_per_large_call_after_set_up() {
     let mut p = Pair::new(&sim, c.clone(), c);
     p.call(ECHO, MIB, 0); // warm: first use of every path
     p.wait_for(1);
-    let (answered, allocs) = counting::count_allocs(|| {
+    let (answered, allocs) = zverbs_testkit::measure(|| {
         let mut answered = 0;
         for tag in 1..=16u64 {
             p.call(ECHO, 100_000, tag);
@@ -499,5 +497,5 @@ fn no_allocation_per_large_call_after_set_up() {
         answered
     });
     assert_eq!(answered, 16);
-    assert_eq!(allocs, 0);
+    assert_eq!(allocs.count, 0);
 }

@@ -16,11 +16,8 @@ use proptest::prelude::*;
 use zverbs::rpc::{Config, Event, Header, PktType, Refusal, RpcCore, RpcError, HEADER_LEN};
 use zverbs::ErrorKind;
 
-#[path = "common/counting.rs"]
-mod counting;
-
 #[global_allocator]
-static GLOBAL: counting::Counting = counting::Counting;
+static GLOBAL: zverbs_testkit::CountingAlloc = zverbs_testkit::CountingAlloc;
 
 #[path = "rpc_core/pair.rs"]
 mod pair;
@@ -308,7 +305,7 @@ fn the_data_path_does_not_allocate() {
     let session = c.connect(SERVER).unwrap();
     let (mut buf, mut resp) = ([0u8; 1024], [0u8; 4000]);
     let mut done = 0;
-    let ((), allocs) = counting::count_allocs(|| {
+    let ((), allocs) = zverbs_testkit::measure(|| {
         for now in 1..10_000u64 {
             while let Some(t) = c.poll_transmit(now, &mut buf) {
                 s.handle_packet(now, CLIENT, &buf[..t.len]);
@@ -340,7 +337,7 @@ fn the_data_path_does_not_allocate() {
         }
     });
     assert!(done > 1000, "{done}");
-    assert_eq!(allocs, 0);
+    assert_eq!(allocs.count, 0);
 }
 
 // --- random workloads under random faults ---

@@ -9,13 +9,11 @@ use zverbs::provider::sim::{FabricConfig, Faults, Sim};
 use zverbs::rpc::{Config, EngineConfig, Event, Notice, Rpc, RpcError, SessionId};
 use zverbs::{Context, ErrorKind};
 
-#[path = "common/counting.rs"]
-mod counting;
 #[path = "common/pump.rs"]
 mod pump;
 
 #[global_allocator]
-static GLOBAL: counting::Counting = counting::Counting;
+static GLOBAL: zverbs_testkit::CountingAlloc = zverbs_testkit::CountingAlloc;
 
 const ECHO: u8 = 1;
 const REVERSE: u8 = 2;
@@ -300,7 +298,7 @@ fn no_allocation_per_rpc() {
     w.done.reserve(1000);
     w.call(ECHO, &req, 0);
     w.wait_for(1); // warm: every slot and queue at its working size
-    let ((), allocs) = counting::count_allocs(|| {
+    let ((), allocs) = zverbs_testkit::measure(|| {
         for tag in 1..=200 {
             w.call(ECHO, &req, tag);
             let target = w.done.len() + 1;
@@ -317,7 +315,7 @@ fn no_allocation_per_rpc() {
             }
         }
     });
-    assert_eq!(allocs, 0, "allocations in 200 RPCs");
+    assert_eq!(allocs.count, 0, "allocations in 200 RPCs");
 }
 
 /// A stranger's datagrams (garbage, and a well-formed request for a session it never

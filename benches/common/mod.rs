@@ -1,4 +1,4 @@
-//! Shared by the bench binaries: a per-thread counting allocator and small helpers.
+//! Shared by the bench binaries: the workspace's counting allocator and small helpers.
 //!
 //! Every bench binary installs [`CountingAlloc`] as its global allocator. A thread turns
 //! counting on for itself around its measured loop ([`count_allocs`]); the count is
@@ -10,8 +10,6 @@
 pub mod rc_floor;
 pub mod spsc;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::time::Duration;
 
 use criterion::Criterion;
@@ -28,51 +26,12 @@ pub fn config() -> Criterion {
         .sample_size(50)
 }
 
-/// Counts allocations (and reallocations) of the threads that turned counting on.
-pub struct CountingAlloc;
-
-thread_local! {
-    static ON: Cell<bool> = const { Cell::new(false) };
-    static COUNT: Cell<u64> = const { Cell::new(0) };
-}
-
-fn note() {
-    // `try_with`: the allocator may run while this thread's locals are being torn down.
-    if ON.try_with(Cell::get).unwrap_or(false) {
-        let _ = COUNT.try_with(|c| c.set(c.get() + 1));
-    }
-}
-
-// SAFETY: forwards every call to `System` unchanged; it only counts.
-unsafe impl GlobalAlloc for CountingAlloc {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        note();
-        // SAFETY: same contract as the caller's.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        note();
-        // SAFETY: same contract as the caller's.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as the caller's.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        note();
-        // SAFETY: same contract as the caller's.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
+pub use zverbs_testkit::CountingAlloc;
 
 /// Runs `f` with this thread's allocations counted; returns its value and the count.
 pub fn count_allocs<R>(f: impl FnOnce() -> R) -> (R, u64) {
-    COUNT.with(|c| c.set(0));
-    ON.with(|o| o.set(true));
-    let r = f();
-    ON.with(|o| o.set(false));
-    (r, COUNT.with(Cell::get))
+    let (r, stats) = zverbs_testkit::measure(f);
+    (r, stats.count)
 }
 
 /// Runs `f(iters)` with allocations counted; panics if it allocated; returns its time.

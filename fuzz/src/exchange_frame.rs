@@ -160,7 +160,7 @@ pub fn check(data: &[u8]) {
     };
     let (read, stats) = measure(|| read_frame(&mut s));
     assert!(
-        stats.largest <= MAX_PAYLOAD && stats.bytes <= MAX_PAYLOAD + 4096,
+        stats.largest <= MAX_PAYLOAD && stats.bytes <= MAX_PAYLOAD as u64 + 4096,
         "read_frame allocated {stats:?} (limit {MAX_PAYLOAD})"
     );
     match (&read, &want) {

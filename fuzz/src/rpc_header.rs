@@ -14,7 +14,7 @@
 //!   header (an endpoint never emits what a peer would drop as malformed).
 
 use arbitrary::{Arbitrary, Unstructured};
-use zverbs::rpc::{Config, RpcCore, Event, Header, HeaderError, Limits, PktType, HEADER_LEN};
+use zverbs::rpc::{Config, Event, Header, HeaderError, Limits, PktType, RpcCore, HEADER_LEN};
 
 /// Decodes by the table, field by field, in the documented order of checks.
 pub fn reference_decode(b: &[u8]) -> Result<Header, HeaderError> {

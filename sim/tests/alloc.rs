@@ -2,34 +2,11 @@
 
 mod common;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-
 use common::*;
 use zverbs_sim::*;
 
-struct Counting;
-
-thread_local! {
-    static COUNT: Cell<Option<usize>> = const { Cell::new(None) };
-}
-
-// SAFETY: forwards to `System`; only counts calls made on a thread that enabled counting.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        COUNT.with(|c| c.set(c.get().map(|n| n + 1)));
-        // SAFETY: same contract as ours.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as ours.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: zverbs_testkit::CountingAlloc = zverbs_testkit::CountingAlloc;
 
 /// `rounds` of a receive, a send, a write, a fetch-and-add and an inline write; counts
 /// the allocations of the rounds from `counted` on.
@@ -58,10 +35,7 @@ fn run(p: &Pair, rounds: std::ops::Range<u64>, counted: u64) -> usize {
     };
     let inline = SendFlags::INLINE | SendFlags::SIGNALED;
     let n = rounds.end - rounds.start;
-    for round in rounds {
-        if round == counted {
-            COUNT.with(|c| c.set(Some(0)));
-        }
+    let mut one = |round| {
         p.b.qp.post_recv([rwr(round, &[sge(&mb, 16, 32)])]).unwrap();
         let wrs = [
             sig(1, SendOp::Send, &[sge(&ma, 0, 8), sge(&ma, 8, 8)]),
@@ -72,8 +46,10 @@ fn run(p: &Pair, rounds: std::ops::Range<u64>, counted: u64) -> usize {
         p.a.qp.post_send(wrs).unwrap();
         assert_eq!(p.a.cq.poll(&mut wc).unwrap(), 3);
         assert_eq!(p.b.cq.poll(&mut wc).unwrap(), 1);
-    }
-    let allocs = COUNT.with(|c| c.replace(None)).unwrap_or(0);
+    };
+    (rounds.start..counted).for_each(&mut one);
+    let ((), allocs) = zverbs_testkit::measure(|| (counted..rounds.end).for_each(&mut one));
+    let allocs = allocs.count as usize;
     assert_eq!(
         u64::from_ne_bytes(b_buf.get()[8..16].try_into().unwrap()),
         n
@@ -114,10 +90,8 @@ fn freeing_objects_does_not_allocate() {
     let p = pair();
     let bufs: Vec<Buf> = (0..5).map(|i| Buf::new(64, i)).collect();
     let mrs: Vec<Mr> = bufs.iter().map(|b| b.reg(&p.a.pd, all_access())).collect();
-    COUNT.with(|c| c.set(Some(0)));
-    drop(mrs);
-    let n = COUNT.with(|c| c.replace(None)).unwrap();
-    assert_eq!(n, 0, "allocations while freeing");
+    let ((), n) = zverbs_testkit::measure(|| drop(mrs));
+    assert_eq!(n.count, 0, "allocations while freeing");
     // And the slots come back lowest first.
     let again = bufs[0].reg(&p.a.pd, all_access());
     assert_eq!(again.lkey() >> 8, 0, "the lowest free slot is reused");

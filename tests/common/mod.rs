@@ -1,7 +1,6 @@
 //! Shared set-up for integration tests: two devices, two connected channels.
 #![allow(dead_code)]
 
-pub mod counting;
 #[cfg(feature = "tokio")]
 pub mod rt;
 

@@ -18,15 +18,11 @@
 mod backend;
 
 use std::process::ExitCode;
-use std::sync::atomic::AtomicU64;
 
 use backend::{Args, Backend};
 
 #[global_allocator]
 static GLOBAL: zverbs_testkit::CountingAlloc = zverbs_testkit::CountingAlloc;
-
-/// Every thread's allocations in the measured part, for the report.
-static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
 
 fn main() -> ExitCode {
     match run() {
@@ -101,7 +97,10 @@ mod measured {
     use zverbs::provider::Provider;
     use zverbs::{Channel, ChannelConfig, Context};
 
-    use super::ALLOCATIONS;
+    use std::sync::atomic::AtomicU64;
+
+    /// Every thread's allocations in the measured part, for the report.
+    static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
 
     /// Bytes per message.
     const MSG: usize = 64;

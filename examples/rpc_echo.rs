@@ -18,15 +18,11 @@
 mod backend;
 
 use std::process::ExitCode;
-use std::sync::atomic::AtomicU64;
 
 use backend::{Args, Backend};
 
 #[global_allocator]
 static GLOBAL: zverbs_testkit::CountingAlloc = zverbs_testkit::CountingAlloc;
-
-/// Every thread's allocations in the measured part, for the report.
-static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
 
 fn main() -> ExitCode {
     match run() {
@@ -84,7 +80,10 @@ mod measured {
     use zverbs::rpc::{BulkConfig, Config, EngineConfig, Event, Notice, Rpc, SessionId};
     use zverbs::Context;
 
-    use super::ALLOCATIONS;
+    use std::sync::atomic::AtomicU64;
+
+    /// Every thread's allocations in the measured part, for the report.
+    static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
 
     const ECHO: u8 = 1;
     const REVERSE: u8 = 2;

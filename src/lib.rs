@@ -76,6 +76,9 @@ pub mod node;
 pub mod pool;
 pub mod provider;
 pub mod qp;
+// Public, unlisted, for `benches/primitives.rs` only (it times a slot's round trip): the
+// ring is the channels' bookkeeping, not an API.
+#[doc(hidden)]
 pub mod ring;
 #[cfg(feature = "std")]
 pub mod rpc;

@@ -1,8 +1,8 @@
 //! Rings of work-request slots: const capacity, no allocation, generation-checked ids.
 //!
 //! A [`Ring`] tracks the work requests of one queue from post to completion. Each post
-//! takes the next sequence number; the `wr_id` *is* that number, so slot = `seq % N` and
-//! the generation is `seq / N`: a completion for a recycled slot is detected, never
+//! takes the next sequence number; the `wr_id` *is* that number, so slot = `seq % DEPTH` and
+//! the generation is `seq / DEPTH`: a completion for a recycled slot is detected, never
 //! misdelivered. Completions of one RC queue arrive in posting order, and a completion for
 //! `seq` also retires every earlier *unsignaled* request (selective signaling: unsignaled
 //! work that succeeds produces no completion of its own).
@@ -10,21 +10,8 @@
 //! The ring also stages a doorbell batch: [`Ring::stage`] fills preallocated work requests
 //! with fixed-size SGE arrays, and the caller posts [`Ring::staged`] as one chain.
 //!
-//! ```
-//! use zverbs::ring::Ring;
-//! use zverbs::{SendFlags, SendOp, SendWr, WcStatus, WcOpcode, WorkCompletion};
-//! let mut ring: Ring<SendWr<2>, 4> = Ring::new();
-//! let a = ring.stage(SendWr::new(0, SendOp::Send, SendFlags::empty()), false).unwrap();
-//! let b = ring.stage(SendWr::new(0, SendOp::Send, SendFlags::SIGNALED), true).unwrap();
-//! assert_eq!(ring.staged().len(), 2);
-//! ring.clear_staged();
-//! // The signaled completion of `b` retires the unsignaled `a` too.
-//! let wc = WorkCompletion { wr_id: b, ..WorkCompletion::EMPTY };
-//! ring.complete(&wc).unwrap();
-//! assert!(ring.take(b).unwrap().is_ok());
-//! assert!(ring.is_idle());
-//! # let _ = a;
-//! ```
+//! The ring is the channels' bookkeeping, not an API (public and hidden only for the
+//! benches): completions reach users as [`Completion`]s.
 
 use crate::types::{RecvWr, SendWr, WcOpcode, WcStatus, WorkCompletion};
 
@@ -39,7 +26,7 @@ pub trait WorkRequest: Copy {
     fn set_signaled(&mut self);
 }
 
-impl<const S: usize> WorkRequest for SendWr<S> {
+impl<const SGES: usize> WorkRequest for SendWr<SGES> {
     fn set_wr_id(&mut self, id: u64) {
         self.wr_id = id;
     }
@@ -51,7 +38,7 @@ impl<const S: usize> WorkRequest for SendWr<S> {
     }
 }
 
-impl<const S: usize> WorkRequest for RecvWr<S> {
+impl<const SGES: usize> WorkRequest for RecvWr<SGES> {
     fn set_wr_id(&mut self, id: u64) {
         self.wr_id = id;
     }
@@ -110,7 +97,7 @@ impl SlotState {
     }
 }
 
-/// The slot of the request with sequence number `seq` is `slots[seq % N]`, and it belongs
+/// The slot of the request with sequence number `seq` is `slots[seq % DEPTH]`, and it belongs
 /// to `seq` exactly while `tail <= seq < head`: that range is the generation check (an
 /// older generation is below the tail, an id never issued at or above the head).
 #[derive(Clone, Copy)]
@@ -119,26 +106,26 @@ struct Slot {
     state: SlotState,
 }
 
-/// A ring of `N` slots of work requests `W`. See the module docs.
-pub struct Ring<W, const N: usize> {
+/// A ring of `DEPTH` slots of work requests `W`. See the module docs.
+pub struct Ring<W, const DEPTH: usize> {
     head: u64,
     tail: u64,
     /// A request's `wr_id` is `(seq & id_mask) | id_tag`: the sequence number itself on a
     /// queue of its own, its low bits and the inbox's tag on a shared one.
     id_mask: u64,
     id_tag: u64,
-    slots: [Slot; N],
-    stage: heapless::Vec<W, N>,
+    slots: [Slot; DEPTH],
+    stage: heapless::Vec<W, DEPTH>,
 }
 
-impl<W: WorkRequest, const N: usize> Default for Ring<W, N> {
+impl<W: WorkRequest, const DEPTH: usize> Default for Ring<W, DEPTH> {
     fn default() -> Self {
         Self::new()
     }
 }
 
-impl<W: WorkRequest, const N: usize> Ring<W, N> {
-    const CHECK: () = assert!(N > 0, "a ring needs at least one slot");
+impl<W: WorkRequest, const DEPTH: usize> Ring<W, DEPTH> {
+    const CHECK: () = assert!(DEPTH > 0, "a ring needs at least one slot");
 
     /// An empty ring.
     pub const fn new() -> Self {
@@ -152,14 +139,9 @@ impl<W: WorkRequest, const N: usize> Ring<W, N> {
             slots: [Slot {
                 opcode: WcOpcode::Send,
                 state: SlotState::Free,
-            }; N],
+            }; DEPTH],
             stage: heapless::Vec::new(),
         }
-    }
-
-    /// Slots in the ring.
-    pub const fn capacity(&self) -> usize {
-        N
     }
 
     /// Requests taken and not yet retired (staged, in flight, or completed but not taken).
@@ -180,14 +162,16 @@ impl<W: WorkRequest, const N: usize> Ring<W, N> {
     /// Takes a slot for `wr`, sets its `wr_id`, and appends it to the staged batch.
     /// Returns the `wr_id`.
     pub fn stage(&mut self, mut wr: W, signaled: bool) -> Result<u64, QueueFull> {
-        if self.in_flight() == N {
-            return Err(QueueFull { capacity: N });
+        if self.in_flight() == DEPTH {
+            return Err(QueueFull { capacity: DEPTH });
         }
         let seq = self.head;
         wr.set_wr_id(self.wr_id(seq));
-        // Cannot fail: staged requests hold slots, so at most N are staged.
+        // Cannot fail: staged requests hold slots, so at most DEPTH are staged.
         let opcode = wr.opcode();
-        self.stage.push(wr).map_err(|_| QueueFull { capacity: N })?;
+        self.stage
+            .push(wr)
+            .map_err(|_| QueueFull { capacity: DEPTH })?;
         self.take_slot(opcode, signaled);
         Ok(seq)
     }
@@ -197,8 +181,8 @@ impl<W: WorkRequest, const N: usize> Ring<W, N> {
     /// [`unreserve`](Self::unreserve) before anything else is taken.
     #[inline]
     pub fn reserve(&mut self, wr: &mut W, signaled: bool) -> Result<u64, QueueFull> {
-        if self.in_flight() == N {
-            return Err(QueueFull { capacity: N });
+        if self.in_flight() == DEPTH {
+            return Err(QueueFull { capacity: DEPTH });
         }
         let seq = self.head;
         wr.set_wr_id(self.wr_id(seq));
@@ -236,14 +220,14 @@ impl<W: WorkRequest, const N: usize> Ring<W, N> {
     pub fn unreserve(&mut self) {
         if self.head > self.tail {
             self.head -= 1;
-            self.slots[(self.head % N as u64) as usize].state = SlotState::Free;
+            self.slots[(self.head % DEPTH as u64) as usize].state = SlotState::Free;
         }
     }
 
     #[inline]
     fn take_slot(&mut self, opcode: WcOpcode, signaled: bool) {
         let seq = self.head;
-        self.slots[(seq % N as u64) as usize] = Slot {
+        self.slots[(seq % DEPTH as u64) as usize] = Slot {
             opcode,
             state: SlotState::posted(signaled),
         };
@@ -260,7 +244,7 @@ impl<W: WorkRequest, const N: usize> Ring<W, N> {
         if let Some(wr) = self.stage.last_mut() {
             wr.set_signaled();
             let seq = self.head - 1;
-            self.slots[(seq % N as u64) as usize].state = SlotState::PostedSignaled;
+            self.slots[(seq % DEPTH as u64) as usize].state = SlotState::PostedSignaled;
         }
     }
 
@@ -275,7 +259,7 @@ impl<W: WorkRequest, const N: usize> Ring<W, N> {
         let count = count.min(self.stage.len());
         for _ in 0..count {
             self.head -= 1;
-            self.slots[(self.head % N as u64) as usize].state = SlotState::Free;
+            self.slots[(self.head % DEPTH as u64) as usize].state = SlotState::Free;
         }
         self.stage.clear();
     }
@@ -287,7 +271,7 @@ impl<W: WorkRequest, const N: usize> Ring<W, N> {
         // The usual case: the oldest request in flight completes. Nothing earlier is left to
         // retire, and its slot stays the oldest, so the tail does not move.
         if seq == self.tail && seq < self.head {
-            let slot = &mut self.slots[(seq % N as u64) as usize];
+            let slot = &mut self.slots[(seq % DEPTH as u64) as usize];
             if let SlotState::Posted | SlotState::PostedSignaled = slot.state {
                 slot.state = SlotState::Done(outcome(wc, slot.opcode));
                 return Ok(());
@@ -313,7 +297,7 @@ impl<W: WorkRequest, const N: usize> Ring<W, N> {
         if seq >= self.head {
             return unlikely_false();
         }
-        let slot = &mut self.slots[(seq % N as u64) as usize];
+        let slot = &mut self.slots[(seq % DEPTH as u64) as usize];
         if let SlotState::Posted | SlotState::PostedSignaled = slot.state {
             slot.state = SlotState::Free;
             self.tail += 1;
@@ -338,7 +322,7 @@ impl<W: WorkRequest, const N: usize> Ring<W, N> {
     #[inline(never)]
     fn retired_failure(&self, wc: &WorkCompletion) -> Completion {
         // The slot keeps the request's opcode until it is taken again.
-        outcome(wc, self.slots[(wc.wr_id % N as u64) as usize].opcode)
+        outcome(wc, self.slots[(wc.wr_id % DEPTH as u64) as usize].opcode)
     }
 
     #[inline(never)]
@@ -348,7 +332,7 @@ impl<W: WorkRequest, const N: usize> Ring<W, N> {
         if seq < self.tail || seq >= self.head {
             return Err(unknown);
         }
-        let idx = (seq % N as u64) as usize;
+        let idx = (seq % DEPTH as u64) as usize;
         if !matches!(
             self.slots[idx].state,
             SlotState::Posted | SlotState::PostedSignaled
@@ -361,11 +345,11 @@ impl<W: WorkRequest, const N: usize> Ring<W, N> {
         // never read again, so retired ones there need not be marked free.) Usually every
         // one of them is unsignaled or taken already: one quick pass finds that.
         // The pass runs over contiguous slices of slots (at most two: the range may wrap),
-        // not slot by slot through `% N`.
+        // not slot by slot through `% DEPTH`.
         let mut done = self.tail;
         while done < seq {
-            let start = (done % N as u64) as usize;
-            let run = ((seq - done) as usize).min(N - start);
+            let start = (done % DEPTH as u64) as usize;
+            let run = ((seq - done) as usize).min(DEPTH - start);
             let stop = self.slots[start..start + run]
                 .iter()
                 .position(|s| !matches!(s.state, SlotState::Posted | SlotState::Free));
@@ -379,12 +363,12 @@ impl<W: WorkRequest, const N: usize> Ring<W, N> {
             // `done` is signaled (refused below) or has an outcome to be taken; the rest
             // must be unsignaled too, and stay in the ring behind it, retired.
             for s in done..seq {
-                if let SlotState::PostedSignaled = self.slots[(s % N as u64) as usize].state {
+                if let SlotState::PostedSignaled = self.slots[(s % DEPTH as u64) as usize].state {
                     return Err(unknown);
                 }
             }
             for s in done..seq {
-                let slot = &mut self.slots[(s % N as u64) as usize];
+                let slot = &mut self.slots[(s % DEPTH as u64) as usize];
                 if let SlotState::Posted = slot.state {
                     slot.state = SlotState::Free;
                 }
@@ -403,7 +387,7 @@ impl<W: WorkRequest, const N: usize> Ring<W, N> {
         if seq < self.tail || seq >= self.head {
             return None;
         }
-        let slot = &mut self.slots[(seq % N as u64) as usize];
+        let slot = &mut self.slots[(seq % DEPTH as u64) as usize];
         let SlotState::Done(done) = slot.state else {
             return None;
         };
@@ -420,7 +404,10 @@ impl<W: WorkRequest, const N: usize> Ring<W, N> {
     pub fn holds(&self, seq: u64) -> bool {
         seq >= self.tail
             && seq < self.head
-            && !matches!(self.slots[(seq % N as u64) as usize].state, SlotState::Free)
+            && !matches!(
+                self.slots[(seq % DEPTH as u64) as usize].state,
+                SlotState::Free
+            )
     }
 
     /// Whether `seq` is still waiting for its completion.
@@ -428,7 +415,7 @@ impl<W: WorkRequest, const N: usize> Ring<W, N> {
         seq >= self.tail
             && seq < self.head
             && matches!(
-                self.slots[(seq % N as u64) as usize].state,
+                self.slots[(seq % DEPTH as u64) as usize].state,
                 SlotState::Posted | SlotState::PostedSignaled
             )
     }
@@ -441,7 +428,7 @@ impl<W: WorkRequest, const N: usize> Ring<W, N> {
         let posted_end = self.head - self.stage.len() as u64;
         let mut n = 0;
         for seq in self.tail..posted_end {
-            let slot = &mut self.slots[(seq % N as u64) as usize];
+            let slot = &mut self.slots[(seq % DEPTH as u64) as usize];
             if let SlotState::Posted | SlotState::PostedSignaled = slot.state {
                 slot.state = SlotState::Done(Completion {
                     status,
@@ -477,7 +464,7 @@ impl<W: WorkRequest, const N: usize> Ring<W, N> {
     fn advance(&mut self) {
         while self.tail < self.head
             && matches!(
-                self.slots[(self.tail % N as u64) as usize].state,
+                self.slots[(self.tail % DEPTH as u64) as usize].state,
                 SlotState::Free
             )
         {

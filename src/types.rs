@@ -3,7 +3,7 @@
 //! The plain data (flags, GIDs, MTUs, states, scatter/gather entries, operations,
 //! completions) is the `zverbs-types` crate's, the one vocabulary of zverbs and its
 //! simulator, re-exported here. Work requests are zverbs's own: they own their
-//! scatter/gather list in a fixed array of `S` entries, so a ring of them is allocated once
+//! scatter/gather list in a fixed array of `SGES` entries, so a ring of them is allocated once
 //! and posting never allocates.
 
 pub use zverbs_types::{
@@ -11,14 +11,14 @@ pub use zverbs_types::{
     QpState, QpType, SendFlags, SendOp, Sge, UdDest, WcOpcode, WcStatus, WorkCompletion,
 };
 
-/// A send work request with room for `S` gather entries.
+/// A send work request with room for `SGES` gather entries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SendWr<const S: usize> {
+pub struct SendWr<const SGES: usize> {
     /// Identifier returned in the completion.
     pub wr_id: u64,
     /// Gather list; the first `num_sge` entries are used.
-    pub sg_list: [Sge; S],
-    /// Number of valid entries in `sg_list`, at most `S` (a larger count is refused when
+    pub sg_list: [Sge; SGES],
+    /// Number of valid entries in `sg_list`, at most `SGES` (a larger count is refused when
     /// posted).
     pub num_sge: u8,
     /// Operation.
@@ -27,7 +27,7 @@ pub struct SendWr<const S: usize> {
     pub flags: SendFlags,
 }
 
-impl<const S: usize> SendWr<S> {
+impl<const SGES: usize> SendWr<SGES> {
     /// A request with an empty gather list.
     pub const fn new(wr_id: u64, op: SendOp, flags: SendFlags) -> Self {
         SendWr {
@@ -36,7 +36,7 @@ impl<const S: usize> SendWr<S> {
                 addr: 0,
                 length: 0,
                 lkey: 0,
-            }; S],
+            }; SGES],
             num_sge: 0,
             op,
             flags,
@@ -44,31 +44,31 @@ impl<const S: usize> SendWr<S> {
     }
 
     /// The used part of the gather list: the first `num_sge` entries. A `num_sge` above
-    /// `S` names entries that do not exist: this gives the `S` there are, and providers
+    /// `SGES` names entries that do not exist: this gives the `SGES` there are, and providers
     /// refuse to post such a request (see [`sges_fit`](Self::sges_fit)).
     pub fn sges(&self) -> &[Sge] {
-        &self.sg_list[..usize::from(self.num_sge).min(S)]
+        &self.sg_list[..usize::from(self.num_sge).min(SGES)]
     }
 
-    /// Whether `num_sge` is at most `S`, the entries `sg_list` holds.
+    /// Whether `num_sge` is at most `SGES`, the entries `sg_list` holds.
     pub fn sges_fit(&self) -> bool {
-        usize::from(self.num_sge) <= S
+        usize::from(self.num_sge) <= SGES
     }
 }
 
-/// A receive work request with room for `S` scatter entries.
+/// A receive work request with room for `SGES` scatter entries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RecvWr<const S: usize> {
+pub struct RecvWr<const SGES: usize> {
     /// Identifier returned in the completion.
     pub wr_id: u64,
     /// Scatter list; the first `num_sge` entries are used.
-    pub sg_list: [Sge; S],
-    /// Number of valid entries in `sg_list`, at most `S` (a larger count is refused when
+    pub sg_list: [Sge; SGES],
+    /// Number of valid entries in `sg_list`, at most `SGES` (a larger count is refused when
     /// posted).
     pub num_sge: u8,
 }
 
-impl<const S: usize> RecvWr<S> {
+impl<const SGES: usize> RecvWr<SGES> {
     /// A request with an empty scatter list.
     pub const fn new(wr_id: u64) -> Self {
         RecvWr {
@@ -77,19 +77,19 @@ impl<const S: usize> RecvWr<S> {
                 addr: 0,
                 length: 0,
                 lkey: 0,
-            }; S],
+            }; SGES],
             num_sge: 0,
         }
     }
 
-    /// The used part of the scatter list: the first `num_sge` entries, at most `S` (as
-    /// [`SendWr::sges`]; providers refuse a request whose `num_sge` exceeds `S`).
+    /// The used part of the scatter list: the first `num_sge` entries, at most `SGES` (as
+    /// [`SendWr::sges`]; providers refuse a request whose `num_sge` exceeds `SGES`).
     pub fn sges(&self) -> &[Sge] {
-        &self.sg_list[..usize::from(self.num_sge).min(S)]
+        &self.sg_list[..usize::from(self.num_sge).min(SGES)]
     }
 
-    /// Whether `num_sge` is at most `S`, the entries `sg_list` holds.
+    /// Whether `num_sge` is at most `SGES`, the entries `sg_list` holds.
     pub fn sges_fit(&self) -> bool {
-        usize::from(self.num_sge) <= S
+        usize::from(self.num_sge) <= SGES
     }
 }

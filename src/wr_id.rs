@@ -4,7 +4,7 @@
 //! collide:
 //!
 //! - [`WrId`]: channels on a shared completion queue (the dispatcher routes by it);
-//! - [`RpcId`]: the RPC engine's queue pairs on its one completion queue (datagram sends
+//! - `RpcId`: the RPC engine's queue pairs on its one completion queue (datagram sends
 //!   and receives, the bulk path's reads and release messages).
 //!
 //! A channel on completion queues of its own uses its plain sequence number.

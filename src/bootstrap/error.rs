@@ -19,11 +19,11 @@ pub enum ExchangeError {
         /// Number of ranks configured.
         len: usize,
     },
-    /// The caller's payload is longer than [`MAX_PAYLOAD`].
+    /// The caller's payload is longer than [`MAX_PAYLOAD`](super::MAX_PAYLOAD).
     PayloadTooLarge {
         /// Its length.
         len: usize,
-        /// [`MAX_PAYLOAD`].
+        /// [`MAX_PAYLOAD`](super::MAX_PAYLOAD).
         max: usize,
     },
     /// The configured address could not be bound.
@@ -33,7 +33,7 @@ pub enum ExchangeError {
         /// What the OS said.
         source: io::Error,
     },
-    /// [`exchange_with_listener`]: the listener is not on the configured port.
+    /// [`exchange_with_listener`](super::exchange_with_listener): the listener is not on the configured port.
     ListenerMismatch {
         /// The configured address.
         configured: SocketAddr,
@@ -76,13 +76,13 @@ pub enum ExchangeError {
         /// The address of the second connection.
         peer: SocketAddr,
     },
-    /// A peer claims a payload longer than [`MAX_PAYLOAD`] (nothing was allocated for it).
+    /// A peer claims a payload longer than [`MAX_PAYLOAD`](super::MAX_PAYLOAD) (nothing was allocated for it).
     Oversized {
         /// The peer's address.
         peer: SocketAddr,
         /// The length it claimed.
         claimed: u64,
-        /// [`MAX_PAYLOAD`].
+        /// [`MAX_PAYLOAD`](super::MAX_PAYLOAD).
         max: usize,
     },
     /// A peer closed the connection inside its frame.
@@ -94,7 +94,7 @@ pub enum ExchangeError {
         /// Bytes it sent.
         got: usize,
     },
-    /// The readiness round after the exchange (see the [module docs](self#readiness-round))
+    /// The readiness round after the exchange (see [`tcp`](super::tcp#readiness-round))
     /// did not end with every rank ready.
     NotReady {
         /// Ranks that reported they could not connect their queue pairs, ascending.

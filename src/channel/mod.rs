@@ -41,12 +41,12 @@
 //! A complete two-thread exchange is in `examples/pingpong.rs`.
 
 mod blocking;
+mod by_seq;
 #[cfg(all(feature = "tokio", unix))]
-mod events;
+mod event_loop;
 mod path;
 mod poll;
 mod prepared;
-mod raw;
 mod scope;
 mod source;
 mod stage;

@@ -4,7 +4,7 @@ use super::Channel;
 use crate::error::Error;
 use crate::provider::{PathAttr, Provider};
 
-impl<P: Provider, const N: usize, const S: usize> Channel<P, N, S> {
+impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES> {
     /// The path and connection attributes the device applied to the channel's queue pair
     /// (`ibv_query_qp`): the effective path MTU (the smallest of
     /// [`ChannelConfig::rtr`](super::ChannelConfig::rtr)`.mtu`, the local port's and the

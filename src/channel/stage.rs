@@ -23,7 +23,7 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
     ) -> Result<SendWr<SGES>, Error<P::Error>> {
         let (sg_list, num_sge, len) = self.sges(sges)?;
         if let Some(remote) = remote {
-            super::raw::fits(remote, len)?;
+            super::by_seq::fits(remote, len)?;
         }
         Ok(SendWr {
             wr_id: 0,

@@ -4,12 +4,12 @@
 //! caller feeds it [`start`](BarrierMachine::start) and every [`Msg`] received from a
 //! peer ([`on_message`](BarrierMachine::on_message)); the machine hands back the messages
 //! to send through a callback, `out(to_rank, msg)`, and reports completion with
-//! [`is_complete`](BarrierMachine::is_complete). It never allocates: `N` bounds the number
+//! [`is_complete`](BarrierMachine::is_complete). It never allocates: `PEERS` bounds the number
 //! of participants.
 //!
 //! Participants are a strictly increasing list of ranks ([`BarrierMachine::new`], at most
-//! `N`), or every rank of a world `0..P` ([`BarrierMachine::new_world`], up to 65,536
-//! ranks whatever `N`: then `N` bounds only the fan-in, the ARRIVEs one participant
+//! `PEERS`), or every rank of a world `0..P` ([`BarrierMachine::new_world`], up to 65,536
+//! ranks whatever `PEERS`: then `PEERS` bounds only the fan-in, the ARRIVEs one participant
 //! collects). The algorithms work on indices into the participants (index 0 is the root
 //! where there is one); [`neighbours`] names the indices one participant exchanges
 //! messages with, so a node can connect to those alone. With `P` participants:
@@ -48,7 +48,7 @@ use core::fmt;
 use crate::error::ErrorKind;
 
 mod msg;
-pub use msg::{Msg, MsgError, MsgKind, MSG_LEN};
+pub use msg::{Msg, MsgKind};
 
 /// Which barrier algorithm a machine runs. See the module docs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -145,7 +145,7 @@ pub fn rounds(alg: Algorithm, p: usize) -> u32 {
 pub enum BarrierError {
     /// No participants.
     Empty,
-    /// More participants than the machine's capacity `N`.
+    /// More participants than the machine's capacity `PEERS`.
     TooMany {
         /// Participants given.
         given: usize,
@@ -153,7 +153,7 @@ pub enum BarrierError {
         capacity: usize,
     },
     /// A whole-world machine whose participant collects more ARRIVEs than its capacity
-    /// `N` (the centralized root collects `P - 1`, a tree node at most 2).
+    /// `PEERS` (the centralized root collects `P - 1`, a tree node at most 2).
     FanIn {
         /// ARRIVEs this participant would collect.
         children: usize,
@@ -268,9 +268,9 @@ impl core::error::Error for BarrierError {}
 
 /// What one epoch has received.
 #[derive(Clone, Copy)]
-struct Inbox<const N: usize> {
+struct Inbox<const PEERS: usize> {
     /// ARRIVE received, by sender index less the first child's.
-    arrived: [bool; N],
+    arrived: [bool; PEERS],
     /// ARRIVEs received.
     arrivals: usize,
     /// Dissemination rounds received, bit `k` for round `k`.
@@ -279,9 +279,9 @@ struct Inbox<const N: usize> {
     released: bool,
 }
 
-impl<const N: usize> Inbox<N> {
+impl<const PEERS: usize> Inbox<PEERS> {
     const EMPTY: Self = Inbox {
-        arrived: [false; N],
+        arrived: [false; PEERS],
         arrivals: 0,
         rounds: 0,
         released: false,
@@ -290,10 +290,10 @@ impl<const N: usize> Inbox<N> {
 
 /// One participant of a barrier. See the module docs.
 #[derive(Clone)]
-pub struct BarrierMachine<const N: usize> {
+pub struct BarrierMachine<const PEERS: usize> {
     alg: Algorithm,
     /// The participants' ranks, `..len`, if listed; unused for a whole world.
-    parts: [u16; N],
+    parts: [u16; PEERS],
     listed: bool,
     len: usize,
     me: usize,
@@ -303,12 +303,12 @@ pub struct BarrierMachine<const N: usize> {
     /// 1 once ARRIVE went up.
     sent: u32,
     /// The running (or last completed) epoch.
-    cur: Inbox<N>,
+    cur: Inbox<PEERS>,
     /// Early messages for the next epoch.
-    next: Inbox<N>,
+    next: Inbox<PEERS>,
 }
 
-impl<const N: usize> fmt::Debug for BarrierMachine<N> {
+impl<const PEERS: usize> fmt::Debug for BarrierMachine<PEERS> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("BarrierMachine")
             .field("alg", &self.alg)
@@ -321,17 +321,17 @@ impl<const N: usize> fmt::Debug for BarrierMachine<N> {
     }
 }
 
-impl<const N: usize> BarrierMachine<N> {
+impl<const PEERS: usize> BarrierMachine<PEERS> {
     /// A participant with rank `me` in a barrier over `participants`, which must be
-    /// strictly increasing (sorted, distinct), non-empty, at most `N`, and contain `me`.
+    /// strictly increasing (sorted, distinct), non-empty, at most `PEERS`, and contain `me`.
     pub fn new(alg: Algorithm, me: u16, participants: &[u16]) -> Result<Self, BarrierError> {
         if participants.is_empty() {
             return Err(BarrierError::Empty);
         }
-        if participants.len() > N {
+        if participants.len() > PEERS {
             return Err(BarrierError::TooMany {
                 given: participants.len(),
-                capacity: N,
+                capacity: PEERS,
             });
         }
         for (i, w) in participants.windows(2).enumerate() {
@@ -345,7 +345,7 @@ impl<const N: usize> BarrierMachine<N> {
         let me = participants
             .binary_search(&me)
             .map_err(|_| BarrierError::NotMember(me))?;
-        let mut parts = [0; N];
+        let mut parts = [0; PEERS];
         parts[..participants.len()].copy_from_slice(participants);
         Ok(BarrierMachine {
             alg,
@@ -362,7 +362,7 @@ impl<const N: usize> BarrierMachine<N> {
     }
 
     /// A participant with rank `me` in a barrier over every rank of a world of `world`
-    /// (`0..world`, at most 65,536), with no list stored: `N` need only hold the ARRIVEs
+    /// (`0..world`, at most 65,536), with no list stored: `PEERS` need only hold the ARRIVEs
     /// this participant collects (the centralized root `world - 1`, a tree node 2, none for
     /// dissemination), else [`BarrierError::FanIn`].
     pub fn new_world(alg: Algorithm, me: u16, world: usize) -> Result<Self, BarrierError> {
@@ -380,7 +380,7 @@ impl<const N: usize> BarrierMachine<N> {
         }
         let m = BarrierMachine {
             alg,
-            parts: [0; N],
+            parts: [0; PEERS],
             listed: false,
             len: world,
             me: usize::from(me),
@@ -391,10 +391,10 @@ impl<const N: usize> BarrierMachine<N> {
             next: Inbox::EMPTY,
         };
         let children = m.children().len();
-        if children > N {
+        if children > PEERS {
             return Err(BarrierError::FanIn {
                 children,
-                capacity: N,
+                capacity: PEERS,
             });
         }
         Ok(m)
@@ -536,7 +536,7 @@ impl<const N: usize> BarrierMachine<N> {
         match msg.kind {
             MsgKind::Round => inbox.rounds |= 1 << msg.round,
             MsgKind::Arrive => {
-                // `j` is a child (checked above), and children fit in `N` (`new`, `new_world`).
+                // `j` is a child (checked above), and children fit in `PEERS` (`new`, `new_world`).
                 inbox.arrived[j - first_child] = true;
                 inbox.arrivals += 1;
             }

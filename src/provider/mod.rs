@@ -212,9 +212,9 @@ pub trait Provider: Sized {
     /// Every datagram's `dest.ah` must be the [key](Provider::ah_key) of an address handle
     /// of this provider, alive until the request completes (rxe looks it up as it
     /// transmits).
-    unsafe fn post_send<const S: usize>(
+    unsafe fn post_send<const SGES: usize>(
         qp: &Self::Qp,
-        wrs: &[SendWr<S>],
+        wrs: &[SendWr<SGES>],
     ) -> Result<(), PostError<Self::Error>>;
 
     /// Posts a chain of receive work requests with one doorbell.
@@ -222,8 +222,8 @@ pub trait Provider: Sized {
     /// # Safety
     /// Every scatter entry's memory must stay valid and not be accessed through Rust
     /// references until the request completes.
-    unsafe fn post_recv<const S: usize>(
+    unsafe fn post_recv<const SGES: usize>(
         qp: &Self::Qp,
-        wrs: &[RecvWr<S>],
+        wrs: &[RecvWr<SGES>],
     ) -> Result<(), PostError<Self::Error>>;
 }

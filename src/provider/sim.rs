@@ -1,9 +1,10 @@
 //! The simulator backend: [`Provider`] over the `zverbs-sim` crate (feature `sim`).
 //!
 //! This adapter is the mirror of the verbs one: it maps each verb onto the simulated HCA.
-//! The simulator speaks zverbs's own data types (`zverbs-types`), so only the work requests
-//! (zverbs's `S` entries, the simulator's fixed sixteen) are copied. The simulated [`Fabric`] is reachable through
-//! [`Sim::fabric`] for simulator-only controls: simulated time, faults, the trace.
+//! The simulator speaks zverbs's own data types (`zverbs-types`): sends are read where they
+//! lie in the caller's slice (through `s::SendRequest`, below); receives are copied into
+//! the simulator's queue entries (zverbs's `SGES` entries into its fixed sixteen). The
+//! simulated [`Fabric`] is reachable through [`Sim::fabric`] for simulator-only controls: simulated time, faults, the trace.
 //!
 //! ```
 //! use zverbs::provider::{sim::Sim, Provider};
@@ -123,7 +124,7 @@ impl ProviderError for s::SimError {
 /// The library's send request, read by the simulator where it lies: a `num_sge` past the
 /// entries it holds is refused there (`EINVAL`, and the post stops there), as a device
 /// refuses too many SGEs.
-impl<const S: usize> s::SendRequest for SendWr<S> {
+impl<const SGES: usize> s::SendRequest for SendWr<SGES> {
     #[inline(always)]
     fn wr_id(&self) -> u64 {
         self.wr_id
@@ -318,9 +319,9 @@ impl Provider for Sim {
         })
     }
 
-    unsafe fn post_send<const S: usize>(
+    unsafe fn post_send<const SGES: usize>(
         qp: &s::Qp,
-        wrs: &[SendWr<S>],
+        wrs: &[SendWr<SGES>],
     ) -> Result<(), PostError<s::SimError>> {
         // SAFETY: the caller upholds `Provider::post_send`, which includes that inline
         // gather entries are readable for the duration of this call. The requests are read
@@ -328,9 +329,9 @@ impl Provider for Sim {
         unsafe { qp.post_send_raw(wrs) }.map_err(post_error)
     }
 
-    unsafe fn post_recv<const S: usize>(
+    unsafe fn post_recv<const SGES: usize>(
         qp: &s::Qp,
-        wrs: &[RecvWr<S>],
+        wrs: &[RecvWr<SGES>],
     ) -> Result<(), PostError<s::SimError>> {
         qp.post_recv_with(wrs.len(), |i, out| {
             let wr = &wrs[i];

@@ -692,9 +692,9 @@ impl Provider for Verbs {
         })
     }
 
-    unsafe fn post_send<const S: usize>(
+    unsafe fn post_send<const SGES: usize>(
         qp: &Qp,
-        wrs: &[SendWr<S>],
+        wrs: &[SendWr<SGES>],
     ) -> Result<(), PostError<VerbsError>> {
         let (wrs, malformed) = well_formed(wrs, SendWr::sges_fit, "ibv_post_send");
         let mut chain = [const { MaybeUninit::<ffi::ibv_send_wr>::uninit() }; CHAIN];
@@ -716,9 +716,9 @@ impl Provider for Verbs {
         malformed.map_or(Ok(()), Err)
     }
 
-    unsafe fn post_recv<const S: usize>(
+    unsafe fn post_recv<const SGES: usize>(
         qp: &Qp,
-        wrs: &[RecvWr<S>],
+        wrs: &[RecvWr<SGES>],
     ) -> Result<(), PostError<VerbsError>> {
         let (wrs, malformed) = well_formed(wrs, RecvWr::sges_fit, "ibv_post_recv");
         let mut chain = [const { MaybeUninit::<ffi::ibv_recv_wr>::uninit() }; CHAIN];

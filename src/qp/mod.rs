@@ -1,6 +1,6 @@
 //! Typestate queue pairs: RESET → INIT → RTR → RTS, checked by the compiler.
 //!
-//! `QueuePair<P, S>` carries its state `S` in the type. Transitions consume the queue pair
+//! `QueuePair<P, St>` carries its state `St` in the type. Transitions consume the queue pair
 //! and hand it back in the new state, or, on failure, in the old state together with the
 //! error ([`TransitionError`]). Sends can be posted only on [`ReadyToSend`]; receives from
 //! [`Init`] on. The device may still move a queue pair to the error state at any time: that
@@ -101,8 +101,8 @@ impl Transport for Ud {
     const TYPE: QpType = QpType::Ud;
 }
 
-/// An unreliable-datagram queue pair in state `S`.
-pub type UdQueuePair<P, S> = QueuePair<P, S, Ud>;
+/// An unreliable-datagram queue pair in state `St`.
+pub type UdQueuePair<P, St> = QueuePair<P, St, Ud>;
 
 /// Creation settings of a queue pair.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -242,14 +242,14 @@ impl Default for RtsOptions {
     }
 }
 
-/// A queue pair of transport `T` (RC unless said) in state `S`. See the module docs.
-pub struct QueuePair<P: Provider, S: State, T: Transport = Rc> {
+/// A queue pair of transport `T` (RC unless said) in state `St`. See the module docs.
+pub struct QueuePair<P: Provider, St: State, T: Transport = Rc> {
     raw: P::Qp,
     local: Endpoint,
     remote: Option<Endpoint>,
     config: QpConfig,
     device: DeviceLimits,
-    _state: PhantomData<(S, T)>,
+    _state: PhantomData<(St, T)>,
 }
 
 /// What a queue pair keeps of its device's attributes, to check its transitions and
@@ -264,14 +264,14 @@ struct DeviceLimits {
 }
 
 /// A failed transition: the queue pair, still in its old state, and why.
-pub struct TransitionError<P: Provider, S: State, T: Transport = Rc> {
+pub struct TransitionError<P: Provider, St: State, T: Transport = Rc> {
     /// The queue pair, unchanged.
-    pub qp: QueuePair<P, S, T>,
+    pub qp: QueuePair<P, St, T>,
     /// Why the transition failed.
     pub error: Error<P::Error>,
 }
 
-impl<P: Provider, S: State, T: Transport> fmt::Debug for TransitionError<P, S, T> {
+impl<P: Provider, St: State, T: Transport> fmt::Debug for TransitionError<P, St, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("TransitionError")
             .field("qp", &self.qp)
@@ -280,7 +280,7 @@ impl<P: Provider, S: State, T: Transport> fmt::Debug for TransitionError<P, S, T
     }
 }
 
-impl<P: Provider, S: State, T: Transport> fmt::Display for TransitionError<P, S, T> {
+impl<P: Provider, St: State, T: Transport> fmt::Display for TransitionError<P, St, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
@@ -291,18 +291,18 @@ impl<P: Provider, S: State, T: Transport> fmt::Display for TransitionError<P, S,
     }
 }
 
-impl<P: Provider, S: State, T: Transport> TransitionError<P, S, T> {
+impl<P: Provider, St: State, T: Transport> TransitionError<P, St, T> {
     fn local_qp_num(&self) -> u32 {
         self.qp.local.qp_num
     }
 }
 
-impl<P: Provider, S: State, T: Transport> core::error::Error for TransitionError<P, S, T> {}
+impl<P: Provider, St: State, T: Transport> core::error::Error for TransitionError<P, St, T> {}
 
-impl<P: Provider, S: State, T: Transport> fmt::Debug for QueuePair<P, S, T> {
+impl<P: Provider, St: State, T: Transport> fmt::Debug for QueuePair<P, St, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("QueuePair")
-            .field("state", &core::any::type_name::<S>())
+            .field("state", &core::any::type_name::<St>())
             .field("local", &self.local)
             .field("remote", &self.remote)
             .finish()
@@ -495,9 +495,9 @@ impl<P: Provider, T: Transport> QueuePair<P, ReadyToReceive, T> {
     /// # Safety
     /// As [`Provider::post_recv`]: the scatter memory stays valid and untouched by Rust
     /// references until each request completes.
-    pub unsafe fn post_recv<const S: usize>(
+    pub unsafe fn post_recv<const SGES: usize>(
         &self,
-        wrs: &[RecvWr<S>],
+        wrs: &[RecvWr<SGES>],
     ) -> Result<(), PostError<P::Error>> {
         // SAFETY: forwarded contract.
         unsafe { P::post_recv(&self.raw, wrs) }
@@ -509,9 +509,9 @@ impl<P: Provider, T: Transport> QueuePair<P, Init, T> {
     ///
     /// # Safety
     /// As [`Provider::post_recv`].
-    pub unsafe fn post_recv<const S: usize>(
+    pub unsafe fn post_recv<const SGES: usize>(
         &self,
-        wrs: &[RecvWr<S>],
+        wrs: &[RecvWr<SGES>],
     ) -> Result<(), PostError<P::Error>> {
         // SAFETY: forwarded contract.
         unsafe { P::post_recv(&self.raw, wrs) }
@@ -557,9 +557,9 @@ impl<P: Provider, T: Transport> QueuePair<P, ReadyToSend, T> {
     /// As [`Provider::post_send`]: the gather memory stays valid (and the memory that reads
     /// and atomics write stays untouched by Rust references) until each request completes.
     #[inline]
-    pub unsafe fn post_send<const S: usize>(
+    pub unsafe fn post_send<const SGES: usize>(
         &self,
-        wrs: &[SendWr<S>],
+        wrs: &[SendWr<SGES>],
     ) -> Result<(), PostError<P::Error>> {
         // SAFETY: forwarded contract.
         unsafe { P::post_send(&self.raw, wrs) }
@@ -570,16 +570,16 @@ impl<P: Provider, T: Transport> QueuePair<P, ReadyToSend, T> {
     /// # Safety
     /// As [`Provider::post_recv`].
     #[inline]
-    pub unsafe fn post_recv<const S: usize>(
+    pub unsafe fn post_recv<const SGES: usize>(
         &self,
-        wrs: &[RecvWr<S>],
+        wrs: &[RecvWr<SGES>],
     ) -> Result<(), PostError<P::Error>> {
         // SAFETY: forwarded contract.
         unsafe { P::post_recv(&self.raw, wrs) }
     }
 }
 
-impl<P: Provider, S: State, T: Transport> QueuePair<P, S, T> {
+impl<P: Provider, St: State, T: Transport> QueuePair<P, St, T> {
     /// How its device executes remote atomics (`ibv_device_attr.atomic_cap`, read when
     /// the queue pair was created).
     pub fn atomic_cap(&self) -> AtomicCap {
@@ -640,7 +640,7 @@ impl<P: Provider, S: State, T: Transport> QueuePair<P, S, T> {
     }
 
     /// Back to RESET, from any state: outstanding work is discarded without completions.
-    pub fn reset(self) -> Result<QueuePair<P, Reset, T>, TransitionError<P, S, T>> {
+    pub fn reset(self) -> Result<QueuePair<P, Reset, T>, TransitionError<P, St, T>> {
         self.transition(Ok(Transition::Reset))
     }
 
@@ -655,10 +655,10 @@ impl<P: Provider, S: State, T: Transport> QueuePair<P, S, T> {
         self.raw
     }
 
-    fn transition<S2: State>(
+    fn transition<To: State>(
         self,
         t: Result<Transition, Error<P::Error>>,
-    ) -> Result<QueuePair<P, S2, T>, TransitionError<P, S, T>> {
+    ) -> Result<QueuePair<P, To, T>, TransitionError<P, St, T>> {
         let t = match t {
             Err(error) => return Err(TransitionError { qp: self, error }),
             Ok(t) => t,

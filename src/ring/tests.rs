@@ -129,8 +129,8 @@ proptest! {
     // requests are pending, which outcomes are delivered (exactly once), and capacity.
     #[test]
     fn ring_matches_fifo_model(ops in proptest::collection::vec(op(), 1..200)) {
-        const N: usize = 4;
-        let mut r: Ring<W, N> = Ring::new();
+        const DEPTH: usize = 4;
+        let mut r: Ring<W, DEPTH> = Ring::new();
         // (seq, signaled, Some(ok) once completed, taken)
         let mut model: Vec<(u64, bool, Option<bool>, bool)> = Vec::new();
         for op in ops {
@@ -139,7 +139,7 @@ proptest! {
                     let in_flight = model.iter().position(|e| !e.3).map_or(0, |p| model.len() - p);
                     let res = r.stage(wr(), signaled);
                     r.clear_staged();
-                    if in_flight == N {
+                    if in_flight == DEPTH {
                         prop_assert!(res.is_err());
                     } else {
                         let seq = res.unwrap();
@@ -180,7 +180,29 @@ proptest! {
             let first_live = model.iter().position(|e| !e.3);
             let expect_in_flight = first_live.map_or(0, |p| model.len() - p);
             prop_assert_eq!(r.in_flight(), expect_in_flight);
-            prop_assert!(live <= N);
+            prop_assert!(live <= DEPTH);
         }
     }
+}
+
+#[test]
+fn a_signaled_completion_retires_the_unsignaled_before_it() {
+    use crate::types::{SendFlags, SendOp};
+    let mut ring: Ring<SendWr<2>, 4> = Ring::new();
+    let a = ring
+        .stage(SendWr::new(0, SendOp::Send, SendFlags::empty()), false)
+        .unwrap();
+    let b = ring
+        .stage(SendWr::new(0, SendOp::Send, SendFlags::SIGNALED), true)
+        .unwrap();
+    assert_eq!(ring.staged().len(), 2);
+    ring.clear_staged();
+    let wc = WorkCompletion {
+        wr_id: b,
+        ..WorkCompletion::EMPTY
+    };
+    ring.complete(&wc).unwrap();
+    assert!(ring.take(b).unwrap().is_ok());
+    assert!(!ring.holds(a));
+    assert!(ring.is_idle());
 }

@@ -114,8 +114,8 @@ impl<
 }
 
 /// Awaits an array of futures together; their outputs in the same order.
-struct JoinArray<F: Future, const N: usize> {
-    futs: [Slot<F>; N],
+struct JoinArray<F: Future, const PEERS: usize> {
+    futs: [Slot<F>; PEERS],
 }
 
 enum Slot<F: Future> {
@@ -124,16 +124,16 @@ enum Slot<F: Future> {
     Taken,
 }
 
-impl<F: Future, const N: usize> JoinArray<F, N> {
-    fn new(futs: [F; N]) -> Self {
+impl<F: Future, const PEERS: usize> JoinArray<F, PEERS> {
+    fn new(futs: [F; PEERS]) -> Self {
         JoinArray {
             futs: futs.map(Slot::Running),
         }
     }
 }
 
-impl<F: Future, const N: usize> Future for JoinArray<F, N> {
-    type Output = [F::Output; N];
+impl<F: Future, const PEERS: usize> Future for JoinArray<F, PEERS> {
+    type Output = [F::Output; PEERS];
 
     fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Self::Output> {
         // SAFETY: the futures are never moved out of the array: a finished one is dropped

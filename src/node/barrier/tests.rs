@@ -37,30 +37,6 @@ const fn mk(kind: MsgKind, epoch: u32, round: u8) -> Msg {
 }
 
 #[test]
-fn encode_decode_round_trip() {
-    for kind in [Arrive, Release, Round] {
-        for (epoch, round) in [(0, 0), (1, 3), (0xdead_beef, 255), (u32::MAX, 15)] {
-            let msg = mk(kind, epoch, round);
-            assert_eq!(Msg::decode(&msg.encode()), Ok(msg));
-        }
-    }
-    assert_eq!(mk(Round, 0x0102_0304, 5).encode(), [3, 5, 0, 0, 1, 2, 3, 4]);
-}
-
-#[test]
-fn decode_errors() {
-    use MsgError::*;
-    let d = Msg::decode;
-    assert_eq!(d(&[1; 7]), Err(Length { got: 7 }));
-    assert_eq!(d(&[1; 9]), Err(Length { got: 9 }));
-    assert_eq!(d(&[]), Err(Length { got: 0 }));
-    assert_eq!(d(&[0; 8]), Err(Kind(0)));
-    assert_eq!(d(&[4, 0, 0, 0, 0, 0, 0, 1]), Err(Kind(4)));
-    assert_eq!(d(&[1, 0, 0, 9, 0, 0, 0, 1]), Err(Reserved([0, 9])));
-    assert_eq!(d(&[2, 0, 7, 0, 0, 0, 0, 1]), Err(Reserved([7, 0])));
-}
-
-#[test]
 fn validation() {
     let new = |me, parts: &[u16]| BarrierMachine::<4>::new(Centralized, me, parts).map(drop);
     assert_eq!(new(1, &[]), Err(E::Empty));
@@ -253,9 +229,6 @@ fn rounds_formula() {
 fn errors_display() {
     use core::fmt::Write;
     let mut s = heapless::String::<128>::new();
-    write!(s, "{}", MsgError::Kind(7)).unwrap();
-    assert_eq!(s, "unknown barrier message kind 7");
-    s.clear();
     let msg = mk(Arrive, 1, 0);
     write!(s, "{}", E::Duplicate { from: 3, msg }).unwrap();
     assert!(s.starts_with("duplicate barrier message"));
@@ -263,7 +236,9 @@ fn errors_display() {
 
 /// Runs one barrier epoch of `ms` (indexed by rank) to completion, delivering messages in
 /// FIFO order; returns every (from, to, msg) in the order sent.
-fn run_epoch<const N: usize>(ms: &mut [BarrierMachine<N>]) -> std::vec::Vec<(u16, u16, Msg)> {
+fn run_epoch<const PEERS: usize>(
+    ms: &mut [BarrierMachine<PEERS>],
+) -> std::vec::Vec<(u16, u16, Msg)> {
     let mut queue = std::collections::VecDeque::new();
     let mut log = std::vec::Vec::new();
     for (r, b) in ms.iter_mut().enumerate() {

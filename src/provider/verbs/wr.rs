@@ -2,7 +2,7 @@
 //! and value assertions that make the translation cheap.
 //!
 //! Gather/scatter lists are not copied: an `ibv_send_wr` points straight into the
-//! [`SendWr`]'s own `[Sge; S]`, which is sound because [`Sge`] and `ibv_sge` have the same
+//! [`SendWr`]'s own `[Sge; SGES]`, which is sound because [`Sge`] and `ibv_sge` have the same
 //! layout (asserted below). Flags and access rights are passed through bit for bit (values
 //! asserted below), and completion statuses through [`WcStatus::from_raw`] (every named
 //! value asserted below; a value without a name stays [`WcStatus::Unknown`]).
@@ -15,7 +15,7 @@ use crate::types::{
     AccessFlags, RecvWr, SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
 };
 
-// `ibv_send_wr::sg_list` / `ibv_recv_wr::sg_list` point at our `[Sge; S]` arrays.
+// `ibv_send_wr::sg_list` / `ibv_recv_wr::sg_list` point at our `[Sge; SGES]` arrays.
 static_assertions::assert_eq_size!(Sge, ffi::ibv_sge);
 static_assertions::assert_eq_align!(Sge, ffi::ibv_sge);
 static_assertions::const_assert_eq!(offset_of!(Sge, addr), offset_of!(ffi::ibv_sge, addr));
@@ -81,7 +81,7 @@ same_status! {
 ///
 /// `out.sg_list` borrows `wr.sg_list`: `out` must not outlive `wr`, and the verbs library
 /// only reads through the pointer (the `*mut` is the C signature's).
-pub(super) fn send_wr<const S: usize>(wr: &SendWr<S>, out: &mut ffi::ibv_send_wr) {
+pub(super) fn send_wr<const SGES: usize>(wr: &SendWr<SGES>, out: &mut ffi::ibv_send_wr) {
     use ffi::ibv_wr_opcode as op;
     let sges = wr.sges();
     out.wr_id = wr.wr_id;
@@ -167,7 +167,7 @@ pub(super) fn send_wr<const S: usize>(wr: &SendWr<S>, out: &mut ffi::ibv_send_wr
 
 /// Fills `out` from `wr`; as [`send_wr`], `out.sg_list` borrows `wr.sg_list`. The verbs
 /// library reads the scatter list at post time and does not write it.
-pub(super) fn recv_wr<const S: usize>(wr: &RecvWr<S>, out: &mut ffi::ibv_recv_wr) {
+pub(super) fn recv_wr<const SGES: usize>(wr: &RecvWr<SGES>, out: &mut ffi::ibv_recv_wr) {
     let sges = wr.sges();
     out.wr_id = wr.wr_id;
     out.sg_list = sges.as_ptr().cast::<ffi::ibv_sge>().cast_mut();

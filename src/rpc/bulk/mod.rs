@@ -534,7 +534,7 @@ fn access() -> InitOptions {
 }
 
 /// A queue pair back to RESET, or lost if even that fails.
-fn idle<P: Provider, S: State>(qp: QueuePair<P, S>) -> Link<P> {
+fn idle<P: Provider, St: State>(qp: QueuePair<P, St>) -> Link<P> {
     match qp.reset() {
         Ok(qp) => Link::Idle(qp),
         Err(_) => Link::Lost,

@@ -4,27 +4,26 @@
 //! [`Provider`](provider::Provider) seam with two backends — the real verbs library and an
 //! in-process, deterministic simulator (`zverbs-sim`, feature `sim`).
 //!
-//! Layers, bottom to top (nothing imports upward):
+//! Layers, bottom to top; each imports only from the layers above it in this list:
 //!
-//! - [`provider`]: the seam: the verbs a real HCA offers.
-//! - [`qp`], [`cq`], [`mr`], [`ring`]: typestate queue pairs, completion queues, memory
-//!   regions, preallocated work-request rings; [`event`]: completion channels, to sleep
-//!   until a queue has work.
-//! - [`dispatch`]: completion queues shared by many channels; whoever polls routes each
-//!   completion to its channel's inbox, lock-free.
-//! - [`channel`]: one RC peer at three levels: blocking, scoped, unpolled; on completion
-//!   queues of its own or shared ones.
+//! - [`types`] (crate `zverbs-types`): the verbs vocabulary both backends share.
+//! - [`provider`]: the seam: the verbs a real HCA offers (`sim`, `verbs`).
+//! - [`device`], [`cq`], [`event`], [`mr`], [`qp`]: contexts and protection domains,
+//!   completion queues and channels, memory regions, typestate queue pairs (RC, UD).
+//! - `ring`, [`wr_id`]: a queue's work-request slots; what the library writes in a
+//!   `wr_id`.
+//! - [`dispatch`]: completion queues shared by many channels, routed lock-free.
+//! - [`pool`]: a registered slab carved into owned buffers ([`LocalBuf`]).
+//! - [`bootstrap`]: getting started with peers: the network configuration, endpoint
+//!   frames, the TCP exchanger.
+//! - [`channel`]: one RC peer at three levels: blocking, scoped, unpolled.
 //! - [`multi_channel`]: one channel per peer on shared completion queues; scatter/gather,
 //!   multicast.
-//! - [`node`]: rank, world, barriers, endpoint exchange.
-//! - [`pool`]: a registered slab carved into owned buffers ([`LocalBuf`]), for layers that
-//!   hand buffers to the device by value.
-//! - [`rpc`]: eRPC-style RPC: a sans-IO protocol core (sessions, credits, go-back-N,
-//!   at-most-once handlers) and an engine over UD queue pairs.
-//! - `tokio` (feature `tokio`): async operations on owned buffers, woken by completion
-//!   events, on completion queues of their own or shared ones (one reactor per shared
-//!   queue, completions routed through the dispatcher to each channel's inbox);
-//!   connections that lend and borrow registered memory.
+//! - [`node`]: rank, world, barriers.
+//! - [`rpc`]: eRPC-style RPC: a sans-IO protocol core ([`rpc::RpcCore`]) and an engine
+//!   over UD queue pairs, with a bulk path over RC.
+//! - `tokio` (feature `tokio`): async operations on owned buffers woken by completion
+//!   events, connections that lend and borrow registered memory, async RPC.
 //!
 //! ```
 //! # #[cfg(feature = "sim")] {

@@ -516,7 +516,9 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
             .map_err(|f| Error::QueueFull {
                 capacity: f.capacity,
             })?;
-        // SAFETY: as in `flush_sends`.
+        // SAFETY: the request was built from slices that borrow their memory regions until
+        // the blocking caller has waited for it (`Channel::wr`'s callers wait before
+        // returning).
         if let Err(e) = unsafe { self.qp.post_send(core::slice::from_ref(&self.wr)) } {
             self.sq.unreserve();
             return Err(Error::Provider {
@@ -529,7 +531,8 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
 
     fn post_recv_now(&mut self, wr: RecvWr<SGES>) -> Result<u64, Error<P::Error>> {
         let qp = &self.qp;
-        // SAFETY: as in `flush_sends`.
+        // SAFETY: `wr` was built from slices that borrow their memory exclusively until the
+        // blocking caller has waited for the receive.
         post_recv_one(&mut self.rq, wr, |wr| unsafe { qp.post_recv(wr) })
     }
 
@@ -564,7 +567,9 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
         if staged.is_empty() {
             return Ok(());
         }
-        // SAFETY: as in `flush_sends`.
+        // SAFETY: every staged receive was built from exclusive slices that stay borrowed
+        // until the caller waits for it (blocking calls and scopes wait before returning;
+        // unpolled callers promised to).
         match unsafe { self.qp.post_recv(staged) } {
             Ok(()) => {
                 self.rq.clear_staged();

@@ -298,7 +298,7 @@ mod fence {
         const REGISTER_PRIVATE_EXPEDITED: libc::c_long = 1 << 4;
         // SAFETY: membarrier takes integers and touches no memory of ours.
         let supported = unsafe { libc::syscall(libc::SYS_membarrier, QUERY, 0, 0) };
-        // SAFETY: as above.
+        // SAFETY: the register command, too, takes integers and touches no memory of ours.
         supported > 0
             && supported & PRIVATE_EXPEDITED != 0
             && unsafe { libc::syscall(libc::SYS_membarrier, REGISTER_PRIVATE_EXPEDITED, 0, 0) } == 0

@@ -47,11 +47,9 @@
 //! up front, so memory free in one class cannot serve another, and a workload whose sizes
 //! shift (bulk 64 KiB transfers, then small messages) runs out with most of the slab
 //! free. Buddy blocks serve every size from one slab and coalesce back, with the same
-//! worst-case internal fragmentation as power-of-two classes (under 2×). What it costs,
-//! measured (`benches/pool.rs`, 2-core VM): an alloc+free pair takes 43 ns when the free
-//! lists hold a block of the size (the steady state), against 30 ns for the floor of a
-//! size-class pool (the same lock twice, a stack pop and push, the `Arc` clone); 90–190
-//! ns when it splits a 16 MiB slab all the way down and merges it back (its worst case).
+//! worst-case internal fragmentation as power-of-two classes (under 2×). What an
+//! alloc + free pair costs, warm and when it splits a slab all the way down, is in
+//! BENCHMARKS.md (`benches/pool.rs`).
 //!
 //! Why a `Mutex` and not a spin lock: a spin lock (one locked instruction per lock instead
 //! of two) measured 33 ns a pair on one thread but 260–300 ns a pair with two threads

@@ -219,32 +219,34 @@ impl Drop for Ah {
     }
 }
 
-// SAFETY: libibverbs objects may be used from any thread, and concurrently: the verbs
-// library and its providers serialise access to each queue with their own locks
-// (`ibv_post_send`/`ibv_post_recv`/`ibv_poll_cq` are thread-safe per the verbs API). The
-// handles are otherwise immutable after creation.
+// libibverbs objects may be used from any thread, and concurrently: the verbs library and
+// its providers serialise access to each object with their own locks, and the handles
+// are immutable after creation. Each line below names what its object's users do.
+//
+// SAFETY: the context is only passed to verbs calls (open/query/alloc/create), thread-safe.
 unsafe impl Send for ContextInner {}
-// SAFETY: as above.
+// SAFETY: shared use only passes the context pointer to thread-safe verbs calls.
 unsafe impl Sync for ContextInner {}
-// SAFETY: as above.
+// SAFETY: the PD is only passed to `ibv_reg_mr`/`ibv_create_qp`/`ibv_create_ah`, thread-safe.
 unsafe impl Send for PdInner {}
-// SAFETY: as above.
+// SAFETY: shared use only passes the PD pointer to those calls.
 unsafe impl Sync for PdInner {}
-// SAFETY: as above; the registration does not own the memory (the caller's contract does).
+// SAFETY: the registration holds keys and a pointer it never dereferences; the memory is
+// the caller's (its contract with `register` says who may touch it).
 unsafe impl Send for Mr {}
-// SAFETY: as above.
+// SAFETY: shared use only reads the keys and the address.
 unsafe impl Sync for Mr {}
-// SAFETY: as above.
+// SAFETY: `ibv_poll_cq`, `ibv_req_notify_cq` and destroy may run on any thread.
 unsafe impl Send for CqInner {}
-// SAFETY: as above.
+// SAFETY: concurrent `ibv_poll_cq` calls on one CQ are serialised by the provider's CQ lock.
 unsafe impl Sync for CqInner {}
-// SAFETY: as above.
+// SAFETY: `ibv_post_send`/`ibv_post_recv`/`ibv_modify_qp` may run on any thread.
 unsafe impl Send for Qp {}
-// SAFETY: as above.
+// SAFETY: concurrent posts on one QP are serialised by the provider's queue locks.
 unsafe impl Sync for Qp {}
-// SAFETY: as above.
+// SAFETY: an address handle is immutable after creation; only destroy touches it.
 unsafe impl Send for Ah {}
-// SAFETY: as above.
+// SAFETY: shared use only passes the handle's pointer into datagram work requests.
 unsafe impl Sync for Ah {}
 
 fn mtu(v: ffi::ibv_mtu) -> Mtu {
@@ -725,7 +727,9 @@ impl Provider for Verbs {
         for (c, batch) in wrs.chunks(CHAIN).enumerate() {
             let base = link(&mut chain, batch, wr::recv_wr, |w, n| w.next = n);
             let mut bad: *mut ffi::ibv_recv_wr = ptr::null_mut();
-            // SAFETY: as in `post_send`, through the op table's `post_recv`.
+            // SAFETY: `base` heads a linked chain in `chain` (alive across the call) whose entries
+            // point at the callers' SGE arrays; the caller upholds `Provider::post_recv` for
+            // the memory they name; `bad` is a valid out-pointer.
             let ret = unsafe { (qp.post_recv)(qp.qp.as_ptr(), base, &mut bad) };
             if ret != 0 {
                 return Err(PostError {

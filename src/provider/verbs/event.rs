@@ -35,7 +35,8 @@ impl Drop for ChannelInner {
 // SAFETY: the channel is a descriptor and immutable fields after creation;
 // `ibv_get_cq_event` on it may be called from any thread (the kernel serialises reads).
 unsafe impl Send for ChannelInner {}
-// SAFETY: as above.
+// SAFETY: shared use reads the descriptor and calls `ibv_get_cq_event`, which the kernel
+// serialises.
 unsafe impl Sync for ChannelInner {}
 
 /// A completion channel (`ibv_comp_channel`) with a non-blocking descriptor.
@@ -63,7 +64,7 @@ pub(super) fn create(ctx: &Arc<ContextInner>) -> Result<CompChannel, VerbsError>
     };
     // SAFETY: `fd` is the channel's open descriptor; F_GETFL/F_SETFL take and return ints.
     let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-    // SAFETY: as above.
+    // SAFETY: `fd` is open (as for F_GETFL); F_SETFL takes the flags as an int.
     if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
         return Err(VerbsError::last_os("fcntl(O_NONBLOCK)"));
     }

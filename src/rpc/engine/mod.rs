@@ -491,7 +491,8 @@ impl<P: Provider> Rpc<P> {
                     }
                 }
             };
-            // SAFETY: as above.
+            // SAFETY: the same completed slot as `bytes` above, not yet reposted; `len >= GRH`
+            // (clamped) keeps the part inside it.
             let bytes = unsafe { self.rx.part(slot + GRH, len - GRH) };
             self.core.handle_packet(now, from, bytes);
         }

@@ -184,7 +184,8 @@ mod tests {
     #[test]
     fn the_process_sees_other_threads() {
         let before = process::stats();
-        std::thread::spawn(|| drop(vec![0u8; 1 << 20]))
+        // `black_box`: a release build may otherwise elide an allocation it never reads.
+        std::thread::spawn(|| drop(std::hint::black_box(vec![0u8; 1 << 20])))
             .join()
             .unwrap();
         let after = process::stats();

@@ -88,7 +88,8 @@ pub mod types;
 pub mod wr_id;
 
 pub use channel::{
-    Channel, ChannelConfig, CqLayout, Pending, PostedReceive, PreparedChannel, Scope, WaitPolicy,
+    Channel, ChannelConfig, CqLayout, Op, Pending, PostedReceive, PreparedChannel, Scope,
+    WaitPolicy,
 };
 pub use cq::CompletionQueue;
 pub use device::{Context, ProtectionDomain};

@@ -330,6 +330,14 @@ impl LocalSliceMut<'_> {
     pub fn is_empty(&self) -> bool {
         self.sge.length == 0
     }
+    /// The same slice, borrowed for as long as this one is: to post it in an operation and
+    /// read it after that operation completed.
+    pub fn reborrow(&mut self) -> LocalSliceMut<'_> {
+        LocalSliceMut {
+            sge: self.sge,
+            _b: PhantomData,
+        }
+    }
     /// Reads the first 8 bytes as a native-endian `u64` (the result of an atomic).
     pub(crate) fn read_u64(&self) -> Option<u64> {
         if self.sge.length < 8 {

@@ -1,19 +1,35 @@
-//! The blocking level: post one work request and wait for its completion.
+//! The blocking level: post one operation and wait for its completion. [`execute`]
+//! posts any [`Op`]; the named methods are sugar over it.
+//!
+//! [`execute`]: Channel::execute
 
+use super::op::{Local, Op};
 use super::*;
 
 impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES> {
+    /// Posts `op` and waits until it completed (for a send or write: until the peer's HCA
+    /// acknowledged it). Only its success is reported: an atomic's previous value is in
+    /// its result slice ([`fetch_add`](Self::fetch_add) reads it for you).
+    ///
+    /// This inlines into the sugar below, which inlines into its callers: a post+poll then
+    /// costs no frame of its own (saved registers, the request and the result passed
+    /// through memory).
+    #[inline(always)]
+    pub fn execute<L: Iterator<Item: Local>>(
+        &mut self,
+        op: Op<'_, L>,
+    ) -> Result<(), Error<P::Error>> {
+        let seq = self.post_send_seq(op)?;
+        self.wait_fresh(Queue::Send, seq, drop)
+    }
+
     /// Sends the concatenation of `data` and waits until the peer's HCA acknowledged it.
     #[inline]
     pub fn send<'a>(
         &mut self,
         data: impl IntoIterator<Item = LocalSlice<'a>>,
     ) -> Result<(), Error<P::Error>> {
-        self.blocking_send(
-            data.into_iter().map(|s| s.sge()),
-            SendOp::Send,
-            SendFlags::empty(),
-        )
+        self.execute(Op::send(data))
     }
 
     /// Sends `data` with 32 bits of immediate data for the receiver.
@@ -22,24 +38,13 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
         data: impl IntoIterator<Item = LocalSlice<'a>>,
         imm: u32,
     ) -> Result<(), Error<P::Error>> {
-        self.blocking_send(
-            data.into_iter().map(|s| s.sge()),
-            SendOp::SendWithImm(imm),
-            SendFlags::empty(),
-        )
+        self.execute(Op::send_with_imm(data, imm))
     }
 
     /// Sends `bytes` inline: the HCA copies them at post time, so they need no registration.
     /// At most `QpConfig::caps.max_inline_data` bytes.
     pub fn send_inline(&mut self, bytes: &[u8]) -> Result<(), Error<P::Error>> {
-        let length = u32::try_from(bytes.len())
-            .map_err(|_| Error::InvalidAttribute("inline data too long"))?;
-        let sge = Sge {
-            addr: bytes.as_ptr() as u64,
-            length,
-            lkey: 0,
-        };
-        self.blocking_send([sge], SendOp::Send, SendFlags::INLINE)
+        self.execute(Op::send_inline(bytes))
     }
 
     /// Posts one receive into `data` and waits for a message. Returns its length and
@@ -48,12 +53,7 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
         &mut self,
         data: impl IntoIterator<Item = LocalSliceMut<'a>>,
     ) -> Result<Completion, Error<P::Error>> {
-        let (sg_list, num_sge, _) = self.sges(data.into_iter().map(|s| s.sge()))?;
-        let seq = self.post_recv_now(RecvWr {
-            wr_id: 0,
-            sg_list,
-            num_sge,
-        })?;
+        let seq = self.post_recv_seq(data.into_iter().map(|s| s.sge()))?;
         self.wait_fresh(Queue::Recv, seq, |c| c)
     }
 
@@ -64,8 +64,7 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
         data: impl IntoIterator<Item = LocalSlice<'a>>,
         remote: &RemoteRegion,
     ) -> Result<(), Error<P::Error>> {
-        let op = remote.write_op();
-        self.blocking_rdma(data.into_iter().map(|s| s.sge()), remote, op)
+        self.execute(Op::write(data, remote))
     }
 
     /// Writes `data` to `remote` and hands `imm` to a receive at the peer.
@@ -75,8 +74,7 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
         remote: &RemoteRegion,
         imm: u32,
     ) -> Result<(), Error<P::Error>> {
-        let op = remote.write_with_imm_op(imm);
-        self.blocking_rdma(data.into_iter().map(|s| s.sge()), remote, op)
+        self.execute(Op::write_with_imm(data, remote, imm))
     }
 
     /// Reads from the start of `remote` into `data`.
@@ -85,76 +83,31 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
         data: impl IntoIterator<Item = LocalSliceMut<'a>>,
         remote: &RemoteRegion,
     ) -> Result<(), Error<P::Error>> {
-        let op = remote.read_op();
-        self.blocking_rdma(data.into_iter().map(|s| s.sge()), remote, op)
+        self.execute(Op::read(data, remote))
     }
 
     /// Adds `add` to the `u64` at the start of `remote`; returns the previous value, which
     /// also lands in `result` (8 bytes).
     pub fn fetch_add(
         &mut self,
-        result: LocalSliceMut<'_>,
+        mut result: LocalSliceMut<'_>,
         remote: &RemoteRegion,
         add: u64,
     ) -> Result<u64, Error<P::Error>> {
-        let op = remote.fetch_add_op(add);
-        self.blocking_atomic(result, remote, op)
+        self.execute(Op::fetch_add(result.reborrow(), remote, add))?;
+        Ok(result.read_u64().unwrap_or_default())
     }
 
     /// Replaces the `u64` at the start of `remote` with `swap` if it equals `compare`;
     /// returns the previous value, which also lands in `result` (8 bytes).
     pub fn compare_swap(
         &mut self,
-        result: LocalSliceMut<'_>,
+        mut result: LocalSliceMut<'_>,
         remote: &RemoteRegion,
         compare: u64,
         swap: u64,
     ) -> Result<u64, Error<P::Error>> {
-        let op = remote.compare_swap_op(compare, swap);
-        self.blocking_atomic(result, remote, op)
-    }
-
-    fn blocking_atomic(
-        &mut self,
-        result: LocalSliceMut<'_>,
-        remote: &RemoteRegion,
-        op: SendOp,
-    ) -> Result<u64, Error<P::Error>> {
-        if result.len() != 8 {
-            return Err(Error::InvalidAttribute(
-                "an atomic's result slice must be 8 bytes",
-            ));
-        }
-        self.qp.check_atomics()?;
-        self.blocking_rdma([result.sge()], remote, op)?;
+        self.execute(Op::compare_swap(result.reborrow(), remote, compare, swap))?;
         Ok(result.read_u64().unwrap_or_default())
-    }
-
-    /// Posts one signaled send work request and waits for it. Only its success is
-    /// reported: none of these operations has anything else to say.
-    ///
-    /// This and [`blocking_send`](Self::blocking_send) inline into the public calls, which
-    /// inline into their callers: a post+poll then costs no frame of its own (saved
-    /// registers, the request and the result passed through memory).
-    #[inline(always)]
-    fn blocking_rdma(
-        &mut self,
-        sges: impl IntoIterator<Item = Sge>,
-        remote: &RemoteRegion,
-        op: SendOp,
-    ) -> Result<(), Error<P::Error>> {
-        let seq = self.post_send_seq(sges, op, SendFlags::empty(), Some(remote))?;
-        self.wait_fresh(Queue::Send, seq, drop)
-    }
-
-    #[inline(always)]
-    fn blocking_send(
-        &mut self,
-        sges: impl IntoIterator<Item = Sge>,
-        op: SendOp,
-        flags: SendFlags,
-    ) -> Result<(), Error<P::Error>> {
-        let seq = self.post_send_seq(sges, op, flags, None)?;
-        self.wait_fresh(Queue::Send, seq, drop)
     }
 }

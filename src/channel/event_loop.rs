@@ -100,7 +100,7 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
         flags: SendFlags,
         remote: Option<&RemoteRegion>,
     ) -> Result<Pending, Error<P::Error>> {
-        let seq = self.post_send_seq([sge], op, flags, remote)?;
+        let seq = self.post_sges_seq([sge], op, flags, remote.copied(), false)?;
         Ok(self.pending(Queue::Send, seq))
     }
 

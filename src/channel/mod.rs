@@ -44,6 +44,7 @@ mod blocking;
 mod by_seq;
 #[cfg(all(feature = "tokio", unix))]
 mod event_loop;
+mod op;
 mod path;
 mod poll;
 mod prepared;
@@ -55,6 +56,7 @@ pub(crate) mod wait;
 
 pub use wait::WaitPolicy;
 
+pub use op::{Inline, Local, Op};
 pub use prepared::PreparedChannel;
 pub use scope::{PostedReceive, Scope};
 

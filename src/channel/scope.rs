@@ -3,13 +3,13 @@
 
 use core::marker::PhantomData;
 
+use super::op::{Local, Op};
 use super::wait::Waiter;
 use super::{Channel, Queue};
 use crate::error::Error;
 use crate::mr::{LocalSlice, LocalSliceMut, RemoteRegion};
 use crate::provider::Provider;
 use crate::ring::Completion;
-use crate::types::{SendOp, SendWr, Sge};
 
 /// A receive staged in a [`Scope`]: redeem it, once, with [`Scope::wait_receive`] for its
 /// completion.
@@ -115,13 +115,27 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
 }
 
 impl<'env, P: Provider, const DEPTH: usize, const SGES: usize> Scope<'env, P, DEPTH, SGES> {
+    /// Stages `op`; returns its `wr_id`. The scope's one way to post on the send queue: the
+    /// named methods below are sugar over it.
+    #[inline]
+    pub fn post<L: Iterator<Item: Local>>(
+        &mut self,
+        op: Op<'env, L>,
+    ) -> Result<u64, Error<P::Error>> {
+        let wr = self.ch.send_wr(op)?;
+        if self.ch.is_full(Queue::Send) {
+            self.make_room(Queue::Send)?;
+        }
+        self.ch.stage_send(wr)
+    }
+
     /// Stages a send of the concatenation of `data`. Returns its `wr_id`.
     #[inline]
     pub fn post_send(
         &mut self,
         data: impl IntoIterator<Item = LocalSlice<'env>>,
     ) -> Result<u64, Error<P::Error>> {
-        self.stage_send(data.into_iter().map(|s| s.sge()), SendOp::Send)
+        self.post(Op::send(data))
     }
 
     /// Stages a send with immediate data.
@@ -131,7 +145,7 @@ impl<'env, P: Provider, const DEPTH: usize, const SGES: usize> Scope<'env, P, DE
         data: impl IntoIterator<Item = LocalSlice<'env>>,
         imm: u32,
     ) -> Result<u64, Error<P::Error>> {
-        self.stage_send(data.into_iter().map(|s| s.sge()), SendOp::SendWithImm(imm))
+        self.post(Op::send_with_imm(data, imm))
     }
 
     /// Stages an RDMA write of `data` to the start of `remote`.
@@ -141,8 +155,7 @@ impl<'env, P: Provider, const DEPTH: usize, const SGES: usize> Scope<'env, P, DE
         data: impl IntoIterator<Item = LocalSlice<'env>>,
         remote: &RemoteRegion,
     ) -> Result<u64, Error<P::Error>> {
-        let op = remote.write_op();
-        self.stage_rdma(data.into_iter().map(|s| s.sge()), remote, op)
+        self.post(Op::write(data, remote))
     }
 
     /// Stages an RDMA write with immediate data.
@@ -153,8 +166,7 @@ impl<'env, P: Provider, const DEPTH: usize, const SGES: usize> Scope<'env, P, DE
         remote: &RemoteRegion,
         imm: u32,
     ) -> Result<u64, Error<P::Error>> {
-        let op = remote.write_with_imm_op(imm);
-        self.stage_rdma(data.into_iter().map(|s| s.sge()), remote, op)
+        self.post(Op::write_with_imm(data, remote, imm))
     }
 
     /// Stages an RDMA read from the start of `remote` into `data`.
@@ -164,8 +176,7 @@ impl<'env, P: Provider, const DEPTH: usize, const SGES: usize> Scope<'env, P, DE
         data: impl IntoIterator<Item = LocalSliceMut<'env>>,
         remote: &RemoteRegion,
     ) -> Result<u64, Error<P::Error>> {
-        let op = remote.read_op();
-        self.stage_rdma(data.into_iter().map(|s| s.sge()), remote, op)
+        self.post(Op::read(data, remote))
     }
 
     /// Stages a fetch-and-add; the previous value lands in `result` (8 bytes).
@@ -176,9 +187,7 @@ impl<'env, P: Provider, const DEPTH: usize, const SGES: usize> Scope<'env, P, DE
         remote: &RemoteRegion,
         add: u64,
     ) -> Result<u64, Error<P::Error>> {
-        self.ch.qp.check_atomics()?;
-        let op = remote.fetch_add_op(add);
-        self.stage_rdma([result.sge()], remote, op)
+        self.post(Op::fetch_add(result, remote, add))
     }
 
     /// Stages a compare-and-swap; the previous value lands in `result` (8 bytes).
@@ -190,9 +199,7 @@ impl<'env, P: Provider, const DEPTH: usize, const SGES: usize> Scope<'env, P, DE
         compare: u64,
         swap: u64,
     ) -> Result<u64, Error<P::Error>> {
-        self.ch.qp.check_atomics()?;
-        let op = remote.compare_swap_op(compare, swap);
-        self.stage_rdma([result.sge()], remote, op)
+        self.post(Op::compare_swap(result, remote, compare, swap))
     }
 
     /// Stages a receive into `data`. The handle may be given to
@@ -266,35 +273,6 @@ impl<'env, P: Provider, const DEPTH: usize, const SGES: usize> Scope<'env, P, DE
     /// request is signaled.
     pub fn ring_doorbell(&mut self) -> Result<(), Error<P::Error>> {
         self.ch.ring_doorbell(&mut self.waiter)
-    }
-
-    #[inline]
-    fn stage_rdma(
-        &mut self,
-        sges: impl IntoIterator<Item = Sge>,
-        remote: &RemoteRegion,
-        op: SendOp,
-    ) -> Result<u64, Error<P::Error>> {
-        let wr = self.ch.send_wr(sges, op, Some(remote))?;
-        self.stage_wr(wr)
-    }
-
-    #[inline]
-    fn stage_send(
-        &mut self,
-        sges: impl IntoIterator<Item = Sge>,
-        op: SendOp,
-    ) -> Result<u64, Error<P::Error>> {
-        let wr = self.ch.send_wr(sges, op, None)?;
-        self.stage_wr(wr)
-    }
-
-    #[inline]
-    fn stage_wr(&mut self, wr: SendWr<SGES>) -> Result<u64, Error<P::Error>> {
-        if self.ch.is_full(Queue::Send) {
-            self.make_room(Queue::Send)?;
-        }
-        self.ch.stage_send(wr)
     }
 
     /// The ring is full: post what is staged and wait for this scope's work so far. Work

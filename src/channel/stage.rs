@@ -3,34 +3,39 @@
 //! one chain whose last send is signaled, and settle a caller's requests in posting order.
 //! A caller keeps the memory its staged requests name borrowed until it settled them.
 
+use super::op::{Local, Op};
 use super::wait::Waiter;
 use super::{Channel, Queue};
 use crate::error::Error;
-use crate::mr::RemoteRegion;
 use crate::provider::Provider;
 use crate::ring::Completion;
-use crate::types::{RecvWr, SendFlags, SendOp, SendWr, Sge};
+use crate::types::{RecvWr, SendWr, Sge};
 
 impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES> {
-    /// A send work request (unsignaled) of the entries `sges`; for RDMA and atomic
-    /// operations `remote` is checked to hold their bytes first.
+    /// The send work request (unsignaled) of `op`, checked as every level checks it
+    /// ([`admit`](Self::admit)).
     #[inline]
-    pub(crate) fn send_wr(
+    pub(crate) fn send_wr<L: Iterator<Item: Local>>(
         &self,
-        sges: impl IntoIterator<Item = Sge>,
-        op: SendOp,
-        remote: Option<&RemoteRegion>,
+        op: Op<'_, L>,
     ) -> Result<SendWr<SGES>, Error<P::Error>> {
-        let (sg_list, num_sge, len) = self.sges(sges)?;
-        if let Some(remote) = remote {
-            super::by_seq::fits(remote, len)?;
-        }
+        let Op {
+            local,
+            op,
+            flags,
+            room,
+            remote,
+            atomic,
+            ..
+        } = op;
+        let (sg_list, num_sge, len) = self.sges(local.map(|l| l.entry()))?;
+        self.admit(room, remote, atomic, len)?;
         Ok(SendWr {
             wr_id: 0,
             sg_list,
             num_sge,
             op,
-            flags: SendFlags::empty(),
+            flags,
         })
     }
 

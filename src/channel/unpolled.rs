@@ -20,7 +20,7 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
         op: SendOp,
         flags: SendFlags,
     ) -> Result<Pending, Error<P::Error>> {
-        let seq = self.post_send_seq(sges.iter().copied(), op, flags, None)?;
+        let seq = self.post_sges_seq(sges.iter().copied(), op, flags, None, false)?;
         Ok(Pending {
             seq,
             queue: Queue::Send,

@@ -468,7 +468,7 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
         for (p, send, sge, op, remote) in items {
             let r = self.peer(p).and_then(|ch| {
                 if send {
-                    ch.post_send_seq([sge], op, SendFlags::empty(), remote)
+                    ch.post_sges_seq([sge], op, SendFlags::empty(), remote.copied(), false)
                 } else {
                     ch.post_recv_seq([sge])
                 }

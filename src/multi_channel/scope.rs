@@ -5,11 +5,10 @@ use core::marker::PhantomData;
 
 use super::MultiChannel;
 use crate::channel::wait::Waiter;
-use crate::channel::Queue;
+use crate::channel::{Local, Op, Queue};
 use crate::error::Error;
 use crate::mr::{LocalSlice, LocalSliceMut, RemoteRegion};
 use crate::provider::Provider;
-use crate::types::{SendOp, Sge};
 
 /// Posts work to many peers inside [`MultiChannel::scope`]. Every buffer handed to it
 /// stays borrowed for `'env`, which outlives the scope, so buffers cannot be touched or
@@ -105,19 +104,30 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
 impl<'env, P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
     MultiScope<'env, P, PEERS, DEPTH, SGES>
 {
+    /// Posts `op` to `peer`; returns its `wr_id`. The scope's one way to post on a send
+    /// queue: the named methods below are sugar over it.
+    pub fn post<L: Iterator<Item: Local>>(
+        &mut self,
+        peer: usize,
+        op: Op<'env, L>,
+    ) -> Result<u64, Error<P::Error>> {
+        let ch = self.mc.peer(peer)?;
+        let wr = ch.send_wr(op)?;
+        if ch.is_full(Queue::Send) {
+            self.make_room(peer, Queue::Send)?;
+        }
+        let seq = self.mc.peer(peer)?.stage_send(wr)?;
+        self.from.at(Queue::Send, peer).get_or_insert(seq);
+        Ok(seq)
+    }
+
     /// Posts a send of the concatenation of `data` to `peer`. Returns its `wr_id`.
     pub fn post_send(
         &mut self,
         peer: usize,
         data: impl IntoIterator<Item = LocalSlice<'env>>,
     ) -> Result<u64, Error<P::Error>> {
-        self.post(
-            peer,
-            Queue::Send,
-            data.into_iter().map(|s| s.sge()),
-            SendOp::Send,
-            None,
-        )
+        self.post(peer, Op::send(data))
     }
 
     /// Posts a send with immediate data to `peer`.
@@ -127,14 +137,7 @@ impl<'env, P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usiz
         data: impl IntoIterator<Item = LocalSlice<'env>>,
         imm: u32,
     ) -> Result<u64, Error<P::Error>> {
-        let op = SendOp::SendWithImm(imm);
-        self.post(
-            peer,
-            Queue::Send,
-            data.into_iter().map(|s| s.sge()),
-            op,
-            None,
-        )
+        self.post(peer, Op::send_with_imm(data, imm))
     }
 
     /// Posts the same `data` to every peer in `peers`.
@@ -156,14 +159,7 @@ impl<'env, P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usiz
         data: impl IntoIterator<Item = LocalSlice<'env>>,
         remote: &RemoteRegion,
     ) -> Result<u64, Error<P::Error>> {
-        let op = remote.write_op();
-        self.post(
-            peer,
-            Queue::Send,
-            data.into_iter().map(|s| s.sge()),
-            op,
-            Some(remote),
-        )
+        self.post(peer, Op::write(data, remote))
     }
 
     /// Posts an RDMA read from the start of `remote` at `peer` into `data`.
@@ -173,14 +169,7 @@ impl<'env, P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usiz
         data: impl IntoIterator<Item = LocalSliceMut<'env>>,
         remote: &RemoteRegion,
     ) -> Result<u64, Error<P::Error>> {
-        let op = remote.read_op();
-        self.post(
-            peer,
-            Queue::Send,
-            data.into_iter().map(|s| s.sge()),
-            op,
-            Some(remote),
-        )
+        self.post(peer, Op::read(data, remote))
     }
 
     /// Posts a receive into `data` from `peer`.
@@ -189,41 +178,13 @@ impl<'env, P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usiz
         peer: usize,
         data: impl IntoIterator<Item = LocalSliceMut<'env>>,
     ) -> Result<u64, Error<P::Error>> {
-        self.post(
-            peer,
-            Queue::Recv,
-            data.into_iter().map(|s| s.sge()),
-            SendOp::Send,
-            None,
-        )
-    }
-
-    fn post(
-        &mut self,
-        peer: usize,
-        queue: Queue,
-        sges: impl IntoIterator<Item = Sge>,
-        op: SendOp,
-        remote: Option<&RemoteRegion>,
-    ) -> Result<u64, Error<P::Error>> {
         let ch = self.mc.peer(peer)?;
-        let seq = match queue {
-            Queue::Send => {
-                let wr = ch.send_wr(sges, op, remote)?;
-                if ch.is_full(queue) {
-                    self.make_room(peer, queue)?;
-                }
-                self.mc.peer(peer)?.stage_send(wr)?
-            }
-            Queue::Recv => {
-                let wr = ch.recv_wr(sges)?;
-                if ch.is_full(queue) {
-                    self.make_room(peer, queue)?;
-                }
-                self.mc.peer(peer)?.stage_recv(wr)?
-            }
-        };
-        self.from.at(queue, peer).get_or_insert(seq);
+        let wr = ch.recv_wr(data.into_iter().map(|s| s.sge()))?;
+        if ch.is_full(Queue::Recv) {
+            self.make_room(peer, Queue::Recv)?;
+        }
+        let seq = self.mc.peer(peer)?.stage_recv(wr)?;
+        self.from.at(Queue::Recv, peer).get_or_insert(seq);
         Ok(seq)
     }
 

@@ -1,0 +1,129 @@
+//! One operation value ([`Op`]) at every level: the same value posted blocking, in a
+//! scope and to a peer of a multi-peer scope behaves the same, and is checked the same
+//! way before it is posted.
+#![cfg(feature = "sim")]
+
+mod common;
+mod world;
+
+use std::time::Duration;
+
+use zverbs::provider::sim::Sim;
+use zverbs::{AccessFlags, Error, MemoryRegion, Op, ProtectionDomain};
+
+fn register<'a>(pd: &ProtectionDomain<Sim>, buf: &'a mut [u8]) -> MemoryRegion<'a, Sim> {
+    // SAFETY: each test reads the buffers through the region only after the operations
+    // that target them have completed.
+    unsafe { pd.register_with_access(buf, AccessFlags::all()) }.unwrap()
+}
+
+#[test]
+fn every_operation_lands_the_same_blocking_and_scoped() {
+    let (mut a, mut b) = common::default_pair();
+    let mut target = [0u8; 32];
+    let target = register(&b.pd, &mut target);
+    let remote = target.remote();
+    let mut src = *b"0123456789abcdef";
+    let src = a.pd.register(&mut src).unwrap();
+    let mut result = [0u8; 16];
+    let mut result = register(&a.pd, &mut result);
+
+    a.ch.execute(Op::write([src.slice(..8).unwrap()], &remote))
+        .unwrap();
+    a.ch.scope(|s| {
+        s.post(Op::write([src.slice(8..).unwrap()], &remote.slice(8..16)?))?;
+        s.post(Op::fetch_add(
+            result.slice_mut(..8)?,
+            &remote.slice(16..24)?,
+            5,
+        ))?;
+        Ok(())
+    })
+    .unwrap();
+    let (first, second) = result.slice_mut(..).unwrap().split_at(8).unwrap();
+    a.ch.execute(Op::fetch_add(second, &remote.slice(16..24).unwrap(), 2))
+        .unwrap();
+    a.ch.execute(Op::compare_swap(
+        first,
+        &remote.slice(16..24).unwrap(),
+        7,
+        1,
+    ))
+    .unwrap();
+    let mut inbox = [0u8; 16];
+    let mut inbox = b.pd.register(&mut inbox).unwrap();
+    std::thread::scope(|t| {
+        let got = t.spawn(|| b.ch.receive([inbox.slice_mut(..).unwrap()]).unwrap());
+        a.ch.scope(|s| s.post(Op::send_inline(b"inline")).map(drop))
+            .unwrap();
+        assert_eq!(got.join().unwrap().byte_len, 6);
+    });
+    assert_eq!(&inbox.as_slice()[..6], b"inline");
+    assert_eq!(&target.as_slice()[..16], b"0123456789abcdef");
+    assert_eq!(
+        u64::from_ne_bytes(target.as_slice()[16..24].try_into().unwrap()),
+        1,
+        "0 + 5 + 2, then swapped for 1"
+    );
+    // The previous values: 0 before the scope's add, 5 before the blocking one, 7 before
+    // the swap.
+    let got = |i: usize| u64::from_ne_bytes(result.as_slice()[i..i + 8].try_into().unwrap());
+    assert_eq!((got(0), got(8)), (7, 5));
+}
+
+#[test]
+fn an_atomic_needs_an_eight_byte_result_at_every_level() {
+    let (mut a, b) = common::default_pair();
+    let mut target = [0u8; 8];
+    let target = register(&b.pd, &mut target);
+    let remote = target.remote();
+    let mut result = [0u8; 16];
+    let mut result = register(&a.pd, &mut result);
+    let bad = |e: Error<_>| matches!(e, Error::InvalidAttribute(_));
+
+    let e =
+        a.ch.execute(Op::fetch_add(result.slice_mut(..4).unwrap(), &remote, 1))
+            .unwrap_err();
+    assert!(bad(e), "{e}");
+    let e =
+        a.ch.scope(|s| s.post(Op::fetch_add(result.slice_mut(..16)?, &remote, 1)))
+            .unwrap_err();
+    assert!(bad(e), "{e}");
+    let e =
+        a.ch.scope(|s| s.post_compare_swap(result.slice_mut(..0)?, &remote, 0, 1))
+            .unwrap_err();
+    assert!(bad(e), "{e}");
+    // Nothing was posted: the target is untouched and the channel still works.
+    assert_eq!(
+        a.ch.fetch_add(result.slice_mut(..8).unwrap(), &remote, 3),
+        Ok(0)
+    );
+    assert_eq!(target.as_slice(), 3u64.to_ne_bytes());
+}
+
+#[test]
+fn a_multi_peer_scope_posts_any_operation_to_any_peer() {
+    let cfg = world::config(
+        zverbs::node::barrier::Algorithm::Dissemination,
+        Duration::from_secs(10),
+    );
+    let mut nodes = world::world::<4>(3, &cfg);
+    let mut counters = [[0u8; 8], [0u8; 8]];
+    let [c1, c2] = &mut counters;
+    let regions = [register(&nodes[1].0, c1), register(&nodes[2].0, c2)];
+    let remotes = [regions[0].remote(), regions[1].remote()];
+    let mut results = [0u8; 16];
+    let (pd, node) = &mut nodes[0];
+    let mut results = register(pd, &mut results);
+    let (x, y) = results.slice_mut(..).unwrap().split_at(8).unwrap();
+    node.channels()
+        .scope(|s| {
+            s.post(1, Op::fetch_add(x, &remotes[0], 11))?;
+            s.post(2, Op::compare_swap(y, &remotes[1], 0, 22))?;
+            Ok(())
+        })
+        .unwrap();
+    drop(regions);
+    assert_eq!(counters, [11u64.to_ne_bytes(), 22u64.to_ne_bytes()]);
+    assert_eq!(results.as_slice(), [0u8; 16]);
+}

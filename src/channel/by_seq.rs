@@ -88,19 +88,11 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
     /// calls).
     pub(crate) fn wait_posted_within(
         &mut self,
-        send: bool,
+        queue: Queue,
         seq: u64,
         waiter: &mut Waiter,
     ) -> Result<Completion, Error<P::Error>> {
-        self.wait_seq_within(queue(send), seq, waiter)
-    }
-}
-
-fn queue(send: bool) -> Queue {
-    if send {
-        Queue::Send
-    } else {
-        Queue::Recv
+        self.wait_seq_within(queue, seq, waiter)
     }
 }
 

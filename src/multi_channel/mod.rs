@@ -60,6 +60,7 @@ mod scope;
 pub use scope::MultiScope;
 
 use crate::channel::wait::Waiter;
+use crate::channel::Queue;
 use crate::channel::{Channel, ChannelConfig, Pending, PreparedChannel};
 use crate::device::{Context, ProtectionDomain};
 use crate::error::{Error, ErrorKind, ProviderError};
@@ -242,8 +243,11 @@ impl<const PEERS: usize> Posted<PEERS> {
         }
     }
 
-    pub(crate) fn record(&mut self, peer: usize, send: bool, seq: u64) {
-        let spans = if send { &mut self.send } else { &mut self.recv };
+    pub(crate) fn record(&mut self, peer: usize, queue: Queue, seq: u64) {
+        let spans = match queue {
+            Queue::Send => &mut self.send,
+            Queue::Recv => &mut self.recv,
+        };
         let span = spans[peer].get_or_insert(Span {
             first: seq,
             last: seq,
@@ -389,7 +393,7 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
         self.collective(
             sends
                 .into_iter()
-                .map(|(p, s)| (p, true, s.sge(), SendOp::Send, None::<&RemoteRegion>)),
+                .map(|(p, s)| (p, Queue::Send, s.sge(), SendOp::Send, None::<&RemoteRegion>)),
         )
         .map(drop)
     }
@@ -424,7 +428,7 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
             return Err(self.peer_error(p, error));
         }
         self.collective(
-            (0..PEERS).filter_map(|p| sges[p].map(|sge| (p, false, sge, SendOp::Send, None))),
+            (0..PEERS).filter_map(|p| sges[p].map(|sge| (p, Queue::Recv, sge, SendOp::Send, None))),
         )
     }
 
@@ -435,7 +439,7 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
     ) -> Result<(), PeerError<P::Error>> {
         self.collective(writes.into_iter().map(|(p, s, remote)| {
             let op = remote.write_op();
-            (p, true, s.sge(), op, Some(remote))
+            (p, Queue::Send, s.sge(), op, Some(remote))
         }))
         .map(drop)
     }
@@ -447,7 +451,7 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
     ) -> Result<(), PeerError<P::Error>> {
         self.collective(reads.into_iter().map(|(p, s, remote)| {
             let op = remote.read_op();
-            (p, true, s.sge(), op, Some(remote))
+            (p, Queue::Send, s.sge(), op, Some(remote))
         }))
         .map(drop)
     }
@@ -456,25 +460,24 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
     /// posted, within one timeout (plus the grace) for the whole call, recording each
     /// peer's outcome. The first refused post wins, then the lowest failed peer.
     ///
-    /// Items are `(peer, is_send, sge, op, remote)`; callers hold the borrows of the sges'
+    /// Items are `(peer, queue, sge, op, remote)`; callers hold the borrows of the sges'
     /// memory for the whole call, which returns only after all posted work completed.
     fn collective<'r>(
         &mut self,
-        items: impl Iterator<Item = (usize, bool, Sge, SendOp, Option<&'r RemoteRegion>)>,
+        items: impl Iterator<Item = (usize, Queue, Sge, SendOp, Option<&'r RemoteRegion>)>,
     ) -> Result<[Option<Completion>; PEERS], PeerError<P::Error>> {
         self.outcomes.iter_mut().for_each(|o| *o = None);
         let mut posted = Posted::<PEERS>::new();
         let mut refused = None;
-        for (p, send, sge, op, remote) in items {
-            let r = self.peer(p).and_then(|ch| {
-                if send {
+        for (p, queue, sge, op, remote) in items {
+            let r = self.peer(p).and_then(|ch| match queue {
+                Queue::Send => {
                     ch.post_sges_seq([sge], op, SendFlags::empty(), remote.copied(), false)
-                } else {
-                    ch.post_recv_seq([sge])
                 }
+                Queue::Recv => ch.post_recv_seq([sge]),
             });
             match r {
-                Ok(seq) => posted.record(p, send, seq),
+                Ok(seq) => posted.record(p, queue, seq),
                 Err(e) => {
                     refused = Some(self.peer_error(p, e));
                     break;
@@ -513,12 +516,12 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
             let Some(ch) = slot.as_mut() else {
                 continue;
             };
-            for (send, span) in [(true, posted.send[p]), (false, posted.recv[p])] {
+            for (queue, span) in [(Queue::Send, posted.send[p]), (Queue::Recv, posted.recv[p])] {
                 let Some(span) = span else { continue };
                 for seq in span.first..=span.last {
-                    let r = ch.wait_posted_within(send, seq, waiter);
+                    let r = ch.wait_posted_within(queue, seq, waiter);
                     match (r, outcome.get_or_insert(Ok(None))) {
-                        (Ok(c), Ok(got)) if !send => *got = Some(c),
+                        (Ok(c), Ok(got)) if queue == Queue::Recv => *got = Some(c),
                         (Ok(_), _) => {}
                         (Err(e), o @ Ok(_)) => {
                             if first.is_none() {

@@ -77,6 +77,12 @@ impl State for Init {}
 impl State for ReadyToReceive {}
 impl State for ReadyToSend {}
 
+/// A state in which receives may be posted: [`Init`] and after. Sealed.
+pub trait Receiving: State {}
+impl Receiving for Init {}
+impl Receiving for ReadyToReceive {}
+impl Receiving for ReadyToSend {}
+
 /// A queue pair's transport, known at compile time. Sealed: [`Rc`] and [`Ud`] are all
 /// there is. The states and posting are the same for both; creation and the transitions
 /// differ (a UD queue pair has a Q_Key and no peer).
@@ -489,26 +495,13 @@ impl<P: Provider> QueuePair<P, ReadyToReceive> {
     }
 }
 
-impl<P: Provider, T: Transport> QueuePair<P, ReadyToReceive, T> {
-    /// Posts a chain of receive work requests with one doorbell.
+impl<P: Provider, St: Receiving, T: Transport> QueuePair<P, St, T> {
+    /// Posts a chain of receive work requests with one doorbell: from [`Init`] on.
     ///
     /// # Safety
     /// As [`Provider::post_recv`]: the scatter memory stays valid and untouched by Rust
     /// references until each request completes.
-    pub unsafe fn post_recv<const SGES: usize>(
-        &self,
-        wrs: &[RecvWr<SGES>],
-    ) -> Result<(), PostError<P::Error>> {
-        // SAFETY: forwarded contract.
-        unsafe { P::post_recv(&self.raw, wrs) }
-    }
-}
-
-impl<P: Provider, T: Transport> QueuePair<P, Init, T> {
-    /// Posts a chain of receive work requests with one doorbell.
-    ///
-    /// # Safety
-    /// As [`Provider::post_recv`].
+    #[inline]
     pub unsafe fn post_recv<const SGES: usize>(
         &self,
         wrs: &[RecvWr<SGES>],
@@ -563,19 +556,6 @@ impl<P: Provider, T: Transport> QueuePair<P, ReadyToSend, T> {
     ) -> Result<(), PostError<P::Error>> {
         // SAFETY: forwarded contract.
         unsafe { P::post_send(&self.raw, wrs) }
-    }
-
-    /// Posts a chain of receive work requests with one doorbell.
-    ///
-    /// # Safety
-    /// As [`Provider::post_recv`].
-    #[inline]
-    pub unsafe fn post_recv<const SGES: usize>(
-        &self,
-        wrs: &[RecvWr<SGES>],
-    ) -> Result<(), PostError<P::Error>> {
-        // SAFETY: forwarded contract.
-        unsafe { P::post_recv(&self.raw, wrs) }
     }
 }
 

@@ -82,6 +82,8 @@ pub mod ring;
 #[cfg(feature = "std")]
 pub mod rpc;
 mod sync;
+#[cfg(feature = "sim")]
+pub mod testing;
 #[cfg(all(feature = "tokio", unix))]
 pub mod tokio;
 pub mod types;

@@ -410,13 +410,8 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
     /// ```
     /// # use zverbs::provider::sim::Sim;
     /// # use zverbs::{Channel, ChannelConfig, Context, QpState};
-    /// # let sim = Sim::with_devices(2);
-    /// # let (ca, cb) = (Context::open(&sim, "sim0").unwrap(), Context::open(&sim, "sim1").unwrap());
-    /// # let (pa, pb) = (ca.alloc_pd().unwrap(), cb.alloc_pd().unwrap());
-    /// # let a = Channel::<Sim>::prepare(&ca, &pa, &ChannelConfig::default()).unwrap();
-    /// # let b = Channel::<Sim>::prepare(&cb, &pb, &ChannelConfig::default()).unwrap();
-    /// # let (ea, eb) = (a.endpoint(), b.endpoint());
-    /// # let (a, b) = (a.connect(&eb).unwrap(), b.connect(&ea).unwrap());
+    /// # let p = zverbs::testing::Pair::<64, 4>::connected(&ChannelConfig::default()).unwrap();
+    /// # let (pa, pb, a, b) = (p.a.pd, p.b.pd, p.a.ch, p.b.ch);
     /// a.queue_pair().set_error().unwrap(); // say the link failed
     /// let (a, b) = (a.reset().unwrap(), b.reset().unwrap());
     /// let (ea, eb) = (a.endpoint(), b.endpoint());
@@ -455,13 +450,8 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
     /// # use zverbs::provider::sim::Sim;
     /// # use zverbs::{Channel, ChannelConfig, Context};
     /// # use std::time::Duration;
-    /// # let sim = Sim::with_devices(2);
-    /// # let (ca, cb) = (Context::open(&sim, "sim0").unwrap(), Context::open(&sim, "sim1").unwrap());
-    /// # let (pa, pb) = (ca.alloc_pd().unwrap(), cb.alloc_pd().unwrap());
-    /// # let a = Channel::<Sim>::prepare(&ca, &pa, &ChannelConfig::default()).unwrap();
-    /// # let b = Channel::<Sim>::prepare(&cb, &pb, &ChannelConfig::default()).unwrap();
-    /// # let (ea, eb) = (a.endpoint(), b.endpoint());
-    /// # let (a, b) = (a.connect(&eb).unwrap(), b.connect(&ea).unwrap());
+    /// # let p = zverbs::testing::Pair::<64, 4>::connected(&ChannelConfig::default()).unwrap();
+    /// # let (pa, pb, a, b) = (p.a.pd, p.b.pd, p.a.ch, p.b.ch);
     /// a.close(Duration::from_secs(1)).unwrap(); // nothing in flight: returns at once
     /// # drop(b);
     /// ```

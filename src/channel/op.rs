@@ -86,13 +86,8 @@ impl Local for Inline<'_> {
 /// ```
 /// # use zverbs::provider::sim::Sim;
 /// # use zverbs::{AccessFlags, Channel, ChannelConfig, Context};
-/// # let sim = Sim::with_devices(2);
-/// # let (ca, cb) = (Context::open(&sim, "sim0")?, Context::open(&sim, "sim1")?);
-/// # let (pa, pb) = (ca.alloc_pd()?, cb.alloc_pd()?);
-/// # let a = Channel::<Sim>::prepare(&ca, &pa, &ChannelConfig::default())?;
-/// # let b = Channel::<Sim>::prepare(&cb, &pb, &ChannelConfig::default())?;
-/// # let (ea, eb) = (a.endpoint(), b.endpoint());
-/// # let (mut a, _b) = (a.connect(&eb)?, b.connect(&ea)?);
+/// # let p = zverbs::testing::Pair::<64, 4>::connected(&ChannelConfig::default())?;
+/// # let (pa, pb, mut a, _b) = (p.a.pd, p.b.pd, p.a.ch, p.b.ch);
 /// use zverbs::Op;
 ///
 /// let mut target = [0u8; 8];

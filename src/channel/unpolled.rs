@@ -69,13 +69,8 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
     /// ```
     /// # use zverbs::provider::sim::Sim;
     /// # use zverbs::{Channel, ChannelConfig, Context};
-    /// # let sim = Sim::with_devices(2);
-    /// # let (ca, cb) = (Context::open(&sim, "sim0").unwrap(), Context::open(&sim, "sim1").unwrap());
-    /// # let (pa, pb) = (ca.alloc_pd().unwrap(), cb.alloc_pd().unwrap());
-    /// # let a = Channel::<Sim>::prepare(&ca, &pa, &ChannelConfig::default()).unwrap();
-    /// # let b = Channel::<Sim>::prepare(&cb, &pb, &ChannelConfig::default()).unwrap();
-    /// # let (ea, eb) = (a.endpoint(), b.endpoint());
-    /// # let (mut a, mut b) = (a.connect(&eb).unwrap(), b.connect(&ea).unwrap());
+    /// # let p = zverbs::testing::Pair::<64, 4>::connected(&ChannelConfig::default()).unwrap();
+    /// # let (pa, pb, mut a, mut b) = (p.a.pd, p.b.pd, p.a.ch, p.b.ch);
     /// let mut inbox = [0u8; 8];
     /// let mut inbox = pb.register(&mut inbox).unwrap();
     /// let sge = inbox.slice_mut(..).unwrap().sge();
@@ -123,13 +118,8 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
     /// ```
     /// # use zverbs::provider::sim::Sim;
     /// # use zverbs::{Channel, ChannelConfig, Context, Error, SendFlags, SendOp};
-    /// # let sim = Sim::with_devices(2);
-    /// # let (ca, cb) = (Context::open(&sim, "sim0").unwrap(), Context::open(&sim, "sim1").unwrap());
-    /// # let (pa, pb) = (ca.alloc_pd().unwrap(), cb.alloc_pd().unwrap());
-    /// # let a = Channel::<Sim>::prepare(&ca, &pa, &ChannelConfig::default()).unwrap();
-    /// # let b = Channel::<Sim>::prepare(&cb, &pb, &ChannelConfig::default()).unwrap();
-    /// # let (ea, eb) = (a.endpoint(), b.endpoint());
-    /// # let (mut a, mut b) = (a.connect(&eb).unwrap(), b.connect(&ea).unwrap());
+    /// # let p = zverbs::testing::Pair::<64, 4>::connected(&ChannelConfig::default()).unwrap();
+    /// # let (pa, pb, mut a, mut b) = (p.a.pd, p.b.pd, p.a.ch, p.b.ch);
     /// let mut inbox = [0u8; 8];
     /// let mut inbox = pb.register(&mut inbox).unwrap();
     /// let mut msg = *b"pong";

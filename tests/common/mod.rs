@@ -7,15 +7,11 @@ pub mod rt;
 use std::time::Duration;
 
 use zverbs::provider::sim::Sim;
-use zverbs::{AccessFlags, Channel, ChannelConfig, Context, ProtectionDomain};
+use zverbs::{AccessFlags, ChannelConfig};
 
 pub const ALL: AccessFlags = AccessFlags::all();
 
-pub struct Side<const N: usize> {
-    pub ctx: Context<Sim>,
-    pub pd: ProtectionDomain<Sim>,
-    pub ch: Channel<Sim, N, 4>,
-}
+pub use zverbs::testing::{Pair, Side};
 
 /// Two channels on devices sim0 and sim1, connected to each other.
 pub fn pair<const N: usize>(timeout: Duration) -> (Side<N>, Side<N>) {
@@ -33,27 +29,8 @@ pub fn pair_on<const N: usize>(
     a_cfg: &ChannelConfig,
     b_cfg: &ChannelConfig,
 ) -> (Side<N>, Side<N>) {
-    let (ca, cb) = (
-        Context::open(sim, "sim0").unwrap(),
-        Context::open(sim, "sim1").unwrap(),
-    );
-    let (pa, pb) = (ca.alloc_pd().unwrap(), cb.alloc_pd().unwrap());
-    let a = Channel::<Sim, N, 4>::prepare(&ca, &pa, a_cfg).unwrap();
-    let b = Channel::<Sim, N, 4>::prepare(&cb, &pb, b_cfg).unwrap();
-    let (ea, eb) = (a.endpoint(), b.endpoint());
-    let (a, b) = (a.connect(&eb).unwrap(), b.connect(&ea).unwrap());
-    (
-        Side {
-            ctx: ca,
-            pd: pa,
-            ch: a,
-        },
-        Side {
-            ctx: cb,
-            pd: pb,
-            ch: b,
-        },
-    )
+    let p = Pair::connected_on(sim, a_cfg, b_cfg).unwrap();
+    (p.a, p.b)
 }
 
 pub fn default_pair() -> (Side<16>, Side<16>) {

@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
-use zverbs::node::{barrier::Algorithm, Node, NodeConfig};
+use zverbs::node::{barrier::Algorithm, NodeConfig};
 use zverbs::provider::sim::Sim;
-use zverbs::{Context, ProtectionDomain};
+use zverbs::testing::{Rank, World};
 
 pub const ALGORITHMS: [Algorithm; 3] = [
     Algorithm::Centralized,
@@ -22,35 +22,12 @@ pub fn config(alg: Algorithm, timeout: Duration) -> NodeConfig {
 }
 
 /// `n` connected nodes, rank `i` on device `sim{i}`, each with its protection domain.
-pub fn world<const N: usize>(
-    n: usize,
-    cfg: &NodeConfig,
-) -> Vec<(ProtectionDomain<Sim>, Node<Sim, N, 16, 2>)> {
-    world_in(&Sim::with_devices(n), n, cfg)
+pub fn world<const N: usize>(n: usize, cfg: &NodeConfig) -> Vec<Rank<N, 16, 2>> {
+    World::connected(n, cfg).unwrap().ranks
 }
 
 /// As [`world`], on `sim` (which has at least `n` devices), so that a test can reach its
 /// fabric.
-pub fn world_in<const N: usize>(
-    sim: &Sim,
-    n: usize,
-    cfg: &NodeConfig,
-) -> Vec<(ProtectionDomain<Sim>, Node<Sim, N, 16, 2>)> {
-    let mut pds = Vec::new();
-    let mut prepared = Vec::new();
-    for r in 0..n {
-        let ctx = Context::open(sim, &format!("sim{r}")).unwrap();
-        let pd = ctx.alloc_pd().unwrap();
-        prepared.push(Node::<Sim, N, 16, 2>::prepare(&ctx, &pd, r, n, cfg).unwrap());
-        pds.push(pd);
-    }
-    let eps: Vec<Vec<_>> = prepared
-        .iter()
-        .map(|p| (0..n).map(|peer| p.endpoints(peer).ok()).collect())
-        .collect();
-    pds.into_iter()
-        .zip(prepared)
-        .enumerate()
-        .map(|(r, (pd, p))| (pd, p.connect(|peer| eps[peer][r]).unwrap()))
-        .collect()
+pub fn world_in<const N: usize>(sim: &Sim, n: usize, cfg: &NodeConfig) -> Vec<Rank<N, 16, 2>> {
+    World::connected_on(sim, n, cfg).unwrap().ranks
 }

@@ -54,6 +54,12 @@
 //! assert_eq!(in1.as_slice(), b"to-one..");
 //! assert_eq!(in2.as_slice(), b"to-two..");
 //! ```
+//!
+//! Map (one file: the collectives share the post-all-then-wait-all machinery): the
+//! prepared and connected types; outcomes ([`PeerError`], [`PeerPending`], `Posted`);
+//! set-up and access (`prepare`, `peer`, `channels_mut`); the collectives
+//! (`scatter_*`, `gather_*`, `multicast_send`) over one `collective` and `wait_all`; the
+//! unpolled level (`post_*_unpolled`, `wait`). The scope is in `scope.rs`.
 
 mod scope;
 

@@ -29,6 +29,13 @@
 //! # let _ = prepared;
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+//!
+//! Map (one file: the `Provider` impl must be read whole to check it against the verbs
+//! API): the device list; the owned handles (`ContextInner` … `Ah`, each destroyed once
+//! by `Drop`, with their `Send`/`Sync` contracts); `impl Provider for Verbs`, verb by verb
+//! in the trait's order; the posting helpers (`well_formed`, `link`, `bad_index`).
+//! Errors, completion channels, GID selection and work-request translation are in
+//! `verbs/`.
 
 mod error;
 mod event;

@@ -1,5 +1,12 @@
 //! A connection to one peer that lends and borrows registered memory: async-rdma's
 //! remote-region exchange, with leases that end. See [`Connection`].
+//!
+//! Map (one file: the connection's state machine and its control protocol share one lock
+//! and one set of invariants, and read best side by side): [`RemoteError`] and
+//! [`RemoteBuf`] (a borrowed region, lease ended on drop); [`Connection`] with its API
+//! (`connect`/`listen`, `request_remote`, `send_*`, `receive_*`); `Inner`, the shared
+//! state (`lend`/`unlend`, the wait loop `watch`, `end` on the first protocol violation);
+//! `answer`, the serve task that grants or refuses a peer's asks.
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;

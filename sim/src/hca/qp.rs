@@ -8,6 +8,11 @@
 //! the state kept here.
 //!
 //! Its work queues are in `wq.rs`; where its receive queue lives, in `rq.rs`.
+//!
+//! Map (one file: posting, the transitions and the responder's state guard one object):
+//! the responder's state and its atomic cache; [`QpObj`] and its accessors; the verbs
+//! state machine (`transition`); posting (`post_send`, `post_recv`, `queue_send`) and the
+//! checks each post makes.
 
 use super::mem::{copy, Dst, Spans, Src};
 use super::net::Net;

@@ -1,4 +1,5 @@
 use super::*;
+use crate::error::ErrorKind;
 use Algorithm::*;
 use BarrierError as E;
 use MsgKind::{Arrive, Release, Round};

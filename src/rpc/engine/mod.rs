@@ -34,6 +34,12 @@
 //! (a refused connect's peer right after the refusal), so peers that come and go do not
 //! fill the table. Session packets are always signaled; a peer whose session ended
 //! without one (an idle client dropped) waits for the next signaled send.
+//!
+//! Map (one file: the event loop's steps share the engine's rings and counters): [`Rpc`]
+//! and its API (`new`, sessions, handlers, `enqueue_request`, `run_event_loop*`); the peer
+//! table (`peer`); the loop's steps in order: `post_receives`, `receive` (completions to
+//! the core), `dispatch` (events to handlers), `transmit` (the core's datagrams, one
+//! doorbell). Settings and errors are in `config.rs`, the bulk path's hooks in `large.rs`.
 
 use std::time::{Duration, Instant};
 

@@ -399,6 +399,12 @@ impl<W: WorkRequest, const DEPTH: usize> Ring<W, DEPTH> {
         Some(split(done))
     }
 
+    /// The completion opcode of the request with sequence number `seq`, as its slot holds
+    /// it (a slot keeps it until it is reused).
+    pub fn opcode(&self, seq: u64) -> WcOpcode {
+        self.slots[(seq % DEPTH as u64) as usize].opcode
+    }
+
     /// Whether `seq` is in the ring: waiting for its completion, or completed with its
     /// outcome not yet taken.
     pub fn holds(&self, seq: u64) -> bool {

@@ -9,7 +9,7 @@ mod world;
 use std::time::Duration;
 
 use zverbs::provider::sim::Sim;
-use zverbs::{AccessFlags, Error, MemoryRegion, Op, ProtectionDomain};
+use zverbs::{AccessFlags, Error, MemoryRegion, Op, ProtectionDomain, WcOpcode, WcStatus};
 
 fn register<'a>(pd: &ProtectionDomain<Sim>, buf: &'a mut [u8]) -> MemoryRegion<'a, Sim> {
     // SAFETY: each test reads the buffers through the region only after the operations
@@ -126,4 +126,46 @@ fn a_multi_peer_scope_posts_any_operation_to_any_peer() {
     drop(regions);
     assert_eq!(counters, [11u64.to_ne_bytes(), 22u64.to_ne_bytes()]);
     assert_eq!(results.as_slice(), [0u8; 16]);
+}
+
+#[test]
+fn a_scope_hands_back_its_sends_completions() {
+    let (mut a, b) = common::default_pair();
+    let mut target = [0u8; 16];
+    let target = register(&b.pd, &mut target);
+    let remote = target.remote();
+    let mut src = *b"abcdefgh";
+    let src = a.pd.register(&mut src).unwrap();
+    let forged = zverbs::RemoteRegion {
+        rkey: remote.rkey ^ 0x100,
+        ..remote
+    };
+    let (first, last, refused) =
+        a.ch.scope(|s| {
+            let one = s.post(Op::write([src.slice(..4)?], &remote))?;
+            let two = s.post(Op::write([src.slice(4..)?], &remote.slice(4..)?))?;
+            // The first was not its batch's signaled last: the second's completion says it
+            // is done.
+            let first = s.wait_send(one)?;
+            let last = s.wait_send(two)?;
+            // Taken once: asking again is refused, as is an id from before the scope.
+            let again = s.wait_send(two).unwrap_err();
+            assert!(matches!(again, Error::InvalidAttribute(_)), "{again}");
+            let bad = s.post(Op::write([src.slice(..4)?], &forged))?;
+            let refused = s.wait_send(bad).unwrap_err();
+            Ok((first, last, refused))
+        })
+        .map_err(|e| e.to_string())
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        (first.status, last.status),
+        (WcStatus::Success, WcStatus::Success)
+    );
+    assert_eq!(
+        (first.opcode, last.opcode),
+        (WcOpcode::RdmaWrite, WcOpcode::RdmaWrite)
+    );
+    let c = refused.completion().expect("the device's verdict");
+    assert_eq!(c.status, WcStatus::RemAccessErr);
+    assert_eq!(&target.as_slice()[..8], b"abcdefgh");
 }

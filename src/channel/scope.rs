@@ -10,6 +10,7 @@ use crate::error::Error;
 use crate::mr::{LocalSlice, LocalSliceMut, RemoteRegion};
 use crate::provider::Provider;
 use crate::ring::Completion;
+use crate::types::WcStatus;
 
 /// A receive staged in a [`Scope`]: redeem it, once, with [`Scope::wait_receive`] for its
 /// completion.
@@ -257,6 +258,38 @@ impl<'env, P: Provider, const DEPTH: usize, const SGES: usize> Scope<'env, P, DE
         self.ring_doorbell()?;
         self.ch
             .wait_seq_within(Queue::Recv, wr_id, &mut self.waiter)
+    }
+
+    /// Waits for the send-queue operation `wr_id` staged in this scope (what
+    /// [`post`](Self::post) returned) and returns its completion, as
+    /// [`wait_receive`](Self::wait_receive) does for a receive: rings the doorbell first,
+    /// takes the outcome (the scope's end does not report it again), shares the scope's
+    /// one bound. An operation that was not its batch's signaled last completes when a
+    /// later one does (selective signaling): its completion then says success with its
+    /// opcode, and no byte count (the device reported none for it).
+    ///
+    /// An id that is not a send of this scope still to be waited for is an
+    /// [`Error::InvalidAttribute`].
+    pub fn wait_send(&mut self, wr_id: u64) -> Result<Completion, Error<P::Error>> {
+        if wr_id < self.send_from || !self.ch.holds(Queue::Send, wr_id) {
+            return Err(Error::InvalidAttribute(
+                "not a send of this scope still to be waited for",
+            ));
+        }
+        let opcode = self.ch.sq.opcode(wr_id);
+        self.ring_doorbell()?;
+        self.ch.wait_quiet(Queue::Send, wr_id, &mut self.waiter)?;
+        match self.ch.take(Queue::Send, wr_id) {
+            Some(r) => r,
+            // Retired by a later request's completion: it succeeded (an RC queue completes
+            // in order, and an error completes the request that failed, signaled or not).
+            None => Ok(Completion {
+                status: WcStatus::Success,
+                opcode,
+                byte_len: 0,
+                imm: None,
+            }),
+        }
     }
 
     /// Posts everything staged: receives as one chain, then sends as one chain whose last

@@ -41,16 +41,15 @@
 //! A complete two-thread exchange is in `examples/pingpong.rs`.
 
 mod blocking;
-mod by_seq;
 #[cfg(all(feature = "tokio", unix))]
 mod event_loop;
 mod op;
 mod path;
 mod poll;
+mod post;
 mod prepared;
 mod scope;
 mod source;
-mod stage;
 mod unpolled;
 pub(crate) mod wait;
 
@@ -233,67 +232,6 @@ impl Pending {
     }
 }
 
-/// Takes a slot of `rq` for `wr` and posts it by itself with `post` (outside a staged
-/// batch; one doorbell); gives the slot back if the post fails. Returns the `wr_id`.
-pub(crate) fn post_recv_one<E, const DEPTH: usize, const SGES: usize>(
-    rq: &mut Ring<RecvWr<SGES>, DEPTH>,
-    mut wr: RecvWr<SGES>,
-    post: impl FnOnce(&[RecvWr<SGES>]) -> Result<(), crate::provider::PostError<E>>,
-) -> Result<u64, Error<E>> {
-    let seq = rq.reserve(&mut wr, true).map_err(|f| Error::QueueFull {
-        capacity: f.capacity,
-    })?;
-    if let Err(e) = post(core::slice::from_ref(&wr)) {
-        rq.unreserve();
-        return Err(Error::Provider {
-            op: "ibv_post_recv",
-            source: e.error,
-        });
-    }
-    Ok(seq)
-}
-
-/// Collects up to `SGES` entries from `it`, or says how many were given.
-pub(crate) fn collect_sges<const SGES: usize>(
-    it: impl IntoIterator<Item = Sge>,
-) -> Result<([Sge; SGES], u8), (usize, usize)> {
-    gather(it).map(|(list, n, _)| (list, n))
-}
-
-/// As [`collect_sges`], with the total length of the entries (summed as they come, not
-/// in a second pass).
-#[inline]
-fn gather<const SGES: usize>(
-    it: impl IntoIterator<Item = Sge>,
-) -> Result<([Sge; SGES], u8, u64), (usize, usize)> {
-    let mut out = [Sge::default(); SGES];
-    gather_into(&mut out, it).map(|(n, len)| (out, n, len))
-}
-
-/// As [`gather`], into `out`; entries past the count returned are left as they were (on
-/// error, some may have been overwritten).
-#[inline(always)]
-fn gather_into<const SGES: usize>(
-    out: &mut [Sge; SGES],
-    it: impl IntoIterator<Item = Sge>,
-) -> Result<(u8, u64), (usize, usize)> {
-    let mut n = 0usize;
-    let mut len = 0u64;
-    for sge in it {
-        // Only entries that fit are summed: at most SGES < 2^32 lengths below 2^32 each, so
-        // the total cannot overflow however long the iterator (an error then anyway).
-        if n < SGES {
-            out[n] = sge;
-            len += u64::from(sge.length);
-        }
-        n = n.saturating_add(1);
-    }
-    if n > SGES || n > u8::MAX as usize {
-        return Err((n, SGES.min(u8::MAX as usize)));
-    }
-    Ok((n as u8, len))
-}
-
 impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES> {
     /// Creates the queue pair and two completion queues of its own, and moves the queue
     /// pair to INIT.
@@ -473,108 +411,6 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
         match self.sq.pending_count() {
             0 => Ok(()),
             sends => Err(self.quiesce(waiter, Error::Undrained { sends })),
-        }
-    }
-
-    // ---- machinery ----
-
-    /// Collects the entries of one work request and their total length.
-    #[allow(clippy::type_complexity)]
-    fn sges(
-        &self,
-        it: impl IntoIterator<Item = Sge>,
-    ) -> Result<([Sge; SGES], u8, u64), Error<P::Error>> {
-        gather(it).map_err(|(given, max)| Error::TooManySges { given, max })
-    }
-
-    /// Collects the entries of one send into [`wr`](Channel::wr); returns their count and
-    /// total length. Its other fields are left as they were.
-    #[inline(always)]
-    fn sges_in_place(
-        &mut self,
-        it: impl IntoIterator<Item = Sge>,
-    ) -> Result<(u8, u64), Error<P::Error>> {
-        gather_into(&mut self.wr.sg_list, it)
-            .map_err(|(given, max)| Error::TooManySges { given, max })
-    }
-
-    /// Posts the request built in [`wr`](Channel::wr) by itself: nothing is staged outside
-    /// a scope, so it needs no trip through the staged batch.
-    #[inline(always)]
-    fn post_send_now(&mut self) -> Result<u64, Error<P::Error>> {
-        let seq = self
-            .sq
-            .reserve(&mut self.wr, true)
-            .map_err(|f| Error::QueueFull {
-                capacity: f.capacity,
-            })?;
-        // SAFETY: the request was built from slices that borrow their memory regions until
-        // the blocking caller has waited for it (`Channel::wr`'s callers wait before
-        // returning).
-        if let Err(e) = unsafe { self.qp.post_send(core::slice::from_ref(&self.wr)) } {
-            self.sq.unreserve();
-            return Err(Error::Provider {
-                op: "ibv_post_send",
-                source: e.error,
-            });
-        }
-        Ok(seq)
-    }
-
-    fn post_recv_now(&mut self, wr: RecvWr<SGES>) -> Result<u64, Error<P::Error>> {
-        let qp = &self.qp;
-        // SAFETY: `wr` was built from slices that borrow their memory exclusively until the
-        // blocking caller has waited for the receive.
-        post_recv_one(&mut self.rq, wr, |wr| unsafe { qp.post_recv(wr) })
-    }
-
-    /// Posts the staged sends as one chain (one doorbell).
-    pub(crate) fn flush_sends(&mut self) -> Result<(), Error<P::Error>> {
-        let staged = self.sq.staged();
-        if staged.is_empty() {
-            return Ok(());
-        }
-        // SAFETY: every staged request was built from slices that borrow their memory
-        // regions for at least as long as the caller waits for the request (blocking calls
-        // and scopes wait before returning; unpolled callers promised to).
-        match unsafe { self.qp.post_send(staged) } {
-            Ok(()) => {
-                self.sq.clear_staged();
-                Ok(())
-            }
-            Err(e) => {
-                let unposted = staged.len() - e.index;
-                self.sq.unstage(unposted);
-                Err(Error::Provider {
-                    op: "ibv_post_send",
-                    source: e.error,
-                })
-            }
-        }
-    }
-
-    /// Posts the staged receives as one chain (one doorbell).
-    pub(crate) fn flush_recvs(&mut self) -> Result<(), Error<P::Error>> {
-        let staged = self.rq.staged();
-        if staged.is_empty() {
-            return Ok(());
-        }
-        // SAFETY: every staged receive was built from exclusive slices that stay borrowed
-        // until the caller waits for it (blocking calls and scopes wait before returning;
-        // unpolled callers promised to).
-        match unsafe { self.qp.post_recv(staged) } {
-            Ok(()) => {
-                self.rq.clear_staged();
-                Ok(())
-            }
-            Err(e) => {
-                let unposted = staged.len() - e.index;
-                self.rq.unstage(unposted);
-                Err(Error::Provider {
-                    op: "ibv_post_recv",
-                    source: e.error,
-                })
-            }
         }
     }
 }

@@ -1,8 +1,9 @@
 //! A channel before `connect`: its endpoint to hand to the peer, and receives posted
 //! early, as C verbs programs post them in INIT so the peer's first message finds one.
 
+use super::post::{collect_sges, post_recv_one};
 use super::source::Completions;
-use super::{collect_sges, post_recv_one, Channel, Owner, Pending, Queue};
+use super::{Channel, Owner, Pending, Queue};
 use crate::error::Error;
 use crate::provider::Provider;
 use crate::qp::{Endpoint, Init, QueuePair};

@@ -38,12 +38,7 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
         &mut self,
         sges: &[Sge],
     ) -> Result<Pending, Error<P::Error>> {
-        let (sg_list, num_sge, _) = self.sges(sges.iter().copied())?;
-        let seq = self.post_recv_now(RecvWr {
-            wr_id: 0,
-            sg_list,
-            num_sge,
-        })?;
+        let seq = self.post_recv_seq(sges.iter().copied())?;
         Ok(Pending {
             seq,
             queue: Queue::Recv,

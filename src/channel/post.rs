@@ -1,0 +1,452 @@
+//! Posting, for every level: a request is built from an [`Op`] (or raw entries, for the
+//! unpolled and crate-internal callers) and checked once ([`admit`](Channel::admit)), then
+//! either posted by itself with one doorbell (the blocking level, and the layers that post
+//! on many channels first and wait afterwards: `post_*_seq`) or staged in the ring and
+//! posted with its batch ([`stage_send`](Channel::stage_send),
+//! [`ring_doorbell`](Channel::ring_doorbell): one chain per queue, the last send
+//! signaled). A caller keeps the memory named by what it posts borrowed until the matching
+//! wait or settle returned. Completing is in `poll.rs` and `wait.rs`.
+
+use super::op::{Local, Op};
+use super::wait::Waiter;
+use super::{Channel, Queue};
+use crate::error::Error;
+use crate::mr::RemoteRegion;
+use crate::provider::Provider;
+use crate::ring::{Completion, Ring};
+use crate::types::{RecvWr, SendFlags, SendOp, SendWr, Sge};
+
+/// Takes a slot of `rq` for `wr` and posts it by itself with `post` (outside a staged
+/// batch; one doorbell); gives the slot back if the post fails. Returns the `wr_id`.
+pub(crate) fn post_recv_one<E, const DEPTH: usize, const SGES: usize>(
+    rq: &mut Ring<RecvWr<SGES>, DEPTH>,
+    mut wr: RecvWr<SGES>,
+    post: impl FnOnce(&[RecvWr<SGES>]) -> Result<(), crate::provider::PostError<E>>,
+) -> Result<u64, Error<E>> {
+    let seq = rq.reserve(&mut wr, true).map_err(|f| Error::QueueFull {
+        capacity: f.capacity,
+    })?;
+    if let Err(e) = post(core::slice::from_ref(&wr)) {
+        rq.unreserve();
+        return Err(Error::Provider {
+            op: "ibv_post_recv",
+            source: e.error,
+        });
+    }
+    Ok(seq)
+}
+
+/// Collects up to `SGES` entries from `it`, or says how many were given.
+pub(crate) fn collect_sges<const SGES: usize>(
+    it: impl IntoIterator<Item = Sge>,
+) -> Result<([Sge; SGES], u8), (usize, usize)> {
+    gather(it).map(|(list, n, _)| (list, n))
+}
+
+/// As [`collect_sges`], with the total length of the entries (summed as they come, not
+/// in a second pass).
+#[inline]
+fn gather<const SGES: usize>(
+    it: impl IntoIterator<Item = Sge>,
+) -> Result<([Sge; SGES], u8, u64), (usize, usize)> {
+    let mut out = [Sge::default(); SGES];
+    gather_into(&mut out, it).map(|(n, len)| (out, n, len))
+}
+
+/// As [`gather`], into `out`; entries past the count returned are left as they were (on
+/// error, some may have been overwritten).
+#[inline(always)]
+fn gather_into<const SGES: usize>(
+    out: &mut [Sge; SGES],
+    it: impl IntoIterator<Item = Sge>,
+) -> Result<(u8, u64), (usize, usize)> {
+    let mut n = 0usize;
+    let mut len = 0u64;
+    for sge in it {
+        // Only entries that fit are summed: at most SGES < 2^32 lengths below 2^32 each, so
+        // the total cannot overflow however long the iterator (an error then anyway).
+        if n < SGES {
+            out[n] = sge;
+            len += u64::from(sge.length);
+        }
+        n = n.saturating_add(1);
+    }
+    if n > SGES || n > u8::MAX as usize {
+        return Err((n, SGES.min(u8::MAX as usize)));
+    }
+    Ok((n as u8, len))
+}
+
+impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES> {
+    /// Posts `op` signaled; returns its sequence number. The caller keeps `op`'s borrow of
+    /// its memory until [`wait_posted_within`](Self::wait_posted_within) returned for the
+    /// sequence number.
+    #[inline(always)]
+    pub(crate) fn post_send_seq<L: Iterator<Item: Local>>(
+        &mut self,
+        op: Op<'_, L>,
+    ) -> Result<u64, Error<P::Error>> {
+        let Op {
+            local,
+            op,
+            flags,
+            room,
+            remote,
+            atomic,
+            ..
+        } = op;
+        let (num_sge, len) = self.sges_in_place(local.map(|l| l.entry()))?;
+        self.admit(room, remote, atomic, len)?;
+        self.post_staged_wr(num_sge, op, flags)
+    }
+
+    /// Posts one signaled send work request of raw entries, checked as an [`Op`] is
+    /// ([`admit`](Self::admit)); returns its sequence number.
+    ///
+    /// The caller must keep the memory named by `sges` borrowed (shared for sends and
+    /// writes, exclusive for reads and atomics) until
+    /// [`wait_posted_within`](Self::wait_posted_within) returned for the sequence number.
+    #[inline(always)]
+    pub(crate) fn post_sges_seq(
+        &mut self,
+        sges: impl IntoIterator<Item = Sge>,
+        op: SendOp,
+        flags: SendFlags,
+        remote: Option<RemoteRegion>,
+        atomic: bool,
+    ) -> Result<u64, Error<P::Error>> {
+        let (num_sge, len) = self.sges_in_place(sges)?;
+        self.admit(super::op::room(remote), remote, atomic, len)?;
+        self.post_staged_wr(num_sge, op, flags)
+    }
+
+    /// Posts [`wr`](Channel::wr), whose first `num_sge` entries were gathered, signaled.
+    #[inline(always)]
+    fn post_staged_wr(
+        &mut self,
+        num_sge: u8,
+        op: SendOp,
+        flags: SendFlags,
+    ) -> Result<u64, Error<P::Error>> {
+        self.wr.num_sge = num_sge;
+        self.wr.op = op;
+        self.wr.flags = flags | SendFlags::SIGNALED;
+        self.post_send_now()
+    }
+
+    /// Posts one receive work request; returns its sequence number. Same borrowing rule as
+    /// [`post_send_seq`](Self::post_send_seq), exclusive.
+    pub(crate) fn post_recv_seq(
+        &mut self,
+        sges: impl IntoIterator<Item = Sge>,
+    ) -> Result<u64, Error<P::Error>> {
+        let (sg_list, num_sge, _) = self.sges(sges)?;
+        self.post_recv_now(RecvWr {
+            wr_id: 0,
+            sg_list,
+            num_sge,
+        })
+    }
+
+    /// Waits for a request posted by `post_*_seq` and takes its outcome, within the bound
+    /// of the caller's `waiter` (on timeout the channel's work is ended, as in the blocking
+    /// calls).
+    pub(crate) fn wait_posted_within(
+        &mut self,
+        queue: Queue,
+        seq: u64,
+        waiter: &mut Waiter,
+    ) -> Result<Completion, Error<P::Error>> {
+        self.wait_seq_within(queue, seq, waiter)
+    }
+}
+
+impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES> {
+    /// The checks every level makes before posting a send whose local entries hold `len`
+    /// bytes: an atomic's result is 8 bytes and the device does atomics; a remote region
+    /// holds the bytes from its start.
+    #[inline(always)]
+    pub(crate) fn admit(
+        &self,
+        room: u64,
+        remote: Option<RemoteRegion>,
+        atomic: bool,
+        len: u64,
+    ) -> Result<(), Error<P::Error>> {
+        if atomic {
+            if len != 8 {
+                return Err(Error::InvalidAttribute(
+                    "an atomic's result slice must be 8 bytes",
+                ));
+            }
+            self.qp.check_atomics()?;
+        }
+        if len <= room {
+            return Ok(());
+        }
+        match remote {
+            Some(remote) => too_short(&remote, len),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The error for local bytes the remote region cannot hold, as [`RemoteRegion::slice`]
+/// reports it; out of line, so the check inlines small.
+#[cold]
+#[inline(never)]
+fn too_short<E>(remote: &RemoteRegion, len: u64) -> Result<(), Error<E>> {
+    remote.slice(..len)?;
+    Ok(())
+}
+
+impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES> {
+    /// Collects the entries of one work request and their total length.
+    #[allow(clippy::type_complexity)]
+    fn sges(
+        &self,
+        it: impl IntoIterator<Item = Sge>,
+    ) -> Result<([Sge; SGES], u8, u64), Error<P::Error>> {
+        gather(it).map_err(|(given, max)| Error::TooManySges { given, max })
+    }
+
+    /// Collects the entries of one send into [`wr`](Channel::wr); returns their count and
+    /// total length. Its other fields are left as they were.
+    #[inline(always)]
+    fn sges_in_place(
+        &mut self,
+        it: impl IntoIterator<Item = Sge>,
+    ) -> Result<(u8, u64), Error<P::Error>> {
+        gather_into(&mut self.wr.sg_list, it)
+            .map_err(|(given, max)| Error::TooManySges { given, max })
+    }
+
+    /// Posts the request built in [`wr`](Channel::wr) by itself: nothing is staged outside
+    /// a scope, so it needs no trip through the staged batch.
+    #[inline(always)]
+    fn post_send_now(&mut self) -> Result<u64, Error<P::Error>> {
+        let seq = self
+            .sq
+            .reserve(&mut self.wr, true)
+            .map_err(|f| Error::QueueFull {
+                capacity: f.capacity,
+            })?;
+        // SAFETY: the request was built from slices that borrow their memory regions until
+        // the blocking caller has waited for it (`Channel::wr`'s callers wait before
+        // returning).
+        if let Err(e) = unsafe { self.qp.post_send(core::slice::from_ref(&self.wr)) } {
+            self.sq.unreserve();
+            return Err(Error::Provider {
+                op: "ibv_post_send",
+                source: e.error,
+            });
+        }
+        Ok(seq)
+    }
+
+    fn post_recv_now(&mut self, wr: RecvWr<SGES>) -> Result<u64, Error<P::Error>> {
+        let qp = &self.qp;
+        // SAFETY: `wr` was built from slices that borrow their memory exclusively until the
+        // blocking caller has waited for the receive.
+        post_recv_one(&mut self.rq, wr, |wr| unsafe { qp.post_recv(wr) })
+    }
+
+    /// Posts the staged sends as one chain (one doorbell).
+    pub(crate) fn flush_sends(&mut self) -> Result<(), Error<P::Error>> {
+        let staged = self.sq.staged();
+        if staged.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: every staged request was built from slices that borrow their memory
+        // regions for at least as long as the caller waits for the request (blocking calls
+        // and scopes wait before returning; unpolled callers promised to).
+        match unsafe { self.qp.post_send(staged) } {
+            Ok(()) => {
+                self.sq.clear_staged();
+                Ok(())
+            }
+            Err(e) => {
+                let unposted = staged.len() - e.index;
+                self.sq.unstage(unposted);
+                Err(Error::Provider {
+                    op: "ibv_post_send",
+                    source: e.error,
+                })
+            }
+        }
+    }
+
+    /// Posts the staged receives as one chain (one doorbell).
+    pub(crate) fn flush_recvs(&mut self) -> Result<(), Error<P::Error>> {
+        let staged = self.rq.staged();
+        if staged.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: every staged receive was built from exclusive slices that stay borrowed
+        // until the caller waits for it (blocking calls and scopes wait before returning;
+        // unpolled callers promised to).
+        match unsafe { self.qp.post_recv(staged) } {
+            Ok(()) => {
+                self.rq.clear_staged();
+                Ok(())
+            }
+            Err(e) => {
+                let unposted = staged.len() - e.index;
+                self.rq.unstage(unposted);
+                Err(Error::Provider {
+                    op: "ibv_post_recv",
+                    source: e.error,
+                })
+            }
+        }
+    }
+}
+
+impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES> {
+    /// The send work request (unsignaled) of `op`, checked as every level checks it
+    /// ([`admit`](Self::admit)).
+    #[inline]
+    pub(crate) fn send_wr<L: Iterator<Item: Local>>(
+        &self,
+        op: Op<'_, L>,
+    ) -> Result<SendWr<SGES>, Error<P::Error>> {
+        let Op {
+            local,
+            op,
+            flags,
+            room,
+            remote,
+            atomic,
+            ..
+        } = op;
+        let (sg_list, num_sge, len) = self.sges(local.map(|l| l.entry()))?;
+        self.admit(room, remote, atomic, len)?;
+        Ok(SendWr {
+            wr_id: 0,
+            sg_list,
+            num_sge,
+            op,
+            flags,
+        })
+    }
+
+    /// A receive work request into the entries `sges`.
+    #[inline]
+    pub(crate) fn recv_wr(
+        &self,
+        sges: impl IntoIterator<Item = Sge>,
+    ) -> Result<RecvWr<SGES>, Error<P::Error>> {
+        let (sg_list, num_sge, _) = self.sges(sges)?;
+        Ok(RecvWr {
+            wr_id: 0,
+            sg_list,
+            num_sge,
+        })
+    }
+
+    /// Whether `queue`'s ring has no free slot: staging there needs room made first.
+    #[inline]
+    pub(crate) fn is_full(&self, queue: Queue) -> bool {
+        match queue {
+            Queue::Send => self.sq.in_flight() == DEPTH,
+            Queue::Recv => self.rq.in_flight() == DEPTH,
+        }
+    }
+
+    /// Stages `wr` unsignaled (the doorbell signals the last of its batch); returns its
+    /// sequence number.
+    #[inline]
+    pub(crate) fn stage_send(&mut self, wr: SendWr<SGES>) -> Result<u64, Error<P::Error>> {
+        self.sq.stage(wr, false).map_err(|f| Error::QueueFull {
+            capacity: f.capacity,
+        })
+    }
+
+    /// Stages `wr` (every receive completes); returns its sequence number.
+    #[inline]
+    pub(crate) fn stage_recv(&mut self, wr: RecvWr<SGES>) -> Result<u64, Error<P::Error>> {
+        self.rq.stage(wr, true).map_err(|f| Error::QueueFull {
+            capacity: f.capacity,
+        })
+    }
+
+    /// Posts everything staged: the receives as one chain, then the sends as one chain
+    /// whose last request is signaled, so one completion retires the batch. At most one
+    /// doorbell per queue; none for a queue with nothing staged.
+    ///
+    /// A refused chain gives back the slots of the requests not posted. If the device
+    /// took some sends of the chain before refusing one, those are unsignaled with no
+    /// signaled request behind them: no completion would ever retire them, so the
+    /// channel's work is ended at once ([`quiesce`](Self::quiesce), within `waiter`'s
+    /// grace) rather than waited for until the timeout. Refused receives leave the sends
+    /// staged; [`unstage_all`](Self::unstage_all) gives them back.
+    pub(crate) fn ring_doorbell(&mut self, waiter: &mut Waiter) -> Result<(), Error<P::Error>> {
+        self.flush_recvs()?;
+        self.sq.signal_last_staged();
+        let (staged, head) = (self.sq.staged().len() as u64, self.sq.next_seq());
+        match self.flush_sends() {
+            Ok(()) => Ok(()),
+            // `flush_sends` gave back the slots it did not post: what is left of the chain
+            // below the head went out.
+            Err(e) if self.sq.next_seq() + staged > head => Err(self.quiesce(waiter, e)),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Gives back the slots of every request still staged (a refused doorbell, or a
+    /// caller unwinding before it posted them).
+    pub(crate) fn unstage_all(&mut self) {
+        let (s, r) = (self.sq.staged().len(), self.rq.staged().len());
+        self.sq.unstage(s);
+        self.rq.unstage(r);
+    }
+
+    /// The sequence number the next request staged on `queue` gets.
+    #[inline]
+    pub(crate) fn next_seq(&self, queue: Queue) -> u64 {
+        match queue {
+            Queue::Send => self.sq.next_seq(),
+            Queue::Recv => self.rq.next_seq(),
+        }
+    }
+
+    /// Waits, within the bound of `waiter`, for every request posted on `queue` from
+    /// sequence number `from` on (all of them the caller's), takes their outcomes in
+    /// posting order and hands each to `each`: the completion, or its error. Requests
+    /// retired without a completion of their own (unsignaled, succeeded) are skipped. A
+    /// wait that fails (timeout, poll error) ends the channel's work, as in the blocking
+    /// calls, and hands its error over before the flushed outcomes. Returns where the next
+    /// settle starts. Nothing may be staged on `queue`.
+    pub(crate) fn settle_from(
+        &mut self,
+        queue: Queue,
+        from: u64,
+        waiter: &mut Waiter,
+        mut each: impl FnMut(Result<Completion, Error<P::Error>>),
+    ) -> u64 {
+        let to = self.next_seq(queue);
+        let mut seq = from;
+        while seq < to {
+            // Requests older than the ring's oldest are retired, with nothing to wait for
+            // or take: one completion retires a whole batch, so skip to the oldest.
+            let oldest = match queue {
+                Queue::Send => self.sq.oldest(),
+                Queue::Recv => self.rq.oldest(),
+            };
+            seq = seq.max(oldest.unwrap_or(to));
+            if seq >= to {
+                break;
+            }
+            if self.is_pending(queue, seq) {
+                if let Err(e) = self.wait_quiet(queue, seq, waiter) {
+                    each(Err(e));
+                }
+            }
+            if let Some(r) = self.take(queue, seq) {
+                each(r);
+            }
+            seq += 1;
+        }
+        to
+    }
+}

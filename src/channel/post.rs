@@ -12,8 +12,8 @@ use super::wait::Waiter;
 use super::{Channel, Queue};
 use crate::error::Error;
 use crate::mr::RemoteRegion;
-use crate::provider::Provider;
-use crate::ring::{Completion, Ring};
+use crate::provider::{PostError, Provider};
+use crate::ring::{Completion, Ring, WorkRequest};
 use crate::types::{RecvWr, SendFlags, SendOp, SendWr, Sge};
 
 /// Takes a slot of `rq` for `wr` and posts it by itself with `post` (outside a staged
@@ -253,51 +253,51 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
 
     /// Posts the staged sends as one chain (one doorbell).
     pub(crate) fn flush_sends(&mut self) -> Result<(), Error<P::Error>> {
-        let staged = self.sq.staged();
-        if staged.is_empty() {
-            return Ok(());
-        }
-        // SAFETY: every staged request was built from slices that borrow their memory
-        // regions for at least as long as the caller waits for the request (blocking calls
-        // and scopes wait before returning; unpolled callers promised to).
-        match unsafe { self.qp.post_send(staged) } {
-            Ok(()) => {
-                self.sq.clear_staged();
-                Ok(())
-            }
-            Err(e) => {
-                let unposted = staged.len() - e.index;
-                self.sq.unstage(unposted);
-                Err(Error::Provider {
-                    op: "ibv_post_send",
-                    source: e.error,
-                })
-            }
-        }
+        let qp = &self.qp;
+        flush(&mut self.sq, "ibv_post_send", |staged| {
+            // SAFETY: every staged request was built from slices that borrow their memory
+            // regions for at least as long as the caller waits for the request (blocking
+            // calls and scopes wait before returning; unpolled callers promised to).
+            unsafe { qp.post_send(staged) }
+        })
     }
 
     /// Posts the staged receives as one chain (one doorbell).
     pub(crate) fn flush_recvs(&mut self) -> Result<(), Error<P::Error>> {
-        let staged = self.rq.staged();
-        if staged.is_empty() {
-            return Ok(());
+        let qp = &self.qp;
+        flush(&mut self.rq, "ibv_post_recv", |staged| {
+            // SAFETY: every staged receive was built from exclusive slices that stay
+            // borrowed until the caller waits for it (blocking calls and scopes wait
+            // before returning; unpolled callers promised to).
+            unsafe { qp.post_recv(staged) }
+        })
+    }
+}
+
+/// Posts `ring`'s staged batch with `post`, one doorbell: on success the batch leaves the
+/// stage; when the provider refuses the request at `index`, that one and those after it
+/// give their slots back and the error is returned (those before it were posted).
+fn flush<W: WorkRequest, E, const DEPTH: usize>(
+    ring: &mut Ring<W, DEPTH>,
+    op: &'static str,
+    post: impl FnOnce(&[W]) -> Result<(), PostError<E>>,
+) -> Result<(), Error<E>> {
+    let staged = ring.staged();
+    if staged.is_empty() {
+        return Ok(());
+    }
+    match post(staged) {
+        Ok(()) => {
+            ring.clear_staged();
+            Ok(())
         }
-        // SAFETY: every staged receive was built from exclusive slices that stay borrowed
-        // until the caller waits for it (blocking calls and scopes wait before returning;
-        // unpolled callers promised to).
-        match unsafe { self.qp.post_recv(staged) } {
-            Ok(()) => {
-                self.rq.clear_staged();
-                Ok(())
-            }
-            Err(e) => {
-                let unposted = staged.len() - e.index;
-                self.rq.unstage(unposted);
-                Err(Error::Provider {
-                    op: "ibv_post_recv",
-                    source: e.error,
-                })
-            }
+        Err(e) => {
+            let unposted = staged.len() - e.index;
+            ring.unstage(unposted);
+            Err(Error::Provider {
+                op,
+                source: e.error,
+            })
         }
     }
 }

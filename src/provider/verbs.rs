@@ -162,16 +162,8 @@ impl Drop for Mr {
 }
 
 type PollFn = unsafe extern "C" fn(*mut ffi::ibv_cq, i32, *mut ffi::ibv_wc) -> i32;
-type PostSendFn = unsafe extern "C" fn(
-    *mut ffi::ibv_qp,
-    *mut ffi::ibv_send_wr,
-    *mut *mut ffi::ibv_send_wr,
-) -> i32;
-type PostRecvFn = unsafe extern "C" fn(
-    *mut ffi::ibv_qp,
-    *mut ffi::ibv_recv_wr,
-    *mut *mut ffi::ibv_recv_wr,
-) -> i32;
+/// A verb from a queue pair's op table that posts a chain of `C` requests.
+type PostFn<C> = unsafe extern "C" fn(*mut ffi::ibv_qp, *mut C, *mut *mut C) -> i32;
 
 struct CqInner {
     cq: NonNull<ffi::ibv_cq>,
@@ -200,8 +192,8 @@ pub struct Cq(Arc<CqInner>);
 pub struct Qp {
     qp: NonNull<ffi::ibv_qp>,
     qp_num: u32,
-    post_send: PostSendFn,
-    post_recv: PostRecvFn,
+    post_send: PostFn<ffi::ibv_send_wr>,
+    post_recv: PostFn<ffi::ibv_recv_wr>,
     _pd: Arc<PdInner>,
     _cqs: [Arc<CqInner>; 2],
 }
@@ -705,48 +697,91 @@ impl Provider for Verbs {
         qp: &Qp,
         wrs: &[SendWr<SGES>],
     ) -> Result<(), PostError<VerbsError>> {
-        let (wrs, malformed) = well_formed(wrs, SendWr::sges_fit, "ibv_post_send");
-        let mut chain = [const { MaybeUninit::<ffi::ibv_send_wr>::uninit() }; CHAIN];
-        for (c, batch) in wrs.chunks(CHAIN).enumerate() {
-            let base = link(&mut chain, batch, wr::send_wr, |w, n| w.next = n);
-            let mut bad: *mut ffi::ibv_send_wr = ptr::null_mut();
-            // SAFETY: `ibv_post_send` is `qp->context->ops.post_send(qp, wr, bad_wr)`; the
-            // pointer was read from this QP's context. The chain is `batch.len()` linked,
-            // fully initialised requests whose SGE pointers borrow `batch` (alive for the
-            // call); the caller upholds the trait's contract on the memory they name.
-            let ret = unsafe { (qp.post_send)(qp.qp.as_ptr(), base, &mut bad) };
-            if ret != 0 {
-                return Err(PostError {
-                    index: c * CHAIN + bad_index(base, bad, batch.len()),
-                    error: VerbsError::from_ret("ibv_post_send", ret),
-                });
-            }
+        let fill = wr::send_wr;
+        // SAFETY: `qp.post_send` is this queue pair's `post_send` from its context's op
+        // table (`ibv_post_send` is `qp->context->ops.post_send`); the caller upholds the
+        // trait's contract on the memory the requests name.
+        unsafe {
+            post_chains(
+                qp,
+                wrs,
+                "ibv_post_send",
+                SendWr::sges_fit,
+                fill,
+                qp.post_send,
+            )
         }
-        malformed.map_or(Ok(()), Err)
     }
 
     unsafe fn post_recv<const SGES: usize>(
         qp: &Qp,
         wrs: &[RecvWr<SGES>],
     ) -> Result<(), PostError<VerbsError>> {
-        let (wrs, malformed) = well_formed(wrs, RecvWr::sges_fit, "ibv_post_recv");
-        let mut chain = [const { MaybeUninit::<ffi::ibv_recv_wr>::uninit() }; CHAIN];
-        for (c, batch) in wrs.chunks(CHAIN).enumerate() {
-            let base = link(&mut chain, batch, wr::recv_wr, |w, n| w.next = n);
-            let mut bad: *mut ffi::ibv_recv_wr = ptr::null_mut();
-            // SAFETY: `base` heads a linked chain in `chain` (alive across the call) whose entries
-            // point at the callers' SGE arrays; the caller upholds `Provider::post_recv` for
-            // the memory they name; `bad` is a valid out-pointer.
-            let ret = unsafe { (qp.post_recv)(qp.qp.as_ptr(), base, &mut bad) };
-            if ret != 0 {
-                return Err(PostError {
-                    index: c * CHAIN + bad_index(base, bad, batch.len()),
-                    error: VerbsError::from_ret("ibv_post_recv", ret),
-                });
-            }
+        let fill = wr::recv_wr;
+        // SAFETY: `qp.post_recv` is this queue pair's `post_recv` from its context's op
+        // table; the caller upholds the trait's contract on the memory the requests name.
+        unsafe {
+            post_chains(
+                qp,
+                wrs,
+                "ibv_post_recv",
+                RecvWr::sges_fit,
+                fill,
+                qp.post_recv,
+            )
         }
-        malformed.map_or(Ok(()), Err)
     }
+}
+
+/// A work request of the verbs library that links to the next.
+trait Linked: Default {
+    fn set_next(&mut self, next: *mut Self);
+}
+
+impl Linked for ffi::ibv_send_wr {
+    fn set_next(&mut self, next: *mut Self) {
+        self.next = next;
+    }
+}
+
+impl Linked for ffi::ibv_recv_wr {
+    fn set_next(&mut self, next: *mut Self) {
+        self.next = next;
+    }
+}
+
+/// Posts `wrs` through `post` in linked chains of at most [`CHAIN`], one doorbell each,
+/// after the requests that name more entries than they hold are cut off
+/// ([`well_formed`]); stops at the first refusal and reports its index in `wrs`.
+///
+/// # Safety
+/// `post` is `qp`'s verb for requests of type `C`, and the caller upholds the provider
+/// trait's contract on the memory `wrs` name.
+unsafe fn post_chains<W, C: Linked>(
+    qp: &Qp,
+    wrs: &[W],
+    verb: &'static str,
+    fits: impl Fn(&W) -> bool,
+    fill: impl Fn(&W, &mut C),
+    post: PostFn<C>,
+) -> Result<(), PostError<VerbsError>> {
+    let (wrs, malformed) = well_formed(wrs, fits, verb);
+    let mut chain: [MaybeUninit<C>; CHAIN] = [const { MaybeUninit::uninit() }; CHAIN];
+    for (c, batch) in wrs.chunks(CHAIN).enumerate() {
+        let base = link(&mut chain, batch, &fill, C::set_next);
+        let mut bad: *mut C = ptr::null_mut();
+        // SAFETY: `post` is `qp`'s verb (the caller's contract). The chain is
+        // `batch.len()` linked, fully initialised requests in `chain` (alive across the
+        // call) whose SGE pointers borrow `batch`; `bad` is a valid out-pointer.
+        let ret = unsafe { post(qp.qp.as_ptr(), base, &mut bad) };
+        if ret != 0 {
+            return Err(PostError {
+                index: c * CHAIN + bad_index(base, bad, batch.len()),
+                error: VerbsError::from_ret(verb, ret),
+            });
+        }
+    }
+    malformed.map_or(Ok(()), Err)
 }
 
 /// `ibv_query_qp` of the attributes in `mask`.

@@ -237,14 +237,9 @@ mod sim {
     /// would allow that many: nothing reads past the list, nothing panics.
     #[test]
     fn num_sge_past_the_list_is_refused_not_a_panic() {
-        use zverbs::qp::{InitOptions, QpConfig, QueuePair, RtrOptions, RtsOptions};
         use zverbs::{
-            CompletionQueue, ErrorKind, ProviderError, QpCaps, RecvWr, SendFlags, SendOp, SendWr,
-            WorkCompletion,
+            ErrorKind, ProviderError, QpCaps, RecvWr, SendFlags, SendOp, SendWr, WorkCompletion,
         };
-        let ctx = Context::open(&Sim::with_devices(1), "sim0").unwrap();
-        let pd = ctx.alloc_pd().unwrap();
-        let cq = CompletionQueue::create(&ctx, 16).unwrap();
         let caps = QpCaps {
             max_send_wr: 8,
             max_recv_wr: 8,
@@ -252,20 +247,8 @@ mod sim {
             max_recv_sge: 4,
             max_inline_data: 0,
         };
-        let cfg = QpConfig {
-            caps,
-            ..QpConfig::default()
-        };
-        let qp = QueuePair::create(&ctx, &pd, &cq, &cq, &cfg)
-            .unwrap()
-            .into_init(&InitOptions::default())
-            .unwrap();
-        let ep = qp.endpoint();
-        let qp = qp
-            .into_rtr(&ep, &RtrOptions::default())
-            .unwrap()
-            .into_rts(&RtsOptions::default())
-            .unwrap();
+        let zverbs::testing::Loopback { qp, cq, pd, .. } =
+            zverbs::testing::Loopback::new(caps, 16).unwrap();
         let mut buf = [0u8; 32];
         let all = zverbs::AccessFlags::all();
         // SAFETY: the loop-back writes finish (polled below) before `buf` is dropped.

@@ -11,6 +11,7 @@ use std::time::Duration;
 use common::{default_pair, pair, ALL};
 use zverbs::provider::sim::Sim;
 use zverbs::qp::{InitOptions, QpConfig, QueuePair, RtrOptions, RtsOptions};
+use zverbs::testing::Loopback;
 use zverbs::{
     CompletionQueue, Context, Error, ErrorKind, QpState, RecvWr, RemoteRegion, SendFlags, SendOp,
     SendWr, Sge, WcStatus, WorkCompletion,
@@ -103,17 +104,8 @@ fn timeout_aborts_and_flushes_instead_of_leaving_work_in_flight() {
     );
 }
 
-/// Raw queue pairs on one device, looped back to each other.
-fn raw_pair() -> (
-    Context<Sim>,
-    CompletionQueue<Sim>,
-    QueuePair<Sim, zverbs::qp::ReadyToSend>,
-    zverbs::ProtectionDomain<Sim>,
-) {
-    let sim = Sim::with_devices(1);
-    let ctx = Context::open(&sim, "sim0").unwrap();
-    let pd = ctx.alloc_pd().unwrap();
-    let cq = CompletionQueue::create(&ctx, 64).unwrap();
+/// A raw queue pair on one device, looped back to itself.
+fn raw_pair() -> Loopback {
     let caps = zverbs::QpCaps {
         max_send_wr: 8,
         max_recv_wr: 8,
@@ -121,26 +113,12 @@ fn raw_pair() -> (
         max_recv_sge: 2,
         max_inline_data: 0,
     };
-    let cfg = QpConfig {
-        caps,
-        ..QpConfig::default()
-    };
-    let qp = QueuePair::create(&ctx, &pd, &cq, &cq, &cfg)
-        .unwrap()
-        .into_init(&InitOptions::default())
-        .unwrap();
-    let ep = qp.endpoint();
-    let qp = qp
-        .into_rtr(&ep, &RtrOptions::default())
-        .unwrap()
-        .into_rts(&RtsOptions::default())
-        .unwrap();
-    (ctx, cq, qp, pd)
+    Loopback::new(caps, 64).unwrap()
 }
 
 #[test]
 fn doorbell_chain_stops_at_the_first_bad_request() {
-    let (_ctx, cq, qp, pd) = raw_pair();
+    let Loopback { qp, cq, pd, .. } = raw_pair();
     let mut buf = [0u8; 32];
     // SAFETY: the loop-back writes finish before `buf` is read or dropped.
     let mr = unsafe { pd.register_with_access(&mut buf, ALL) }.unwrap();
@@ -175,7 +153,7 @@ fn doorbell_chain_stops_at_the_first_bad_request() {
 
 #[test]
 fn selective_signaling_completes_only_signaled_requests() {
-    let (_ctx, cq, qp, pd) = raw_pair();
+    let Loopback { qp, cq, pd, .. } = raw_pair();
     let mut buf = [0u8; 32];
     // SAFETY: the loop-back writes finish before `buf` is read or dropped.
     let mr = unsafe { pd.register_with_access(&mut buf, ALL) }.unwrap();
@@ -203,7 +181,7 @@ fn selective_signaling_completes_only_signaled_requests() {
 
 #[test]
 fn receive_on_raw_queue_pair_with_too_many_sges_is_refused() {
-    let (_ctx, _cq, qp, pd) = raw_pair();
+    let Loopback { qp, pd, .. } = raw_pair();
     let mut buf = [0u8; 8];
     let mr = pd.register(&mut buf).unwrap();
     let mut wr = RecvWr::<3>::new(9);

@@ -12,7 +12,7 @@
 //! let qp = pd.create_qp(&QpInitAttr { send_cq: &cq, recv_cq: &cq, cap, sq_sig_all: false }).unwrap();
 //! qp.modify(&Transition::Init(InitAttr { port: 1, pkey_index: 0, access: AccessFlags::empty() })).unwrap();
 //! // Two receives in one call: one doorbell.
-//! qp.post_recv_with(2, |i, wr| (wr.wr_id, wr.num_sge) = (i as u64, 0)).unwrap();
+//! qp.post_recv(&[RecvWr::<1>::new(0), RecvWr::new(1)]).unwrap();
 //! let c = qp.counters();
 //! assert_eq!((c.recv_doorbells, c.recvs_posted, c.send_doorbells), (1, 2, 0));
 //! assert_eq!(f.qp_counters(qp.qp_num()), Some(c));

@@ -100,7 +100,7 @@ mod types;
 mod wire;
 
 pub use api::comp_channel::CompChannel;
-pub use api::qp::{Ah, PostError, Qp, QpInitAttr};
+pub use api::qp::{Ah, Qp, QpInitAttr};
 pub use api::{Context, Cq, Fabric, Mr, Pd};
 pub use config::{
     ack_timeout_ns, rnr_timer_ns, FabricConfig, Faults, LinkModel, Mode, Personality,

@@ -1,17 +1,16 @@
-//! The simulator's own types: its limits, its errors, its work requests and what a queue
-//! pair query reports.
+//! The simulator's own types: its limits, its errors and what a queue pair query reports.
 //!
-//! The plain verbs data (flags, GIDs, MTUs, states, scatter/gather entries, operations,
-//! completions, transitions) is `zverbs-types`'s, the vocabulary zverbs speaks too,
-//! re-exported here. A work request carries its scatter/gather list in a fixed array, so
-//! posting never allocates.
+//! The verbs data (flags, GIDs, MTUs, states, work requests, operations, completions,
+//! transitions) is `zverbs-types`'s, the vocabulary zverbs speaks too, re-exported here. A
+//! work request carries its scatter/gather list in a fixed array of `SGES` entries, and a
+//! post reads it where it lies, so posting never allocates.
 
 use core::fmt;
 
 pub use zverbs_types::{
     AccessFlags, AhAttr, AhKey, AtomicCap, DeviceAttr, Gid, InitAttr, Mtu, PortAttr, PortState,
-    QpCaps, QpState, QpType, RtrAttr, RtsAttr, SendFlags, SendOp, Sge, Transition, UdDest,
-    UdInitAttr, WcOpcode, WcStatus, WorkCompletion,
+    PostError, QpCaps, QpState, QpType, RecvWr, RtrAttr, RtsAttr, SendFlags, SendOp, SendWr, Sge,
+    Transition, UdDest, UdInitAttr, WcOpcode, WcStatus, WorkCompletion,
 };
 
 /// Most scatter/gather entries one work request may carry in the simulator.
@@ -61,93 +60,6 @@ impl fmt::Display for SimError {
 }
 
 impl std::error::Error for SimError {}
-
-/// A send work request (`ibv_send_wr`), owning its scatter/gather list.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SendWr {
-    /// Caller's identifier, returned in the completion.
-    pub wr_id: u64,
-    /// Gather list; only the first `num_sge` entries are used.
-    pub sg_list: [Sge; MAX_SGE],
-    /// Number of valid entries in `sg_list`.
-    pub num_sge: usize,
-    /// Operation.
-    pub op: SendOp,
-    /// Flags.
-    pub flags: SendFlags,
-}
-
-/// A send work request as a post reads it, in place: [`SendWr`], or an adapter's own
-/// request type (the library's), so that [`Qp::post_send_raw`](crate::Qp::post_send_raw)
-/// reads a list where it lies instead of a copy of each request.
-///
-/// A post reads each request more than once (its checks, then its execution) and
-/// requires the same answers each time. It reads the first `num_sge()` entries of
-/// `sges()`; a request whose `sges()` holds fewer is refused, as one naming more entries
-/// than its queue pair's `max_send_sge` is.
-pub trait SendRequest {
-    /// Caller's identifier, returned in the completion.
-    fn wr_id(&self) -> u64;
-    /// Operation.
-    fn op(&self) -> SendOp;
-    /// Flags.
-    fn flags(&self) -> SendFlags;
-    /// The number of gather entries it names.
-    fn num_sge(&self) -> usize;
-    /// The gather entries it holds, of which the first `num_sge()` are read.
-    fn sges(&self) -> &[Sge];
-}
-
-impl SendRequest for SendWr {
-    #[inline(always)]
-    fn wr_id(&self) -> u64 {
-        self.wr_id
-    }
-    #[inline(always)]
-    fn op(&self) -> SendOp {
-        self.op
-    }
-    #[inline(always)]
-    fn flags(&self) -> SendFlags {
-        self.flags
-    }
-    #[inline(always)]
-    fn num_sge(&self) -> usize {
-        self.num_sge
-    }
-    #[inline(always)]
-    fn sges(&self) -> &[Sge] {
-        &self.sg_list
-    }
-}
-
-impl SendWr {
-    /// `wr` as a `SendWr`, written over this one: only the entries it names are copied
-    /// (the rest are left as they were, and not read); one naming more than it holds, or
-    /// than a `SendWr` holds, keeps a count that every queue pair refuses.
-    #[inline]
-    pub(crate) fn set_from(&mut self, wr: &impl SendRequest) {
-        let (n, sges) = (wr.num_sge(), wr.sges());
-        match sges.get(..n).filter(|s| s.len() <= MAX_SGE) {
-            Some([e]) => self.sg_list[0] = *e,
-            Some(s) => self.sg_list[..s.len()].copy_from_slice(s),
-            None => {}
-        }
-        self.num_sge = if n <= sges.len() { n } else { usize::MAX };
-        (self.wr_id, self.op, self.flags) = (wr.wr_id(), wr.op(), wr.flags());
-    }
-}
-
-/// A receive work request (`ibv_recv_wr`), owning its scatter list.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RecvWr {
-    /// Caller's identifier, returned in the completion.
-    pub wr_id: u64,
-    /// Scatter list; only the first `num_sge` entries are used.
-    pub sg_list: [Sge; MAX_SGE],
-    /// Number of valid entries in `sg_list`.
-    pub num_sge: usize,
-}
 
 /// What [`Qp::query`](crate::Qp::query) reports (`ibv_query_qp`): the state, the
 /// attributes the RTR and RTS transitions set (`None` before them and after RESET), and the

@@ -36,14 +36,16 @@ fn run(p: &Pair, rounds: std::ops::Range<u64>, counted: u64) -> usize {
     let inline = SendFlags::INLINE | SendFlags::SIGNALED;
     let n = rounds.end - rounds.start;
     let mut one = |round| {
-        p.b.qp.post_recv([rwr(round, &[sge(&mb, 16, 32)])]).unwrap();
+        p.b.qp
+            .post_recv(&[rwr(round, &[sge(&mb, 16, 32)])])
+            .unwrap();
         let wrs = [
             sig(1, SendOp::Send, &[sge(&ma, 0, 8), sge(&ma, 8, 8)]),
             swr(2, write, &[sge(&ma, 0, 8)], SendFlags::empty()),
             sig(3, fadd, &[sge(&ma, 32, 8)]),
             swr(4, write, &[sge(&ma, 40, 8)], inline),
         ];
-        p.a.qp.post_send(wrs).unwrap();
+        p.a.qp.post_send(&wrs).unwrap();
         assert_eq!(p.a.cq.poll(&mut wc).unwrap(), 3);
         assert_eq!(p.b.cq.poll(&mut wc).unwrap(), 1);
     };

@@ -49,10 +49,10 @@ fn evented_pair(fabric: &Fabric) -> (Evented, Evented) {
 
 /// Posts one receive on `b` and a send with `flags` from `a`.
 fn send(a: &Evented, b: &Evented, id: u64, flags: SendFlags) {
-    b.side.qp.post_recv([rwr(id, &[])]).unwrap();
+    b.side.qp.post_recv(&[rwr(id, &[])]).unwrap();
     a.side
         .qp
-        .post_send([swr(id, SendOp::Send, &[], flags)])
+        .post_send(&[swr(id, SendOp::Send, &[], flags)])
         .unwrap();
 }
 
@@ -95,7 +95,7 @@ fn solicited_only_arms_wait_for_a_solicited_receive_or_an_error() {
     a.side.cq.req_notify(true).unwrap();
     send(&a, &b, 3, SendFlags::SIGNALED | SendFlags::SOLICITED);
     assert_eq!(a.ch.pending(), 0);
-    a.side.qp.post_recv([rwr(9, &[])]).unwrap();
+    a.side.qp.post_recv(&[rwr(9, &[])]).unwrap();
     a.side.qp.modify(&Transition::Error).unwrap(); // flushes the receive
     assert_eq!(a.ch.get_event(), Some(a.side.cq.key()));
     a.side.cq.ack_events(1);
@@ -129,8 +129,8 @@ fn several_cqs_share_a_channel_and_each_event_names_its_cq() {
     let (q1, q2) = (qp(&c1), qp(&c2));
     c1.req_notify(false).unwrap();
     c2.req_notify(false).unwrap();
-    q2.post_recv([rwr(2, &[])]).unwrap();
-    q1.post_recv([rwr(1, &[])]).unwrap();
+    q2.post_recv(&[rwr(2, &[])]).unwrap();
+    q1.post_recv(&[rwr(1, &[])]).unwrap();
     q2.modify(&Transition::Error).unwrap();
     q1.modify(&Transition::Error).unwrap();
     assert_eq!(ch.get_event(), Some(c2.key()));

@@ -8,7 +8,7 @@ use zverbs_sim::*;
 
 /// `n` one-byte writes from `a` to `b`, the last one signaled; the one at `bad` (if any)
 /// names a wrong rkey.
-fn writes(mrs: &[Mr; 2], n: usize, bad: Option<usize>) -> Vec<SendWr> {
+fn writes(mrs: &[Mr; 2], n: usize, bad: Option<usize>) -> Vec<SendWr<MAX_SGE>> {
     (0..n)
         .map(|i| {
             let rkey = if Some(i) == bad {
@@ -43,12 +43,12 @@ fn one_doorbell_per_post_call_and_one_completion_per_signaled_batch() {
             bufs[0].reg(&p.a.pd, all_access()),
             bufs[1].reg(&p.b.pd, all_access()),
         ];
-        p.a.qp.post_send(writes(&mrs, 4, None)).unwrap();
+        p.a.qp.post_send(&writes(&mrs, 4, None)).unwrap();
         p.fabric.run_until_idle();
         assert_eq!(ids(&drain(&p.a.cq)), [(3, WcStatus::Success)]);
-        p.a.qp.post_send(writes(&mrs, 2, None)).unwrap();
-        p.b.qp.post_recv([rwr(9, &[])]).unwrap();
-        p.b.qp.post_recv([]).unwrap(); // posts nothing: no doorbell
+        p.a.qp.post_send(&writes(&mrs, 2, None)).unwrap();
+        p.b.qp.post_recv(&[rwr(9, &[])]).unwrap();
+        p.b.qp.post_recv::<1>(&[]).unwrap(); // posts nothing: no doorbell
         p.fabric.run_until_idle();
         let c = p.a.qp.counters();
         assert_eq!(
@@ -79,7 +79,7 @@ fn a_failure_mid_batch_completes_it_and_flushes_the_rest() {
             bufs[0].reg(&p.a.pd, all_access()),
             bufs[1].reg(&p.b.pd, all_access()),
         ];
-        p.a.qp.post_send(writes(&mrs, 5, Some(2))).unwrap();
+        p.a.qp.post_send(&writes(&mrs, 5, Some(2))).unwrap();
         p.fabric.run_until_idle();
         let wcs = ids(&drain(&p.a.cq));
         assert_eq!(
@@ -102,7 +102,7 @@ fn a_failure_mid_batch_completes_it_and_flushes_the_rest() {
             (1, 5, 3, 2)
         );
         // Posted in ERR: accepted, and flushed at once.
-        p.a.qp.post_send(writes(&mrs, 1, None)).unwrap();
+        p.a.qp.post_send(&writes(&mrs, 1, None)).unwrap();
         let c = p.a.qp.counters();
         assert_eq!(
             (c.send_doorbells, c.sends_posted, c.send_completions),
@@ -120,12 +120,12 @@ fn a_refused_post_counts_only_what_it_posted() {
         bufs[1].reg(&p.b.pd, all_access()),
     ];
     let mut wrs = writes(&mrs, 3, None);
-    wrs[1].num_sge = MAX_SGE + 1;
-    assert_eq!(p.a.qp.post_send(wrs.clone()).unwrap_err().index, 1);
+    wrs[1].num_sge = MAX_SGE as u8 + 1;
+    assert_eq!(p.a.qp.post_send(&wrs).unwrap_err().index, 1);
     let c = p.a.qp.counters();
     assert_eq!((c.send_doorbells, c.sends_posted), (1, 1));
     // Refused at the first request: nothing posted, no doorbell.
-    assert_eq!(p.a.qp.post_send(wrs[1..].to_vec()).unwrap_err().index, 0);
+    assert_eq!(p.a.qp.post_send(&wrs[1..]).unwrap_err().index, 0);
     assert_eq!(p.a.qp.counters().send_doorbells, 1);
     assert_eq!(p.fabric.qp_counters(0), None);
 }

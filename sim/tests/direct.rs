@@ -30,8 +30,8 @@ struct W {
 
 #[derive(Clone, Debug)]
 enum Op {
-    /// `built`: through `post_send_raw` (requests read where they lie: the direct path
-    /// may take the whole list without queueing it), else `post_send`.
+    /// `built`: through `post_send_raw` (inline data read where it lies), else
+    /// `post_send` (inline data from registered memory).
     Post {
         b: bool,
         wrs: Vec<W>,
@@ -99,7 +99,7 @@ impl Env {
         }
     }
 
-    fn wr(&self, b: bool, i: usize, w: W) -> SendWr {
+    fn wr(&self, b: bool, i: usize, w: W) -> SendWr<MAX_SGE> {
         let (me, peer) = (&self.mrs[usize::from(b)], &self.mrs[usize::from(!b)]);
         let atomic = w.kind >= 5;
         let (off, len) = match atomic {
@@ -155,7 +155,7 @@ impl Env {
         let f = &self.pair.fabric;
         match *op {
             Op::Post { b, ref wrs, built } => {
-                let wrs: Vec<SendWr> = wrs
+                let wrs: Vec<SendWr<MAX_SGE>> = wrs
                     .iter()
                     .enumerate()
                     .map(|(i, &w)| self.wr(b, i, w))
@@ -166,20 +166,22 @@ impl Env {
                     // through the call (`wr` moves only keys and remote addresses).
                     unsafe { qp.post_send_raw(&wrs) }
                 } else {
-                    qp.post_send(wrs)
+                    qp.post_send(&wrs)
                 };
                 format!("{res:?}")
             }
             Op::Recv { b, n, short } => {
                 let me = &self.mrs[usize::from(b)];
                 let len = if short { 8 } else { 64 };
-                let wrs = (0..n).map(|i| {
-                    rwr(
-                        200 + u64::from(i),
-                        &[sge(me, REMOTE + 64 * usize::from(i % 4), len)],
-                    )
-                });
-                format!("{:?}", self.side(b).qp.post_recv(wrs))
+                let wrs = (0..n)
+                    .map(|i| {
+                        rwr(
+                            200 + u64::from(i),
+                            &[sge(me, REMOTE + 64 * usize::from(i % 4), len)],
+                        )
+                    })
+                    .collect::<Vec<_>>();
+                format!("{:?}", self.side(b).qp.post_recv(&wrs))
             }
             Op::Poll { b, max } => {
                 let mut wcs = vec![blank_wc(); usize::from(max)];
@@ -273,7 +275,7 @@ fn direct_path_is_taken_on_the_untimed_fabric_only() {
             inline: false,
             bad: 0,
         };
-        e.pair.a.qp.post_send([e.wr(false, 0, w)]).unwrap();
+        e.pair.a.qp.post_send(&[e.wr(false, 0, w)]).unwrap();
         assert_eq!(one(&e.pair.a.cq).status, WcStatus::Success);
         e.pair.fabric.direct_executions()
     };

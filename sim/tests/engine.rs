@@ -46,7 +46,7 @@ fn env_on(f: Fabric, cfg: Cfg, rts: RtsAttr) -> Env {
 }
 
 impl Env {
-    fn write(&self, id: u64, off: usize, len: u32) -> SendWr {
+    fn write(&self, id: u64, off: usize, len: u32) -> SendWr<MAX_SGE> {
         let op = SendOp::Write {
             remote_addr: self.b_buf.addr(off),
             rkey: self.b_mr.rkey(),
@@ -54,7 +54,7 @@ impl Env {
         sig(id, op, &[sge(&self.a_mr, off, len)])
     }
 
-    fn send(&self, id: u64) -> SendWr {
+    fn send(&self, id: u64) -> SendWr<MAX_SGE> {
         sig(id, SendOp::Send, &[sge(&self.a_mr, 0, 4)])
     }
 }
@@ -63,7 +63,7 @@ impl Env {
 fn stepped_time_moves_only_when_stepped() {
     let e = env(rts_attr());
     let f = &e.p.fabric;
-    e.p.a.qp.post_send([e.write(1, 0, 8)]).unwrap();
+    e.p.a.qp.post_send(&[e.write(1, 0, 8)]).unwrap();
     // Posting does not advance time; the request is on the wire.
     assert_eq!(f.now(), Duration::ZERO);
     assert!(f.pending_events() >= 1);
@@ -94,9 +94,9 @@ fn auto_step_poll_progresses_single_threaded_code() {
     let e = env(rts_attr());
     e.p.b
         .qp
-        .post_recv([rwr(7, &[sge(&e.b_mr, 0, 16)])])
+        .post_recv(&[rwr(7, &[sge(&e.b_mr, 0, 16)])])
         .unwrap();
-    e.p.a.qp.post_send([e.send(1)]).unwrap();
+    e.p.a.qp.post_send(&[e.send(1)]).unwrap();
     // No explicit stepping: polling b's CQ runs the engine until the receive completes.
     let got = drain(&e.p.b.cq);
     assert_eq!(ids(&got), [(7, Success)]);
@@ -109,7 +109,7 @@ fn auto_step_poll_progresses_single_threaded_code() {
         ..FabricConfig::stepped(1)
     };
     let e = env_on(Fabric::with_config(cfg, 2), Cfg::default(), rts_attr());
-    e.p.a.qp.post_send([e.write(2, 0, 8)]).unwrap();
+    e.p.a.qp.post_send(&[e.write(2, 0, 8)]).unwrap();
     assert!(drain(&e.p.a.cq).is_empty());
     e.p.fabric.run_until_idle();
     assert_eq!(ids(&drain(&e.p.a.cq)), [(2, Success)]);
@@ -121,7 +121,7 @@ fn bandwidth_serialises_packets_on_the_egress_port() {
     let big = 32;
     e.p.a
         .qp
-        .post_send([e.write(1, 0, big), e.write(2, 32, big)])
+        .post_send(&[e.write(1, 0, big), e.write(2, 32, big)])
         .unwrap();
     e.p.fabric.step();
     let ser = LinkModel::default().serialisation_ns(u64::from(big) + 64);
@@ -155,7 +155,7 @@ fn messages_use_one_psn_per_mtu_segment() {
         };
         sig(id, op, &[sge(&ms, 0, len)])
     };
-    p.a.qp.post_send([w(1, 1000), w(2, 10), w(3, 0)]).unwrap();
+    p.a.qp.post_send(&[w(1, 1000), w(2, 10), w(3, 0)]).unwrap();
     p.fabric.run_until_idle();
     assert_eq!(
         ids(&drain(&p.a.cq)),
@@ -177,8 +177,8 @@ fn link_down_gives_retry_exceeded_after_exact_retransmissions() {
     let f = &e.p.fabric;
     f.link_down(1).unwrap();
     assert_eq!(e.p.b.ctx.query_port(1).unwrap().state, PortState::Down);
-    e.p.a.qp.post_send([e.write(1, 0, 8), e.send(2)]).unwrap();
-    e.p.b.qp.post_recv([rwr(3, &[])]).unwrap();
+    e.p.a.qp.post_send(&[e.write(1, 0, 8), e.send(2)]).unwrap();
+    e.p.b.qp.post_recv(&[rwr(3, &[])]).unwrap();
     f.run_until_idle();
     let got = drain(&e.p.a.cq);
     assert_eq!(ids(&got), [(1, RetryExcErr), (2, WrFlushErr)]);
@@ -202,7 +202,7 @@ fn link_up_in_time_recovers_by_retransmission() {
     let e = env(rts(1, 2, 7));
     let f = &e.p.fabric;
     f.link_down(0).unwrap();
-    e.p.a.qp.post_send([e.write(1, 0, 8)]).unwrap();
+    e.p.a.qp.post_send(&[e.write(1, 0, 8)]).unwrap();
     f.run_for(Duration::from_micros(10)); // one timeout, one lost retransmission
     f.link_up(0).unwrap();
     f.run_until_idle();
@@ -215,7 +215,7 @@ fn missing_peer_times_out_with_real_timing() {
     // Peer QP in RESET: packets are dropped at it, the requester retries, then gives up.
     let e = env(rts(2, 3, 7));
     e.p.b.qp.modify(&Transition::Reset).unwrap();
-    e.p.a.qp.post_send([e.write(1, 0, 8)]).unwrap();
+    e.p.a.qp.post_send(&[e.write(1, 0, 8)]).unwrap();
     e.p.fabric.run_until_idle();
     assert_eq!(ids(&drain(&e.p.a.cq)), [(1, RetryExcErr)]);
     let t = e.p.fabric.now();
@@ -229,7 +229,7 @@ fn missing_peer_times_out_with_real_timing() {
 fn rnr_retry_finite_gives_up() {
     for rnr_retry in 0..=3u8 {
         let e = env(rts(14, 7, rnr_retry));
-        e.p.a.qp.post_send([e.send(1), e.write(2, 0, 8)]).unwrap();
+        e.p.a.qp.post_send(&[e.send(1), e.write(2, 0, 8)]).unwrap();
         e.p.fabric.run_until_idle();
         let got = drain(&e.p.a.cq);
         assert_eq!(
@@ -261,11 +261,14 @@ fn rnr_wait_ends_when_a_receive_arrives_in_time() {
     };
     let e = env_on(Fabric::with_config(cfg, 2), Cfg::default(), rts(14, 7, 1));
     let f = &e.p.fabric;
-    e.p.a.qp.post_send([e.send(1), e.write(2, 8, 8)]).unwrap();
+    e.p.a.qp.post_send(&[e.send(1), e.write(2, 8, 8)]).unwrap();
     f.run_for(Duration::from_micros(100)); // RNR NAK received, waiting 0.64 ms
     assert_eq!(count(&trace_json(f), "rnr_nak"), 1);
     assert!(drain(&e.p.a.cq).is_empty());
-    e.p.b.qp.post_recv([rwr(9, &[sge(&e.b_mr, 0, 8)])]).unwrap();
+    e.p.b
+        .qp
+        .post_recv(&[rwr(9, &[sge(&e.b_mr, 0, 8)])])
+        .unwrap();
     f.run_until_idle();
     assert_eq!(ids(&drain(&e.p.a.cq)), [(1, Success), (2, Success)]);
     assert_eq!(ids(&drain(&e.p.b.cq)), [(9, Success)]);
@@ -283,7 +286,7 @@ fn rnr_wait_ends_when_a_receive_arrives_in_time() {
 fn rnr_retry_7_waits_forever() {
     let e = env(rts(14, 7, 7));
     let f = &e.p.fabric;
-    e.p.a.qp.post_send([e.send(1)]).unwrap();
+    e.p.a.qp.post_send(&[e.send(1)]).unwrap();
     assert_eq!(f.run_until_idle_max(1_000), 1_000);
     assert!(f.now() > Duration::from_millis(200)); // ~330 waits of 0.64 ms
     assert_eq!(e.p.a.qp.state(), QpState::ReadyToSend);
@@ -292,7 +295,10 @@ fn rnr_retry_7_waits_forever() {
         ..f.config()
     };
     assert!(cfg.auto_step);
-    e.p.b.qp.post_recv([rwr(2, &[sge(&e.b_mr, 0, 8)])]).unwrap();
+    e.p.b
+        .qp
+        .post_recv(&[rwr(2, &[sge(&e.b_mr, 0, 8)])])
+        .unwrap();
     assert_eq!(ids(&drain(&e.p.a.cq)), [(1, Success)]);
     assert!(f.run_until_idle() < 10);
 }
@@ -304,15 +310,15 @@ fn instant_fabric_keeps_untimed_rnr_semantics() {
     let p = pair();
     let buf = Buf::new(8, 0);
     let mb = buf.reg(&p.b.pd, all_access());
-    p.a.qp.post_send([sig(1, SendOp::Send, &[])]).unwrap();
+    p.a.qp.post_send(&[sig(1, SendOp::Send, &[])]).unwrap();
     assert!(drain(&p.a.cq).is_empty());
     assert_eq!(p.fabric.pending_events(), 0);
-    p.b.qp.post_recv([rwr(2, &[sge(&mb, 0, 8)])]).unwrap();
+    p.b.qp.post_recv(&[rwr(2, &[sge(&mb, 0, 8)])]).unwrap();
     assert_eq!(ids(&drain(&p.a.cq)), [(1, Success)]);
 
     let f = Fabric::with_devices(2);
     let p = pair_in(f, Cfg::default(), rts(14, 7, 2));
-    p.a.qp.post_send([sig(1, SendOp::Send, &[])]).unwrap();
+    p.a.qp.post_send(&[sig(1, SendOp::Send, &[])]).unwrap();
     assert_eq!(ids(&drain(&p.a.cq)), [(1, RnrRetryExcErr)]);
 }
 
@@ -328,7 +334,7 @@ fn threaded_mode_runs_on_the_wall_clock() {
     // ACK timeout code 6 = 262 µs, longer than the 100 µs round trip.
     let e = env_on(Fabric::with_config(cfg, 2), Cfg::default(), rts(6, 1, 7));
     let t0 = Instant::now();
-    e.p.a.qp.post_send([e.write(1, 0, 8)]).unwrap();
+    e.p.a.qp.post_send(&[e.write(1, 0, 8)]).unwrap();
     let mut wc = Vec::new();
     while wc.is_empty() {
         wc = drain(&e.p.a.cq);
@@ -340,7 +346,7 @@ fn threaded_mode_runs_on_the_wall_clock() {
     // A missing peer: two timeouts of 262 µs (one retry), on the wall clock.
     e.p.b.qp.modify(&Transition::Error).unwrap();
     let t1 = Instant::now();
-    e.p.a.qp.post_send([e.write(2, 0, 8)]).unwrap();
+    e.p.a.qp.post_send(&[e.write(2, 0, 8)]).unwrap();
     let mut wc = Vec::new();
     while wc.is_empty() {
         wc = drain(&e.p.a.cq);

@@ -58,9 +58,9 @@ impl Env {
     }
 
     /// Posts `wr` (signaled) then an unsignaled send, and returns both sides' completions.
-    fn run(&self, wr: SendWr) -> (Vec<WorkCompletion>, Vec<WorkCompletion>) {
+    fn run(&self, wr: SendWr<MAX_SGE>) -> (Vec<WorkCompletion>, Vec<WorkCompletion>) {
         let next = swr(99, SendOp::Send, &[], SendFlags::empty());
-        self.p.a.qp.post_send([wr, next]).unwrap();
+        self.p.a.qp.post_send(&[wr, next]).unwrap();
         (drain(&self.p.a.cq), drain(&self.p.b.cq))
     }
 
@@ -258,7 +258,7 @@ fn zero_length_rdma_skips_the_rkey() {
     let e = env();
     e.p.a
         .qp
-        .post_send([sig(1, e.write(0, 0xbad), &[]), sig(2, e.read(0, 0), &[])])
+        .post_send(&[sig(1, e.write(0, 0xbad), &[]), sig(2, e.read(0, 0), &[])])
         .unwrap();
     let st: Vec<_> = drain(&e.p.a.cq)
         .iter()
@@ -272,7 +272,7 @@ fn zero_length_rdma_skips_the_rkey() {
 fn send_into(e: &Env, recv: &[Sge]) -> (Vec<WorkCompletion>, Vec<WorkCompletion>) {
     e.p.b
         .qp
-        .post_recv([rwr(5, recv), rwr(6, &[sge(&e.b_mr, 0, 16)])])
+        .post_recv(&[rwr(5, recv), rwr(6, &[sge(&e.b_mr, 0, 16)])])
         .unwrap();
     e.run(sig(1, SendOp::Send, &[sge(&e.a_mr, 0, 6)]))
 }
@@ -333,7 +333,7 @@ fn receive_protection_errors() {
 fn flush_on_err_in_posting_order() {
     let e = env();
     let a = &e.p.a.qp;
-    a.post_recv([rwr(20, &[]), rwr(21, &[])]).unwrap();
+    a.post_recv(&[rwr(20, &[]), rwr(21, &[])]).unwrap();
     // b has no receives: the sends wait, and the write queues behind them.
     let w = e.write(0, e.b_mr.rkey());
     let quiet = SendFlags::empty();
@@ -342,7 +342,7 @@ fn flush_on_err_in_posting_order() {
         swr(11, SendOp::SendWithImm(1), &[], quiet),
         swr(12, w, &[sge(&e.a_mr, 0, 4)], quiet),
     ];
-    a.post_send(wrs).unwrap();
+    a.post_send(&wrs).unwrap();
     assert!(drain(&e.p.a.cq).is_empty());
     a.modify(&Transition::Error).unwrap();
     let got: Vec<_> = drain(&e.p.a.cq)
@@ -361,8 +361,8 @@ fn flush_on_err_in_posting_order() {
     // Again: exactly once. Posting in ERR completes at once.
     a.modify(&Transition::Error).unwrap();
     assert!(drain(&e.p.a.cq).is_empty());
-    a.post_send([swr(30, w, &[], quiet)]).unwrap();
-    a.post_recv([rwr(31, &[])]).unwrap();
+    a.post_send(&[swr(30, w, &[], quiet)]).unwrap();
+    a.post_recv(&[rwr(31, &[])]).unwrap();
     let got: Vec<_> = drain(&e.p.a.cq)
         .iter()
         .map(|w| (w.wr_id, w.status, w.opcode))
@@ -375,10 +375,10 @@ fn flush_on_err_in_posting_order() {
 #[test]
 fn reset_discards_without_completions() {
     let e = env();
-    e.p.a.qp.post_recv([rwr(1, &[])]).unwrap();
-    e.p.a.qp.post_send([sig(2, SendOp::Send, &[])]).unwrap();
+    e.p.a.qp.post_recv(&[rwr(1, &[])]).unwrap();
+    e.p.a.qp.post_send(&[sig(2, SendOp::Send, &[])]).unwrap();
     e.p.a.qp.modify(&Transition::Reset).unwrap();
-    e.p.b.qp.post_recv([rwr(3, &[])]).unwrap();
+    e.p.b.qp.post_recv(&[rwr(3, &[])]).unwrap();
     assert!(drain(&e.p.a.cq).is_empty());
     assert!(drain(&e.p.b.cq).is_empty());
     assert_eq!(e.p.a.qp.state(), QpState::Reset);
@@ -391,9 +391,9 @@ fn cq_overflow_errs_its_qps() {
         ..Cfg::default()
     });
     let w = |id| sig(id, e.write(0, e.b_mr.rkey()), &[sge(&e.a_mr, 0, 4)]);
-    e.p.a.qp.post_send([w(1), w(2)]).unwrap();
+    e.p.a.qp.post_send(&[w(1), w(2)]).unwrap();
     assert_eq!(e.p.a.qp.state(), QpState::ReadyToSend);
-    e.p.a.qp.post_send([w(3)]).unwrap();
+    e.p.a.qp.post_send(&[w(3)]).unwrap();
     assert_eq!(e.p.a.qp.state(), QpState::Error);
     let mut wc = [one_wc(); 4];
     assert_eq!(e.p.a.cq.poll(&mut wc), Err(SimError::CqOverflow));
@@ -421,7 +421,7 @@ fn one_wc() -> WorkCompletion {
 /// executed the request and stays in RTS either way.
 #[test]
 fn wrong_response_opcode_per_personality() {
-    type Op = fn(&Env) -> SendWr;
+    type Op = fn(&Env) -> SendWr<MAX_SGE>;
     let ops: [(&str, Op); 4] = [
         ("write", |e| {
             sig(1, e.write(8, e.b_mr.rkey()), &[sge(&e.a_mr, 0, 8)])
@@ -456,9 +456,12 @@ fn wrong_response_opcode_per_personality() {
                 a_mr,
                 b_mr,
             };
-            e.p.b.qp.post_recv([rwr(7, &[sge(&e.b_mr, 0, 8)])]).unwrap();
+            e.p.b
+                .qp
+                .post_recv(&[rwr(7, &[sge(&e.b_mr, 0, 8)])])
+                .unwrap();
             e.p.fabric.corrupt_next_response(1).unwrap();
-            e.p.a.qp.post_send([wr(&e)]).unwrap();
+            e.p.a.qp.post_send(&[wr(&e)]).unwrap();
             e.p.fabric.run_until_idle();
             let want = match (personality, what) {
                 (Personality::Rxe, "write" | "send" | "fetch_add") => FatalErr,

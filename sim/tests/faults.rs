@@ -53,10 +53,10 @@ fn workload(f: Fabric) -> Outcome {
     b_buf.set(768, &[0x5a; 256]);
     let ma = a_buf.reg(&p.a.pd, all_access());
     let mb = b_buf.reg(&p.b.pd, all_access());
-    let recvs: Vec<RecvWr> = (0..16)
+    let recvs: Vec<RecvWr<MAX_SGE>> = (0..16)
         .map(|i| rwr(100 + i, &[sge(&mb, i as usize * 16, 16)]))
         .collect();
-    p.b.qp.post_recv(recvs).unwrap();
+    p.b.qp.post_recv(&recvs).unwrap();
     let mut wrs = Vec::new();
     for i in 0..16u64 {
         let off = i as usize * 16;
@@ -81,7 +81,7 @@ fn workload(f: Fabric) -> Outcome {
         };
         wrs.push(sig(40 + i, fadd, &[sge(&ma, 640 + off, 8)]));
     }
-    p.a.qp.post_send(wrs).unwrap();
+    p.a.qp.post_send(&wrs).unwrap();
     p.fabric.run_until_idle_max(1_000_000);
     let mut a = ids(&drain(&p.a.cq));
     a.sort_by_key(|x| x.0);
@@ -235,7 +235,7 @@ fn small(rts: RtsAttr) -> (Pair, Buf, Buf, Mr, Mr) {
     (p, a_buf, b_buf, ma, mb)
 }
 
-fn write(id: u64, ma: &Mr, mb: &Mr, off: usize) -> SendWr {
+fn write(id: u64, ma: &Mr, mb: &Mr, off: usize) -> SendWr<MAX_SGE> {
     let op = SendOp::Write {
         remote_addr: mb.addr() + off as u64,
         rkey: mb.rkey(),
@@ -248,7 +248,7 @@ fn partition_heal_in_time_recovers_too_long_gives_up() {
     let (p, _a, b_buf, ma, mb) = small(rts(3, 3, 7)); // 32.8 µs timeouts
     let f = &p.fabric;
     f.partition(0, 1).unwrap();
-    p.a.qp.post_send([write(1, &ma, &mb, 0)]).unwrap();
+    p.a.qp.post_send(&[write(1, &ma, &mb, 0)]).unwrap();
     f.run_for(Duration::from_micros(50)); // one timeout, one retransmission lost
     assert!(f
         .trace_events()
@@ -261,7 +261,7 @@ fn partition_heal_in_time_recovers_too_long_gives_up() {
 
     f.partition(1, 0).unwrap();
     p.a.qp
-        .post_send([write(2, &ma, &mb, 8), write(3, &ma, &mb, 16)])
+        .post_send(&[write(2, &ma, &mb, 8), write(3, &ma, &mb, 16)])
         .unwrap();
     f.run_until_idle();
     assert_eq!(ids(&drain(&p.a.cq)), [(2, RetryExcErr), (3, WrFlushErr)]);
@@ -278,15 +278,15 @@ fn partition_heal_in_time_recovers_too_long_gives_up() {
 fn crash_vanishes_the_device_and_peers_time_out() {
     let (p, _a, b_buf, ma, mb) = small(rts(3, 2, 7));
     let f = &p.fabric;
-    p.b.qp.post_recv([rwr(9, &[sge(&mb, 32, 8)])]).unwrap();
+    p.b.qp.post_recv(&[rwr(9, &[sge(&mb, 32, 8)])]).unwrap();
     f.crash(1).unwrap();
     assert_eq!(p.b.ctx.query_port(1).unwrap().state, PortState::Down);
     assert_eq!(p.b.qp.state(), QpState::Error);
-    let refused = p.b.qp.post_send([write(5, &mb, &ma, 0)]).unwrap_err();
+    let refused = p.b.qp.post_send(&[write(5, &mb, &ma, 0)]).unwrap_err();
     assert!(matches!(refused.error, SimError::DeviceFatal));
-    assert!(p.b.qp.post_recv([rwr(6, &[])]).is_err());
+    assert!(p.b.qp.post_recv(&[rwr(6, &[])]).is_err());
     p.a.qp
-        .post_send([write(1, &ma, &mb, 0), sig(2, SendOp::Send, &[])])
+        .post_send(&[write(1, &ma, &mb, 0), sig(2, SendOp::Send, &[])])
         .unwrap();
     f.run_until_idle();
     assert_eq!(ids(&drain(&p.a.cq)), [(1, RetryExcErr), (2, WrFlushErr)]);
@@ -305,9 +305,9 @@ fn corrupted_response_is_a_bad_response_error() {
     let (p, _a, b_buf, ma, mb) = small(rts(14, 7, 7));
     p.fabric.corrupt_next_response(1).unwrap();
     p.a.qp
-        .post_send([write(1, &ma, &mb, 0), write(2, &ma, &mb, 8)])
+        .post_send(&[write(1, &ma, &mb, 0), write(2, &ma, &mb, 8)])
         .unwrap();
-    p.b.qp.post_recv([rwr(7, &[])]).unwrap();
+    p.b.qp.post_recv(&[rwr(7, &[])]).unwrap();
     p.fabric.run_until_idle();
     assert_eq!(ids(&drain(&p.a.cq)), [(1, BadRespErr), (2, WrFlushErr)]);
     assert_eq!(p.a.qp.state(), QpState::Error);
@@ -334,10 +334,10 @@ fn read_without_max_rd_atomic_is_a_local_qp_operation_error() {
         add: 1,
     };
     p.a.qp
-        .post_send([write(1, &ma, &mb, 0), sig(2, read, &[sge(&ma, 8, 8)])])
+        .post_send(&[write(1, &ma, &mb, 0), sig(2, read, &[sge(&ma, 8, 8)])])
         .unwrap();
     p.a.qp
-        .post_send([sig(3, fadd, &[sge(&ma, 16, 8)])])
+        .post_send(&[sig(3, fadd, &[sge(&ma, 16, 8)])])
         .unwrap();
     p.fabric.run_until_idle();
     assert_eq!(
@@ -359,14 +359,14 @@ fn read_without_max_rd_atomic_is_a_local_qp_operation_error() {
 fn write_with_imm_bad_rkey_is_a_local_access_error_at_the_responder() {
     let (p, _a, b_buf, ma, mb) = small(rts_attr());
     p.b.qp
-        .post_recv([rwr(7, &[sge(&mb, 0, 8)]), rwr(8, &[])])
+        .post_recv(&[rwr(7, &[sge(&mb, 0, 8)]), rwr(8, &[])])
         .unwrap();
     let bad = SendOp::WriteWithImm {
         remote_addr: mb.addr(),
         rkey: mb.rkey() ^ 1,
         imm: 5,
     };
-    p.a.qp.post_send([sig(1, bad, &[sge(&ma, 0, 8)])]).unwrap();
+    p.a.qp.post_send(&[sig(1, bad, &[sge(&ma, 0, 8)])]).unwrap();
     p.fabric.run_until_idle();
     assert_eq!(ids(&drain(&p.a.cq)), [(1, RemAccessErr)]);
     let got = drain(&p.b.cq);
@@ -383,13 +383,13 @@ fn write_with_imm_bad_rkey_is_a_local_access_error_at_the_responder() {
     let mb = b_buf.reg(&p.b.pd, all_access());
     let ma = Buf::new(8, 1);
     let ma = ma.reg(&p.a.pd, all_access());
-    p.b.qp.post_recv([rwr(7, &[])]).unwrap();
+    p.b.qp.post_recv(&[rwr(7, &[])]).unwrap();
     let bad = SendOp::WriteWithImm {
         remote_addr: mb.addr(),
         rkey: mb.rkey() ^ 1,
         imm: 5,
     };
-    p.a.qp.post_send([sig(1, bad, &[sge(&ma, 0, 8)])]).unwrap();
+    p.a.qp.post_send(&[sig(1, bad, &[sge(&ma, 0, 8)])]).unwrap();
     assert_eq!(ids(&drain(&p.b.cq)), [(7, WrFlushErr)]);
 }
 
@@ -404,13 +404,13 @@ fn cq_overflow_in_stepped_mode_errs_the_queue_pairs() {
     let ma = a_buf.reg(&p.a.pd, all_access());
     let mb = b_buf.reg(&p.b.pd, all_access());
     let wrs: Vec<_> = (0..4).map(|i| write(i, &ma, &mb, i as usize * 8)).collect();
-    p.a.qp.post_send(wrs).unwrap();
+    p.a.qp.post_send(&wrs).unwrap();
     p.fabric.run_until_idle();
     let mut wc = [one_wc(); 4];
     assert_eq!(p.a.cq.poll(&mut wc), Err(SimError::CqOverflow));
     assert_eq!(p.a.qp.state(), QpState::Error);
     assert!(
-        p.a.qp.post_send([write(9, &ma, &mb, 0)]).is_ok(),
+        p.a.qp.post_send(&[write(9, &ma, &mb, 0)]).is_ok(),
         "accepted, flushed"
     );
     assert_eq!(b_buf.get()[32..], [0; 32]);
@@ -431,7 +431,7 @@ fn one_wc() -> WorkCompletion {
 
 /// How each error kind is provoked on requester `a` of a fresh stepped pair; returns the
 /// failing work request (wr_id 1).
-type Provoke = fn(&Pair, &Mr, &Mr) -> SendWr;
+type Provoke = fn(&Pair, &Mr, &Mr) -> SendWr<MAX_SGE>;
 
 #[test]
 fn flush_exactly_once_in_order_after_each_error_kind() {
@@ -482,7 +482,7 @@ fn flush_exactly_once_in_order_after_each_error_kind() {
         (RemOpErr, |p, ma, mb| {
             let mut s = sge(mb, 0, 8);
             s.lkey ^= 1;
-            p.b.qp.post_recv([rwr(50, &[s])]).unwrap();
+            p.b.qp.post_recv(&[rwr(50, &[s])]).unwrap();
             sig(1, SendOp::Send, &[sge(ma, 0, 8)])
         }),
         (RetryExcErr, |p, ma, mb| {
@@ -500,14 +500,18 @@ fn flush_exactly_once_in_order_after_each_error_kind() {
     for (status, provoke) in kinds {
         let (p, _a, _b, ma, mb) = small(rts(3, 1, 0));
         p.a.qp
-            .post_recv((100..103).map(|id| rwr(id, &[sge(&ma, 32, 8)])))
+            .post_recv(
+                &(100..103)
+                    .map(|id| rwr(id, &[sge(&ma, 32, 8)]))
+                    .collect::<Vec<_>>(),
+            )
             .unwrap();
         let first = provoke(&p, &ma, &mb);
         let rest: Vec<_> = (2..5)
             .map(|id| write(id, &ma, &mb, 8 * id as usize))
             .collect();
-        p.a.qp.post_send([first]).unwrap();
-        p.a.qp.post_send(rest).unwrap();
+        p.a.qp.post_send(&[first]).unwrap();
+        p.a.qp.post_send(&rest).unwrap();
         p.fabric.run_until_idle();
         // Each queue completes in posting order, every request exactly once (the two
         // queues' completions may interleave on the shared CQ).
@@ -552,7 +556,7 @@ fn out_of_range_settings_do_not_panic() {
     ];
     for cfg in cfgs {
         let p = pair_in(Fabric::with_config(cfg, 2), Cfg::default(), rts(1, 0, 0));
-        p.a.qp.post_send([sig(1, SendOp::Send, &[])]).unwrap();
+        p.a.qp.post_send(&[sig(1, SendOp::Send, &[])]).unwrap();
         p.fabric.run_until_idle_max(100);
         let _ = drain(&p.a.cq);
     }
@@ -590,7 +594,7 @@ fn rnr_sleeper_peer_gone(p: Pair, how: Gone, settle: &dyn Fn(&Fabric)) -> Vec<(u
     let (a_buf, b_buf) = (Buf::new(64, 1), Buf::new(64, 0));
     let ma = a_buf.reg(&a.pd, all_access());
     let mb = b_buf.reg(&b.pd, all_access());
-    a.qp.post_send([sig(1, SendOp::Send, &[sge(&ma, 0, 8)])])
+    a.qp.post_send(&[sig(1, SendOp::Send, &[sge(&ma, 0, 8)])])
         .unwrap();
     settle(&f);
     assert!(drain(&a.cq).is_empty(), "{how:?}: the send waits on RNR");
@@ -607,7 +611,7 @@ fn rnr_sleeper_peer_gone(p: Pair, how: Gone, settle: &dyn Fn(&Fabric)) -> Vec<(u
     let got = ids(&drain(&a.cq));
     assert_eq!(a.qp.state(), QpState::Error, "{how:?}: {got:?}");
     // Later work of the requester is flushed; nothing reached the responder's memory.
-    a.qp.post_send([sig(2, SendOp::Send, &[])]).unwrap();
+    a.qp.post_send(&[sig(2, SendOp::Send, &[])]).unwrap();
     let mut all = got;
     all.extend(ids(&drain(&a.cq)));
     assert_eq!(b_buf.get(), [0; 64], "{how:?}");
@@ -643,7 +647,7 @@ fn rnr_sleeper_still_sleeps_through_unrelated_changes_and_wakes_on_a_receive() {
     let ma = a_buf.reg(&p.a.pd, all_access());
     let mb = b_buf.reg(&p.b.pd, all_access());
     p.a.qp
-        .post_send([sig(1, SendOp::Send, &[sge(&ma, 0, 8)])])
+        .post_send(&[sig(1, SendOp::Send, &[sge(&ma, 0, 8)])])
         .unwrap();
     // A third device going down or being cut off from a is none of this connection's
     // business; neither is healing.
@@ -653,7 +657,7 @@ fn rnr_sleeper_still_sleeps_through_unrelated_changes_and_wakes_on_a_receive() {
     p.fabric.heal(0, 2).unwrap();
     assert!(drain(&p.a.cq).is_empty());
     assert_eq!(p.a.qp.state(), QpState::ReadyToSend);
-    p.b.qp.post_recv([rwr(7, &[sge(&mb, 0, 8)])]).unwrap();
+    p.b.qp.post_recv(&[rwr(7, &[sge(&mb, 0, 8)])]).unwrap();
     assert_eq!(ids(&drain(&p.a.cq)), [(1, Success)]);
     assert_eq!(ids(&drain(&p.b.cq)), [(7, Success)]);
     assert_eq!(b_buf.get()[..8], [1; 8]);

@@ -31,7 +31,7 @@ fn handles_are_send_and_sync() {
     assert_send_sync::<Mr>();
     assert_send_sync::<Cq>();
     assert_send_sync::<Qp>();
-    assert_send_sync::<PostError>();
+    assert_send_sync::<PostError<SimError>>();
 }
 
 #[test]
@@ -142,14 +142,14 @@ fn send_and_send_with_imm() {
     let ms = src.reg(&p.a.pd, AccessFlags::empty());
     let md = dst.reg(&p.b.pd, AccessFlags::LOCAL_WRITE);
     p.b.qp
-        .post_recv([rwr(1, &[sge(&md, 8, 32)]), rwr(2, &[sge(&md, 40, 24)])])
+        .post_recv(&[rwr(1, &[sge(&md, 8, 32)]), rwr(2, &[sge(&md, 40, 24)])])
         .unwrap();
     p.a.qp
-        .post_send([sig(10, SendOp::Send, &[sge(&ms, 0, 20)])])
+        .post_send(&[sig(10, SendOp::Send, &[sge(&ms, 0, 20)])])
         .unwrap();
     let imm = SendOp::SendWithImm(0xdead_beef);
     p.a.qp
-        .post_send([sig(11, imm, &[sge(&ms, 20, 4)])])
+        .post_send(&[sig(11, imm, &[sge(&ms, 20, 4)])])
         .unwrap();
     let send = |id| {
         ok(
@@ -184,8 +184,8 @@ fn zero_length_send_consumes_a_receive() {
     let p = pair();
     let dst = Buf::new(8, 7);
     let md = dst.reg(&p.b.pd, AccessFlags::LOCAL_WRITE);
-    p.b.qp.post_recv([rwr(1, &[sge(&md, 0, 8)])]).unwrap();
-    p.a.qp.post_send([sig(2, SendOp::Send, &[])]).unwrap();
+    p.b.qp.post_recv(&[rwr(1, &[sge(&md, 0, 8)])]).unwrap();
+    p.a.qp.post_send(&[sig(2, SendOp::Send, &[])]).unwrap();
     assert_eq!(one(&p.a.cq), ok(2, WcOpcode::Send, 0, None, &p.a.qp));
     assert_eq!(one(&p.b.cq), ok(1, WcOpcode::Recv, 0, None, &p.b.qp));
     assert_eq!(dst.get(), [7; 8]);
@@ -205,7 +205,7 @@ fn write_and_write_with_imm() {
         remote_addr: dst.addr(4),
         rkey: md.rkey(),
     };
-    p.a.qp.post_send([sig(1, op, &[sge(&ms, 0, 8)])]).unwrap();
+    p.a.qp.post_send(&[sig(1, op, &[sge(&ms, 0, 8)])]).unwrap();
     assert_eq!(one(&p.a.cq), ok(1, WcOpcode::RdmaWrite, 8, None, &p.a.qp));
     assert!(drain(&p.b.cq).is_empty());
     let op = SendOp::WriteWithImm {
@@ -213,11 +213,11 @@ fn write_and_write_with_imm() {
         rkey: md.rkey(),
         imm: 77,
     };
-    p.a.qp.post_send([sig(2, op, &[sge(&ms, 8, 6)])]).unwrap();
+    p.a.qp.post_send(&[sig(2, op, &[sge(&ms, 8, 6)])]).unwrap();
     // Waits for a receive, whose scatter list is not used.
     assert!(drain(&p.a.cq).is_empty());
     assert_eq!(dst.get()[20..26], [0x55; 6]);
-    p.b.qp.post_recv([rwr(3, &[])]).unwrap();
+    p.b.qp.post_recv(&[rwr(3, &[])]).unwrap();
     assert_eq!(one(&p.a.cq), ok(2, WcOpcode::RdmaWrite, 6, None, &p.a.qp));
     assert_eq!(
         one(&p.b.cq),
@@ -241,7 +241,7 @@ fn read_scatters_into_several_sges() {
         rkey: mr.rkey(),
     };
     let sges = [sge(&ml, 0, 3), sge(&ml, 10, 0), sge(&ml, 16, 5)];
-    p.a.qp.post_send([sig(1, op, &sges)]).unwrap();
+    p.a.qp.post_send(&[sig(1, op, &sges)]).unwrap();
     assert_eq!(one(&p.a.cq), ok(1, WcOpcode::RdmaRead, 8, None, &p.a.qp));
     assert!(drain(&p.b.cq).is_empty());
     let mut want = vec![0xaa; 32];
@@ -260,8 +260,8 @@ fn send_gathers_and_scatters_across_sges() {
     let md = dst.reg(&p.b.pd, AccessFlags::LOCAL_WRITE);
     let gather = [sge(&ms, 0, 2), sge(&ms, 10, 3), sge(&ms, 20, 4)];
     let scatter = [sge(&md, 0, 4), sge(&md, 8, 4), sge(&md, 16, 8)];
-    p.b.qp.post_recv([rwr(1, &scatter)]).unwrap();
-    p.a.qp.post_send([sig(2, SendOp::Send, &gather)]).unwrap();
+    p.b.qp.post_recv(&[rwr(1, &scatter)]).unwrap();
+    p.a.qp.post_send(&[sig(2, SendOp::Send, &gather)]).unwrap();
     assert_eq!(one(&p.a.cq).status, WcStatus::Success);
     assert_eq!(one(&p.b.cq), ok(1, WcOpcode::Recv, 9, None, &p.b.qp));
     let s = pattern(32, 50);
@@ -290,7 +290,7 @@ fn atomics() {
     };
     // Unequal compare: no swap, old value returned (split over two local SGEs).
     let split = [sge(&ml, 1, 3), sge(&ml, 12, 5)];
-    p.a.qp.post_send([sig(1, cas(4, 9), &split)]).unwrap();
+    p.a.qp.post_send(&[sig(1, cas(4, 9), &split)]).unwrap();
     assert_eq!(one(&p.a.cq), ok(1, WcOpcode::CompareSwap, 8, None, &p.a.qp));
     assert_eq!(remote.get()[8..16], 5u64.to_ne_bytes());
     let got = local.get();
@@ -298,7 +298,7 @@ fn atomics() {
     assert_eq!((got[0], got[4], got[11], got[17]), (0xaa, 0xaa, 0xaa, 0xaa));
     // Equal compare swaps.
     p.a.qp
-        .post_send([sig(2, cas(5, 9), &[sge(&ml, 0, 8)])])
+        .post_send(&[sig(2, cas(5, 9), &[sge(&ml, 0, 8)])])
         .unwrap();
     assert_eq!(one(&p.a.cq), ok(2, WcOpcode::CompareSwap, 8, None, &p.a.qp));
     assert_eq!(remote.get()[8..16], 9u64.to_ne_bytes());
@@ -309,7 +309,7 @@ fn atomics() {
         rkey,
         add: u64::MAX,
     };
-    p.a.qp.post_send([sig(3, fa, &[sge(&ml, 16, 8)])]).unwrap();
+    p.a.qp.post_send(&[sig(3, fa, &[sge(&ml, 16, 8)])]).unwrap();
     assert_eq!(one(&p.a.cq), ok(3, WcOpcode::FetchAdd, 8, None, &p.a.qp));
     assert_eq!(remote.get()[8..16], 8u64.to_ne_bytes());
     assert_eq!(local.get()[16..24], 9u64.to_ne_bytes());
@@ -334,10 +334,10 @@ fn inline_copies_at_post_time() {
         ..sge(&ms, 0, 4)
     };
     p.a.qp
-        .post_send([swr(1, SendOp::Send, &[bogus_lkey], inline)])
+        .post_send(&[swr(1, SendOp::Send, &[bogus_lkey], inline)])
         .unwrap();
     src.set(0, &[9; 16]);
-    p.b.qp.post_recv([rwr(2, &[sge(&md, 0, 16)])]).unwrap();
+    p.b.qp.post_recv(&[rwr(2, &[sge(&md, 0, 16)])]).unwrap();
     assert_eq!(one(&p.a.cq), ok(1, WcOpcode::Send, 4, None, &p.a.qp));
     assert_eq!(one(&p.b.cq), ok(2, WcOpcode::Recv, 4, None, &p.b.qp));
     assert_eq!(dst.get()[..8], [1, 1, 1, 1, 0x55, 0x55, 0x55, 0x55]);
@@ -353,7 +353,7 @@ fn inline_copies_at_post_time() {
         rkey: md.rkey(),
     };
     // Unregistered inline memory is refused by the safe call ...
-    let err = p.a.qp.post_send([swr(3, op, &[raw], inline)]).unwrap_err();
+    let err = p.a.qp.post_send(&[swr(3, op, &[raw], inline)]).unwrap_err();
     assert_eq!((err.index, p.a.qp.state()), (0, QpState::ReadyToSend));
     // ... and read directly by the raw one.
     // SAFETY: `stack` is readable for the whole call.
@@ -376,7 +376,7 @@ fn unsignaled_work_completes_silently() {
         rkey: md.rkey(),
     };
     p.a.qp
-        .post_send([swr(1, op, &[sge(&ms, 0, 8)], SendFlags::empty())])
+        .post_send(&[swr(1, op, &[sge(&ms, 0, 8)], SendFlags::empty())])
         .unwrap();
     assert!(drain(&p.a.cq).is_empty());
     assert_eq!(dst.get(), [4; 8]);
@@ -390,9 +390,9 @@ fn sq_sig_all_signals_everything() {
     });
     let src = Buf::new(8, 4);
     let ms = src.reg(&p.a.pd, AccessFlags::empty());
-    p.b.qp.post_recv([rwr(1, &[])]).unwrap();
+    p.b.qp.post_recv(&[rwr(1, &[])]).unwrap();
     p.a.qp
-        .post_send([swr(7, SendOp::Send, &[sge(&ms, 0, 0)], SendFlags::empty())])
+        .post_send(&[swr(7, SendOp::Send, &[sge(&ms, 0, 0)], SendFlags::empty())])
         .unwrap();
     assert_eq!(one(&p.a.cq), ok(7, WcOpcode::Send, 0, None, &p.a.qp));
 }
@@ -407,14 +407,18 @@ fn unsignaled_work_holds_sq_slots_until_a_later_completion() {
         rkey: 0,
     };
     let quiet = |id| swr(id, op, &[sge(&ms, 0, 0)], SendFlags::empty());
-    p.a.qp.post_send((0..7).map(quiet)).unwrap();
+    p.a.qp
+        .post_send(&(0..7).map(quiet).collect::<Vec<_>>())
+        .unwrap();
     assert!(drain(&p.a.cq).is_empty());
     // A signaled one releases all earlier slots when it completes.
-    p.a.qp.post_send([sig(7, op, &[])]).unwrap();
+    p.a.qp.post_send(&[sig(7, op, &[])]).unwrap();
     assert_eq!(one(&p.a.cq).wr_id, 7);
-    p.a.qp.post_send((10..18).map(quiet)).unwrap();
+    p.a.qp
+        .post_send(&(10..18).map(quiet).collect::<Vec<_>>())
+        .unwrap();
     // All 8 slots now held for good, though all work has executed.
-    let err = p.a.qp.post_send([sig(20, op, &[])]).unwrap_err();
+    let err = p.a.qp.post_send(&[sig(20, op, &[])]).unwrap_err();
     assert_eq!(
         err,
         PostError {
@@ -440,11 +444,11 @@ fn send_waits_for_a_receive_in_order() {
         rkey: md.rkey(),
     };
     p.a.qp
-        .post_send([sig(1, SendOp::Send, &[sge(&ms, 0, 2)]), sig(2, write, &[])])
+        .post_send(&[sig(1, SendOp::Send, &[sge(&ms, 0, 2)]), sig(2, write, &[])])
         .unwrap();
     // The write queues behind the waiting send.
     assert!(drain(&p.a.cq).is_empty());
-    p.b.qp.post_recv([rwr(3, &[sge(&md, 4, 4)])]).unwrap();
+    p.b.qp.post_recv(&[rwr(3, &[sge(&md, 4, 4)])]).unwrap();
     let ids: Vec<u64> = drain(&p.a.cq).iter().map(|w| w.wr_id).collect();
     assert_eq!(ids, [1, 2]);
     assert_eq!(dst.get(), [0, 0, 0, 0, 4, 4, 0, 0]);
@@ -473,7 +477,7 @@ fn gid_routed_path_and_loopback() {
         remote_addr: buf.addr(4),
         rkey: mt.rkey(),
     };
-    s.qp.post_send([sig(1, op, &[sge(&m, 0, 2)])]).unwrap();
+    s.qp.post_send(&[sig(1, op, &[sge(&m, 0, 2)])]).unwrap();
     assert_eq!(one(&s.cq), ok(1, WcOpcode::RdmaWrite, 2, None, &s.qp));
     assert_eq!(buf.get(), [1, 2, 0, 0, 1, 2, 0, 0]);
 }

@@ -44,9 +44,9 @@ fn thousand_devices_stepped() {
     let setup = t0.elapsed();
     let t1 = Instant::now();
     for (i, ((r, l), (mr, ml))) in right.iter().zip(&left).zip(&mrs).enumerate() {
-        l.qp.post_recv([rwr(i as u64, &[sge(ml, 4, 4)])]).unwrap();
+        l.qp.post_recv(&[rwr(i as u64, &[sge(ml, 4, 4)])]).unwrap();
         let send = sig(i as u64, SendOp::Send, &[sge(mr, 0, 4)]);
-        r.qp.post_send([send]).unwrap();
+        r.qp.post_send(&[send]).unwrap();
     }
     let events = f.run_until_idle();
     let run = t1.elapsed();

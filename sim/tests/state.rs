@@ -202,7 +202,7 @@ fn posting_in_wrong_states() {
     let qp = &s.qp;
     let send = || [sig(1, SendOp::Send, &[])];
     let recv = || [rwr(2, &[])];
-    let bad = |r: Result<(), PostError>| {
+    let bad = |r: Result<(), PostError<SimError>>| {
         matches!(
             r,
             Err(PostError {
@@ -211,15 +211,15 @@ fn posting_in_wrong_states() {
             })
         )
     };
-    assert!(bad(qp.post_send(send())) && bad(qp.post_recv(recv())));
+    assert!(bad(qp.post_send(&send())) && bad(qp.post_recv(&recv())));
     qp.modify(&Transition::Init(init_attr(AccessFlags::empty())))
         .unwrap();
-    assert!(bad(qp.post_send(send())));
-    qp.post_recv(recv()).unwrap(); // receives may be posted from INIT
+    assert!(bad(qp.post_send(&send())));
+    qp.post_recv(&recv()).unwrap(); // receives may be posted from INIT
     qp.modify(&Transition::Rtr(rtr_attr(qp.qp_num(), 1, 0)))
         .unwrap();
-    assert!(bad(qp.post_send(send())));
-    qp.post_recv(recv()).unwrap();
+    assert!(bad(qp.post_send(&send())));
+    qp.post_recv(&recv()).unwrap();
     assert!(drain(&s.cq).is_empty());
     assert_eq!(qp.state(), QpState::ReadyToReceive);
 }
@@ -232,7 +232,7 @@ fn post_validation_and_bad_wr_index() {
     let qp = &p.a.qp;
     let five = [sge(&m, 0, 1); 5];
     let e = qp
-        .post_send([sig(1, SendOp::Send, &[]), sig(2, SendOp::Send, &five)])
+        .post_send(&[sig(1, SendOp::Send, &[]), sig(2, SendOp::Send, &five)])
         .unwrap_err();
     assert!(matches!(
         e,
@@ -245,7 +245,7 @@ fn post_validation_and_bad_wr_index() {
     let inline = SendFlags::INLINE;
     let big = swr(3, SendOp::Send, &[sge(&m, 0, 65)], inline);
     assert!(matches!(
-        qp.post_send([big]),
+        qp.post_send(&[big]),
         Err(PostError { index: 0, .. })
     ));
     let read = SendOp::Read {
@@ -254,10 +254,10 @@ fn post_validation_and_bad_wr_index() {
     };
     let inline_read = swr(4, read, &[sge(&m, 0, 8)], inline);
     assert!(matches!(
-        qp.post_send([inline_read]),
+        qp.post_send(&[inline_read]),
         Err(PostError { index: 0, .. })
     ));
-    let e = p.a.qp.post_recv([rwr(5, &[]), rwr(6, &five)]).unwrap_err();
+    let e = p.a.qp.post_recv(&[rwr(5, &[]), rwr(6, &five)]).unwrap_err();
     assert!(matches!(
         e,
         PostError {
@@ -266,7 +266,7 @@ fn post_validation_and_bad_wr_index() {
         }
     ));
     // WR 1 was posted and waits for a receive at b; the rest were refused.
-    p.b.qp.post_recv([rwr(7, &[])]).unwrap();
+    p.b.qp.post_recv(&[rwr(7, &[])]).unwrap();
     assert_eq!(
         drain(&p.a.cq).iter().map(|w| w.wr_id).collect::<Vec<_>>(),
         [1]
@@ -281,8 +281,8 @@ fn post_validation_and_bad_wr_index() {
 #[test]
 fn queue_full() {
     let p = pair(); // 8 WRs each way
-    let wrs = (0..9).map(|i| sig(i, SendOp::Send, &[]));
-    let e = p.a.qp.post_send(wrs).unwrap_err();
+    let wrs: Vec<_> = (0..9).map(|i| sig(i, SendOp::Send, &[])).collect();
+    let e = p.a.qp.post_send(&wrs).unwrap_err();
     assert_eq!(
         e,
         PostError {
@@ -290,7 +290,10 @@ fn queue_full() {
             error: SimError::QueueFull
         }
     );
-    let e = p.a.qp.post_recv((0..10).map(|i| rwr(i, &[]))).unwrap_err();
+    let e =
+        p.a.qp
+            .post_recv(&(0..10).map(|i| rwr(i, &[])).collect::<Vec<_>>())
+            .unwrap_err();
     assert_eq!(
         e,
         PostError {
@@ -299,10 +302,16 @@ fn queue_full() {
         }
     );
     // Receives at b let the 8 sends complete, freeing the SQ.
-    p.b.qp.post_recv((0..8).map(|i| rwr(i, &[]))).unwrap();
+    p.b.qp
+        .post_recv(&(0..8).map(|i| rwr(i, &[])).collect::<Vec<_>>())
+        .unwrap();
     assert_eq!(drain(&p.a.cq).len(), 8);
     p.a.qp
-        .post_send((0..8).map(|i| sig(i, SendOp::Send, &[])))
+        .post_send(
+            &(0..8)
+                .map(|i| sig(i, SendOp::Send, &[]))
+                .collect::<Vec<_>>(),
+        )
         .unwrap();
 }
 
@@ -387,7 +396,7 @@ fn objects_outlive_their_handles_while_used() {
         remote_addr: dst.addr(0),
         rkey: md.rkey(),
     };
-    a.qp.post_send([sig(1, op, &[sge(&ms, 0, 8)])]).unwrap();
+    a.qp.post_send(&[sig(1, op, &[sge(&ms, 0, 8)])]).unwrap();
     assert_eq!(one(&a.cq).status, WcStatus::Success);
     assert_eq!(dst.get(), [3; 8]);
     drop((a.qp, b.qp, ms, md, a.cq, b.cq, fabric));

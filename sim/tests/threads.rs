@@ -30,10 +30,10 @@ fn player(s: &Side, starts: bool) {
     let mut one = [wc[0]];
     let send = |n: u32| {
         out.set(0, &n.to_le_bytes());
-        s.qp.post_send([sig(u64::from(n), SendOp::Send, &[sge(&mo, 0, 4)])])
+        s.qp.post_send(&[sig(u64::from(n), SendOp::Send, &[sge(&mo, 0, 4)])])
             .unwrap();
     };
-    s.qp.post_recv([rwr(0, &[sge(&mi, 0, 4)])]).unwrap();
+    s.qp.post_recv(&[rwr(0, &[sge(&mi, 0, 4)])]).unwrap();
     if starts {
         send(0);
     }
@@ -50,7 +50,7 @@ fn player(s: &Side, starts: bool) {
             let v = u32::from_le_bytes(inb.get().try_into().unwrap());
             assert_eq!(v, got * 2 + u32::from(starts));
             got += 1;
-            s.qp.post_recv([rwr(u64::from(got), &[sge(&mi, 0, 4)])])
+            s.qp.post_recv(&[rwr(u64::from(got), &[sge(&mi, 0, 4)])])
                 .unwrap();
             let next = v + 1;
             if next < 2 * ROUNDS {
@@ -105,7 +105,7 @@ fn streamer(s: &Side, peer_inb: (u64, u32)) -> Vec<u32> {
             match w.opcode {
                 WcOpcode::RecvRdmaWithImm => {
                     imms.push(w.imm.unwrap());
-                    s.qp.post_recv([rwr(0, &[])]).unwrap();
+                    s.qp.post_recv(&[rwr(0, &[])]).unwrap();
                 }
                 _ => *acked += 1,
             }
@@ -113,7 +113,7 @@ fn streamer(s: &Side, peer_inb: (u64, u32)) -> Vec<u32> {
         n
     };
     while sent < WRITES {
-        let wrs: [SendWr; 4] = core::array::from_fn(|i| {
+        let wrs: [SendWr<MAX_SGE>; 4] = core::array::from_fn(|i| {
             let k = sent + i;
             let remote_addr = peer_inb.0 + k as u64 * 8;
             let rkey = peer_inb.1;
@@ -130,7 +130,7 @@ fn streamer(s: &Side, peer_inb: (u64, u32)) -> Vec<u32> {
             };
             let mut sg_list = [Sge::default(); MAX_SGE];
             sg_list[0] = sge(&mo, k * 8, 8);
-            SendWr {
+            SendWr::<MAX_SGE> {
                 wr_id: k as u64,
                 sg_list,
                 num_sge: 1,
@@ -180,7 +180,7 @@ fn both_ends_stream_while_the_world_changes() {
     let (ma, mb) = (ia.reg(&p.a.pd, access), ib.reg(&p.b.pd, access));
     for s in [&p.a, &p.b] {
         for _ in 0..64 {
-            s.qp.post_recv([rwr(0, &[])]).unwrap();
+            s.qp.post_recv(&[rwr(0, &[])]).unwrap();
         }
     }
     let (addr_a, addr_b) = (ia.addr(0), ib.addr(0));

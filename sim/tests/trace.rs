@@ -186,12 +186,12 @@ fn eventful(seed: u64) -> Fabric {
         sig(id, op, &[sge(&ma, 0, 8)])
     };
     p.a.qp
-        .post_send([sig(1, SendOp::Send, &[sge(&ma, 0, 8)]), write(2, mb.rkey())])
+        .post_send(&[sig(1, SendOp::Send, &[sge(&ma, 0, 8)]), write(2, mb.rkey())])
         .unwrap();
     p.fabric.run_until_idle_max(50);
-    p.b.qp.post_recv([rwr(3, &[sge(&mb, 8, 8)])]).unwrap();
+    p.b.qp.post_recv(&[rwr(3, &[sge(&mb, 8, 8)])]).unwrap();
     p.fabric.run_until_idle();
-    p.a.qp.post_send([write(4, mb.rkey() ^ 1)]).unwrap();
+    p.a.qp.post_send(&[write(4, mb.rkey() ^ 1)]).unwrap();
     p.fabric.run_until_idle();
     let f = p.fabric.clone();
     drop(p); // destroying the objects leaves the trace alone
@@ -293,8 +293,8 @@ fn untraced_fabric_records_nothing() {
         Cfg::default(),
         rts_attr(),
     );
-    p.a.qp.post_send([sig(1, SendOp::Send, &[])]).unwrap();
-    p.b.qp.post_recv([rwr(2, &[])]).unwrap();
+    p.a.qp.post_send(&[sig(1, SendOp::Send, &[])]).unwrap();
+    p.b.qp.post_recv(&[rwr(2, &[])]).unwrap();
     assert_eq!(ids(&drain(&p.a.cq)), [(1, WcStatus::Success)]);
     assert_eq!(p.fabric.trace_len(), 0);
 }

@@ -66,7 +66,7 @@ impl Node {
     /// Posts a receive of `len` bytes at offset `off` of the buffer.
     fn recv(&self, wr_id: u64, off: usize, len: u32) {
         self.qp
-            .post_recv([rwr(wr_id, &[sge(&self.mr, off, len)])])
+            .post_recv(&[rwr(wr_id, &[sge(&self.mr, off, len)])])
             .unwrap();
     }
 
@@ -79,7 +79,7 @@ impl Node {
         };
         let op = SendOp::Datagram { dest, imm };
         self.qp
-            .post_send([sig(wr_id, op, &[sge(&self.mr, off, len)])])
+            .post_send(&[sig(wr_id, op, &[sge(&self.mr, off, len)])])
             .unwrap();
     }
 }
@@ -201,7 +201,7 @@ fn datagrams_nobody_takes_are_dropped_silently_and_the_sender_still_succeeds() {
         remote_qkey: QKEY,
     };
     let op = |dest| SendOp::Datagram { dest, imm: None };
-    a.qp.post_send([sig(8, op(gone), &[])]).unwrap();
+    a.qp.post_send(&[sig(8, op(gone), &[])]).unwrap();
     let fresh =
         b.pd.create_ud_qp(&QpInitAttr {
             send_cq: &b.cq,
@@ -211,7 +211,7 @@ fn datagrams_nobody_takes_are_dropped_silently_and_the_sender_still_succeeds() {
         })
         .unwrap();
     gone.remote_qpn = fresh.qp_num();
-    a.qp.post_send([sig(9, op(gone), &[])]).unwrap();
+    a.qp.post_send(&[sig(9, op(gone), &[])]).unwrap();
     let sent = drain(&a.cq);
     let ok = |ids: &[u64]| {
         ids.iter()
@@ -256,7 +256,7 @@ fn the_high_qkey_bit_sends_the_own_qkey_except_on_rxe() {
             remote_qkey: 0x8000_0000,
         };
         let op = SendOp::Datagram { dest, imm: None };
-        a.qp.post_send([sig(1, op, &[])]).unwrap();
+        a.qp.post_send(&[sig(1, op, &[])]).unwrap();
         assert_eq!(one(&a.cq).status, WcStatus::Success);
         assert_eq!(drain(&b.cq).len(), usize::from(lands), "{personality:?}");
     }
@@ -269,7 +269,7 @@ fn rdma_operations_are_refused_or_fail_the_queue_pair_as_on_rxe() {
         rkey: 0,
     };
     let (_f, a, _b) = two(FabricConfig::default());
-    let err = a.qp.post_send([sig(1, write, &[])]).unwrap_err();
+    let err = a.qp.post_send(&[sig(1, write, &[])]).unwrap_err();
     assert!(matches!(err.error, SimError::Invalid(_)), "{err}");
     assert_eq!(a.qp.state(), QpState::ReadyToSend);
     // rxe's user-space provider posts it; its requester fails it.
@@ -277,7 +277,7 @@ fn rdma_operations_are_refused_or_fail_the_queue_pair_as_on_rxe() {
         personality: Personality::Rxe,
         ..FabricConfig::default()
     });
-    a.qp.post_send([sig(1, write, &[])]).unwrap();
+    a.qp.post_send(&[sig(1, write, &[])]).unwrap();
     assert_eq!(one(&a.cq).status, WcStatus::LocQpOpErr);
     assert_eq!(a.qp.state(), QpState::Error);
 }
@@ -293,13 +293,13 @@ fn datagrams_need_a_ud_queue_pair_and_a_live_address_handle_of_its_pd() {
         remote_qkey: QKEY,
     };
     let dgram = SendOp::Datagram { dest, imm: None };
-    let err = p.a.qp.post_send([sig(1, dgram, &[])]).unwrap_err();
+    let err = p.a.qp.post_send(&[sig(1, dgram, &[])]).unwrap_err();
     assert!(matches!(err.error, SimError::Invalid(_)), "{err}");
     // Another PD's handle, then a destroyed one.
     let other = node(&f, "sim0", QKEY);
-    assert!(other.qp.post_send([sig(1, dgram, &[])]).is_err());
+    assert!(other.qp.post_send(&[sig(1, dgram, &[])]).is_err());
     drop(ah);
-    let err = a.qp.post_send([sig(1, dgram, &[])]).unwrap_err();
+    let err = a.qp.post_send(&[sig(1, dgram, &[])]).unwrap_err();
     assert!(matches!(err.error, SimError::Invalid(_)), "{err}");
     assert!(drain(&a.cq).is_empty());
 }
@@ -363,7 +363,7 @@ fn a_bad_receive_key_fails_the_receive_and_the_queue_pair() {
     let ah = a.ah_to(&b, 0);
     let mut bad = sge(&b.mr, 0, 64);
     bad.lkey ^= 0x100;
-    b.qp.post_recv([rwr(1, &[bad])]).unwrap();
+    b.qp.post_recv(&[rwr(1, &[bad])]).unwrap();
     a.send(1, &ah, &b, 0, 8, None);
     assert_eq!(one(&b.cq).status, WcStatus::LocProtErr);
     assert_eq!(b.qp.state(), QpState::Error);

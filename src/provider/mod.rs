@@ -24,30 +24,14 @@ pub mod sim;
 #[cfg(feature = "verbs")]
 pub mod verbs;
 
-use core::fmt;
-
 use crate::error::ProviderError;
 use crate::types::{
     AccessFlags, AhKey, DeviceAttr, Gid, Mtu, PortAttr, QpCaps, QpState, RecvWr, SendWr,
     WorkCompletion,
 };
-pub use zverbs_types::{AhAttr, InitAttr, QpType, RtrAttr, RtsAttr, Transition, UdInitAttr};
-
-/// A post that stopped at work request `index` (the verbs `bad_wr`): requests before it
-/// were posted, it and those after were not.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PostError<E> {
-    /// Position of the first request that was not posted.
-    pub index: usize,
-    /// Why.
-    pub error: E,
-}
-
-impl<E: fmt::Display> fmt::Display for PostError<E> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "work request {} not posted: {}", self.index, self.error)
-    }
-}
+pub use zverbs_types::{
+    AhAttr, InitAttr, PostError, QpType, RtrAttr, RtsAttr, Transition, UdInitAttr,
+};
 
 /// A connected queue pair's path and connection attributes as the device applied them
 /// (`ibv_query_qp`): what a C program reads back from `ibv_qp_attr` after RTR and RTS.

@@ -1,10 +1,10 @@
 //! The simulator backend: [`Provider`] over the `zverbs-sim` crate (feature `sim`).
 //!
 //! This adapter is the mirror of the verbs one: it maps each verb onto the simulated HCA.
-//! The simulator speaks zverbs's own data types (`zverbs-types`): sends are read where they
-//! lie in the caller's slice (through `s::SendRequest`, below); receives are copied into
-//! the simulator's queue entries (zverbs's `SGES` entries into its fixed sixteen). The
-//! simulated [`Fabric`] is reachable through [`Sim::fabric`] for simulator-only controls: simulated time, faults, the trace.
+//! The simulator speaks zverbs's own data types (`zverbs-types`): work requests are read
+//! where they lie in the caller's slice, with no conversion. The simulated [`Fabric`] is
+//! reachable through [`Sim::fabric`] for simulator-only controls: simulated time, faults,
+//! the trace.
 //!
 //! ```
 //! use zverbs::provider::{sim::Sim, Provider};
@@ -118,51 +118,6 @@ impl ProviderError for s::SimError {
             s::SimError::DeviceFatal => ErrorKind::DeviceFatal,
             _ => ErrorKind::Other,
         }
-    }
-}
-
-/// The library's send request, read by the simulator where it lies: a `num_sge` past the
-/// entries it holds is refused there (`EINVAL`, and the post stops there), as a device
-/// refuses too many SGEs.
-impl<const SGES: usize> s::SendRequest for SendWr<SGES> {
-    #[inline(always)]
-    fn wr_id(&self) -> u64 {
-        self.wr_id
-    }
-    #[inline(always)]
-    fn op(&self) -> s::SendOp {
-        self.op
-    }
-    #[inline(always)]
-    fn flags(&self) -> s::SendFlags {
-        self.flags
-    }
-    #[inline(always)]
-    fn num_sge(&self) -> usize {
-        usize::from(self.num_sge)
-    }
-    #[inline(always)]
-    fn sges(&self) -> &[s::Sge] {
-        &self.sg_list
-    }
-}
-
-/// The simulator's `num_sge` for a receive with `len` entries: a `num_sge` past the
-/// request's own list (`!fits`) becomes a count above every queue pair's SGE limit, so the
-/// simulator refuses that request (`EINVAL`, and the post stops there) without reading the
-/// entries the list does not have (the scratch request's are left from earlier posts).
-fn sge_count(len: usize, fits: bool) -> usize {
-    if fits {
-        len
-    } else {
-        usize::MAX
-    }
-}
-
-fn post_error(e: s::PostError) -> PostError<s::SimError> {
-    PostError {
-        index: e.index,
-        error: e.error,
     }
 }
 
@@ -324,24 +279,14 @@ impl Provider for Sim {
         wrs: &[SendWr<SGES>],
     ) -> Result<(), PostError<s::SimError>> {
         // SAFETY: the caller upholds `Provider::post_send`, which includes that inline
-        // gather entries are readable for the duration of this call. The requests are read
-        // where they lie (`s::SendRequest`, below).
-        unsafe { qp.post_send_raw(wrs) }.map_err(post_error)
+        // gather entries are readable for the duration of this call.
+        unsafe { qp.post_send_raw(wrs) }
     }
 
     unsafe fn post_recv<const SGES: usize>(
         qp: &s::Qp,
         wrs: &[RecvWr<SGES>],
     ) -> Result<(), PostError<s::SimError>> {
-        qp.post_recv_with(wrs.len(), |i, out| {
-            let wr = &wrs[i];
-            let sges = wr.sges();
-            // As for sends: entries past MAX_SGE are dropped, `num_sge` keeps the count.
-            for (d, e) in out.sg_list.iter_mut().zip(sges) {
-                *d = *e;
-            }
-            (out.wr_id, out.num_sge) = (wr.wr_id, sge_count(sges.len(), wr.sges_fit()));
-        })
-        .map_err(post_error)
+        qp.post_recv(wrs)
     }
 }

@@ -7,14 +7,16 @@
 //! where users find them (`zverbs::types`, `zverbs::provider`); `zverbs-sim` speaks them
 //! directly, so the simulator's values are the provider's without a conversion.
 //!
-//! The crate is `no_std`, allocates nothing and depends only on `bitflags`. Work requests
-//! are not here: zverbs's carry `S` gather entries in a const-generic array, the
-//! simulator's a fixed sixteen; each crate keeps its own.
+//! Work requests are here too (`SendWr<SGES>`, `RecvWr<SGES>`, `PostError`): a channel's
+//! ring holds them, and every provider, the simulator included, reads them where they lie.
+//!
+//! The crate is `no_std` (feature `std` adds `std::error::Error` for `PostError`),
+//! allocates nothing and depends only on `bitflags`.
 
 #![no_std]
 #![deny(missing_docs, unsafe_code)]
 
-#[cfg(test)]
+#[cfg(any(test, feature = "std"))]
 extern crate std;
 
 mod device;
@@ -27,4 +29,4 @@ pub use device::{AtomicCap, DeviceAttr};
 pub use port::{Gid, Mtu, PortAttr, PortState};
 pub use qp::{AhAttr, InitAttr, QpCaps, QpState, QpType, RtrAttr, RtsAttr, Transition, UdInitAttr};
 pub use wc::{WcOpcode, WcStatus, WorkCompletion};
-pub use wr::{AccessFlags, AhKey, SendFlags, SendOp, Sge, UdDest};
+pub use wr::{AccessFlags, AhKey, PostError, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest};

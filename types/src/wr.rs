@@ -1,5 +1,11 @@
-//! What work requests carry: access rights, send flags, scatter/gather entries and
-//! operations.
+//! Work requests and what they carry: access rights, send flags, scatter/gather entries,
+//! operations, and the error of a post that stopped part way.
+//!
+//! A request owns its scatter/gather list in a fixed array of `SGES` entries, so a ring of
+//! them is allocated once and posting never allocates; zverbs's rings hold them and its
+//! providers, the simulator included, read them where they lie.
+
+use core::fmt;
 
 use crate::WcOpcode;
 
@@ -151,5 +157,111 @@ impl SendOp {
             self,
             SendOp::Send | SendOp::SendWithImm(_) | SendOp::WriteWithImm { .. }
         )
+    }
+}
+
+/// A send work request with room for `SGES` gather entries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SendWr<const SGES: usize> {
+    /// Identifier returned in the completion.
+    pub wr_id: u64,
+    /// Gather list; the first `num_sge` entries are used.
+    pub sg_list: [Sge; SGES],
+    /// Number of valid entries in `sg_list`, at most `SGES` (a larger count is refused when
+    /// posted).
+    pub num_sge: u8,
+    /// Operation.
+    pub op: SendOp,
+    /// Flags.
+    pub flags: SendFlags,
+}
+
+impl<const SGES: usize> SendWr<SGES> {
+    /// A request with an empty gather list.
+    pub const fn new(wr_id: u64, op: SendOp, flags: SendFlags) -> Self {
+        SendWr {
+            wr_id,
+            sg_list: [Sge {
+                addr: 0,
+                length: 0,
+                lkey: 0,
+            }; SGES],
+            num_sge: 0,
+            op,
+            flags,
+        }
+    }
+
+    /// The used part of the gather list: the first `num_sge` entries. A `num_sge` above
+    /// `SGES` names entries that do not exist: this gives the `SGES` there are, and providers
+    /// refuse to post such a request (see [`sges_fit`](Self::sges_fit)).
+    pub fn sges(&self) -> &[Sge] {
+        &self.sg_list[..usize::from(self.num_sge).min(SGES)]
+    }
+
+    /// Whether `num_sge` is at most `SGES`, the entries `sg_list` holds.
+    pub fn sges_fit(&self) -> bool {
+        usize::from(self.num_sge) <= SGES
+    }
+}
+
+/// A receive work request with room for `SGES` scatter entries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecvWr<const SGES: usize> {
+    /// Identifier returned in the completion.
+    pub wr_id: u64,
+    /// Scatter list; the first `num_sge` entries are used.
+    pub sg_list: [Sge; SGES],
+    /// Number of valid entries in `sg_list`, at most `SGES` (a larger count is refused when
+    /// posted).
+    pub num_sge: u8,
+}
+
+impl<const SGES: usize> RecvWr<SGES> {
+    /// A request with an empty scatter list.
+    pub const fn new(wr_id: u64) -> Self {
+        RecvWr {
+            wr_id,
+            sg_list: [Sge {
+                addr: 0,
+                length: 0,
+                lkey: 0,
+            }; SGES],
+            num_sge: 0,
+        }
+    }
+
+    /// The used part of the scatter list: the first `num_sge` entries, at most `SGES` (as
+    /// [`SendWr::sges`]; providers refuse a request whose `num_sge` exceeds `SGES`).
+    pub fn sges(&self) -> &[Sge] {
+        &self.sg_list[..usize::from(self.num_sge).min(SGES)]
+    }
+
+    /// Whether `num_sge` is at most `SGES`, the entries `sg_list` holds.
+    pub fn sges_fit(&self) -> bool {
+        usize::from(self.num_sge) <= SGES
+    }
+}
+
+/// A post that stopped at work request `index` (the verbs `bad_wr`): requests before it
+/// were posted, it and those after were not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PostError<E> {
+    /// Position of the first request that was not posted.
+    pub index: usize,
+    /// Why.
+    pub error: E,
+}
+
+impl<E: fmt::Display> fmt::Display for PostError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "work request {} not posted: {}", self.index, self.error)
+    }
+}
+
+#[cfg(feature = "std")]
+impl<E: std::error::Error + 'static> std::error::Error for PostError<E> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
     }
 }

@@ -11,7 +11,6 @@
 //! its object; a PD or CQ still used by other objects lingers (unreachable) until they
 //! are gone.
 
-use core::fmt;
 #[cfg(loom)]
 use loom::sync::Arc;
 use std::sync::atomic::AtomicBool;

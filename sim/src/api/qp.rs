@@ -1,9 +1,8 @@
-//! The queue pair handle, its creation attributes and its posting error.
+//! The queue pair handle and its creation attributes.
 
 use super::*;
 use crate::counters::QpCounters;
 use crate::hca::rq::SharedRq;
-use crate::hca::Scratch;
 use crate::hca::{SendLane, QPN_BASE};
 
 /// Attributes of a new queue pair (`ibv_qp_init_attr`; its type is the creating call's).
@@ -57,15 +56,14 @@ impl Pd {
     /// // B's receive buffer: 40 bytes of global route header, then the message.
     /// let mut buf = vec![0u8; 40 + 5];
     /// let mr = unsafe { pb.register_mr(buf.as_mut_ptr(), buf.len(), AccessFlags::LOCAL_WRITE) }.unwrap();
-    /// let mut sg_list = [Sge::default(); MAX_SGE];
-    /// sg_list[0] = Sge { addr: buf.as_ptr() as u64, length: 45, lkey: mr.lkey() };
-    /// qb.post_recv([RecvWr { wr_id: 7, sg_list, num_sge: 1 }]).unwrap();
+    /// let sg_list = [Sge { addr: buf.as_ptr() as u64, length: 45, lkey: mr.lkey() }];
+    /// qb.post_recv(&[RecvWr { wr_id: 7, sg_list, num_sge: 1 }]).unwrap();
     /// // A sends "hello" inline to B's queue pair, through an address handle to sim1.
     /// let dgid = b.query_gid(1, 0).unwrap();
     /// let ah = pa.create_ah(&AhAttr::new(1, dgid, 0, 0)).unwrap();
     /// let msg = *b"hello";
     /// let dest = UdDest { ah: ah.key(), remote_qpn: qb.qp_num(), remote_qkey: 0x1111 };
-    /// sg_list[0] = Sge { addr: msg.as_ptr() as u64, length: 5, lkey: 0 };
+    /// let sg_list = [Sge { addr: msg.as_ptr() as u64, length: 5, lkey: 0 }];
     /// let wr = SendWr { wr_id: 1, sg_list, num_sge: 1, op: SendOp::Datagram { dest, imm: None },
     ///     flags: SendFlags::INLINE };
     /// // SAFETY: `msg` is readable for the call.
@@ -134,27 +132,6 @@ impl Ah {
 impl Drop for Ah {
     fn drop(&mut self) {
         enter(&self.world).tables.destroy_ah(self.key);
-    }
-}
-
-/// A synchronous posting error (`bad_wr` plus `errno`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PostError {
-    /// Position of the first work request NOT posted; the earlier ones were posted.
-    pub index: usize,
-    /// Why it was refused.
-    pub error: SimError,
-}
-
-impl fmt::Display for PostError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "work request {} not posted: {}", self.index, self.error)
-    }
-}
-
-impl std::error::Error for PostError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(&self.error)
     }
 }
 
@@ -252,68 +229,12 @@ impl Qp {
         res
     }
 
-    /// Posts send work requests in order; each goes on the wire at once. INLINE entries are copied
-    /// now; their SGEs must lie in memory registered in this QP's PD (their lkeys are not
-    /// checked). See [`Qp::post_send_raw`] for inline data from unregistered memory.
+    /// Posts send work requests in order, read where they lie; each goes on the wire at
+    /// once. INLINE entries are copied now; their SGEs must lie in memory registered in
+    /// this QP's PD (their lkeys are not checked). See [`Qp::post_send_raw`] for inline
+    /// data from unregistered memory.
     ///
     /// In ERR the requests are accepted and complete at once with `WrFlushErr`.
-    ///
-    /// # Errors
-    /// The first request refused, and why: [`SimError::Invalid`] outside RTS/ERR or once
-    /// the device crashed, for too
-    /// many SGEs, or for bad inline data; [`SimError::QueueFull`] when all `max_send_wr`
-    /// slots are held (an unsignaled request holds its slot until a later one completes
-    /// with a completion).
-    pub fn post_send<I: IntoIterator<Item = SendWr>>(&self, wrs: I) -> Result<(), PostError> {
-        self.post_sends(wrs, None)
-    }
-
-    fn post_sends<I: IntoIterator<Item = SendWr>>(
-        &self,
-        wrs: I,
-        raw: Option<&RawInline>,
-    ) -> Result<(), PostError> {
-        let mut wrs = wrs.into_iter();
-        // A request alone may run on the lane (a list needs each request twice: posted
-        // through `post_send_raw`, it is read where it lies).
-        let first = wrs.next();
-        let second = first.and_then(|_| wrs.next());
-        if let (Some(wr), None) = (first, second) {
-            if let Some(res) = self.post_on_lane(core::slice::from_ref(&wr), raw) {
-                return res.map_err(|(index, error)| PostError { index, error });
-            }
-        }
-        let mut wrs = first.into_iter().chain(second).chain(wrs);
-        let next = |slot: &mut SendWr| wrs.next().map(|wr| *slot = wr).is_some();
-        self.post_send_list(next, raw)
-    }
-
-    /// Posts the send requests `wrs` on the queue pair's lane, beside the other lanes
-    /// (`hca/direct.rs`); `None`, having posted nothing, when the lane is not to be had
-    /// or its direct path declines the list (the caller then posts it with the world held
-    /// exclusively).
-    fn post_on_lane(
-        &self,
-        wrs: &[impl SendRequest],
-        raw: Option<&RawInline>,
-    ) -> Option<Result<(), (usize, SimError)>> {
-        let l = self.lane.as_ref()?;
-        let w = self.world.lane(&l.flag, self.id())?;
-        let taken = w.post_direct(self.id(), wrs)?;
-        if taken.done == taken.admitted {
-            return Some(taken.res);
-        }
-        drop(w);
-        let mut w = enter(&self.world);
-        let res = w.post_rest(self.id(), taken, wrs, raw);
-        w.run_due();
-        Some(res)
-    }
-
-    /// Like [`Qp::post_send`], but the requests are read where they lie (any
-    /// [`SendRequest`]: an adapter's own request type posts without a copy of each
-    /// request), and INLINE SGEs are read straight from their addresses, as a real driver
-    /// does, and need not be registered.
     ///
     /// ```
     /// # use zverbs_sim::*;
@@ -323,11 +244,26 @@ impl Qp {
     /// # let cq = ctx.create_cq(8).unwrap();
     /// # let cap = QpCaps { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
     /// # let qp = pd.create_qp(&QpInitAttr { send_cq: &cq, recv_cq: &cq, cap, sq_sig_all: false }).unwrap();
-    /// let wr = SendWr { wr_id: 1, sg_list: [Sge::default(); MAX_SGE], num_sge: 0, op: SendOp::Send, flags: SendFlags::SIGNALED };
+    /// let wr = SendWr::<1>::new(1, SendOp::Send, SendFlags::SIGNALED);
     /// // In RESET a post is refused; the error names request 0.
-    /// let res = unsafe { qp.post_send_raw(&[wr, wr]) };
-    /// assert_eq!(res.unwrap_err().index, 0);
+    /// assert_eq!(qp.post_send(&[wr, wr]).unwrap_err().index, 0);
     /// ```
+    ///
+    /// # Errors
+    /// The first request refused, and why: [`SimError::Invalid`] outside RTS/ERR or once
+    /// the device crashed, for too many SGEs (more than `max_send_sge`, or than the
+    /// request holds), or for bad inline data; [`SimError::QueueFull`] when all
+    /// `max_send_wr` slots are held (an unsignaled request holds its slot until a later one
+    /// completes with a completion).
+    pub fn post_send<const SGES: usize>(
+        &self,
+        wrs: &[SendWr<SGES>],
+    ) -> Result<(), PostError<SimError>> {
+        self.post_sends(wrs, None)
+    }
+
+    /// Like [`Qp::post_send`], but INLINE SGEs are read straight from their addresses, as
+    /// a real driver does, and need not be registered.
     ///
     /// # Errors
     /// As [`Qp::post_send`].
@@ -335,15 +271,37 @@ impl Qp {
     /// # Safety
     /// For every request with [`SendFlags::INLINE`], each SGE's `addr..addr + length` must
     /// be valid for reads during this call.
-    pub unsafe fn post_send_raw(&self, wrs: &[impl SendRequest]) -> Result<(), PostError> {
+    pub unsafe fn post_send_raw<const SGES: usize>(
+        &self,
+        wrs: &[SendWr<SGES>],
+    ) -> Result<(), PostError<SimError>> {
         // SAFETY: the caller vouches for the inline SGE ranges, which are read only inside
         // this call.
         let raw = unsafe { RawInline::new() };
-        let res = match self.post_on_lane(wrs, Some(&raw)) {
-            Some(res) => res,
-            None => {
+        self.post_sends(wrs, Some(&raw))
+    }
+
+    /// The intake of every send post. On the queue pair's send lane, beside the other
+    /// lanes (`hca/direct.rs`), when the lane is to be had and the direct path takes the
+    /// list; otherwise, or for what the direct path leaves, with the world held
+    /// exclusively (`World::post_sends`).
+    fn post_sends<const SGES: usize>(
+        &self,
+        wrs: &[SendWr<SGES>],
+        raw: Option<&RawInline>,
+    ) -> Result<(), PostError<SimError>> {
+        let on_lane = self.lane.as_ref().and_then(|l| {
+            let w = self.world.lane(&l.flag, self.id())?;
+            w.post_direct(self.id(), wrs)
+        });
+        let res = match on_lane {
+            Some(taken) if taken.done == taken.admitted => taken.res,
+            taken => {
                 let mut w = enter(&self.world);
-                let res = w.post_send_slice(self.id(), wrs, Some(&raw));
+                let res = match taken {
+                    Some(taken) => w.post_queued(self.id(), taken, wrs, raw),
+                    None => w.post_sends(self.id(), wrs, raw),
+                };
                 w.run_due();
                 res
             }
@@ -351,32 +309,9 @@ impl Qp {
         res.map_err(|(index, error)| PostError { index, error })
     }
 
-    fn post_send_list(
-        &self,
-        next: impl FnMut(&mut SendWr) -> bool,
-        raw: Option<&RawInline>,
-    ) -> Result<(), PostError> {
-        let mut w = enter(&self.world);
-        let res = w.post_send_list(self.id(), next, raw);
-        w.run_due();
-        res.map_err(|(index, error)| PostError { index, error })
-    }
-
-    /// Posts receive work requests in order.
+    /// Posts receive work requests in order, read where they lie.
     ///
     /// In ERR the requests are accepted and complete at once with `WrFlushErr`.
-    ///
-    /// # Errors
-    /// The first request refused, and why: [`SimError::Invalid`] in RESET or for too many
-    /// SGEs; [`SimError::QueueFull`] when `max_recv_wr` requests are queued.
-    pub fn post_recv<I: IntoIterator<Item = RecvWr>>(&self, wrs: I) -> Result<(), PostError> {
-        let mut wrs = wrs.into_iter();
-        self.post_recv_list(|slot| wrs.next().map(|wr| *slot = wr).is_some())
-    }
-
-    /// Posts receive work requests built in place: `fill(i, wr)` writes request `i` (of
-    /// `n`) into a scratch request whose scatter entries past the `num_sge` it sets are
-    /// left over from earlier requests (only the first `num_sge` are read).
     ///
     /// ```
     /// # use zverbs_sim::*;
@@ -387,55 +322,28 @@ impl Qp {
     /// # let cap = QpCaps { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
     /// # let qp = pd.create_qp(&QpInitAttr { send_cq: &cq, recv_cq: &cq, cap, sq_sig_all: false }).unwrap();
     /// // In RESET a receive is refused; the error names request 0.
-    /// let res = qp.post_recv_with(3, |i, wr| (wr.wr_id, wr.num_sge) = (i as u64, 0));
+    /// let res = qp.post_recv(&[RecvWr::<1>::new(7)]);
     /// assert_eq!(res.unwrap_err().index, 0);
     /// ```
     ///
     /// # Errors
-    /// As [`Qp::post_recv`].
-    pub fn post_recv_with(
+    /// The first request refused, and why: [`SimError::Invalid`] in RESET or for too many
+    /// SGEs (more than `max_recv_sge`, or than the request holds); [`SimError::QueueFull`]
+    /// when `max_recv_wr` requests are queued.
+    pub fn post_recv<const SGES: usize>(
         &self,
-        n: usize,
-        mut fill: impl FnMut(usize, &mut RecvWr),
-    ) -> Result<(), PostError> {
-        let mut i = 0;
-        self.post_recv_list(|slot| {
-            let more = i < n;
-            if more {
-                fill(i, slot);
-                i += 1;
+        wrs: &[RecvWr<SGES>],
+    ) -> Result<(), PostError<SimError>> {
+        let res = match self.rq.as_ref().and_then(|rq| rq.post(wrs)) {
+            Some(res) => res,
+            None => {
+                let mut w = enter(&self.world);
+                let res = w.post_recvs(self.id(), wrs);
+                w.run_due();
+                res
             }
-            more
-        })
-    }
-
-    fn post_recv_list(&self, mut next: impl FnMut(&mut RecvWr) -> bool) -> Result<(), PostError> {
-        if let Some(done) = self.rq.as_ref().and_then(|rq| rq.post(&mut next)) {
-            return done.map_err(|r| PostError {
-                index: r.index,
-                error: r.error,
-            });
-        }
-        let mut w = enter(&self.world);
-        // Built in the world's scratch request (see `World::scratch`).
-        let mut scratch = w.scratch.take().unwrap_or_else(Scratch::new);
-        let wr = &mut scratch.recv;
-        let mut res = Ok(());
-        let mut posted = 0;
-        for index in 0.. {
-            if !next(wr) {
-                break;
-            }
-            if let Err(error) = w.post_recv(self.id(), wr) {
-                res = Err(PostError { index, error });
-                break;
-            }
-            posted += 1;
-        }
-        w.scratch = Some(scratch);
-        w.count_posts(self.id(), false, posted);
-        w.run_due();
-        res
+        };
+        res.map_err(|(index, error)| PostError { index, error })
     }
 }
 

@@ -35,7 +35,7 @@
 //! under their writer locks, taken in index order and held over the list, so that the
 //! room a request counts is there when it writes. Everything else it only reads, and only
 //! the exclusive side changes it, after draining the lanes. A list the lane executes in
-//! part leaves its rest to the exclusive side (`World::post_rest`), which checks each
+//! part leaves its rest to the exclusive side (`World::post_queued`), which checks each
 //! request again as its post would: the world may have changed in between, as it may
 //! between two posts.
 //!
@@ -105,7 +105,7 @@ struct Direct<'w> {
 
 /// What [`World::post_direct`] did with a list it took: requests `..done` executed, and
 /// `done..admitted` still to post one by one, with the world held exclusively
-/// (`World::post_rest`); `res` is the outcome of the posts' checks.
+/// (`World::post_queued`); `res` is the outcome of the posts' checks.
 pub(crate) struct Taken {
     pub(crate) done: usize,
     pub(crate) admitted: usize,
@@ -138,7 +138,7 @@ impl World {
     }
 
     /// Posts the send work requests `wrs`, read where they lie, on the direct path without
-    /// queueing them, when that gives what posting them one by one (`post_send_list`) and
+    /// queueing them, when that gives what posting them one by one (`post_queued`) and
     /// running the queue would: every request is checked first (as the posts would check
     /// them, each counting those before it as queued), none is inline (an inline request's
     /// bytes are read at its post, so executing an earlier one first could change them),
@@ -147,7 +147,11 @@ impl World {
     /// be posted one by one instead.
     ///
     /// Runs on QP `q`'s send lane, or with the world held exclusively.
-    pub(crate) fn post_direct(&self, q: usize, wrs: &[impl SendRequest]) -> Option<Taken> {
+    pub(crate) fn post_direct<const SGES: usize>(
+        &self,
+        q: usize,
+        wrs: &[SendWr<SGES>],
+    ) -> Option<Taken> {
         let n = wrs.len();
         let qp = self.tables.qps.get(q)?;
         if qp.ty != QpType::Rc || qp.sq.len() != 0 || n == 0 {
@@ -162,9 +166,9 @@ impl World {
         let held = *qp.unsig_done as usize;
         let (mut admitted, mut res, mut recv) = (n, Ok(()), false);
         for (i, wr) in wrs.iter().enumerate() {
-            recv |= wr.op().consumes_receive();
+            recv |= wr.op.consumes_receive();
             match qp.admits_wr(wr, &self.net, held + i) {
-                Ok(_) if !wr.flags().contains(SendFlags::INLINE) => {}
+                Ok(_) if !wr.flags.contains(SendFlags::INLINE) => {}
                 Ok(_) => return None,
                 Err(e) => {
                     (admitted, res) = (i, Err((i, e)));
@@ -178,9 +182,7 @@ impl World {
         let mut done = 0;
         while let Some(wr) = wrs.get(done).filter(|_| done < admitted) {
             // As admitted: `num_sge` of its entries.
-            let Some(sges) = wr.sges().get(..wr.num_sge()) else {
-                break;
-            };
+            let sges = wr.sges();
             let head = SendHead::of(wr, sg_len(sges));
             let Some(d) = plan(self, q, &path, &cqs, &head, sges, &[]) else {
                 break;

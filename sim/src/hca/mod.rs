@@ -69,49 +69,17 @@ pub(crate) struct World {
     pub(crate) tables: Tables,
     /// What they share: configuration, time and events, the wire, the trace.
     pub(crate) net: Net,
-    /// The requests a post call builds each request of its list in, kept from call to
-    /// call so that a call does not clear a whole `MAX_SGE` list first (entries past a
-    /// request's `num_sge` are left over, and never read). Taken for the call (`None`
-    /// only during one).
-    pub(crate) scratch: Option<Box<Scratch>>,
 }
 
 /// What a new queue pair's handle holds: its number, and in threaded mode its receive
 /// queue and (RC) its send lane.
 pub(crate) type NewQp = (u32, Option<Arc<SharedRq>>, Option<Arc<SendLane>>);
 
-/// A send and a receive request to build posted requests in.
-#[derive(Debug)]
-pub(crate) struct Scratch {
-    pub(crate) send: SendWr,
-    pub(crate) recv: RecvWr,
-}
-
-impl Scratch {
-    pub(crate) fn new() -> Box<Scratch> {
-        Box::new(Scratch {
-            send: SendWr {
-                wr_id: 0,
-                sg_list: [Sge::default(); MAX_SGE],
-                num_sge: 0,
-                op: SendOp::Send,
-                flags: SendFlags::empty(),
-            },
-            recv: RecvWr {
-                wr_id: 0,
-                sg_list: [Sge::default(); MAX_SGE],
-                num_sge: 0,
-            },
-        })
-    }
-}
-
 impl World {
     pub(crate) fn new(cfg: FabricConfig) -> World {
         World {
             tables: Tables::new(),
             net: Net::new(cfg),
-            scratch: Some(Scratch::new()),
         }
     }
 
@@ -195,73 +163,38 @@ impl World {
         Ok(())
     }
 
-    /// Posts send WRs in order (see `Qp::post_send`); the error names the first refused
-    /// (those before it stay posted). `next` writes the next request into the scratch
-    /// `SendWr` it is given (whose entries past `num_sge` are stale) and returns true, or
-    /// returns false when there is none.
+    /// Posts the send WRs `wrs` (see `Qp::post_send`), read where they lie: the intake,
+    /// with the world held exclusively. The direct path executes what it may of the list
+    /// at once (`post_direct`, which takes a list only where executing it there gives what
+    /// the packet path would); the rest is queued for the packet path (`post_queued`).
+    pub(crate) fn post_sends<const SGES: usize>(
+        &mut self,
+        q: usize,
+        wrs: &[SendWr<SGES>],
+        raw: Option<&RawInline>,
+    ) -> Result<(), (usize, SimError)> {
+        let taken = self.post_direct(q, wrs).unwrap_or(Taken {
+            done: 0,
+            admitted: wrs.len(),
+            res: Ok(()),
+        });
+        self.post_queued(q, taken, wrs, raw)
+    }
+
+    /// Ends a post call whose requests `..taken.done` the direct path executed (none when
+    /// it declined the list): the requests up to `taken.admitted` are queued one by one,
+    /// each checked again (on a lane, the world may have changed since), the first refused
+    /// ending the list; then the queue runs. The error names the first refused.
     ///
     /// On an untimed fabric nothing executes before the whole list is posted (INLINE data
     /// is captured at post, before earlier requests of the list could change it, and all of
     /// them hold send queue slots), as on the packet path, where execution waits for the
-    /// events run at the end of the call; then the direct path takes what it can.
-    pub(crate) fn post_send_list(
-        &mut self,
-        q: usize,
-        mut next: impl FnMut(&mut SendWr) -> bool,
-        raw: Option<&RawInline>,
-    ) -> Result<(), (usize, SimError)> {
-        let mut scratch = self.scratch.take().unwrap_or_else(Scratch::new);
-        let wr = &mut scratch.send;
-        let mut res = Ok(());
-        let mut posted = 0;
-        for index in 0.. {
-            if !next(wr) {
-                break;
-            }
-            if self.net.untimed && index > 0 {
-                self.fail_head_now(q);
-            }
-            if let Err(error) = self.post_send(q, wr, raw) {
-                res = Err((index, error));
-                break;
-            }
-            posted += 1;
-        }
-        self.scratch = Some(scratch);
-        self.count_posts(q, true, posted);
-        if self.tables.qps.get(q).is_some_and(|qp| qp.ty == QpType::Ud) {
-            self.send_datagrams(q);
-        } else if self.net.untimed {
-            self.run_direct(q);
-            self.pump(q);
-        }
-        res
-    }
-
-    /// Posts the send WRs `wrs`, read where they lie: executed without queueing where the
-    /// direct path may take the whole list (`post_direct`), else one by one.
-    pub(crate) fn post_send_slice(
-        &mut self,
-        q: usize,
-        wrs: &[impl SendRequest],
-        raw: Option<&RawInline>,
-    ) -> Result<(), (usize, SimError)> {
-        let Some(taken) = self.post_direct(q, wrs) else {
-            // One by one.
-            let mut wrs = wrs.iter();
-            let next = |wr: &mut SendWr| wrs.next().map(|r| wr.set_from(r)).is_some();
-            return self.post_send_list(q, next, raw);
-        };
-        self.post_rest(q, taken, wrs, raw)
-    }
-
-    /// Ends a post call whose requests `..taken.done` the direct path executed: the
-    /// requests up to `taken.admitted` are posted one by one (and run as the queue runs).
-    pub(crate) fn post_rest(
+    /// events run at the end of the call.
+    pub(crate) fn post_queued<const SGES: usize>(
         &mut self,
         q: usize,
         taken: Taken,
-        wrs: &[impl SendRequest],
+        wrs: &[SendWr<SGES>],
         raw: Option<&RawInline>,
     ) -> Result<(), (usize, SimError)> {
         let Taken {
@@ -269,38 +202,46 @@ impl World {
             admitted,
             res,
         } = taken;
-        if done == admitted {
+        if done > 0 && done == admitted {
             return res;
         }
-        // Queued as their posts queued them (no request runs before the list is posted),
-        // each checked again: on a lane, the world may have changed since.
-        let mut scratch = self.scratch.take().unwrap_or_else(Scratch::new);
         let mut posted = Ok(());
+        let mut n = 0;
         for (i, wr) in wrs.iter().enumerate().take(admitted).skip(done) {
-            scratch.send.set_from(wr);
-            if let Err(e) = self.post_send(q, &scratch.send, raw) {
+            // After the direct path executed some, the packet path would still hold them
+            // ahead of this list's head: no head to fail now.
+            if self.net.untimed && i > 0 && done == 0 {
+                self.fail_head_now(q);
+            }
+            if let Err(e) = self.post_send(q, wr, raw) {
                 posted = Err((i, e));
                 break;
             }
+            n += 1;
         }
-        self.scratch = Some(scratch);
-        let n = posted.as_ref().err().map_or(admitted, |e| e.0) - done;
-        if let Some(qp) = self.tables.qps.get_mut(q) {
-            qp.counters.more_sends(n);
+        match self.tables.qps.get_mut(q) {
+            // The direct path counted the call's doorbell.
+            Some(qp) if done > 0 => qp.counters.more_sends(n),
+            Some(qp) => qp.counters.posts(true, n),
+            None => {}
         }
-        self.run_direct(q);
-        self.pump(q);
+        if self.tables.qps.get(q).is_some_and(|qp| qp.ty == QpType::Ud) {
+            self.send_datagrams(q);
+        } else if self.net.untimed {
+            self.run_direct(q);
+            self.pump(q);
+        }
         posted.and(res)
     }
 
     /// Posts one send WR (see `QpObj::post_send`). With `raw`, inline SGEs are read from
     /// their addresses; otherwise they must lie in memory registered in the PD. The
     /// requester transmits it at once, but on an untimed fabric, where transmission waits
-    /// for the end of the list (`post_send_list`).
-    fn post_send(
+    /// for the end of the list (`post_queued`).
+    fn post_send<const SGES: usize>(
         &mut self,
         q: usize,
-        wr: &SendWr,
+        wr: &SendWr<SGES>,
         raw: Option<&RawInline>,
     ) -> Result<(), SimError> {
         let Tables { qps, mrs, ahs, .. } = &mut self.tables;
@@ -357,9 +298,35 @@ impl World {
         }
     }
 
+    /// Posts the receive WRs `wrs` in order (see `Qp::post_recv`), with the world held
+    /// exclusively; the error names the first refused.
+    pub(crate) fn post_recvs<const SGES: usize>(
+        &mut self,
+        q: usize,
+        wrs: &[RecvWr<SGES>],
+    ) -> Result<(), (usize, SimError)> {
+        let mut res = Ok(());
+        let mut n = 0;
+        for (i, wr) in wrs.iter().enumerate() {
+            if let Err(e) = self.post_recv(q, wr) {
+                res = Err((i, e));
+                break;
+            }
+            n += 1;
+        }
+        if let Some(qp) = self.tables.qps.get_mut(q) {
+            qp.counters.posts(false, n);
+        }
+        res
+    }
+
     /// Posts one receive WR (see `QpObj::post_recv`); a requester asleep on an RNR NAK
     /// from `q` wakes to meet it.
-    pub(crate) fn post_recv(&mut self, q: usize, wr: &RecvWr) -> Result<(), SimError> {
+    fn post_recv<const SGES: usize>(
+        &mut self,
+        q: usize,
+        wr: &RecvWr<SGES>,
+    ) -> Result<(), SimError> {
         let qp = self.tables.qps.get_mut(q).expect("live QP");
         match qp.post_recv(wr, &mut self.net)? {
             Posted::Flushed(wc) => {
@@ -374,13 +341,6 @@ impl World {
             }
         }
         Ok(())
-    }
-
-    /// Counts one post call on QP `q` that posted `n` work requests.
-    pub(crate) fn count_posts(&mut self, q: usize, send: bool, n: usize) {
-        if let Some(qp) = self.tables.qps.get_mut(q) {
-            qp.counters.posts(send, n);
-        }
     }
 
     /// A packet arrives: hands it to its queue pair, or loses it.

@@ -425,9 +425,9 @@ impl QpObj {
     /// finds them (registered memory of the PD, or the caller's raw addresses); one it
     /// does not find refuses the post.
     #[inline]
-    pub(crate) fn post_send<'m>(
+    pub(crate) fn post_send<'m, const SGES: usize>(
         &mut self,
-        wr: &SendWr,
+        wr: &SendWr<SGES>,
         net: &mut Net,
         mut inline_src: impl FnMut(u64, usize) -> Option<Src<'m>>,
     ) -> Result<Posted, SimError> {
@@ -443,7 +443,7 @@ impl QpObj {
                 )));
             }
         };
-        let sges = &wr.sg_list[..wr.num_sge];
+        let sges = wr.sges();
         // Inline data is resolved before anything is queued (a bad source refuses the
         // post) and copied into the entry's slot.
         let mut spans = Spans::new();
@@ -470,9 +470,9 @@ impl QpObj {
     /// completed unsignaled): whether it is refused, queued (with the bytes its gather list
     /// names) or completed at once flushed (in ERR). Changes nothing.
     #[inline]
-    pub(crate) fn admits_send(
+    pub(crate) fn admits_send<const SGES: usize>(
         &self,
-        wr: &SendWr,
+        wr: &SendWr<SGES>,
         net: &Net,
         held: usize,
     ) -> Result<Admitted, SimError> {
@@ -502,20 +502,19 @@ impl QpObj {
     /// The checks of [`QpObj::admits_send`] that concern the request, with `held` send
     /// queue slots held: the bytes its gather list names, if they pass.
     #[inline]
-    pub(crate) fn admits_wr(
+    pub(crate) fn admits_wr<const SGES: usize>(
         &self,
-        wr: &impl SendRequest,
+        wr: &SendWr<SGES>,
         net: &Net,
         held: usize,
     ) -> Result<u64, SimError> {
-        let n = wr.num_sge();
-        if n > self.sq.limits().1 as usize {
+        if usize::from(wr.num_sge) > self.sq.limits().1 as usize {
             return invalid("num_sge exceeds max_send_sge");
         }
-        let Some(sges) = wr.sges().get(..n) else {
+        if !wr.sges_fit() {
             return invalid("num_sge exceeds the entries the request holds");
-        };
-        let (op, flags) = (wr.op(), wr.flags());
+        }
+        let (sges, op, flags) = (wr.sges(), wr.op, wr.flags);
         // An RDMA operation on a UD queue pair is refused (IBTA; the kernel's verbs), but
         // rxe's user-space provider posts it and its requester then fails it with
         // `LocQpOpErr`, the queue pair to ERR (`ud.rs`).
@@ -556,7 +555,12 @@ impl QpObj {
 
     /// Queues a send WR its post admitted (naming `total` bytes), tracing the post; an
     /// inline payload is the caller's to copy into the slot.
-    pub(crate) fn queue_send(&mut self, wr: &SendWr, total: u64, net: &mut Net) {
+    pub(crate) fn queue_send<const SGES: usize>(
+        &mut self,
+        wr: &SendWr<SGES>,
+        total: u64,
+        net: &mut Net,
+    ) {
         self.sq.push(wr, total);
         let kind = TraceKind::PostSend(wr.op.wc_opcode());
         net.trace(self.dev(), self.qpn, kind, None, Some(wr.wr_id));
@@ -564,7 +568,11 @@ impl QpObj {
 
     /// Validates and queues one receive WR (see `Qp::post_recv`), tracing the post.
     #[inline]
-    pub(crate) fn post_recv(&mut self, wr: &RecvWr, net: &mut Net) -> Result<Posted, SimError> {
+    pub(crate) fn post_recv<const SGES: usize>(
+        &mut self,
+        wr: &RecvWr<SGES>,
+        net: &mut Net,
+    ) -> Result<Posted, SimError> {
         if self.dead {
             return Err(SimError::DeviceFatal);
         }
@@ -573,7 +581,7 @@ impl QpObj {
         }
         let (state, qpn) = (self.state, self.qpn);
         let posted = self.rq.with(|q| {
-            q.admits(wr.num_sge)?;
+            q.admits(wr)?;
             if state == QpState::Error {
                 return Ok(Posted::Flushed(flush_wc(wr.wr_id, WcOpcode::Recv, qpn)));
             }

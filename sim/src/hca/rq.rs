@@ -65,15 +65,6 @@ pub(crate) struct RqState {
     /// counters when they are read.
     doorbells: u64,
     posted: u64,
-    /// The request a post builds each of its requests in (see `World::scratch`).
-    scratch: RecvWr,
-}
-
-/// A post without the world's lock was refused by request `index` (as the world would).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Refused {
-    pub(crate) index: usize,
-    pub(crate) error: SimError,
 }
 
 impl RqHome {
@@ -99,11 +90,6 @@ impl RqHome {
                 traced,
                 doorbells: 0,
                 posted: 0,
-                scratch: RecvWr {
-                    wr_id: 0,
-                    sg_list: [Sge::default(); MAX_SGE],
-                    num_sge: 0,
-                },
             }),
             events,
         });
@@ -183,13 +169,14 @@ impl SharedRq {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Posts the requests `next` writes (see `Qp::post_recv_list`) without the world's
-    /// lock, if the queue is open: `Some` with the outcome the world would give, or `None`
-    /// (nothing taken from `next`) when the call must go through the world.
-    pub(crate) fn post(
+    /// Posts the requests `wrs` (see `Qp::post_recv`) without the world's lock, if the
+    /// queue is open: `Some` with the outcome the world would give (the index of the first
+    /// refused, and why), or `None`, having posted nothing, when the call must go through
+    /// the world.
+    pub(crate) fn post<const SGES: usize>(
         &self,
-        mut next: impl FnMut(&mut RecvWr) -> bool,
-    ) -> Option<Result<(), Refused>> {
+        wrs: &[RecvWr<SGES>],
+    ) -> Option<Result<(), (usize, SimError)>> {
         if self.events.load(Ordering::Acquire) {
             return None;
         }
@@ -200,16 +187,13 @@ impl SharedRq {
         }
         let mut res = Ok(());
         let mut posted = 0;
-        for index in 0.. {
-            if !next(&mut s.scratch) {
-                break;
-            }
+        for (i, wr) in wrs.iter().enumerate() {
             // The checks of `QpObj::post_recv` that an open queue can fail.
-            if let Err(error) = s.q.admits(s.scratch.num_sge) {
-                res = Err(Refused { index, error });
+            if let Err(e) = s.q.admits(wr) {
+                res = Err((i, e));
                 break;
             }
-            s.q.push_back(&s.scratch);
+            s.q.push_back(wr);
             posted += 1;
         }
         if posted > 0 {
@@ -280,13 +264,8 @@ mod loom_model {
         (home, shared)
     }
 
-    fn recv(wr_id: u64) -> impl FnMut(&mut RecvWr) -> bool {
-        let mut done = false;
-        move |wr| {
-            let more = !done;
-            (wr.wr_id, wr.num_sge, done) = (wr_id, 0, true);
-            more
-        }
+    fn recv(wr_id: u64) -> [RecvWr<1>; 1] {
+        [RecvWr::new(wr_id)]
     }
 
     /// A handle posts while the world consumes one receive and then moves the queue pair
@@ -299,9 +278,9 @@ mod loom_model {
             let poster = thread::spawn(move || {
                 let mut taken = 0;
                 for id in 0..2 {
-                    match shared.post(recv(id)) {
+                    match shared.post(&recv(id)) {
                         Some(Ok(())) => taken += 1,
-                        Some(Err(r)) => panic!("refused: {:?}", r.error),
+                        Some(Err((_, e))) => panic!("refused: {e:?}"),
                         None => {}
                     }
                 }
@@ -334,7 +313,7 @@ mod loom_model {
     fn a_post_does_not_outlive_a_reset() {
         loom::model(|| {
             let (mut home, shared) = open_queue();
-            let poster = thread::spawn(move || shared.post(recv(7)).is_some());
+            let poster = thread::spawn(move || shared.post(&recv(7)).is_some());
             home.clear_closed();
             poster.join().unwrap();
             assert!(

@@ -5,10 +5,9 @@
 //! entries and 256 bytes of inline room, over 500 bytes) on every push and pop. Here a post
 //! writes only the fields and bytes it uses into the next slot, and retiring the head moves
 //! an index. A send slot's gather list and inline room are as large as the queue pair
-//! allows (`max_send_sge`, `max_inline_data`, kept beside the slots), not the 16 entries
-//! and 256 bytes a [`SendWr`] can carry; a receive slot holds its work request id and as
-//! many scatter entries as the queue pair allows (`max_recv_sge`), not the 16 of a
-//! [`RecvWr`].
+//! allows (`max_send_sge`, `max_inline_data`, kept beside the slots), not the most a
+//! device allows ([`MAX_SGE`], [`MAX_INLINE`]); a receive slot holds its work request id
+//! and as many scatter entries as the queue pair allows (`max_recv_sge`).
 //!
 //! Both rings are allocated whole when the queue pair is created, so posting never
 //! allocates; or, with [`FabricConfig::lazy_queues`](crate::FabricConfig::lazy_queues),
@@ -45,13 +44,13 @@ pub(crate) struct SendHead {
 impl SendHead {
     /// The head of `wr`, whose gather list names `total` bytes.
     #[inline]
-    pub(crate) fn of(wr: &impl SendRequest, total: u64) -> SendHead {
+    pub(crate) fn of<const SGES: usize>(wr: &SendWr<SGES>, total: u64) -> SendHead {
         SendHead {
-            wr_id: wr.wr_id(),
-            op: wr.op(),
-            flags: wr.flags(),
+            wr_id: wr.wr_id,
+            op: wr.op,
+            flags: wr.flags,
             // At most `MAX_SGE` (checked against `max_send_sge` at post).
-            num_sge: wr.num_sge().min(MAX_SGE) as u8,
+            num_sge: wr.sges().len().min(MAX_SGE) as u8,
             total,
         }
     }
@@ -343,8 +342,8 @@ impl SendQueue {
     /// # Panics
     /// If the queue is full (callers check `max_send_wr` first), or the gather list is
     /// longer than a slot's room (callers check `max_send_sge`).
-    pub(crate) fn push(&mut self, wr: &SendWr, total: u64) {
-        let sges = &wr.sg_list[..wr.num_sge];
+    pub(crate) fn push<const SGES: usize>(&mut self, wr: &SendWr<SGES>, total: u64) {
+        let sges = wr.sges();
         let at = self.0.push("send queue");
         self.0.slots[at] = SqEntry {
             wr: SendHead::of(wr, total),
@@ -405,11 +404,17 @@ impl RecvQueue {
         (self.0.capacity, self.0.stride - 1)
     }
 
-    /// Whether a receive of `num_sge` entries may be queued: too many entries, or no room.
-    pub(crate) fn admits(&self, num_sge: usize) -> Result<(), SimError> {
+    /// Whether `wr` may be queued: too many entries (more than a slot holds, or than the
+    /// request does), or no room.
+    pub(crate) fn admits<const SGES: usize>(&self, wr: &RecvWr<SGES>) -> Result<(), SimError> {
         let (capacity, stride) = self.limits();
-        if num_sge > stride as usize {
+        if usize::from(wr.num_sge) > stride as usize {
             return Err(SimError::Invalid("num_sge exceeds max_recv_sge"));
+        }
+        if !wr.sges_fit() {
+            return Err(SimError::Invalid(
+                "num_sge exceeds the entries the request holds",
+            ));
         }
         if self.len() >= capacity as usize {
             return Err(SimError::QueueFull);
@@ -435,14 +440,15 @@ impl RecvQueue {
         })
     }
 
-    /// Appends `wr` (its `num_sge` checked against the stride by the caller).
+    /// Appends `wr` (admitted: [`admits`](Self::admits)).
     ///
     /// # Panics
     /// If the queue is full (callers check `max_recv_wr` first) or `wr` has more entries
     /// than a slot holds.
     #[inline]
-    pub(crate) fn push_back(&mut self, wr: &RecvWr) {
-        let n = wr.num_sge;
+    pub(crate) fn push_back<const SGES: usize>(&mut self, wr: &RecvWr<SGES>) {
+        let sges = wr.sges();
+        let n = sges.len();
         assert!(
             n < self.0.stride(),
             "more scatter entries than a slot holds"
@@ -456,7 +462,7 @@ impl RecvQueue {
             length: n as u32,
             lkey: 0,
         };
-        run[1..].copy_from_slice(&wr.sg_list[..n]);
+        run[1..].copy_from_slice(sges);
     }
 
     /// Removes the oldest receive; its id.
@@ -479,13 +485,8 @@ mod tests {
     /// Pushes a send of id `id` with one gather entry at `id` of `id` bytes, and `id` in
     /// every byte of its inline room.
     fn push(q: &mut SendQueue, id: u64) {
-        let mut wr = SendWr {
-            wr_id: id,
-            sg_list: [Sge::default(); MAX_SGE],
-            num_sge: 1,
-            op: SendOp::Send,
-            flags: SendFlags::empty(),
-        };
+        let mut wr = SendWr::<1>::new(id, SendOp::Send, SendFlags::empty());
+        wr.num_sge = 1;
         wr.sg_list[0] = Sge {
             addr: id,
             length: id as u32,
@@ -549,12 +550,9 @@ mod tests {
         push(&mut q, 2);
     }
 
-    fn rwr(id: u64, n: usize) -> RecvWr {
-        let mut wr = RecvWr {
-            wr_id: id,
-            sg_list: [Sge::default(); MAX_SGE],
-            num_sge: n,
-        };
+    fn rwr(id: u64, n: usize) -> RecvWr<2> {
+        let mut wr = RecvWr::new(id);
+        wr.num_sge = n as u8;
         for (k, s) in wr.sg_list.iter_mut().enumerate().take(n) {
             s.addr = id * 100 + k as u64;
         }

@@ -69,33 +69,25 @@ pub fn sge(mr: &Mr, off: usize, len: u32) -> Sge {
     }
 }
 
-/// A send WR.
-pub fn swr(wr_id: u64, op: SendOp, sges: &[Sge], flags: SendFlags) -> SendWr {
-    let mut sg_list = [Sge::default(); MAX_SGE];
-    sg_list[..sges.len()].copy_from_slice(sges);
-    SendWr {
-        wr_id,
-        sg_list,
-        num_sge: sges.len(),
-        op,
-        flags,
-    }
+/// A send WR, with room for the most entries a device allows.
+pub fn swr(wr_id: u64, op: SendOp, sges: &[Sge], flags: SendFlags) -> SendWr<MAX_SGE> {
+    let mut wr = SendWr::new(wr_id, op, flags);
+    wr.sg_list[..sges.len()].copy_from_slice(sges);
+    wr.num_sge = sges.len() as u8;
+    wr
 }
 
 /// A signaled send WR.
-pub fn sig(wr_id: u64, op: SendOp, sges: &[Sge]) -> SendWr {
+pub fn sig(wr_id: u64, op: SendOp, sges: &[Sge]) -> SendWr<MAX_SGE> {
     swr(wr_id, op, sges, SendFlags::SIGNALED)
 }
 
-/// A receive WR.
-pub fn rwr(wr_id: u64, sges: &[Sge]) -> RecvWr {
-    let mut sg_list = [Sge::default(); MAX_SGE];
-    sg_list[..sges.len()].copy_from_slice(sges);
-    RecvWr {
-        wr_id,
-        sg_list,
-        num_sge: sges.len(),
-    }
+/// A receive WR, with room for the most entries a device allows.
+pub fn rwr(wr_id: u64, sges: &[Sge]) -> RecvWr<MAX_SGE> {
+    let mut wr = RecvWr::new(wr_id);
+    wr.sg_list[..sges.len()].copy_from_slice(sges);
+    wr.num_sge = sges.len() as u8;
+    wr
 }
 
 /// A placeholder completion for poll buffers.

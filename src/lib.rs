@@ -90,7 +90,7 @@ pub mod types;
 pub mod wr_id;
 
 pub use channel::{
-    Channel, ChannelConfig, CqLayout, Op, Pending, PostedReceive, PreparedChannel, Scope,
+    Channel, ChannelConfig, CqLayout, Op, Owned, Pending, PostedReceive, PreparedChannel, Scope,
     WaitPolicy,
 };
 pub use cq::CompletionQueue;

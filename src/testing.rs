@@ -67,10 +67,31 @@ impl<const DEPTH: usize, const SGES: usize> Pair<DEPTH, SGES> {
         a_cfg: &ChannelConfig,
         b_cfg: &ChannelConfig,
     ) -> Result<Self, Error<SimError>> {
+        Self::connect(sim, a_cfg, b_cfg, false)
+    }
+
+    /// As [`connected`](Self::connected), with each channel's completion queues on
+    /// completion channels of their own, as an async channel needs: make one of each end
+    /// with `AsyncChannel::new(p.a.ch)` inside a tokio runtime.
+    #[cfg(feature = "tokio")]
+    pub fn connected_for_async(cfg: &ChannelConfig) -> Result<Self, Error<SimError>> {
+        Self::connect(&Sim::with_devices(2), cfg, cfg, true)
+    }
+
+    fn connect(
+        sim: &Sim,
+        a_cfg: &ChannelConfig,
+        b_cfg: &ChannelConfig,
+        events: bool,
+    ) -> Result<Self, Error<SimError>> {
         let prepare = |name: &str, cfg: &ChannelConfig| -> Result<_, Error<SimError>> {
             let ctx = Context::open(sim, name)?;
             let pd = ctx.alloc_pd()?;
-            let ch = Channel::<Sim, DEPTH, SGES>::prepare(&ctx, &pd, cfg)?;
+            let ch = match events {
+                #[cfg(feature = "tokio")]
+                true => Channel::<Sim, DEPTH, SGES>::prepare_with_events(&ctx, &pd, cfg)?,
+                _ => Channel::<Sim, DEPTH, SGES>::prepare(&ctx, &pd, cfg)?,
+            };
             Ok((ctx, pd, ch))
         };
         let (ca, pa, a) = prepare("sim0", a_cfg)?;

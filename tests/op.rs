@@ -169,3 +169,58 @@ fn a_scope_hands_back_its_sends_completions() {
     assert_eq!(c.status, WcStatus::RemAccessErr);
     assert_eq!(&target.as_slice()[..8], b"abcdefgh");
 }
+
+/// The async level posts the same operations, over owned buffers it gives back: checked
+/// as the other levels check them (an atomic's 8-byte result, the remote region's room)
+/// before anything is posted.
+#[cfg(feature = "tokio")]
+#[test]
+fn the_async_level_posts_the_same_operations_over_owned_buffers() {
+    use zverbs::tokio::AsyncChannel;
+    use zverbs::{ChannelConfig, MrPool, Owned};
+
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let p = zverbs::testing::Pair::<64, 4>::connected_for_async(&ChannelConfig::default()).unwrap();
+    let (pa, pb, ch) = (p.a.pd, p.b.pd, p.a.ch);
+    let mut target = [0u8; 16];
+    let target = register(&pb, &mut target);
+    let remote = target.remote();
+    let pool = MrPool::new(&pa, 1 << 12).unwrap();
+    rt.block_on(async {
+        let a = AsyncChannel::new(ch).unwrap();
+        let mut msg = pool.alloc(8).unwrap();
+        msg.copy_from_slice(b"abcdefgh");
+        let (r, msg) = a.post(Op::write(Owned(msg), &remote)).await;
+        assert_eq!(
+            r.map(|c| (c.opcode, c.byte_len)),
+            Ok((WcOpcode::RdmaWrite, 8))
+        );
+        // Too long for the remote region: refused, the buffer back whole.
+        let (r, msg) = a
+            .post(Op::write(Owned(msg), &remote.slice(..4).unwrap()))
+            .await;
+        assert!(matches!(r, Err(Error::OutOfBounds(_))), "{r:?}");
+        assert_eq!(&msg[..], b"abcdefgh");
+        // An atomic over anything but 8 bytes: refused.
+        let wide = pool.alloc(16).unwrap();
+        let (r, wide) = a
+            .post(Op::fetch_add(Owned(wide), &remote.slice(8..).unwrap(), 1))
+            .await;
+        assert!(matches!(r, Err(Error::InvalidAttribute(_))), "{r:?}");
+        assert_eq!(wide.len(), 16);
+        let old = pool.alloc(8).unwrap();
+        let (r, old) = a
+            .post(Op::fetch_add(Owned(old), &remote.slice(8..).unwrap(), 5))
+            .await;
+        assert_eq!(r.map(|c| c.opcode), Ok(WcOpcode::FetchAdd));
+        assert_eq!(&old[..], 0u64.to_ne_bytes());
+        let back = pool.alloc(16).unwrap();
+        let (r, back) = a.post(Op::read(Owned(back), &remote)).await;
+        assert_eq!(r.map(|c| c.opcode), Ok(WcOpcode::RdmaRead));
+        assert_eq!(&back[..8], b"abcdefgh");
+        assert_eq!(&back[8..], 5u64.to_ne_bytes());
+    });
+}

@@ -1,6 +1,7 @@
 //! What an event loop needs from a channel (the async layer, [`crate::tokio`]): queues on
 //! completion channels, their descriptors, arming, taking events, polling with no request
-//! in view, and whether a request has finished.
+//! in view, posting an [`Op`] or a receive as a [`Pending`] request, and whether and how
+//! it finished.
 
 use super::poll::Polled;
 use super::*;
@@ -90,23 +91,23 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
         self.awaits_device()
     }
 
-    /// Posts one signaled send work request (for RDMA and atomics, `remote` checked to
-    /// hold the bytes first). The caller keeps the memory lent to the device until the
-    /// returned request has finished.
-    pub(crate) fn post_send_pending(
+    /// Posts `op` signaled, checked as every level checks it. The caller keeps the memory
+    /// it names lent to the device until the returned request has finished.
+    #[inline(always)]
+    pub(crate) fn post_pending<L: Iterator<Item: Local>>(
         &mut self,
-        sge: Sge,
-        op: SendOp,
-        flags: SendFlags,
-        remote: Option<&RemoteRegion>,
+        op: Op<'_, L>,
     ) -> Result<Pending, Error<P::Error>> {
-        let seq = self.post_sges_seq([sge], op, flags, remote.copied(), false)?;
+        let seq = self.post_send_seq(op)?;
         Ok(self.pending(Queue::Send, seq))
     }
 
-    /// Posts one receive work request; as [`post_send_pending`](Self::post_send_pending).
-    pub(crate) fn post_receive_pending(&mut self, sge: Sge) -> Result<Pending, Error<P::Error>> {
-        let seq = self.post_recv_seq([sge])?;
+    /// Posts one receive work request over `sges`; as [`post_pending`](Self::post_pending).
+    pub(crate) fn post_receive_pending(
+        &mut self,
+        sges: impl IntoIterator<Item = Sge>,
+    ) -> Result<Pending, Error<P::Error>> {
+        let seq = self.post_recv_seq(sges)?;
         Ok(self.pending(Queue::Recv, seq))
     }
 

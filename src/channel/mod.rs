@@ -55,7 +55,8 @@ pub(crate) mod wait;
 
 pub use wait::WaitPolicy;
 
-pub use op::{Inline, Local, Op};
+pub(crate) use op::Lent;
+pub use op::{AtomicResult, Gather, Inline, Local, Op, Owned, Scatter};
 pub use prepared::PreparedChannel;
 pub use scope::{PostedReceive, Scope};
 

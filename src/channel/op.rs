@@ -1,12 +1,17 @@
 //! [`Op`]: one send-queue operation and the local memory it names, built once and posted
 //! by any level: blocking ([`Channel::execute`](super::Channel::execute)), scoped
 //! ([`Scope::post`](super::Scope::post)), many peers
-//! ([`MultiScope::post`](crate::MultiScope::post)). The list of operations is written
-//! here only; the levels' named methods (`write`, `post_write`, ...) are sugar over it.
+//! ([`MultiScope::post`](crate::MultiScope::post)), async (`AsyncChannel::post`, feature
+//! `tokio`). The list of operations is written here only; the levels' named methods
+//! (`write`, `post_write`, ...) are sugar over it.
 //!
-//! An `Op` borrows its local memory for `'a` (shared for what the device reads, exclusive
-//! for what it writes), so a level that posts it holds that borrow until the work is done.
-//! The remote region is plain data, copied in.
+//! The local memory is borrowed registered slices, for `'a` (shared for what the device
+//! reads, exclusive for what it writes), so a level that posts them holds that borrow until
+//! the work is done; or an [`Owned`] buffer, which the async level keeps until the device is
+//! done and then gives back. Which kinds an operation takes is said by the sealed traits
+//! [`Gather`] (memory the device reads), [`Scatter`] (memory it writes) and
+//! [`AtomicResult`] (an atomic's 8-byte result). The remote region is plain data, copied
+//! in.
 
 use core::iter::Once;
 use core::marker::PhantomData;
@@ -34,6 +39,9 @@ pub(crate) const fn room(remote: Option<RemoteRegion>) -> u64 {
 
 mod sealed {
     pub trait Sealed {}
+    pub trait Gather {}
+    pub trait Scatter {}
+    pub trait AtomicResult {}
 }
 
 /// Local memory an [`Op`] names: a [`LocalSlice`] the device reads (sends, writes), a
@@ -79,6 +87,107 @@ impl Local for Inline<'_> {
     }
 }
 
+/// An owned buffer as an operation's local memory: what the async level posts
+/// (`AsyncChannel::post`, feature `tokio`), which holds the buffer until the device is done
+/// with it and then gives it back.
+#[derive(Debug)]
+pub struct Owned<B>(pub B);
+
+/// The entry of a buffer the posting level holds (an [`Owned`] one, once taken out of its
+/// operation), lent to the device: the level keeps the memory until the work is done.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Lent(pub(crate) Sge);
+
+impl sealed::Sealed for Lent {}
+impl Local for Lent {
+    #[inline(always)]
+    fn entry(&self) -> Sge {
+        self.0
+    }
+}
+
+/// Local memory the device reads (sends, writes): registered slices, gathered in order, or
+/// an [`Owned`] buffer. Sealed.
+pub trait Gather<'a>: sealed::Gather {
+    /// What the operation holds.
+    #[doc(hidden)]
+    type Local;
+    #[doc(hidden)]
+    fn into_local(self) -> Self::Local;
+}
+
+impl<'a, T: IntoIterator<Item = LocalSlice<'a>>> sealed::Gather for T {}
+impl<'a, T: IntoIterator<Item = LocalSlice<'a>>> Gather<'a> for T {
+    type Local = T::IntoIter;
+    #[inline(always)]
+    fn into_local(self) -> T::IntoIter {
+        self.into_iter()
+    }
+}
+
+/// Local memory the device writes (reads): registered slices, scattered in order, or an
+/// [`Owned`] buffer. Sealed.
+pub trait Scatter<'a>: sealed::Scatter {
+    /// What the operation holds.
+    #[doc(hidden)]
+    type Local;
+    #[doc(hidden)]
+    fn into_local(self) -> Self::Local;
+}
+
+impl<'a, T: IntoIterator<Item = LocalSliceMut<'a>>> sealed::Scatter for T {}
+impl<'a, T: IntoIterator<Item = LocalSliceMut<'a>>> Scatter<'a> for T {
+    type Local = T::IntoIter;
+    #[inline(always)]
+    fn into_local(self) -> T::IntoIter {
+        self.into_iter()
+    }
+}
+
+/// Where an atomic's result lands: one registered slice, or an [`Owned`] buffer, of 8
+/// bytes (checked when posted). Sealed.
+pub trait AtomicResult<'a>: sealed::AtomicResult {
+    /// What the operation holds.
+    #[doc(hidden)]
+    type Local;
+    #[doc(hidden)]
+    fn into_local(self) -> Self::Local;
+}
+
+impl sealed::AtomicResult for LocalSliceMut<'_> {}
+impl<'a> AtomicResult<'a> for LocalSliceMut<'a> {
+    type Local = Once<LocalSliceMut<'a>>;
+    #[inline(always)]
+    fn into_local(self) -> Self::Local {
+        core::iter::once(self)
+    }
+}
+
+impl<B> sealed::Gather for Owned<B> {}
+impl<B> sealed::Scatter for Owned<B> {}
+impl<B> sealed::AtomicResult for Owned<B> {}
+impl<B> Gather<'_> for Owned<B> {
+    type Local = Owned<B>;
+    #[inline(always)]
+    fn into_local(self) -> Owned<B> {
+        self
+    }
+}
+impl<B> Scatter<'_> for Owned<B> {
+    type Local = Owned<B>;
+    #[inline(always)]
+    fn into_local(self) -> Owned<B> {
+        self
+    }
+}
+impl<B> AtomicResult<'_> for Owned<B> {
+    type Local = Owned<B>;
+    #[inline(always)]
+    fn into_local(self) -> Owned<B> {
+        self
+    }
+}
+
 /// One operation on a send queue and the local memory it names. Built by the functions
 /// below; posted by [`Channel::execute`](super::Channel::execute),
 /// [`Scope::post`](super::Scope::post) or [`MultiScope::post`](crate::MultiScope::post).
@@ -106,7 +215,7 @@ impl Local for Inline<'_> {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[must_use = "an operation does nothing until it is posted"]
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Op<'a, L> {
     /// The local memory, in gather/scatter order.
     pub(crate) local: L,
@@ -138,67 +247,91 @@ impl<'a, L> Op<'a, L> {
             _borrow: PhantomData,
         }
     }
-}
 
-impl<'a, I: Iterator<Item = LocalSlice<'a>>> Op<'a, I> {
-    /// A send of the concatenation of `data`.
+    /// A send of `data` (the concatenation of its slices).
     #[inline(always)]
-    pub fn send(data: impl IntoIterator<IntoIter = I>) -> Self {
-        Op::new(data.into_iter(), SendOp::Send, None, false)
+    pub fn send<D: Gather<'a, Local = L>>(data: D) -> Self {
+        Op::new(data.into_local(), SendOp::Send, None, false)
     }
 
     /// A send of `data` with 32 bits of immediate data for the receiver.
     #[inline(always)]
-    pub fn send_with_imm(data: impl IntoIterator<IntoIter = I>, imm: u32) -> Self {
-        Op::new(data.into_iter(), SendOp::SendWithImm(imm), None, false)
+    pub fn send_with_imm<D: Gather<'a, Local = L>>(data: D, imm: u32) -> Self {
+        Op::new(data.into_local(), SendOp::SendWithImm(imm), None, false)
     }
 
     /// An RDMA write of `data` to the start of `remote`.
     #[inline(always)]
-    pub fn write(data: impl IntoIterator<IntoIter = I>, remote: &RemoteRegion) -> Self {
-        Op::new(data.into_iter(), remote.write_op(), Some(*remote), false)
+    pub fn write<D: Gather<'a, Local = L>>(data: D, remote: &RemoteRegion) -> Self {
+        Op::new(data.into_local(), remote.write_op(), Some(*remote), false)
     }
 
     /// An RDMA write of `data` to `remote` that hands `imm` to a receive at the peer.
     #[inline(always)]
-    pub fn write_with_imm(
-        data: impl IntoIterator<IntoIter = I>,
+    pub fn write_with_imm<D: Gather<'a, Local = L>>(
+        data: D,
         remote: &RemoteRegion,
         imm: u32,
     ) -> Self {
         let op = remote.write_with_imm_op(imm);
-        Op::new(data.into_iter(), op, Some(*remote), false)
+        Op::new(data.into_local(), op, Some(*remote), false)
     }
-}
 
-impl<'a, I: Iterator<Item = LocalSliceMut<'a>>> Op<'a, I> {
     /// An RDMA read from the start of `remote` into `data`.
     #[inline(always)]
-    pub fn read(data: impl IntoIterator<IntoIter = I>, remote: &RemoteRegion) -> Self {
-        Op::new(data.into_iter(), remote.read_op(), Some(*remote), false)
+    pub fn read<D: Scatter<'a, Local = L>>(data: D, remote: &RemoteRegion) -> Self {
+        Op::new(data.into_local(), remote.read_op(), Some(*remote), false)
     }
-}
 
-impl<'a> Op<'a, Once<LocalSliceMut<'a>>> {
     /// Adds `add` to the `u64` at the start of `remote`; the previous value lands in
     /// `result`, which must be 8 bytes.
     #[inline(always)]
-    pub fn fetch_add(result: LocalSliceMut<'a>, remote: &RemoteRegion, add: u64) -> Self {
+    pub fn fetch_add<R: AtomicResult<'a, Local = L>>(
+        result: R,
+        remote: &RemoteRegion,
+        add: u64,
+    ) -> Self {
         let op = remote.fetch_add_op(add);
-        Op::new(core::iter::once(result), op, Some(*remote), true)
+        Op::new(result.into_local(), op, Some(*remote), true)
     }
 
     /// Replaces the `u64` at the start of `remote` with `swap` if it equals `compare`; the
     /// previous value lands in `result`, which must be 8 bytes.
     #[inline(always)]
-    pub fn compare_swap(
-        result: LocalSliceMut<'a>,
+    pub fn compare_swap<R: AtomicResult<'a, Local = L>>(
+        result: R,
         remote: &RemoteRegion,
         compare: u64,
         swap: u64,
     ) -> Self {
         let op = remote.compare_swap_op(compare, swap);
-        Op::new(core::iter::once(result), op, Some(*remote), true)
+        Op::new(result.into_local(), op, Some(*remote), true)
+    }
+
+    /// The same operation over `local` instead; the memory it named. The new operation's
+    /// lifetime is its new memory's: the caller holds what `local` names (an [`Owned`]
+    /// buffer taken out, a [`Lent`] entry) until the work is done.
+    #[inline(always)]
+    pub(crate) fn relocate<'b, M>(self, local: M) -> (L, Op<'b, M>) {
+        let Op {
+            local: was,
+            op,
+            flags,
+            room,
+            remote,
+            atomic,
+            ..
+        } = self;
+        let op = Op {
+            local,
+            op,
+            flags,
+            room,
+            remote,
+            atomic,
+            _borrow: PhantomData,
+        };
+        (was, op)
     }
 }
 

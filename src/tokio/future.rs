@@ -1,6 +1,8 @@
 //! The operation future ([`OpFuture`]): posting, busy polling, sleeping until the
 //! reactor wakes it, and leaving its buffer with the channel when dropped ([`InFlight`]).
 
+use core::iter::Once;
+
 use super::*;
 
 /// An operation under way: what [`send`](AsyncChannel::send), [`write`](AsyncChannel::write)
@@ -106,7 +108,7 @@ where
                 Some(event) => event,
                 None => match stage {
                     Stage::Ended(..) | Stage::Done => Event::Now,
-                    Stage::Full(_, sge, what) => match room(shared, clock, *sge, *what, cx) {
+                    Stage::Full(_, _, what) => match room(shared, clock, what, cx) {
                         Poll::Pending => return Poll::Pending,
                         Poll::Ready(Ok(p)) => Event::Posted(p),
                         Poll::Ready(Err(e)) => Event::Ended(Err(e.unwrap_or(Error::Timeout))),
@@ -195,13 +197,12 @@ where
 pub(super) fn room<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: usize>(
     shared: &Shared<P, B, DEPTH, SGES>,
     clock: &mut Clock,
-    sge: Sge,
-    what: Post<'_>,
+    what: &Post<'_>,
     cx: &mut TaskContext<'_>,
 ) -> Poll<Result<Pending, Option<Error<P::Error>>>> {
     let end = clock.deadline(shared);
     let mut inner = shared.lock();
-    match what.post(&mut inner.ch, sge) {
+    match what.post(&mut inner.ch) {
         Ok(p) => return Poll::Ready(Ok(p)),
         Err(Error::QueueFull { .. }) => {}
         Err(e) => return Poll::Ready(Err(Some(e))),
@@ -261,30 +262,25 @@ pub(super) const SPINS_PER_TURN: u32 = 1024;
 /// simulated round trip is 0.5–1 µs).
 pub(super) const FIRST_SPINS: u32 = 64;
 
-/// What an operation posts.
-#[derive(Clone, Copy)]
+/// What an operation posts over its buffer's entry.
+#[derive(Clone)]
 pub(super) enum Post<'a> {
-    Receive,
-    /// A send, write or read (`remote` checked to hold the buffer first).
-    Send(SendOp, Option<&'a RemoteRegion>),
-    /// An atomic: the local buffer is 8 bytes.
-    Atomic(SendOp, &'a RemoteRegion),
+    /// A receive into the entry.
+    Receive(Sge),
+    /// A send-queue operation, the entry its local memory.
+    Send(Op<'a, Once<Lent>>),
 }
 
 impl Post<'_> {
-    /// Posts it on `ch` for the buffer `sge` names.
+    /// Posts it on `ch`.
+    #[inline(always)]
     pub(super) fn post<P: Provider, const DEPTH: usize, const SGES: usize>(
-        self,
+        &self,
         ch: &mut Channel<P, DEPTH, SGES>,
-        sge: Sge,
     ) -> Result<Pending, Error<P::Error>> {
         match self {
-            Post::Receive => ch.post_receive_pending(sge),
-            Post::Send(op, remote) => ch.post_send_pending(sge, op, SendFlags::empty(), remote),
-            Post::Atomic(op, remote) => {
-                ch.queue_pair().check_atomics()?;
-                ch.post_send_pending(sge, op, SendFlags::empty(), Some(remote))
-            }
+            Post::Receive(sge) => ch.post_receive_pending([*sge]),
+            Post::Send(op) => ch.post_pending(op.clone()),
         }
     }
 }

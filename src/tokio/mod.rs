@@ -100,13 +100,15 @@ use core::task::{Context as TaskContext, Poll, Waker};
 use parking_lot::{Mutex, MutexGuard};
 use std::sync::Arc;
 
-use crate::channel::{Channel, ChannelConfig, Pending, PreparedChannel, WaitPolicy};
+use crate::channel::{
+    Channel, ChannelConfig, Lent, Op, Owned, Pending, PreparedChannel, WaitPolicy,
+};
 use crate::device::{Context, ProtectionDomain};
 use crate::error::Error;
 use crate::mr::RemoteRegion;
 use crate::provider::Provider;
 use crate::ring::Completion;
-use crate::types::{SendFlags, SendOp, Sge};
+use crate::types::Sge;
 
 use tokio::time::Instant;
 
@@ -233,11 +235,44 @@ impl<P: Provider + 'static, B: IoBuf, const DEPTH: usize, const SGES: usize>
         })
     }
 
-    /// Sends the whole of `buf` (a two-sided send: it consumes a receive at the peer).
+    /// Posts `op` over its owned buffer and waits for its completion; the future gives the
+    /// buffer back with it. The named operations below are this, with the completion
+    /// turned into their value.
     ///
     /// Posted when called, as every operation here (see [the module docs](self)).
+    ///
+    /// ```
+    /// # #[cfg(feature = "sim")] {
+    /// # use zverbs::provider::sim::Sim;
+    /// # use zverbs::tokio::AsyncChannel;
+    /// # use zverbs::{AccessFlags, ChannelConfig, MrPool};
+    /// use zverbs::{Op, Owned};
+    /// # let p = zverbs::testing::Pair::<64, 4>::connected_for_async(&ChannelConfig::default()).unwrap();
+    /// # let (pa, pb, ch) = (p.a.pd, p.b.pd, p.a.ch);
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// # let a = AsyncChannel::new(ch).unwrap();
+    /// let mut target = [0u8; 8];
+    /// // SAFETY: nothing reads `target` until the write has completed.
+    /// let target = unsafe { pb.register_with_access(&mut target, AccessFlags::all()) }.unwrap();
+    /// let pool = MrPool::new(&pa, 1 << 12).unwrap();
+    /// let mut buf = pool.alloc(8).unwrap();
+    /// buf.copy_from_slice(b"8 bytes!");
+    /// let (done, buf) = a.post(Op::write(Owned(buf), &target.remote())).await;
+    /// assert_eq!(done.unwrap().byte_len, 8);
+    /// assert_eq!((&buf[..], target.as_slice()), (&b"8 bytes!"[..], &b"8 bytes!"[..]));
+    /// # });
+    /// # }
+    /// ```
+    pub fn post<'a>(
+        &'a self,
+        op: Op<'_, Owned<B>>,
+    ) -> impl Future<Output = BufResult<Completion, B, P::Error>> + 'a {
+        self.run_op(op, |c, _| Ok(c))
+    }
+
+    /// Sends the whole of `buf` (a two-sided send: it consumes a receive at the peer).
     pub fn send(&self, buf: B) -> impl Future<Output = BufResult<(), B, P::Error>> + '_ {
-        self.run(buf, Post::Send(SendOp::Send, None), done)
+        self.run_op(Op::send(Owned(buf)), done)
     }
 
     /// Sends `buf` with 32 bits of immediate data for the receiver.
@@ -246,104 +281,114 @@ impl<P: Provider + 'static, B: IoBuf, const DEPTH: usize, const SGES: usize>
         buf: B,
         imm: u32,
     ) -> impl Future<Output = BufResult<(), B, P::Error>> + '_ {
-        self.run(buf, Post::Send(SendOp::SendWithImm(imm), None), done)
+        self.run_op(Op::send_with_imm(Owned(buf), imm), done)
     }
 
     /// Posts a receive into `buf` and waits for a message: its byte count and immediate
     /// data. If the future is dropped after the receive was posted, the receive stays
     /// posted: the next message the peer sends lands in `buf` and is lost with it.
     pub fn receive(&self, buf: B) -> impl Future<Output = BufResult<Completion, B, P::Error>> + '_ {
-        self.run(buf, Post::Receive, |c, _| Ok(c))
+        self.run(buf, None, |c, _| Ok(c))
     }
 
     /// Writes the whole of `buf` to the start of `remote` (which must hold it).
-    pub fn write<'a>(
-        &'a self,
+    pub fn write(
+        &self,
         buf: B,
-        remote: &'a RemoteRegion,
-    ) -> impl Future<Output = BufResult<(), B, P::Error>> + 'a {
-        self.run(buf, Post::Send(remote.write_op(), Some(remote)), done)
+        remote: &RemoteRegion,
+    ) -> impl Future<Output = BufResult<(), B, P::Error>> + '_ {
+        self.run_op(Op::write(Owned(buf), remote), done)
     }
 
     /// Writes `buf` to `remote` and hands `imm` to a receive the peer posted.
-    pub fn write_with_imm<'a>(
-        &'a self,
+    pub fn write_with_imm(
+        &self,
         buf: B,
-        remote: &'a RemoteRegion,
+        remote: &RemoteRegion,
         imm: u32,
-    ) -> impl Future<Output = BufResult<(), B, P::Error>> + 'a {
-        let op = remote.write_with_imm_op(imm);
-        self.run(buf, Post::Send(op, Some(remote)), done)
+    ) -> impl Future<Output = BufResult<(), B, P::Error>> + '_ {
+        self.run_op(Op::write_with_imm(Owned(buf), remote, imm), done)
     }
 
     /// Reads the start of `remote` into the whole of `buf`.
-    pub fn read<'a>(
-        &'a self,
+    pub fn read(
+        &self,
         buf: B,
-        remote: &'a RemoteRegion,
-    ) -> impl Future<Output = BufResult<(), B, P::Error>> + 'a {
-        self.run(buf, Post::Send(remote.read_op(), Some(remote)), done)
+        remote: &RemoteRegion,
+    ) -> impl Future<Output = BufResult<(), B, P::Error>> + '_ {
+        self.run_op(Op::read(Owned(buf), remote), done)
     }
 
     /// Adds `add` to the 8 bytes at the start of `remote`; their value before lands in
     /// `buf` (8 bytes) and is returned.
-    pub fn fetch_add<'a>(
-        &'a self,
+    pub fn fetch_add(
+        &self,
         buf: B,
-        remote: &'a RemoteRegion,
+        remote: &RemoteRegion,
         add: u64,
-    ) -> impl Future<Output = BufResult<u64, B, P::Error>> + 'a {
-        let op = remote.fetch_add_op(add);
-        self.run(buf, Post::Atomic(op, remote), old_value)
+    ) -> impl Future<Output = BufResult<u64, B, P::Error>> + '_ {
+        self.run_op(Op::fetch_add(Owned(buf), remote, add), old_value)
     }
 
     /// Compares the 8 bytes at the start of `remote` with `compare` and, if equal, writes
     /// `swap`; their value before lands in `buf` (8 bytes) and is returned.
-    pub fn compare_swap<'a>(
-        &'a self,
+    pub fn compare_swap(
+        &self,
         buf: B,
-        remote: &'a RemoteRegion,
+        remote: &RemoteRegion,
         compare: u64,
         swap: u64,
-    ) -> impl Future<Output = BufResult<u64, B, P::Error>> + 'a {
-        let op = remote.compare_swap_op(compare, swap);
-        self.run(buf, Post::Atomic(op, remote), old_value)
+    ) -> impl Future<Output = BufResult<u64, B, P::Error>> + '_ {
+        let op = Op::compare_swap(Owned(buf), remote, compare, swap);
+        self.run_op(op, old_value)
     }
 
-    /// Posts now (see [`begin`](Self::begin)); the future waits for a free slot if the
-    /// queue was full, then for the outcome, within the channel's timeout plus grace.
+    /// [`run`](Self::run) for a send-queue operation.
+    #[inline(always)]
+    fn run_op<'a, T: 'a>(
+        &'a self,
+        op: Op<'_, Owned<B>>,
+        finish: impl FnOnce(Completion, Sge) -> Result<T, Error<P::Error>> + Copy + 'a,
+    ) -> impl Future<Output = BufResult<T, B, P::Error>> + 'a {
+        let (Owned(buf), op) = op.relocate(());
+        self.run(buf, Some(op), finish)
+    }
+
+    /// Posts now (see [`begin`](Self::begin)) `op` over `buf`, or a receive into it
+    /// (`None`); the future waits for a free slot if the queue was full, then for the
+    /// outcome, within the channel's timeout plus grace.
     fn run<'a, T: 'a>(
         &'a self,
         buf: B,
-        what: Post<'a>,
+        op: Option<Op<'a, ()>>,
         finish: impl FnOnce(Completion, Sge) -> Result<T, Error<P::Error>> + Copy + 'a,
     ) -> impl Future<Output = BufResult<T, B, P::Error>> + 'a {
         let shared = &*self.handle.shared;
         OpFuture {
             shared,
-            stage: self.begin(buf, what),
+            stage: self.begin(buf, op),
             clock: Clock::default(),
             finish,
         }
     }
 
-    /// The part of an operation done when it is called: the buffer's checks and one
+    /// The part of an operation done when it is called: the buffer's entry and one
     /// attempt to post (with the request's outcome, if it finished within its post).
     /// A posted request is held by an [`InFlight`] from here on, so a future dropped
     /// before its first poll leaves the buffer with the channel until the device is done.
     #[inline(always)]
-    fn begin<'a>(&'a self, buf: B, what: Post<'a>) -> Stage<'a, P, B, DEPTH, SGES> {
+    fn begin<'a>(&'a self, buf: B, op: Option<Op<'a, ()>>) -> Stage<'a, P, B, DEPTH, SGES> {
         let sge = match buf.sge() {
             Ok(sge) => sge,
             Err(e) => return Stage::Ended(Err(e.into()), buf, Sge::default()),
         };
-        if matches!(what, Post::Atomic(..)) && sge.length != 8 {
-            let why = "an atomic's local buffer is 8 bytes";
-            return Stage::Ended(Err(Error::InvalidAttribute(why)), buf, sge);
-        }
+        let what = match op {
+            Some(op) => Post::Send(op.relocate(core::iter::once(Lent(sge))).1),
+            None => Post::Receive(sge),
+        };
         let shared = &*self.handle.shared;
         let mut inner = shared.lock();
-        let p = match what.post(&mut inner.ch, sge) {
+        let p = match what.post(&mut inner.ch) {
             Ok(p) => p,
             Err(Error::QueueFull { .. }) => return Stage::Full(buf, sge, what),
             Err(e) => return Stage::Ended(Err(e), buf, sge),
@@ -351,7 +396,7 @@ impl<P: Provider + 'static, B: IoBuf, const DEPTH: usize, const SGES: usize>
         // Done at once (as a send on an idle link often is): no second trip through the
         // lock. A receive just posted cannot have finished yet. Nothing polled since the
         // post, and its slot has no waiter yet.
-        if !matches!(what, Post::Receive) {
+        if !matches!(what, Post::Receive(_)) {
             let r = inner.ch.try_finish_posted(&p);
             inner.polled();
             if let Some(r) = r {

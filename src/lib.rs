@@ -90,8 +90,8 @@ pub mod types;
 pub mod wr_id;
 
 pub use channel::{
-    Channel, ChannelConfig, CqLayout, Op, Owned, Pending, PostedReceive, PreparedChannel, Scope,
-    WaitPolicy,
+    Channel, ChannelConfig, CqLayout, Destination, Op, Owned, Pending, PostedReceive,
+    PreparedChannel, Scope, WaitPolicy,
 };
 pub use cq::CompletionQueue;
 pub use device::{Context, ProtectionDomain};

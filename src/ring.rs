@@ -74,6 +74,9 @@ pub struct Completion {
     pub byte_len: u32,
     /// Immediate data.
     pub imm: Option<u32>,
+    /// The sending queue pair's number, on a datagram channel's receives (where a reply
+    /// goes); left as the device reports it otherwise (the verbs leave it undefined).
+    pub src_qp: u32,
 }
 
 /// Where a slot's request is. Signaled and unsignaled posted requests are two states, so
@@ -441,6 +444,7 @@ impl<W: WorkRequest, const DEPTH: usize> Ring<W, DEPTH> {
                     opcode: slot.opcode,
                     byte_len: 0,
                     imm: None,
+                    src_qp: 0,
                 });
                 n += 1;
             }
@@ -498,6 +502,7 @@ fn outcome(wc: &WorkCompletion, posted: WcOpcode) -> Completion {
         },
         byte_len: wc.byte_len,
         imm: wc.imm,
+        src_qp: wc.src_qp,
     }
 }
 

@@ -6,7 +6,7 @@
 use super::op::{Local, Op};
 use super::*;
 
-impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES> {
+impl<P: Provider, T: Transport, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES, T> {
     /// Posts `op` and waits until it completed (for a send or write: until the peer's HCA
     /// acknowledged it). Only its success is reported: an atomic's previous value is in
     /// its result slice ([`fetch_add`](Self::fetch_add) reads it for you).
@@ -17,12 +17,25 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
     #[inline(always)]
     pub fn execute<L: Iterator<Item: Local>>(
         &mut self,
-        op: Op<'_, L>,
+        op: Op<'_, L, T>,
     ) -> Result<(), Error<P::Error>> {
         let seq = self.post_send_seq(op)?;
         self.wait_fresh(Queue::Send, seq, drop)
     }
 
+    /// Posts one receive into `data` and waits for a message. Returns its length and
+    /// immediate data. On a datagram channel the first 40 bytes of `data` receive the
+    /// global route header, and the length counts them.
+    pub fn receive<'a>(
+        &mut self,
+        data: impl IntoIterator<Item = LocalSliceMut<'a>>,
+    ) -> Result<Completion, Error<P::Error>> {
+        let seq = self.post_recv_seq(data.into_iter().map(|s| s.sge()))?;
+        self.wait_fresh(Queue::Recv, seq, |c| c)
+    }
+}
+
+impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES> {
     /// Sends the concatenation of `data` and waits until the peer's HCA acknowledged it.
     #[inline]
     pub fn send<'a>(
@@ -45,16 +58,6 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
     /// At most `QpConfig::caps.max_inline_data` bytes.
     pub fn send_inline(&mut self, bytes: &[u8]) -> Result<(), Error<P::Error>> {
         self.execute(Op::send_inline(bytes))
-    }
-
-    /// Posts one receive into `data` and waits for a message. Returns its length and
-    /// immediate data.
-    pub fn receive<'a>(
-        &mut self,
-        data: impl IntoIterator<Item = LocalSliceMut<'a>>,
-    ) -> Result<Completion, Error<P::Error>> {
-        let seq = self.post_recv_seq(data.into_iter().map(|s| s.sge()))?;
-        self.wait_fresh(Queue::Recv, seq, |c| c)
     }
 
     /// Writes `data` to the start of `remote`.

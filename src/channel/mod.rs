@@ -1,4 +1,6 @@
-//! `Channel`: one reliable-connected peer, at three levels.
+//! `Channel`: one reliable-connected peer, at three levels; or, over an
+//! unreliable-datagram queue pair (`Channel<P, DEPTH, SGES, Ud>`, made by
+//! [`Channel::datagram`]), any peer per message, at the same levels ([`Op::datagram`]).
 //!
 //! - **Blocking**: [`send`](Channel::send), [`receive`](Channel::receive),
 //!   [`write`](Channel::write), [`read`](Channel::read), the `_with_imm` forms and the
@@ -41,6 +43,7 @@
 //! A complete two-thread exchange is in `examples/pingpong.rs`.
 
 mod blocking;
+mod datagram;
 #[cfg(all(feature = "tokio", unix))]
 mod event_loop;
 mod op;
@@ -55,8 +58,9 @@ pub(crate) mod wait;
 
 pub use wait::WaitPolicy;
 
+#[cfg(feature = "tokio")]
 pub(crate) use op::Lent;
-pub use op::{AtomicResult, Gather, Inline, Local, Op, Owned, Scatter};
+pub use op::{AtomicResult, Destination, Gather, Inline, Local, Op, Owned, Scatter};
 pub use prepared::PreparedChannel;
 pub use scope::{PostedReceive, Scope};
 
@@ -69,7 +73,9 @@ use crate::dispatch::SharedCompletionQueue;
 use crate::error::{CompletionError, Error};
 use crate::mr::{LocalSlice, LocalSliceMut, RemoteRegion};
 use crate::provider::Provider;
-use crate::qp::{InitOptions, QpConfig, QueuePair, ReadyToSend, RtrOptions, RtsOptions};
+use crate::qp::{
+    InitOptions, QpConfig, QueuePair, Rc, ReadyToSend, RtrOptions, RtsOptions, Transport,
+};
 use crate::ring::{Completion, Ring, WorkRequest};
 use crate::types::{RecvWr, SendFlags, SendOp, SendWr, Sge, WorkCompletion};
 use source::Completions;
@@ -150,12 +156,14 @@ pub(crate) fn config_of(config: &ChannelConfig) -> Config {
     *config
 }
 
-/// One RC peer. `DEPTH` work requests may be in flight per direction; each holds up to `SGES`
-/// scatter/gather entries. See the module docs.
-pub struct Channel<P: Provider, const DEPTH: usize = 64, const SGES: usize = 4> {
+/// One RC peer (or, with `T` = [`Ud`](crate::qp::Ud), datagrams to any). `DEPTH` work
+/// requests may be in flight per direction; each holds up to `SGES` scatter/gather
+/// entries. See the module docs.
+pub struct Channel<P: Provider, const DEPTH: usize = 64, const SGES: usize = 4, T: Transport = Rc> {
     owner: Owner,
-    qp: QueuePair<P, ReadyToSend>,
-    peer: u32,
+    qp: QueuePair<P, ReadyToSend, T>,
+    /// The connected peer's queue pair number (`None` on a datagram channel, which has none).
+    peer: Option<u32>,
     send_cq: Completions<P>,
     recv_cq: Completions<P>,
     sq: Ring<SendWr<SGES>, DEPTH>,
@@ -296,6 +304,16 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
         }
     }
 
+    /// The queue pair settings of `config`, with the depths and SGE counts the channel's.
+    fn qp_config(config: &ChannelConfig) -> QpConfig {
+        let mut qp_cfg = config.qp;
+        qp_cfg.caps.max_send_wr = DEPTH as u32;
+        qp_cfg.caps.max_recv_wr = DEPTH as u32;
+        qp_cfg.caps.max_send_sge = SGES as u32;
+        qp_cfg.caps.max_recv_sge = SGES as u32;
+        qp_cfg
+    }
+
     fn prepare_on(
         ctx: &Context<P>,
         pd: &ProtectionDomain<P>,
@@ -305,11 +323,7 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
         sq: Ring<SendWr<SGES>, DEPTH>,
         rq: Ring<RecvWr<SGES>, DEPTH>,
     ) -> Result<PreparedChannel<P, DEPTH, SGES>, Error<P::Error>> {
-        let mut qp_cfg = config.qp;
-        qp_cfg.caps.max_send_wr = DEPTH as u32;
-        qp_cfg.caps.max_recv_wr = DEPTH as u32;
-        qp_cfg.caps.max_send_sge = SGES as u32;
-        qp_cfg.caps.max_recv_sge = SGES as u32;
+        let qp_cfg = Self::qp_config(&config);
         let qp = QueuePair::create(ctx, pd, send_cq.queue(), recv_cq.queue(), &qp_cfg)?;
         let qp = qp.into_init(&config.init).map_err(|e| e.error)?;
         Ok(PreparedChannel {
@@ -322,59 +336,22 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
             config,
         })
     }
+}
 
+impl<P: Provider, T: Transport, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES, T> {
     /// Whether the channel's completion queues are shared with other channels.
     pub fn shares_completion_queues(&self) -> bool {
         self.send_cq.is_shared()
     }
 
     /// The queue pair.
-    pub fn queue_pair(&self) -> &QueuePair<P, ReadyToSend> {
+    pub fn queue_pair(&self) -> &QueuePair<P, ReadyToSend, T> {
         &self.qp
     }
 
     /// Work requests in flight on the send and receive queues.
     pub fn in_flight(&self) -> (usize, usize) {
         (self.sq.in_flight(), self.rq.in_flight())
-    }
-
-    /// Tears the connection down so the channel can connect again (to the same peer after
-    /// a failure, or to another): moves the queue pair to the error state, waits at most
-    /// [`ChannelConfig::flush_grace`] for every outstanding request to be flushed (then
-    /// discards the rest through RESET, see the [guarantees](crate#guarantees)), and
-    /// resets it to INIT. Outcomes not yet taken stay available to their [`Pending`]
-    /// handles. On a dead device it fails with an error of kind
-    /// [`DeviceFatal`](crate::ErrorKind::DeviceFatal), after ending the work in flight.
-    ///
-    /// ```
-    /// # use zverbs::provider::sim::Sim;
-    /// # use zverbs::{Channel, ChannelConfig, Context, QpState};
-    /// # let p = zverbs::testing::Pair::<64, 4>::connected(&ChannelConfig::default()).unwrap();
-    /// # let (pa, pb, a, b) = (p.a.pd, p.b.pd, p.a.ch, p.b.ch);
-    /// a.queue_pair().set_error().unwrap(); // say the link failed
-    /// let (a, b) = (a.reset().unwrap(), b.reset().unwrap());
-    /// let (ea, eb) = (a.endpoint(), b.endpoint());
-    /// let (a, _b) = (a.connect(&eb).unwrap(), b.connect(&ea).unwrap());
-    /// assert_eq!(a.queue_pair().state().unwrap(), QpState::ReadyToSend);
-    /// ```
-    pub fn reset(mut self) -> Result<PreparedChannel<P, DEPTH, SGES>, Error<P::Error>> {
-        let mut waiter = Waiter::new(Some(Duration::ZERO), self.config.flush_grace);
-        let e = self.quiesce(&mut waiter, Error::Timeout);
-        if e.kind() == crate::error::ErrorKind::DeviceFatal {
-            return Err(e);
-        }
-        let qp = self.qp.reset().map_err(|e| e.error)?;
-        let qp = qp.into_init(&self.config.init).map_err(|e| e.error)?;
-        Ok(PreparedChannel {
-            // The same owner: handles posted before the reset stay redeemable here.
-            owner: self.owner,
-            qp,
-            send_cq: self.send_cq,
-            recv_cq: self.recv_cq,
-            sq: self.sq,
-            rq: self.rq,
-            config: self.config,
-        })
     }
 
     /// Closes the channel, lingering like `SO_LINGER`: waits at most `timeout` for every
@@ -413,5 +390,46 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
             0 => Ok(()),
             sends => Err(self.quiesce(waiter, Error::Undrained { sends })),
         }
+    }
+}
+
+impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES> {
+    /// Tears the connection down so the channel can connect again (to the same peer after
+    /// a failure, or to another): moves the queue pair to the error state, waits at most
+    /// [`ChannelConfig::flush_grace`] for every outstanding request to be flushed (then
+    /// discards the rest through RESET, see the [guarantees](crate#guarantees)), and
+    /// resets it to INIT. Outcomes not yet taken stay available to their [`Pending`]
+    /// handles. On a dead device it fails with an error of kind
+    /// [`DeviceFatal`](crate::ErrorKind::DeviceFatal), after ending the work in flight.
+    ///
+    /// ```
+    /// # use zverbs::provider::sim::Sim;
+    /// # use zverbs::{Channel, ChannelConfig, Context, QpState};
+    /// # let p = zverbs::testing::Pair::<64, 4>::connected(&ChannelConfig::default()).unwrap();
+    /// # let (pa, pb, a, b) = (p.a.pd, p.b.pd, p.a.ch, p.b.ch);
+    /// a.queue_pair().set_error().unwrap(); // say the link failed
+    /// let (a, b) = (a.reset().unwrap(), b.reset().unwrap());
+    /// let (ea, eb) = (a.endpoint(), b.endpoint());
+    /// let (a, _b) = (a.connect(&eb).unwrap(), b.connect(&ea).unwrap());
+    /// assert_eq!(a.queue_pair().state().unwrap(), QpState::ReadyToSend);
+    /// ```
+    pub fn reset(mut self) -> Result<PreparedChannel<P, DEPTH, SGES>, Error<P::Error>> {
+        let mut waiter = Waiter::new(Some(Duration::ZERO), self.config.flush_grace);
+        let e = self.quiesce(&mut waiter, Error::Timeout);
+        if e.kind() == crate::error::ErrorKind::DeviceFatal {
+            return Err(e);
+        }
+        let qp = self.qp.reset().map_err(|e| e.error)?;
+        let qp = qp.into_init(&self.config.init).map_err(|e| e.error)?;
+        Ok(PreparedChannel {
+            // The same owner: handles posted before the reset stay redeemable here.
+            owner: self.owner,
+            qp,
+            send_cq: self.send_cq,
+            recv_cq: self.recv_cq,
+            sq: self.sq,
+            rq: self.rq,
+            config: self.config,
+        })
     }
 }

@@ -17,7 +17,9 @@ use core::iter::Once;
 use core::marker::PhantomData;
 
 use crate::mr::{LocalSlice, LocalSliceMut, RemoteRegion};
-use crate::types::{SendFlags, SendOp, Sge};
+use crate::provider::Provider;
+use crate::qp::{AddressHandle, Rc, Transport, Ud};
+use crate::types::{SendFlags, SendOp, Sge, UdDest};
 
 /// The most local bytes an operation on `remote` may name: its length, less what would
 /// wrap past the top of the address space (a peer's region whose end wraps holds nothing
@@ -95,10 +97,13 @@ pub struct Owned<B>(pub B);
 
 /// The entry of a buffer the posting level holds (an [`Owned`] one, once taken out of its
 /// operation), lent to the device: the level keeps the memory until the work is done.
+#[cfg(feature = "tokio")]
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Lent(pub(crate) Sge);
 
+#[cfg(feature = "tokio")]
 impl sealed::Sealed for Lent {}
+#[cfg(feature = "tokio")]
 impl Local for Lent {
     #[inline(always)]
     fn entry(&self) -> Sge {
@@ -216,7 +221,7 @@ impl<B> AtomicResult<'_> for Owned<B> {
 /// ```
 #[must_use = "an operation does nothing until it is posted"]
 #[derive(Clone, Debug)]
-pub struct Op<'a, L> {
+pub struct Op<'a, L, T: Transport = Rc> {
     /// The local memory, in gather/scatter order.
     pub(crate) local: L,
     /// What the work request does (with the remote address and key where it has one).
@@ -230,10 +235,12 @@ pub struct Op<'a, L> {
     pub(crate) remote: Option<RemoteRegion>,
     /// An atomic: the device must support atomics and the local result must be 8 bytes.
     pub(crate) atomic: bool,
-    _borrow: PhantomData<&'a ()>,
+    /// The borrow of the local memory (and of a datagram's address handle), and the
+    /// transport whose channels post it.
+    _marker: PhantomData<(&'a (), T)>,
 }
 
-impl<'a, L> Op<'a, L> {
+impl<'a, L, T: Transport> Op<'a, L, T> {
     #[inline(always)]
     const fn new(local: L, op: SendOp, remote: Option<RemoteRegion>, atomic: bool) -> Self {
         let room = room(remote);
@@ -244,10 +251,39 @@ impl<'a, L> Op<'a, L> {
             room,
             remote,
             atomic,
-            _borrow: PhantomData,
+            _marker: PhantomData,
         }
     }
 
+    /// The same operation over `local` instead; the memory it named. The new operation's
+    /// lifetime is its new memory's: the caller holds what `local` names (an [`Owned`]
+    /// buffer taken out, a [`Lent`] entry) until the work is done.
+    #[cfg(feature = "tokio")]
+    #[inline(always)]
+    pub(crate) fn relocate<'b, M>(self, local: M) -> (L, Op<'b, M, T>) {
+        let Op {
+            local: was,
+            op,
+            flags,
+            room,
+            remote,
+            atomic,
+            ..
+        } = self;
+        let op = Op {
+            local,
+            op,
+            flags,
+            room,
+            remote,
+            atomic,
+            _marker: PhantomData,
+        };
+        (was, op)
+    }
+}
+
+impl<'a, L> Op<'a, L> {
     /// A send of `data` (the concatenation of its slices).
     #[inline(always)]
     pub fn send<D: Gather<'a, Local = L>>(data: D) -> Self {
@@ -307,31 +343,55 @@ impl<'a, L> Op<'a, L> {
         let op = remote.compare_swap_op(compare, swap);
         Op::new(result.into_local(), op, Some(*remote), true)
     }
+}
 
-    /// The same operation over `local` instead; the memory it named. The new operation's
-    /// lifetime is its new memory's: the caller holds what `local` names (an [`Owned`]
-    /// buffer taken out, a [`Lent`] entry) until the work is done.
+/// Where a datagram goes: the queue pair `qpn` behind an address handle, and the Q_Key
+/// that queue pair checks. It borrows the handle for `'a`: the device reads the handle as
+/// it transmits, so the handle outlives every datagram sent through it.
+#[derive(Clone, Copy, Debug)]
+pub struct Destination<'a> {
+    dest: UdDest,
+    _ah: PhantomData<&'a ()>,
+}
+
+impl<'a> Destination<'a> {
+    /// The queue pair `qpn` behind `ah`, which checks `qkey`.
+    pub fn new<P: Provider>(ah: &'a AddressHandle<P>, qpn: u32, qkey: u32) -> Self {
+        Destination {
+            dest: UdDest {
+                ah: ah.key(),
+                remote_qpn: qpn,
+                remote_qkey: qkey,
+            },
+            _ah: PhantomData,
+        }
+    }
+}
+
+impl<'a, L> Op<'a, L, Ud> {
+    /// A datagram of `data` (the concatenation of its slices, at most one packet of the
+    /// path MTU) to `to`. It consumes a receive there if there is one, and is lost if not.
     #[inline(always)]
-    pub(crate) fn relocate<'b, M>(self, local: M) -> (L, Op<'b, M>) {
-        let Op {
-            local: was,
-            op,
-            flags,
-            room,
-            remote,
-            atomic,
-            ..
-        } = self;
-        let op = Op {
-            local,
-            op,
-            flags,
-            room,
-            remote,
-            atomic,
-            _borrow: PhantomData,
+    pub fn datagram<D: Gather<'a, Local = L>>(data: D, to: &Destination<'a>) -> Self {
+        let op = SendOp::Datagram {
+            dest: to.dest,
+            imm: None,
         };
-        (was, op)
+        Op::new(data.into_local(), op, None, false)
+    }
+
+    /// A datagram of `data` to `to` with 32 bits of immediate data for the receiver.
+    #[inline(always)]
+    pub fn datagram_with_imm<D: Gather<'a, Local = L>>(
+        data: D,
+        to: &Destination<'a>,
+        imm: u32,
+    ) -> Self {
+        let op = SendOp::Datagram {
+            dest: to.dest,
+            imm: Some(imm),
+        };
+        Op::new(data.into_local(), op, None, false)
     }
 }
 

@@ -89,7 +89,7 @@ fn record<P: Provider, W: WorkRequest, const DEPTH: usize>(
     Ok(())
 }
 
-impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES> {
+impl<P: Provider, T: Transport, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES, T> {
     pub(super) fn poll(&mut self, queue: Queue) -> Result<usize, Error<P::Error>> {
         match queue {
             Queue::Send => poll_into(&mut self.send_cq, &mut self.sq),
@@ -132,7 +132,7 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
             wr_id: seq,
             opcode: c.opcode,
             qp_num: self.qp.qp_num(),
-            peer_qp_num: Some(self.peer),
+            peer_qp_num: self.peer,
         })
     }
 

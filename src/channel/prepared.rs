@@ -96,7 +96,7 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> PreparedChannel<P, DEPT
         let qp = qp.into_rts(&self.config.rts).map_err(|e| e.error)?;
         Ok(Channel {
             owner: self.owner,
-            peer: remote.qp_num,
+            peer: Some(remote.qp_num),
             qp,
             send_cq: self.send_cq,
             recv_cq: self.recv_cq,

@@ -9,6 +9,7 @@ use super::{Channel, Queue};
 use crate::error::Error;
 use crate::mr::{LocalSlice, LocalSliceMut, RemoteRegion};
 use crate::provider::Provider;
+use crate::qp::{Rc, Transport};
 use crate::ring::Completion;
 use crate::types::WcStatus;
 
@@ -34,8 +35,8 @@ impl PostedReceive {
 /// closure calls [`ring_doorbell`](Scope::ring_doorbell) or returns, or when the ring is
 /// full. Sends are unsignaled except the last of each batch (selective signaling): one
 /// completion per batch unless a request fails.
-pub struct Scope<'env, P: Provider, const DEPTH: usize, const SGES: usize> {
-    ch: &'env mut Channel<P, DEPTH, SGES>,
+pub struct Scope<'env, P: Provider, const DEPTH: usize, const SGES: usize, T: Transport = Rc> {
+    ch: &'env mut Channel<P, DEPTH, SGES, T>,
     send_from: u64,
     recv_from: u64,
     first_error: Option<Error<P::Error>>,
@@ -46,7 +47,7 @@ pub struct Scope<'env, P: Provider, const DEPTH: usize, const SGES: usize> {
     _env: PhantomData<&'env mut &'env ()>,
 }
 
-impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES> {
+impl<P: Provider, T: Transport, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES, T> {
     /// Runs `f` with a [`Scope`] to post work on; returns once every work request posted in
     /// the scope has completed (also if `f` panics). Its waits together take at most one
     /// [`timeout`](crate::ChannelConfig::timeout) plus the
@@ -87,7 +88,7 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
     /// ```
     pub fn scope<'env, R>(
         &'env mut self,
-        f: impl FnOnce(&mut Scope<'env, P, DEPTH, SGES>) -> Result<R, Error<P::Error>>,
+        f: impl FnOnce(&mut Scope<'env, P, DEPTH, SGES, T>) -> Result<R, Error<P::Error>>,
     ) -> Result<R, Error<P::Error>> {
         let (send_from, recv_from) = (self.sq.next_seq(), self.rq.next_seq());
         let waiter = self.waiter();
@@ -110,92 +111,21 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
     }
 }
 
-impl<'env, P: Provider, const DEPTH: usize, const SGES: usize> Scope<'env, P, DEPTH, SGES> {
+impl<'env, P: Provider, T: Transport, const DEPTH: usize, const SGES: usize>
+    Scope<'env, P, DEPTH, SGES, T>
+{
     /// Stages `op`; returns its `wr_id`. The scope's one way to post on the send queue: the
     /// named methods below are sugar over it.
     #[inline]
     pub fn post<L: Iterator<Item: Local>>(
         &mut self,
-        op: Op<'env, L>,
+        op: Op<'env, L, T>,
     ) -> Result<u64, Error<P::Error>> {
         let wr = self.ch.send_wr(op)?;
         if self.ch.is_full(Queue::Send) {
             self.make_room(Queue::Send)?;
         }
         self.ch.stage_send(wr)
-    }
-
-    /// Stages a send of the concatenation of `data`. Returns its `wr_id`.
-    #[inline]
-    pub fn post_send(
-        &mut self,
-        data: impl IntoIterator<Item = LocalSlice<'env>>,
-    ) -> Result<u64, Error<P::Error>> {
-        self.post(Op::send(data))
-    }
-
-    /// Stages a send with immediate data.
-    #[inline]
-    pub fn post_send_with_imm(
-        &mut self,
-        data: impl IntoIterator<Item = LocalSlice<'env>>,
-        imm: u32,
-    ) -> Result<u64, Error<P::Error>> {
-        self.post(Op::send_with_imm(data, imm))
-    }
-
-    /// Stages an RDMA write of `data` to the start of `remote`.
-    #[inline]
-    pub fn post_write(
-        &mut self,
-        data: impl IntoIterator<Item = LocalSlice<'env>>,
-        remote: &RemoteRegion,
-    ) -> Result<u64, Error<P::Error>> {
-        self.post(Op::write(data, remote))
-    }
-
-    /// Stages an RDMA write with immediate data.
-    #[inline]
-    pub fn post_write_with_imm(
-        &mut self,
-        data: impl IntoIterator<Item = LocalSlice<'env>>,
-        remote: &RemoteRegion,
-        imm: u32,
-    ) -> Result<u64, Error<P::Error>> {
-        self.post(Op::write_with_imm(data, remote, imm))
-    }
-
-    /// Stages an RDMA read from the start of `remote` into `data`.
-    #[inline]
-    pub fn post_read(
-        &mut self,
-        data: impl IntoIterator<Item = LocalSliceMut<'env>>,
-        remote: &RemoteRegion,
-    ) -> Result<u64, Error<P::Error>> {
-        self.post(Op::read(data, remote))
-    }
-
-    /// Stages a fetch-and-add; the previous value lands in `result` (8 bytes).
-    #[inline]
-    pub fn post_fetch_add(
-        &mut self,
-        result: LocalSliceMut<'env>,
-        remote: &RemoteRegion,
-        add: u64,
-    ) -> Result<u64, Error<P::Error>> {
-        self.post(Op::fetch_add(result, remote, add))
-    }
-
-    /// Stages a compare-and-swap; the previous value lands in `result` (8 bytes).
-    #[inline]
-    pub fn post_compare_swap(
-        &mut self,
-        result: LocalSliceMut<'env>,
-        remote: &RemoteRegion,
-        compare: u64,
-        swap: u64,
-    ) -> Result<u64, Error<P::Error>> {
-        self.post(Op::compare_swap(result, remote, compare, swap))
     }
 
     /// Stages a receive into `data`. The handle may be given to
@@ -281,13 +211,14 @@ impl<'env, P: Provider, const DEPTH: usize, const SGES: usize> Scope<'env, P, DE
         self.ch.wait_quiet(Queue::Send, wr_id, &mut self.waiter)?;
         match self.ch.take(Queue::Send, wr_id) {
             Some(r) => r,
-            // Retired by a later request's completion: it succeeded (an RC queue completes
+            // Retired by a later request's completion: it succeeded (a send queue completes
             // in order, and an error completes the request that failed, signaled or not).
             None => Ok(Completion {
                 status: WcStatus::Success,
                 opcode,
                 byte_len: 0,
                 imm: None,
+                src_qp: 0,
             }),
         }
     }
@@ -347,7 +278,84 @@ impl<'env, P: Provider, const DEPTH: usize, const SGES: usize> Scope<'env, P, DE
     }
 }
 
-impl<P: Provider, const DEPTH: usize, const SGES: usize> Drop for Scope<'_, P, DEPTH, SGES> {
+impl<'env, P: Provider, const DEPTH: usize, const SGES: usize> Scope<'env, P, DEPTH, SGES> {
+    /// Stages a send of the concatenation of `data`. Returns its `wr_id`.
+    #[inline]
+    pub fn post_send(
+        &mut self,
+        data: impl IntoIterator<Item = LocalSlice<'env>>,
+    ) -> Result<u64, Error<P::Error>> {
+        self.post(Op::send(data))
+    }
+
+    /// Stages a send with immediate data.
+    #[inline]
+    pub fn post_send_with_imm(
+        &mut self,
+        data: impl IntoIterator<Item = LocalSlice<'env>>,
+        imm: u32,
+    ) -> Result<u64, Error<P::Error>> {
+        self.post(Op::send_with_imm(data, imm))
+    }
+
+    /// Stages an RDMA write of `data` to the start of `remote`.
+    #[inline]
+    pub fn post_write(
+        &mut self,
+        data: impl IntoIterator<Item = LocalSlice<'env>>,
+        remote: &RemoteRegion,
+    ) -> Result<u64, Error<P::Error>> {
+        self.post(Op::write(data, remote))
+    }
+
+    /// Stages an RDMA write with immediate data.
+    #[inline]
+    pub fn post_write_with_imm(
+        &mut self,
+        data: impl IntoIterator<Item = LocalSlice<'env>>,
+        remote: &RemoteRegion,
+        imm: u32,
+    ) -> Result<u64, Error<P::Error>> {
+        self.post(Op::write_with_imm(data, remote, imm))
+    }
+
+    /// Stages an RDMA read from the start of `remote` into `data`.
+    #[inline]
+    pub fn post_read(
+        &mut self,
+        data: impl IntoIterator<Item = LocalSliceMut<'env>>,
+        remote: &RemoteRegion,
+    ) -> Result<u64, Error<P::Error>> {
+        self.post(Op::read(data, remote))
+    }
+
+    /// Stages a fetch-and-add; the previous value lands in `result` (8 bytes).
+    #[inline]
+    pub fn post_fetch_add(
+        &mut self,
+        result: LocalSliceMut<'env>,
+        remote: &RemoteRegion,
+        add: u64,
+    ) -> Result<u64, Error<P::Error>> {
+        self.post(Op::fetch_add(result, remote, add))
+    }
+
+    /// Stages a compare-and-swap; the previous value lands in `result` (8 bytes).
+    #[inline]
+    pub fn post_compare_swap(
+        &mut self,
+        result: LocalSliceMut<'env>,
+        remote: &RemoteRegion,
+        compare: u64,
+        swap: u64,
+    ) -> Result<u64, Error<P::Error>> {
+        self.post(Op::compare_swap(result, remote, compare, swap))
+    }
+}
+
+impl<P: Provider, T: Transport, const DEPTH: usize, const SGES: usize> Drop
+    for Scope<'_, P, DEPTH, SGES, T>
+{
     fn drop(&mut self) {
         // Unwinding out of the closure: posted work may still use the borrowed buffers.
         if !self.finished {

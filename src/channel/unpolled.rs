@@ -3,7 +3,7 @@
 
 use super::*;
 
-impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES> {
+impl<P: Provider, T: Transport, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES, T> {
     /// Posts one send work request and returns without waiting.
     ///
     /// # Safety

@@ -94,10 +94,10 @@ pub trait Transport: sealed::Sealed {
 }
 
 /// Reliable connected: one peer, acknowledged, in order (the default).
-#[derive(Debug)]
+#[derive(Clone, Copy, Debug)]
 pub enum Rc {}
 /// Unreliable datagram: any peer per message, one packet each, no acknowledgement.
-#[derive(Debug)]
+#[derive(Clone, Copy, Debug)]
 pub enum Ud {}
 
 impl sealed::Sealed for Rc {}

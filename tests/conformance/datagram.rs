@@ -4,10 +4,11 @@
 //! the sender's request succeeds. wr_ids as in `scenarios.rs`: A's sends 1.., B's receives
 //! 101...
 
+use super::liveness::{channel_config, open};
 use super::scenarios::{filled, LW, SIG};
 use super::*;
 use zverbs::qp::{AddressHandle, Ud, UdOptions};
-use zverbs::{AhAttr, UdDest};
+use zverbs::{AhAttr, Channel, Destination, Op, UdDest};
 
 /// The Q_Key of the suite's UD queue pairs.
 const QKEY: u32 = 0x0205;
@@ -214,6 +215,71 @@ pub fn ud_over_mtu<E: Env>(env: &E) -> Run<Outcome> {
     }
 }
 
+/// rdma-core's `ibv_ud_pingpong`, its loop on datagram channels and without `unsafe`: each
+/// round, both sides post a receive ahead in a scope (rung before a datagram can arrive),
+/// A sends a ping to B, and B answers with a pong to the queue pair the ping came from
+/// (its completion's `src_qp`). Every message arrives after its 40-byte header.
+pub fn ud_pingpong<E: Env>(env: &E) -> Run<Outcome> {
+    const ROUNDS: usize = 8;
+    const LEN: usize = 64;
+    let (da, db) = env.devices();
+    let ((pa, ca), (pb, cb)) = (open(env, da)?, open(env, db)?);
+    let opts = UdOptions {
+        qkey: QKEY,
+        pkey_index: 0,
+    };
+    let datagram_channel = |ctx: &Context<E::P>, pd| {
+        let cfg = channel_config(env, ctx, env.timeout());
+        Channel::<E::P, 4, 1, Ud>::datagram(ctx, pd, &cfg, &opts).map_err(err("datagram channel"))
+    };
+    let (mut a, mut b) = (datagram_channel(&ca, &pa)?, datagram_channel(&cb, &pb)?);
+    let route = |from: &Channel<E::P, 4, 1, Ud>, pd, to: &Channel<E::P, 4, 1, Ud>| {
+        let (qp, peer) = (from.queue_pair(), to.queue_pair().endpoint());
+        let attr = AhAttr::new(qp.config().port, peer.gid, qp.config().gid_index, peer.lid);
+        AddressHandle::create(pd, &attr).map_err(err("create ah"))
+    };
+    let (a_to_b, b_to_a) = (route(&a, &pa, &b)?, route(&b, &pb, &a)?);
+    let (ping, pong) = (filled(&pa, LEN, LW, 11)?, filled(&pb, LEN, LW, 12)?);
+    let mut a_in = region(&pa, 40 + LEN, LW, 0)?;
+    let mut b_in = region(&pb, 40 + LEN, LW, 0)?;
+    let to_b = Destination::new(&a_to_b, b.queue_pair().qp_num(), QKEY);
+    let a_qpn = a.queue_pair().qp_num();
+    let (mut rounds, mut lens, mut sources, mut bytes) = (0, true, true, true);
+    for _ in 0..ROUNDS {
+        b.scope(|sb| {
+            let got_ping = sb.post_receive([b_in.slice_mut(..)?])?;
+            sb.ring_doorbell()?;
+            a.scope(|sa| {
+                let got_pong = sa.post_receive([a_in.slice_mut(..)?])?;
+                sa.ring_doorbell()?;
+                sa.post(Op::datagram([ping.slice(..)?], &to_b))?;
+                sa.ring_doorbell()?;
+                let c = sb.wait_receive(got_ping)?;
+                (lens, sources) = (
+                    lens && c.byte_len as usize == 40 + LEN,
+                    sources && c.src_qp == a_qpn,
+                );
+                let back = Destination::new(&b_to_a, c.src_qp, QKEY);
+                sb.post(Op::datagram([pong.slice(..)?], &back))?;
+                sb.ring_doorbell()?;
+                let c = sa.wait_receive(got_pong)?;
+                lens &= c.byte_len as usize == 40 + LEN;
+                Ok(())
+            })
+        })
+        .map_err(err("round"))?;
+        bytes &= a_in.as_slice()[40..] == pattern(LEN, 12)[..]
+            && b_in.as_slice()[40..] == pattern(LEN, 11)[..];
+        rounds += 1;
+    }
+    let mut o = Outcome::default();
+    o.item("rounds", rounds)
+        .check("lengths", lens)
+        .check("src_qp", sources)
+        .check("bytes", bytes);
+    Ok(o)
+}
+
 pub mod expected {
     #![allow(non_upper_case_globals)]
     pub const ud_send: &str = "a=[1:SUCCESS Send]; b=[101:SUCCESS Recv len=104 imm=0xabc]; \
@@ -221,6 +287,7 @@ pub mod expected {
     pub const ud_silent_drops: &str = "a=[1:SUCCESS Send, 2:SUCCESS Send, 3:SUCCESS Send, \
          4:SUCCESS Send]; b=[101:SUCCESS Recv len=56 imm=0x4]; b.late=[]; bytes=ok; \
          b.state=ReadyToSend";
+    pub const ud_pingpong: &str = "rounds=8; lengths=ok; src_qp=ok; bytes=ok";
     pub const ud_over_mtu: &str = "a.over_mtu_len=ok; a=[1:SUCCESS Send, 2:SUCCESS Send]; \
          b.early=[]; b.len=ok; b=1";
 }

@@ -16,7 +16,11 @@ use zverbs::{Channel, ChannelConfig, Error, PreparedChannel};
 /// The timeout of the bounded waits here: short, so the scenarios stay quick.
 const SHORT: Duration = Duration::from_millis(300);
 
-fn channel_config<E: Env>(env: &E, ctx: &Context<E::P>, timeout: Duration) -> ChannelConfig {
+pub(super) fn channel_config<E: Env>(
+    env: &E,
+    ctx: &Context<E::P>,
+    timeout: Duration,
+) -> ChannelConfig {
     ChannelConfig {
         qp: env.qp_config(ctx),
         timeout: Some(timeout),
@@ -25,9 +29,9 @@ fn channel_config<E: Env>(env: &E, ctx: &Context<E::P>, timeout: Duration) -> Ch
 }
 
 /// A device opened with a protection domain (which drops first).
-type Opened<P> = (ProtectionDomain<P>, Context<P>);
+pub(super) type Opened<P> = (ProtectionDomain<P>, Context<P>);
 
-fn open<E: Env>(env: &E, name: &str) -> Run<Opened<E::P>> {
+pub(super) fn open<E: Env>(env: &E, name: &str) -> Run<Opened<E::P>> {
     let ctx = Context::open(env.provider(), name).map_err(err("open device"))?;
     let pd = ctx.alloc_pd().map_err(err("alloc pd"))?;
     Ok((pd, ctx))

@@ -467,7 +467,7 @@ macro_rules! conformance_tests {
             multi_channel_scatter_gather, node_barrier, wait_bounded_on_silent_peer,
             send_before_peer_connects, barrier_at_connect_and_exit, link_down_bounded,
             path_attributes, device_attributes, recv_posted_in_init, scoped_receive_completion, ud_send,
-            ud_silent_drops, ud_over_mtu
+            ud_silent_drops, ud_over_mtu, ud_pingpong
         );
     };
     (@each $env:expr; $($name:ident),* $(,)?) => {

@@ -1,5 +1,5 @@
 //! What a C verbs program does, ported: receives posted in INIT before
-//! the endpoint exchange, and a scoped receive whose completion (byte count, immediate
+//! the endpoint exchange (unpolled, and safely in a connect scope), and a scoped receive whose completion (byte count, immediate
 //! data) is read safely after "post a receive, then send".
 #![cfg(feature = "sim")]
 
@@ -45,6 +45,75 @@ fn a_receive_posted_before_connect_catches_the_first_message() {
     assert_eq!(lens, [5, 13, 1]);
     drop(regions);
     assert_eq!(&inbox[1][..13], b"first message");
+}
+
+/// The same, safely: the receives posted in INIT belong to a scope on the connected
+/// channel, which returns only once they completed.
+#[test]
+fn receives_posted_before_connect_in_a_connect_scope_need_no_unsafe() {
+    let sim = Sim::with_devices(2);
+    let (ca, cb) = (
+        Context::open(&sim, "sim0").unwrap(),
+        Context::open(&sim, "sim1").unwrap(),
+    );
+    let (pa, pb) = (ca.alloc_pd().unwrap(), cb.alloc_pd().unwrap());
+    let cfg = ChannelConfig::default();
+    let a = Channel::<Sim, 8, 1>::prepare(&ca, &pa, &cfg).unwrap();
+    let b = Channel::<Sim, 8, 1>::prepare(&cb, &pb, &cfg).unwrap();
+    let (ea, eb) = (a.endpoint(), b.endpoint());
+    let mut a = a.connect(&eb).unwrap();
+    let mut msg = *b"first message";
+    let msg = pa.register(&mut msg).unwrap();
+    let mut inbox = [[0u8; 16]; 3];
+    let mut regions = inbox.each_mut().map(|b| pb.register(b).unwrap());
+    let early = regions.each_mut().map(|r| r.slice_mut(..).unwrap());
+    let (mut b, lens) = b
+        .connect_scope(&ea, early, |s, handles| {
+            for n in [5, 13, 1] {
+                a.send([msg.slice(..n)?])?;
+            }
+            let mut lens = [0; 3];
+            for (len, h) in lens.iter_mut().zip(handles) {
+                *len = s.wait_receive(h)?.byte_len;
+            }
+            Ok(lens)
+        })
+        .unwrap();
+    assert_eq!(lens, [5, 13, 1]);
+    assert_eq!(b.in_flight(), (0, 0));
+    // The channel goes on as any connected one.
+    let mut more = [0u8; 4];
+    let mut more = pb.register(&mut more).unwrap();
+    std::thread::scope(|t| {
+        t.spawn(|| a.send([msg.slice(..4).unwrap()]).unwrap());
+        assert_eq!(
+            b.receive([more.slice_mut(..).unwrap()]).unwrap().byte_len,
+            4
+        );
+    });
+    drop(regions);
+    assert_eq!(&inbox[1][..13], b"first message");
+}
+
+/// More early receives than the channel's ring holds: refused before connecting, with the
+/// error the post gave.
+#[test]
+fn a_connect_scope_refuses_more_early_receives_than_the_ring_holds() {
+    let sim = Sim::with_devices(2);
+    let (ca, cb) = (
+        Context::open(&sim, "sim0").unwrap(),
+        Context::open(&sim, "sim1").unwrap(),
+    );
+    let (pa, pb) = (ca.alloc_pd().unwrap(), cb.alloc_pd().unwrap());
+    let cfg = ChannelConfig::default();
+    let a = Channel::<Sim, 2, 1>::prepare(&ca, &pa, &cfg).unwrap();
+    let b = Channel::<Sim, 2, 1>::prepare(&cb, &pb, &cfg).unwrap();
+    let mut inbox = [0u8; 24];
+    let mut inbox = pb.register(&mut inbox).unwrap();
+    let (x, rest) = inbox.slice_mut(..).unwrap().split_at(8).unwrap();
+    let (y, z) = rest.split_at(8).unwrap();
+    let r = b.connect_scope(&a.endpoint(), [x, y, z], |_, _| Ok(()));
+    assert!(matches!(r, Err(Error::QueueFull { .. })), "{:?}", r.err());
 }
 
 #[test]

@@ -1,10 +1,14 @@
 //! A channel before `connect`: its endpoint to hand to the peer, and receives posted
-//! early, as C verbs programs post them in INIT so the peer's first message finds one.
+//! early, as C verbs programs post them in INIT so the peer's first message finds one
+//! (held by a scope on the connected channel, [`PreparedChannel::connect_scope`], or
+//! unpolled).
 
 use super::post::{collect_sges, post_recv_one};
+use super::scope::{self, PostedReceive, Scope};
 use super::source::Completions;
 use super::{Channel, Owner, Pending, Queue};
 use crate::error::Error;
+use crate::mr::LocalSliceMut;
 use crate::provider::Provider;
 use crate::qp::{Endpoint, Init, QueuePair};
 use crate::ring::Ring;
@@ -32,7 +36,8 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> PreparedChannel<P, DEPT
     /// that the peer's first message, which may come the moment the peer is connected,
     /// finds a receive. Redeem the handle on the connected channel
     /// ([`Channel::wait`], [`Channel::try_complete`]): it keeps its owner across
-    /// [`connect`](Self::connect).
+    /// [`connect`](Self::connect). The same without `unsafe`, the receives held by a scope:
+    /// [`connect_scope`](Self::connect_scope).
     ///
     /// # Safety
     /// As [`Channel::post_receive_unpolled`]: the memory named by `sges` must stay valid and
@@ -85,6 +90,65 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> PreparedChannel<P, DEPT
             queue: Queue::Recv,
             owner: self.owner,
         })
+    }
+
+    /// Posts a receive into each of `early` while the queue pair is still in INIT (as C
+    /// verbs programs do, so that the peer's first message, which may come the moment the
+    /// peer is connected, finds one), connects to `remote`, and runs `f` in a scope on the
+    /// connected channel that holds those receives (their handles are `f`'s second
+    /// argument, in order) and whatever `f` posts. As any [scope](Channel::scope), it
+    /// returns only once all of that has completed, so `early`'s memory stays borrowed until
+    /// the device is done with it: the safe form of
+    /// [`post_receive_unpolled`](Self::post_receive_unpolled). Returns the connected
+    /// channel and `f`'s value.
+    ///
+    /// A receive refused, or a failed connection, ends the call with its error; the queue
+    /// pair is destroyed before it returns, and with it the early receives.
+    ///
+    /// ```
+    /// # use zverbs::provider::sim::Sim;
+    /// # use zverbs::{Channel, ChannelConfig, Context};
+    /// # let sim = Sim::with_devices(2);
+    /// # let (ca, cb) = (Context::open(&sim, "sim0")?, Context::open(&sim, "sim1")?);
+    /// # let (pa, pb) = (ca.alloc_pd()?, cb.alloc_pd()?);
+    /// let a = Channel::<Sim>::prepare(&ca, &pa, &ChannelConfig::default())?;
+    /// let b = Channel::<Sim>::prepare(&cb, &pb, &ChannelConfig::default())?;
+    /// let (ea, eb) = (a.endpoint(), b.endpoint());
+    /// let mut a = a.connect(&eb)?;
+    /// let mut msg = *b"early";
+    /// let msg = pa.register(&mut msg)?;
+    /// let mut inbox = [0u8; 8];
+    /// let mut inbox = pb.register(&mut inbox)?;
+    /// let (_b, len) = b.connect_scope(&ea, [inbox.slice_mut(..)?], |s, [first]| {
+    ///     a.send([msg.slice(..)?])?; // finds the receive posted in INIT
+    ///     Ok(s.wait_receive(first)?.byte_len)
+    /// })?;
+    /// assert_eq!((len, &inbox.as_slice()[..5]), (5, &b"early"[..]));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn connect_scope<'env, R, const N: usize>(
+        mut self,
+        remote: &Endpoint,
+        early: [LocalSliceMut<'env>; N],
+        f: impl for<'ch> FnOnce(
+            &mut Scope<'ch, 'env, P, DEPTH, SGES>,
+            [PostedReceive; N],
+        ) -> Result<R, Error<P::Error>>,
+    ) -> Result<(Channel<P, DEPTH, SGES>, R), Error<P::Error>> {
+        let recv_from = self.rq.next_seq();
+        for data in early {
+            // SAFETY: `data` stays borrowed for `'env`, past this call, which returns only
+            // once the receive has completed in the scope below (or the queue pair that
+            // holds it is destroyed, on an error before it).
+            // The handle is not needed: the scope takes the outcome by sequence number.
+            drop(unsafe { self.post_receive_unpolled(&[data.sge()]) }?);
+        }
+        let mut ch = self.connect(remote)?;
+        let handles = core::array::from_fn(|i| PostedReceive {
+            seq: recv_from + i as u64,
+        });
+        let r = scope::run(&mut ch, recv_from, |s| f(s, handles))?;
+        Ok((ch, r))
     }
 
     /// Connects to the peer at `remote` (INIT → RTR → RTS).

@@ -17,7 +17,7 @@ use crate::types::WcStatus;
 /// completion.
 #[derive(Debug, PartialEq, Eq)]
 pub struct PostedReceive {
-    seq: u64,
+    pub(super) seq: u64,
 }
 
 impl PostedReceive {
@@ -27,16 +27,19 @@ impl PostedReceive {
     }
 }
 
-/// Posts work inside [`Channel::scope`]. Every buffer handed to it stays borrowed for
-/// `'env`, which outlives the scope, so the buffers cannot be touched or freed before all
-/// posted work has completed.
+/// Posts work inside [`Channel::scope`] (or [`PreparedChannel::connect_scope`]). It holds
+/// the channel for `'ch`; every buffer handed to it stays borrowed for `'env`, which
+/// outlives the scope, so the buffers cannot be touched or freed before all posted work
+/// has completed.
+///
+/// [`PreparedChannel::connect_scope`]: super::PreparedChannel::connect_scope
 ///
 /// Posts are staged and go out as doorbell batches: receives first, then sends, when the
 /// closure calls [`ring_doorbell`](Scope::ring_doorbell) or returns, or when the ring is
 /// full. Sends are unsignaled except the last of each batch (selective signaling): one
 /// completion per batch unless a request fails.
-pub struct Scope<'env, P: Provider, const DEPTH: usize, const SGES: usize, T: Transport = Rc> {
-    ch: &'env mut Channel<P, DEPTH, SGES, T>,
+pub struct Scope<'ch, 'env, P: Provider, const DEPTH: usize, const SGES: usize, T: Transport = Rc> {
+    ch: &'ch mut Channel<P, DEPTH, SGES, T>,
     send_from: u64,
     recv_from: u64,
     first_error: Option<Error<P::Error>>,
@@ -88,31 +91,47 @@ impl<P: Provider, T: Transport, const DEPTH: usize, const SGES: usize> Channel<P
     /// ```
     pub fn scope<'env, R>(
         &'env mut self,
-        f: impl FnOnce(&mut Scope<'env, P, DEPTH, SGES, T>) -> Result<R, Error<P::Error>>,
+        f: impl FnOnce(&mut Scope<'env, 'env, P, DEPTH, SGES, T>) -> Result<R, Error<P::Error>>,
     ) -> Result<R, Error<P::Error>> {
-        let (send_from, recv_from) = (self.sq.next_seq(), self.rq.next_seq());
-        let waiter = self.waiter();
-        let mut scope = Scope {
-            ch: self,
-            send_from,
-            recv_from,
-            first_error: None,
-            finished: false,
-            waiter,
-            _env: PhantomData,
-        };
-        let value = f(&mut scope);
-        let pending_error = scope.finish();
-        let value = value?;
-        match pending_error {
-            Some(e) => Err(e),
-            None => Ok(value),
-        }
+        let recv_from = self.rq.next_seq();
+        run(self, recv_from, f)
+    }
+}
+
+/// Runs `f` in a scope on `ch` that holds the receives from `recv_from` on (those posted
+/// before it, by the caller, under the same borrow of their memory) and everything `f`
+/// posts; returns once all of it has completed.
+pub(super) fn run<'ch, 'env, P, T, R, const DEPTH: usize, const SGES: usize>(
+    ch: &'ch mut Channel<P, DEPTH, SGES, T>,
+    recv_from: u64,
+    f: impl FnOnce(&mut Scope<'ch, 'env, P, DEPTH, SGES, T>) -> Result<R, Error<P::Error>>,
+) -> Result<R, Error<P::Error>>
+where
+    P: Provider,
+    T: Transport,
+{
+    let send_from = ch.sq.next_seq();
+    let waiter = ch.waiter();
+    let mut scope = Scope {
+        ch,
+        send_from,
+        recv_from,
+        first_error: None,
+        finished: false,
+        waiter,
+        _env: PhantomData,
+    };
+    let value = f(&mut scope);
+    let pending_error = scope.finish();
+    let value = value?;
+    match pending_error {
+        Some(e) => Err(e),
+        None => Ok(value),
     }
 }
 
 impl<'env, P: Provider, T: Transport, const DEPTH: usize, const SGES: usize>
-    Scope<'env, P, DEPTH, SGES, T>
+    Scope<'_, 'env, P, DEPTH, SGES, T>
 {
     /// Stages `op`; returns its `wr_id`. The scope's one way to post on the send queue: the
     /// named methods below are sugar over it.
@@ -278,7 +297,7 @@ impl<'env, P: Provider, T: Transport, const DEPTH: usize, const SGES: usize>
     }
 }
 
-impl<'env, P: Provider, const DEPTH: usize, const SGES: usize> Scope<'env, P, DEPTH, SGES> {
+impl<'env, P: Provider, const DEPTH: usize, const SGES: usize> Scope<'_, 'env, P, DEPTH, SGES> {
     /// Stages a send of the concatenation of `data`. Returns its `wr_id`.
     #[inline]
     pub fn post_send(
@@ -354,7 +373,7 @@ impl<'env, P: Provider, const DEPTH: usize, const SGES: usize> Scope<'env, P, DE
 }
 
 impl<P: Provider, T: Transport, const DEPTH: usize, const SGES: usize> Drop
-    for Scope<'_, P, DEPTH, SGES, T>
+    for Scope<'_, '_, P, DEPTH, SGES, T>
 {
     fn drop(&mut self) {
         // Unwinding out of the closure: posted work may still use the borrowed buffers.

@@ -6,7 +6,8 @@
 //!
 //! Layers, bottom to top; each imports only from the layers above it in this list:
 //!
-//! - [`types`] (crate `zverbs-types`): the verbs vocabulary both backends share.
+//! - [`types`] (crate `zverbs-types`): the verbs vocabulary both backends share, work
+//!   requests included.
 //! - [`provider`]: the seam: the verbs a real HCA offers (`sim`, `verbs`).
 //! - [`device`], [`cq`], [`event`], [`mr`], [`qp`]: contexts and protection domains,
 //!   completion queues and channels, memory regions, typestate queue pairs (RC, UD).
@@ -16,7 +17,8 @@
 //! - [`pool`]: a registered slab carved into owned buffers ([`LocalBuf`]).
 //! - [`bootstrap`]: getting started with peers: the network configuration, endpoint
 //!   frames, the TCP exchanger.
-//! - [`channel`]: one RC peer at three levels: blocking, scoped, unpolled.
+//! - [`channel`]: one RC peer, or datagrams to any, at three levels: blocking, scoped,
+//!   unpolled; one operation value ([`Op`]) posted by all of them.
 //! - [`multi_channel`]: one channel per peer on shared completion queues; scatter/gather,
 //!   multicast.
 //! - [`node`]: rank, world, barriers.
@@ -24,6 +26,8 @@
 //!   over UD queue pairs, with a bulk path over RC.
 //! - `tokio` (feature `tokio`): async operations on owned buffers woken by completion
 //!   events, connections that lend and borrow registered memory, async RPC.
+//! - `testing` (feature `sim`): set-ups in one call for tests on the simulator: a
+//!   connected pair, a world of nodes, a loopback queue pair, an RPC client and server.
 //!
 //! ```
 //! # #[cfg(feature = "sim")] {

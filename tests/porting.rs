@@ -8,19 +8,32 @@ mod common;
 use std::time::Duration;
 
 use zverbs::provider::sim::Sim;
-use zverbs::{Channel, ChannelConfig, Context, Error};
+use zverbs::{Channel, ChannelConfig, Context, Error, PreparedChannel, ProtectionDomain};
+
+/// One side of [`prepared`]: a channel prepared on its device, not connected.
+struct Side<const DEPTH: usize> {
+    ch: PreparedChannel<Sim, DEPTH, 1>,
+    pd: ProtectionDomain<Sim>,
+    _ctx: Context<Sim>,
+}
+
+/// Two channels prepared on `sim0` and `sim1` of one fabric, with the default settings.
+fn prepared<const DEPTH: usize>() -> (Side<DEPTH>, Side<DEPTH>) {
+    let sim = Sim::with_devices(2);
+    let side = |name| {
+        let ctx = Context::open(&sim, name).unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let ch = Channel::prepare(&ctx, &pd, &ChannelConfig::default()).unwrap();
+        Side { ch, pd, _ctx: ctx }
+    };
+    (side("sim0"), side("sim1"))
+}
 
 #[test]
 fn a_receive_posted_before_connect_catches_the_first_message() {
-    let sim = Sim::with_devices(2);
-    let (ca, cb) = (
-        Context::open(&sim, "sim0").unwrap(),
-        Context::open(&sim, "sim1").unwrap(),
-    );
-    let (pa, pb) = (ca.alloc_pd().unwrap(), cb.alloc_pd().unwrap());
-    let cfg = ChannelConfig::default();
-    let a = Channel::<Sim, 8, 1>::prepare(&ca, &pa, &cfg).unwrap();
-    let mut b = Channel::<Sim, 8, 1>::prepare(&cb, &pb, &cfg).unwrap();
+    let (a, b) = prepared::<8>();
+    let (pa, pb) = (&a.pd, &b.pd);
+    let (a, mut b) = (a.ch, b.ch);
     let mut inbox = [[0u8; 16]; 3];
     let mut regions: Vec<_> = inbox.iter_mut().map(|b| pb.register(b).unwrap()).collect();
     // Three receives in INIT, before either side knows the other's endpoint.
@@ -51,15 +64,9 @@ fn a_receive_posted_before_connect_catches_the_first_message() {
 /// channel, which returns only once they completed.
 #[test]
 fn receives_posted_before_connect_in_a_connect_scope_need_no_unsafe() {
-    let sim = Sim::with_devices(2);
-    let (ca, cb) = (
-        Context::open(&sim, "sim0").unwrap(),
-        Context::open(&sim, "sim1").unwrap(),
-    );
-    let (pa, pb) = (ca.alloc_pd().unwrap(), cb.alloc_pd().unwrap());
-    let cfg = ChannelConfig::default();
-    let a = Channel::<Sim, 8, 1>::prepare(&ca, &pa, &cfg).unwrap();
-    let b = Channel::<Sim, 8, 1>::prepare(&cb, &pb, &cfg).unwrap();
+    let (a, b) = prepared::<8>();
+    let (pa, pb) = (&a.pd, &b.pd);
+    let (a, b) = (a.ch, b.ch);
     let (ea, eb) = (a.endpoint(), b.endpoint());
     let mut a = a.connect(&eb).unwrap();
     let mut msg = *b"first message";
@@ -99,15 +106,8 @@ fn receives_posted_before_connect_in_a_connect_scope_need_no_unsafe() {
 /// error the post gave.
 #[test]
 fn a_connect_scope_refuses_more_early_receives_than_the_ring_holds() {
-    let sim = Sim::with_devices(2);
-    let (ca, cb) = (
-        Context::open(&sim, "sim0").unwrap(),
-        Context::open(&sim, "sim1").unwrap(),
-    );
-    let (pa, pb) = (ca.alloc_pd().unwrap(), cb.alloc_pd().unwrap());
-    let cfg = ChannelConfig::default();
-    let a = Channel::<Sim, 2, 1>::prepare(&ca, &pa, &cfg).unwrap();
-    let b = Channel::<Sim, 2, 1>::prepare(&cb, &pb, &cfg).unwrap();
+    let (a, b) = prepared::<2>();
+    let (pb, a, b) = (&b.pd, a.ch, b.ch);
     let mut inbox = [0u8; 24];
     let mut inbox = pb.register(&mut inbox).unwrap();
     let (x, rest) = inbox.slice_mut(..).unwrap().split_at(8).unwrap();

@@ -11,13 +11,10 @@ use zverbs::provider::sim::{FabricConfig, Faults, Sim};
 use zverbs::provider::Provider;
 use zverbs::rpc::{
     BulkConfig, BulkFailure, Config, EngineConfig, EngineError, Event, Notice, Rpc, RpcError,
-    SessionId,
 };
+use zverbs::testing::RpcPair;
 use zverbs::types::WcStatus;
 use zverbs::Context;
-
-#[path = "common/pump.rs"]
-mod pump;
 
 #[global_allocator]
 static GLOBAL: zverbs_testkit::CountingAlloc = zverbs_testkit::CountingAlloc;
@@ -54,94 +51,33 @@ fn rpc(sim: &Sim, dev: &str, cfg: EngineConfig) -> Rpc<Sim> {
     Rpc::new(&ctx, pd, cfg).unwrap()
 }
 
-/// What became of one request: its tag, the response or error, the buffer given back.
-struct Outcome {
-    tag: u64,
-    result: Result<Vec<u8>, RpcError>,
-    msg: Option<LocalBuf<Sim>>,
-}
-
 /// A server with the echo and head handlers and a client with a session to it.
-struct Pair {
-    client: Rpc<Sim>,
-    server: Rpc<Sim>,
-    session: SessionId,
-    done: Vec<Outcome>,
-}
-
-impl Pair {
-    fn new(sim: &Sim, client: EngineConfig, server: EngineConfig) -> Pair {
-        let mut s = rpc(sim, "sim1", server);
+fn pair(sim: &Sim, client: EngineConfig, server: EngineConfig) -> RpcPair {
+    RpcPair::connected(sim, client, server, |s| {
         s.register_handler(ECHO, |req, out| {
             out[..req.len()].copy_from_slice(req);
             req.len()
-        })
-        .unwrap();
+        })?;
         s.register_handler(HEAD, |req, out| {
             out[..8].copy_from_slice(&req[..8]);
             8
         })
-        .unwrap();
-        let mut client = rpc(sim, "sim0", client);
-        let session = client.create_session(&s.addr()).unwrap();
-        let mut p = Pair {
-            client,
-            server: s,
-            session,
-            done: Vec::new(),
-        };
-        let connected = p.run_until(Duration::from_secs(5), |n| {
-            matches!(n, Notice::Session(Event::Connected(_)))
-        });
-        assert!(connected, "session did not connect");
-        p
-    }
+    })
+    .unwrap()
+}
 
-    /// Passes on both sides until `stop` holds for a client notice or `limit` passes.
-    fn run_until(
-        &mut self,
-        limit: Duration,
-        mut stop: impl FnMut(&Notice<'_, Sim>) -> bool,
-    ) -> bool {
-        let done = &mut self.done;
-        pump::pump(&mut self.client, &mut self.server, limit, |n| {
-            let hit = stop(&n);
-            match n {
-                Notice::Response { tag, bytes, msg } => done.push(Outcome {
-                    tag,
-                    result: Ok(bytes.to_vec()),
-                    msg,
-                }),
-                Notice::Failed { tag, error, msg } => done.push(Outcome {
-                    tag,
-                    result: Err(error),
-                    msg,
-                }),
-                Notice::Session(_) => {}
-            }
-            hit
-        })
+/// A large request of `len` bytes (byte `i` is `i * 7 + tag`) of `req_type`.
+fn call(p: &mut RpcPair, req_type: u8, len: usize, tag: u64) {
+    let mut msg = p.client.alloc_msg(len).unwrap();
+    fill(&mut msg, tag);
+    if let Err((e, _)) = p.client.enqueue_bulk(p.session, req_type, msg, tag) {
+        panic!("enqueue_bulk: {e}");
     }
+}
 
-    /// A large request of `len` bytes (byte `i` is `i * 7 + tag`) of `req_type`.
-    fn call(&mut self, req_type: u8, len: usize, tag: u64) {
-        let mut msg = self.client.alloc_msg(len).unwrap();
-        fill(&mut msg, tag);
-        let s = self.session;
-        if let Err((e, _)) = self.client.enqueue_bulk(s, req_type, msg, tag) {
-            panic!("enqueue_bulk: {e}");
-        }
-    }
-
-    /// Runs until `n` outcomes in all.
-    fn wait_for(&mut self, n: usize) {
-        let mut seen = self.done.len();
-        self.run_until(Duration::from_secs(20), |notice| {
-            seen += usize::from(!matches!(notice, Notice::Session(_)));
-            seen >= n
-        });
-        assert_eq!(self.done.len(), n, "outcomes missing");
-    }
+/// Runs until `n` outcomes in all.
+fn wait_for(p: &mut RpcPair, n: usize) {
+    assert!(p.wait_for(n, Duration::from_secs(20)), "outcomes missing");
 }
 
 fn fill(msg: &mut LocalBuf<Sim>, tag: u64) {
@@ -162,11 +98,11 @@ fn in_use(rpc: &Rpc<Sim>) -> usize {
 fn one_mib_echo_goes_by_two_reads_and_gives_the_buffer_back() {
     let sim = Sim::with_devices(2);
     let c = cfg(bulk(2 * MIB, 8 * MIB));
-    let mut p = Pair::new(&sim, c.clone(), c);
+    let mut p = pair(&sim, c.clone(), c);
     assert!(p.client.has_bulk_link(p.session));
     let packets = p.client.core().stats().tx_packets;
-    p.call(ECHO, MIB, 3);
-    p.wait_for(1);
+    call(&mut p, ECHO, MIB, 3);
+    wait_for(&mut p, 1);
     let o = p.done.pop().unwrap();
     assert_eq!(o.tag, 3);
     assert_eq!(o.result.unwrap(), pattern(MIB, 3));
@@ -193,9 +129,9 @@ fn one_mib_echo_goes_by_two_reads_and_gives_the_buffer_back() {
 fn a_small_response_to_a_large_request_comes_inline() {
     let sim = Sim::with_devices(2);
     let c = cfg(bulk(MIB, 4 * MIB));
-    let mut p = Pair::new(&sim, c.clone(), c);
-    p.call(HEAD, 100_000, 9);
-    p.wait_for(1);
+    let mut p = pair(&sim, c.clone(), c);
+    call(&mut p, HEAD, 100_000, 9);
+    wait_for(&mut p, 1);
     let o = p.done.pop().unwrap();
     assert_eq!(o.result.unwrap(), pattern(8, 9));
     assert_eq!(in_use(&p.server), 0, "nothing held for an inline response");
@@ -207,15 +143,15 @@ fn a_small_response_to_a_large_request_comes_inline() {
 fn many_large_requests_in_flight_all_answered_in_full() {
     let sim = Sim::with_devices(2);
     let c = cfg(bulk(256 << 10, 16 * MIB));
-    let mut p = Pair::new(&sim, c.clone(), c);
+    let mut p = pair(&sim, c.clone(), c);
     let sizes = [1usize, 4096, 70_000, 256 << 10];
     let mut sent = 0;
     for round in 0..8u64 {
         for (k, &len) in sizes.iter().enumerate() {
-            p.call(ECHO, len, round * 4 + k as u64);
+            call(&mut p, ECHO, len, round * 4 + k as u64);
             sent += 1;
         }
-        p.wait_for(sent);
+        wait_for(&mut p, sent);
     }
     for o in &p.done {
         let len = sizes[(o.tag % 4) as usize];
@@ -231,7 +167,7 @@ fn many_large_requests_in_flight_all_answered_in_full() {
 #[test]
 fn a_server_without_a_bulk_path_means_no_link_and_the_buffer_back() {
     let sim = Sim::with_devices(2);
-    let mut p = Pair::new(&sim, cfg(bulk(MIB, 2 * MIB)), cfg(None));
+    let mut p = pair(&sim, cfg(bulk(MIB, 2 * MIB)), cfg(None));
     assert!(!p.client.has_bulk_link(p.session));
     let msg = p.client.alloc_msg(4096).unwrap();
     let s = p.session;
@@ -243,7 +179,7 @@ fn a_server_without_a_bulk_path_means_no_link_and_the_buffer_back() {
     assert_eq!(msg.len(), 4096);
     // Small requests still work on the session.
     p.client.enqueue_request(s, ECHO, b"small", 2).unwrap();
-    p.wait_for(1);
+    wait_for(&mut p, 1);
     assert_eq!(p.done[0].result.as_ref().unwrap(), b"small");
 }
 
@@ -251,7 +187,7 @@ fn a_server_without_a_bulk_path_means_no_link_and_the_buffer_back() {
 fn bad_arguments_are_typed_errors_with_the_buffer_back() {
     let sim = Sim::with_devices(3);
     let c = cfg(bulk(64 << 10, MIB));
-    let mut p = Pair::new(&sim, c.clone(), c.clone());
+    let mut p = pair(&sim, c.clone(), c.clone());
     let s = p.session;
     // Larger than the limit (the pool has room for it).
     let big = p.client.alloc_msg(128 << 10).unwrap();
@@ -288,9 +224,9 @@ fn a_server_out_of_pool_memory_answers_no_memory() {
     let sim = Sim::with_devices(2);
     // The server's pool holds the request but not a response buffer beside it.
     let (client, server) = (cfg(bulk(MIB, 4 * MIB)), cfg(bulk(MIB, MIB)));
-    let mut p = Pair::new(&sim, client, server);
-    p.call(ECHO, MIB, 5);
-    p.wait_for(1);
+    let mut p = pair(&sim, client, server);
+    call(&mut p, ECHO, MIB, 5);
+    wait_for(&mut p, 1);
     let o = p.done.pop().unwrap();
     assert_eq!(o.result.unwrap_err(), RpcError::Bulk(BulkFailure::NoMemory));
     assert!(o.msg.is_some());
@@ -301,7 +237,7 @@ fn a_server_out_of_pool_memory_answers_no_memory() {
 fn a_lying_client_gets_typed_refusals_and_the_server_serves_on() {
     let sim = Sim::with_devices(2);
     let c = cfg(bulk(MIB, 4 * MIB));
-    let mut p = Pair::new(&sim, c.clone(), c);
+    let mut p = pair(&sim, c.clone(), c);
     let s = p.session;
     let msg = p.client.alloc_msg(4096).unwrap();
     let desc = |rkey: u32, len: u32| {
@@ -318,7 +254,7 @@ fn a_lying_client_gets_typed_refusals_and_the_server_serves_on() {
     let reqs: [&[u8]; 5] = [&bad_key, &too_long, &zero, &bad_key[..7], &[9, 9]];
     for (tag, req) in reqs.iter().enumerate() {
         p.client.enqueue_request(s, 0xfe, req, tag as u64).unwrap();
-        p.wait_for(tag + 1);
+        wait_for(&mut p, tag + 1);
     }
     let status = |tag: usize| p.done[tag].result.as_ref().unwrap().clone();
     let read_failed = status(0);
@@ -330,13 +266,13 @@ fn a_lying_client_gets_typed_refusals_and_the_server_serves_on() {
     }
     // A lying connect request on a session with a link: refused, the link stays.
     p.client.enqueue_request(s, 0xff, &[1, 2, 3], 7).unwrap();
-    p.wait_for(6);
+    wait_for(&mut p, 6);
     assert_eq!(p.done[5].result.as_ref().unwrap(), &[1, 5]);
     drop(msg);
     // The failed read left both queue pairs in error and the server reset its side: the
     // next large request learns it (no link), and the client connects again.
-    p.call(ECHO, 300_000, 8);
-    p.wait_for(7);
+    call(&mut p, ECHO, 300_000, 8);
+    wait_for(&mut p, 7);
     let e = p.done[6].result.as_ref().unwrap_err();
     assert_eq!(e, &RpcError::Bulk(BulkFailure::NoLink));
     let s = p.session;
@@ -345,8 +281,8 @@ fn a_lying_client_gets_typed_refusals_and_the_server_serves_on() {
         p.run_until(Duration::from_millis(1), |_| false);
     }
     assert!(p.client.has_bulk_link(s), "the link is set up again");
-    p.call(ECHO, 300_000, 9);
-    p.wait_for(8);
+    call(&mut p, ECHO, 300_000, 9);
+    wait_for(&mut p, 8);
     assert_eq!(p.done[7].result.as_ref().unwrap(), &pattern(300_000, 9));
 }
 
@@ -371,11 +307,11 @@ fn loss_on_the_fabric_is_hidden_by_the_reliable_connection() {
             },
             ..cfg(bulk(MIB, 8 * MIB))
         };
-        let mut p = Pair::new(&sim, c.clone(), c);
+        let mut p = pair(&sim, c.clone(), c);
         for tag in 0..4 {
-            p.call(ECHO, 200_000 + tag as usize, tag);
+            call(&mut p, ECHO, 200_000 + tag as usize, tag);
         }
-        p.wait_for(4);
+        wait_for(&mut p, 4);
         for o in &p.done {
             let want = pattern(200_000 + o.tag as usize, o.tag);
             assert_eq!(
@@ -392,9 +328,9 @@ fn loss_on_the_fabric_is_hidden_by_the_reliable_connection() {
 fn a_server_that_vanishes_fails_the_request_and_gives_the_buffer_back() {
     let sim = Sim::with_devices(2);
     let c = cfg(bulk(MIB, 4 * MIB));
-    let mut p = Pair::new(&sim, c.clone(), c);
-    p.call(ECHO, MIB, 4);
-    let Pair {
+    let mut p = pair(&sim, c.clone(), c);
+    call(&mut p, ECHO, MIB, 4);
+    let RpcPair {
         mut client, server, ..
     } = p;
     drop(server);
@@ -418,7 +354,7 @@ fn a_server_that_vanishes_fails_the_request_and_gives_the_buffer_back() {
 fn the_end_of_a_session_frees_what_the_server_held() {
     let sim = Sim::with_devices(2);
     let c = cfg(bulk(MIB, 4 * MIB));
-    let mut p = Pair::new(&sim, c.clone(), c);
+    let mut p = pair(&sim, c.clone(), c);
     // A client that never reads its response (nor sends the release message): a raw
     // large request naming a real buffer, whose answer it takes as plain bytes.
     let mut msg = p.client.alloc_msg(MIB).unwrap();
@@ -430,7 +366,7 @@ fn the_end_of_a_session_frees_what_the_server_held() {
     desc.extend_from_slice(&(MIB as u32).to_be_bytes());
     let s = p.session;
     p.client.enqueue_request(s, 0xfe, &desc, 1).unwrap();
-    p.wait_for(1);
+    wait_for(&mut p, 1);
     assert_eq!(
         p.done[0].result.as_ref().unwrap()[..2],
         [1, 1],
@@ -459,8 +395,8 @@ fn the_end_of_a_session_frees_what_the_server_held() {
         Notice::Session(Event::Connected(_))
     )));
     assert!(p.client.has_bulk_link(s));
-    p.call(ECHO, 5000, 2);
-    p.wait_for(2);
+    call(&mut p, ECHO, 5000, 2);
+    wait_for(&mut p, 2);
     assert_eq!(p.done[1].result.as_ref().unwrap(), &pattern(5000, 2));
     drop(msg);
 }
@@ -469,13 +405,13 @@ fn the_end_of_a_session_frees_what_the_server_held() {
 fn no_allocation_per_large_call_after_set_up() {
     let sim = Sim::with_devices(2);
     let c = cfg(bulk(MIB, 8 * MIB));
-    let mut p = Pair::new(&sim, c.clone(), c);
-    p.call(ECHO, MIB, 0); // warm: first use of every path
-    p.wait_for(1);
+    let mut p = pair(&sim, c.clone(), c);
+    call(&mut p, ECHO, MIB, 0); // warm: first use of every path
+    wait_for(&mut p, 1);
     let (answered, allocs) = zverbs_testkit::measure(|| {
         let mut answered = 0;
         for tag in 1..=16u64 {
-            p.call(ECHO, 100_000, tag);
+            call(&mut p, ECHO, 100_000, tag);
             let mut ok = None;
             let end = Instant::now() + Duration::from_secs(10);
             while ok.is_none() && Instant::now() < end {

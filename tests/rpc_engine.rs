@@ -6,11 +6,9 @@
 use std::time::{Duration, Instant};
 
 use zverbs::provider::sim::{FabricConfig, Faults, Sim};
-use zverbs::rpc::{Config, EngineConfig, Event, Notice, Rpc, RpcError, SessionId};
+use zverbs::rpc::{Config, EngineConfig, Event, Notice, Rpc, RpcError};
+use zverbs::testing::{RpcOutcome, RpcPair};
 use zverbs::{Context, ErrorKind};
-
-#[path = "common/pump.rs"]
-mod pump;
 
 #[global_allocator]
 static GLOBAL: zverbs_testkit::CountingAlloc = zverbs_testkit::CountingAlloc;
@@ -39,84 +37,34 @@ fn rpc(sim: &Sim, dev: &str, cfg: EngineConfig) -> Rpc<Sim> {
 }
 
 /// A server with an echo and a reverse handler, and a client with a session to it.
-struct World {
-    client: Rpc<Sim>,
-    server: Rpc<Sim>,
-    session: SessionId,
-    done: Vec<(u64, Result<Vec<u8>, RpcError>)>,
+fn world(sim: &Sim, cfg: EngineConfig) -> RpcPair {
+    RpcPair::connected(sim, cfg.clone(), cfg, |server| {
+        server.register_handler(ECHO, |req, out| {
+            out[..req.len()].copy_from_slice(req);
+            req.len()
+        })?;
+        server.register_handler(REVERSE, |req, out| {
+            for (o, b) in out.iter_mut().zip(req.iter().rev()) {
+                *o = *b;
+            }
+            req.len()
+        })
+    })
+    .unwrap()
 }
 
-impl World {
-    fn new(sim: &Sim, cfg: EngineConfig) -> World {
-        let mut server = rpc(sim, "sim1", cfg.clone());
-        server
-            .register_handler(ECHO, |req, out| {
-                out[..req.len()].copy_from_slice(req);
-                req.len()
-            })
-            .unwrap();
-        server
-            .register_handler(REVERSE, |req, out| {
-                for (o, b) in out.iter_mut().zip(req.iter().rev()) {
-                    *o = *b;
-                }
-                req.len()
-            })
-            .unwrap();
-        let mut client = rpc(sim, "sim0", cfg);
-        let session = client.create_session(&server.addr()).unwrap();
-        let mut w = World {
-            client,
-            server,
-            session,
-            done: Vec::new(),
-        };
-        let mut connected = false;
-        w.run_until(Duration::from_secs(5), |n| {
-            connected |= matches!(n, Notice::Session(Event::Connected(_)));
-            connected
-        });
-        assert!(connected, "session did not connect");
-        w
-    }
+/// Enqueues `req` of type `req_type`, tagged `tag`.
+fn call(w: &mut RpcPair, req_type: u8, req: &[u8], tag: u64) {
+    w.client
+        .enqueue_request(w.session, req_type, req, tag)
+        .unwrap();
+}
 
-    /// Passes on both sides until `stop` says so (it sees every client notice) or
-    /// `limit` passes; stop is also asked after each pass with a blank notice.
-    fn run_until(
-        &mut self,
-        limit: Duration,
-        mut stop: impl FnMut(&Notice<'_, Sim>) -> bool,
-    ) -> bool {
-        let done = &mut self.done;
-        pump::pump(&mut self.client, &mut self.server, limit, |n| {
-            let hit = stop(&n);
-            match n {
-                Notice::Response { tag, bytes, .. } => done.push((tag, Ok(bytes.to_vec()))),
-                Notice::Failed { tag, error, .. } => done.push((tag, Err(error))),
-                Notice::Session(_) => {}
-            }
-            hit
-        })
-    }
-
-    fn call(&mut self, req_type: u8, req: &[u8], tag: u64) {
-        let s = self.session;
-        self.client.enqueue_request(s, req_type, req, tag).unwrap();
-    }
-
-    fn wait_for(&mut self, n: usize) {
-        let target = n;
-        let mut seen = self.done.len();
-        self.run_until(Duration::from_secs(10), |notice| {
-            seen += usize::from(!matches!(notice, Notice::Session(_)));
-            seen >= target
-        });
-        assert_eq!(self.done.len(), target, "outcomes: {:?}", self.ids());
-    }
-
-    fn ids(&self) -> Vec<(u64, bool)> {
-        self.done.iter().map(|(t, r)| (*t, r.is_ok())).collect()
-    }
+/// Runs until `n` outcomes in all.
+fn wait_for(w: &mut RpcPair, n: usize) {
+    let ok = w.wait_for(n, Duration::from_secs(10));
+    let ids: Vec<_> = w.done.iter().map(|d| (d.tag, d.result.is_ok())).collect();
+    assert!(ok, "outcomes: {ids:?}");
 }
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
@@ -132,16 +80,16 @@ fn echo_32_bytes_and_1_mib() {
     // slow machine, valgrind), a retransmission would be a bug, not the clock.
     let mut cfg = engine_cfg(1 << 20);
     (cfg.core.rto_ns, cfg.core.session_timeout_ns) = (30_000 * MS, 60_000 * MS);
-    let mut w = World::new(&sim, cfg);
+    let mut w = world(&sim, cfg);
     let small = pattern(32, 1);
     let big = pattern(1 << 20, 2);
-    w.call(ECHO, &small, 1);
-    w.call(REVERSE, &big, 2);
-    w.wait_for(2);
-    w.done.sort_by_key(|d| d.0);
-    assert_eq!(w.done[0].1.as_deref().unwrap(), &small[..]);
+    call(&mut w, ECHO, &small, 1);
+    call(&mut w, REVERSE, &big, 2);
+    wait_for(&mut w, 2);
+    w.done.sort_by_key(|d| d.tag);
+    assert_eq!(w.done[0].result.as_deref().unwrap(), &small[..]);
     let reversed: Vec<u8> = big.iter().rev().copied().collect();
-    assert_eq!(w.done[1].1.as_deref().unwrap(), &reversed[..]);
+    assert_eq!(w.done[1].result.as_deref().unwrap(), &reversed[..]);
     let stats = w.client.core().stats();
     assert_eq!(stats.retransmits, 0);
     assert!(
@@ -155,15 +103,15 @@ fn echo_32_bytes_and_1_mib() {
 #[test]
 fn a_window_of_requests_rings_few_doorbells() {
     let sim = Sim::with_devices(2);
-    let mut w = World::new(&sim, engine_cfg(16 << 10));
+    let mut w = world(&sim, engine_cfg(16 << 10));
     let before = w.client.stats().send_doorbells;
     let signaled = w.client.stats().signaled_sends;
     let packets = w.client.core().stats().tx_packets;
     for tag in 0..4 {
-        w.call(ECHO, &pattern(8 << 10, tag as u8), tag);
+        call(&mut w, ECHO, &pattern(8 << 10, tag as u8), tag);
     }
-    w.wait_for(4);
-    assert!(w.done.iter().all(|d| d.1.is_ok()));
+    wait_for(&mut w, 4);
+    assert!(w.done.iter().all(|d| d.result.is_ok()));
     let doorbells = w.client.stats().send_doorbells - before;
     let sent = w.client.core().stats().tx_packets - packets;
     assert!(sent >= 32, "4 × 8 KiB in ~1 KiB packets: {sent}");
@@ -179,8 +127,8 @@ fn a_window_of_requests_rings_few_doorbells() {
         w.client.stats().signaled_sends,
     );
     for tag in 4..260 {
-        w.call(ECHO, b"ping", tag);
-        w.wait_for(tag as usize + 1);
+        call(&mut w, ECHO, b"ping", tag);
+        wait_for(&mut w, tag as usize + 1);
     }
     let sent = w.client.core().stats().tx_packets - sent;
     let signaled = w.client.stats().signaled_sends - signaled;
@@ -198,18 +146,21 @@ fn odd_send_ring_and_window() {
     let mut cfg = engine_cfg(8 << 10);
     cfg.send_slots = 3;
     cfg.core.window = 3;
-    let mut w = World::new(&sim, cfg);
+    let mut w = world(&sim, cfg);
     let mut tag = 0;
     for round in 0..20 {
         for k in 0..3 {
             let len = [32, 3000, 8 << 10][k];
-            w.call(ECHO, &pattern(len, tag as u8), tag);
+            call(&mut w, ECHO, &pattern(len, tag as u8), tag);
             tag += 1;
         }
-        w.wait_for(3 * (round + 1));
+        wait_for(&mut w, 3 * (round + 1));
     }
-    w.done.sort_by_key(|d| d.0);
-    for (t, r) in &w.done {
+    w.done.sort_by_key(|d| d.tag);
+    for RpcOutcome {
+        tag: t, result: r, ..
+    } in &w.done
+    {
         let len = [32, 3000, 8 << 10][*t as usize % 3];
         assert_eq!(
             r.as_deref().unwrap(),
@@ -235,12 +186,12 @@ fn lossy_fabric_every_request_answered_once() {
             ..FabricConfig::default()
         };
         let sim = Sim::with_config(cfg, 2);
-        let mut w = World::new(&sim, engine_cfg(8 << 10));
+        let mut w = world(&sim, engine_cfg(8 << 10));
         let n = 12;
         let mut sent = 0;
         while w.done.len() < n {
             while sent < n && sent - w.done.len() < 4 {
-                w.call(ECHO, &pattern(3000, sent as u8), sent as u64);
+                call(&mut w, ECHO, &pattern(3000, sent as u8), sent as u64);
                 sent += 1;
             }
             let target = w.done.len() + 1;
@@ -250,10 +201,10 @@ fn lossy_fabric_every_request_answered_once() {
                 seen >= target
             });
         }
-        let mut tags: Vec<u64> = w.done.iter().map(|d| d.0).collect();
+        let mut tags: Vec<u64> = w.done.iter().map(|d| d.tag).collect();
         tags.sort_unstable();
         assert_eq!(tags, (0..n as u64).collect::<Vec<_>>(), "seed {seed}");
-        for (tag, r) in &w.done {
+        for RpcOutcome { tag, result: r, .. } in &w.done {
             assert_eq!(
                 r.as_deref().unwrap(),
                 &pattern(3000, *tag as u8)[..],
@@ -273,17 +224,17 @@ fn lossy_fabric_every_request_answered_once() {
 #[test]
 fn a_vanished_server_fails_outstanding_requests() {
     let sim = Sim::with_devices(2);
-    let mut w = World::new(&sim, engine_cfg(8 << 10));
+    let mut w = world(&sim, engine_cfg(8 << 10));
     sim.fabric().crash(1).unwrap();
-    w.call(ECHO, b"anyone?", 7);
-    w.call(ECHO, b"hello?", 8);
+    call(&mut w, ECHO, b"anyone?", 7);
+    call(&mut w, ECHO, b"hello?", 8);
     let start = Instant::now();
-    w.wait_for(2);
+    wait_for(&mut w, 2);
     assert!(
         start.elapsed() < Duration::from_secs(2),
         "bounded by the 100 ms timeout"
     );
-    for (_, r) in &w.done {
+    for RpcOutcome { result: r, .. } in &w.done {
         let e = r.as_ref().unwrap_err();
         assert_eq!((*e, e.kind()), (RpcError::TimedOut, ErrorKind::Timeout));
     }
@@ -293,14 +244,14 @@ fn a_vanished_server_fails_outstanding_requests() {
 #[test]
 fn no_allocation_per_rpc() {
     let sim = Sim::with_devices(2);
-    let mut w = World::new(&sim, engine_cfg(4 << 10));
+    let mut w = world(&sim, engine_cfg(4 << 10));
     let req = pattern(32, 9);
     w.done.reserve(1000);
-    w.call(ECHO, &req, 0);
-    w.wait_for(1); // warm: every slot and queue at its working size
+    call(&mut w, ECHO, &req, 0);
+    wait_for(&mut w, 1); // warm: every slot and queue at its working size
     let ((), allocs) = zverbs_testkit::measure(|| {
         for tag in 1..=200 {
-            w.call(ECHO, &req, tag);
+            call(&mut w, ECHO, &req, tag);
             let target = w.done.len() + 1;
             while w.done.len() < target {
                 w.server.run_event_loop_once(&mut |_| {}).unwrap();
@@ -308,7 +259,11 @@ fn no_allocation_per_rpc() {
                 w.client
                     .run_event_loop_once(&mut |n| {
                         if let Notice::Response { tag, .. } = n {
-                            done.push((tag, Ok(Vec::new())));
+                            done.push(RpcOutcome {
+                                tag,
+                                result: Ok(Vec::new()),
+                                msg: None,
+                            });
                         }
                     })
                     .unwrap();
@@ -323,7 +278,7 @@ fn no_allocation_per_rpc() {
 #[test]
 fn strangers_are_counted_and_dropped() {
     let sim = Sim::with_devices(3);
-    let mut w = World::new(&sim, engine_cfg(4 << 10));
+    let mut w = world(&sim, engine_cfg(4 << 10));
     let before = w.server.stats().unknown_sender;
     // A well-formed request for a session it never opened, and 7 bytes of junk.
     stranger(
@@ -332,9 +287,9 @@ fn strangers_are_counted_and_dropped() {
         &w.server.addr(),
         &[valid_request_packet(), vec![0xA5; 7]],
     );
-    w.call(ECHO, b"still here", 1);
-    w.wait_for(1);
-    assert_eq!(w.done[0].1.as_deref().unwrap(), b"still here");
+    call(&mut w, ECHO, b"still here", 1);
+    wait_for(&mut w, 1);
+    assert_eq!(w.done[0].result.as_deref().unwrap(), b"still here");
     assert_eq!(w.server.stats().unknown_sender - before, 2);
 }
 
@@ -363,9 +318,9 @@ fn valid_request_packet() -> Vec<u8> {
 #[test]
 fn disconnect_then_reconnect() {
     let sim = Sim::with_devices(2);
-    let mut w = World::new(&sim, engine_cfg(4 << 10));
-    w.call(ECHO, b"one", 1);
-    w.wait_for(1);
+    let mut w = world(&sim, engine_cfg(4 << 10));
+    call(&mut w, ECHO, b"one", 1);
+    wait_for(&mut w, 1);
     let old = w.session;
     w.client.disconnect(old).unwrap();
     let closed = w.run_until(
@@ -379,9 +334,9 @@ fn disconnect_then_reconnect() {
         matches!(n, Notice::Session(Event::Connected(_)))
     });
     assert!(up, "a new session opened");
-    w.call(REVERSE, b"two", 2);
-    w.wait_for(2);
-    assert_eq!(w.done[1].1.as_deref().unwrap(), b"owt");
+    call(&mut w, REVERSE, b"two", 2);
+    wait_for(&mut w, 2);
+    assert_eq!(w.done[1].result.as_deref().unwrap(), b"owt");
 }
 
 mod faults {
@@ -408,7 +363,7 @@ mod faults {
             };
             let sim = Sim::with_config(cfg, 2);
             let runs = Arc::new(Mutex::new(vec![0u32; sizes.len()]));
-            let mut w = World::new(&sim, engine_cfg(8 << 10));
+            let mut w = world(&sim, engine_cfg(8 << 10));
             let counted = runs.clone();
             // Requests carry their index in the first two bytes; the answer is the request
             // reversed.
@@ -429,7 +384,7 @@ mod faults {
             while w.done.len() < sizes.len() {
                 while sent < sizes.len() && sent - w.done.len() < 4 {
                     let r = request(sent, sizes[sent]);
-                    w.call(3, &r, sent as u64);
+                    call(&mut w, 3, &r, sent as u64);
                     sent += 1;
                 }
                 let target = w.done.len() + 1;
@@ -440,10 +395,10 @@ mod faults {
                 });
                 prop_assert!(ok, "seed {seed}: stuck with {} of {} done", w.done.len(), sizes.len());
             }
-            let mut tags: Vec<u64> = w.done.iter().map(|d| d.0).collect();
+            let mut tags: Vec<u64> = w.done.iter().map(|d| d.tag).collect();
             tags.sort_unstable();
             prop_assert_eq!(tags, (0..sizes.len() as u64).collect::<Vec<_>>(), "seed {}", seed);
-            for (tag, r) in &w.done {
+            for RpcOutcome { tag, result: r, .. } in &w.done {
                 let want: Vec<u8> = request(*tag as usize, sizes[*tag as usize]).into_iter().rev().collect();
                 prop_assert_eq!(r.as_deref().ok(), Some(&want[..]), "seed {}, request {}", seed, tag);
             }

@@ -60,7 +60,7 @@ pub use wait::WaitPolicy;
 
 #[cfg(feature = "tokio")]
 pub(crate) use op::Lent;
-pub use op::{AtomicResult, Destination, Gather, Inline, Local, Op, Owned, Scatter};
+pub use op::{AtomicResult, Destination, Inline, Local, Op, Owned, Slices};
 pub use prepared::PreparedChannel;
 pub use scope::{PostedReceive, Scope};
 

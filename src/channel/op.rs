@@ -9,9 +9,8 @@
 //! reads, exclusive for what it writes), so a level that posts them holds that borrow until
 //! the work is done; or an [`Owned`] buffer, which the async level keeps until the device is
 //! done and then gives back. Which kinds an operation takes is said by the sealed traits
-//! [`Gather`] (memory the device reads), [`Scatter`] (memory it writes) and
-//! [`AtomicResult`] (an atomic's 8-byte result). The remote region is plain data, copied
-//! in.
+//! [`Slices`] (slices the device reads or writes, or an owned buffer) and [`AtomicResult`]
+//! (an atomic's 8-byte result). The remote region is plain data, copied in.
 
 use core::iter::Once;
 use core::marker::PhantomData;
@@ -41,8 +40,7 @@ pub(crate) const fn room(remote: Option<RemoteRegion>) -> u64 {
 
 mod sealed {
     pub trait Sealed {}
-    pub trait Gather {}
-    pub trait Scatter {}
+    pub trait Slices<S> {}
     pub trait AtomicResult {}
 }
 
@@ -111,9 +109,10 @@ impl Local for Lent {
     }
 }
 
-/// Local memory the device reads (sends, writes): registered slices, gathered in order, or
-/// an [`Owned`] buffer. Sealed.
-pub trait Gather<'a>: sealed::Gather {
+/// Local memory an operation names: registered slices of kind `S`, in gather or scatter
+/// order ([`LocalSlice`]s for what the device reads: sends, writes; [`LocalSliceMut`]s for
+/// what it writes: reads), or an [`Owned`] buffer. Sealed.
+pub trait Slices<S>: sealed::Slices<S> {
     /// What the operation holds.
     #[doc(hidden)]
     type Local;
@@ -121,27 +120,8 @@ pub trait Gather<'a>: sealed::Gather {
     fn into_local(self) -> Self::Local;
 }
 
-impl<'a, T: IntoIterator<Item = LocalSlice<'a>>> sealed::Gather for T {}
-impl<'a, T: IntoIterator<Item = LocalSlice<'a>>> Gather<'a> for T {
-    type Local = T::IntoIter;
-    #[inline(always)]
-    fn into_local(self) -> T::IntoIter {
-        self.into_iter()
-    }
-}
-
-/// Local memory the device writes (reads): registered slices, scattered in order, or an
-/// [`Owned`] buffer. Sealed.
-pub trait Scatter<'a>: sealed::Scatter {
-    /// What the operation holds.
-    #[doc(hidden)]
-    type Local;
-    #[doc(hidden)]
-    fn into_local(self) -> Self::Local;
-}
-
-impl<'a, T: IntoIterator<Item = LocalSliceMut<'a>>> sealed::Scatter for T {}
-impl<'a, T: IntoIterator<Item = LocalSliceMut<'a>>> Scatter<'a> for T {
+impl<S, T: IntoIterator<Item = S>> sealed::Slices<S> for T {}
+impl<S, T: IntoIterator<Item = S>> Slices<S> for T {
     type Local = T::IntoIter;
     #[inline(always)]
     fn into_local(self) -> T::IntoIter {
@@ -168,17 +148,9 @@ impl<'a> AtomicResult<'a> for LocalSliceMut<'a> {
     }
 }
 
-impl<B> sealed::Gather for Owned<B> {}
-impl<B> sealed::Scatter for Owned<B> {}
+impl<B, S> sealed::Slices<S> for Owned<B> {}
 impl<B> sealed::AtomicResult for Owned<B> {}
-impl<B> Gather<'_> for Owned<B> {
-    type Local = Owned<B>;
-    #[inline(always)]
-    fn into_local(self) -> Owned<B> {
-        self
-    }
-}
-impl<B> Scatter<'_> for Owned<B> {
+impl<B, S> Slices<S> for Owned<B> {
     type Local = Owned<B>;
     #[inline(always)]
     fn into_local(self) -> Owned<B> {
@@ -286,25 +258,25 @@ impl<'a, L, T: Transport> Op<'a, L, T> {
 impl<'a, L> Op<'a, L> {
     /// A send of `data` (the concatenation of its slices).
     #[inline(always)]
-    pub fn send<D: Gather<'a, Local = L>>(data: D) -> Self {
+    pub fn send<D: Slices<LocalSlice<'a>, Local = L>>(data: D) -> Self {
         Op::new(data.into_local(), SendOp::Send, None, false)
     }
 
     /// A send of `data` with 32 bits of immediate data for the receiver.
     #[inline(always)]
-    pub fn send_with_imm<D: Gather<'a, Local = L>>(data: D, imm: u32) -> Self {
+    pub fn send_with_imm<D: Slices<LocalSlice<'a>, Local = L>>(data: D, imm: u32) -> Self {
         Op::new(data.into_local(), SendOp::SendWithImm(imm), None, false)
     }
 
     /// An RDMA write of `data` to the start of `remote`.
     #[inline(always)]
-    pub fn write<D: Gather<'a, Local = L>>(data: D, remote: &RemoteRegion) -> Self {
+    pub fn write<D: Slices<LocalSlice<'a>, Local = L>>(data: D, remote: &RemoteRegion) -> Self {
         Op::new(data.into_local(), remote.write_op(), Some(*remote), false)
     }
 
     /// An RDMA write of `data` to `remote` that hands `imm` to a receive at the peer.
     #[inline(always)]
-    pub fn write_with_imm<D: Gather<'a, Local = L>>(
+    pub fn write_with_imm<D: Slices<LocalSlice<'a>, Local = L>>(
         data: D,
         remote: &RemoteRegion,
         imm: u32,
@@ -315,7 +287,7 @@ impl<'a, L> Op<'a, L> {
 
     /// An RDMA read from the start of `remote` into `data`.
     #[inline(always)]
-    pub fn read<D: Scatter<'a, Local = L>>(data: D, remote: &RemoteRegion) -> Self {
+    pub fn read<D: Slices<LocalSliceMut<'a>, Local = L>>(data: D, remote: &RemoteRegion) -> Self {
         Op::new(data.into_local(), remote.read_op(), Some(*remote), false)
     }
 
@@ -372,7 +344,7 @@ impl<'a, L> Op<'a, L, Ud> {
     /// A datagram of `data` (the concatenation of its slices, at most one packet of the
     /// path MTU) to `to`. It consumes a receive there if there is one, and is lost if not.
     #[inline(always)]
-    pub fn datagram<D: Gather<'a, Local = L>>(data: D, to: &Destination<'a>) -> Self {
+    pub fn datagram<D: Slices<LocalSlice<'a>, Local = L>>(data: D, to: &Destination<'a>) -> Self {
         let op = SendOp::Datagram {
             dest: to.dest,
             imm: None,
@@ -382,7 +354,7 @@ impl<'a, L> Op<'a, L, Ud> {
 
     /// A datagram of `data` to `to` with 32 bits of immediate data for the receiver.
     #[inline(always)]
-    pub fn datagram_with_imm<D: Gather<'a, Local = L>>(
+    pub fn datagram_with_imm<D: Slices<LocalSlice<'a>, Local = L>>(
         data: D,
         to: &Destination<'a>,
         imm: u32,

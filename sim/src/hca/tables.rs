@@ -112,12 +112,40 @@ pub(crate) struct Device {
     pub(crate) gids: [Gid; 2],
 }
 
+/// Who holds an object: its handle, and the objects made in it or on it. It is freed once
+/// the handle is gone and nothing refers to it.
+#[derive(Debug)]
+pub(crate) struct Holders {
+    refs: u32,
+    open: bool,
+}
+
+impl Holders {
+    /// Held by its new handle only.
+    const fn new() -> Holders {
+        Holders {
+            refs: 0,
+            open: true,
+        }
+    }
+
+    /// Lets go of the handle (`handle`) or of one referring object; whether the object is
+    /// now held by nothing.
+    fn release(&mut self, handle: bool) -> bool {
+        if handle {
+            self.open = false;
+        } else {
+            self.refs -= 1;
+        }
+        !self.open && self.refs == 0
+    }
+}
+
 /// A protection domain; freed once its handle is gone and nothing refers to it.
 #[derive(Debug)]
 pub(crate) struct PdObj {
     pub(crate) dev: usize,
-    refs: u32,
-    open: bool,
+    held: Holders,
 }
 
 /// A registered memory region.
@@ -136,8 +164,7 @@ pub(crate) struct CqObj {
     pub(crate) buf: CqWriter,
     /// Its completion channel, arming and events (`comp_channel.rs`).
     pub(crate) notify: CqNotify,
-    refs: u32,
-    open: bool,
+    held: Holders,
 }
 
 /// An address handle: where datagrams sent with it go.
@@ -239,28 +266,19 @@ impl Tables {
     pub(crate) fn alloc_pd(&mut self, dev: usize) -> usize {
         let pd = PdObj {
             dev,
-            refs: 0,
-            open: true,
+            held: Holders::new(),
         };
         self.pds.insert(pd).0
     }
 
     /// Takes a reference to PD `pd` for an object created in it.
     pub(crate) fn pd_ref(&mut self, pd: usize) {
-        self.pds.get_mut(pd).expect("live PD").refs += 1;
+        self.pds.get_mut(pd).expect("live PD").held.refs += 1;
     }
 
     /// Drops one reference to (or the handle of) PD `pd`; frees it when unused.
     pub(crate) fn release_pd(&mut self, pd: usize, handle: bool) {
-        let Some(p) = self.pds.get_mut(pd) else {
-            return;
-        };
-        if handle {
-            p.open = false;
-        } else {
-            p.refs -= 1;
-        }
-        if !p.open && p.refs == 0 {
+        if self.pds.get_mut(pd).is_some_and(|p| p.held.release(handle)) {
             self.pds.remove(pd);
         }
     }
@@ -280,23 +298,14 @@ impl Tables {
             dev,
             buf: CqWriter::new(depth as usize, lazy),
             notify: CqNotify::new(self.notifier.next_key()),
-            refs: 0,
-            open: true,
+            held: Holders::new(),
         };
         Ok(self.cqs.insert(cq).0)
     }
 
     /// Drops one reference to (or the handle of) CQ `cq`; frees it when unused.
     pub(crate) fn release_cq(&mut self, cq: usize, handle: bool) {
-        let Some(c) = self.cqs.get_mut(cq) else {
-            return;
-        };
-        if handle {
-            c.open = false;
-        } else {
-            c.refs -= 1;
-        }
-        if !c.open && c.refs == 0 {
+        if self.cqs.get_mut(cq).is_some_and(|c| c.held.release(handle)) {
             self.cqs.remove(cq);
         }
     }
@@ -316,7 +325,7 @@ impl Tables {
             return Err(SimError::QueueFull);
         }
         let (i, gen) = self.mrs.insert(MrObj { pd, access, region });
-        self.pds.get_mut(pd).expect("live PD").refs += 1;
+        self.pds.get_mut(pd).expect("live PD").held.refs += 1;
         let lkey = (i as u32) << 8 | u32::from(gen);
         Ok((i, lkey, lkey | RKEY_BIT))
     }
@@ -389,9 +398,9 @@ impl Tables {
             counters: Default::default(),
         };
         let (i, _) = self.qps.insert(qp);
-        self.pds.get_mut(pd).expect("live PD").refs += 1;
+        self.pds.get_mut(pd).expect("live PD").held.refs += 1;
         for c in [cqs.0, cqs.1] {
-            self.cqs.get_mut(c).expect("live CQ").refs += 1;
+            self.cqs.get_mut(c).expect("live CQ").held.refs += 1;
         }
         Ok((i, qpn))
     }

@@ -1,7 +1,7 @@
 //! Set-ups for tests on the simulator (feature `sim`), quinn's `Pair` as the model: two
-//! connected channels, a world of connected nodes, or a queue pair looped back to itself,
-//! in one call, so that a test reads as
-//! its story. The crate's own tests, benches and examples use them, and so can yours.
+//! connected channels, a world of connected nodes, a queue pair looped back to itself, or
+//! an RPC client and server with a session ([`RpcPair`]), in one call, so that a test reads
+//! as its story. The crate's own tests, benches and examples use them, and so can yours.
 //!
 //! ```
 //! use zverbs::testing::Pair;
@@ -21,6 +21,10 @@
 //! assert_eq!(&inbox.as_slice()[..5], b"hello");
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+
+mod rpc;
+
+pub use rpc::{RpcOutcome, RpcPair};
 
 use std::format;
 use std::vec::Vec;

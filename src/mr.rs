@@ -128,7 +128,8 @@ pub struct MemoryRegion<'a, P: Provider> {
 // SAFETY: the region is a unique borrow of a byte buffer (Send + Sync like `&mut [u8]`)
 // plus a provider handle that is Send + Sync by the trait's bounds.
 unsafe impl<P: Provider> Send for MemoryRegion<'_, P> {}
-// SAFETY: as above; shared access only reads through `as_slice`.
+// SAFETY: `&MemoryRegion` reads the borrowed bytes only through `as_slice` (as `&[u8]`
+// would) and the provider handle is Sync by the trait's bounds.
 unsafe impl<P: Provider> Sync for MemoryRegion<'_, P> {}
 
 impl<'a, P: Provider> MemoryRegion<'a, P> {

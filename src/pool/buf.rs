@@ -41,7 +41,8 @@ pub struct LocalBuf<P: Provider> {
 // owner at a time) and its pool handle is Send + Sync: it is sent and shared like a
 // `Box<[u8]>`.
 unsafe impl<P: Provider> Send for LocalBuf<P> {}
-// SAFETY: as above; `&LocalBuf` gives only shared access to the bytes.
+// SAFETY: `&LocalBuf` gives only shared access to the bytes of the block it owns
+// exclusively (as `&Box<[u8]>` does), and its pool handle is Sync.
 unsafe impl<P: Provider> Sync for LocalBuf<P> {}
 
 impl<P: Provider> LocalBuf<P> {
@@ -51,7 +52,8 @@ impl<P: Provider> LocalBuf<P> {
         // `unit << 6` lies inside the slab (the block does), so the offset fits and the
         // pointer stays in the allocation.
         let off = (unit as usize) << super::buddy::MIN_SHIFT;
-        // SAFETY: `off` is inside the slab allocation (see above).
+        // SAFETY: `off` is the offset of block `unit`, which lies inside the slab, so the
+        // pointer stays in the allocation.
         let ptr = unsafe { pool.base().add(off) };
         LocalBuf {
             pool,

@@ -52,9 +52,9 @@
 //! BENCHMARKS.md (`benches/pool.rs`).
 //!
 //! Why a `Mutex` and not a spin lock: a spin lock (one locked instruction per lock instead
-//! of two) measured 33 ns a pair on one thread but 260–300 ns a pair with two threads
-//! contending, against 45–150 ns for the `Mutex`; and a spinner cannot help a holder the
-//! scheduler preempted.
+//! of two) is a little cheaper on one thread but several times dearer per alloc + free
+//! pair with two threads contending, and a spinner cannot help a holder the scheduler
+//! preempted.
 //!
 //! Contents: a block's bytes are initialized (the slab is zeroed once at set-up) but not
 //! zeroed between owners: a new buffer may hold what an earlier one wrote.
@@ -193,8 +193,8 @@ struct Inner<P: Provider> {
 // reads and writes no byte of it; each byte is reached only through the `LocalBuf` that
 // owns its block, which the allocator (behind the mutex) hands to one owner at a time.
 unsafe impl<P: Provider> Send for Inner<P> {}
-// SAFETY: as above; shared access to `Inner` touches only the mutex, the Notify and
-// immutable fields.
+// SAFETY: shared access to `Inner` touches only the mutex, the Notify and immutable
+// fields; the slab's bytes are reached only through the `LocalBuf` that owns each block.
 unsafe impl<P: Provider> Sync for Inner<P> {}
 
 /// A registered slab carved into [`LocalBuf`]s. See the module docs.

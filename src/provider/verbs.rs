@@ -90,7 +90,8 @@ fn device_name(dev: &*mut ffi::ibv_device) -> &str {
     if name.is_null() {
         return "";
     }
-    // SAFETY: non-null, NUL-terminated, alive as long as `dev` is borrowed (see above).
+    // SAFETY: `name` is non-null and NUL-terminated, inside the device struct of a live
+    // list, which outlives the `&str` (tied to `dev`'s borrow).
     unsafe { CStr::from_ptr(name) }.to_str().unwrap_or("")
 }
 

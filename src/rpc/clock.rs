@@ -1,7 +1,7 @@
 //! The engine's clock: nanoseconds since it started, read once per busy pass.
 //!
-//! `Instant::now` costs ~40 ns in this project's VMs (the vDSO's `clock_gettime`), about a
-//! tenth of a simulated RPC round trip, read three times per RPC. On x86_64 with an
+//! `Instant::now` (the vDSO's `clock_gettime`) is a noticeable part of a simulated RPC
+//! round trip (BENCHMARKS.md), and an RPC reads the clock three times. On x86_64 with an
 //! invariant TSC (CPUID leaf 0x8000_0007, EDX bit 8: constant rate, ticking in every
 //! C-state) the clock is the TSC instead, scaled by a rate measured against `Instant` over
 //! 2 ms when the engine starts; elsewhere it is `Instant`. Its readings serve timers of

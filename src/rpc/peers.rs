@@ -173,8 +173,8 @@ impl<P: Provider> Peers<P> {
     }
 }
 
-/// A multiply-rotate hash of the 20-byte address (FxHash's step): SipHash's ~30 ns per
-/// lookup was a tenth of a simulated RPC. Only admitted peers are in the table (at most
+/// A multiply-rotate hash of the 20-byte address (FxHash's step): SipHash per lookup is a
+/// noticeable part of a simulated RPC. Only admitted peers are in the table (at most
 /// `max_sessions`), so crafted collisions cost at most a scan of that many entries.
 #[derive(Default)]
 struct Fold(u64);

@@ -258,8 +258,8 @@ pub(super) const CLOCK_EVERY: u32 = 16;
 /// let go between them).
 pub(super) const SPINS_PER_TURN: u32 = 1024;
 
-/// Polls at an operation's first poll before it lets the task go on (~2 µs here: a
-/// simulated round trip is 0.5–1 µs).
+/// Polls at an operation's first poll before it lets the task go on: long enough for a
+/// simulated round trip.
 pub(super) const FIRST_SPINS: u32 = 64;
 
 /// What an operation posts over its buffer's entry.

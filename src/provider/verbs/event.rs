@@ -64,7 +64,7 @@ pub(super) fn create(ctx: &Arc<ContextInner>) -> Result<CompChannel, VerbsError>
     };
     // SAFETY: `fd` is the channel's open descriptor; F_GETFL/F_SETFL take and return ints.
     let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-    // SAFETY: `fd` is open (as for F_GETFL); F_SETFL takes the flags as an int.
+    // SAFETY: `fd` is the channel's open descriptor; F_SETFL takes the flags as an int.
     if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
         return Err(VerbsError::last_os("fcntl(O_NONBLOCK)"));
     }

@@ -10,6 +10,8 @@
 //!   decoder never allocates more than [`MAX_PAYLOAD`] bytes, whatever a peer claims.
 //! - [`tcp`]: [`exchange`]: all-to-all over TCP, with one deadline bounding every connect,
 //!   read and write.
+//! - [`launch`]: the rank, world size and root a launcher (Slurm, Open MPI, MPICH, PMIx,
+//!   torchrun, or `ZVERBS_*`) gives the process in its environment.
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -27,6 +29,7 @@ pub mod config;
 mod conn;
 mod error;
 pub mod frame;
+pub mod launch;
 pub mod tcp;
 
 pub use config::{parse_config, ConfigError, NetworkConfig};

@@ -136,6 +136,11 @@ impl<'a> Shared<'a> {
         }
     }
 
+    /// Every rank has been heard from.
+    pub(super) fn complete(&self) -> bool {
+        self.complete.load(Ordering::Relaxed)
+    }
+
     /// Every lower rank has been heard from.
     pub(super) fn accepts_done(&self) -> bool {
         self.state().got[..self.my_rank as usize]
@@ -179,11 +184,16 @@ impl<'s, 'a> Conn<'s, 'a> {
     }
 
     pub(super) fn send_frame(&mut self) -> Result<(), Halt> {
+        self.send(self.shared.frame)
+    }
+
+    /// Writes `bytes` whole, within the exchange's deadline.
+    pub(super) fn send(&mut self, bytes: &[u8]) -> Result<(), Halt> {
         let left = self.shared.remaining().ok_or(Halt::Stopped)?;
         let r = self
             .stream
             .set_write_timeout(Some(left))
-            .and_then(|()| self.stream.write_all(self.shared.frame))
+            .and_then(|()| self.stream.write_all(bytes))
             .and_then(|()| self.stream.flush());
         r.map_err(|source| match source.kind() {
             io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
@@ -200,24 +210,23 @@ impl<'s, 'a> Conn<'s, 'a> {
 
     pub(super) fn recv_frame(&mut self) -> Result<(u32, Vec<u8>), Halt> {
         let peer = self.peer;
-        read_frame(self).map_err(|e| {
-            Halt::Failed(match e {
-                FrameError::BadMagic(got) => ExchangeError::WrongMagic { peer, got },
-                FrameError::UnsupportedVersion(got) => ExchangeError::WrongVersion { peer, got },
-                FrameError::Oversized { claimed, max } => {
-                    ExchangeError::Oversized { peer, claimed, max }
-                }
-                FrameError::Truncated { needed, got } => {
-                    ExchangeError::Truncated { peer, needed, got }
-                }
-                FrameError::Io(e) if is_stop(&e) => return Halt::Stopped,
-                FrameError::Io(source) => ExchangeError::Io {
-                    peer: Some(peer),
-                    source,
-                },
-            })
-        })
+        read_frame(self).map_err(|e| halt(peer, e))
     }
+}
+
+/// A frame read from `peer` that failed, as the exchange reports it.
+pub(super) fn halt(peer: SocketAddr, e: FrameError) -> Halt {
+    Halt::Failed(match e {
+        FrameError::BadMagic(got) => ExchangeError::WrongMagic { peer, got },
+        FrameError::UnsupportedVersion(got) => ExchangeError::WrongVersion { peer, got },
+        FrameError::Oversized { claimed, max } => ExchangeError::Oversized { peer, claimed, max },
+        FrameError::Truncated { needed, got } => ExchangeError::Truncated { peer, needed, got },
+        FrameError::Io(e) if is_stop(&e) => return Halt::Stopped,
+        FrameError::Io(source) => ExchangeError::Io {
+            peer: Some(peer),
+            source,
+        },
+    })
 }
 
 impl Read for Conn<'_, '_> {

@@ -76,6 +76,15 @@ pub enum ExchangeError {
         /// The address of the second connection.
         peer: SocketAddr,
     },
+    /// A rank of the same rendezvous (its id matches) names another world size.
+    WorldMismatch {
+        /// The peer's address.
+        peer: SocketAddr,
+        /// This rank's world size.
+        expected: u32,
+        /// The peer's.
+        got: u32,
+    },
     /// A peer claims a payload longer than [`MAX_PAYLOAD`](super::MAX_PAYLOAD) (nothing was allocated for it).
     Oversized {
         /// The peer's address.
@@ -178,6 +187,14 @@ impl fmt::Display for ExchangeError {
             ExchangeError::DuplicatePeer { rank, peer } => {
                 write!(f, "peer {peer} claims rank {rank}, which already connected")
             }
+            ExchangeError::WorldMismatch {
+                peer,
+                expected,
+                got,
+            } => write!(
+                f,
+                "peer {peer} is in a world of {got} ranks, this rank in one of {expected}"
+            ),
             ExchangeError::Oversized { peer, claimed, max } => write!(
                 f,
                 "peer {peer} claims a {claimed}-byte payload, over the {max}-byte limit"

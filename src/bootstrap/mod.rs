@@ -10,6 +10,8 @@
 //!   decoder never allocates more than [`MAX_PAYLOAD`] bytes, whatever a peer claims.
 //! - [`tcp`]: [`exchange`]: all-to-all over TCP, with one deadline bounding every connect,
 //!   read and write.
+//! - [`rendezvous`]: [`Rendezvous::all_gather`]: the same gathered through a root, rank 0,
+//!   over `N - 1` connections.
 //! - [`launch`]: the rank, world size and root a launcher (Slurm, Open MPI, MPICH, PMIx,
 //!   torchrun, or `ZVERBS_*`) gives the process in its environment.
 //!
@@ -30,6 +32,7 @@ mod conn;
 mod error;
 pub mod frame;
 pub mod launch;
+pub mod rendezvous;
 pub mod tcp;
 
 pub use config::{parse_config, ConfigError, NetworkConfig};
@@ -38,4 +41,5 @@ pub use frame::{
     decode_frame, encode_frame, read_frame, FrameError, FRAME_HEADER_LEN, FRAME_MAGIC,
     FRAME_VERSION, MAX_PAYLOAD,
 };
+pub use rendezvous::{Rendezvous, MAX_RENDEZVOUS_PAYLOAD};
 pub use tcp::{exchange, exchange_with_listener};

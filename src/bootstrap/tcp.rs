@@ -48,13 +48,13 @@ use super::error::ExchangeError;
 use super::frame::{encode_frame, MAX_PAYLOAD};
 
 /// How often the accept loop polls its non-blocking listener.
-const ACCEPT_POLL: Duration = Duration::from_millis(2);
+pub(super) const ACCEPT_POLL: Duration = Duration::from_millis(2);
 /// First pause between connect attempts.
-const BACKOFF_MIN: Duration = Duration::from_millis(5);
+pub(super) const BACKOFF_MIN: Duration = Duration::from_millis(5);
 /// Longest pause between connect attempts.
-const BACKOFF_MAX: Duration = Duration::from_millis(100);
+pub(super) const BACKOFF_MAX: Duration = Duration::from_millis(100);
 /// Longest single connect attempt.
-const CONNECT_ATTEMPT_MAX: Duration = Duration::from_secs(1);
+pub(super) const CONNECT_ATTEMPT_MAX: Duration = Duration::from_secs(1);
 
 /// Exchanges `payload` with every rank of `config`: binds this rank's configured address,
 /// connects to every other rank, and returns every rank's payload, indexed by rank (this
@@ -280,7 +280,7 @@ fn check_args(
 /// A connect on loopback to a port nobody listens on can, rarely, connect the socket to
 /// itself (TCP simultaneous open, when the kernel picks the destination port as the
 /// source port). Such a connection is no peer.
-fn is_self_connection(s: &TcpStream) -> bool {
+pub(super) fn is_self_connection(s: &TcpStream) -> bool {
     matches!((s.local_addr(), s.peer_addr()), (Ok(l), Ok(p)) if l == p)
 }
 
@@ -337,7 +337,7 @@ fn serve(shared: &Shared<'_>, stream: TcpStream, peer: SocketAddr) -> Result<(),
 
 /// Runs `f` on a scoped thread, recording its failure; a thread that cannot be created
 /// fails the exchange (rather than panicking as `Scope::spawn` would).
-fn spawn<'scope, 'env: 'scope>(
+pub(super) fn spawn<'scope, 'env: 'scope>(
     scope: &'scope thread::Scope<'scope, 'env>,
     shared: &'env Shared<'env>,
     name: String,

@@ -1,0 +1,227 @@
+//! The root rendezvous (`zverbs::bootstrap::Rendezvous`) on 127.0.0.1: worlds of 2 to
+//! 1,024 ranks in one process, and the peers it must survive or refuse — strangers that
+//! send garbage, say nothing or belong to another run; ranks of this run that claim a
+//! taken rank, a rank out of range or another world; a root that never comes up; a rank
+//! that never comes.
+#![cfg(feature = "std")]
+
+use std::io::Write;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use zverbs::bootstrap::{encode_frame, ExchangeError, Rendezvous};
+
+const LONG: Duration = Duration::from_secs(30);
+const ID: u64 = 0x5eed_cafe;
+
+/// A listener for the root on a free loopback port, and the rendezvous naming it.
+fn root(world: u32) -> (TcpListener, Rendezvous) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let rv = Rendezvous {
+        root: listener.local_addr().unwrap(),
+        id: ID,
+        world,
+    };
+    (listener, rv)
+}
+
+fn payload_of(rank: u32) -> Vec<u8> {
+    format!("endpoints of rank {rank}").into_bytes()
+}
+
+/// Runs rank 0 on `listener` and ranks `1..world` (but `absent`) on threads; each rank's
+/// result, by rank (an absent rank's `None`), after `meanwhile` ran beside them.
+fn run(
+    listener: &TcpListener,
+    rv: Rendezvous,
+    timeout: Duration,
+    absent: &[u32],
+    meanwhile: impl FnOnce(SocketAddr) + Send,
+) -> Vec<Option<Result<Vec<Vec<u8>>, ExchangeError>>> {
+    thread::scope(|s| {
+        let root = s.spawn(move || rv.all_gather_on(listener, &payload_of(0), timeout));
+        let ranks: Vec<_> = (1..rv.world)
+            .map(|r| {
+                (!absent.contains(&r)).then(|| {
+                    thread::Builder::new()
+                        .stack_size(256 << 10)
+                        .spawn_scoped(s, move || rv.all_gather(r, &payload_of(r), timeout))
+                        .unwrap()
+                })
+            })
+            .collect();
+        let other = s.spawn(move || meanwhile(rv.root));
+        let mut all = vec![Some(root.join().unwrap())];
+        all.extend(ranks.into_iter().map(|h| h.map(|h| h.join().unwrap())));
+        other.join().unwrap();
+        all
+    })
+}
+
+fn table(world: u32) -> Vec<Vec<u8>> {
+    (0..world).map(payload_of).collect()
+}
+
+/// A hello of this run (or another, by `id`) claiming `rank` in a world of `world`.
+fn hello(rank: u32, id: u64, world: u32) -> Vec<u8> {
+    let mut body = id.to_be_bytes().to_vec();
+    body.extend_from_slice(&world.to_be_bytes());
+    body.extend_from_slice(b"forged");
+    let mut frame = Vec::new();
+    encode_frame(rank, &body, &mut frame).unwrap();
+    frame
+}
+
+/// Connects to `root` (retrying while it is not up) and writes `bytes`; holds the
+/// connection open for `hold`.
+fn stranger(root: SocketAddr, bytes: &[u8], hold: Duration) {
+    let end = Instant::now() + Duration::from_secs(5);
+    let mut s = loop {
+        match TcpStream::connect(root) {
+            Ok(s) => break s,
+            Err(_) if Instant::now() < end => thread::sleep(Duration::from_millis(5)),
+            Err(e) => panic!("{e}"),
+        }
+    };
+    let _ = s.write_all(bytes);
+    thread::sleep(hold);
+}
+
+#[test]
+fn worlds_of_2_to_1024_ranks_gather_every_payload() {
+    for world in [2, 3, 16, 128, 1024] {
+        let (l, rv) = root(world);
+        let all = run(&l, rv, LONG, &[], |_| {});
+        for (rank, r) in all.into_iter().enumerate() {
+            let t = r
+                .unwrap()
+                .unwrap_or_else(|e| panic!("world {world} rank {rank}: {e}"));
+            assert!(
+                t == table(world),
+                "world {world} rank {rank}: a different table"
+            );
+        }
+    }
+}
+
+#[test]
+fn strangers_that_send_garbage_nothing_or_another_runs_hello_hold_nothing_up() {
+    let (l, rv) = root(4);
+    let start = Instant::now();
+    let all = run(&l, rv, LONG, &[], |root| {
+        thread::scope(|s| {
+            s.spawn(|| stranger(root, b"GET / HTTP/1.1\r\n\r\n", Duration::ZERO));
+            s.spawn(|| stranger(root, &[], Duration::from_secs(3)));
+            s.spawn(|| stranger(root, b"ZVEX", Duration::from_secs(3))); // trickles, stops
+            s.spawn(|| stranger(root, &hello(1, ID + 1, 4), Duration::ZERO));
+            // A frame that claims a payload far over the limit: refused unread.
+            let mut huge = b"ZVEX".to_vec();
+            huge.extend_from_slice(&1u16.to_be_bytes());
+            huge.extend_from_slice(&2u32.to_be_bytes());
+            huge.extend_from_slice(&u32::MAX.to_be_bytes());
+            s.spawn(move || stranger(root, &huge, Duration::ZERO));
+        });
+    });
+    for r in all {
+        assert_eq!(r.unwrap().unwrap(), table(4));
+    }
+    // The silent ones were cut off when the last rank came, not at their 3 s.
+    assert!(start.elapsed() < LONG);
+}
+
+#[test]
+fn a_taken_rank_is_refused_naming_it() {
+    let (l, rv) = root(3);
+    let all = run(&l, rv, Duration::from_secs(5), &[2], |root| {
+        stranger(root, &hello(1, ID, 3), Duration::from_millis(500));
+        stranger(root, &hello(1, ID, 3), Duration::from_millis(500));
+    });
+    match &all[0] {
+        Some(Err(ExchangeError::DuplicatePeer { rank: 1, .. })) => {}
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_rank_out_of_range_or_of_another_world_fails_the_rendezvous() {
+    for (bytes, check) in [
+        (
+            hello(7, ID, 3),
+            (|e: &ExchangeError| matches!(e, ExchangeError::UnexpectedRank { got: 7, .. }))
+                as fn(&ExchangeError) -> bool,
+        ),
+        (hello(0, ID, 3), |e| {
+            matches!(e, ExchangeError::UnexpectedRank { got: 0, .. })
+        }),
+        (hello(1, ID, 5), |e| {
+            matches!(
+                e,
+                ExchangeError::WorldMismatch {
+                    expected: 3,
+                    got: 5,
+                    ..
+                }
+            )
+        }),
+    ] {
+        let (l, rv) = root(3);
+        let all = run(&l, rv, Duration::from_secs(5), &[1, 2], move |root| {
+            stranger(root, &bytes, Duration::from_millis(200));
+        });
+        match &all[0] {
+            Some(Err(e)) if check(e) => {}
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_rank_that_never_comes_is_named_and_a_root_that_never_comes_is_a_timeout() {
+    let short = Duration::from_millis(600);
+    let (l, rv) = root(4);
+    let start = Instant::now();
+    let all = run(&l, rv, short, &[2], |_| {});
+    let took = start.elapsed();
+    match &all[0] {
+        Some(Err(ExchangeError::Timeout { waiting_for })) => assert_eq!(waiting_for, &[2]),
+        other => panic!("{other:?}"),
+    }
+    // The others wait for the root's table, which never comes: the root's end of their
+    // connection closes when it gives up (or their deadline passes first).
+    for r in [1, 3] {
+        assert!(
+            matches!(
+                &all[r],
+                Some(Err(ExchangeError::Timeout { .. }
+                    | ExchangeError::Truncated { .. }
+                    | ExchangeError::Io { .. }))
+            ),
+            "rank {r}: {:?}",
+            all[r]
+        );
+    }
+    assert!(took < short * 10, "bounded: {took:?}");
+
+    // Nobody listens at the root.
+    let (l, rv) = root(2);
+    drop(l);
+    let start = Instant::now();
+    let r = rv.all_gather(1, b"x", short);
+    assert!(matches!(r, Err(ExchangeError::Timeout { ref waiting_for }) if waiting_for == &[0]));
+    assert!(start.elapsed() < short * 10);
+}
+
+#[test]
+fn bad_arguments_are_refused_before_any_connection() {
+    let (_l, rv) = root(2);
+    assert!(matches!(
+        rv.all_gather(2, b"x", LONG),
+        Err(ExchangeError::NoSuchRank { rank: 2, len: 2 })
+    ));
+    let big = vec![0u8; zverbs::bootstrap::MAX_RENDEZVOUS_PAYLOAD + 1];
+    assert!(matches!(
+        rv.all_gather(1, &big, LONG),
+        Err(ExchangeError::PayloadTooLarge { .. })
+    ));
+}

@@ -1,6 +1,7 @@
-//! `Node::connect_tcp` on 127.0.0.1: the endpoint exchange, then a readiness round, so that
-//! no rank returns before every rank's queue pairs are at RTS; a rank that reports it
-//! cannot connect fails the others at once, and ranks not ready by the deadline are named.
+//! `Node::connect_tcp` and `connect_rendezvous` on 127.0.0.1: the endpoints gathered, then
+//! a readiness round, so that no rank returns before every rank's queue pairs are at RTS;
+//! a rank that reports it cannot connect fails the others at once, and ranks not ready by
+//! the deadline are named.
 #![cfg(feature = "sim")]
 
 use std::io::Write;
@@ -226,4 +227,43 @@ fn frame(rank: u32, payload: &[u8]) -> Vec<u8> {
     let mut b = Vec::new();
     encode_frame(rank, payload, &mut b).unwrap();
     b
+}
+
+/// The same through a root rendezvous: every rank's app bytes come back, and a barrier
+/// right after the call finds every peer connected.
+#[test]
+fn a_world_connects_through_a_root_rendezvous() {
+    use zverbs::bootstrap::Rendezvous;
+
+    let n = 4;
+    let sim = Sim::with_devices(n);
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let rv = Rendezvous {
+        root: listener.local_addr().unwrap(),
+        id: 9,
+        world: n as u32,
+    };
+    let listener = &listener;
+    thread::scope(|s| {
+        let ranks: Vec<_> = (0..n)
+            .map(|rank| {
+                let sim = sim.clone();
+                s.spawn(move || {
+                    let (_pd, node) = prepare(&sim, rank, n);
+                    let app = [rank as u8; 3];
+                    let (mut node, apps) = match rank {
+                        0 => node.connect_rendezvous_on(&rv, listener, &app, LONG),
+                        _ => node.connect_rendezvous(&rv, &app, LONG),
+                    }
+                    .unwrap();
+                    node.barrier_all().unwrap();
+                    apps
+                })
+            })
+            .collect();
+        for h in ranks {
+            let apps = h.join().unwrap();
+            assert_eq!(apps, (0..n as u8).map(|r| vec![r; 3]).collect::<Vec<_>>());
+        }
+    });
 }

@@ -76,6 +76,15 @@ pub enum ExchangeError {
         /// The address of the second connection.
         peer: SocketAddr,
     },
+    /// The launcher named no rendezvous root (and `ZVERBS_ROOT` is not set).
+    NoRoot,
+    /// The root's host name does not resolve.
+    Unresolved {
+        /// The root as named (`host:port`).
+        root: String,
+        /// What the resolver said.
+        source: io::Error,
+    },
     /// A rank of the same rendezvous (its id matches) names another world size.
     WorldMismatch {
         /// The peer's address.
@@ -132,7 +141,8 @@ impl ExchangeError {
             ExchangeError::NotReady { failed, .. } if failed.is_empty() => ErrorKind::Timeout,
             ExchangeError::NoSuchRank { .. }
             | ExchangeError::PayloadTooLarge { .. }
-            | ExchangeError::ListenerMismatch { .. } => ErrorKind::InvalidArgument,
+            | ExchangeError::ListenerMismatch { .. }
+            | ExchangeError::NoRoot => ErrorKind::InvalidArgument,
             _ => ErrorKind::Other,
         }
     }
@@ -187,6 +197,12 @@ impl fmt::Display for ExchangeError {
             ExchangeError::DuplicatePeer { rank, peer } => {
                 write!(f, "peer {peer} claims rank {rank}, which already connected")
             }
+            ExchangeError::NoRoot => f.write_str(
+                "no rendezvous root: the launcher names none; set ZVERBS_ROOT=host:port",
+            ),
+            ExchangeError::Unresolved { root, source } => {
+                write!(f, "cannot resolve the rendezvous root {root}: {source}")
+            }
             ExchangeError::WorldMismatch {
                 peer,
                 expected,
@@ -232,7 +248,9 @@ impl fmt::Display for ExchangeError {
 impl std::error::Error for ExchangeError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            ExchangeError::Bind { source, .. } | ExchangeError::Io { source, .. } => Some(source),
+            ExchangeError::Bind { source, .. }
+            | ExchangeError::Io { source, .. }
+            | ExchangeError::Unresolved { source, .. } => Some(source),
             _ => None,
         }
     }

@@ -26,13 +26,14 @@
 //! root names the ranks it did not hear from.
 
 use std::io::{self, BufReader};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use super::conn::{halt, Conn, Halt, Shared, State};
 use super::error::ExchangeError;
 use super::frame::{encode_frame, read_frame, MAX_PAYLOAD};
+use super::launch::Placement;
 use super::tcp::{
     deadline_after, is_self_connection, spawn, ACCEPT_POLL, BACKOFF_MAX, BACKOFF_MIN,
     CONNECT_ATTEMPT_MAX,
@@ -132,6 +133,47 @@ impl Rendezvous {
     ) -> Result<Vec<Vec<u8>>, ExchangeError> {
         self.check(0, payload)?;
         self.serve(listener, payload, deadline_after(timeout))
+    }
+
+    /// The rendezvous a launcher's placement names: its root (the first address the host
+    /// resolves to), its world, and `id` — any value every rank of the run agrees on (a job
+    /// id, or a constant where one run uses the port).
+    ///
+    /// ```
+    /// use zverbs::bootstrap::launch::detect;
+    /// use zverbs::bootstrap::Rendezvous;
+    ///
+    /// let env = |v: &str| match v {
+    ///     "RANK" => Some("1".into()),
+    ///     "WORLD_SIZE" => Some("4".into()),
+    ///     "MASTER_ADDR" => Some("127.0.0.1".into()),
+    ///     "MASTER_PORT" => Some("29500".into()),
+    ///     _ => None,
+    /// };
+    /// let rv = Rendezvous::for_placement(&detect(&env)?, 7)?;
+    /// assert_eq!((rv.root.to_string(), rv.world), ("127.0.0.1:29500".to_string(), 4));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`ExchangeError::NoRoot`] when the placement names none;
+    /// [`ExchangeError::Unresolved`] when its host does not resolve.
+    pub fn for_placement(placement: &Placement, id: u64) -> Result<Rendezvous, ExchangeError> {
+        let root = placement.root.as_ref().ok_or(ExchangeError::NoRoot)?;
+        let unresolved = |source| ExchangeError::Unresolved {
+            root: root.to_string(),
+            source,
+        };
+        let addr = (root.host.as_str(), root.port)
+            .to_socket_addrs()
+            .map_err(unresolved)?
+            .next()
+            .ok_or_else(|| unresolved(io::Error::new(io::ErrorKind::NotFound, "no address")))?;
+        Ok(Rendezvous {
+            root: addr,
+            id,
+            world: placement.world,
+        })
     }
 
     fn check(&self, rank: u32, payload: &[u8]) -> Result<(), ExchangeError> {

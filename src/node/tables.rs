@@ -10,7 +10,7 @@ use std::vec::Vec;
 
 use super::{Node, NodeError, PreparedNode};
 use crate::bootstrap::tcp::{deadline_after, Session};
-use crate::bootstrap::NetworkConfig;
+use crate::bootstrap::{ExchangeError, NetworkConfig, Rendezvous};
 use crate::provider::Provider;
 use crate::qp::{Endpoint, ENDPOINT_LEN};
 
@@ -79,7 +79,7 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
     /// `timeout` bounds the whole call: the exchange, the local connect and the readiness
     /// round (see [`bootstrap::tcp`](crate::bootstrap::tcp#readiness-round)). A rank that
     /// could not connect its queue pairs tells the others, which fail at once with
-    /// [`ExchangeError::NotReady`](crate::bootstrap::ExchangeError::NotReady) naming it;
+    /// [`ExchangeError::NotReady`] naming it;
     /// ranks not ready by the deadline are named the same way. Once it returns `Ok`, every
     /// rank is past the exchange (each said it was ready), so this rank may start another
     /// `connect_tcp` on the same ports at once: its connections cannot reach a peer still
@@ -136,6 +136,118 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
                 Err(e)
             }
         }
+    }
+
+    /// Gathers every rank's endpoint table through the root of `rendezvous` (see
+    /// [`Rendezvous`]), connects, then gathers once more, a ready byte per rank, so that,
+    /// as [`connect_tcp`](Self::connect_tcp), it returns only when every rank's queue pairs
+    /// are at RTS. `app` rides along and every rank's comes back, by rank. The world of
+    /// `rendezvous` must be this node's; `timeout` bounds the whole call.
+    ///
+    /// Each rank brings its whole table (`world × 2 × ENDPOINT_LEN` bytes) and `app`, at
+    /// most [`MAX_RENDEZVOUS_PAYLOAD`](crate::bootstrap::MAX_RENDEZVOUS_PAYLOAD) in all:
+    /// worlds up to about 1,200 ranks.
+    ///
+    /// ```
+    /// # #[cfg(feature = "sim")] {
+    /// use std::net::TcpListener;
+    /// use std::time::Duration;
+    /// use zverbs::bootstrap::Rendezvous;
+    /// use zverbs::node::{Node, NodeConfig};
+    /// use zverbs::provider::sim::Sim;
+    /// use zverbs::Context;
+    ///
+    /// let sim = Sim::with_devices(3);
+    /// let listener = TcpListener::bind("127.0.0.1:0")?;
+    /// let rv = Rendezvous { root: listener.local_addr()?, id: 42, world: 3 };
+    /// let listener = &listener;
+    /// std::thread::scope(|s| {
+    ///     for rank in 0..3 {
+    ///         let sim = sim.clone();
+    ///         s.spawn(move || {
+    ///             let ctx = Context::open(&sim, &format!("sim{rank}")).unwrap();
+    ///             let pd = ctx.alloc_pd().unwrap();
+    ///             let node = Node::<Sim, 4>::prepare(&ctx, &pd, rank, 3, &NodeConfig::default()).unwrap();
+    ///             let t = Duration::from_secs(10);
+    ///             let (mut node, _) = match rank {
+    ///                 0 => node.connect_rendezvous_on(&rv, listener, &[], t),
+    ///                 _ => node.connect_rendezvous(&rv, &[], t),
+    ///             }
+    ///             .unwrap();
+    ///             node.barrier_all().unwrap();
+    ///         });
+    ///     }
+    /// });
+    /// # }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`NodeError::InvalidRank`] for a rendezvous of another world;
+    /// [`NodeError::Exchange`] for the rendezvous's own (a timeout naming the ranks not
+    /// heard from, a peer out of protocol), or [`ExchangeError::NotReady`] naming the ranks
+    /// that could not connect; the local connect's error.
+    pub fn connect_rendezvous(
+        self,
+        rendezvous: &Rendezvous,
+        app: &[u8],
+        timeout: Duration,
+    ) -> Connected<P, PEERS, DEPTH, SGES> {
+        self.rendezvous(rendezvous, None, app, timeout)
+    }
+
+    /// As [`connect_rendezvous`](Self::connect_rendezvous) for rank 0, on a listener the
+    /// caller bound to the root's port.
+    pub fn connect_rendezvous_on(
+        self,
+        rendezvous: &Rendezvous,
+        listener: &TcpListener,
+        app: &[u8],
+        timeout: Duration,
+    ) -> Connected<P, PEERS, DEPTH, SGES> {
+        self.rendezvous(rendezvous, Some(listener), app, timeout)
+    }
+
+    fn rendezvous(
+        self,
+        rv: &Rendezvous,
+        listener: Option<&TcpListener>,
+        app: &[u8],
+        timeout: Duration,
+    ) -> Connected<P, PEERS, DEPTH, SGES> {
+        let deadline = deadline_after(timeout);
+        let (rank, world) = (self.map.rank, self.map.world);
+        if rv.world as usize != world {
+            return Err(NodeError::InvalidRank {
+                rank,
+                world: rv.world as usize,
+            });
+        }
+        let gather = |payload: &[u8]| {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match listener {
+                Some(l) => rv.all_gather_on(l, payload, left),
+                None => rv.all_gather(rank as u32, payload, left),
+            }
+            .map_err(NodeError::Exchange)
+        };
+        let payloads = gather(&self.payload(app))?;
+        let connected = self.connect_payloads(payloads);
+        let ready = gather(&[u8::from(connected.is_ok())]);
+        let connected = connected?;
+        let ready = ready?;
+        let failed: Vec<u32> = (0u32..)
+            .zip(&ready)
+            .filter(|(_, r)| r.as_slice() != [1])
+            .map(|(r, _)| r)
+            .collect();
+        if !failed.is_empty() {
+            return Err(NodeError::Exchange(ExchangeError::NotReady {
+                failed,
+                waiting_for: Vec::new(),
+            }));
+        }
+        Ok(connected)
     }
 
     fn payload(&self, app: &[u8]) -> Vec<u8> {

@@ -27,6 +27,38 @@ pub(super) struct State {
     pub(super) error: Option<ExchangeError>,
 }
 
+/// Every rank's payload and the connection it came on, by rank.
+pub(super) type Gathered = (Vec<Vec<u8>>, Vec<Option<(TcpStream, SocketAddr)>>);
+
+impl State {
+    /// What the exchange gathered, with `payload` as rank `me`'s own: its first failure,
+    /// or [`ExchangeError::Timeout`] naming every rank not heard from.
+    pub(super) fn gathered(self, me: u32, payload: &[u8]) -> Result<Gathered, ExchangeError> {
+        let State {
+            mut got,
+            conns,
+            error,
+            ..
+        } = self;
+        if let Some(e) = error {
+            return Err(e);
+        }
+        got[me as usize] = Some(payload.to_vec());
+        let waiting_for: Vec<u32> = (0u32..)
+            .zip(&got)
+            .filter(|(_, p)| p.is_none())
+            .map(|(r, _)| r)
+            .collect();
+        if !waiting_for.is_empty() {
+            return Err(ExchangeError::Timeout { waiting_for });
+        }
+        Ok((
+            got.into_iter().map(Option::unwrap_or_default).collect(),
+            conns,
+        ))
+    }
+}
+
 /// State shared by the threads of one exchange.
 pub(super) struct Shared<'a> {
     pub(super) my_rank: u32,

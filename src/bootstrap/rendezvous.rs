@@ -30,12 +30,12 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, T
 use std::thread;
 use std::time::{Duration, Instant};
 
-use super::conn::{halt, Conn, Halt, Shared, State};
+use super::conn::{halt, Conn, Halt, Shared};
 use super::error::ExchangeError;
 use super::frame::{encode_frame, read_frame, MAX_PAYLOAD};
 use super::launch::Placement;
 use super::tcp::{
-    deadline_after, is_self_connection, spawn, ACCEPT_POLL, BACKOFF_MAX, BACKOFF_MIN,
+    accept_each, deadline_after, is_self_connection, spawn, BACKOFF_MAX, BACKOFF_MIN,
     CONNECT_ATTEMPT_MAX,
 };
 
@@ -252,43 +252,11 @@ impl Rendezvous {
         let heard = Shared::new(0, deadline, &[], self.world as usize);
         let shared = &heard;
         thread::scope(|scope| {
-            while !shared.complete() && shared.remaining().is_some() {
-                match listener.accept() {
-                    Ok((stream, peer)) => {
-                        spawn(scope, shared, format!("zverbs-root-{peer}"), move || {
-                            self.hear(shared, stream, peer)
-                        })
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => thread::sleep(ACCEPT_POLL),
-                    Err(e)
-                        if matches!(
-                            e.kind(),
-                            io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted
-                        ) => {}
-                    Err(source) => shared.fail(ExchangeError::Io { peer: None, source }),
-                }
-            }
+            let hear = |shared: &_, stream, peer| self.hear(shared, stream, peer);
+            accept_each(scope, shared, listener, || shared.complete(), hear);
         });
         let _ = listener.set_nonblocking(false);
-        let State {
-            mut got,
-            conns,
-            error,
-            ..
-        } = heard.into_state();
-        if let Some(e) = error {
-            return Err(e);
-        }
-        got[0] = Some(payload.to_vec());
-        let waiting_for: Vec<u32> = (0u32..)
-            .zip(&got)
-            .filter(|(_, p)| p.is_none())
-            .map(|(r, _)| r)
-            .collect();
-        if !waiting_for.is_empty() {
-            return Err(ExchangeError::Timeout { waiting_for });
-        }
-        let table: Vec<Vec<u8>> = got.into_iter().map(Option::unwrap_or_default).collect();
+        let (table, conns) = heard.into_state().gathered(0, payload)?;
         let mut frames = Vec::new();
         for (r, p) in (0u32..).zip(&table) {
             // Each payload came in a frame of its own, with the hello's head: it fits.

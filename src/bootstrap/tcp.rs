@@ -43,12 +43,12 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use super::config::NetworkConfig;
-use super::conn::{Conn, Halt, Shared, State};
+use super::conn::{Conn, Gathered, Halt, Shared, State};
 use super::error::ExchangeError;
 use super::frame::{encode_frame, MAX_PAYLOAD};
 
 /// How often the accept loop polls its non-blocking listener.
-pub(super) const ACCEPT_POLL: Duration = Duration::from_millis(2);
+const ACCEPT_POLL: Duration = Duration::from_millis(2);
 /// First pause between connect attempts.
 pub(super) const BACKOFF_MIN: Duration = Duration::from_millis(5);
 /// Longest pause between connect attempts.
@@ -351,9 +351,6 @@ pub(super) fn spawn<'scope, 'env: 'scope>(
     }
 }
 
-/// Every rank's payload and the connection to every other rank, by rank.
-type Gathered = (Vec<Vec<u8>>, Vec<Option<(TcpStream, SocketAddr)>>);
-
 fn run(
     config: &NetworkConfig,
     my_rank: u32,
@@ -377,47 +374,37 @@ fn run(
                 dial(shared, rank, addr)
             });
         }
-        while !shared.accepts_done() && shared.remaining().is_some() {
-            match listener.accept() {
-                Ok((stream, peer)) => {
-                    spawn(scope, shared, format!("zverbs-serve-{peer}"), move || {
-                        serve(shared, stream, peer)
-                    })
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => thread::sleep(ACCEPT_POLL),
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted
-                    ) => {}
-                Err(source) => shared.fail(ExchangeError::Io { peer: None, source }),
-            }
-        }
+        accept_each(scope, shared, listener, || shared.accepts_done(), serve);
     });
     // Best effort: leave a caller's listener blocking, as it was bound.
     let _ = listener.set_nonblocking(false);
-    let State {
-        mut got,
-        conns,
-        error,
-        ..
-    } = shared_val.into_state();
-    if let Some(e) = error {
-        return Err(e);
+    shared_val.into_state().gathered(my_rank, payload)
+}
+
+/// Accepts on the non-blocking `listener` until `done()` holds or the exchange stops,
+/// serving each connection on a thread of its own; an accept that fails otherwise than
+/// for now fails the exchange.
+pub(super) fn accept_each<'scope, 'env: 'scope>(
+    scope: &'scope thread::Scope<'scope, 'env>,
+    shared: &'env Shared<'env>,
+    listener: &TcpListener,
+    done: impl Fn() -> bool,
+    serve: impl Fn(&'env Shared<'env>, TcpStream, SocketAddr) -> Result<(), Halt> + Copy + Send + 'scope,
+) {
+    while !done() && shared.remaining().is_some() {
+        match listener.accept() {
+            Ok((stream, peer)) => spawn(scope, shared, format!("zverbs-serve-{peer}"), move || {
+                serve(shared, stream, peer)
+            }),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => thread::sleep(ACCEPT_POLL),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted
+                ) => {}
+            Err(source) => shared.fail(ExchangeError::Io { peer: None, source }),
+        }
     }
-    got[my_rank as usize] = Some(payload.to_vec());
-    let waiting_for: Vec<u32> = (0u32..)
-        .zip(&got)
-        .filter(|(_, p)| p.is_none())
-        .map(|(r, _)| r)
-        .collect();
-    if !waiting_for.is_empty() {
-        return Err(ExchangeError::Timeout { waiting_for });
-    }
-    Ok((
-        got.into_iter().map(Option::unwrap_or_default).collect(),
-        conns,
-    ))
 }
 
 #[cfg(test)]

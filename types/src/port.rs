@@ -44,14 +44,12 @@ pub enum Mtu {
 impl Mtu {
     /// The MTU for a verbs value, if valid.
     pub const fn from_raw(v: u8) -> Option<Mtu> {
-        Some(match v {
-            1 => Mtu::Mtu256,
-            2 => Mtu::Mtu512,
-            3 => Mtu::Mtu1024,
-            4 => Mtu::Mtu2048,
-            5 => Mtu::Mtu4096,
-            _ => return None,
-        })
+        use Mtu::*;
+        const BY_RAW: [Mtu; 5] = [Mtu256, Mtu512, Mtu1024, Mtu2048, Mtu4096];
+        match v {
+            1..=5 => Some(BY_RAW[v as usize - 1]),
+            _ => None,
+        }
     }
 
     /// Size in bytes.

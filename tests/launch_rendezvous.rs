@@ -225,3 +225,81 @@ fn bad_arguments_are_refused_before_any_connection() {
         Err(ExchangeError::PayloadTooLarge { .. })
     ));
 }
+
+/// Parcels reach only their addressees, from every sender, in sender order.
+#[test]
+fn parcels_reach_their_addressees_only() {
+    let world = 64u32;
+    let (l, rv) = root(world);
+    // Rank r sends a parcel to r - 1 and r + 1 (around the ring), in ascending order.
+    let parcels_of = |r: u32| {
+        let mut to = [(r + world - 1) % world, (r + 1) % world];
+        to.sort_unstable();
+        to.map(|t| (t, format!("{r} to {t}").into_bytes()))
+    };
+    let results = thread::scope(|s| {
+        let l = &l;
+        let root = s.spawn(move || {
+            let mine = parcels_of(0);
+            let refs: Vec<(u32, &[u8])> = mine.iter().map(|(t, p)| (*t, &p[..])).collect();
+            rv.route_on(l, b"root", &refs, LONG)
+        });
+        let ranks: Vec<_> = (1..world)
+            .map(|r| {
+                s.spawn(move || {
+                    let mine = parcels_of(r);
+                    let refs: Vec<(u32, &[u8])> = mine.iter().map(|(t, p)| (*t, &p[..])).collect();
+                    rv.route(r, &[r as u8], &refs, LONG)
+                })
+            })
+            .collect();
+        let mut all = vec![root.join().unwrap()];
+        all.extend(ranks.into_iter().map(|h| h.join().unwrap()));
+        all
+    });
+    for (r, got) in (0u32..).zip(results) {
+        let got = got.unwrap_or_else(|e| panic!("rank {r}: {e}"));
+        assert_eq!(got.all.len(), world as usize);
+        let mut from = [(r + world - 1) % world, (r + 1) % world];
+        from.sort_unstable();
+        let want: Vec<(u32, Vec<u8>)> = from
+            .iter()
+            .map(|&f| (f, format!("{f} to {r}").into_bytes()))
+            .collect();
+        assert_eq!(got.parcels, want, "rank {r}");
+    }
+}
+
+/// Parcels out of protocol: refused before sending when they are this rank's own, and
+/// failing the rendezvous when a peer's are (out of order, to itself, past the world).
+#[test]
+fn parcels_out_of_protocol_are_refused() {
+    let (_l, rv) = root(4);
+    for bad in [
+        vec![(2, &b"x"[..]), (1, b"y")],
+        vec![(1, &b"x"[..])],
+        vec![(4, &b"x"[..])],
+        vec![(2, &b"x"[..]), (2, b"y")],
+    ] {
+        assert!(
+            matches!(
+                rv.route(1, b"", &bad, LONG),
+                Err(ExchangeError::UnexpectedRank { .. })
+            ),
+            "{bad:?}"
+        );
+    }
+    // A peer of this run whose parcels run backwards.
+    let (l, rv) = root(3);
+    let all = run(&l, rv, Duration::from_secs(5), &[1, 2], |root| {
+        let mut bytes = hello(1, ID, 3);
+        for to in [2u32, 0] {
+            encode_frame(to, b"parcel", &mut bytes).unwrap();
+        }
+        stranger(root, &bytes, Duration::from_millis(200));
+    });
+    match &all[0] {
+        Some(Err(ExchangeError::UnexpectedRank { got: 0, .. })) => {}
+        other => panic!("{other:?}"),
+    }
+}

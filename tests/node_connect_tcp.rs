@@ -267,3 +267,55 @@ fn a_world_connects_through_a_root_rendezvous() {
         }
     });
 }
+
+/// Nodes of few peers in a larger world: each rank hands its endpoints to its dissemination
+/// partners only, through the root, and the whole world barriers.
+#[test]
+fn sparse_nodes_connect_through_a_rendezvous_and_barrier() {
+    use zverbs::bootstrap::Rendezvous;
+    use zverbs::node::barrier::{neighbours, Algorithm};
+
+    let n = 32;
+    let sim = Sim::with_devices(n);
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let rv = Rendezvous {
+        root: listener.local_addr().unwrap(),
+        id: 10,
+        world: n as u32,
+    };
+    let listener = &listener;
+    thread::scope(|s| {
+        let ranks: Vec<_> = (0..n)
+            .map(|rank| {
+                let sim = sim.clone();
+                thread::Builder::new()
+                    .stack_size(4 << 20)
+                    .spawn_scoped(s, move || {
+                        let ctx = Context::open(&sim, &format!("sim{rank}")).unwrap();
+                        let pd = ctx.alloc_pd().unwrap();
+                        let cfg = NodeConfig {
+                            algorithm: Algorithm::Dissemination,
+                            barrier_timeout: Some(LONG),
+                            ..NodeConfig::default()
+                        };
+                        let peers = neighbours(Algorithm::Dissemination, rank, n);
+                        let node = Node::<Sim, 10, 16, 2>::prepare_with_peers(
+                            &ctx, &pd, rank, n, peers, &cfg,
+                        )
+                        .unwrap();
+                        let (mut node, _) = match rank {
+                            0 => node.connect_rendezvous_on(&rv, listener, &[], LONG),
+                            _ => node.connect_rendezvous(&rv, &[], LONG),
+                        }
+                        .unwrap();
+                        node.barrier_all().unwrap();
+                        node.barrier_all().unwrap();
+                    })
+                    .unwrap()
+            })
+            .collect();
+        for h in ranks {
+            h.join().unwrap();
+        }
+    });
+}

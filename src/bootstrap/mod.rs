@@ -41,5 +41,5 @@ pub use frame::{
     decode_frame, encode_frame, read_frame, FrameError, FRAME_HEADER_LEN, FRAME_MAGIC,
     FRAME_VERSION, MAX_PAYLOAD,
 };
-pub use rendezvous::{Rendezvous, MAX_RENDEZVOUS_PAYLOAD};
+pub use rendezvous::{Rendezvous, Routed, MAX_RENDEZVOUS_PAYLOAD};
 pub use tcp::{exchange, exchange_with_listener};

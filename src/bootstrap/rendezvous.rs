@@ -9,8 +9,10 @@
 //! Protocol, in the [frames](super::frame) of the exchanger:
 //!
 //! - A rank dials the root, retrying with a backoff (5 ms doubling to 100 ms) while the
-//!   root is not up yet, and sends one frame: its rank, then a payload of the id (8 bytes,
-//!   big-endian), the world size (4 bytes) and its own payload.
+//!   root is not up yet, and sends its hello: a frame of its rank and a payload of the id
+//!   (8 bytes, big-endian), the world size (4 bytes) and its own payload; then a frame per
+//!   parcel ([`route`](Rendezvous::route)), the addressee's rank in the rank field,
+//!   addressees ascending; then an end frame, the world size as rank, empty.
 //! - The root reads each connection's frame on a thread of its own, each read bounded by
 //!   the deadline. A connection whose first bytes are no frame of ours, or whose id is
 //!   another run's, is a stranger: that connection ends, the rendezvous goes on. One of
@@ -18,8 +20,10 @@
 //!   or another world size fails the rendezvous with an error naming it. Connections that
 //!   say nothing, or trickle, hold nothing up: once every rank has been heard from they are
 //!   closed.
-//! - Then the root sends every rank the whole table, one frame per rank in rank order, and
-//!   each rank checks that frame `i` is rank `i`'s.
+//! - Then the root sends every rank the whole table, one frame per rank in rank order
+//!   (each rank checks that frame `i` is rank `i`'s), then the parcels addressed to it,
+//!   the sender's rank in the rank field, senders ascending, then an end frame. What a rank
+//!   receives beyond the table is what was addressed to it: `O(peers)`, not `O(world)`.
 //!
 //! One deadline bounds the whole rendezvous, for every rank: the call returns within
 //! `timeout` (plus a read slice of 20 ms) with every payload, or with a typed error; the
@@ -27,6 +31,7 @@
 
 use std::io::{self, BufReader};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::Mutex;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -47,8 +52,9 @@ const HELLO_HEAD: usize = 12;
 /// (The kernel caps it at `net.core.somaxconn`.)
 const BACKLOG: libc::c_int = 4096;
 
-/// The buffer a rank reads the table through.
-const TABLE_BUFFER: usize = 1 << 16;
+/// The buffer the frames of a hello or a reply are read through (back to back: not a
+/// bounded read, and its timeout, per frame header and payload).
+const REPLY_BUFFER: usize = 1 << 16;
 
 /// The largest payload a rank may bring to a rendezvous.
 pub const MAX_RENDEZVOUS_PAYLOAD: usize = MAX_PAYLOAD - HELLO_HEAD;
@@ -62,6 +68,16 @@ pub struct Rendezvous {
     pub id: u64,
     /// Ranks in the world.
     pub world: u32,
+}
+
+/// What a rank gets from [`Rendezvous::route`]: every rank's payload, by rank, and the
+/// parcels other ranks addressed to this one.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Routed {
+    /// Every rank's payload, by rank (this rank's is its own).
+    pub all: Vec<Vec<u8>>,
+    /// `(sender, bytes)` for each parcel addressed to this rank, by sender ascending.
+    pub parcels: Vec<(u32, Vec<u8>)>,
 }
 
 impl Rendezvous {
@@ -96,28 +112,16 @@ impl Rendezvous {
     /// [`ExchangeError::NoSuchRank`] for a rank outside the world;
     /// [`ExchangeError::PayloadTooLarge`] over [`MAX_RENDEZVOUS_PAYLOAD`];
     /// [`ExchangeError::Bind`] when rank 0 cannot listen; at the root, a rank of this run
-    /// that is out of range, heard twice or in another world; at a rank, a table that is
-    /// not one frame per rank in order; [`ExchangeError::Timeout`] naming the ranks not
-    /// heard from (at a rank: the root) by the deadline.
+    /// that is out of range, heard twice or in another world; at a rank, a reply out of
+    /// protocol; [`ExchangeError::Timeout`] naming the ranks not heard from (at a rank:
+    /// the root) by the deadline.
     pub fn all_gather(
         &self,
         rank: u32,
         payload: &[u8],
         timeout: Duration,
     ) -> Result<Vec<Vec<u8>>, ExchangeError> {
-        self.check(rank, payload)?;
-        let deadline = deadline_after(timeout);
-        if rank != 0 {
-            return self.join(rank, payload, deadline);
-        }
-        let any = match self.root.ip() {
-            IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-            IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
-        };
-        let addr = SocketAddr::new(any, self.root.port());
-        let listener =
-            TcpListener::bind(addr).map_err(|source| ExchangeError::Bind { addr, source })?;
-        self.serve(&listener, payload, deadline)
+        self.route(rank, payload, &[], timeout).map(|r| r.all)
     }
 
     /// As [`all_gather`](Self::all_gather) for rank 0, on a listener the caller bound
@@ -131,8 +135,74 @@ impl Rendezvous {
         payload: &[u8],
         timeout: Duration,
     ) -> Result<Vec<Vec<u8>>, ExchangeError> {
-        self.check(0, payload)?;
-        self.serve(listener, payload, deadline_after(timeout))
+        self.route_on(listener, payload, &[], timeout)
+            .map(|r| r.all)
+    }
+
+    /// As [`all_gather`](Self::all_gather), and more: `parcels` are `(rank, bytes)` for
+    /// particular ranks (in ascending rank order, none for this rank), which the root
+    /// hands only to them. What a rank gets so is in proportion to what is addressed to
+    /// it, not to the world: a node's endpoints for its peers, say.
+    ///
+    /// ```
+    /// use std::net::TcpListener;
+    /// use std::time::Duration;
+    /// use zverbs::bootstrap::Rendezvous;
+    ///
+    /// let listener = TcpListener::bind("127.0.0.1:0")?;
+    /// let rv = Rendezvous { root: listener.local_addr()?, id: 7, world: 3 };
+    /// let t = Duration::from_secs(10);
+    /// let (at_root, at_2) = std::thread::scope(|s| {
+    ///     let one = s.spawn(move || rv.route(1, b"", &[(0, b"1 to 0"), (2, b"1 to 2")], t));
+    ///     let two = s.spawn(move || rv.route(2, b"", &[], t));
+    ///     let root = rv.route_on(&listener, b"", &[(2, b"0 to 2")], t);
+    ///     one.join().unwrap().unwrap();
+    ///     (root, two.join().unwrap())
+    /// });
+    /// assert_eq!(at_root?.parcels, [(1, b"1 to 0".to_vec())]);
+    /// assert_eq!(at_2?.parcels, [(0, b"0 to 2".to_vec()), (1, b"1 to 2".to_vec())]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`all_gather`](Self::all_gather); [`ExchangeError::UnexpectedRank`] for parcels
+    /// out of order, to this rank or past the world (here, or at the root from a peer);
+    /// [`ExchangeError::PayloadTooLarge`] for a parcel over [`MAX_PAYLOAD`].
+    pub fn route(
+        &self,
+        rank: u32,
+        payload: &[u8],
+        parcels: &[(u32, &[u8])],
+        timeout: Duration,
+    ) -> Result<Routed, ExchangeError> {
+        self.check(rank, payload, parcels)?;
+        let deadline = deadline_after(timeout);
+        if rank != 0 {
+            return self.join(rank, payload, parcels, deadline);
+        }
+        let any = match self.root.ip() {
+            IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+        };
+        let addr = SocketAddr::new(any, self.root.port());
+        let listener =
+            TcpListener::bind(addr).map_err(|source| ExchangeError::Bind { addr, source })?;
+        self.serve(&listener, payload, parcels, deadline)
+    }
+
+    /// As [`route`](Self::route) for rank 0, on a listener the caller bound.
+    ///
+    /// # Errors
+    /// As [`route`](Self::route).
+    pub fn route_on(
+        &self,
+        listener: &TcpListener,
+        payload: &[u8],
+        parcels: &[(u32, &[u8])],
+        timeout: Duration,
+    ) -> Result<Routed, ExchangeError> {
+        self.check(0, payload, parcels)?;
+        self.serve(listener, payload, parcels, deadline_after(timeout))
     }
 
     /// The rendezvous a launcher's placement names: its root (the first address the host
@@ -176,7 +246,12 @@ impl Rendezvous {
         })
     }
 
-    fn check(&self, rank: u32, payload: &[u8]) -> Result<(), ExchangeError> {
+    fn check(
+        &self,
+        rank: u32,
+        payload: &[u8],
+        parcels: &[(u32, &[u8])],
+    ) -> Result<(), ExchangeError> {
         if rank >= self.world {
             return Err(ExchangeError::NoSuchRank {
                 rank,
@@ -189,102 +264,176 @@ impl Rendezvous {
                 max: MAX_RENDEZVOUS_PAYLOAD,
             });
         }
+        let mut next = 0;
+        for &(to, bytes) in parcels {
+            if to < next || to == rank || to >= self.world {
+                return Err(ExchangeError::UnexpectedRank {
+                    peer: self.root,
+                    expected: next..self.world,
+                    got: to,
+                });
+            }
+            if bytes.len() > MAX_PAYLOAD {
+                return Err(ExchangeError::PayloadTooLarge {
+                    len: bytes.len(),
+                    max: MAX_PAYLOAD,
+                });
+            }
+            next = to + 1;
+        }
         Ok(())
     }
 
-    /// A rank's side: dial, say hello, read the table.
+    /// A rank's side: dial, say hello and hand over its parcels, read the reply.
     fn join(
         &self,
         rank: u32,
         payload: &[u8],
+        parcels: &[(u32, &[u8])],
         deadline: Instant,
-    ) -> Result<Vec<Vec<u8>>, ExchangeError> {
+    ) -> Result<Routed, ExchangeError> {
         let mut body = Vec::with_capacity(HELLO_HEAD + payload.len());
         body.extend_from_slice(&self.id.to_be_bytes());
         body.extend_from_slice(&self.world.to_be_bytes());
         body.extend_from_slice(payload);
         let mut hello = Vec::new();
-        encode_frame(rank, &body, &mut hello).map_err(|_| ExchangeError::PayloadTooLarge {
-            len: payload.len(),
-            max: MAX_RENDEZVOUS_PAYLOAD,
-        })?;
+        // Every length was checked (`check`): the frames encode.
+        let frame = |r, p: &[u8], out: &mut Vec<u8>| {
+            encode_frame(r, p, out).map_err(|_| ExchangeError::PayloadTooLarge {
+                len: p.len(),
+                max: MAX_PAYLOAD,
+            })
+        };
+        frame(rank, &body, &mut hello)?;
+        for &(to, bytes) in parcels {
+            frame(to, bytes, &mut hello)?;
+        }
+        frame(self.world, &[], &mut hello)?;
         let shared = Shared::new(rank, deadline, &hello, 1);
         let root = self.root;
-        let timeout = || ExchangeError::Timeout {
-            waiting_for: vec![0],
-        };
         let halted = |h| match h {
             Halt::Failed(e) => e,
-            Halt::Stopped => timeout(),
+            Halt::Stopped => ExchangeError::Timeout {
+                waiting_for: vec![0],
+            },
         };
         let stream = dial(&shared, root).map_err(halted)?;
         let mut conn = Conn::new(stream, root, &shared).map_err(halted)?;
         conn.send_frame().map_err(halted)?;
-        // The table comes as `world` frames back to back: read through a buffer, not a
-        // bounded read (and its timeout) per header and payload.
-        let mut table_in = BufReader::with_capacity(TABLE_BUFFER, conn);
-        let mut table = Vec::new();
+        // The reply comes as frames back to back: read through a buffer, not a bounded
+        // read (and its timeout) per header and payload.
+        let mut reply = BufReader::with_capacity(REPLY_BUFFER, conn);
+        let mut next = || read_frame(&mut reply).map_err(|e| halted(halt(root, e)));
+        let out_of_protocol = |expected, got| ExchangeError::UnexpectedRank {
+            peer: root,
+            expected,
+            got,
+        };
+        let mut all = Vec::new();
         for r in 0..self.world {
-            let (got, p) = read_frame(&mut table_in).map_err(|e| halted(halt(root, e)))?;
-            if got != r {
-                return Err(ExchangeError::UnexpectedRank {
-                    peer: root,
-                    expected: r..r + 1,
-                    got,
-                });
+            match next()? {
+                (got, p) if got == r => all.push(p),
+                (got, _) => return Err(out_of_protocol(r..r + 1, got)),
             }
-            table.push(p);
         }
-        Ok(table)
+        let mut parcels = Vec::new();
+        let mut from = 0;
+        loop {
+            match next()? {
+                (end, p) if end == self.world && p.is_empty() => break,
+                (got, p) if got >= from && got != rank && got < self.world => {
+                    from = got + 1;
+                    parcels.push((got, p));
+                }
+                (got, _) => return Err(out_of_protocol(from..self.world, got)),
+            }
+        }
+        Ok(Routed { all, parcels })
     }
 
-    /// The root's side: hear every rank, then send each the table.
+    /// The root's side: hear every rank, then send each the table and its parcels.
     fn serve(
         &self,
         listener: &TcpListener,
         payload: &[u8],
+        parcels: &[(u32, &[u8])],
         deadline: Instant,
-    ) -> Result<Vec<Vec<u8>>, ExchangeError> {
+    ) -> Result<Routed, ExchangeError> {
         widen_backlog(listener);
         listener
             .set_nonblocking(true)
             .map_err(|source| ExchangeError::Io { peer: None, source })?;
-        let heard = Shared::new(0, deadline, &[], self.world as usize);
+        let world = self.world as usize;
+        // Parcels by addressee: (sender, bytes).
+        let inbox = Mutex::new(vec![Vec::new(); world]);
+        let heard = Shared::new(0, deadline, &[], world);
         let shared = &heard;
         thread::scope(|scope| {
-            let hear = |shared: &_, stream, peer| self.hear(shared, stream, peer);
+            let hear = |shared: &_, stream, peer| self.hear(shared, &inbox, stream, peer);
             accept_each(scope, shared, listener, || shared.complete(), hear);
         });
         let _ = listener.set_nonblocking(false);
-        let (table, conns) = heard.into_state().gathered(0, payload)?;
-        let mut frames = Vec::new();
-        for (r, p) in (0u32..).zip(&table) {
-            // Each payload came in a frame of its own, with the hello's head: it fits.
-            encode_frame(r, p, &mut frames).map_err(|_| ExchangeError::PayloadTooLarge {
+        let (all, conns) = heard.into_state().gathered(0, payload)?;
+        let mut inbox = inbox.into_inner().unwrap_or_else(|p| p.into_inner());
+        for &(to, bytes) in parcels {
+            inbox[to as usize].push((0, bytes.to_vec()));
+        }
+        for parcels in &mut inbox {
+            parcels.sort_unstable_by_key(|&(from, _)| from);
+        }
+        // Every payload and parcel came in a frame of its own (a payload with the hello's
+        // head besides): each fits one again.
+        let frame = |r, p: &[u8], out: &mut Vec<u8>| {
+            encode_frame(r, p, out).map_err(|_| ExchangeError::PayloadTooLarge {
                 len: p.len(),
                 max: MAX_PAYLOAD,
-            })?;
+            })
+        };
+        let mut table = Vec::new();
+        for (r, p) in (0u32..).zip(&all) {
+            frame(r, p, &mut table)?;
         }
-        let send = Shared::new(0, deadline, &frames, self.world as usize);
+        let mut replies = Vec::with_capacity(world);
+        for mine in &inbox {
+            let mut reply = Vec::new();
+            for (from, p) in mine {
+                frame(*from, p, &mut reply)?;
+            }
+            frame(self.world, &[], &mut reply)?;
+            replies.push(reply);
+        }
+        let send = Shared::new(0, deadline, &[], world);
         let shared = &send;
+        let table = &table;
         thread::scope(|scope| {
-            for (stream, peer) in conns.into_iter().flatten() {
+            for (conn, reply) in conns.into_iter().zip(&replies) {
+                let Some((stream, peer)) = conn else { continue };
                 spawn(scope, shared, format!("zverbs-root-to-{peer}"), move || {
-                    Conn::new(stream, peer, shared)?.send_frame()
+                    let mut conn = Conn::new(stream, peer, shared)?;
+                    conn.send(table)?;
+                    conn.send(reply)
                 });
             }
         });
-        match send.into_state().error {
-            Some(e) => Err(e),
-            None => Ok(table),
+        if let Some(e) = send.into_state().error {
+            return Err(e);
         }
+        let parcels = std::mem::take(&mut inbox[0]);
+        Ok(Routed { all, parcels })
     }
 
-    /// Reads one connection's hello and records it: a stranger's connection just ends
-    /// (`Ok`); a rank of this run that may not be heard fails the rendezvous.
-    fn hear(&self, shared: &Shared<'_>, stream: TcpStream, peer: SocketAddr) -> Result<(), Halt> {
-        let mut conn = Conn::new(stream, peer, shared)?;
-        let (rank, body) = match conn.recv_frame() {
+    /// Reads one connection's hello and parcels and records them: a stranger's connection
+    /// just ends (`Ok`); a rank of this run that may not be heard, or whose parcels are out
+    /// of protocol, fails the rendezvous.
+    fn hear(
+        &self,
+        shared: &Shared<'_>,
+        inbox: &Mutex<Vec<Vec<(u32, Vec<u8>)>>>,
+        stream: TcpStream,
+        peer: SocketAddr,
+    ) -> Result<(), Halt> {
+        let mut input = BufReader::with_capacity(REPLY_BUFFER, Conn::new(stream, peer, shared)?);
+        let (rank, body) = match read_frame(&mut input).map_err(|e| halt(peer, e)) {
             Ok(frame) => frame,
             // Not our protocol, or gone: a stranger.
             Err(Halt::Failed(_)) => return Ok(()),
@@ -321,7 +470,36 @@ impl Rendezvous {
             }
             s.claimed[rank as usize] = true;
         }
-        shared.finish(rank, payload.to_vec(), Some((conn.stream, peer)));
+        // Its parcels, addressees ascending (so at most one each), up to the end frame.
+        let mut parcels = Vec::new();
+        let mut next = 0;
+        loop {
+            match read_frame(&mut input).map_err(|e| halt(peer, e))? {
+                (end, p) if end == self.world && p.is_empty() => break,
+                (to, p) if to >= next && to != rank && to < self.world => {
+                    next = to + 1;
+                    parcels.push((to, p));
+                }
+                (got, _) => {
+                    return fail(ExchangeError::UnexpectedRank {
+                        peer,
+                        expected: next..self.world,
+                        got,
+                    })
+                }
+            }
+        }
+        {
+            let mut inbox = inbox.lock().unwrap_or_else(|p| p.into_inner());
+            for (to, p) in parcels {
+                inbox[to as usize].push((rank, p));
+            }
+        }
+        shared.finish(
+            rank,
+            payload.to_vec(),
+            Some((input.into_inner().stream, peer)),
+        );
         Ok(())
     }
 }

@@ -51,17 +51,14 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
         let mut eps = [None; PEERS];
         for i in self.map.indices() {
             let p = self.map.rank_of(i);
-            let bad = |why| NodeError::EndpointTable { peer: p, why };
             let table = &tables[p];
             if table.len() != world * ENTRY {
-                return Err(bad("wrong length for this world"));
+                return Err(NodeError::EndpointTable {
+                    peer: p,
+                    why: "wrong length for this world",
+                });
             }
-            let entry = &table[rank * ENTRY..][..ENTRY];
-            let data =
-                Endpoint::decode(&entry[..ENDPOINT_LEN]).map_err(|_| bad("bad data endpoint"))?;
-            let ctrl = Endpoint::decode(&entry[ENDPOINT_LEN..])
-                .map_err(|_| bad("bad barrier endpoint"))?;
-            eps[i] = Some((data, ctrl));
+            eps[i] = Some(decode_entry(p, &table[rank * ENTRY..][..ENTRY])?);
         }
         let map = self.map;
         self.connect(|p| eps[map.index(p)?])
@@ -138,15 +135,16 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
         }
     }
 
-    /// Gathers every rank's endpoint table through the root of `rendezvous` (see
-    /// [`Rendezvous`]), connects, then gathers once more, a ready byte per rank, so that,
-    /// as [`connect_tcp`](Self::connect_tcp), it returns only when every rank's queue pairs
-    /// are at RTS. `app` rides along and every rank's comes back, by rank. The world of
-    /// `rendezvous` must be this node's; `timeout` bounds the whole call.
+    /// Hands each peer, through the root of `rendezvous` (see [`Rendezvous::route`]), the
+    /// endpoints this node made for it, connects with those the peers made for it, then
+    /// gathers a ready byte per rank, so that, as [`connect_tcp`](Self::connect_tcp), it
+    /// returns only when every rank's queue pairs are at RTS. `app` (at most
+    /// [`MAX_RENDEZVOUS_PAYLOAD`](crate::bootstrap::MAX_RENDEZVOUS_PAYLOAD) bytes) rides
+    /// along and every rank's comes back, by rank. The world of `rendezvous` must be this
+    /// node's; `timeout` bounds the whole call.
     ///
-    /// Each rank brings its whole table (`world × 2 × ENDPOINT_LEN` bytes) and `app`, at
-    /// most [`MAX_RENDEZVOUS_PAYLOAD`](crate::bootstrap::MAX_RENDEZVOUS_PAYLOAD) in all:
-    /// worlds up to about 1,200 ranks.
+    /// A rank sends and receives endpoints for its peers only, `2 × ENDPOINT_LEN` bytes
+    /// each: a node of few peers in a large world (`prepare_with_peers`) moves little.
     ///
     /// ```
     /// # #[cfg(feature = "sim")] {
@@ -231,8 +229,28 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
             }
             .map_err(NodeError::Exchange)
         };
-        let payloads = gather(&self.payload(app))?;
-        let connected = self.connect_payloads(payloads);
+        // A parcel per peer: the endpoints this node made for it.
+        let mut parcels: Vec<(u32, [u8; ENTRY])> = Vec::new();
+        for i in self.map.indices() {
+            let p = self.map.rank_of(i);
+            if let Ok((data, ctrl)) = self.endpoints(p) {
+                let mut entry = [0u8; ENTRY];
+                entry[..ENDPOINT_LEN].copy_from_slice(&data.encode());
+                entry[ENDPOINT_LEN..].copy_from_slice(&ctrl.encode());
+                parcels.push((p as u32, entry));
+            }
+        }
+        parcels.sort_unstable_by_key(|&(p, _)| p);
+        let parcels: Vec<(u32, &[u8])> = parcels.iter().map(|(p, e)| (*p, &e[..])).collect();
+        let left = || deadline.saturating_duration_since(std::time::Instant::now());
+        let routed = match listener {
+            Some(l) => rv.route_on(l, app, &parcels, left()),
+            None => rv.route(rank as u32, app, &parcels, left()),
+        }
+        .map_err(NodeError::Exchange)?;
+        let connected = self
+            .connect_routed(routed.parcels)
+            .map(|node| (node, routed.all));
         let ready = gather(&[u8::from(connected.is_ok())]);
         let connected = connected?;
         let ready = ready?;
@@ -248,6 +266,30 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
             }));
         }
         Ok(connected)
+    }
+
+    /// Connects with the endpoints each peer addressed to this node.
+    fn connect_routed(
+        self,
+        parcels: Vec<(u32, Vec<u8>)>,
+    ) -> Result<Node<P, PEERS, DEPTH, SGES>, NodeError<P::Error>> {
+        let mut eps = [None; PEERS];
+        for (from, entry) in parcels {
+            let p = from as usize;
+            let i = self.map.index(p).ok_or(NodeError::EndpointTable {
+                peer: p,
+                why: "endpoints from a rank that is no peer",
+            })?;
+            if entry.len() != ENTRY {
+                return Err(NodeError::EndpointTable {
+                    peer: p,
+                    why: "endpoints of the wrong length",
+                });
+            }
+            eps[i] = Some(decode_entry(p, &entry)?);
+        }
+        let map = self.map;
+        self.connect(|p| eps[map.index(p)?])
     }
 
     fn payload(&self, app: &[u8]) -> Vec<u8> {
@@ -281,4 +323,12 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
         }
         Ok(())
     }
+}
+
+/// The data and barrier endpoints in `entry`, which `peer` made for this node.
+fn decode_entry<E>(peer: usize, entry: &[u8]) -> Result<(Endpoint, Endpoint), NodeError<E>> {
+    let bad = |why| NodeError::EndpointTable { peer, why };
+    let data = Endpoint::decode(&entry[..ENDPOINT_LEN]).map_err(|_| bad("bad data endpoint"))?;
+    let ctrl = Endpoint::decode(&entry[ENDPOINT_LEN..]).map_err(|_| bad("bad barrier endpoint"))?;
+    Ok((data, ctrl))
 }

@@ -59,6 +59,9 @@ const REPLY_BUFFER: usize = 1 << 16;
 /// The largest payload a rank may bring to a rendezvous.
 pub const MAX_RENDEZVOUS_PAYLOAD: usize = MAX_PAYLOAD - HELLO_HEAD;
 
+/// The root's parcels, by addressee: `(sender, bytes)`.
+type Inbox = Mutex<Vec<Vec<(u32, Vec<u8>)>>>;
+
 /// What every rank of one rendezvous agrees on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Rendezvous {
@@ -364,8 +367,7 @@ impl Rendezvous {
             .set_nonblocking(true)
             .map_err(|source| ExchangeError::Io { peer: None, source })?;
         let world = self.world as usize;
-        // Parcels by addressee: (sender, bytes).
-        let inbox = Mutex::new(vec![Vec::new(); world]);
+        let inbox: Inbox = Mutex::new(vec![Vec::new(); world]);
         let heard = Shared::new(0, deadline, &[], world);
         let shared = &heard;
         thread::scope(|scope| {
@@ -428,7 +430,7 @@ impl Rendezvous {
     fn hear(
         &self,
         shared: &Shared<'_>,
-        inbox: &Mutex<Vec<Vec<(u32, Vec<u8>)>>>,
+        inbox: &Inbox,
         stream: TcpStream,
         peer: SocketAddr,
     ) -> Result<(), Halt> {

@@ -9,7 +9,8 @@ use std::net::TcpListener;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use zverbs::bootstrap::{encode_frame, read_frame, ExchangeError, NetworkConfig};
+use zverbs::bootstrap::{encode_frame, read_frame, ExchangeError, NetworkConfig, Rendezvous};
+use zverbs::node::barrier::{neighbours, Algorithm};
 
 const LONG: Duration = Duration::from_secs(10);
 
@@ -229,93 +230,82 @@ fn frame(rank: u32, payload: &[u8]) -> Vec<u8> {
     b
 }
 
-/// The same through a root rendezvous: every rank's app bytes come back, and a barrier
-/// right after the call finds every peer connected.
-#[test]
-fn a_world_connects_through_a_root_rendezvous() {
-    use zverbs::bootstrap::Rendezvous;
-
-    let n = 4;
+/// Runs `rank_main(sim, rank, rendezvous, listener)` for every rank of a world of `n` on
+/// its own thread (rank 0 gets the root's listener); their results, by rank.
+fn on_rendezvous<T: Send>(
+    n: usize,
+    rank_main: impl Fn(&Sim, usize, &Rendezvous, Option<&TcpListener>) -> T + Sync,
+) -> Vec<T> {
     let sim = Sim::with_devices(n);
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let rv = Rendezvous {
         root: listener.local_addr().unwrap(),
-        id: 9,
+        id: n as u64,
         world: n as u32,
     };
-    let listener = &listener;
+    let (sim, rv, listener, rank_main) = (&sim, &rv, &listener, &rank_main);
     thread::scope(|s| {
         let ranks: Vec<_> = (0..n)
             .map(|rank| {
-                let sim = sim.clone();
-                s.spawn(move || {
-                    let (_pd, node) = prepare(&sim, rank, n);
-                    let app = [rank as u8; 3];
-                    let (mut node, apps) = match rank {
-                        0 => node.connect_rendezvous_on(&rv, listener, &app, LONG),
-                        _ => node.connect_rendezvous(&rv, &app, LONG),
-                    }
-                    .unwrap();
-                    node.barrier_all().unwrap();
-                    apps
-                })
+                let root = (rank == 0).then_some(listener);
+                thread::Builder::new()
+                    .stack_size(4 << 20)
+                    .spawn_scoped(s, move || rank_main(sim, rank, rv, root))
+                    .unwrap()
             })
             .collect();
-        for h in ranks {
-            let apps = h.join().unwrap();
-            assert_eq!(apps, (0..n as u8).map(|r| vec![r; 3]).collect::<Vec<_>>());
-        }
+        ranks.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// A node's `connect_rendezvous`, or rank 0's `connect_rendezvous_on` its listener.
+fn connect<const PEERS: usize>(
+    node: PreparedNode<Sim, PEERS, 16, 2>,
+    rv: &Rendezvous,
+    root: Option<&TcpListener>,
+    app: &[u8],
+) -> (Node<Sim, PEERS, 16, 2>, Vec<Vec<u8>>) {
+    match root {
+        Some(l) => node.connect_rendezvous_on(rv, l, app, LONG),
+        None => node.connect_rendezvous(rv, app, LONG),
+    }
+    .unwrap()
+}
+
+/// The same through a root rendezvous: every rank's app bytes come back, and a barrier
+/// right after the call finds every peer connected.
+#[test]
+fn a_world_connects_through_a_root_rendezvous() {
+    let n = 4;
+    let apps = on_rendezvous(n, |sim, rank, rv, root| {
+        let (_pd, node) = prepare(sim, rank, n);
+        let (mut node, apps) = connect(node, rv, root, &[rank as u8; 3]);
+        node.barrier_all().unwrap();
+        apps
     });
+    for got in apps {
+        assert_eq!(got, (0..n as u8).map(|r| vec![r; 3]).collect::<Vec<_>>());
+    }
 }
 
 /// Nodes of few peers in a larger world: each rank hands its endpoints to its dissemination
 /// partners only, through the root, and the whole world barriers.
 #[test]
 fn sparse_nodes_connect_through_a_rendezvous_and_barrier() {
-    use zverbs::bootstrap::Rendezvous;
-    use zverbs::node::barrier::{neighbours, Algorithm};
-
     let n = 32;
-    let sim = Sim::with_devices(n);
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let rv = Rendezvous {
-        root: listener.local_addr().unwrap(),
-        id: 10,
-        world: n as u32,
-    };
-    let listener = &listener;
-    thread::scope(|s| {
-        let ranks: Vec<_> = (0..n)
-            .map(|rank| {
-                let sim = sim.clone();
-                thread::Builder::new()
-                    .stack_size(4 << 20)
-                    .spawn_scoped(s, move || {
-                        let ctx = Context::open(&sim, &format!("sim{rank}")).unwrap();
-                        let pd = ctx.alloc_pd().unwrap();
-                        let cfg = NodeConfig {
-                            algorithm: Algorithm::Dissemination,
-                            barrier_timeout: Some(LONG),
-                            ..NodeConfig::default()
-                        };
-                        let peers = neighbours(Algorithm::Dissemination, rank, n);
-                        let node = Node::<Sim, 10, 16, 2>::prepare_with_peers(
-                            &ctx, &pd, rank, n, peers, &cfg,
-                        )
-                        .unwrap();
-                        let (mut node, _) = match rank {
-                            0 => node.connect_rendezvous_on(&rv, listener, &[], LONG),
-                            _ => node.connect_rendezvous(&rv, &[], LONG),
-                        }
-                        .unwrap();
-                        node.barrier_all().unwrap();
-                        node.barrier_all().unwrap();
-                    })
-                    .unwrap()
-            })
-            .collect();
-        for h in ranks {
-            h.join().unwrap();
-        }
+    on_rendezvous(n, |sim, rank, rv, root| {
+        let ctx = Context::open(sim, &format!("sim{rank}")).unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let cfg = NodeConfig {
+            algorithm: Algorithm::Dissemination,
+            barrier_timeout: Some(LONG),
+            ..NodeConfig::default()
+        };
+        let peers = neighbours(Algorithm::Dissemination, rank, n);
+        let node =
+            Node::<Sim, 10, 16, 2>::prepare_with_peers(&ctx, &pd, rank, n, peers, &cfg).unwrap();
+        let (mut node, _) = connect(node, rv, root, &[]);
+        node.barrier_all().unwrap();
+        node.barrier_all().unwrap();
     });
 }

@@ -51,6 +51,15 @@ pub struct Sge {
     pub lkey: u32,
 }
 
+impl Sge {
+    /// An entry naming no bytes: what a request's unused entries hold.
+    pub const EMPTY: Sge = Sge {
+        addr: 0,
+        length: 0,
+        lkey: 0,
+    };
+}
+
 /// What a send work request does, with the operation's own fields (`ibv_wr_opcode`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum SendOp {
@@ -181,11 +190,7 @@ impl<const SGES: usize> SendWr<SGES> {
     pub const fn new(wr_id: u64, op: SendOp, flags: SendFlags) -> Self {
         SendWr {
             wr_id,
-            sg_list: [Sge {
-                addr: 0,
-                length: 0,
-                lkey: 0,
-            }; SGES],
+            sg_list: [Sge::EMPTY; SGES],
             num_sge: 0,
             op,
             flags,
@@ -222,11 +227,7 @@ impl<const SGES: usize> RecvWr<SGES> {
     pub const fn new(wr_id: u64) -> Self {
         RecvWr {
             wr_id,
-            sg_list: [Sge {
-                addr: 0,
-                length: 0,
-                lkey: 0,
-            }; SGES],
+            sg_list: [Sge::EMPTY; SGES],
             num_sge: 0,
         }
     }

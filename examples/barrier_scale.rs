@@ -1,8 +1,10 @@
 //! Barriers and a scatter at scale on the simulator's stepped mode: worlds of N = 2, 4, ...
-//! up to 65,536 [`Node`]s on one thread, no OS thread per node.
+//! up to 65,536 [`Node`]s on one thread, no OS thread per node; the binary tree up to
+//! 262,144 (ranks are 32 bits), dissemination up to 65,536. `--only ALG` runs one sweep.
 //!
 //! ```sh
 //! cargo run --release --features sim --example barrier_scale [-- --max-nodes 65536 --seed 1]
+//! cargo run --release --features sim --example barrier_scale -- --max-nodes 262144 --only tree
 //! ```
 //!
 //! Each rank is one simulated device with one [`Node`], prepared with the peers its
@@ -47,8 +49,12 @@ static GLOBAL: zverbs_testkit::CountingAlloc = zverbs_testkit::CountingAlloc;
 
 type Result<T> = core::result::Result<T, Box<dyn StdError>>;
 
-/// The largest world (ranks are 16 bits on the barrier wire).
-const MAX: usize = 1 << 16;
+/// The largest world this driver builds (ranks are 32 bits; the tree's nodes are small
+/// enough for 262,144 of them in memory).
+const MAX: usize = 1 << 18;
+/// The largest dissemination world: its node type holds 31 peers, enough for 65,536
+/// ranks (2 × 18 - 1 = 35 would be needed at 262,144, and every node would pay for them).
+const MAX_DISSEMINATION: usize = 1 << 16;
 /// Data channel depth and SGEs: the scatter keeps one write per peer in flight.
 const DEPTH: usize = 2;
 const SGES: usize = 1;
@@ -362,6 +368,20 @@ fn sweep() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let max = arg(&args, "--max-nodes", 1024)? as usize;
     let max_central = arg(&args, "--max-centralized", 4096)? as usize;
+    let only = match args.iter().position(|a| a == "--only") {
+        None => None,
+        Some(i) => Some(match args.get(i + 1).map(String::as_str) {
+            Some("dissemination") => Algorithm::Dissemination,
+            Some("tree") => Algorithm::BinaryTree,
+            Some("centralized") => Algorithm::Centralized,
+            other => {
+                return Err(format!(
+                    "--only takes dissemination, tree or centralized, not {other:?}"
+                )
+                .into())
+            }
+        }),
+    };
     let seed = arg(&args, "--seed", 1)?;
     if !(2..=MAX).contains(&max) {
         return Err(format!("--max-nodes must be in 2..={MAX}").into());
@@ -388,11 +408,14 @@ fn sweep() -> Result<()> {
         Algorithm::Dissemination,
         Algorithm::BinaryTree,
         Algorithm::Centralized,
-    ] {
-        let top = if alg == Algorithm::Centralized {
-            max.min(max_central)
-        } else {
-            max
+    ]
+    .into_iter()
+    .filter(|a| !matches!(only, Some(o) if o != *a))
+    {
+        let top = match alg {
+            Algorithm::Centralized => max.min(max_central),
+            Algorithm::Dissemination => max.min(MAX_DISSEMINATION),
+            _ => max,
         };
         let mut sweep = Vec::new();
         let mut n = 2;

@@ -59,10 +59,10 @@ fn expected_messages(alg: Algorithm, p: usize) -> usize {
 
 /// The simulated world: one machine per participant and the messages in flight.
 struct World {
-    ranks: Vec<u16>,
+    ranks: Vec<u32>,
     machines: Vec<BarrierMachine<CAP>>,
     /// (from rank, to rank, message).
-    in_flight: Vec<(u16, u16, Msg)>,
+    in_flight: Vec<(u32, u32, Msg)>,
     /// Participants that have started epoch `e`, by `e`.
     started: Vec<usize>,
     /// Messages sent for epoch `e`, by `e`.
@@ -74,7 +74,7 @@ struct World {
 }
 
 impl World {
-    fn new(alg: Algorithm, ranks: &[u16]) -> Self {
+    fn new(alg: Algorithm, ranks: &[u32]) -> Self {
         let n = EPOCHS as usize + 2;
         World {
             ranks: ranks.to_vec(),
@@ -90,7 +90,7 @@ impl World {
         }
     }
 
-    fn index(&self, rank: u16) -> usize {
+    fn index(&self, rank: u32) -> usize {
         self.ranks
             .binary_search(&rank)
             .expect("sent to a non-participant")
@@ -101,7 +101,7 @@ impl World {
     fn call(
         &mut self,
         i: usize,
-        f: impl FnOnce(&mut BarrierMachine<CAP>, &mut dyn FnMut(u16, Msg)),
+        f: impl FnOnce(&mut BarrierMachine<CAP>, &mut dyn FnMut(u32, Msg)),
     ) -> Result<Option<u32>, TestCaseError> {
         let me = self.ranks[i];
         let mut out = Vec::new();
@@ -167,7 +167,7 @@ impl World {
 }
 
 /// Runs `EPOCHS` barriers (or, with `dead`, until the network quiesces) and checks them.
-fn run(alg: Algorithm, ranks: &[u16], seed: u64, dead: Option<usize>) -> Result<(), TestCaseError> {
+fn run(alg: Algorithm, ranks: &[u32], seed: u64, dead: Option<usize>) -> Result<(), TestCaseError> {
     let p = ranks.len();
     let mut rng = Rng(seed);
     let mut w = World::new(alg, ranks);
@@ -251,8 +251,8 @@ fn config() -> ProptestConfig {
 /// An algorithm and a sorted subset of 0..128 with a size in `sizes`.
 fn scenario(
     sizes: std::ops::RangeInclusive<usize>,
-) -> impl Strategy<Value = (Algorithm, Vec<u16>)> {
-    let all: Vec<u16> = (0..128).collect();
+) -> impl Strategy<Value = (Algorithm, Vec<u32>)> {
+    let all: Vec<u32> = (0..128).collect();
     (sizes, proptest::sample::select(ALGS.to_vec()))
         .prop_flat_map(move |(p, alg)| (Just(alg), proptest::sample::subsequence(all.clone(), p)))
 }
@@ -281,7 +281,7 @@ proptest! {
 fn critical_path_matches_rounds() {
     for alg in ALGS {
         for p in 1..=CAP {
-            let ranks: Vec<u16> = (0..p as u16).map(|i| 3 * i + 1).collect();
+            let ranks: Vec<u32> = (0..p as u32).map(|i| 3 * i + 1).collect();
             let mut machines: Vec<BarrierMachine<CAP>> = ranks
                 .iter()
                 .map(|&r| BarrierMachine::new(alg, r, &ranks).unwrap())

@@ -253,10 +253,12 @@ fn chosen_peer_lists_are_checked() {
             world: 10
         })
     ));
+    // Ranks are 32 bits: a world past 65,536 is fine, one past 2^32 - 1 is not.
     assert!(matches!(
-        prep(0, 65537, &[1]),
+        prep(0, u32::MAX as usize + 1, &[1]),
         Err(NodeError::InvalidRank { .. })
     ));
+    assert!(prep(0, 262_144, &[262_143, 1, 131_072]).is_ok());
     let e = prep(0, 10, &[1, 2, 3, 4, 5]).unwrap_err();
     assert!(matches!(e, NodeError::TooManyPeers { capacity: 4 }), "{e}");
     assert!(prep(0, 65536, &[65535, 1, 1, 32768]).is_ok());

@@ -16,18 +16,18 @@ use zverbs::ErrorKind;
 fn unchecked_ranks_outside_the_world_are_refused_and_the_node_still_works() {
     for alg in ALGORITHMS {
         // Capacity 4, world 3: rank 3 is inside the capacity but outside the world; 4, 9
-        // and u16::MAX are past the capacity (they would index the per-peer tables).
+        // and u32::MAX are past the capacity (they would index the per-peer tables).
         let nodes = world::<4>(3, &config(alg, Duration::from_secs(10)));
         std::thread::scope(|t| {
             for (_pd, mut node) in nodes {
                 t.spawn(move || {
-                    let me = node.rank() as u16;
-                    for bad in [3u16, 4, 9, u16::MAX] {
-                        let mut list = [0u16, 1, 2, bad];
+                    let me = node.rank() as u32;
+                    for bad in [3u32, 4, 9, u32::MAX] {
+                        let mut list = [0u32, 1, 2, bad];
                         list.sort_unstable();
                         let e = node.barrier_unchecked(&list).unwrap_err();
                         assert!(
-                            matches!(e, NodeError::InvalidRank { rank, world: 3 } if rank == usize::from(bad)),
+                            matches!(e, NodeError::InvalidRank { rank, world: 3 } if rank == bad as usize),
                             "{alg:?} rank {me}, bad rank {bad}: {e}"
                         );
                         assert_eq!(e.kind(), ErrorKind::InvalidArgument);

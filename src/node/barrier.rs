@@ -8,8 +8,8 @@
 //! of participants.
 //!
 //! Participants are a strictly increasing list of ranks ([`BarrierMachine::new`], at most
-//! `PEERS`), or every rank of a world `0..P` ([`BarrierMachine::new_world`], up to 65,536
-//! ranks whatever `PEERS`: then `PEERS` bounds only the fan-in, the ARRIVEs one participant
+//! `PEERS`), or every rank of a world `0..P` ([`BarrierMachine::new_world`], up to
+//! [`MAX_WORLD`] ranks whatever `PEERS`: then `PEERS` bounds only the fan-in, the ARRIVEs one participant
 //! collects). The algorithms work on indices into the participants (index 0 is the root
 //! where there is one); [`neighbours`] names the indices one participant exchanges
 //! messages with, so a node can connect to those alone. With `P` participants:
@@ -50,6 +50,13 @@ mod msg;
 pub use error::BarrierError;
 pub use msg::{Msg, MsgKind};
 
+/// A rank in a world: 32 bits.
+pub type Rank = u32;
+
+/// The most ranks a world holds: every 32-bit rank (the barrier's wire carries no rank,
+/// only a round below 32, so the dissemination barrier's ⌈log2 N⌉ rounds fit).
+pub const MAX_WORLD: usize = u32::MAX as usize;
+
 /// Which barrier algorithm a machine runs. See the module docs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Algorithm {
@@ -83,7 +90,7 @@ fn children(alg: Algorithm, i: usize, p: usize) -> core::ops::Range<usize> {
 /// The participant indices that index `i` of `p` sends to or receives from in a barrier
 /// of `alg`, each once, in increasing order: dissemination `i ± 2^k (mod p)`, the tree's
 /// parent and children, the centralized root's everyone (a leaf's the root). Empty for
-/// `i >= p` or `p` over 65,536. A node that connects to these ranks alone can run
+/// `i >= p` or `p` over [`MAX_WORLD`]. A node that connects to these ranks alone can run
 /// whole-world barriers.
 ///
 /// ```
@@ -93,13 +100,13 @@ fn children(alg: Algorithm, i: usize, p: usize) -> core::ops::Range<usize> {
 /// assert_eq!(neighbours(Algorithm::BinaryTree, 1, 8).collect::<Vec<_>>(), [0, 3, 4]);
 /// ```
 pub fn neighbours(alg: Algorithm, i: usize, p: usize) -> impl Iterator<Item = usize> {
-    let valid = i < p && p <= usize::from(u16::MAX) + 1;
+    let valid = i < p && p <= MAX_WORLD;
     let rounds = match alg {
-        Algorithm::Dissemination if valid => ceil_log2(p), // at most 16
+        Algorithm::Dissemination if valid => ceil_log2(p), // at most 32
         _ => 0,
     };
     // Dissemination: 2^k < p for every round k < ⌈log2 p⌉, so `p - 2^k` does not wrap.
-    let mut ring = [0usize; 32];
+    let mut ring = [0usize; 64]; // two partners a round
     let mut n = 0;
     for k in 0..rounds {
         for j in [(i + (1 << k)) % p, (i + p - (1 << k)) % p] {
@@ -167,7 +174,7 @@ impl<const PEERS: usize> Inbox<PEERS> {
 pub struct BarrierMachine<const PEERS: usize> {
     alg: Algorithm,
     /// The participants' ranks, `..len`, if listed; unused for a whole world.
-    parts: [u16; PEERS],
+    parts: [Rank; PEERS],
     listed: bool,
     len: usize,
     me: usize,
@@ -198,7 +205,7 @@ impl<const PEERS: usize> fmt::Debug for BarrierMachine<PEERS> {
 impl<const PEERS: usize> BarrierMachine<PEERS> {
     /// A participant with rank `me` in a barrier over `participants`, which must be
     /// strictly increasing (sorted, distinct), non-empty, at most `PEERS`, and contain `me`.
-    pub fn new(alg: Algorithm, me: u16, participants: &[u16]) -> Result<Self, BarrierError> {
+    pub fn new(alg: Algorithm, me: Rank, participants: &[Rank]) -> Result<Self, BarrierError> {
         if participants.is_empty() {
             return Err(BarrierError::Empty);
         }
@@ -236,20 +243,20 @@ impl<const PEERS: usize> BarrierMachine<PEERS> {
     }
 
     /// A participant with rank `me` in a barrier over every rank of a world of `world`
-    /// (`0..world`, at most 65,536), with no list stored: `PEERS` need only hold the ARRIVEs
+    /// (`0..world`, at most [`MAX_WORLD`]), with no list stored: `PEERS` need only hold the ARRIVEs
     /// this participant collects (the centralized root `world - 1`, a tree node 2, none for
     /// dissemination), else [`BarrierError::FanIn`].
-    pub fn new_world(alg: Algorithm, me: u16, world: usize) -> Result<Self, BarrierError> {
+    pub fn new_world(alg: Algorithm, me: Rank, world: usize) -> Result<Self, BarrierError> {
         if world == 0 {
             return Err(BarrierError::Empty);
         }
-        if world > usize::from(u16::MAX) + 1 {
+        if world > MAX_WORLD {
             return Err(BarrierError::TooMany {
                 given: world,
-                capacity: usize::from(u16::MAX) + 1,
+                capacity: MAX_WORLD,
             });
         }
-        if usize::from(me) >= world {
+        if me as usize >= world {
             return Err(BarrierError::NotMember(me));
         }
         let m = BarrierMachine {
@@ -257,7 +264,7 @@ impl<const PEERS: usize> BarrierMachine<PEERS> {
             parts: [0; PEERS],
             listed: false,
             len: world,
-            me: usize::from(me),
+            me: me as usize,
             epoch: 0,
             running: false,
             sent: 0,
@@ -276,7 +283,7 @@ impl<const PEERS: usize> BarrierMachine<PEERS> {
 
     /// The participating ranks in increasing order; `None` for a whole-world machine
     /// (ranks `0..`[`count`](Self::count)).
-    pub fn participants(&self) -> Option<&[u16]> {
+    pub fn participants(&self) -> Option<&[Rank]> {
         self.listed.then(|| &self.parts[..self.len])
     }
 
@@ -286,25 +293,25 @@ impl<const PEERS: usize> BarrierMachine<PEERS> {
     }
 
     /// The rank of participant index `j`, if there is one.
-    pub fn participant(&self, j: usize) -> Option<u16> {
+    pub fn participant(&self, j: usize) -> Option<Rank> {
         (j < self.len).then(|| self.rank(j))
     }
 
     /// The rank of participant index `j` (below `len`).
-    fn rank(&self, j: usize) -> u16 {
+    fn rank(&self, j: usize) -> Rank {
         if self.listed {
             self.parts[j]
         } else {
-            j as u16 // j < len <= 65,536
+            j as Rank // j < len <= MAX_WORLD
         }
     }
 
     /// The participant index of `rank`.
-    fn index_of(&self, rank: u16) -> Option<usize> {
+    fn index_of(&self, rank: Rank) -> Option<usize> {
         if self.listed {
             self.parts[..self.len].binary_search(&rank).ok()
         } else {
-            let j = usize::from(rank);
+            let j = rank as usize;
             (j < self.len).then_some(j)
         }
     }
@@ -331,7 +338,7 @@ impl<const PEERS: usize> BarrierMachine<PEERS> {
 
     /// Begins the next epoch, sending through `out(to_rank, msg)`. Refused while the
     /// current epoch is running. With one participant, completes at once.
-    pub fn start(&mut self, out: &mut impl FnMut(u16, Msg)) -> Result<(), BarrierError> {
+    pub fn start(&mut self, out: &mut impl FnMut(Rank, Msg)) -> Result<(), BarrierError> {
         if self.running {
             return Err(BarrierError::InProgress { epoch: self.epoch });
         }
@@ -347,9 +354,9 @@ impl<const PEERS: usize> BarrierMachine<PEERS> {
     /// Takes in `msg` from rank `from`, sending whatever it enables through `out`.
     pub fn on_message(
         &mut self,
-        from: u16,
+        from: Rank,
         msg: Msg,
-        out: &mut impl FnMut(u16, Msg),
+        out: &mut impl FnMut(Rank, Msg),
     ) -> Result<(), BarrierError> {
         let j = self
             .index_of(from)
@@ -433,7 +440,7 @@ impl<const PEERS: usize> BarrierMachine<PEERS> {
     }
 
     /// Sends RELEASE to the children and completes.
-    fn release(&mut self, out: &mut impl FnMut(u16, Msg)) {
+    fn release(&mut self, out: &mut impl FnMut(Rank, Msg)) {
         let msg = self.msg(MsgKind::Release, 0);
         self.children().for_each(|j| out(self.rank(j), msg));
         self.running = false;
@@ -448,7 +455,7 @@ impl<const PEERS: usize> BarrierMachine<PEERS> {
     }
 
     /// Sends whatever the running epoch's state allows, and completes if it can.
-    fn advance(&mut self, out: &mut impl FnMut(u16, Msg)) {
+    fn advance(&mut self, out: &mut impl FnMut(Rank, Msg)) {
         if !self.running {
             return;
         }

@@ -5,7 +5,7 @@
 //! traffic never meets user receives. A barrier queue pair is lean: no channel, no
 //! buffers, its completions on two queues the node polls itself (`ctrl`). Its peers are
 //! every other rank ([`Node::prepare`], `W` at most `PEERS`) or ranks it chooses
-//! ([`Node::prepare_with_peers`], `W` up to 65,536): with the partners
+//! ([`Node::prepare_with_peers`], `W` up to 2^32 - 1): with the partners
 //! [`barrier::neighbours`] names, a node of a 65,536-rank world runs whole-world
 //! dissemination barriers over 31 peers. A barrier blocks
 //! ([`Node::barrier_all`]) or is started and polled without waiting
@@ -128,7 +128,7 @@ pub enum NodeError<E> {
     /// An earlier barrier failed; barriers on this node fail fast from now on.
     Poisoned,
     /// A rank or world size out of range: `rank` must be below `world`, and `world` at
-    /// most 65,536 (and, for a node connected to every rank, at most `PEERS`).
+    /// most 2^32 - 1 (and, for a node connected to every rank, at most `PEERS`).
     InvalidRank {
         /// The rank.
         rank: usize,
@@ -324,7 +324,7 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
         Self::prepare_map(ctx, pd, PeerMap::full(rank, world), config)
     }
 
-    /// Creates the queue pairs of rank `rank` in a world of `world` ranks (at most 65,536)
+    /// Creates the queue pairs of rank `rank` in a world of `world` ranks (at most 2^32 - 1)
     /// to the ranks `peers` only (any order, repeats ignored, at most `PEERS`); peer index
     /// = position in increasing rank order ([`Node::peer_index`]). Barriers work among
     /// ranks whose messages stay between connected pairs: with the peers

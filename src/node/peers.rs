@@ -10,7 +10,7 @@
 //! [`Node::prepare_with_peers`]: super::Node::prepare_with_peers
 
 /// The largest world: ranks are 16 bits on the barrier wire.
-pub(super) const MAX_WORLD: usize = u16::MAX as usize + 1;
+pub(super) use super::barrier::MAX_WORLD;
 
 /// Rank ↔ peer index, for one node.
 #[derive(Clone, Copy, Debug)]
@@ -20,7 +20,7 @@ pub(super) struct PeerMap<const PEERS: usize> {
     /// The number of ranks.
     pub(super) world: usize,
     /// Chosen peers: their ranks, strictly increasing, `..len`. Unused for a full node.
-    ranks: [u16; PEERS],
+    ranks: [u32; PEERS],
     len: usize,
     /// Every other rank is a peer, at the index of its rank.
     full: bool,
@@ -64,7 +64,7 @@ impl<const PEERS: usize> PeerMap<PEERS> {
             if p >= world || p == rank {
                 return Err(PeersRefused::Rank(p));
             }
-            let p = p as u16; // p < world <= MAX_WORLD
+            let p = p as u32; // p < world <= MAX_WORLD
             if let Err(at) = map.ranks[..map.len].binary_search(&p) {
                 if map.len == PEERS {
                     return Err(PeersRefused::TooMany);
@@ -82,7 +82,7 @@ impl<const PEERS: usize> PeerMap<PEERS> {
         if self.full {
             return (rank < self.world && rank != self.rank).then_some(rank);
         }
-        let r = u16::try_from(rank).ok()?;
+        let r = u32::try_from(rank).ok()?;
         self.ranks[..self.len].binary_search(&r).ok()
     }
 
@@ -91,7 +91,7 @@ impl<const PEERS: usize> PeerMap<PEERS> {
         if self.full {
             index
         } else {
-            usize::from(self.ranks[index])
+            self.ranks[index] as usize
         }
     }
 

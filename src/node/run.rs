@@ -3,7 +3,7 @@
 //! and polls that never wait ([`Node::start_barrier_all`], [`Node::poll_barrier`]), so one
 //! thread can drive many nodes, as the stepped simulator does with 65,536 of them.
 
-use super::barrier::{neighbours, BarrierError, BarrierMachine, Msg};
+use super::barrier::{neighbours, BarrierError, BarrierMachine, Msg, Rank};
 use super::ctrl::Ctrl;
 use super::{wire, Node, NodeError};
 use crate::channel::wait::Waiter;
@@ -31,7 +31,7 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
         self.finish()
     }
 
-    /// [`barrier`](Self::barrier) on a list of `u16` ranks, for hot paths that built the
+    /// [`barrier`](Self::barrier) on a list of `Rank` ranks, for hot paths that built the
     /// list once.
     ///
     /// What it skips is only work: converting each `usize` rank and copying the list into
@@ -42,7 +42,7 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
     /// cost a few comparisons per rank; without them a bad list would index the per-peer
     /// tables out of bounds or hang the protocol. A refused list leaves the node as it
     /// was: it does not poison its barriers.
-    pub fn barrier_unchecked(&mut self, participants: &[u16]) -> Result<(), NodeError<P::Error>> {
+    pub fn barrier_unchecked(&mut self, participants: &[Rank]) -> Result<(), NodeError<P::Error>> {
         self.start_list(participants)?;
         self.finish()
     }
@@ -53,7 +53,7 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
     pub fn start_barrier_all(&mut self) -> Result<(), NodeError<P::Error>> {
         self.check_idle()?;
         let (alg, world) = (self.config.algorithm, self.map.world);
-        let m = BarrierMachine::new_world(alg, self.map.rank as u16, world)
+        let m = BarrierMachine::new_world(alg, self.map.rank as Rank, world)
             .map_err(NodeError::Barrier)?;
         self.begin(m)
     }
@@ -67,7 +67,7 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
                 capacity: PEERS,
             }));
         }
-        let mut parts = [0u16; PEERS];
+        let mut parts = [0 as Rank; PEERS];
         for (slot, &p) in parts.iter_mut().zip(participants) {
             if p >= self.map.world {
                 return Err(NodeError::InvalidRank {
@@ -75,7 +75,7 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
                     world: self.map.world,
                 });
             }
-            *slot = p as u16;
+            *slot = p as Rank;
         }
         self.start_list(&parts[..participants.len()])
     }
@@ -181,18 +181,15 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
         }
     }
 
-    fn start_list(&mut self, participants: &[u16]) -> Result<(), NodeError<P::Error>> {
-        if let Some(&p) = participants
-            .iter()
-            .find(|&&p| usize::from(p) >= self.map.world)
-        {
+    fn start_list(&mut self, participants: &[Rank]) -> Result<(), NodeError<P::Error>> {
+        if let Some(&p) = participants.iter().find(|&&p| p as usize >= self.map.world) {
             return Err(NodeError::InvalidRank {
-                rank: usize::from(p),
+                rank: p as usize,
                 world: self.map.world,
             });
         }
         self.check_idle()?;
-        let me = self.map.rank as u16;
+        let me = self.map.rank as Rank;
         let m = BarrierMachine::new(self.config.algorithm, me, participants)
             .map_err(NodeError::Barrier)?;
         self.begin(m)
@@ -203,7 +200,7 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
     fn begin(&mut self, mut m: BarrierMachine<PEERS>) -> Result<(), NodeError<P::Error>> {
         let mut partners = heapless::Vec::new();
         for j in neighbours(m.algorithm(), m.index(), m.count()) {
-            let rank = m.participant(j).map_or(usize::MAX, usize::from);
+            let rank = m.participant(j).map_or(usize::MAX, |r| r as usize);
             let p = self
                 .map
                 .index(rank)
@@ -249,7 +246,7 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
         for &p in partners.iter() {
             let p = p as usize;
             if let Some(msg) = early[p].take() {
-                let from = out.map.rank_of(p) as u16;
+                let from = out.map.rank_of(p) as Rank;
                 m.on_message(from, msg, &mut |to, msg| out.send(to, msg))
                     .map_err(NodeError::Barrier)?;
                 out.check()?;
@@ -294,7 +291,7 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
                     pair_epoch,
                     failed: None,
                 };
-                m.on_message(from as u16, msg, &mut |to, msg| out.send(to, msg))
+                m.on_message(from as Rank, msg, &mut |to, msg| out.send(to, msg))
                     .map_err(NodeError::Barrier)?;
                 out.check()?;
             }
@@ -352,11 +349,11 @@ struct Out<'a, P: Provider, const PEERS: usize> {
 
 impl<P: Provider, const PEERS: usize> Out<'_, P, PEERS> {
     /// Sends `msg` to rank `to` as a zero-length send with immediate data.
-    fn send(&mut self, to: u16, msg: Msg) {
+    fn send(&mut self, to: Rank, msg: Msg) {
         if self.failed.is_some() {
             return;
         }
-        let rank = usize::from(to);
+        let rank = to as usize;
         // `begin` checked that every partner has a queue pair.
         let Some(p) = self.map.index(rank) else {
             self.failed = Some(NodeError::NotConnected { rank });

@@ -2,7 +2,7 @@
 
 use core::fmt;
 
-use super::Msg;
+use super::{Msg, Rank};
 use crate::error::ErrorKind;
 
 /// A barrier call that was refused. The machine is unchanged by a refused call.
@@ -32,16 +32,16 @@ pub enum BarrierError {
         index: usize,
     },
     /// A rank is listed twice.
-    DuplicateRank(u16),
+    DuplicateRank(Rank),
     /// This participant's own rank is not in the list.
-    NotMember(u16),
+    NotMember(Rank),
     /// `start` was called before the current epoch completed.
     InProgress {
         /// The epoch still running.
         epoch: u32,
     },
     /// A message from a rank that does not take part.
-    NotParticipant(u16),
+    NotParticipant(Rank),
     /// A message for an epoch that is over here (or never ran).
     EpochTooOld {
         /// The message's epoch.
@@ -60,14 +60,14 @@ pub enum BarrierError {
     /// at this point (e.g. a RELEASE before this participant arrived).
     Unexpected {
         /// The sender's rank.
-        from: u16,
+        from: Rank,
         /// The message.
         msg: Msg,
     },
     /// The same message twice.
     Duplicate {
         /// The sender's rank.
-        from: u16,
+        from: Rank,
         /// The message.
         msg: Msg,
     },

@@ -7,9 +7,9 @@ use MsgKind::{Arrive, Release, Round};
 const ALGS: [Algorithm; 3] = [Centralized, Dissemination, BinaryTree];
 
 type M = BarrierMachine<8>;
-type Sent = heapless::Vec<(u16, Msg), 16>;
+type Sent = heapless::Vec<(u32, Msg), 16>;
 
-fn m(alg: Algorithm, me: u16, parts: &[u16]) -> M {
+fn m(alg: Algorithm, me: u32, parts: &[u32]) -> M {
     M::new(alg, me, parts).unwrap()
 }
 
@@ -19,14 +19,14 @@ fn start(b: &mut M) -> Sent {
     v
 }
 
-fn recv(b: &mut M, from: u16, msg: Msg) -> Result<Sent, E> {
+fn recv(b: &mut M, from: u32, msg: Msg) -> Result<Sent, E> {
     let mut v = Sent::new();
     b.on_message(from, msg, &mut |to, msg| v.push((to, msg)).unwrap())?;
     Ok(v)
 }
 
 /// Feeds a message that must be refused, and checks the machine did not change.
-fn refuse(b: &mut M, from: u16, msg: Msg) -> E {
+fn refuse(b: &mut M, from: u32, msg: Msg) -> E {
     let (epoch, done) = (b.epoch(), b.is_complete());
     let e = recv(b, from, msg).unwrap_err();
     assert_eq!((b.epoch(), b.is_complete()), (epoch, done));
@@ -39,7 +39,7 @@ const fn mk(kind: MsgKind, epoch: u32, round: u8) -> Msg {
 
 #[test]
 fn validation() {
-    let new = |me, parts: &[u16]| BarrierMachine::<4>::new(Centralized, me, parts).map(drop);
+    let new = |me, parts: &[u32]| BarrierMachine::<4>::new(Centralized, me, parts).map(drop);
     assert_eq!(new(1, &[]), Err(E::Empty));
     let too_many = E::TooMany {
         given: 5,
@@ -239,16 +239,16 @@ fn errors_display() {
 /// FIFO order; returns every (from, to, msg) in the order sent.
 fn run_epoch<const PEERS: usize>(
     ms: &mut [BarrierMachine<PEERS>],
-) -> std::vec::Vec<(u16, u16, Msg)> {
+) -> std::vec::Vec<(u32, u32, Msg)> {
     let mut queue = std::collections::VecDeque::new();
     let mut log = std::vec::Vec::new();
     for (r, b) in ms.iter_mut().enumerate() {
-        b.start(&mut |to, msg| queue.push_back((r as u16, to, msg)))
+        b.start(&mut |to, msg| queue.push_back((r as u32, to, msg)))
             .unwrap();
     }
     while let Some((from, to, msg)) = queue.pop_front() {
         log.push((from, to, msg));
-        let dst = &mut ms[usize::from(to)];
+        let dst = &mut ms[to as usize];
         dst.on_message(from, msg, &mut |next, m| queue.push_back((to, next, m)))
             .unwrap();
     }
@@ -259,16 +259,16 @@ fn run_epoch<const PEERS: usize>(
 #[test]
 fn a_world_machine_is_the_listed_machine_over_every_rank() {
     for alg in ALGS {
-        for p in 1..=33u16 {
-            let ranks: std::vec::Vec<u16> = (0..p).collect();
+        for p in 1..=33u32 {
+            let ranks: std::vec::Vec<u32> = (0..p).collect();
             let mut listed: std::vec::Vec<_> = (0..p)
                 .map(|r| BarrierMachine::<40>::new(alg, r, &ranks).unwrap())
                 .collect();
             let mut world: std::vec::Vec<_> = (0..p)
-                .map(|r| BarrierMachine::<40>::new_world(alg, r, usize::from(p)).unwrap())
+                .map(|r| BarrierMachine::<40>::new_world(alg, r, p as usize).unwrap())
                 .collect();
             assert_eq!(world[0].participants(), None);
-            assert_eq!(world[0].count(), usize::from(p));
+            assert_eq!(world[0].count(), p as usize);
             for _ in 0..3 {
                 assert_eq!(
                     run_epoch(&mut listed),
@@ -284,7 +284,7 @@ fn a_world_machine_is_the_listed_machine_over_every_rank() {
 fn a_world_machine_needs_capacity_for_its_fan_in_only() {
     let p = 1000;
     for alg in [Dissemination, BinaryTree] {
-        let mut ms: std::vec::Vec<_> = (0..p as u16)
+        let mut ms: std::vec::Vec<_> = (0..p as u32)
             .map(|r| BarrierMachine::<2>::new_world(alg, r, p).unwrap())
             .collect();
         run_epoch(&mut ms);
@@ -302,26 +302,29 @@ fn a_world_machine_needs_capacity_for_its_fan_in_only() {
     let new = |me, world| BarrierMachine::<4>::new_world(Dissemination, me, world).map(drop);
     assert_eq!(new(0, 0), Err(E::Empty));
     let too_many = E::TooMany {
-        given: 65537,
-        capacity: 65536,
+        given: MAX_WORLD + 1,
+        capacity: MAX_WORLD,
     };
-    assert_eq!(new(0, 65537), Err(too_many));
+    assert_eq!(new(0, MAX_WORLD + 1), Err(too_many));
     assert_eq!(new(5, 5), Err(E::NotMember(5)));
     assert_eq!(new(65535, 65536), Ok(()));
+    // Ranks are 32 bits: past 16 bits, up to the last.
+    assert_eq!(new(70_000, 262_144), Ok(()));
+    assert_eq!(new(u32::MAX - 1, MAX_WORLD), Ok(()));
 }
 
 #[test]
 fn neighbours_are_exactly_who_a_participant_talks_to() {
     for alg in ALGS {
         for p in 1..=70usize {
-            let mut ms: std::vec::Vec<_> = (0..p as u16)
+            let mut ms: std::vec::Vec<_> = (0..p as u32)
                 .map(|r| BarrierMachine::<80>::new_world(alg, r, p).unwrap())
                 .collect();
             let log = run_epoch(&mut ms);
             for i in 0..p {
                 let mut talked: std::vec::Vec<usize> = log
                     .iter()
-                    .filter_map(|&(f, t, _)| match (usize::from(f), usize::from(t)) {
+                    .filter_map(|&(f, t, _)| match (f as usize, t as usize) {
                         (f, t) if f == i => Some(t),
                         (f, t) if t == i => Some(f),
                         _ => None,
@@ -335,7 +338,12 @@ fn neighbours_are_exactly_who_a_participant_talks_to() {
         }
     }
     assert_eq!(neighbours(Dissemination, 3, 3).count(), 0);
-    assert_eq!(neighbours(Dissemination, 0, 65537).count(), 0);
+    assert_eq!(neighbours(Dissemination, 0, MAX_WORLD + 1).count(), 0);
     // 16 rounds each way; ±2^15 is one rank.
     assert_eq!(neighbours(Dissemination, 65535, 65536).count(), 31);
+    // Past 16-bit ranks: 18 rounds at 2^18 ranks, ±2^17 one rank.
+    assert_eq!(neighbours(Dissemination, 200_000, 1 << 18).count(), 35);
+    let tree = |i| neighbours(BinaryTree, i, 1 << 18).collect::<std::vec::Vec<usize>>();
+    assert_eq!(tree(100_000), [49_999, 200_001, 200_002]);
+    assert_eq!(tree(200_000), [99_999]); // a leaf
 }

@@ -78,24 +78,35 @@ impl<'a> Rig<'a> {
         Some(want)
     }
 
-    pub(super) fn write(&mut self, x: usize, data: &[Local], remote: &Remote) {
-        let locals = self.locals(x, data, false);
-        let sges = self.sges_of(x, &locals);
+    /// Predicts an RDMA write or read on `x` over `locals` against `remote`, the operation
+    /// being what `op` makes of the remote region; `None` to skip it (as
+    /// [`blocking_send_want`](Self::blocking_send_want)). The region, or why there is none.
+    fn rdma_want(
+        &mut self,
+        x: usize,
+        locals: &[(usize, usize, usize)],
+        remote: &Remote,
+        op: impl FnOnce(&RemoteRegion) -> SendOp,
+    ) -> Option<(Want, Result<RemoteRegion, BoundsError>)> {
+        let sges = self.sges_of(x, locals);
         let rr = self.remote_region(x, remote, total(&sges));
         let want = match rr {
             Err(_) => Want::OutOfBounds,
             Ok(_) if sges.len() > S => Want::TooManySges(sges.len()),
             Ok(rr) if total(&sges) > rr.len => Want::OutOfBounds,
-            Ok(rr) => {
-                let op = SendOp::Write {
-                    remote_addr: rr.addr,
-                    rkey: rr.rkey,
-                };
-                match self.blocking_send_want(x, op, sges, SendFlags::empty(), None) {
-                    Some(w) => w,
-                    None => return,
-                }
-            }
+            Ok(rr) => self.blocking_send_want(x, op(&rr), sges, SendFlags::empty(), None)?,
+        };
+        Some((want, rr))
+    }
+
+    pub(super) fn write(&mut self, x: usize, data: &[Local], remote: &Remote) {
+        let locals = self.locals(x, data, false);
+        let write = |rr: &RemoteRegion| SendOp::Write {
+            remote_addr: rr.addr,
+            rkey: rr.rkey,
+        };
+        let Some((want, rr)) = self.rdma_want(x, &locals, remote, write) else {
+            return;
         };
         let slices: Vec<LocalSlice<'_>> = locals
             .iter()
@@ -110,22 +121,12 @@ impl<'a> Rig<'a> {
 
     pub(super) fn read(&mut self, x: usize, into: &[Local], remote: &Remote) {
         let locals = self.locals(x, into, true);
-        let sges = self.sges_of(x, &locals);
-        let rr = self.remote_region(x, remote, total(&sges));
-        let want = match rr {
-            Err(_) => Want::OutOfBounds,
-            Ok(_) if sges.len() > S => Want::TooManySges(sges.len()),
-            Ok(rr) if total(&sges) > rr.len => Want::OutOfBounds,
-            Ok(rr) => {
-                let op = SendOp::Read {
-                    remote_addr: rr.addr,
-                    rkey: rr.rkey,
-                };
-                match self.blocking_send_want(x, op, sges, SendFlags::empty(), None) {
-                    Some(w) => w,
-                    None => return,
-                }
-            }
+        let read = |rr: &RemoteRegion| SendOp::Read {
+            remote_addr: rr.addr,
+            rkey: rr.rkey,
+        };
+        let Some((want, rr)) = self.rdma_want(x, &locals, remote, read) else {
+            return;
         };
         let slices = mut_slices(&mut self.mrs[x], &locals);
         let res = match rr {

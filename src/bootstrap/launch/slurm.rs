@@ -125,7 +125,8 @@ fn tasks_on_node(list: &str, node: u32) -> Result<u32, LaunchError> {
         };
         let tasks: u32 = tasks.trim().parse().map_err(|_| malformed())?;
         let times: u64 = times.trim().parse().map_err(|_| malformed())?;
-        before += times;
+        // Saturating: counts are the environment's, and a sum past 2^64 is past any node.
+        before = before.saturating_add(times);
         if u64::from(node) < before {
             return Ok(tasks);
         }
@@ -166,6 +167,10 @@ mod tests {
         assert!(tasks_on_node(list, 4).is_err());
         // A repetition count too large to expand is read, not expanded.
         assert_eq!(tasks_on_node("8(x4000000000)", 3_999_999_999), Ok(8));
+        // Counts whose sum passes 2^64 saturate rather than wrap (or panic).
+        let huge = "1(x5),2(x18446744073709551615)";
+        assert_eq!(tasks_on_node(huge, 10), Ok(2));
+        assert_eq!(tasks_on_node(huge, u32::MAX), Ok(2));
         assert!(tasks_on_node("2(x3", 0).is_err());
         assert!(tasks_on_node("two", 0).is_err());
     }

@@ -303,3 +303,47 @@ fn parcels_out_of_protocol_are_refused() {
         other => panic!("{other:?}"),
     }
 }
+
+/// Rounds back to back, the root binding the port itself each round (`all_gather` at rank
+/// 0): a rank done with one round dials for the next while the root may still be
+/// answering the others on the last round's listener. Its connection, queued there, is
+/// reset when that listener closes; the rank dials again rather than fail.
+#[test]
+fn rounds_back_to_back_on_a_port_the_root_binds_each_round() {
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let world = 48;
+    let rv = Rendezvous {
+        root: port,
+        id: ID,
+        world,
+    };
+    thread::scope(|s| {
+        let ranks: Vec<_> = (0..world)
+            .map(|r| {
+                thread::Builder::new()
+                    .stack_size(256 << 10)
+                    .spawn_scoped(s, move || {
+                        for round in 0..20u8 {
+                            let mine = [round, r as u8];
+                            let all = rv
+                                .all_gather(r, &mine, LONG)
+                                .map_err(|e| format!("rank {r}, round {round}: {e}"))?;
+                            let want: Vec<Vec<u8>> =
+                                (0..world).map(|p| vec![round, p as u8]).collect();
+                            if all != want {
+                                return Err(format!("rank {r}, round {round}: {all:?}"));
+                            }
+                        }
+                        Ok::<(), String>(())
+                    })
+                    .unwrap()
+            })
+            .collect();
+        for h in ranks {
+            h.join().unwrap().unwrap();
+        }
+    });
+}

@@ -9,8 +9,9 @@
 //! Protocol, in the [frames](super::frame) of the exchanger:
 //!
 //! - A rank dials the root, retrying with a backoff (5 ms doubling to 100 ms) while the
-//!   root is not up yet, and sends its hello: a frame of its rank and a payload of the id
-//!   (8 bytes, big-endian), the world size (4 bytes) and its own payload; then a frame per
+//!   root is not up yet or closes the connection unanswered (one queued on the listener of
+//!   the root's previous round), and sends its hello: a frame of its rank and a payload of
+//!   the id (8 bytes, big-endian), the world size (4 bytes) and its own payload; then a frame per
 //!   parcel ([`route`](Rendezvous::route)), the addressee's rank in the rank field,
 //!   addressees ascending; then an end frame, the world size as rank, empty.
 //! - The root reads each connection's frame on a thread of its own, each read bounded by
@@ -29,7 +30,7 @@
 //! `timeout` (plus a read slice of 20 ms) with every payload, or with a typed error; the
 //! root names the ranks it did not hear from.
 
-use std::io::{self, BufReader};
+use std::io::{self, BufRead, BufReader};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::Mutex;
 use std::thread;
@@ -37,7 +38,7 @@ use std::time::{Duration, Instant};
 
 use super::conn::{halt, Conn, Halt, Shared};
 use super::error::ExchangeError;
-use super::frame::{encode_frame, read_frame, MAX_PAYLOAD};
+use super::frame::{encode_frame, read_frame, FrameError, MAX_PAYLOAD};
 use super::launch::Placement;
 use super::tcp::{
     accept_each, deadline_after, is_self_connection, spawn, BACKOFF_MAX, BACKOFF_MIN,
@@ -320,12 +321,7 @@ impl Rendezvous {
                 waiting_for: vec![0],
             },
         };
-        let stream = dial(&shared, root).map_err(halted)?;
-        let mut conn = Conn::new(stream, root, &shared).map_err(halted)?;
-        conn.send_frame().map_err(halted)?;
-        // The reply comes as frames back to back: read through a buffer, not a bounded
-        // read (and its timeout) per header and payload.
-        let mut reply = BufReader::with_capacity(REPLY_BUFFER, conn);
+        let mut reply = answered(&shared, root).map_err(halted)?;
         let mut next = || read_frame(&mut reply).map_err(|e| halted(halt(root, e)));
         let out_of_protocol = |expected, got| ExchangeError::UnexpectedRank {
             peer: root,
@@ -520,6 +516,51 @@ fn widen_backlog(listener: &TcpListener) {
 fn widen_backlog(_: &TcpListener) {}
 
 /// Dials `root` until it answers or the deadline passes.
+/// Dials the root, sends the hello and waits for the first bytes of the reply, dialing
+/// again while the root closes the connection before saying anything: a connection the
+/// kernel queued on the listener of the root's previous round (a rank that starts the
+/// next round while the root still answers others) is reset when that listener closes,
+/// unheard. The reply comes as frames back to back: it is read through a buffer, not a
+/// bounded read (and its timeout) per header and payload.
+fn answered<'s, 'f>(
+    shared: &'s Shared<'f>,
+    root: SocketAddr,
+) -> Result<BufReader<Conn<'s, 'f>>, Halt> {
+    let mut backoff = BACKOFF_MIN;
+    loop {
+        let stream = dial(shared, root)?;
+        let mut conn = Conn::new(stream, root, shared)?;
+        // Past this match: the root closed the connection unheard.
+        match conn.send_frame() {
+            Ok(()) => {
+                let mut reply = BufReader::with_capacity(REPLY_BUFFER, conn);
+                match reply.fill_buf() {
+                    Ok([]) => {}
+                    Ok(_) => return Ok(reply),
+                    Err(e) if closed(&e) => {}
+                    Err(e) => return Err(halt(root, FrameError::Io(e))),
+                }
+            }
+            Err(Halt::Failed(ExchangeError::Io { source, .. })) if closed(&source) => {}
+            Err(h) => return Err(h),
+        }
+        let left = shared.remaining().ok_or(Halt::Stopped)?;
+        thread::sleep(backoff.min(left));
+        backoff = (backoff * 2).min(BACKOFF_MAX);
+    }
+}
+
+/// Whether `e` says the peer closed the connection.
+fn closed(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::BrokenPipe
+            | io::ErrorKind::UnexpectedEof
+    )
+}
+
 fn dial(shared: &Shared<'_>, root: SocketAddr) -> Result<TcpStream, Halt> {
     let mut backoff = BACKOFF_MIN;
     loop {

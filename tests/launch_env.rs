@@ -266,3 +266,64 @@ fn two_mpi_launchers_that_disagree_are_an_error() {
     let e = both("2").unwrap_err().to_string();
     assert!(e.contains("Open MPI") && e.contains("MPICH"), "{e}");
 }
+
+/// The run id: `ZVERBS_RUN_ID`, else Slurm's job id, else 0; a malformed one named.
+#[test]
+fn the_run_id_comes_from_zverbs_or_slurm() {
+    use zverbs::bootstrap::launch::run_id;
+    let id = |pairs: &[(&str, &str)]| {
+        let v = vars(pairs);
+        run_id(&|name: &str| v.get(name).cloned())
+    };
+    assert_eq!(id(&[]), Ok(0));
+    assert_eq!(id(&[("SLURM_JOB_ID", "4242")]), Ok(4242));
+    assert_eq!(
+        id(&[("SLURM_JOB_ID", "4242"), ("ZVERBS_RUN_ID", "7")]),
+        Ok(7)
+    );
+    assert_eq!(
+        id(&[("ZVERBS_RUN_ID", "seven")]),
+        Err(LaunchError::Malformed {
+            variable: "ZVERBS_RUN_ID",
+            value: "seven".into(),
+            expected: "a number below 2^64",
+        })
+    );
+}
+
+/// A `Bootstrap` from each recorded environment that names a root; the typed errors of
+/// one that names none, or gives no place.
+#[test]
+fn a_bootstrap_comes_from_the_environment_in_one_call() {
+    use zverbs::bootstrap::{Bootstrap, ExchangeError, Meeting};
+    let from = |v: &HashMap<String, String>| Bootstrap::from_env_of(&|n: &str| v.get(n).cloned());
+    let mut torchrun = recorded("torchrun_in_srun");
+    assert!(matches!(
+        from(&torchrun),
+        Err(ExchangeError::Unresolved { root, .. }) if root == "n0:29500"
+    ));
+    torchrun.insert("MASTER_ADDR".into(), "127.0.0.1".into());
+    let b = from(&torchrun).unwrap();
+    let p = detect_in(&torchrun).unwrap();
+    assert_eq!((b.rank, b.world), (p.rank, p.world));
+    let Meeting::Rendezvous(rv) = b.meeting else {
+        panic!("a launcher's bootstrap meets at a rendezvous")
+    };
+    assert_eq!((rv.root.port(), rv.world), (p.root.unwrap().port, p.world));
+
+    let mut mpi = recorded("openmpi");
+    assert!(matches!(from(&mpi), Err(ExchangeError::NoRoot)));
+    mpi.insert("ZVERBS_ROOT".into(), "127.0.0.1:29600".into());
+    mpi.insert("ZVERBS_RUN_ID".into(), "99".into());
+    let Meeting::Rendezvous(rv) = from(&mpi).unwrap().meeting else {
+        panic!("a rendezvous")
+    };
+    assert_eq!(
+        (rv.root.to_string().as_str(), rv.id),
+        ("127.0.0.1:29600", 99)
+    );
+    assert!(matches!(
+        from(&HashMap::new()),
+        Err(ExchangeError::Launch(LaunchError::NoLauncher))
+    ));
+}

@@ -309,3 +309,63 @@ fn sparse_nodes_connect_through_a_rendezvous_and_barrier() {
         node.barrier_all().unwrap();
     });
 }
+
+/// `Node::bootstrap`: each rank's `Bootstrap` from its own (recorded) environment, or
+/// from one configuration, then one call; every rank's app bytes come back and the world
+/// barriers. A bootstrap of another rank is refused before any connection.
+#[test]
+fn a_world_bootstraps_from_the_environment_or_a_configuration_in_one_call() {
+    use zverbs::bootstrap::Bootstrap;
+    let n = 4;
+    let free = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let (config, ls) = listeners(n);
+    drop(ls);
+    let sim = Sim::with_devices(n);
+    let cfg = NodeConfig {
+        barrier_timeout: Some(LONG),
+        ..NodeConfig::default()
+    };
+    for by_env in [true, false] {
+        let all: Vec<Vec<Vec<u8>>> = thread::scope(|s| {
+            let ranks: Vec<_> = (0..n)
+                .map(|rank| {
+                    let (sim, cfg, config) = (&sim, &cfg, &config);
+                    s.spawn(move || {
+                        let b = if by_env {
+                            let env = |v: &str| match v {
+                                "ZVERBS_RANK" => Some(rank.to_string()),
+                                "ZVERBS_WORLD_SIZE" => Some(n.to_string()),
+                                "ZVERBS_ROOT" => Some(free.to_string()),
+                                _ => None,
+                            };
+                            Bootstrap::from_env_of(&env).unwrap()
+                        } else {
+                            Bootstrap::from_config(config.clone(), rank as u32).unwrap()
+                        };
+                        let ctx = Context::open(sim, &format!("sim{rank}")).unwrap();
+                        let pd = ctx.alloc_pd().unwrap();
+                        let other = Bootstrap {
+                            rank: (b.rank + 1) % n as u32,
+                            ..b.clone()
+                        };
+                        let refused = SimNode::prepare(&ctx, &pd, rank, n, cfg)
+                            .unwrap()
+                            .connect_bootstrap(&other, &[], LONG);
+                        assert!(matches!(refused, Err(NodeError::InvalidRank { .. })));
+                        let (mut node, apps) =
+                            SimNode::bootstrap(&ctx, &pd, &b, cfg, &[rank as u8; 2], LONG).unwrap();
+                        node.barrier_all().unwrap();
+                        apps
+                    })
+                })
+                .collect();
+            ranks.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for apps in all {
+            assert_eq!(apps, (0..n as u8).map(|r| vec![r; 2]).collect::<Vec<_>>());
+        }
+    }
+}

@@ -76,6 +76,9 @@ pub enum ExchangeError {
         /// The address of the second connection.
         peer: SocketAddr,
     },
+    /// The environment gives no place in a world (see
+    /// [`launch`](super::launch)).
+    Launch(super::launch::LaunchError),
     /// The launcher named no rendezvous root (and `ZVERBS_ROOT` is not set).
     NoRoot,
     /// The root's host name does not resolve.
@@ -142,7 +145,8 @@ impl ExchangeError {
             ExchangeError::NoSuchRank { .. }
             | ExchangeError::PayloadTooLarge { .. }
             | ExchangeError::ListenerMismatch { .. }
-            | ExchangeError::NoRoot => ErrorKind::InvalidArgument,
+            | ExchangeError::NoRoot
+            | ExchangeError::Launch(_) => ErrorKind::InvalidArgument,
             _ => ErrorKind::Other,
         }
     }
@@ -197,6 +201,7 @@ impl fmt::Display for ExchangeError {
             ExchangeError::DuplicatePeer { rank, peer } => {
                 write!(f, "peer {peer} claims rank {rank}, which already connected")
             }
+            ExchangeError::Launch(e) => write!(f, "{e}"),
             ExchangeError::NoRoot => f.write_str(
                 "no rendezvous root: the launcher names none; set ZVERBS_ROOT=host:port",
             ),
@@ -251,6 +256,7 @@ impl std::error::Error for ExchangeError {
             ExchangeError::Bind { source, .. }
             | ExchangeError::Io { source, .. }
             | ExchangeError::Unresolved { source, .. } => Some(source),
+            ExchangeError::Launch(e) => Some(e),
             _ => None,
         }
     }

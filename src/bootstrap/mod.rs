@@ -14,6 +14,8 @@
 //!   over `N - 1` connections.
 //! - [`launch`]: the rank, world size and root a launcher (Slurm, Open MPI, MPICH, PMIx,
 //!   torchrun, or `ZVERBS_*`) gives the process in its environment.
+//! - [`Bootstrap`]: all of it in one value — rank, world, and where the ranks meet (a
+//!   rendezvous, or a configuration).
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -32,6 +34,7 @@ mod conn;
 mod error;
 pub mod frame;
 pub mod launch;
+mod meeting;
 pub mod rendezvous;
 pub mod tcp;
 
@@ -41,5 +44,6 @@ pub use frame::{
     decode_frame, encode_frame, read_frame, FrameError, FRAME_HEADER_LEN, FRAME_MAGIC,
     FRAME_VERSION, MAX_PAYLOAD,
 };
+pub use meeting::{Bootstrap, Meeting};
 pub use rendezvous::{Rendezvous, Routed, MAX_RENDEZVOUS_PAYLOAD};
 pub use tcp::{exchange, exchange_with_listener};

@@ -10,9 +10,11 @@ use std::vec::Vec;
 
 use super::{Node, NodeError, PreparedNode};
 use crate::bootstrap::tcp::{deadline_after, Session};
-use crate::bootstrap::{ExchangeError, NetworkConfig, Rendezvous};
+use crate::bootstrap::{Bootstrap, ExchangeError, Meeting, NetworkConfig, Rendezvous};
+use crate::node::NodeConfig;
 use crate::provider::Provider;
 use crate::qp::{Endpoint, ENDPOINT_LEN};
+use crate::{Context, ProtectionDomain};
 
 const ENTRY: usize = 2 * ENDPOINT_LEN;
 
@@ -21,8 +23,80 @@ pub type Connected<P, const PEERS: usize, const DEPTH: usize, const SGES: usize>
     Result<(Node<P, PEERS, DEPTH, SGES>, Vec<Vec<u8>>), NodeError<<P as Provider>::Error>>;
 
 impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
+    Node<P, PEERS, DEPTH, SGES>
+{
+    /// Detection, rendezvous and connection in one call: prepares rank `bootstrap.rank`
+    /// of `bootstrap.world` ([`prepare`](Self::prepare)) and connects it where
+    /// `bootstrap` says the ranks meet
+    /// ([`connect_bootstrap`](PreparedNode::connect_bootstrap)). `timeout` bounds the
+    /// connection.
+    ///
+    /// ```no_run
+    /// # #[cfg(feature = "sim")] {
+    /// use std::time::Duration;
+    /// use zverbs::bootstrap::Bootstrap;
+    /// use zverbs::node::{Node, NodeConfig};
+    /// use zverbs::provider::sim::Sim;
+    /// use zverbs::Context;
+    ///
+    /// // Under `srun`, `mpirun`, `mpiexec`, torchrun, or `ZVERBS_RANK`/`_WORLD_SIZE`/`_ROOT`:
+    /// let bootstrap = Bootstrap::from_env()?;
+    /// let sim = Sim::with_devices(bootstrap.world as usize);
+    /// let ctx = Context::open(&sim, &format!("sim{}", bootstrap.rank))?;
+    /// let pd = ctx.alloc_pd()?;
+    /// let cfg = NodeConfig::default();
+    /// let (mut node, _) =
+    ///     Node::<Sim, 64>::bootstrap(&ctx, &pd, &bootstrap, &cfg, &[], Duration::from_secs(60))?;
+    /// node.barrier_all()?;
+    /// # }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`prepare`](Self::prepare) and
+    /// [`connect_bootstrap`](PreparedNode::connect_bootstrap).
+    pub fn bootstrap(
+        ctx: &Context<P>,
+        pd: &ProtectionDomain<P>,
+        bootstrap: &Bootstrap,
+        config: &NodeConfig,
+        app: &[u8],
+        timeout: Duration,
+    ) -> Connected<P, PEERS, DEPTH, SGES> {
+        let (rank, world) = (bootstrap.rank as usize, bootstrap.world as usize);
+        Self::prepare(ctx, pd, rank, world, config)?.connect_bootstrap(bootstrap, app, timeout)
+    }
+}
+
+impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
     PreparedNode<P, PEERS, DEPTH, SGES>
 {
+    /// Connects where `bootstrap` says the ranks meet: through its rendezvous
+    /// ([`connect_rendezvous`](Self::connect_rendezvous)) or all-to-all at the addresses
+    /// of its configuration ([`connect_tcp`](Self::connect_tcp)).
+    ///
+    /// # Errors
+    /// [`NodeError::InvalidRank`] when `bootstrap` places this process at another rank or
+    /// in another world than this node's; otherwise as the call it makes.
+    pub fn connect_bootstrap(
+        self,
+        bootstrap: &Bootstrap,
+        app: &[u8],
+        timeout: Duration,
+    ) -> Connected<P, PEERS, DEPTH, SGES> {
+        let (rank, world) = (self.map.rank, self.map.world);
+        if bootstrap.rank as usize != rank || bootstrap.world as usize != world {
+            return Err(NodeError::InvalidRank {
+                rank: bootstrap.rank as usize,
+                world: bootstrap.world as usize,
+            });
+        }
+        match &bootstrap.meeting {
+            Meeting::Rendezvous(rv) => self.connect_rendezvous(rv, app, timeout),
+            Meeting::Config(config) => self.connect_tcp(config, app, timeout),
+        }
+    }
+
     /// This node's endpoint table (see the module docs).
     pub fn endpoint_table(&self) -> Vec<u8> {
         let mut table = vec![0u8; self.map.world * ENTRY];

@@ -249,6 +249,27 @@ pub fn from_process() -> Result<Placement, LaunchError> {
     detect(&process_env)
 }
 
+/// The id that keeps two runs meeting at one root apart ([`Rendezvous::id`]):
+/// `ZVERBS_RUN_ID`, else Slurm's `SLURM_JOB_ID`, else 0 (then two runs at one port mix:
+/// give them different ports).
+///
+/// [`Rendezvous::id`]: super::Rendezvous::id
+///
+/// # Errors
+/// [`LaunchError::Malformed`] for a value that is no 64-bit number.
+pub fn run_id(env: Env<'_>) -> Result<u64, LaunchError> {
+    for variable in ["ZVERBS_RUN_ID", "SLURM_JOB_ID"] {
+        if let Some(v) = env(variable) {
+            return v.trim().parse().map_err(|_| LaunchError::Malformed {
+                variable,
+                value: v,
+                expected: "a number below 2^64",
+            });
+        }
+    }
+    Ok(0)
+}
+
 fn agree(a: &Placement, b: &Placement) -> Result<(), LaunchError> {
     let what = if a.rank != b.rank {
         "rank"

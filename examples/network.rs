@@ -1,19 +1,31 @@
-//! N nodes as threads, each with its own rank, exchanging endpoints over real TCP on
-//! 127.0.0.1 from a JSON network configuration; then a scatter/gather round and timed
-//! barriers for each algorithm, over the simulator or a verbs device.
+//! A world of ranks exchanging endpoints over real TCP, then a scatter/gather round (bytes
+//! checked) and timed barriers for each algorithm, over the simulator or a verbs device.
 //!
 //! ```text
 //! cargo run --release --features sim --example network -- --nodes 4 [--barriers 2000]
 //! cargo run --release --features verbs --example network -- --backend verbs \
 //!     [--device NAME] --nodes 2 [--barriers 2000]
+//! mpirun -n 4 -x ZVERBS_ROOT=127.0.0.1:29600 target/release/examples/network \
+//!     --backend verbs --bootstrap env
+//! srun -n 4 target/release/examples/network --backend verbs --bootstrap env
+//! network --backend verbs --bootstrap config ranks.json [--rank R]
 //! ```
 //!
-//! `--backend sim|verbs` (default `sim`) needs the matching cargo feature. On verbs every
-//! rank opens the same device (`--device`, else `ZVERBS_DEVICE`, else the first device), so
-//! ranks talk in loopback; `ZVERBS_GID_INDEX` overrides the GID choice.
+//! `--bootstrap` says how the ranks meet:
 //!
-//! Each rank binds a listener on an ephemeral port first; the configuration is then
-//! written as JSON (the format a real deployment reads from a file) and parsed back.
+//! - `threads` (the default): `--nodes` ranks as threads of this process, each with a
+//!   listener bound on an ephemeral 127.0.0.1 port; the configuration naming them is written
+//!   as JSON (the format a deployment reads from a file) and parsed back.
+//! - `env`: this process is one rank; its launcher (`srun`, `mpirun`, `mpiexec`, torchrun,
+//!   or `ZVERBS_RANK`/`ZVERBS_WORLD_SIZE`/`ZVERBS_ROOT`) gives its rank, the world and the
+//!   rendezvous root ([`Bootstrap::from_env`](zverbs::bootstrap::Bootstrap::from_env)).
+//! - `config FILE`: this process is rank `--rank` (else the launcher's rank) of the world
+//!   the JSON configuration `FILE` lists; ranks meet all-to-all.
+//!
+//! `--backend sim|verbs` (default `sim`) needs the matching cargo feature; the simulator
+//! lives in one process, so it runs `threads` only. On verbs every rank opens the same
+//! device (`--device`, else `ZVERBS_DEVICE`, else the first device); `ZVERBS_GID_INDEX`
+//! overrides the GID choice.
 
 mod backend;
 
@@ -35,13 +47,20 @@ fn main() -> ExitCode {
     }
 }
 
+const USAGE: &str = "usage: network [--backend sim|verbs] [--device NAME] \
+    [--bootstrap threads|env|config FILE] [--rank R] [--nodes N] [--barriers B]";
+
 fn run() -> Result<(), String> {
-    let args = Args::parse(&["--nodes", "--barriers"])?;
-    if let Some(extra) = args.positional().first() {
-        return Err(format!(
-            "unexpected argument {extra:?}; usage: network [--backend sim|verbs] \
-             [--device NAME] [--nodes N] [--barriers B]"
-        ));
+    let args = Args::parse(&["--nodes", "--barriers", "--bootstrap", "--rank"])?;
+    let (meet, extra) = match (args.value("--bootstrap"), args.positional()) {
+        (None | Some("threads"), rest) => (Meet::Threads, rest),
+        (Some("env"), rest) => (Meet::Env, rest),
+        (Some("config"), [file, rest @ ..]) => (Meet::Config(file.clone()), rest),
+        (Some("config"), []) => return Err(format!("--bootstrap config needs a FILE; {USAGE}")),
+        (Some(other), _) => return Err(format!("--bootstrap {other:?}; {USAGE}")),
+    };
+    if let Some(extra) = extra.first() {
+        return Err(format!("unexpected argument {extra:?}; {USAGE}"));
     }
     let n = args.number("--nodes", 4)?;
     let barriers = args.number("--barriers", 2000)?;
@@ -56,11 +75,14 @@ fn run() -> Result<(), String> {
         #[cfg(feature = "sim")]
         Backend::Sim => {
             use zverbs::provider::sim::{FabricConfig, Sim};
+            if meet != Meet::Threads {
+                return Err("the simulator lives in one process: --bootstrap threads".into());
+            }
             // Real timers and the 1 µs / 100 Gb/s link: ranks connect at slightly different
             // moments, and RC retransmission covers a peer that is not ready yet, as on
             // hardware.
             let sim = Sim::with_config(FabricConfig::default(), n);
-            world::run(&sim, |r| format!("sim{r}"), None, n, barriers)
+            world::threads(&sim, |r| format!("sim{r}"), None, n, barriers)
         }
         #[cfg(feature = "verbs")]
         Backend::Verbs => {
@@ -68,14 +90,45 @@ fn run() -> Result<(), String> {
             let device = backend::verbs::device(args.value("--device"))?;
             let ctx = zverbs::Context::open(&Verbs, &device).map_err(|e| e.to_string())?;
             let qp = backend::verbs::qp_config(&ctx)?;
-            println!(
-                "network: verbs device {device}, GID index {}, every rank on it (loopback)",
-                qp.gid_index
-            );
-            world::run(&Verbs, |_| device.clone(), Some(qp), n, barriers)
+            println!("network: verbs device {device}, GID index {}", qp.gid_index);
+            match meet {
+                Meet::Threads => world::threads(&Verbs, |_| device.clone(), Some(qp), n, barriers),
+                _ => world::process(&ctx, bootstrap(&meet, args.value("--rank"))?, qp, barriers),
+            }
         }
         #[allow(unreachable_patterns)]
         other => Err(other.not_compiled_in("network")),
+    }
+}
+
+/// How the ranks meet (`--bootstrap`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Meet {
+    Threads,
+    Env,
+    Config(String),
+}
+
+/// This process's place for `--bootstrap env` or `config FILE`, with `--rank` (`rank`)
+/// overriding the launcher's for a configuration.
+#[cfg(feature = "verbs")]
+fn bootstrap(meet: &Meet, rank: Option<&str>) -> Result<zverbs::bootstrap::Bootstrap, String> {
+    use zverbs::bootstrap::{launch, Bootstrap, NetworkConfig};
+    let rank = || match rank {
+        Some(r) => r
+            .parse()
+            .map_err(|_| format!("--rank needs a number, not {r:?}")),
+        None => launch::from_process()
+            .map(|p| p.rank)
+            .map_err(|e| format!("no --rank and {e}")),
+    };
+    match meet {
+        Meet::Env => Bootstrap::from_env().map_err(|e| e.to_string()),
+        Meet::Config(file) => {
+            let config = NetworkConfig::from_file(file).map_err(|e| format!("{file}: {e}"))?;
+            Bootstrap::from_config(config, rank()?).map_err(|e| e.to_string())
+        }
+        Meet::Threads => Err("threads need no bootstrap".into()),
     }
 }
 
@@ -86,9 +139,9 @@ mod world {
     use std::sync::Barrier;
     use std::time::{Duration, Instant};
 
-    use zverbs::bootstrap::NetworkConfig;
+    use zverbs::bootstrap::{exchange, Bootstrap, Meeting, NetworkConfig};
     use zverbs::node::barrier::Algorithm;
-    use zverbs::node::{Node, NodeConfig};
+    use zverbs::node::{Connected, Node, NodeConfig, PreparedNode};
     use zverbs::provider::Provider;
     use zverbs::qp::QpConfig;
     use zverbs::{AccessFlags, ChannelConfig, Context, MemoryRegion, RemoteRegion};
@@ -102,9 +155,11 @@ mod world {
     /// only once every rank is done).
     type RankResult<P> = (Vec<(Algorithm, Vec<Duration>)>, Vec<Node<P, CAP, 16, 1>>);
 
-    /// Runs `n` ranks on `provider`, rank `r` on device `device(r)`, with queue pair settings
-    /// `qp` (default if `None`), and prints rank 0's barrier latencies.
-    pub fn run<P: Provider + Send + Sync>(
+    type Prepared<P> = PreparedNode<P, CAP, 16, 1>;
+
+    /// Runs `n` ranks as threads on `provider`, rank `r` on device `device(r)`, with queue
+    /// pair settings `qp` (default if `None`), and prints rank 0's barrier latencies.
+    pub fn threads<P: Provider + Send + Sync>(
         provider: &P,
         device: impl Fn(usize) -> String,
         qp: Option<QpConfig>,
@@ -125,7 +180,7 @@ mod world {
             .collect();
         let json = format!(r#"{{"nodes": [{}]}}"#, entries.join(", "));
         let config = NetworkConfig::from_json(&json).map_err(|e| e.to_string())?;
-        println!("network: {n} ranks, config {json}");
+        println!("network: {n} ranks as threads, config {json}");
 
         let channel = ChannelConfig {
             qp: qp.unwrap_or_default(),
@@ -144,7 +199,11 @@ mod world {
                         .spawn_scoped(t, move || {
                             let ctx = Context::open(provider, &device)
                                 .map_err(|e| format!("rank {rank}: {e}"))?;
-                            rank_main(&ctx, channel, config, &listener, rank, barriers, start)
+                            let connect = |prepared: Prepared<P>, app: &[u8]| {
+                                prepared.connect_tcp_with_listener(config, &listener, app, TIMEOUT)
+                            };
+                            let world = (rank, n);
+                            rank_main(&ctx, channel, world, connect, barriers, Some(start))
                         })
                         .map_err(|e| format!("spawn: {e}"))
                 })
@@ -154,13 +213,61 @@ mod world {
                 .map(|h| h?.join().unwrap_or_else(|_| Err("a rank panicked".into())))
                 .collect::<Result<_, String>>()
         })?;
+        let rank0 = results.into_iter().next().map(|r| r.0).unwrap_or_default();
+        report(rank0, n, barriers);
+        Ok(())
+    }
 
+    /// Runs this process as rank `bootstrap.rank` on `ctx`, meeting the others where
+    /// `bootstrap` says; rank 0 prints its barrier latencies. (Verbs only: simulated devices
+    /// live in one process.)
+    #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
+    pub fn process<P: Provider>(
+        ctx: &Context<P>,
+        bootstrap: Bootstrap,
+        qp: QpConfig,
+        barriers: usize,
+    ) -> Result<(), String> {
+        let (rank, n) = (bootstrap.rank as usize, bootstrap.world as usize);
+        if n > CAP {
+            return Err(format!("a world of {n} ranks: this example holds {CAP}"));
+        }
+        println!(
+            "network: rank {rank} of {n}, meeting at {:?}",
+            bootstrap.meeting
+        );
+        let channel = ChannelConfig {
+            qp,
+            ..ChannelConfig::default()
+        };
+        let connect = |prepared: Prepared<P>, app: &[u8]| {
+            prepared.connect_bootstrap(&bootstrap, app, TIMEOUT)
+        };
+        let (lat, nodes) = rank_main(ctx, &channel, (rank, n), connect, barriers, None)?;
+        // Every rank past its last barrier before any node is dropped (a node's queue pairs
+        // may still carry its last barrier message out): one more round out of band.
+        let rank32 = bootstrap.rank;
+        let done = match &bootstrap.meeting {
+            Meeting::Rendezvous(rv) => rv.all_gather(rank32, &[], TIMEOUT).map(drop),
+            Meeting::Config(config) => exchange(config, rank32, &[], TIMEOUT).map(drop),
+        };
+        done.map_err(|e| format!("rank {rank}: the closing round: {e}"))?;
+        drop(nodes);
+        if rank == 0 {
+            report(lat, n, barriers);
+        } else {
+            println!("rank {rank}: every algorithm checked");
+        }
+        Ok(())
+    }
+
+    /// Prints rank 0's barrier latencies.
+    fn report(rank0: Vec<(Algorithm, Vec<Duration>)>, n: usize, barriers: usize) {
         println!("\nper-barrier latency over {barriers} barriers, {n} ranks (rank 0's view):");
         println!(
             "{:<14} {:>10} {:>10} {:>10}",
             "algorithm", "median", "p99", "max"
         );
-        let rank0 = results.into_iter().next().map(|r| r.0).unwrap_or_default();
         for (alg, mut lat) in rank0 {
             lat.sort();
             let pick = |q: f64| {
@@ -175,21 +282,19 @@ mod world {
                 pick(1.0)
             );
         }
-        Ok(())
     }
 
-    /// One rank: for each algorithm, a node connected over TCP; a scatter/gather round; timed
-    /// barriers.
+    /// One rank of `(rank, n)`: for each algorithm, a node connected by `connect` (which
+    /// gets the prepared node and the app bytes to hand every rank); a scatter/gather
+    /// round; timed barriers, started together (`start`, for threads; else after a barrier).
     fn rank_main<P: Provider>(
         ctx: &Context<P>,
         channel: &ChannelConfig,
-        config: &NetworkConfig,
-        listener: &TcpListener,
-        rank: usize,
+        (rank, n): (usize, usize),
+        connect: impl Fn(Prepared<P>, &[u8]) -> Connected<P, CAP, 16, 1>,
         barriers: usize,
-        start: &Barrier,
+        start: Option<&Barrier>,
     ) -> Result<RankResult<P>, String> {
-        let n = config.len();
         let pd = ctx.alloc_pd().map_err(|e| e.to_string())?;
         let mut inbox = vec![0u8; n * CHUNK];
         let mut outbox: Vec<u8> = (0..n * CHUNK)
@@ -223,9 +328,8 @@ mod world {
             app.extend_from_slice(&mine.addr.to_le_bytes());
             app.extend_from_slice(&mine.len.to_le_bytes());
             app.extend_from_slice(&mine.rkey.to_le_bytes());
-            let (mut node, apps) = prepared
-                .connect_tcp_with_listener(config, listener, &app, TIMEOUT)
-                .map_err(|e| format!("rank {rank}: {e}"))?;
+            let (mut node, apps) =
+                connect(prepared, &app).map_err(|e| format!("rank {rank}: {e}"))?;
             let regions: Vec<RemoteRegion> = apps
                 .iter()
                 .map(|t| decode_region(t))
@@ -294,7 +398,10 @@ mod world {
                 println!("{alg:?}: endpoints exchanged over TCP, scatter_write + barrier + gather_read checked");
             }
 
-            start.wait();
+            match start {
+                Some(threads) => drop(threads.wait()),
+                None => node.barrier_all().map_err(|e| e.to_string())?,
+            }
             let mut lat = Vec::with_capacity(barriers);
             for _ in 0..barriers {
                 let t0 = Instant::now();

@@ -8,12 +8,17 @@
 #
 #   scripts/rxe-test.sh              conformance suite on rxe0 + on the simulator, and the
 #                                    differential table; then, in the same guest, the
-#                                    examples pingpong, network, async_remote_write and rpc_echo on
-#                                    rxe0 (--backend verbs);
+#                                    examples pingpong, network (ranks as threads, and as
+#                                    processes under mpirun -n 4 --bootstrap env),
+#                                    async_remote_write and rpc_echo on rxe0 (--backend verbs);
 #                                    exits non-zero if any of it fails
 #   scripts/rxe-test.sh --run PROG [ARGS...]
 #                                    run one host-built program in a fresh guest, exit with its
 #                                    status (usable as a cargo runner, see README)
+#   scripts/rxe-test.sh --mpi N PROG [ARGS...]
+#                                    the same with PROG started as N ranks by Open MPI's mpirun
+#                                    (one node, oversubscribed, ZVERBS_* and RUST_* forwarded);
+#                                    exit with mpirun's status
 #   scripts/rxe-test.sh --image      only build (or check) the cached guest image
 #   scripts/rxe-test.sh --can-run    exit 0 if this machine can run the guest (for CI)
 #   scripts/rxe-test.sh --shell      interactive guest shell (Ctrl-a x quits qemu)
@@ -31,7 +36,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$(readlink -f "$0")")/.." && pwd)
 W=${RXE_DIR:-$ROOT/target/rxe}
 TIMEOUT=${RXE_TIMEOUT:-900}
-RECIPE_VERSION=1
+RECIPE_VERSION=2
 
 log() { printf 'rxe-test: %s\n' "$*" >&2; }
 die() { log "$*"; exit 1; }
@@ -42,6 +47,12 @@ libibverbs1 librdmacm1 libibumad3 libnl-3-200 libnl-route-3-200 libc6 libgcc-s1 
 libelf1 libbpf1 libcap2 libdb5.3 libselinux1 libpcre2-8-0 libtirpc3 libtirpc-common
 libgssapi-krb5-2 libkrb5-3 libk5crypto3 libcom-err2 libkrb5support0 libkeyutils1 libssl3
 libxtables12 zlib1g libzstd1 liblzma5 libkmod2 libpci3 libudev1 libbsd0 libmd0"
+# Open MPI's launcher, for mpirun in the guest (--mpi): orterun/orted, the ORTE/OPAL plugins it
+# loads (in libopenmpi3) and the libraries they link against (ldd), nothing else: the ranks are
+# zverbs programs that take rank and size from the launcher's environment, not libmpi users, so
+# the plugins for MPI proper (ucx, ofi, psm, numa...) may lack their libraries.
+GUEST_MPI_PKGS="openmpi-bin openmpi-common libopenmpi3 libpmix2 libmunge2 libevent-core-2.1-7
+libevent-pthreads-2.1-7 libhwloc15"
 # Kernel modules (with their dependency closure). crc32_generic: rdma_rxe needs the "crc32"
 # shash but does not declare it.
 GUEST_MODS="rdma_rxe crc32_generic ib_uverbs ib_umad rdma_ucm rdma_cm virtio_pci 9p
@@ -57,6 +68,9 @@ guest_init() {
 /bin/busybox --install -s 2>/dev/null
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root
 mount -t tmpfs tmpfs /tmp
+# For mpirun: shared memory and a host name (the image's /etc/hosts knows it).
+mkdir -p /dev/shm && mount -t tmpfs tmpfs /dev/shm
+hostname rxe
 ip link set lo up
 # No udev: load virtio and 9p ourselves.
 modprobe -a virtio_pci 9pnet_virtio 9p
@@ -81,7 +95,7 @@ EOF
 }
 
 recipe_hash() {
-  { echo "$RECIPE_VERSION"; echo "$GUEST_PKGS"; echo "$GUEST_MODS"; guest_init; } | sha256sum | cut -c1-16
+  { echo "$RECIPE_VERSION"; echo "$GUEST_PKGS $GUEST_MPI_PKGS"; echo "$GUEST_MODS"; guest_init; } | sha256sum | cut -c1-16
 }
 
 # Prints the relative paths of modules $2.. and their dependencies under module dir $1.
@@ -120,7 +134,7 @@ build_image() {
     sed -n 's/.*Depends: \(linux-image-[0-9].*\)/\1/p' | head -1)
   [ -n "$kpkg" ] || die "cannot resolve linux-image-amd64: run scripts/install-verbs-deps.sh (apt lists)"
   # shellcheck disable=SC2086
-  (cd "$W/debs" && apt-get download -q $kpkg $GUEST_PKGS 2>&1 | grep -v -e unsandboxed -e '^Get:' >&2 || true)
+  (cd "$W/debs" && apt-get download -q $kpkg $GUEST_PKGS $GUEST_MPI_PKGS 2>&1 | grep -v -e unsandboxed -e '^Get:' >&2 || true)
   deb() { ls "$W"/debs/"$1"_*.deb 2>/dev/null | sort -V | tail -1; }
   [ -n "$(deb "$kpkg")" ] || die "download of $kpkg failed"
 
@@ -140,10 +154,21 @@ open(sys.argv[2], 'wb').write(out)
 EOF
 
   local r=$W/rootfs p f
-  for p in $GUEST_PKGS; do
+  for p in $GUEST_PKGS $GUEST_MPI_PKGS; do
     f=$(deb "$p"); [ -n "$f" ] || die "download of $p failed"
     dpkg -x "$f" "$r"
   done
+  # What maintainer scripts and base-files would provide: the alternatives' mpirun, and for
+  # Open MPI a user name for uid 0 (getpwuid) and a resolvable host name.
+  ln -sf mpirun.openmpi "$r/usr/bin/mpirun"
+  mkdir -p "$r/etc"
+  echo 'root:x:0:0:root:/root:/bin/sh' > "$r/etc/passwd"
+  echo 'root:x:0:' > "$r/etc/group"
+  printf '127.0.0.1 localhost\n127.0.1.1 rxe\n' > "$r/etc/hosts"
+  printf 'passwd: files\ngroup: files\nhosts: files\n' > "$r/etc/nsswitch.conf"
+  # Single node and no ssh: the isolated launcher (mpirun's default, rsh, fails without an agent).
+  printf '\nplm = isolated\n' >> "$r/etc/openmpi/openmpi-mca-params.conf"
+  echo rxe > "$r/etc/hostname"
   rm -rf "$r"/usr/share/{doc,man,info,locale,bash-completion,lintian} "$r"/usr/lib/x86_64-linux-gnu/gconv
   mkdir -p "$r"/{proc,sys,dev,tmp,run,mnt/host,root}
   local m
@@ -194,12 +219,18 @@ can_run() {
   echo "the rxe leg can run here"
 }
 
+# guest_vars: the names of the variables guest_exports exports.
+guest_vars() {
+  echo ZVERBS_DEVICE
+  compgen -e | grep -E '^(RUST_|ZVERBS_)' | grep -v '^ZVERBS_DEVICE$' || true
+}
+
 # guest_exports: the guest script's environment (ZVERBS_DEVICE, default rxe0, and the
 # caller's ZVERBS_* and RUST_* variables).
 guest_exports() {
   printf 'export ZVERBS_DEVICE=%q\n' "${ZVERBS_DEVICE:-rxe0}"
   local v
-  for v in $(compgen -e | grep -E '^(RUST_|ZVERBS_)' | grep -v '^ZVERBS_DEVICE$'); do
+  for v in $(guest_vars | grep -v '^ZVERBS_DEVICE$'); do
     printf 'export %s=%q\n' "$v" "${!v}"
   done
   printf 'cd /mnt/host\n'
@@ -215,6 +246,18 @@ guest_step() {
   printf ' >/mnt/host/%s.out 2>/mnt/host/%s.err\n' "$name" "$name"
   printf 'echo $? >/mnt/host/%s.rc\n' "$name"
   printf 'echo "%s $t0 $(cut -d" " -f1 /proc/uptime)" >>/mnt/host/times\n' "$name"
+}
+
+# guest_mpi_step NAME N [VAR=VALUE...] CMD [ARGS...]: like guest_step, with CMD started as N
+# ranks by Open MPI's mpirun (one node, more ranks than CPUs allowed), each rank seeing the
+# variables of guest_exports and the VAR=VALUE given: -x names each one (Open MPI 4.1's -x
+# takes no wildcards).
+guest_mpi_step() {
+  local name=$1 n=$2; shift 2
+  local x=() v
+  for v in $(guest_vars); do x+=(-x "$v"); done
+  while [[ ${1:-} =~ ^[A-Z_][A-Z0-9_]*= ]]; do x+=(-x "$1"); shift; done
+  guest_step "$name" mpirun --allow-run-as-root --oversubscribe -n "$n" "${x[@]}" "$@"
 }
 
 # boot_share DIR: boots a guest that runs DIR/test.sh; sets GUEST_SECONDS; shows the console
@@ -239,15 +282,19 @@ step_status() {
   return 125
 }
 
-# run_in_guest PROG [ARGS...]: runs PROG in a fresh guest; its stdout/stderr are printed;
-# returns its exit status (125 if it did not finish).
+# run_in_guest N PROG [ARGS...]: runs PROG in a fresh guest, as N ranks under mpirun if N > 0;
+# its stdout/stderr are printed; returns its exit status (mpirun's if N > 0; 125 if it did not
+# finish).
 run_in_guest() {
-  local prog; prog=$(readlink -f "$1"); shift
+  local n=$1 prog; prog=$(readlink -f "$2"); shift 2
   [ -x "$prog" ] || die "not an executable: $prog"
   mkdir -p "$W/runs"
   local d; d=$(mktemp -d "$W/runs/run.XXXXXX")
   cp "$prog" "$d/prog"
-  { guest_exports; guest_step prog ./prog "$@"; } > "$d/test.sh"
+  {
+    guest_exports
+    if [ "$n" -gt 0 ]; then guest_mpi_step prog "$n" ./prog "$@"; else guest_step prog ./prog "$@"; fi
+  } > "$d/test.sh"
   boot_share "$d"
   LAST_RUN=$d
   local rc=0
@@ -334,12 +381,14 @@ conformance() {
     guest_step conformance env ZVERBS_CONFORMANCE_OUT=/mnt/host/rxe.tsv ./conformance --test-threads=2
     guest_step pingpong ./pingpong --backend verbs "$rounds"
     guest_step network ./network --backend verbs --nodes "$nodes" --barriers "$barriers"
+    guest_mpi_step network_mpi "$nodes" ZVERBS_ROOT=127.0.0.1:29600 \
+      ./network --backend verbs --bootstrap env --barriers "$barriers"
     guest_step async_remote_write ./async_remote_write --backend verbs
     guest_step rpc_echo ./rpc_echo --backend verbs --calls "$rounds" --secs 1
   } > "$d/test.sh"
   boot_share "$d"
   local out=$W/outcomes; mkdir -p "$out"; rm -f "$out"/{rxe,sim}.tsv
-  local grc=0 prc=0 nrc=0 arc=0 rrc=0
+  local grc=0 prc=0 nrc=0 mrc=0 arc=0 rrc=0
   step_status "$d" conformance || grc=$?
   [ -f "$d/rxe.tsv" ] && cp "$d/rxe.tsv" "$out/rxe.tsv"
   log "guest leg: ${GUEST_SECONDS} s (boot, conformance suite, examples); in the guest:"
@@ -363,6 +412,9 @@ conformance() {
   echo "== examples on rxe0: network --backend verbs --nodes $nodes --barriers $barriers =="
   step_status "$d" network || nrc=$?
   echo
+  echo "== examples on rxe0: mpirun -n $nodes network --backend verbs --bootstrap env --barriers $barriers =="
+  step_status "$d" network_mpi || mrc=$?
+  echo
   echo "== examples on rxe0: async_remote_write --backend verbs =="
   step_status "$d" async_remote_write || arc=$?
   echo
@@ -372,10 +424,10 @@ conformance() {
     log "rpc_echo allocated on the data path"; rrc=1
   fi
   echo
-  log "conformance on rxe: status $grc; on the simulator: status $src; sim-rxe vs rxe table: status $trc; pingpong: status $prc; network: status $nrc; async_remote_write: status $arc; rpc_echo: status $rrc"
+  log "conformance on rxe: status $grc; on the simulator: status $src; sim-rxe vs rxe table: status $trc; pingpong: status $prc; network: status $nrc; network under mpirun: status $mrc; async_remote_write: status $arc; rpc_echo: status $rrc"
   [ "${RXE_KEEP:-0}" = 1 ] && log "kept $d" || rm -rf "$d"
   [ "$grc" = 0 ] && [ "$src" = 0 ] && [ "$trc" = 0 ] && [ "$prc" = 0 ] && [ "$nrc" = 0 ] &&
-    [ "$arc" = 0 ] && [ "$rrc" = 0 ]
+    [ "$mrc" = 0 ] && [ "$arc" = 0 ] && [ "$rrc" = 0 ]
 }
 
 case "${1:-}" in
@@ -383,11 +435,16 @@ case "${1:-}" in
   --image) build_image; ls -la "$W/out" ;;
   --can-run) can_run ;;
   --shell) build_image; mkdir -p "$W/runs"; boot "$(mktemp -d "$W/runs/shell.XXXXXX")" shell ;;
-  --run)
+  --run|--mpi)
+    n=0
+    if [ "$1" = --mpi ]; then
+      [ $# -ge 3 ] && [[ $2 =~ ^[1-9][0-9]*$ ]] || die "usage: $0 --mpi N PROGRAM [ARGS...]"
+      n=$2; shift
+    fi
     shift
     [ $# -ge 1 ] || die "usage: $0 --run PROGRAM [ARGS...]"
     build_image
-    rc=0; run_in_guest "$@" || rc=$?
+    rc=0; run_in_guest "$n" "$@" || rc=$?
     [ "${RXE_KEEP:-0}" = 1 ] && log "kept $LAST_RUN" || rm -rf "$LAST_RUN"
     exit "$rc"
     ;;

@@ -31,6 +31,15 @@ pub enum ConnectError<E> {
     PeerNotReady,
     /// The deadline passed (the timeout of the channel configuration).
     Timeout,
+    /// The meeting of a [`Bootstrap`](crate::bootstrap::Bootstrap) failed
+    /// ([`Connection::bootstrap`](super::Connection::bootstrap)).
+    Exchange(crate::bootstrap::ExchangeError),
+    /// A peer handed this rank no endpoints: it did not name this rank among its peers
+    /// ([`Connection::bootstrap`](super::Connection::bootstrap)).
+    Unpaired {
+        /// The peer.
+        peer: u32,
+    },
 }
 
 impl<E: core::fmt::Debug> core::fmt::Display for ConnectError<E> {
@@ -42,6 +51,11 @@ impl<E: core::fmt::Debug> core::fmt::Display for ConnectError<E> {
             ConnectError::Verbs(e) => write!(f, "connection set-up: {e:?}"),
             ConnectError::PeerNotReady => write!(f, "connection set-up: the peer is not ready"),
             ConnectError::Timeout => write!(f, "connection set-up timed out"),
+            ConnectError::Exchange(e) => write!(f, "connection set-up: {e}"),
+            ConnectError::Unpaired { peer } => write!(
+                f,
+                "connection set-up: rank {peer} handed this rank no endpoints (does it name it a peer?)"
+            ),
         }
     }
 }

@@ -80,6 +80,7 @@ mod buf;
 mod connect;
 mod future;
 mod group;
+mod mesh;
 mod queue;
 mod reactor;
 mod remote;

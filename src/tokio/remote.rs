@@ -20,7 +20,7 @@ use super::wire::{
     Msg, WireError, GRANT, MSG_LEN, REFUSE, REFUSED_BAD, REFUSED_EXHAUSTED, REMOTE_RIGHTS,
 };
 use super::AsyncChannel;
-use crate::channel::ChannelConfig;
+use crate::channel::{Channel, ChannelConfig, PreparedChannel};
 use crate::device::{Context, ProtectionDomain};
 use crate::error::Error;
 use crate::mr::RemoteRegion;
@@ -221,6 +221,83 @@ struct Lease<P: Provider> {
 
 static CONNECTIONS: AtomicU64 = AtomicU64::new(1);
 
+/// One side of a connection before it connects: its data and control channels, prepared,
+/// on its own device context, domain and pool.
+pub(super) struct Half<P: Provider + 'static> {
+    data: PreparedChannel<P>,
+    ctrl: PreparedChannel<P, 16, 1>,
+    // Dropped after the channels (fields drop in order).
+    own: Owned<P>,
+}
+
+/// A side whose channels are at RTS.
+pub(super) struct Joined<P: Provider + 'static> {
+    data: Channel<P>,
+    ctrl: Channel<P, 16, 1>,
+    own: Owned<P>,
+}
+
+/// What a side holds besides its channels.
+struct Owned<P: Provider + 'static> {
+    config: ChannelConfig,
+    pool: MrPool<P>,
+    pd: ProtectionDomain<P>,
+    ctx: Context<P>,
+}
+
+impl<P: Provider + 'static> Half<P> {
+    /// Opens `device`, allocates a protection domain and a pool of `pool_bytes`, and
+    /// prepares the data channel (`config`) and the control channel (no timeout: its
+    /// receives wait as long as the connection lives; requests are bounded by
+    /// `config.timeout` where they wait for answers).
+    pub(super) fn open(
+        provider: &P,
+        device: &str,
+        pool_bytes: usize,
+        config: &ChannelConfig,
+    ) -> Result<Self, Error<P::Error>> {
+        let ctx = Context::open(provider, device)?;
+        let pd = ctx.alloc_pd()?;
+        let pool = MrPool::new(&pd, pool_bytes)?;
+        let data = AsyncChannel::<P>::prepare(&ctx, &pd, config)?;
+        let ctrl_config = ChannelConfig {
+            timeout: None,
+            ..*config
+        };
+        let ctrl = AsyncChannel::<P, LocalBuf<P>, 16, 1>::prepare(&ctx, &pd, &ctrl_config)?;
+        let own = Owned {
+            config: *config,
+            pool,
+            pd,
+            ctx,
+        };
+        Ok(Half { data, ctrl, own })
+    }
+
+    /// What the peer needs: the data, then the control endpoint.
+    pub(super) fn endpoints(&self) -> [u8; 2 * ENDPOINT_LEN] {
+        let mut mine = [0u8; 2 * ENDPOINT_LEN];
+        mine[..ENDPOINT_LEN].copy_from_slice(&self.data.endpoint().encode());
+        mine[ENDPOINT_LEN..].copy_from_slice(&self.ctrl.endpoint().encode());
+        mine
+    }
+
+    /// Connects both channels to the peer's `theirs` (its [`endpoints`](Self::endpoints)).
+    pub(super) fn join(self, theirs: &[u8]) -> Result<Joined<P>, ConnectError<P::Error>> {
+        let (Some(d), Some(c)) = (theirs.get(..ENDPOINT_LEN), theirs.get(ENDPOINT_LEN..)) else {
+            return Err(ConnectError::Endpoint(crate::qp::EndpointError::Length {
+                got: theirs.len(),
+            }));
+        };
+        let (d, c) = (Endpoint::decode(d)?, Endpoint::decode(c)?);
+        Ok(Joined {
+            data: self.data.connect(&d)?,
+            ctrl: self.ctrl.connect(&c)?,
+            own: self.own,
+        })
+    }
+}
+
 impl<P: Provider + 'static> Connection<P> {
     /// Connects to a peer listening at `addr` ([`listen`](Self::listen)): opens `device`,
     /// allocates a protection domain and a pool of `pool_bytes`, and sets up the data and
@@ -256,40 +333,31 @@ impl<P: Provider + 'static> Connection<P> {
         pool_bytes: usize,
         config: &ChannelConfig,
     ) -> Result<Self, ConnectError<P::Error>> {
-        let ctx = Context::open(provider, device)?;
-        let pd = ctx.alloc_pd()?;
-        let pool = MrPool::new(&pd, pool_bytes)?;
-        let data = AsyncChannel::<P>::prepare(&ctx, &pd, config)?;
-        // Control receives wait as long as the connection lives: no timeout on that queue
-        // pair (requests are bounded by `config.timeout` where they wait for answers).
-        let ctrl_config = ChannelConfig {
-            timeout: None,
-            ..*config
-        };
-        let ctrl = AsyncChannel::<P, LocalBuf<P>, 16, 1>::prepare(&ctx, &pd, &ctrl_config)?;
-        let mut mine = [0u8; 2 * ENDPOINT_LEN];
-        mine[..ENDPOINT_LEN].copy_from_slice(&data.endpoint().encode());
-        mine[ENDPOINT_LEN..].copy_from_slice(&ctrl.endpoint().encode());
-        let theirs = setup.exchange(&mine, 2 * ENDPOINT_LEN).await?;
-        let (Some(d), Some(c)) = (theirs.get(..ENDPOINT_LEN), theirs.get(ENDPOINT_LEN..)) else {
-            return Err(ConnectError::Endpoint(crate::qp::EndpointError::Length {
-                got: theirs.len(),
-            }));
-        };
-        let (d, c) = (Endpoint::decode(d)?, Endpoint::decode(c)?);
-        let connected = data
-            .connect(&d)
-            .and_then(|data| Ok((data, ctrl.connect(&c)?)));
-        let (data, ctrl) = match connected {
-            Ok(chs) => chs,
+        let half = Half::open(provider, device, pool_bytes, config)?;
+        let theirs = setup.exchange(&half.endpoints(), 2 * ENDPOINT_LEN).await?;
+        match half.join(&theirs).and_then(Self::assemble) {
+            Ok(connection) => {
+                setup.confirm(true).await?;
+                Ok(connection)
+            }
             Err(e) => {
                 let _ = setup.confirm::<P::Error>(false).await;
-                return Err(ConnectError::Verbs(e));
+                Err(e)
             }
-        };
+        }
+    }
+
+    /// The connection over `joined`'s channels (at RTS), its control loop spawned.
+    pub(super) fn assemble(joined: Joined<P>) -> Result<Self, ConnectError<P::Error>> {
+        let Joined { data, ctrl, own } = joined;
+        let Owned {
+            config,
+            pool,
+            pd,
+            ctx,
+        } = own;
         let data = AsyncChannel::new(data)?;
         let ctrl = AsyncChannel::new(ctrl)?;
-        setup.confirm(true).await?;
         let inner = Arc::new(Inner {
             id: CONNECTIONS.fetch_add(1, Ordering::Relaxed),
             ctrl,
@@ -306,7 +374,7 @@ impl<P: Provider + 'static> Connection<P> {
             news: Notify::new(),
             asking: tokio::sync::Mutex::new(()),
             runtime: tokio::runtime::Handle::current(),
-            config: *config,
+            config,
             pool,
             pd,
             _ctx: ctx,

@@ -304,46 +304,88 @@ fn parcels_out_of_protocol_are_refused() {
     }
 }
 
-/// Rounds back to back, the root binding the port itself each round (`all_gather` at rank
-/// 0): a rank done with one round dials for the next while the root may still be
-/// answering the others on the last round's listener. Its connection, queued there, is
-/// reset when that listener closes; the rank dials again rather than fail.
+/// Rounds back to back: a rank done with one round dials for the next while the root may
+/// still be answering the others. With the root on one listener for all rounds
+/// (`Rendezvous::listen`), the connection waits there for the next round; with the root
+/// binding the port each round (`all_gather` at rank 0), it may be queued on the last
+/// round's listener and reset when that closes: the rank dials again.
 #[test]
-fn rounds_back_to_back_on_a_port_the_root_binds_each_round() {
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
-    let world = 48;
-    let rv = Rendezvous {
-        root: port,
-        id: ID,
-        world,
-    };
-    thread::scope(|s| {
-        let ranks: Vec<_> = (0..world)
-            .map(|r| {
-                thread::Builder::new()
-                    .stack_size(256 << 10)
-                    .spawn_scoped(s, move || {
-                        for round in 0..20u8 {
-                            let mine = [round, r as u8];
-                            let all = rv
-                                .all_gather(r, &mine, LONG)
-                                .map_err(|e| format!("rank {r}, round {round}: {e}"))?;
-                            let want: Vec<Vec<u8>> =
-                                (0..world).map(|p| vec![round, p as u8]).collect();
-                            if all != want {
-                                return Err(format!("rank {r}, round {round}: {all:?}"));
+fn rounds_back_to_back_on_one_root_listener_or_one_per_round() {
+    for once in [true, false] {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let world = 48;
+        let rv = Rendezvous {
+            root: port,
+            id: ID,
+            world,
+        };
+        thread::scope(|s| {
+            let ranks: Vec<_> = (0..world)
+                .map(|r| {
+                    thread::Builder::new()
+                        .stack_size(256 << 10)
+                        .spawn_scoped(s, move || {
+                            let listener = (r == 0 && once).then(|| rv.listen().unwrap());
+                            for round in 0..20u8 {
+                                let mine = [round, r as u8];
+                                let all = match &listener {
+                                    Some(l) => rv.all_gather_on(l, &mine, LONG),
+                                    None => rv.all_gather(r, &mine, LONG),
+                                };
+                                let all =
+                                    all.map_err(|e| format!("rank {r}, round {round}: {e}"))?;
+                                let want: Vec<Vec<u8>> =
+                                    (0..world).map(|p| vec![round, p as u8]).collect();
+                                if all != want {
+                                    return Err(format!("rank {r}, round {round}: {all:?}"));
+                                }
                             }
-                        }
-                        Ok::<(), String>(())
-                    })
-                    .unwrap()
-            })
-            .collect();
-        for h in ranks {
-            h.join().unwrap().unwrap();
+                            Ok::<(), String>(())
+                        })
+                        .unwrap()
+                })
+                .collect();
+            for h in ranks {
+                h.join().unwrap().unwrap();
+            }
+        });
+    }
+}
+
+/// A rank that says its hello and dies: the rendezvous ends within the deadline either way.
+/// The root delivered before it could tell (every live rank has the whole table, the dead
+/// rank's payload in it), or it names the rank it lost and stops: then a live rank has the
+/// table, or sees the root end their connection.
+#[test]
+fn a_rank_that_dies_after_its_hello_is_named_or_harmless() {
+    for _ in 0..10 {
+        let (l, rv) = root(4);
+        let start = Instant::now();
+        let all = run(&l, rv, LONG, &[2], |root| {
+            let mut whole = hello(2, ID, 4);
+            encode_frame(4, &[], &mut whole).unwrap();
+            stranger(root, &whole, Duration::ZERO)
+        });
+        assert!(start.elapsed() < LONG, "bounded: {all:?}");
+        let mut want = table(4);
+        want[2] = b"forged".to_vec();
+        let lost = match all[0].as_ref().unwrap() {
+            Ok(got) => {
+                assert_eq!(got, &want);
+                false
+            }
+            Err(ExchangeError::Lost { rank: 2, .. }) => true,
+            Err(e) => panic!("root: {e}"),
+        };
+        for r in [1, 3] {
+            match all[r].as_ref().unwrap() {
+                Ok(got) => assert_eq!(got, &want, "rank {r}"),
+                Err(ExchangeError::Truncated { .. } | ExchangeError::Io { .. }) if lost => {}
+                Err(e) => panic!("rank {r}: {e}"),
+            }
         }
-    });
+    }
 }

@@ -76,6 +76,15 @@ pub enum ExchangeError {
         /// The address of the second connection.
         peer: SocketAddr,
     },
+    /// A rank heard from went away before everything it was owed reached it.
+    Lost {
+        /// The rank.
+        rank: u32,
+        /// Its address.
+        peer: SocketAddr,
+        /// What the connection said.
+        source: io::Error,
+    },
     /// The environment gives no place in a world (see
     /// [`launch`](super::launch)).
     Launch(super::launch::LaunchError),
@@ -202,6 +211,12 @@ impl fmt::Display for ExchangeError {
                 write!(f, "peer {peer} claims rank {rank}, which already connected")
             }
             ExchangeError::Launch(e) => write!(f, "{e}"),
+            ExchangeError::Lost { rank, peer, source } => {
+                write!(
+                    f,
+                    "rank {rank} ({peer}) went away before its reply reached it: {source}"
+                )
+            }
             ExchangeError::NoRoot => f.write_str(
                 "no rendezvous root: the launcher names none; set ZVERBS_ROOT=host:port",
             ),
@@ -255,7 +270,8 @@ impl std::error::Error for ExchangeError {
         match self {
             ExchangeError::Bind { source, .. }
             | ExchangeError::Io { source, .. }
-            | ExchangeError::Unresolved { source, .. } => Some(source),
+            | ExchangeError::Unresolved { source, .. }
+            | ExchangeError::Lost { source, .. } => Some(source),
             ExchangeError::Launch(e) => Some(e),
             _ => None,
         }

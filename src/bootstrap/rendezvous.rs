@@ -9,9 +9,9 @@
 //! Protocol, in the [frames](super::frame) of the exchanger:
 //!
 //! - A rank dials the root, retrying with a backoff (5 ms doubling to 100 ms) while the
-//!   root is not up yet or closes the connection unanswered (one queued on the listener of
-//!   the root's previous round), and sends its hello: a frame of its rank and a payload of
-//!   the id (8 bytes, big-endian), the world size (4 bytes) and its own payload; then a frame per
+//!   root is not up yet (or resets the connection unanswered: one queued on a listener the
+//!   root closed), and sends its hello: a frame of its rank and a payload of the id
+//!   (8 bytes, big-endian), the world size (4 bytes) and its own payload; then a frame per
 //!   parcel ([`route`](Rendezvous::route)), the addressee's rank in the rank field,
 //!   addressees ascending; then an end frame, the world size as rank, empty.
 //! - The root reads each connection's frame on a thread of its own, each read bounded by
@@ -184,14 +184,26 @@ impl Rendezvous {
         if rank != 0 {
             return self.join(rank, payload, parcels, deadline);
         }
+        self.serve(&self.listen()?, payload, parcels, deadline)
+    }
+
+    /// The root's listener: the root's port on every address of the root's family. Rank
+    /// 0's [`route`](Self::route) and [`all_gather`](Self::all_gather) bind one for the
+    /// call and close it at the end; a root that runs several rounds binds it once and
+    /// calls [`route_on`](Self::route_on) / [`all_gather_on`](Self::all_gather_on) with it.
+    /// (A rank done with one round may dial for the next while the root still answers the
+    /// others: on a listener closed between rounds its connection is queued, then reset,
+    /// and it dials again after a backoff.)
+    ///
+    /// # Errors
+    /// [`ExchangeError::Bind`] when the port cannot be bound.
+    pub fn listen(&self) -> Result<TcpListener, ExchangeError> {
         let any = match self.root.ip() {
             IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
             IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
         };
         let addr = SocketAddr::new(any, self.root.port());
-        let listener =
-            TcpListener::bind(addr).map_err(|source| ExchangeError::Bind { addr, source })?;
-        self.serve(&listener, payload, parcels, deadline)
+        TcpListener::bind(addr).map_err(|source| ExchangeError::Bind { addr, source })
     }
 
     /// As [`route`](Self::route) for rank 0, on a listener the caller bound.
@@ -404,12 +416,18 @@ impl Rendezvous {
         let shared = &send;
         let table = &table;
         thread::scope(|scope| {
-            for (conn, reply) in conns.into_iter().zip(&replies) {
+            for ((rank, conn), reply) in (0u32..).zip(conns).zip(&replies) {
                 let Some((stream, peer)) = conn else { continue };
                 spawn(scope, shared, format!("zverbs-root-to-{peer}"), move || {
                     let mut conn = Conn::new(stream, peer, shared)?;
-                    conn.send(table)?;
-                    conn.send(reply)
+                    conn.send(table)
+                        .and_then(|()| conn.send(reply))
+                        .map_err(|h| match h {
+                            Halt::Failed(ExchangeError::Io { source, .. }) => {
+                                Halt::Failed(ExchangeError::Lost { rank, peer, source })
+                            }
+                            h => h,
+                        })
                 });
             }
         });
@@ -517,11 +535,12 @@ fn widen_backlog(_: &TcpListener) {}
 
 /// Dials `root` until it answers or the deadline passes.
 /// Dials the root, sends the hello and waits for the first bytes of the reply, dialing
-/// again while the root closes the connection before saying anything: a connection the
-/// kernel queued on the listener of the root's previous round (a rank that starts the
-/// next round while the root still answers others) is reset when that listener closes,
-/// unheard. The reply comes as frames back to back: it is read through a buffer, not a
-/// bounded read (and its timeout) per header and payload.
+/// again while the connection is reset before the root says anything: a connection the
+/// kernel queued on a listener the root then closed (a rank early for the root's next
+/// call, while the root still answers the others of its last) is reset, unheard. An
+/// orderly close is no reason to dial again: the root heard this rank and gave up (the
+/// frame reader says so). The reply comes as frames back to back: it is read through a
+/// buffer, not a bounded read (and its timeout) per header and payload.
 fn answered<'s, 'f>(
     shared: &'s Shared<'f>,
     root: SocketAddr,
@@ -530,18 +549,17 @@ fn answered<'s, 'f>(
     loop {
         let stream = dial(shared, root)?;
         let mut conn = Conn::new(stream, root, shared)?;
-        // Past this match: the root closed the connection unheard.
+        // Past this match: the connection was reset unanswered.
         match conn.send_frame() {
             Ok(()) => {
                 let mut reply = BufReader::with_capacity(REPLY_BUFFER, conn);
                 match reply.fill_buf() {
-                    Ok([]) => {}
                     Ok(_) => return Ok(reply),
-                    Err(e) if closed(&e) => {}
+                    Err(e) if reset(&e) => {}
                     Err(e) => return Err(halt(root, FrameError::Io(e))),
                 }
             }
-            Err(Halt::Failed(ExchangeError::Io { source, .. })) if closed(&source) => {}
+            Err(Halt::Failed(ExchangeError::Io { source, .. })) if reset(&source) => {}
             Err(h) => return Err(h),
         }
         let left = shared.remaining().ok_or(Halt::Stopped)?;
@@ -550,14 +568,13 @@ fn answered<'s, 'f>(
     }
 }
 
-/// Whether `e` says the peer closed the connection.
-fn closed(e: &io::Error) -> bool {
+/// Whether `e` says the connection was reset.
+fn reset(e: &io::Error) -> bool {
     matches!(
         e.kind(),
         io::ErrorKind::ConnectionReset
             | io::ErrorKind::ConnectionAborted
             | io::ErrorKind::BrokenPipe
-            | io::ErrorKind::UnexpectedEof
     )
 }
 

@@ -295,6 +295,12 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
                 world: rv.world as usize,
             });
         }
+        // One listener at the root for both rounds (see `Rendezvous::listen`).
+        let bound = match listener {
+            None if rank == 0 => Some(rv.listen().map_err(NodeError::Exchange)?),
+            _ => None,
+        };
+        let listener = listener.or(bound.as_ref());
         let gather = |payload: &[u8]| {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             match listener {

@@ -3,6 +3,7 @@
 //! all-to-all over its configuration; then a readiness round, so that no rank returns
 //! before every rank's queue pairs are at RTS. One deadline bounds all of it.
 
+use std::net::TcpListener;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -112,7 +113,8 @@ impl<P: Provider + 'static> Connection<P> {
 /// all-to-all exchange (which a second exchange on the same ports could not follow at
 /// once: a rank done with the first may dial a peer still accepting for it).
 enum Round {
-    Rendezvous(Rendezvous),
+    /// The rendezvous, and at the root its listener.
+    Rendezvous(Rendezvous, Option<TcpListener>),
     Session(Session),
 }
 
@@ -127,12 +129,21 @@ async fn meet<E>(
     match bootstrap.meeting.clone() {
         Meeting::Rendezvous(rv) => {
             let left = deadline.saturating_duration_since(Instant::now());
-            let theirs = blocking(move || {
+            // The root listens once for both rounds (see `Rendezvous::listen`).
+            let root = match rank {
+                0 => Some(rv.listen().map_err(ConnectError::Exchange)?),
+                _ => None,
+            };
+            let (theirs, root) = blocking(move || {
                 let parcels: Vec<(u32, &[u8])> = mine.iter().map(|(p, e)| (*p, &e[..])).collect();
-                rv.route(rank, &[], &parcels, left).map(|r| r.parcels)
+                match &root {
+                    Some(l) => rv.route_on(l, &[], &parcels, left),
+                    None => rv.route(rank, &[], &parcels, left),
+                }
+                .map(|r| (r.parcels, root))
             })
             .await?;
-            Ok((theirs, Round::Rendezvous(rv)))
+            Ok((theirs, Round::Rendezvous(rv, root)))
         }
         Meeting::Config(config) => {
             let mut payload = Vec::with_capacity(mine.len() * RECORD);
@@ -166,12 +177,17 @@ async fn ready_round<E>(
     ready: bool,
     deadline: Instant,
 ) -> Result<(), ConnectError<E>> {
-    let rv = match round {
+    let (rv, root) = match round {
         Round::Session(session) => return blocking(move || session.confirm(ready)).await,
-        Round::Rendezvous(rv) => rv,
+        Round::Rendezvous(rv, root) => (rv, root),
     };
     let left = deadline.saturating_duration_since(Instant::now());
-    let all = blocking(move || rv.all_gather(rank, &[u8::from(ready)], left)).await?;
+    let say = [u8::from(ready)];
+    let all = blocking(move || match &root {
+        Some(l) => rv.all_gather_on(l, &say, left),
+        None => rv.all_gather(rank, &say, left),
+    })
+    .await?;
     let failed: Vec<u32> = (0u32..)
         .zip(&all)
         .filter(|(_, r)| r.as_slice() != [1])

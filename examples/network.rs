@@ -52,6 +52,8 @@ const USAGE: &str = "usage: network [--backend sim|verbs] [--device NAME] \
 
 fn run() -> Result<(), String> {
     let args = Args::parse(&["--nodes", "--barriers", "--bootstrap", "--rank"])?;
+    // Unused in a build without a backend, which only says which feature to enable.
+    #[cfg_attr(not(any(feature = "sim", feature = "verbs")), allow(unused_variables))]
     let (meet, extra) = match (args.value("--bootstrap"), args.positional()) {
         (None | Some("threads"), rest) => (Meet::Threads, rest),
         (Some("env"), rest) => (Meet::Env, rest),

@@ -66,6 +66,8 @@ extern crate std;
 #[cfg(feature = "std")]
 pub mod bootstrap;
 pub mod channel;
+#[cfg(all(feature = "std", unix))]
+pub mod cm;
 pub mod cq;
 pub mod device;
 #[cfg(feature = "std")]

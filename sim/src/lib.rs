@@ -87,6 +87,7 @@
 #![deny(missing_docs, unsafe_op_in_unsafe_fn)]
 
 mod api;
+pub mod cm;
 mod config;
 mod counters;
 mod gate;

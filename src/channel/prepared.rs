@@ -151,6 +151,14 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> PreparedChannel<P, DEPT
         Ok((ch, r))
     }
 
+    /// Takes what a connection manager decided for this side (see
+    /// [`QueuePair::take_path`](crate::qp::QueuePair)): the source GID's index and the
+    /// first PSN.
+    #[cfg(all(feature = "std", unix))]
+    pub(crate) fn take_path(&mut self, sgid_index: u8, psn: u32) {
+        self.qp.take_path(sgid_index, psn);
+    }
+
     /// Connects to the peer at `remote` (INIT → RTR → RTS).
     pub fn connect(self, remote: &Endpoint) -> Result<Channel<P, DEPTH, SGES>, Error<P::Error>> {
         let qp = self

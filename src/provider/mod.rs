@@ -19,6 +19,8 @@
 //! # }
 //! ```
 
+#[cfg(all(feature = "std", unix))]
+pub mod cm;
 #[cfg(feature = "sim")]
 pub mod sim;
 #[cfg(feature = "verbs")]

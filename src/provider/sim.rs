@@ -57,6 +57,9 @@ pub use zverbs_sim::{
     PacketKind, QpCounters, SimError, TraceEvent, TraceKind,
 };
 
+use std::net::{IpAddr, SocketAddr};
+
+use super::cm::{CmEvent, CmPath, ConnParam, ConnectionManager, PortSpace};
 use super::AhAttr;
 use super::{PathAttr, PostError, Provider, Transition};
 use crate::error::{ErrorKind, ProviderError};
@@ -288,5 +291,73 @@ impl Provider for Sim {
         wrs: &[RecvWr<SGES>],
     ) -> Result<(), PostError<s::SimError>> {
         qp.post_recv(wrs)
+    }
+}
+
+impl ConnectionManager for Sim {
+    type CmChannel = s::cm::CmChannel;
+    type CmId = s::cm::CmId;
+
+    fn create_cm_channel(&self) -> Result<Self::CmChannel, SimError> {
+        self.fabric.create_cm_channel()
+    }
+    fn cm_channel_fd(ch: &Self::CmChannel) -> std::os::fd::RawFd {
+        std::os::fd::AsRawFd::as_raw_fd(ch)
+    }
+    fn get_cm_event(ch: &Self::CmChannel) -> Result<Option<CmEvent<Self>>, SimError> {
+        Ok(ch.get_event().map(|e| CmEvent {
+            kind: e.kind,
+            id: e.id,
+            status: e.status,
+            private_data: e.private_data,
+            request: e.request,
+        }))
+    }
+    fn create_cm_id(ch: &Self::CmChannel, ps: PortSpace) -> Result<Self::CmId, SimError> {
+        ch.create_id(ps)
+    }
+    fn cm_id_key(id: &Self::CmId) -> u64 {
+        id.key()
+    }
+    fn cm_migrate(id: &Self::CmId, ch: &Self::CmChannel) -> Result<(), SimError> {
+        id.migrate(ch)
+    }
+    fn cm_on_device(id: &Self::CmId, ctx: &Self::Context) -> bool {
+        id.device_index() == Some(ctx.device_index())
+    }
+    fn cm_bind(id: &Self::CmId, addr: SocketAddr) -> Result<SocketAddr, SimError> {
+        id.bind(addr)
+    }
+    fn cm_listen(id: &Self::CmId, _backlog: u32) -> Result<(), SimError> {
+        id.listen()
+    }
+    fn cm_resolve_addr(
+        id: &Self::CmId,
+        src: Option<IpAddr>,
+        dst: SocketAddr,
+        _timeout_ms: u32,
+    ) -> Result<(), SimError> {
+        id.resolve_addr(src, dst)
+    }
+    fn cm_resolve_route(id: &Self::CmId, _timeout_ms: u32) -> Result<(), SimError> {
+        id.resolve_route()
+    }
+    fn cm_connect(id: &Self::CmId, param: &ConnParam, data: &[u8]) -> Result<(), SimError> {
+        id.connect(param, data)
+    }
+    fn cm_accept(id: &Self::CmId, param: &ConnParam, data: &[u8]) -> Result<(), SimError> {
+        id.accept(param, data)
+    }
+    fn cm_reject(id: &Self::CmId, data: &[u8]) -> Result<(), SimError> {
+        id.reject(data)
+    }
+    fn cm_establish(id: &Self::CmId) -> Result<(), SimError> {
+        id.establish()
+    }
+    fn cm_disconnect(id: &Self::CmId) -> Result<(), SimError> {
+        id.disconnect()
+    }
+    fn cm_path(id: &Self::CmId) -> Result<CmPath, SimError> {
+        id.path()
     }
 }

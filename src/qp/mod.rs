@@ -274,6 +274,14 @@ impl<P: Provider> QueuePair<P, Reset> {
 }
 
 impl<P: Provider> QueuePair<P, Init> {
+    /// Takes what a connection manager decided for this side before RTR: the source GID's
+    /// index and the first packet sequence number this side sends.
+    #[cfg(all(feature = "std", unix))]
+    pub(crate) fn take_path(&mut self, sgid_index: u8, psn: u32) {
+        self.config.gid_index = sgid_index;
+        self.local.psn = psn & MAX_24BIT;
+    }
+
     /// INIT → RTR: connects to the peer at `remote`.
     pub fn into_rtr(
         self,

@@ -7,6 +7,9 @@
 //! where users find them (`zverbs::types`, `zverbs::provider`); `zverbs-sim` speaks them
 //! directly, so the simulator's values are the provider's without a conversion.
 //!
+//! The connection manager's values are in [`cm`]: port spaces, connect parameters,
+//! private data, events and the path a manager decides.
+//!
 //! Work requests are here too (`SendWr<SGES>`, `RecvWr<SGES>`, `PostError`): a channel's
 //! ring holds them, and every provider, the simulator included, reads them where they lie.
 //!
@@ -19,6 +22,7 @@
 #[cfg(any(test, feature = "std"))]
 extern crate std;
 
+pub mod cm;
 mod device;
 mod port;
 mod qp;

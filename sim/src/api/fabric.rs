@@ -21,6 +21,24 @@ impl Fabric {
         lock(&self.world).tables.device_named(name)
     }
 
+    /// The IP address device `dev` answers to for the connection manager (the IPv4 of its
+    /// IPv4-mapped GID: device `i` is `10.0.0.<i + 1>`).
+    pub fn device_ip(&self, dev: usize) -> Option<std::net::IpAddr> {
+        let w = lock(&self.world);
+        let gids = w.tables.devices.get(dev)?.gids;
+        let v6 = std::net::Ipv6Addr::from(gids[1].0);
+        Some(
+            v6.to_ipv4_mapped()
+                .map_or(std::net::IpAddr::V6(v6), std::net::IpAddr::V4),
+        )
+    }
+
+    /// Connection manager ids alive (made, or brought by connect requests, and not yet
+    /// destroyed).
+    pub fn cm_ids(&self) -> usize {
+        lock(&self.world).cm.live_ids()
+    }
+
     /// Current simulated time (threaded mode: wall-clock time since creation).
     pub fn now(&self) -> Duration {
         let mut w = enter(&self.world);

@@ -69,17 +69,51 @@ pub(crate) struct World {
     pub(crate) tables: Tables,
     /// What they share: configuration, time and events, the wire, the trace.
     pub(crate) net: Net,
+    /// The connection manager: its event channels and ids.
+    pub(crate) cm: crate::cm::CmTables,
 }
 
 /// What a new queue pair's handle holds: its number, and in threaded mode its receive
 /// queue and (RC) its send lane.
 pub(crate) type NewQp = (u32, Option<Arc<SharedRq>>, Option<Arc<SendLane>>);
 
+/// The fabric's devices as the connection manager sees them.
+pub(crate) struct DeviceView<'a> {
+    tables: &'a Tables,
+    net: &'a Net,
+}
+
+impl crate::cm::Devices for DeviceView<'_> {
+    fn count(&self) -> usize {
+        self.tables.devices.len()
+    }
+    fn gids(&self, dev: usize) -> [Gid; 2] {
+        self.tables.devices[dev].gids
+    }
+    fn lid(&self, dev: usize) -> u16 {
+        self.tables.devices[dev].lid
+    }
+    fn mtu(&self, _: usize) -> Mtu {
+        crate::config::PORT_MTU
+    }
+    fn port_up(&self, dev: usize) -> bool {
+        let port = &self.net.wire.ports[dev];
+        port.link_up && !port.crashed
+    }
+}
+
 impl World {
+    /// The devices, read-only, beside the connection manager.
+    pub(crate) fn cm_parts(&mut self) -> (DeviceView<'_>, &mut crate::cm::CmTables) {
+        let World { tables, net, cm } = self;
+        (DeviceView { tables, net }, cm)
+    }
+
     pub(crate) fn new(cfg: FabricConfig) -> World {
         World {
             tables: Tables::new(),
             net: Net::new(cfg),
+            cm: crate::cm::CmTables::default(),
         }
     }
 

@@ -1,0 +1,659 @@
+//! The connection manager's state: event channels, ids and what each id knows of its
+//! peer, under the world's lock. Every operation queues its events at once, in call order
+//! (no timers: a peer that never answers is the caller's timeout), so a stepped fabric
+//! driven by one thread sees the same events in the same order every run.
+
+use std::collections::VecDeque;
+use std::io::{Read, Write};
+use std::net::{IpAddr, SocketAddr};
+use std::os::unix::net::UnixStream;
+
+use zverbs_types::cm::{
+    private_data_limit as limit, CmEventKind, CmPath, ConnParam, PortSpace, PrivateData,
+    REJECT_CONSUMER, REJECT_NO_LISTENER,
+};
+use zverbs_types::{Gid, Mtu};
+
+use crate::types::SimError;
+
+/// The status of an address that resolves to no device (`-ETIMEDOUT`: nobody answered
+/// the neighbour lookup).
+pub const STATUS_NO_ADDRESS: i32 = -110;
+/// The status of a route over a port that is down (`-ENETUNREACH`).
+pub const STATUS_PORT_DOWN: i32 = -101;
+
+/// The first port handed out for a bind to port 0.
+const EPHEMERAL: u16 = 49152;
+
+/// One side's part of a connection: what the peer learns from its connect or accept.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Side {
+    pub(crate) dev: usize,
+    pub(crate) psn: u32,
+    pub(crate) param: ConnParam,
+}
+
+/// Where an id stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Phase {
+    Idle,
+    Bound,
+    Listening,
+    AddrResolved,
+    RouteResolved,
+    /// Active: connect sent, no answer yet.
+    ReqSent,
+    /// Passive: a request to answer.
+    ReqRcvd,
+    /// Passive: accepted, waiting for the active side to establish.
+    RepSent,
+    /// Active: accepted; establish next.
+    RepRcvd,
+    Connected,
+    /// Refused, disconnected, or its peer gone.
+    Done,
+}
+
+#[derive(Debug)]
+pub(crate) struct IdState {
+    pub(crate) key: u64,
+    pub(crate) ch: usize,
+    pub(crate) ps: PortSpace,
+    pub(crate) phase: Phase,
+    /// The local device, once bound or resolved.
+    pub(crate) dev: Option<usize>,
+    /// The local address (bound, or the resolved source).
+    pub(crate) local: Option<SocketAddr>,
+    /// The destination (active side).
+    pub(crate) dst: Option<SocketAddr>,
+    /// The other id of the connection.
+    pub(crate) peer: Option<usize>,
+    /// This side's connect or accept, once made.
+    pub(crate) mine: Option<Side>,
+    /// The peer's, once heard.
+    pub(crate) theirs: Option<Side>,
+    /// Passive ids: the listener whose request made them (until it is taken).
+    pub(crate) listener: Option<usize>,
+}
+
+/// An event as queued: the new id of a connect request by index.
+#[derive(Debug)]
+pub(crate) struct Queued {
+    pub(crate) kind: CmEventKind,
+    pub(crate) id: usize,
+    pub(crate) listen_id: Option<usize>,
+    pub(crate) status: i32,
+    pub(crate) private_data: PrivateData,
+}
+
+#[derive(Debug)]
+struct Channel {
+    events: VecDeque<Queued>,
+    /// One byte sits in the pair while `events` is not empty.
+    tx: UnixStream,
+    rx: UnixStream,
+    open: bool,
+}
+
+/// The manager: channels and ids, by index.
+#[derive(Debug, Default)]
+pub(crate) struct CmTables {
+    channels: Vec<Option<Channel>>,
+    pub(crate) ids: Vec<Option<IdState>>,
+    next_key: u64,
+}
+
+/// What the manager needs of the fabric: each device's GIDs, LID, MTU and whether its
+/// port is up.
+pub(crate) trait Devices {
+    fn count(&self) -> usize;
+    fn gids(&self, dev: usize) -> [Gid; 2];
+    fn lid(&self, dev: usize) -> u16;
+    fn mtu(&self, dev: usize) -> Mtu;
+    fn port_up(&self, dev: usize) -> bool;
+}
+
+/// The device whose GIDs hold `ip` (IPv4 as its IPv4-mapped GID).
+pub(crate) fn device_of(devs: &dyn Devices, ip: IpAddr) -> Option<usize> {
+    let gid = match ip {
+        IpAddr::V4(v4) => Gid(v4.to_ipv6_mapped().octets()),
+        IpAddr::V6(v6) => Gid(v6.octets()),
+    };
+    (0..devs.count()).find(|&d| devs.gids(d).contains(&gid))
+}
+
+/// The IPv4 address of `dev`: its IPv4-mapped GID.
+pub(crate) fn ip_of(devs: &dyn Devices, dev: usize) -> IpAddr {
+    let gid = devs.gids(dev)[1];
+    match std::net::Ipv6Addr::from(gid.0).to_ipv4_mapped() {
+        Some(v4) => IpAddr::V4(v4),
+        None => IpAddr::V6(gid.0.into()),
+    }
+}
+
+impl CmTables {
+    pub(crate) fn create_channel(&mut self) -> Result<(usize, UnixStream), SimError> {
+        let (tx, rx) = UnixStream::pair().map_err(|_| SimError::Invalid("socketpair failed"))?;
+        rx.set_nonblocking(true)
+            .map_err(|_| SimError::Invalid("socketpair failed"))?;
+        let fd = rx
+            .try_clone()
+            .map_err(|_| SimError::Invalid("socketpair failed"))?;
+        let ch = Channel {
+            events: VecDeque::new(),
+            tx,
+            rx,
+            open: true,
+        };
+        self.channels.push(Some(ch));
+        Ok((self.channels.len() - 1, fd))
+    }
+
+    pub(crate) fn create_id(&mut self, ch: usize, ps: PortSpace) -> (usize, u64) {
+        self.next_key += 1;
+        let key = self.next_key;
+        let id = IdState {
+            key,
+            ch,
+            ps,
+            phase: Phase::Idle,
+            dev: None,
+            local: None,
+            dst: None,
+            peer: None,
+            mine: None,
+            theirs: None,
+            listener: None,
+        };
+        // Slots are never reused: an index held in a peer or an event names one id.
+        self.ids.push(Some(id));
+        (self.ids.len() - 1, key)
+    }
+
+    pub(crate) fn live_ids(&self) -> usize {
+        self.ids.iter().flatten().count()
+    }
+
+    pub(crate) fn id(&self, i: usize) -> &IdState {
+        self.ids[i].as_ref().expect("live id")
+    }
+
+    fn id_mut(&mut self, i: usize) -> &mut IdState {
+        self.ids[i].as_mut().expect("live id")
+    }
+
+    /// Queues an event for id `i` on its channel (dropped if the channel is gone).
+    fn raise(&mut self, i: usize, kind: CmEventKind, status: i32, data: PrivateData) {
+        let (ch, listen_id) = (self.id(i).ch, None);
+        self.push(
+            ch,
+            Queued {
+                kind,
+                id: i,
+                listen_id,
+                status,
+                private_data: data,
+            },
+        );
+    }
+
+    fn push(&mut self, ch: usize, ev: Queued) {
+        let Some(Some(c)) = self.channels.get_mut(ch) else {
+            return;
+        };
+        if !c.open {
+            return;
+        }
+        if c.events.is_empty() {
+            let _ = c.tx.write_all(&[1]);
+        }
+        c.events.push_back(ev);
+    }
+
+    /// The oldest event of channel `ch`.
+    pub(crate) fn take_event(&mut self, ch: usize) -> Option<Queued> {
+        let c = self.channels.get_mut(ch)?.as_mut()?;
+        let ev = c.events.pop_front()?;
+        if c.events.is_empty() {
+            let _ = c.rx.read(&mut [0u8]);
+        }
+        if ev.kind == CmEventKind::ConnectRequest {
+            // The request is the application's now: its listener no longer answers for it.
+            self.id_mut(ev.id).listener = None;
+        }
+        Some(ev)
+    }
+
+    pub(crate) fn pending(&self, ch: usize) -> usize {
+        self.channels
+            .get(ch)
+            .and_then(Option::as_ref)
+            .map_or(0, |c| c.events.len())
+    }
+
+    /// Closes channel `ch`: its queued requests are refused (their ids destroyed).
+    pub(crate) fn close_channel(&mut self, ch: usize) {
+        let Some(c) = self.channels.get_mut(ch).and_then(Option::as_mut) else {
+            return;
+        };
+        c.open = false;
+        let queued: Vec<Queued> = c.events.drain(..).collect();
+        for ev in queued {
+            if ev.kind == CmEventKind::ConnectRequest {
+                self.destroy_id(ev.id);
+            }
+        }
+        self.channels[ch] = None;
+    }
+
+    /// Moves id `i`'s events, queued and to come, to channel `to` (`rdma_migrate_id`).
+    pub(crate) fn migrate(&mut self, i: usize, to: usize) -> Result<(), SimError> {
+        if !matches!(self.channels.get(to), Some(Some(c)) if c.open) {
+            return Err(SimError::NotFound);
+        }
+        let from = self.id(i).ch;
+        if from == to {
+            return Ok(());
+        }
+        let mut moved = Vec::new();
+        if let Some(Some(c)) = self.channels.get_mut(from) {
+            let had = !c.events.is_empty();
+            let (mine, rest): (VecDeque<Queued>, VecDeque<Queued>) = c
+                .events
+                .drain(..)
+                .partition(|e| e.id == i && e.kind != CmEventKind::ConnectRequest);
+            c.events = rest;
+            if had && c.events.is_empty() {
+                let _ = c.rx.read(&mut [0u8]);
+            }
+            moved.extend(mine);
+        }
+        self.id_mut(i).ch = to;
+        for ev in moved {
+            self.push(to, ev);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn bind(
+        &mut self,
+        devs: &dyn Devices,
+        i: usize,
+        mut addr: SocketAddr,
+    ) -> Result<SocketAddr, SimError> {
+        if self.id(i).phase != Phase::Idle {
+            return Err(SimError::Invalid("rdma_bind_addr: the id is bound already"));
+        }
+        let dev = if addr.ip().is_unspecified() {
+            None
+        } else {
+            Some(device_of(devs, addr.ip()).ok_or(SimError::NotFound)?)
+        };
+        let ps = self.id(i).ps;
+        let taken = |port: u16, ids: &[Option<IdState>]| {
+            ids.iter().flatten().any(|o| {
+                o.ps == ps
+                    && matches!(o.phase, Phase::Bound | Phase::Listening)
+                    && o.local.is_some_and(|l| {
+                        l.port() == port
+                            && (l.ip() == addr.ip()
+                                || l.ip().is_unspecified()
+                                || addr.ip().is_unspecified())
+                    })
+            })
+        };
+        if addr.port() == 0 {
+            let port = (EPHEMERAL..=u16::MAX)
+                .find(|&p| !taken(p, &self.ids))
+                .ok_or(SimError::QueueFull)?;
+            addr.set_port(port);
+        } else if taken(addr.port(), &self.ids) {
+            return Err(SimError::Busy);
+        }
+        let id = self.id_mut(i);
+        id.dev = dev;
+        id.local = Some(addr);
+        id.phase = Phase::Bound;
+        Ok(addr)
+    }
+
+    pub(crate) fn listen(&mut self, i: usize) -> Result<(), SimError> {
+        let id = self.id_mut(i);
+        if id.phase != Phase::Bound {
+            return Err(SimError::Invalid("rdma_listen: bind the id first"));
+        }
+        id.phase = Phase::Listening;
+        Ok(())
+    }
+
+    pub(crate) fn resolve_addr(
+        &mut self,
+        devs: &dyn Devices,
+        i: usize,
+        src: Option<IpAddr>,
+        dst: SocketAddr,
+    ) -> Result<(), SimError> {
+        if !matches!(self.id(i).phase, Phase::Idle | Phase::Bound) {
+            return Err(SimError::Invalid("rdma_resolve_addr: the id is in use"));
+        }
+        // Every simulated device is an interface of this host: without a source, the
+        // destination's own device (loopback), as the kernel routes a local address.
+        let to = device_of(devs, dst.ip());
+        let from = match (src, self.id(i).dev) {
+            (Some(ip), _) => Some(device_of(devs, ip).ok_or(SimError::NotFound)?),
+            (None, Some(d)) => Some(d),
+            (None, None) => to,
+        };
+        let (Some(from), Some(_)) = (from, to) else {
+            self.raise(
+                i,
+                CmEventKind::AddrError,
+                STATUS_NO_ADDRESS,
+                PrivateData::EMPTY,
+            );
+            return Ok(());
+        };
+        let id = self.id_mut(i);
+        id.dev = Some(from);
+        id.dst = Some(dst);
+        id.local = Some(SocketAddr::new(
+            ip_of(devs, from),
+            id.local.map_or(0, |l| l.port()),
+        ));
+        id.phase = Phase::AddrResolved;
+        self.raise(i, CmEventKind::AddrResolved, 0, PrivateData::EMPTY);
+        Ok(())
+    }
+
+    pub(crate) fn resolve_route(&mut self, devs: &dyn Devices, i: usize) -> Result<(), SimError> {
+        let id = self.id(i);
+        if id.phase != Phase::AddrResolved {
+            return Err(SimError::Invalid(
+                "rdma_resolve_route: resolve the address first",
+            ));
+        }
+        let (from, to) = (id.dev, id.dst.and_then(|d| device_of(devs, d.ip())));
+        match (from, to) {
+            (Some(a), Some(b)) if devs.port_up(a) && devs.port_up(b) => {
+                self.id_mut(i).phase = Phase::RouteResolved;
+                self.raise(i, CmEventKind::RouteResolved, 0, PrivateData::EMPTY);
+            }
+            _ => self.raise(
+                i,
+                CmEventKind::RouteError,
+                STATUS_PORT_DOWN,
+                PrivateData::EMPTY,
+            ),
+        }
+        Ok(())
+    }
+
+    /// A connect (RC) or service request (UD) to the id's destination.
+    pub(crate) fn connect(
+        &mut self,
+        devs: &dyn Devices,
+        i: usize,
+        param: &ConnParam,
+        data: &[u8],
+    ) -> Result<(), SimError> {
+        let id = self.id(i);
+        let max = if id.ps == PortSpace::Rc {
+            limit::CONNECT
+        } else {
+            limit::UD_CONNECT
+        };
+        let data = PrivateData::padded(data, max)
+            .ok_or(SimError::Invalid("private data past the connect limit"))?;
+        if id.phase != Phase::RouteResolved {
+            return Err(SimError::Invalid("rdma_connect: resolve the route first"));
+        }
+        let (dst, dev, ps, key) = (
+            id.dst.expect("resolved"),
+            id.dev.expect("resolved"),
+            id.ps,
+            id.key,
+        );
+        let mine = Side {
+            dev,
+            psn: psn_of(key),
+            param: *param,
+        };
+        let to = device_of(devs, dst.ip());
+        let listener = (0..self.ids.len()).find(|&l| {
+            self.ids[l].as_ref().is_some_and(|o| {
+                o.phase == Phase::Listening
+                    && o.ps == ps
+                    && o.local.is_some_and(|a| {
+                        a.port() == dst.port() && (a.ip().is_unspecified() || o.dev == to)
+                    })
+            })
+        });
+        let id = self.id_mut(i);
+        id.mine = Some(mine);
+        let Some(l) = listener else {
+            id.phase = Phase::Done;
+            self.raise(i, CmEventKind::Rejected, REJECT_NO_LISTENER, no_reason());
+            return Ok(());
+        };
+        id.phase = Phase::ReqSent;
+        let ch = self.id(l).ch;
+        let (n, _) = self.create_id(ch, ps);
+        let local = SocketAddr::new(dst.ip(), dst.port());
+        let new = self.id_mut(n);
+        new.phase = Phase::ReqRcvd;
+        new.dev = to;
+        new.local = Some(local);
+        new.peer = Some(i);
+        new.theirs = Some(mine);
+        new.listener = Some(l);
+        self.id_mut(i).peer = Some(n);
+        self.push(
+            ch,
+            Queued {
+                kind: CmEventKind::ConnectRequest,
+                id: n,
+                listen_id: Some(l),
+                status: 0,
+                private_data: data,
+            },
+        );
+        Ok(())
+    }
+
+    /// The passive side's answer to a request: RC, the active side gets a connect
+    /// response (it moves its queue pair, then establishes); UD, it is established.
+    pub(crate) fn accept(
+        &mut self,
+        i: usize,
+        param: &ConnParam,
+        data: &[u8],
+    ) -> Result<(), SimError> {
+        let id = self.id(i);
+        let max = if id.ps == PortSpace::Rc {
+            limit::ACCEPT
+        } else {
+            limit::UD_ACCEPT
+        };
+        let data = PrivateData::padded(data, max)
+            .ok_or(SimError::Invalid("private data past the accept limit"))?;
+        if id.phase != Phase::ReqRcvd {
+            return Err(SimError::Invalid("rdma_accept: no request to accept"));
+        }
+        let (ps, key, dev) = (id.ps, id.key, id.dev.expect("request's device"));
+        let Some(a) = id.peer.filter(|&a| self.ids[a].is_some()) else {
+            // The active side gave up (destroyed its id) before the answer.
+            self.id_mut(i).phase = Phase::Done;
+            return Err(SimError::NotFound);
+        };
+        let mine = Side {
+            dev,
+            psn: psn_of(key),
+            param: *param,
+        };
+        let id = self.id_mut(i);
+        id.mine = Some(mine);
+        id.phase = if ps == PortSpace::Rc {
+            Phase::RepSent
+        } else {
+            Phase::Done
+        };
+        let active = self.id_mut(a);
+        active.theirs = Some(mine);
+        if ps == PortSpace::Rc {
+            active.phase = Phase::RepRcvd;
+            self.raise(a, CmEventKind::ConnectResponse, 0, data);
+        } else {
+            active.phase = Phase::Done;
+            self.raise(a, CmEventKind::Established, 0, data);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn reject(&mut self, i: usize, data: &[u8]) -> Result<(), SimError> {
+        let data = PrivateData::padded(data, limit::REJECT)
+            .ok_or(SimError::Invalid("private data past the reject limit"))?;
+        if self.id(i).phase != Phase::ReqRcvd {
+            return Err(SimError::Invalid("rdma_reject: no request to reject"));
+        }
+        self.refuse(i, data);
+        Ok(())
+    }
+
+    /// Refuses passive id `i`'s request (consumer-defined reason).
+    fn refuse(&mut self, i: usize, data: PrivateData) {
+        self.id_mut(i).phase = Phase::Done;
+        if let Some(a) = self.id(i).peer.filter(|&a| self.ids[a].is_some()) {
+            if self.id(a).phase == Phase::ReqSent {
+                self.id_mut(a).phase = Phase::Done;
+                self.raise(a, CmEventKind::Rejected, REJECT_CONSUMER, data);
+            }
+        }
+    }
+
+    /// The active side, its queue pair at RTS: the passive side's connection is up.
+    pub(crate) fn establish(&mut self, i: usize) -> Result<(), SimError> {
+        if self.id(i).phase != Phase::RepRcvd {
+            return Err(SimError::Invalid("rdma_establish: no accepted connect"));
+        }
+        self.id_mut(i).phase = Phase::Connected;
+        if let Some(p) = self.id(i).peer.filter(|&p| self.ids[p].is_some()) {
+            if self.id(p).phase == Phase::RepSent {
+                self.id_mut(p).phase = Phase::Connected;
+                self.raise(p, CmEventKind::Established, 0, PrivateData::EMPTY);
+            }
+        }
+        Ok(())
+    }
+
+    /// Ends a connection: both sides get `Disconnected` (this one first).
+    pub(crate) fn disconnect(&mut self, i: usize) -> Result<(), SimError> {
+        if !matches!(
+            self.id(i).phase,
+            Phase::Connected | Phase::RepSent | Phase::RepRcvd
+        ) {
+            return Err(SimError::Invalid("rdma_disconnect: not connected"));
+        }
+        self.id_mut(i).phase = Phase::Done;
+        self.raise(i, CmEventKind::Disconnected, 0, PrivateData::EMPTY);
+        self.peer_gone(i);
+        Ok(())
+    }
+
+    /// Id `i` leaves its connection: a connected peer is disconnected, a waiting active
+    /// peer refused.
+    fn peer_gone(&mut self, i: usize) {
+        let Some(p) = self.id(i).peer.filter(|&p| self.ids[p].is_some()) else {
+            return;
+        };
+        match self.id(p).phase {
+            Phase::Connected | Phase::RepSent | Phase::RepRcvd => {
+                self.id_mut(p).phase = Phase::Done;
+                self.raise(p, CmEventKind::Disconnected, 0, PrivateData::EMPTY);
+            }
+            Phase::ReqSent => {
+                self.id_mut(p).phase = Phase::Done;
+                self.raise(p, CmEventKind::Rejected, REJECT_CONSUMER, no_reason());
+            }
+            _ => {}
+        }
+    }
+
+    /// Destroys id `i`: its connection ends as [`peer_gone`](Self::peer_gone) says; a
+    /// listener's requests not yet taken from its channel are refused with it.
+    pub(crate) fn destroy_id(&mut self, i: usize) {
+        if self.ids.get(i).and_then(Option::as_ref).is_none() {
+            return;
+        }
+        if self.id(i).phase == Phase::Listening {
+            let ch = self.id(i).ch;
+            let orphans: Vec<usize> = self
+                .channels
+                .get(ch)
+                .and_then(Option::as_ref)
+                .map(|c| {
+                    c.events
+                        .iter()
+                        .filter(|e| e.kind == CmEventKind::ConnectRequest && e.listen_id == Some(i))
+                        .map(|e| e.id)
+                        .collect()
+                })
+                .unwrap_or_default();
+            if let Some(Some(c)) = self.channels.get_mut(ch) {
+                c.events.retain(|e| !orphans.contains(&e.id));
+                if c.events.is_empty() {
+                    let _ = c.rx.read(&mut [0u8]);
+                }
+            }
+            for o in orphans {
+                self.destroy_id(o);
+            }
+        }
+        self.peer_gone(i);
+        // Events still queued for it name an id that is gone.
+        let ch = self.id(i).ch;
+        if let Some(Some(c)) = self.channels.get_mut(ch) {
+            let before = c.events.len();
+            c.events.retain(|e| e.id != i);
+            if before > 0 && c.events.is_empty() {
+                let _ = c.rx.read(&mut [0u8]);
+            }
+        }
+        self.ids[i] = None;
+    }
+}
+
+impl CmTables {
+    /// The queue pair attributes of id `i`'s connection (`rdma_init_qp_attr`).
+    pub(crate) fn path(&self, devs: &dyn Devices, i: usize) -> Result<CmPath, SimError> {
+        let id = self.id(i);
+        let (Some(dev), Some(theirs)) = (id.dev, id.theirs) else {
+            return Err(SimError::Invalid("rdma_init_qp_attr: no peer yet"));
+        };
+        Ok(CmPath {
+            port: 1,
+            sgid_index: 1,
+            local_psn: id.mine.map_or_else(|| psn_of(id.key), |m| m.psn),
+            remote_qp_num: theirs.param.qp_num,
+            remote_psn: theirs.psn,
+            remote_lid: devs.lid(theirs.dev),
+            remote_gid: devs.gids(theirs.dev)[1],
+            mtu: devs.mtu(dev).min(devs.mtu(theirs.dev)),
+            remote_qkey: theirs.param.qkey,
+            responder_resources: theirs.param.responder_resources,
+            initiator_depth: theirs.param.initiator_depth,
+        })
+    }
+}
+
+/// A reject's private data when nobody gave any: the field's zeros.
+fn no_reason() -> PrivateData {
+    PrivateData::padded(&[], limit::REJECT).expect("empty fits")
+}
+
+/// Id `key`'s first packet sequence number: fixed by the key, so a run repeats.
+pub(crate) fn psn_of(key: u64) -> u32 {
+    let mut z = key.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    ((z ^ (z >> 31)) & 0xff_ffff) as u32
+}

@@ -6,7 +6,8 @@
 #   scripts/install-verbs-deps.sh --build    only what `cargo build --features verbs` needs
 #   scripts/install-verbs-deps.sh --check    report what is missing, install nothing (exit 1 if any)
 #
-# Build: ibverbs-sys 0.3 runs bindgen (libclang) over the rdma-core headers and links
+# Build: the verbs backend links librdmacm (librdmacm-dev: the connection manager).
+# ibverbs-sys 0.3 runs bindgen (libclang) over the rdma-core headers and links
 # libibverbs. With RDMA_CORE_INCLUDE_DIR / RDMA_CORE_LIB_DIR set (the repository's
 # .cargo/config.toml does, pointing at the Debian paths) its build script skips the
 # vendored rdma-core cmake build and uses libibverbs-dev from here; cmake is installed
@@ -28,7 +29,7 @@ case "${1:-}" in
   *) echo "usage: $0 [--build|--check]" >&2; exit 2 ;;
 esac
 
-build_pkgs=(gcc pkg-config cmake libibverbs-dev libclang1-14 libclang-common-14-dev)
+build_pkgs=(gcc pkg-config cmake libibverbs-dev librdmacm-dev libclang1-14 libclang-common-14-dev)
 guest_pkgs=(qemu-system-x86 qemu-system-data cpio binutils python3 ibverbs-utils)
 
 want=("${build_pkgs[@]}")

@@ -36,7 +36,7 @@ pub struct CmEvent<P: ConnectionManager> {
 }
 
 /// The connection manager of a provider. See the module docs.
-pub trait ConnectionManager: Provider + Clone {
+pub trait ConnectionManager: Provider + Clone + Send + Sync {
     /// An event channel (`rdma_event_channel`).
     type CmChannel: Send + Sync;
     /// An id (`rdma_cm_id`); dropping it destroys it (a connection it holds ends).

@@ -37,11 +37,13 @@
 //! Errors, completion channels, GID selection and work-request translation are in
 //! `verbs/`.
 
+mod cm;
 mod error;
 mod event;
 mod gid;
 mod wr;
 
+pub use cm::{CmChannel, CmId};
 pub use error::VerbsError;
 pub use event::CompChannel;
 pub use gid::{GidEntry, GidSelect, GidType};

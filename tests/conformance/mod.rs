@@ -12,6 +12,8 @@
 
 #[cfg(feature = "tokio")]
 mod asynchronous;
+#[cfg(unix)]
+mod cm;
 mod collective;
 mod datagram;
 mod errors;
@@ -35,6 +37,8 @@ use zverbs::{
 
 #[cfg(feature = "tokio")]
 pub use asynchronous::*;
+#[cfg(unix)]
+pub use cm::*;
 pub use collective::*;
 pub use datagram::*;
 pub use errors::*;
@@ -49,6 +53,8 @@ pub use scenarios::*;
 pub mod expected {
     #[cfg(feature = "tokio")]
     pub use super::asynchronous::expected::*;
+    #[cfg(unix)]
+    pub use super::cm::expected::*;
     pub use super::collective::expected::*;
     pub use super::datagram::expected::*;
     pub use super::errors::expected::*;
@@ -467,7 +473,8 @@ macro_rules! conformance_tests {
             multi_channel_scatter_gather, node_barrier, wait_bounded_on_silent_peer,
             send_before_peer_connects, barrier_at_connect_and_exit, link_down_bounded,
             path_attributes, device_attributes, recv_posted_in_init, scoped_receive_completion, ud_send,
-            ud_silent_drops, ud_over_mtu, ud_pingpong
+            ud_silent_drops, ud_over_mtu, ud_pingpong, cm_connect_accept, cm_reject, cm_nobody,
+            cm_disconnect
         );
     };
     (@each $env:expr; $($name:ident),* $(,)?) => {

@@ -1,0 +1,317 @@
+//! Connections through the connection manager, on every backend: connect and accept with
+//! private data both ways, then a send and a write over the channel they made; a reject
+//! with a reason (and the listener serving the next request); a connect to a port nobody
+//! listens on; a disconnect seen by the peer. Each side's address is the IPv4 of its GID
+//! (rxe: the netdev's address; the simulator: `10.0.0.<i + 1>`); the ports differ per
+//! scenario, as the kernel's port space is shared by the tests running at once.
+
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::thread;
+
+use zverbs::cm::{Answer, CmConnection, CmError, CmListener};
+use zverbs::provider::cm::ConnectionManager;
+use zverbs::ChannelConfig;
+
+use super::*;
+
+const HELLO: &[u8] = b"zverbs conformance: hello";
+const WELCOME: &[u8] = b"welcome";
+
+/// Each side's context, domain and address.
+struct Sides<P: Provider> {
+    ca: Context<P>,
+    cb: Context<P>,
+    pa: ProtectionDomain<P>,
+    pb: ProtectionDomain<P>,
+    ia: IpAddr,
+    ib: IpAddr,
+}
+
+fn sides<E: Env>(env: &E) -> Run<Sides<E::P>> {
+    let (da, db) = env.devices();
+    let ca = Context::open(env.provider(), da).map_err(err("open a"))?;
+    let cb = Context::open(env.provider(), db).map_err(err("open b"))?;
+    let (pa, pb) = (
+        ca.alloc_pd().map_err(err("pd a"))?,
+        cb.alloc_pd().map_err(err("pd b"))?,
+    );
+    let (ia, ib) = (address(env, &ca)?, address(env, &cb)?);
+    Ok(Sides {
+        ca,
+        cb,
+        pa,
+        pb,
+        ia,
+        ib,
+    })
+}
+
+/// The IPv4 address of `ctx`'s port: its GID the suite addresses by if that is
+/// IPv4-mapped (rxe's RoCE v2 entry), else the first that is (the simulator's index 1).
+fn address<E: Env>(env: &E, ctx: &Context<E::P>) -> Run<IpAddr> {
+    let first = env.qp_config(ctx).gid_index;
+    let len = E::P::query_port(ctx.raw(), 1)
+        .map_err(|e| format!("query_port: {e:?}"))?
+        .gid_table_len;
+    let indices = std::iter::once(first).chain((0..len.min(256)).map(|i| i as u8));
+    for index in indices {
+        if let Ok(gid) = E::P::query_gid(ctx.raw(), 1, index) {
+            if let Some(v4) = Ipv6Addr::from(gid.0).to_ipv4_mapped() {
+                return Ok(IpAddr::V4(v4));
+            }
+        }
+    }
+    Err("no IPv4-mapped GID on port 1".into())
+}
+
+fn config<E: Env>(env: &E, ctx: &Context<E::P>) -> ChannelConfig {
+    ChannelConfig {
+        qp: env.qp_config(ctx),
+        timeout: Some(env.timeout()),
+        ..ChannelConfig::default()
+    }
+}
+
+/// A connects to B's listener with [`HELLO`]; B accepts with its region's address, length
+/// and key after [`WELCOME`] (as `rping` hands its buffer over); A writes 8 bytes there,
+/// then sends 8 more; B receives the send and reads the write.
+pub fn cm_connect_accept<E: Env>(env: &E) -> Run<Outcome>
+where
+    E::P: ConnectionManager,
+{
+    let s = sides(env)?;
+    let t = env.timeout();
+    let listener =
+        CmListener::bind(env.provider(), SocketAddr::new(s.ib, 7471)).map_err(err("listen"))?;
+    let target = region(
+        &s.pb,
+        8,
+        AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+        0,
+    )?;
+    let remote = target.remote();
+    let mut reply = WELCOME.to_vec();
+    reply.extend_from_slice(&remote.addr.to_le_bytes());
+    reply.extend_from_slice(&remote.len.to_le_bytes());
+    reply.extend_from_slice(&remote.rkey.to_le_bytes());
+    let mut inbox = region(&s.pb, 16, AccessFlags::LOCAL_WRITE, 0)?;
+    let (cfg_a, cfg_b) = (config(env, &s.ca), config(env, &s.cb));
+    let (server, client) = thread::scope(|th| {
+        let server = th.spawn(|| -> Run<(usize, bool, u32)> {
+            let mut hello = (0, false);
+            let mut conn = listener
+                .accept_with::<64, SGES>(&s.cb, &s.pb, &cfg_b, t, |data| {
+                    hello = (data.len(), data.starts_with(HELLO));
+                    Answer::accept(&reply)
+                })
+                .map_err(err("accept"))?;
+            let c = conn
+                .channel()
+                .receive([inbox.slice_mut(..).map_err(err("slice"))?])
+                .map_err(err("receive"))?;
+            Ok((hello.0, hello.1, c.byte_len))
+        });
+        let client = || -> Run<(usize, bool)> {
+            let mut conn = CmConnection::<E::P, 64, SGES>::connect(
+                env.provider(),
+                &s.ca,
+                &s.pa,
+                Some(s.ia),
+                SocketAddr::new(s.ib, 7471),
+                HELLO,
+                &cfg_a,
+                t,
+            )
+            .map_err(err("connect"))?;
+            let data = conn.peer_data();
+            let (len, ok) = (data.len(), data.starts_with(WELCOME));
+            let theirs = region_in(data.get(WELCOME.len()..).unwrap_or_default())
+                .ok_or("the reply holds no region")?;
+            let written = region(&s.pa, 8, AccessFlags::LOCAL_WRITE, b'w')?;
+            let sent = region(&s.pa, 8, AccessFlags::LOCAL_WRITE, b's')?;
+            conn.channel()
+                .write([written.slice(..).map_err(err("slice"))?], &theirs)
+                .map_err(err("write"))?;
+            conn.channel()
+                .send([sent.slice(..).map_err(err("slice"))?])
+                .map_err(err("send"))?;
+            Ok((len, ok))
+        };
+        let client = client();
+        let server = server
+            .join()
+            .unwrap_or_else(|_| Err("server panicked".into()));
+        (server, client)
+    });
+    let (req_len, hello_ok, received) = server?;
+    let (reply_len, reply_ok) = client?;
+    let mut o = Outcome::default();
+    o.item("request_len", req_len)
+        .check("hello", hello_ok)
+        .item("reply_len", reply_len)
+        .check("reply", reply_ok)
+        .item("received", received)
+        .check("send", inbox.as_slice()[..8] == [b's'; 8])
+        .check("write", target.as_slice() == [b'w'; 8]);
+    Ok(o)
+}
+
+/// A region's address, length and key as B's reply carries them (little-endian).
+fn region_in(b: &[u8]) -> Option<zverbs::RemoteRegion> {
+    Some(zverbs::RemoteRegion {
+        addr: u64::from_le_bytes(b.get(0..8)?.try_into().ok()?),
+        len: u64::from_le_bytes(b.get(8..16)?.try_into().ok()?),
+        rkey: u32::from_le_bytes(b.get(16..20)?.try_into().ok()?),
+    })
+}
+
+/// B rejects the first request with a reason; A sees `Rejected` with it (reason 28, the
+/// consumer's), connects again, and B accepts that one.
+pub fn cm_reject<E: Env>(env: &E) -> Run<Outcome>
+where
+    E::P: ConnectionManager,
+{
+    let s = sides(env)?;
+    let t = env.timeout();
+    let dst = SocketAddr::new(s.ib, 7472);
+    let listener = CmListener::bind(env.provider(), dst).map_err(err("listen"))?;
+    let (cfg_a, cfg_b) = (config(env, &s.ca), config(env, &s.cb));
+    let (first, second) = thread::scope(|th| {
+        let server = th.spawn(|| {
+            let mut seen = 0;
+            listener
+                .accept_with::<64, SGES>(&s.cb, &s.pb, &cfg_b, t, |_| {
+                    seen += 1;
+                    if seen == 1 {
+                        Answer::reject(b"no thanks")
+                    } else {
+                        Answer::accept(b"")
+                    }
+                })
+                .map(drop)
+                .map_err(err("accept"))
+        });
+        let connect = || {
+            CmConnection::<E::P, 64, SGES>::connect(
+                env.provider(),
+                &s.ca,
+                &s.pa,
+                Some(s.ia),
+                dst,
+                HELLO,
+                &cfg_a,
+                t,
+            )
+        };
+        let first = match connect() {
+            Err(CmError::Rejected {
+                status,
+                private_data,
+            }) => Ok(format!(
+                "rejected status={status} len={} reason={}",
+                private_data.len(),
+                if private_data.starts_with(b"no thanks") {
+                    "ok"
+                } else {
+                    "WRONG"
+                }
+            )),
+            Err(e) => Err(format!("first connect: {e}")),
+            Ok(_) => Err("first connect: accepted".into()),
+        };
+        let second = connect().map(drop).map_err(err("second connect"));
+        let served = server
+            .join()
+            .unwrap_or_else(|_| Err("server panicked".into()));
+        (first, second.and(served))
+    });
+    let mut o = Outcome::default();
+    o.item("first", first?)
+        .item("second", second.map(|()| "accepted")?);
+    Ok(o)
+}
+
+/// A connect to a port nobody listens on: rejected by the peer's manager (reason 8, an
+/// invalid service id).
+pub fn cm_nobody<E: Env>(env: &E) -> Run<Outcome>
+where
+    E::P: ConnectionManager,
+{
+    let s = sides(env)?;
+    let cfg = config(env, &s.ca);
+    let r = CmConnection::<E::P, 64, SGES>::connect(
+        env.provider(),
+        &s.ca,
+        &s.pa,
+        Some(s.ia),
+        SocketAddr::new(s.ib, 7479),
+        HELLO,
+        &cfg,
+        env.timeout(),
+    );
+    let mut o = Outcome::default();
+    match r {
+        Err(CmError::Rejected { status, .. }) => o.item("rejected", status),
+        Err(e) => o.item("error", e),
+        Ok(_) => o.item("connected", "WRONG"),
+    };
+    Ok(o)
+}
+
+/// B disconnects a connection A made: B's own disconnect completes, and A sees the
+/// peer's within the timeout.
+pub fn cm_disconnect<E: Env>(env: &E) -> Run<Outcome>
+where
+    E::P: ConnectionManager,
+{
+    let s = sides(env)?;
+    let t = env.timeout();
+    let dst = SocketAddr::new(s.ib, 7473);
+    let listener = CmListener::bind(env.provider(), dst).map_err(err("listen"))?;
+    let (cfg_a, cfg_b) = (config(env, &s.ca), config(env, &s.cb));
+    let (b_done, a_saw) = thread::scope(|th| {
+        let server = th.spawn(|| -> Run<&'static str> {
+            let conn = listener
+                .accept::<64, SGES>(&s.cb, &s.pb, &cfg_b, t)
+                .map_err(err("accept"))?;
+            conn.disconnect(t).map(|_| "ok").map_err(err("disconnect"))
+        });
+        let client = CmConnection::<E::P, 64, SGES>::connect(
+            env.provider(),
+            &s.ca,
+            &s.pa,
+            Some(s.ia),
+            dst,
+            HELLO,
+            &cfg_a,
+            t,
+        )
+        .map_err(err("connect"));
+        let saw = client.and_then(|c| {
+            let start = Instant::now();
+            while start.elapsed() < t {
+                if c.peer_disconnected().map_err(err("events"))? {
+                    return Ok("yes");
+                }
+                thread::sleep(Duration::from_millis(2));
+            }
+            Ok("no")
+        });
+        let done = server
+            .join()
+            .unwrap_or_else(|_| Err("server panicked".into()));
+        (done, saw)
+    });
+    let mut o = Outcome::default();
+    o.item("b_disconnect", b_done?).item("a_sees_it", a_saw?);
+    Ok(o)
+}
+
+#[allow(non_upper_case_globals)]
+pub mod expected {
+    pub const cm_connect_accept: &str =
+        "request_len=56; hello=ok; reply_len=196; reply=ok; received=8; send=ok; write=ok";
+    pub const cm_reject: &str = "first=rejected status=28 len=148 reason=ok; second=accepted";
+    pub const cm_nobody: &str = "rejected=8";
+    pub const cm_disconnect: &str = "b_disconnect=ok; a_sees_it=yes";
+}

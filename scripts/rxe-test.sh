@@ -10,6 +10,7 @@
 #                                    differential table; then, in the same guest, the
 #                                    examples pingpong, network (ranks as threads, and as
 #                                    processes under mpirun -n 4 --bootstrap env),
+#                                    rping against rdma-core's rping in both roles,
 #                                    async_remote_write and rpc_echo on rxe0 (--backend verbs);
 #                                    exits non-zero if any of it fails
 #   scripts/rxe-test.sh --run PROG [ARGS...]
@@ -46,7 +47,7 @@ GUEST_PKGS="busybox-static kmod iproute2 rdma-core ibverbs-providers ibverbs-uti
 libibverbs1 librdmacm1 libibumad3 libnl-3-200 libnl-route-3-200 libc6 libgcc-s1 libmnl0
 libelf1 libbpf1 libcap2 libdb5.3 libselinux1 libpcre2-8-0 libtirpc3 libtirpc-common
 libgssapi-krb5-2 libkrb5-3 libk5crypto3 libcom-err2 libkrb5support0 libkeyutils1 libssl3
-libxtables12 zlib1g libzstd1 liblzma5 libkmod2 libpci3 libudev1 libbsd0 libmd0"
+libxtables12 zlib1g libzstd1 liblzma5 libkmod2 libpci3 libudev1 libbsd0 libmd0 rdmacm-utils"
 # Open MPI's launcher, for mpirun in the guest (--mpi): orterun/orted, the ORTE/OPAL plugins it
 # loads (in libopenmpi3) and the libraries they link against (ldd), nothing else: the ranks are
 # zverbs programs that take rank and size from the launcher's environment, not libmpi users, so
@@ -355,13 +356,14 @@ conformance() {
     grep -o '"executable":"[^"]*"' | tail -1 | cut -d'"' -f4)
   [ -n "$exe" ] || { cargo test --features verbs,tokio --test conformance_verbs --no-run; die "build failed"; }
   json=$(cargo build --features verbs --example pingpong --example network --example rpc_echo \
-    --message-format=json 2>/dev/null) || true
+    --example rping --message-format=json 2>/dev/null) || true
   pingpong=$(example_exe pingpong <<<"$json")
   network=$(example_exe network <<<"$json")
   rpc=$(example_exe rpc_echo <<<"$json")
+  rping=$(example_exe rping <<<"$json")
   json=$(cargo build --features verbs,tokio --example async_remote_write --message-format=json 2>/dev/null) || true
   async=$(example_exe async_remote_write <<<"$json")
-  [ -n "$pingpong" ] && [ -n "$network" ] && [ -n "$async" ] && [ -n "$rpc" ] ||
+  [ -n "$pingpong" ] && [ -n "$network" ] && [ -n "$async" ] && [ -n "$rpc" ] && [ -n "$rping" ] ||
     { cargo build --features verbs --example pingpong --example network --example rpc_echo;
       cargo build --features verbs,tokio --example async_remote_write; die "build of the examples failed"; }
   log "build done ($((SECONDS - t0)) s); booting the guest"
@@ -372,10 +374,11 @@ conformance() {
   cp "$network" "$d/network"
   cp "$async" "$d/async_remote_write"
   cp "$rpc" "$d/rpc_echo"
+  cp "$rping" "$d/rping"
   # Small counts: the guest is emulated (a round trip of pingpong or a barrier takes
   # milliseconds there).
   local rounds=${RXE_PINGPONG_ROUNDS:-1000} nodes=${RXE_NETWORK_NODES:-4}
-  local barriers=${RXE_NETWORK_BARRIERS:-200}
+  local barriers=${RXE_NETWORK_BARRIERS:-200} rping_count=${RXE_RPING_COUNT:-10}
   {
     guest_exports
     guest_step conformance env ZVERBS_CONFORMANCE_OUT=/mnt/host/rxe.tsv ./conformance --test-threads=2
@@ -384,11 +387,19 @@ conformance() {
     guest_mpi_step network_mpi "$nodes" ZVERBS_ROOT=127.0.0.1:29600 \
       ./network --backend verbs --bootstrap env --barriers "$barriers"
     guest_step async_remote_write ./async_remote_write --backend verbs
+    # rping interop, both roles on 169.254.77.1 (rxe0's address): rdma-core's C rping
+    # against examples/rping, data checked by the client (rping -V; ours always checks).
+    guest_step rping_c_server sh -c "rping -s -a 169.254.77.1 -C $rping_count -v > rping_s.log 2>&1 &
+      ./rping --backend verbs --client 169.254.77.1 --count $rping_count; rc=\$?
+      wait \$!; s=\$?; echo \"rping -s (C): status \$s\"; cat rping_s.log; exit \$((rc | s))"
+    guest_step rping_c_client sh -c "./rping --backend verbs --server 169.254.77.1 --count $rping_count & sleep 3
+      rping -c -a 169.254.77.1 -C $rping_count -v -V; rc=\$?; echo \"rping -c (C): status \$rc\"
+      wait \$!; s=\$?; exit \$((rc | s))"
     guest_step rpc_echo ./rpc_echo --backend verbs --calls "$rounds" --secs 1
   } > "$d/test.sh"
   boot_share "$d"
   local out=$W/outcomes; mkdir -p "$out"; rm -f "$out"/{rxe,sim}.tsv
-  local grc=0 prc=0 nrc=0 mrc=0 arc=0 rrc=0
+  local grc=0 prc=0 nrc=0 mrc=0 arc=0 rrc=0 xrc=0 yrc=0
   step_status "$d" conformance || grc=$?
   [ -f "$d/rxe.tsv" ] && cp "$d/rxe.tsv" "$out/rxe.tsv"
   log "guest leg: ${GUEST_SECONDS} s (boot, conformance suite, examples); in the guest:"
@@ -415,6 +426,12 @@ conformance() {
   echo "== examples on rxe0: mpirun -n $nodes network --backend verbs --bootstrap env --barriers $barriers =="
   step_status "$d" network_mpi || mrc=$?
   echo
+  echo "== rping interop on rxe0: rping -s (rdma-core's C program) / examples/rping --client =="
+  step_status "$d" rping_c_server || xrc=$?
+  echo
+  echo "== rping interop on rxe0: examples/rping --server / rping -c -V (rdma-core's C program) =="
+  step_status "$d" rping_c_client || yrc=$?
+  echo
   echo "== examples on rxe0: async_remote_write --backend verbs =="
   step_status "$d" async_remote_write || arc=$?
   echo
@@ -424,10 +441,10 @@ conformance() {
     log "rpc_echo allocated on the data path"; rrc=1
   fi
   echo
-  log "conformance on rxe: status $grc; on the simulator: status $src; sim-rxe vs rxe table: status $trc; pingpong: status $prc; network: status $nrc; network under mpirun: status $mrc; async_remote_write: status $arc; rpc_echo: status $rrc"
+  log "conformance on rxe: status $grc; on the simulator: status $src; sim-rxe vs rxe table: status $trc; pingpong: status $prc; network: status $nrc; network under mpirun: status $mrc; rping vs C server: status $xrc; rping vs C client: status $yrc; async_remote_write: status $arc; rpc_echo: status $rrc"
   [ "${RXE_KEEP:-0}" = 1 ] && log "kept $d" || rm -rf "$d"
   [ "$grc" = 0 ] && [ "$src" = 0 ] && [ "$trc" = 0 ] && [ "$prc" = 0 ] && [ "$nrc" = 0 ] &&
-    [ "$mrc" = 0 ] && [ "$arc" = 0 ] && [ "$rrc" = 0 ]
+    [ "$mrc" = 0 ] && [ "$xrc" = 0 ] && [ "$yrc" = 0 ] && [ "$arc" = 0 ] && [ "$rrc" = 0 ]
 }
 
 case "${1:-}" in

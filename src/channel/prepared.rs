@@ -154,6 +154,12 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> PreparedChannel<P, DEPT
     /// Takes what a connection manager decided for this side (see
     /// [`QueuePair::take_path`](crate::qp::QueuePair)): the source GID's index and the
     /// first PSN.
+    /// The configuration it was prepared with.
+    #[cfg(all(feature = "std", unix))]
+    pub(crate) fn config(&self) -> &super::ChannelConfig {
+        &self.config
+    }
+
     #[cfg(all(feature = "std", unix))]
     pub(crate) fn take_path(&mut self, sgid_index: u8, psn: u32) {
         self.qp.take_path(sgid_index, psn);

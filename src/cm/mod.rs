@@ -54,12 +54,14 @@ mod error;
 mod wait;
 
 use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 pub use error::CmError;
 
 use crate::channel::{Channel, ChannelConfig, PreparedChannel};
 use crate::device::{Context, ProtectionDomain};
+use crate::error::Error;
 use crate::provider::cm::{
     private_data_limit, CmEventKind, CmPath, ConnParam, ConnectionManager, PortSpace, PrivateData,
 };
@@ -93,14 +95,58 @@ impl Answer {
     }
 }
 
-/// A channel connected through the manager, with its id: dropping it ends the connection
-/// (the peer sees it disconnect).
-pub struct CmConnection<P: ConnectionManager, const DEPTH: usize = 64, const SGES: usize = 4> {
-    // Fields drop in order: the queue pair first, then the id (the peer learns of the end),
-    // then its event channel.
-    channel: Channel<P, DEPTH, SGES>,
+/// What keeps a connection made through the manager: its id and event channel. Dropping
+/// it ends the connection (the peer sees it disconnect).
+pub struct CmLink<P: ConnectionManager> {
     id: P::CmId,
     events: P::CmChannel,
+    /// The peer's disconnect was seen (its event is taken once).
+    gone: AtomicBool,
+}
+
+impl<P: ConnectionManager> CmLink<P> {
+    /// Whether the peer has disconnected (or its id is gone), without waiting.
+    ///
+    /// # Errors
+    /// A verb's error.
+    pub fn peer_disconnected(&self) -> Result<bool, CmError<P::Error>> {
+        while !self.gone.load(Ordering::Relaxed) {
+            match P::get_cm_event(&self.events).map_err(CmError::Verbs)? {
+                Some(ev) if ev.kind == CmEventKind::Disconnected => {
+                    self.gone.store(true, Ordering::Relaxed)
+                }
+                Some(_) => {}
+                None => return Ok(false),
+            }
+        }
+        Ok(true)
+    }
+
+    /// Ends the connection and waits (by `timeout`) until the manager says it is down
+    /// here; the peer sees `Disconnected` too.
+    ///
+    /// # Errors
+    /// A verb's error; [`CmError::Timeout`].
+    pub fn disconnect(&self, timeout: Duration) -> Result<(), CmError<P::Error>> {
+        let deadline = Deadline::after(timeout);
+        P::cm_disconnect(&self.id).map_err(CmError::Verbs)?;
+        expect::<P>(&self.events, CmEventKind::Disconnected, deadline).map(drop)
+    }
+
+    /// The event channel's descriptor: readable when the manager has news (the peer
+    /// disconnecting), for an event loop.
+    pub fn fd(&self) -> std::os::fd::RawFd {
+        P::cm_channel_fd(&self.events)
+    }
+}
+
+/// A channel connected through the manager, with its link: dropping it ends the
+/// connection (the peer sees it disconnect).
+pub struct CmConnection<P: ConnectionManager, const DEPTH: usize = 64, const SGES: usize = 4> {
+    // Fields drop in order: the queue pair first, then the link (the peer learns of the
+    // end).
+    channel: Channel<P, DEPTH, SGES>,
+    link: CmLink<P>,
     peer_data: PrivateData,
 }
 
@@ -126,6 +172,28 @@ impl<P: ConnectionManager, const DEPTH: usize, const SGES: usize> CmConnection<P
         config: &ChannelConfig,
         timeout: Duration,
     ) -> Result<Self, CmError<P::Error>> {
+        let prepare = || Channel::<P, DEPTH, SGES>::prepare(ctx, pd, config);
+        Self::connect_prepared(provider, ctx, prepare, src, dst, data, timeout, |_| Ok(()))
+    }
+
+    /// As [`connect`](Self::connect), with the channel `prepare` makes on `ctx` (with
+    /// completion events, say); `before_establish` gets the peer's accept (its private
+    /// data) once this channel is at RTS, before the passive side learns that the
+    /// connection is established (to ready a second queue pair the reply described).
+    ///
+    /// # Errors
+    /// As [`connect`](Self::connect); `before_establish`'s.
+    #[allow(clippy::too_many_arguments)]
+    pub fn connect_prepared(
+        provider: &P,
+        ctx: &Context<P>,
+        prepare: impl FnOnce() -> Result<PreparedChannel<P, DEPTH, SGES>, Error<P::Error>>,
+        src: Option<IpAddr>,
+        dst: SocketAddr,
+        data: &[u8],
+        timeout: Duration,
+        before_establish: impl FnOnce(&[u8]) -> Result<(), CmError<P::Error>>,
+    ) -> Result<Self, CmError<P::Error>> {
         let deadline = Deadline::after(timeout);
         let limit = private_data_limit::CONNECT;
         if data.len() > limit {
@@ -143,18 +211,21 @@ impl<P: ConnectionManager, const DEPTH: usize, const SGES: usize> CmConnection<P
         if !P::cm_on_device(&id, ctx.raw()) {
             return Err(CmError::WrongDevice);
         }
-        let prepared =
-            Channel::<P, DEPTH, SGES>::prepare(ctx, pd, config).map_err(CmError::Channel)?;
-        let param = conn_param(&prepared, config);
+        let prepared = prepare().map_err(CmError::Channel)?;
+        let param = conn_param(&prepared);
         P::cm_connect(&id, &param, data).map_err(CmError::Verbs)?;
         let answer = expect::<P>(&events, CmEventKind::ConnectResponse, deadline)?;
         let path = P::cm_path(&id).map_err(CmError::Verbs)?;
         let channel = connect_path(prepared, &path).map_err(CmError::Channel)?;
+        before_establish(answer.as_slice())?;
         P::cm_establish(&id).map_err(CmError::Verbs)?;
         Ok(CmConnection {
             channel,
-            id,
-            events,
+            link: CmLink {
+                id,
+                events,
+                gone: AtomicBool::new(false),
+            },
             peer_data: answer,
         })
     }
@@ -164,6 +235,11 @@ impl<P: ConnectionManager, const DEPTH: usize, const SGES: usize> CmConnection<P
         &mut self.channel
     }
 
+    /// The link: the peer's disconnect, the event descriptor.
+    pub fn link(&self) -> &CmLink<P> {
+        &self.link
+    }
+
     /// What the peer's connect request (listener side) or accept (connecting side) carried,
     /// padded with zeros to the message's field (56 and 196 bytes): a protocol over it
     /// says its own lengths.
@@ -171,22 +247,16 @@ impl<P: ConnectionManager, const DEPTH: usize, const SGES: usize> CmConnection<P
         self.peer_data.as_slice()
     }
 
-    /// Whether the peer has disconnected (or its id is gone), without waiting.
+    /// Whether the peer has disconnected ([`CmLink::peer_disconnected`]).
     ///
     /// # Errors
     /// A verb's error.
     pub fn peer_disconnected(&self) -> Result<bool, CmError<P::Error>> {
-        while let Some(ev) = P::get_cm_event(&self.events).map_err(CmError::Verbs)? {
-            if ev.kind == CmEventKind::Disconnected {
-                return Ok(true);
-            }
-        }
-        Ok(false)
+        self.link.peer_disconnected()
     }
 
-    /// Ends the connection and waits (by `timeout`) until the manager says it is down
-    /// here; the peer sees `Disconnected` too. The channel comes back for its last
-    /// completions (its queue pair is in the error state or soon will be).
+    /// Ends the connection ([`CmLink::disconnect`]). The channel comes back for its last
+    /// completions.
     ///
     /// # Errors
     /// A verb's error; [`CmError::Timeout`].
@@ -194,16 +264,13 @@ impl<P: ConnectionManager, const DEPTH: usize, const SGES: usize> CmConnection<P
         self,
         timeout: Duration,
     ) -> Result<Channel<P, DEPTH, SGES>, CmError<P::Error>> {
-        let deadline = Deadline::after(timeout);
-        P::cm_disconnect(&self.id).map_err(CmError::Verbs)?;
-        expect::<P>(&self.events, CmEventKind::Disconnected, deadline)?;
+        self.link.disconnect(timeout)?;
         Ok(self.channel)
     }
 
-    /// The event channel's descriptor: readable when the manager has news (the peer
-    /// disconnecting), for an event loop.
-    pub fn fd(&self) -> std::os::fd::RawFd {
-        P::cm_channel_fd(&self.events)
+    /// The channel, the link that keeps the connection, and the peer's private data.
+    pub fn into_parts(self) -> (Channel<P, DEPTH, SGES>, CmLink<P>, PrivateData) {
+        (self.channel, self.link, self.peer_data)
     }
 }
 
@@ -269,6 +336,22 @@ impl<P: ConnectionManager> CmListener<P> {
         pd: &ProtectionDomain<P>,
         config: &ChannelConfig,
         timeout: Duration,
+        answer: impl FnMut(&[u8]) -> Answer,
+    ) -> Result<CmConnection<P, DEPTH, SGES>, CmError<P::Error>> {
+        let prepare = || Channel::<P, DEPTH, SGES>::prepare(ctx, pd, config);
+        self.accept_prepared_with(ctx, prepare, timeout, answer)
+    }
+
+    /// As [`accept_with`](Self::accept_with), with the channel `prepare` makes on `ctx`
+    /// for each accepted request (with completion events, say).
+    ///
+    /// # Errors
+    /// As [`accept_with`](Self::accept_with).
+    pub fn accept_prepared_with<const DEPTH: usize, const SGES: usize>(
+        &self,
+        ctx: &Context<P>,
+        mut prepare: impl FnMut() -> Result<PreparedChannel<P, DEPTH, SGES>, Error<P::Error>>,
+        timeout: Duration,
         mut answer: impl FnMut(&[u8]) -> Answer,
     ) -> Result<CmConnection<P, DEPTH, SGES>, CmError<P::Error>> {
         let deadline = Deadline::after(timeout);
@@ -286,15 +369,15 @@ impl<P: ConnectionManager> CmListener<P> {
                     continue;
                 }
             };
-            match answered::<P, DEPTH, SGES>(
+            let accepted = answered::<P, DEPTH, SGES>(
                 &self.provider,
                 request,
                 ctx,
-                pd,
-                config,
+                &mut prepare,
                 reply,
                 deadline,
-            ) {
+            );
+            match accepted {
                 Ok(mut conn) => {
                     conn.peer_data = ev.private_data;
                     return Ok(conn);
@@ -317,8 +400,7 @@ fn answered<P: ConnectionManager, const DEPTH: usize, const SGES: usize>(
     provider: &P,
     request: P::CmId,
     ctx: &Context<P>,
-    pd: &ProtectionDomain<P>,
-    config: &ChannelConfig,
+    prepare: &mut impl FnMut() -> Result<PreparedChannel<P, DEPTH, SGES>, Error<P::Error>>,
     reply: PrivateData,
     deadline: Deadline,
 ) -> Result<CmConnection<P, DEPTH, SGES>, CmError<P::Error>> {
@@ -329,15 +411,18 @@ fn answered<P: ConnectionManager, const DEPTH: usize, const SGES: usize>(
         return Err(CmError::WrongDevice);
     }
     let path = P::cm_path(&request).map_err(CmError::Verbs)?;
-    let prepared = Channel::<P, DEPTH, SGES>::prepare(ctx, pd, config).map_err(CmError::Channel)?;
-    let param = conn_param(&prepared, config);
+    let prepared = prepare().map_err(CmError::Channel)?;
+    let param = conn_param(&prepared);
     let channel = connect_path(prepared, &path).map_err(CmError::Channel)?;
     P::cm_accept(&request, &param, reply.as_slice()).map_err(CmError::Verbs)?;
     expect::<P>(&events, CmEventKind::Established, deadline)?;
     Ok(CmConnection {
         channel,
-        id: request,
-        events,
+        link: CmLink {
+            id: request,
+            events,
+            gone: AtomicBool::new(false),
+        },
         peer_data: PrivateData::EMPTY,
     })
 }
@@ -345,14 +430,14 @@ fn answered<P: ConnectionManager, const DEPTH: usize, const SGES: usize>(
 /// What a side's connect or accept says of its queue pair.
 fn conn_param<P: ConnectionManager, const DEPTH: usize, const SGES: usize>(
     prepared: &PreparedChannel<P, DEPTH, SGES>,
-    config: &ChannelConfig,
 ) -> ConnParam {
+    let c = prepared.config();
     ConnParam {
         qp_num: prepared.endpoint().qp_num,
-        responder_resources: config.rtr.max_dest_rd_atomic,
-        initiator_depth: config.rts.max_rd_atomic,
-        retry_count: config.rts.retry_cnt,
-        rnr_retry_count: config.rts.rnr_retry,
+        responder_resources: c.rtr.max_dest_rd_atomic,
+        initiator_depth: c.rts.max_rd_atomic,
+        retry_count: c.rts.retry_cnt,
+        rnr_retry_count: c.rts.rnr_retry,
         qkey: 0,
     }
 }

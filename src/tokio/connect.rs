@@ -40,6 +40,9 @@ pub enum ConnectError<E> {
         /// The peer.
         peer: u32,
     },
+    /// The connection manager's set-up failed
+    /// ([`Connection::connect_cm`](super::Connection::connect_cm)).
+    Cm(crate::cm::CmError<E>),
 }
 
 impl<E: core::fmt::Debug> core::fmt::Display for ConnectError<E> {
@@ -52,6 +55,7 @@ impl<E: core::fmt::Debug> core::fmt::Display for ConnectError<E> {
             ConnectError::PeerNotReady => write!(f, "connection set-up: the peer is not ready"),
             ConnectError::Timeout => write!(f, "connection set-up timed out"),
             ConnectError::Exchange(e) => write!(f, "connection set-up: {e}"),
+            ConnectError::Cm(e) => write!(f, "connection set-up: {e}"),
             ConnectError::Unpaired { peer } => write!(
                 f,
                 "connection set-up: rank {peer} handed this rank no endpoints (does it name it a peer?)"

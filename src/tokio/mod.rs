@@ -77,6 +77,7 @@
 //! flushed (at most the grace), then ends.
 
 mod buf;
+mod cm;
 mod connect;
 mod future;
 mod group;

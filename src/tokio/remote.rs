@@ -162,6 +162,9 @@ pub struct Connection<P: Provider + 'static> {
     inner: Arc<Inner<P>>,
     /// The control loop, stopped when the connection is dropped.
     serving: tokio::task::JoinHandle<()>,
+    /// What keeps a connection the connection manager made (its id: dropped, the peer
+    /// sees the end), dropped after the channels.
+    pub(super) link: Option<Box<dyn core::any::Any + Send + Sync>>,
 }
 
 struct Inner<P: Provider + 'static> {
@@ -224,25 +227,25 @@ static CONNECTIONS: AtomicU64 = AtomicU64::new(1);
 /// One side of a connection before it connects: its data and control channels, prepared,
 /// on its own device context, domain and pool.
 pub(super) struct Half<P: Provider + 'static> {
-    data: PreparedChannel<P>,
-    ctrl: PreparedChannel<P, 16, 1>,
+    pub(super) data: PreparedChannel<P>,
+    pub(super) ctrl: PreparedChannel<P, 16, 1>,
     // Dropped after the channels (fields drop in order).
-    own: Owned<P>,
+    pub(super) own: Owned<P>,
 }
 
 /// A side whose channels are at RTS.
 pub(super) struct Joined<P: Provider + 'static> {
-    data: Channel<P>,
-    ctrl: Channel<P, 16, 1>,
-    own: Owned<P>,
+    pub(super) data: Channel<P>,
+    pub(super) ctrl: Channel<P, 16, 1>,
+    pub(super) own: Owned<P>,
 }
 
 /// What a side holds besides its channels.
-struct Owned<P: Provider + 'static> {
-    config: ChannelConfig,
+pub(super) struct Owned<P: Provider + 'static> {
+    pub(super) config: ChannelConfig,
     pool: MrPool<P>,
     pd: ProtectionDomain<P>,
-    ctx: Context<P>,
+    pub(super) ctx: Context<P>,
 }
 
 impl<P: Provider + 'static> Half<P> {
@@ -389,6 +392,7 @@ impl<P: Provider + 'static> Connection<P> {
             data,
             inner,
             serving,
+            link: None,
         })
     }
 

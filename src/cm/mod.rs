@@ -51,7 +51,7 @@
 //! ```
 
 mod error;
-mod wait;
+pub(crate) mod wait;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -70,7 +70,7 @@ use wait::{next_event, Deadline};
 
 /// How long address and route resolution may take at most, each (the manager's own
 /// timeout; the call's deadline bounds the wait for its event).
-const RESOLVE_MS: u32 = 2000;
+pub(crate) const RESOLVE_MS: u32 = 2000;
 
 /// The answer to a connect request ([`CmListener::accept_with`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -306,6 +306,16 @@ impl<P: ConnectionManager> CmListener<P> {
         self.local
     }
 
+    /// The provider it listens with.
+    pub(crate) fn provider(&self) -> &P {
+        &self.provider
+    }
+
+    /// Where its connect requests come.
+    pub(crate) fn events(&self) -> &P::CmChannel {
+        &self.events
+    }
+
     /// [`accept_with`](Self::accept_with) accepting the first request, with no reply.
     ///
     /// # Errors
@@ -444,7 +454,7 @@ fn conn_param<P: ConnectionManager, const DEPTH: usize, const SGES: usize>(
 
 /// INIT → RTR → RTS with the manager's path: its source GID and first PSN for this side,
 /// the peer's queue pair, PSN, address and MTU.
-fn connect_path<P: ConnectionManager, const DEPTH: usize, const SGES: usize>(
+pub(crate) fn connect_path<P: ConnectionManager, const DEPTH: usize, const SGES: usize>(
     mut prepared: PreparedChannel<P, DEPTH, SGES>,
     path: &CmPath,
 ) -> Result<Channel<P, DEPTH, SGES>, crate::error::Error<P::Error>> {
@@ -460,7 +470,7 @@ fn connect_path<P: ConnectionManager, const DEPTH: usize, const SGES: usize>(
 
 /// Waits for the next event of `events`, which must be `want`: its private data; any
 /// other is the error it says.
-fn expect<P: ConnectionManager>(
+pub(crate) fn expect<P: ConnectionManager>(
     events: &P::CmChannel,
     want: CmEventKind,
     deadline: Deadline,

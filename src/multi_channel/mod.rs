@@ -100,6 +100,15 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
         }
     }
 
+    /// Takes what a connection manager decided for the channel of `peer` (see
+    /// [`QueuePair::take_path`](crate::qp::QueuePair)).
+    #[cfg(all(feature = "std", unix))]
+    pub(crate) fn take_path(&mut self, peer: usize, sgid_index: u8, psn: u32) {
+        if let Some(Some(ch)) = self.peers.get_mut(peer) {
+            ch.take_path(sgid_index, psn);
+        }
+    }
+
     /// The peers set up, in increasing order.
     pub fn peers(&self) -> impl Iterator<Item = usize> + '_ {
         (0..PEERS).filter(|&p| self.peers[p].is_some())

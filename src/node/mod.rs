@@ -148,6 +148,15 @@ pub enum NodeError<E> {
     /// The out-of-band endpoint exchange failed.
     #[cfg(feature = "std")]
     Exchange(crate::bootstrap::ExchangeError),
+    /// Connecting through the connection manager failed (with `peer`, where one is to
+    /// blame).
+    #[cfg(all(feature = "std", unix))]
+    Cm {
+        /// The peer.
+        peer: Option<usize>,
+        /// What went wrong.
+        error: crate::cm::CmError<E>,
+    },
     /// A peer's endpoint table is malformed.
     EndpointTable {
         /// The peer whose table it is.
@@ -171,6 +180,8 @@ impl<E: ProviderError> NodeError<E> {
             | NodeError::NotConnected { .. } => ErrorKind::InvalidArgument,
             #[cfg(feature = "std")]
             NodeError::Exchange(e) => e.kind(),
+            #[cfg(all(feature = "std", unix))]
+            NodeError::Cm { error, .. } => error.kind(),
         }
     }
 }
@@ -181,7 +192,7 @@ impl<E> From<Error<E>> for NodeError<E> {
     }
 }
 
-impl<E: fmt::Display> fmt::Display for NodeError<E> {
+impl<E: fmt::Display + fmt::Debug> fmt::Display for NodeError<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             NodeError::Channel(e) => e.fmt(f),
@@ -207,6 +218,13 @@ impl<E: fmt::Display> fmt::Display for NodeError<E> {
             }
             #[cfg(feature = "std")]
             NodeError::Exchange(e) => write!(f, "endpoint exchange: {e}"),
+            #[cfg(all(feature = "std", unix))]
+            NodeError::Cm {
+                peer: Some(p),
+                error,
+            } => write!(f, "with rank {p}: {error}"),
+            #[cfg(all(feature = "std", unix))]
+            NodeError::Cm { peer: None, error } => error.fmt(f),
             NodeError::EndpointTable { peer, why } => {
                 write!(f, "endpoint table from rank {peer}: {why}")
             }
@@ -284,9 +302,13 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
     }
 }
 
+#[cfg(all(feature = "std", unix))]
+mod cm;
 #[cfg(feature = "std")]
 mod tables;
 #[cfg(feature = "std")]
+#[cfg(all(feature = "std", unix))]
+pub use cm::{CmConnected, CmLinks};
 pub use tables::Connected;
 
 /// A rank of a world: data channels to every peer, and barriers. See the module docs.

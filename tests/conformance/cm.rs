@@ -307,8 +307,72 @@ where
     Ok(o)
 }
 
+/// Three nodes connect through the manager at the addresses a bootstrap would give them
+/// (rank 0 on A's device, ranks 1 and 2 on B's, each on a port of its own) and run ten
+/// dissemination barriers.
+pub fn cm_node_barrier<E: Env + Sync>(env: &E) -> Run<Outcome>
+where
+    E::P: ConnectionManager,
+{
+    use zverbs::node::barrier::Algorithm;
+    use zverbs::node::{Node, NodeConfig};
+    let s = sides(env)?;
+    let t = env.timeout();
+    let addrs: Vec<SocketAddr> = [s.ia, s.ib, s.ib]
+        .iter()
+        .zip(7610..)
+        .map(|(&ip, port)| SocketAddr::new(ip, port))
+        .collect();
+    let (da, db) = env.devices();
+    let devices = [da, db, db];
+    let results: Vec<Run<usize>> = thread::scope(|th| {
+        let ranks: Vec<_> = (0..3)
+            .map(|rank| {
+                let addrs = &addrs;
+                let device = devices[rank];
+                th.spawn(move || -> Run<usize> {
+                    let ctx = Context::open(env.provider(), device).map_err(err("open"))?;
+                    let pd = ctx.alloc_pd().map_err(err("pd"))?;
+                    let listener =
+                        CmListener::bind(env.provider(), addrs[rank]).map_err(err("listen"))?;
+                    let cfg = NodeConfig {
+                        algorithm: Algorithm::Dissemination,
+                        barrier_timeout: Some(t),
+                        channel: config(env, &ctx),
+                    };
+                    let node = Node::<E::P, 4, 16, SGES>::prepare(&ctx, &pd, rank, 3, &cfg)
+                        .map_err(err("prepare"))?;
+                    let (mut node, links) = node
+                        .connect_cm(&ctx, &listener, addrs, Some(addrs[rank].ip()), t)
+                        .map_err(err("connect_cm"))?;
+                    let mut done = 0;
+                    for _ in 0..10 {
+                        node.barrier_all().map_err(err("barrier"))?;
+                        done += 1;
+                    }
+                    // Every rank past its barriers before any node goes.
+                    node.barrier_all().map_err(err("last barrier"))?;
+                    thread::sleep(Duration::from_millis(50));
+                    drop((node, links));
+                    Ok(done)
+                })
+            })
+            .collect();
+        ranks
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err("a rank panicked".into())))
+            .collect()
+    });
+    let mut o = Outcome::default();
+    for (rank, r) in results.into_iter().enumerate() {
+        o.item(&format!("rank{rank}"), r?);
+    }
+    Ok(o)
+}
+
 #[allow(non_upper_case_globals)]
 pub mod expected {
+    pub const cm_node_barrier: &str = "rank0=10; rank1=10; rank2=10";
     pub const cm_connect_accept: &str =
         "request_len=56; hello=ok; reply_len=196; reply=ok; received=8; send=ok; write=ok";
     pub const cm_reject: &str = "first=rejected status=28 len=148 reason=ok; second=accepted";

@@ -251,3 +251,38 @@ fn a_disconnect_is_seen_by_the_peer_and_later_work_fails() {
         assert!(start.elapsed() < 10 * T);
     });
 }
+
+/// A datagram service (`udaddy`'s exchange): the requester learns the answerer's queue
+/// pair, the manager's Q_Key and the path; private data past the service request's limit
+/// is refused; nobody listening is the manager's reject.
+#[test]
+fn a_datagram_service_is_resolved_and_its_limits_hold() {
+    use zverbs::cm::resolve_datagram;
+    use zverbs::provider::cm::UD_QKEY;
+    let w = two();
+    let listener = CmListener::bind_datagram(&w.sim, at(1, 7476)).unwrap();
+    thread::scope(|s| {
+        let server = s.spawn(|| listener.answer_datagram(4242, b"here", T).unwrap());
+        let peer =
+            resolve_datagram(&w.sim, &w.ctx[0], Some(ip(0)), at(1, 7476), b"where?", T).unwrap();
+        assert!(server.join().unwrap().as_slice().starts_with(b"where?"));
+        assert_eq!((peer.peer.qp_num, peer.peer.qkey), (4242, UD_QKEY));
+        assert!(peer.reply.as_slice().starts_with(b"here"));
+        assert_eq!(peer.peer.ah.dgid.0[12..], [10, 0, 0, 2]);
+    });
+    let r = resolve_datagram(&w.sim, &w.ctx[0], Some(ip(0)), at(1, 7476), &[0; 181], T);
+    assert!(matches!(
+        r,
+        Err(CmError::PrivateDataTooLong { len: 181, max: 180 })
+    ));
+    drop(listener);
+    let r = resolve_datagram(&w.sim, &w.ctx[0], Some(ip(0)), at(1, 7476), b"", T);
+    assert!(matches!(
+        r,
+        Err(CmError::Rejected {
+            status: REJECT_NO_LISTENER,
+            ..
+        })
+    ));
+    assert_eq!(w.sim.fabric().cm_ids(), 0);
+}

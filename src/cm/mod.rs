@@ -50,6 +50,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod datagram;
 mod error;
 pub(crate) mod wait;
 
@@ -57,6 +58,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+pub use datagram::{resolve_datagram, CmDatagramPeer};
 pub use error::CmError;
 
 use crate::channel::{Channel, ChannelConfig, PreparedChannel};
@@ -289,8 +291,13 @@ impl<P: ConnectionManager> CmListener<P> {
     /// # Errors
     /// A verb's error (an address no device has, a port taken).
     pub fn bind(provider: &P, addr: SocketAddr) -> Result<Self, CmError<P::Error>> {
+        Self::bind_as(provider, addr, PortSpace::Rc)
+    }
+
+    /// A listener for ids of `ps`.
+    fn bind_as(provider: &P, addr: SocketAddr, ps: PortSpace) -> Result<Self, CmError<P::Error>> {
         let events = provider.create_cm_channel().map_err(CmError::Verbs)?;
-        let id = P::create_cm_id(&events, PortSpace::Rc).map_err(CmError::Verbs)?;
+        let id = P::create_cm_id(&events, ps).map_err(CmError::Verbs)?;
         let local = P::cm_bind(&id, addr).map_err(CmError::Verbs)?;
         P::cm_listen(&id, 64).map_err(CmError::Verbs)?;
         Ok(CmListener {

@@ -306,9 +306,9 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
 mod cm;
 #[cfg(feature = "std")]
 mod tables;
-#[cfg(feature = "std")]
 #[cfg(all(feature = "std", unix))]
 pub use cm::{CmConnected, CmLinks};
+#[cfg(feature = "std")]
 pub use tables::Connected;
 
 /// A rank of a world: data channels to every peer, and barriers. See the module docs.

@@ -13,8 +13,8 @@
 use std::net::{IpAddr, SocketAddr};
 
 pub use zverbs_types::cm::{
-    private_data_limit, CmEventKind, CmPath, ConnParam, PortSpace, PrivateData, MAX_PRIVATE_DATA,
-    REJECT_CONSUMER, REJECT_NO_LISTENER,
+    private_data_limit, CmEventKind, CmPath, ConnParam, PortSpace, PrivateData, UdPeer,
+    MAX_PRIVATE_DATA, REJECT_CONSUMER, REJECT_NO_LISTENER, UD_QKEY,
 };
 
 use super::Provider;
@@ -33,6 +33,8 @@ pub struct CmEvent<P: ConnectionManager> {
     pub private_data: PrivateData,
     /// A connect request's new id, the caller's to accept or reject (dropping it refuses).
     pub request: Option<P::CmId>,
+    /// A datagram service's answer (`Established` of a datagram id): the peer.
+    pub ud: Option<UdPeer>,
 }
 
 /// The connection manager of a provider. See the module docs.

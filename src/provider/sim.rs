@@ -311,6 +311,7 @@ impl ConnectionManager for Sim {
             status: e.status,
             private_data: e.private_data,
             request: e.request,
+            ud: e.ud,
         }))
     }
     fn create_cm_id(ch: &Self::CmChannel, ps: PortSpace) -> Result<Self::CmId, SimError> {

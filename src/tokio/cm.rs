@@ -56,7 +56,7 @@ impl<P: ConnectionManager + 'static> Connection<P> {
         let said = hello(&ctrl.endpoint());
         let provider = provider.clone();
         let timeout = config.timeout.unwrap_or(UNBOUNDED);
-        let (cm, ctrl, own) = blocking(move || {
+        let made = blocking(move || {
             let mut ctrl = Some(ctrl);
             let mut ready = None;
             let cm = CmConnection::connect_prepared(
@@ -81,10 +81,7 @@ impl<P: ConnectionManager + 'static> Connection<P> {
             Ok((cm, ctrl, own))
         })
         .await?;
-        let (data, link, _) = cm.into_parts();
-        let mut conn = Connection::assemble(Joined { data, ctrl, own })?;
-        conn.link = Some(Box::new(link));
-        Ok(conn)
+        Self::made(made)
     }
 
     /// Accepts one peer's [`connect_cm`](Self::connect_cm) on `listener`, on `device`,
@@ -105,7 +102,7 @@ impl<P: ConnectionManager + 'static> Connection<P> {
         let said = hello(&ctrl.endpoint());
         let listener = Arc::clone(listener);
         let timeout = config.timeout.unwrap_or(UNBOUNDED);
-        let (cm, ctrl, own) = blocking(move || {
+        let made = blocking(move || {
             let (mut data, mut ctrl, mut ready) = (Some(data), Some(ctrl), None);
             let cm = listener.accept_prepared_with(
                 &own.ctx,
@@ -140,12 +137,25 @@ impl<P: ConnectionManager + 'static> Connection<P> {
             Ok((cm, ctrl, own))
         })
         .await?;
+        Self::made(made)
+    }
+
+    /// The connection over what the manager made: the data channel and its link, and the
+    /// control channel connected beside it.
+    fn made((cm, ctrl, own): Made<P>) -> Result<Self, ConnectError<P::Error>> {
         let (data, link, _) = cm.into_parts();
         let mut conn = Connection::assemble(Joined { data, ctrl, own })?;
         conn.link = Some(Box::new(link));
         Ok(conn)
     }
 }
+
+/// What the blocking part of a set-up hands back.
+type Made<P> = (
+    CmConnection<P>,
+    crate::channel::Channel<P, 16, 1>,
+    super::remote::Owned<P>,
+);
 
 /// `f` (the manager's blocking calls) on tokio's blocking pool.
 async fn blocking<T: Send + 'static, E: Send + 'static>(

@@ -370,8 +370,75 @@ where
     Ok(o)
 }
 
+/// `udaddy`'s exchange: A asks B's datagram service (port 7475) for its queue pair; B
+/// answers with its datagram channel's; A sends a datagram to what the manager resolved,
+/// and B receives it from A's queue pair.
+pub fn cm_ud<E: Env + Sync>(env: &E) -> Run<Outcome>
+where
+    E::P: ConnectionManager,
+{
+    use zverbs::cm::resolve_datagram;
+    use zverbs::provider::cm::UD_QKEY;
+    use zverbs::qp::{Ud, UdOptions};
+    use zverbs::{AddressHandle, Channel, Destination, Op};
+    const LEN: usize = 32;
+    let s = sides(env)?;
+    let t = env.timeout();
+    let dst = SocketAddr::new(s.ib, 7475);
+    let listener = CmListener::bind_datagram(env.provider(), dst).map_err(err("listen"))?;
+    let opts = UdOptions {
+        qkey: UD_QKEY,
+        pkey_index: 0,
+    };
+    let mut a = Channel::<E::P, 4, 1, Ud>::datagram(&s.ca, &s.pa, &config(env, &s.ca), &opts)
+        .map_err(err("datagram a"))?;
+    let mut b = Channel::<E::P, 4, 1, Ud>::datagram(&s.cb, &s.pb, &config(env, &s.cb), &opts)
+        .map_err(err("datagram b"))?;
+    let (a_qpn, b_qpn) = (a.queue_pair().qp_num(), b.queue_pair().qp_num());
+    let ping = region(&s.pa, LEN, AccessFlags::LOCAL_WRITE, b'u')?;
+    let mut inbox = region(&s.pb, 40 + LEN, AccessFlags::LOCAL_WRITE, 0)?;
+    let (request, peer, got) = thread::scope(|th| {
+        let server = th.spawn(|| listener.answer_datagram(b_qpn, b"ud welcome", t));
+        let peer = resolve_datagram(env.provider(), &s.ca, Some(s.ia), dst, b"ud hello", t)
+            .map_err(err("resolve"));
+        let request = server
+            .join()
+            .unwrap_or_else(|_| Err(CmError::Disconnected))
+            .map_err(err("answer"));
+        let got = peer.as_ref().map_err(Clone::clone).and_then(|p| {
+            let ah = AddressHandle::create(&s.pa, &p.peer.ah).map_err(err("create ah"))?;
+            let to = Destination::new(&ah, p.peer.qp_num, p.peer.qkey);
+            b.scope(|sb| {
+                let got = sb.post_receive([inbox.slice_mut(..)?])?;
+                sb.ring_doorbell()?;
+                a.scope(|sa| {
+                    sa.post(Op::datagram([ping.slice(..)?], &to))?;
+                    sa.ring_doorbell()?;
+                    Ok(())
+                })?;
+                sb.wait_receive(got)
+            })
+            .map_err(err("datagram"))
+        });
+        (request, peer, got)
+    });
+    let (request, peer, got) = (request?, peer?, got?);
+    let mut o = Outcome::default();
+    o.item("request_len", request.as_slice().len())
+        .check("request", request.as_slice().starts_with(b"ud hello"))
+        .item("reply_len", peer.reply.as_slice().len())
+        .check("reply", peer.reply.as_slice().starts_with(b"ud welcome"))
+        .check("qp_num", peer.peer.qp_num == b_qpn)
+        .item("qkey", format_args!("{:#x}", peer.peer.qkey))
+        .check("src_qp", got.src_qp == a_qpn)
+        .check("bytes", inbox.as_slice()[40..] == [b'u'; LEN]);
+    Ok(o)
+}
+
 #[allow(non_upper_case_globals)]
 pub mod expected {
+    pub const cm_ud: &str = "request_len=180; request=ok; reply_len=136; reply=ok; qp_num=ok; \
+         qkey=0x1234567; src_qp=ok; bytes=ok";
     pub const cm_node_barrier: &str = "rank0=10; rank1=10; rank2=10";
     pub const cm_connect_accept: &str =
         "request_len=56; hello=ok; reply_len=196; reply=ok; received=8; send=ok; write=ok";

@@ -3,6 +3,7 @@
 //! the attributes the manager decides for the queue pair that a connection runs on.
 
 use crate::port::{Gid, Mtu};
+use crate::qp::AhAttr;
 
 /// The most private data any CM message carries: an accept's (the CM's REP).
 pub const MAX_PRIVATE_DATA: usize = 196;
@@ -29,6 +30,22 @@ pub const REJECT_NO_LISTENER: i32 = 8;
 /// The reject reason of a consumer's reject (`rdma_reject`), and of a request whose id is
 /// destroyed unanswered (`IB_CM_REJ_CONSUMER_DEFINED`).
 pub const REJECT_CONSUMER: i32 = 28;
+
+/// The Q_Key of every datagram service over IP (`RDMA_PS_UDP`): the manager answers with it
+/// whatever the acceptor asked (`RDMA_UDP_QKEY`).
+pub const UD_QKEY: u32 = 0x0123_4567;
+
+/// A datagram peer as a service reply describes it (`rdma_ud_param`): its queue pair,
+/// its Q_Key and the address handle attributes of the path to it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UdPeer {
+    /// Its queue pair.
+    pub qp_num: u32,
+    /// Its Q_Key.
+    pub qkey: u32,
+    /// The path to it.
+    pub ah: AhAttr,
+}
 
 /// What kind of queue pair an id connects (`rdma_port_space`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

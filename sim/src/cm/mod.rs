@@ -58,8 +58,8 @@ use std::os::unix::net::UnixStream;
 pub(crate) use tables::{CmTables, Devices};
 pub use tables::{STATUS_NO_ADDRESS, STATUS_PORT_DOWN};
 pub use zverbs_types::cm::{
-    private_data_limit, CmEventKind, CmPath, ConnParam, PortSpace, PrivateData, MAX_PRIVATE_DATA,
-    REJECT_CONSUMER, REJECT_NO_LISTENER,
+    private_data_limit, CmEventKind, CmPath, ConnParam, PortSpace, PrivateData, UdPeer,
+    MAX_PRIVATE_DATA, REJECT_CONSUMER, REJECT_NO_LISTENER, UD_QKEY,
 };
 
 use crate::api::{enter, Fabric, Shared};
@@ -103,6 +103,8 @@ pub struct CmEvent {
     pub private_data: PrivateData,
     /// A connect request's new id, to accept or reject.
     pub request: Option<CmId>,
+    /// A datagram service's answer (`Established` of a datagram id): the peer.
+    pub ud: Option<UdPeer>,
 }
 
 impl Fabric {
@@ -139,6 +141,13 @@ impl CmChannel {
     pub fn get_event(&self) -> Option<CmEvent> {
         let mut w = enter(&self.world);
         let q = w.cm.take_event(self.ch)?;
+        let ud = match q.kind {
+            CmEventKind::Established => {
+                let (devs, cm) = w.cm_parts();
+                cm.ud_peer(&devs, q.id)
+            }
+            _ => None,
+        };
         let key = |i: usize| w.cm.ids[i].as_ref().map_or(0, |s| s.key);
         let request = (q.kind == CmEventKind::ConnectRequest).then(|| CmId {
             world: self.world.clone(),
@@ -152,6 +161,7 @@ impl CmChannel {
             status: q.status,
             private_data: q.private_data,
             request,
+            ud,
         })
     }
 

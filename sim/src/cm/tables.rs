@@ -9,9 +9,10 @@ use std::net::{IpAddr, SocketAddr};
 use std::os::unix::net::UnixStream;
 
 use zverbs_types::cm::{
-    private_data_limit as limit, CmEventKind, CmPath, ConnParam, PortSpace, PrivateData,
-    REJECT_CONSUMER, REJECT_NO_LISTENER,
+    private_data_limit as limit, CmEventKind, CmPath, ConnParam, PortSpace, PrivateData, UdPeer,
+    REJECT_CONSUMER, REJECT_NO_LISTENER, UD_QKEY,
 };
+use zverbs_types::AhAttr;
 use zverbs_types::{Gid, Mtu};
 
 use crate::types::SimError;
@@ -397,13 +398,7 @@ impl CmTables {
         data: &[u8],
     ) -> Result<(), SimError> {
         let id = self.id(i);
-        let max = if id.ps == PortSpace::Rc {
-            limit::CONNECT
-        } else {
-            limit::UD_CONNECT
-        };
-        let data = PrivateData::padded(data, max)
-            .ok_or(SimError::Invalid("private data past the connect limit"))?;
+        let data = message(id.ps, (limit::CONNECT, limit::UD_CONNECT), data)?;
         if id.phase != Phase::RouteResolved {
             return Err(SimError::Invalid("rdma_connect: resolve the route first"));
         }
@@ -469,13 +464,7 @@ impl CmTables {
         data: &[u8],
     ) -> Result<(), SimError> {
         let id = self.id(i);
-        let max = if id.ps == PortSpace::Rc {
-            limit::ACCEPT
-        } else {
-            limit::UD_ACCEPT
-        };
-        let data = PrivateData::padded(data, max)
-            .ok_or(SimError::Invalid("private data past the accept limit"))?;
+        let data = message(id.ps, (limit::ACCEPT, limit::UD_ACCEPT), data)?;
         if id.phase != Phase::ReqRcvd {
             return Err(SimError::Invalid("rdma_accept: no request to accept"));
         }
@@ -485,10 +474,16 @@ impl CmTables {
             self.id_mut(i).phase = Phase::Done;
             return Err(SimError::NotFound);
         };
+        // Over IP the manager answers a datagram service with its one Q_Key, whatever
+        // the acceptor asked.
+        let mut param = *param;
+        if ps == PortSpace::Ud {
+            param.qkey = UD_QKEY;
+        }
         let mine = Side {
             dev,
             psn: psn_of(key),
-            param: *param,
+            param,
         };
         let id = self.id_mut(i);
         id.mine = Some(mine);
@@ -645,9 +640,37 @@ impl CmTables {
     }
 }
 
+/// `data` as a message of `ps` carries it: padded to its field, the RC or UD limit of
+/// `limits`; refused past it.
+fn message(ps: PortSpace, limits: (usize, usize), data: &[u8]) -> Result<PrivateData, SimError> {
+    let size = if ps == PortSpace::Rc {
+        limits.0
+    } else {
+        limits.1
+    };
+    PrivateData::padded(data, size)
+        .ok_or(SimError::Invalid("private data past the message's limit"))
+}
+
 /// A reject's private data when nobody gave any: the field's zeros.
 fn no_reason() -> PrivateData {
     PrivateData::padded(&[], limit::REJECT).expect("empty fits")
+}
+
+impl CmTables {
+    /// The datagram peer a datagram id `i` was answered by, if it is one and was.
+    pub(crate) fn ud_peer(&self, devs: &dyn Devices, i: usize) -> Option<UdPeer> {
+        let id = self.ids.get(i)?.as_ref()?;
+        if id.ps != PortSpace::Ud {
+            return None;
+        }
+        let path = self.path(devs, i).ok()?;
+        Some(UdPeer {
+            qp_num: path.remote_qp_num,
+            qkey: path.remote_qkey,
+            ah: AhAttr::new(path.port, path.remote_gid, path.sgid_index, path.remote_lid),
+        })
+    }
 }
 
 /// Id `key`'s first packet sequence number: fixed by the key, so a run repeats.

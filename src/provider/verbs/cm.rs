@@ -22,9 +22,10 @@ use ibverbs_sys as ffi;
 use super::error::{check, VerbsError};
 use super::{non_null, Context, Verbs};
 use crate::provider::cm::{
-    CmEvent, CmEventKind, CmPath, ConnParam, ConnectionManager, PortSpace, PrivateData,
+    CmEvent, CmEventKind, CmPath, ConnParam, ConnectionManager, PortSpace, PrivateData, UdPeer,
     MAX_PRIVATE_DATA,
 };
+use crate::provider::AhAttr;
 use crate::types::{Gid, Mtu};
 
 #[repr(C)]
@@ -317,11 +318,13 @@ impl ConnectionManager for Verbs {
                 } else {
                     copied(e.param.conn.private_data, e.param.conn.private_data_len)
                 };
-                (kind_of(e.event), e.id, e.status, data, key, ud)
+                let peer = (ud && kind_of(e.event) == Some(CmEventKind::Established))
+                    .then(|| ud_peer(&e.param.ud));
+                (kind_of(e.event), e.id, e.status, data, key, ud, peer)
             };
             // SAFETY: acknowledged once, after the copy above.
             unsafe { rdma_ack_cm_event(ev) };
-            let (kind, id, status, private_data, key, ud) = out;
+            let (kind, id, status, private_data, key, ud, peer) = out;
             let Some(kind) = kind else {
                 continue;
             };
@@ -343,6 +346,7 @@ impl ConnectionManager for Verbs {
                 status,
                 private_data,
                 request,
+                ud: peer,
             }));
         }
     }
@@ -481,6 +485,26 @@ impl ConnectionManager for Verbs {
             responder_resources: rts.max_rd_atomic,
             initiator_depth: rtr.max_dest_rd_atomic,
         })
+    }
+}
+
+/// The peer a datagram service reply describes.
+fn ud_peer(p: &RawUdParam) -> UdPeer {
+    let a = &p.ah_attr;
+    UdPeer {
+        qp_num: p.qp_num,
+        qkey: p.qkey,
+        ah: AhAttr {
+            port: a.port_num,
+            // SAFETY: `raw` is the plain 16-byte view of the GID union.
+            dgid: Gid(unsafe { a.grh.dgid.raw }),
+            sgid_index: a.grh.sgid_index,
+            dlid: a.dlid,
+            sl: a.sl,
+            traffic_class: a.grh.traffic_class,
+            flow_label: a.grh.flow_label,
+            hop_limit: a.grh.hop_limit,
+        },
     }
 }
 

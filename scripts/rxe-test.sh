@@ -11,6 +11,7 @@
 #                                    examples pingpong, network (ranks as threads, and as
 #                                    processes under mpirun -n 4 --bootstrap env),
 #                                    rping against rdma-core's rping in both roles,
+#                                    udaddy against rdma-core's udaddy server,
 #                                    async_remote_write and rpc_echo on rxe0 (--backend verbs);
 #                                    exits non-zero if any of it fails
 #   scripts/rxe-test.sh --run PROG [ARGS...]
@@ -356,14 +357,15 @@ conformance() {
     grep -o '"executable":"[^"]*"' | tail -1 | cut -d'"' -f4)
   [ -n "$exe" ] || { cargo test --features verbs,tokio --test conformance_verbs --no-run; die "build failed"; }
   json=$(cargo build --features verbs --example pingpong --example network --example rpc_echo \
-    --example rping --message-format=json 2>/dev/null) || true
+    --example rping --example udaddy --message-format=json 2>/dev/null) || true
   pingpong=$(example_exe pingpong <<<"$json")
   network=$(example_exe network <<<"$json")
   rpc=$(example_exe rpc_echo <<<"$json")
   rping=$(example_exe rping <<<"$json")
+  udaddy=$(example_exe udaddy <<<"$json")
   json=$(cargo build --features verbs,tokio --example async_remote_write --message-format=json 2>/dev/null) || true
   async=$(example_exe async_remote_write <<<"$json")
-  [ -n "$pingpong" ] && [ -n "$network" ] && [ -n "$async" ] && [ -n "$rpc" ] && [ -n "$rping" ] ||
+  [ -n "$pingpong" ] && [ -n "$network" ] && [ -n "$async" ] && [ -n "$rpc" ] && [ -n "$rping" ] && [ -n "$udaddy" ] ||
     { cargo build --features verbs --example pingpong --example network --example rpc_echo;
       cargo build --features verbs,tokio --example async_remote_write; die "build of the examples failed"; }
   log "build done ($((SECONDS - t0)) s); booting the guest"
@@ -375,6 +377,7 @@ conformance() {
   cp "$async" "$d/async_remote_write"
   cp "$rpc" "$d/rpc_echo"
   cp "$rping" "$d/rping"
+  cp "$udaddy" "$d/udaddy"
   # Small counts: the guest is emulated (a round trip of pingpong or a barrier takes
   # milliseconds there).
   local rounds=${RXE_PINGPONG_ROUNDS:-1000} nodes=${RXE_NETWORK_NODES:-4}
@@ -395,11 +398,16 @@ conformance() {
     guest_step rping_c_client sh -c "./rping --backend verbs --server 169.254.77.1 --count $rping_count & sleep 3
       rping -c -a 169.254.77.1 -C $rping_count -v -V; rc=\$?; echo \"rping -c (C): status \$rc\"
       wait \$!; s=\$?; exit \$((rc | s))"
+    # udaddy interop: rdma-core's C udaddy serving, examples/udaddy as its client (a
+    # datagram service resolved through the manager, ten datagrams each way).
+    guest_step udaddy_c_server sh -c "udaddy -b 169.254.77.1 > udaddy_s.log 2>&1 &
+      ./udaddy --backend verbs --client 169.254.77.1; rc=\$?
+      wait \$!; s=\$?; echo \"udaddy -b (C): status \$s\"; cat udaddy_s.log; exit \$((rc | s))"
     guest_step rpc_echo ./rpc_echo --backend verbs --calls "$rounds" --secs 1
   } > "$d/test.sh"
   boot_share "$d"
   local out=$W/outcomes; mkdir -p "$out"; rm -f "$out"/{rxe,sim}.tsv
-  local grc=0 prc=0 nrc=0 mrc=0 arc=0 rrc=0 xrc=0 yrc=0
+  local grc=0 prc=0 nrc=0 mrc=0 arc=0 rrc=0 xrc=0 yrc=0 urc=0
   step_status "$d" conformance || grc=$?
   [ -f "$d/rxe.tsv" ] && cp "$d/rxe.tsv" "$out/rxe.tsv"
   log "guest leg: ${GUEST_SECONDS} s (boot, conformance suite, examples); in the guest:"
@@ -432,6 +440,9 @@ conformance() {
   echo "== rping interop on rxe0: examples/rping --server / rping -c -V (rdma-core's C program) =="
   step_status "$d" rping_c_client || yrc=$?
   echo
+  echo "== udaddy interop on rxe0: udaddy -b (rdma-core's C program) / examples/udaddy --client =="
+  step_status "$d" udaddy_c_server || urc=$?
+  echo
   echo "== examples on rxe0: async_remote_write --backend verbs =="
   step_status "$d" async_remote_write || arc=$?
   echo
@@ -441,10 +452,10 @@ conformance() {
     log "rpc_echo allocated on the data path"; rrc=1
   fi
   echo
-  log "conformance on rxe: status $grc; on the simulator: status $src; sim-rxe vs rxe table: status $trc; pingpong: status $prc; network: status $nrc; network under mpirun: status $mrc; rping vs C server: status $xrc; rping vs C client: status $yrc; async_remote_write: status $arc; rpc_echo: status $rrc"
+  log "conformance on rxe: status $grc; on the simulator: status $src; sim-rxe vs rxe table: status $trc; pingpong: status $prc; network: status $nrc; network under mpirun: status $mrc; rping vs C server: status $xrc; rping vs C client: status $yrc; udaddy vs C server: status $urc; async_remote_write: status $arc; rpc_echo: status $rrc"
   [ "${RXE_KEEP:-0}" = 1 ] && log "kept $d" || rm -rf "$d"
   [ "$grc" = 0 ] && [ "$src" = 0 ] && [ "$trc" = 0 ] && [ "$prc" = 0 ] && [ "$nrc" = 0 ] &&
-    [ "$mrc" = 0 ] && [ "$xrc" = 0 ] && [ "$yrc" = 0 ] && [ "$arc" = 0 ] && [ "$rrc" = 0 ]
+    [ "$mrc" = 0 ] && [ "$xrc" = 0 ] && [ "$yrc" = 0 ] && [ "$urc" = 0 ] && [ "$arc" = 0 ] && [ "$rrc" = 0 ]
 }
 
 case "${1:-}" in

@@ -79,10 +79,13 @@ mod udp {
     use std::net::{IpAddr, SocketAddr};
     use std::time::{Duration, Instant};
 
-    use zverbs::cm::{resolve_datagram, CmError, CmListener};
+    use zverbs::channel::{PostedReceive, Scope};
+    #[cfg(feature = "sim")]
+    use zverbs::cm::CmListener;
+    use zverbs::cm::{resolve_datagram, CmError};
     use zverbs::provider::cm::{ConnectionManager, REJECT_NO_LISTENER, UD_QKEY};
     use zverbs::qp::{Ud, UdOptions};
-    use zverbs::{AddressHandle, Channel, ChannelConfig, Context, Destination, Op};
+    use zverbs::{AddressHandle, Channel, ChannelConfig, Context, Destination, LocalSliceMut, Op};
 
     use super::SIZE;
 
@@ -104,6 +107,22 @@ mod udp {
             qkey: UD_QKEY,
             pkey_index: 0,
         }
+    }
+
+    /// `count` receives of a header and a datagram each, posted in `s` over `inbox`.
+    fn receives<'env, P: ConnectionManager>(
+        s: &mut Scope<'env, 'env, P, DEPTH, 1, Ud>,
+        mut inbox: LocalSliceMut<'env>,
+        count: usize,
+    ) -> Result<Vec<PostedReceive>, zverbs::Error<P::Error>> {
+        let mut posted = Vec::with_capacity(count);
+        for _ in 0..count {
+            let (one, rest) = inbox.split_at(GRH + SIZE)?;
+            posted.push(s.post_receive([one])?);
+            inbox = rest;
+        }
+        s.ring_doorbell()?;
+        Ok(posted)
     }
 
     /// The client: `count` datagrams to the service at `to`, then its `count` replies.
@@ -147,14 +166,7 @@ mod udp {
         let got = ch
             .scope(|s| {
                 // Every reply's receive first, then the datagrams.
-                let mut rest = inbox.slice_mut(..)?;
-                let mut posted = Vec::with_capacity(count);
-                for _ in 0..count {
-                    let (one, tail) = rest.split_at(GRH + SIZE)?;
-                    posted.push(s.post_receive([one])?);
-                    rest = tail;
-                }
-                s.ring_doorbell()?;
+                let posted = receives(s, inbox.slice_mut(..)?, count)?;
                 for _ in 0..count {
                     s.post(Op::datagram_with_imm([msg.slice(..)?], &dest, me))?;
                 }
@@ -196,14 +208,7 @@ mod udp {
         let reply = pd.register(&mut reply).map_err(|e| e.to_string())?;
         let qpn = ch.queue_pair().qp_num();
         ch.scope(|s| {
-            let mut rest = inbox.slice_mut(..)?;
-            let mut posted = Vec::with_capacity(count);
-            for _ in 0..count {
-                let (one, tail) = rest.split_at(GRH + SIZE)?;
-                posted.push(s.post_receive([one])?);
-                rest = tail;
-            }
-            s.ring_doorbell()?;
+            let posted = receives(s, inbox.slice_mut(..)?, count)?;
             listener
                 .answer_datagram(qpn, b"", STEP)
                 .map_err(|_| zverbs::Error::InvalidAttribute("no service request"))?;

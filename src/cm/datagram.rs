@@ -10,7 +10,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use super::wait::{next_event, Deadline};
-use super::{expect, CmError, CmListener, RESOLVE_MS};
+use super::{resolved, CmError, CmListener};
 use crate::device::Context;
 use crate::provider::cm::{
     private_data_limit, CmEventKind, ConnParam, ConnectionManager, PortSpace, PrivateData, UdPeer,
@@ -49,17 +49,10 @@ pub fn resolve_datagram<P: ConnectionManager>(
             max: limit,
         });
     }
-    let events = provider.create_cm_channel().map_err(CmError::Verbs)?;
-    let id = P::create_cm_id(&events, PortSpace::Ud).map_err(CmError::Verbs)?;
-    P::cm_resolve_addr(&id, src, dst, RESOLVE_MS).map_err(CmError::Verbs)?;
-    expect::<P>(&events, CmEventKind::AddrResolved, deadline)?;
-    P::cm_resolve_route(&id, RESOLVE_MS).map_err(CmError::Verbs)?;
-    expect::<P>(&events, CmEventKind::RouteResolved, deadline)?;
-    if !P::cm_on_device(&id, ctx.raw()) {
-        return Err(CmError::WrongDevice);
-    }
-    P::cm_connect(&id, &ConnParam::default(), data).map_err(CmError::Verbs)?;
-    let ev = next_event::<P>(&events, deadline).map_err(|e| match e {
+    let link = resolved(provider, PortSpace::Ud, ctx, src, dst, deadline)?;
+    let (id, events) = (&link.id, &link.events);
+    P::cm_connect(id, &ConnParam::default(), data).map_err(CmError::Verbs)?;
+    let ev = next_event::<P>(events, deadline).map_err(|e| match e {
         CmError::Timeout { .. } => CmError::Timeout {
             waiting_for: CmEventKind::Established,
         },

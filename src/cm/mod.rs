@@ -100,8 +100,8 @@ impl Answer {
 /// What keeps a connection made through the manager: its id and event channel. Dropping
 /// it ends the connection (the peer sees it disconnect).
 pub struct CmLink<P: ConnectionManager> {
-    id: P::CmId,
-    events: P::CmChannel,
+    pub(crate) id: P::CmId,
+    pub(crate) events: P::CmChannel,
     /// The peer's disconnect was seen (its event is taken once).
     gone: AtomicBool,
 }
@@ -204,30 +204,18 @@ impl<P: ConnectionManager, const DEPTH: usize, const SGES: usize> CmConnection<P
                 max: limit,
             });
         }
-        let events = provider.create_cm_channel().map_err(CmError::Verbs)?;
-        let id = P::create_cm_id(&events, PortSpace::Rc).map_err(CmError::Verbs)?;
-        P::cm_resolve_addr(&id, src, dst, RESOLVE_MS).map_err(CmError::Verbs)?;
-        expect::<P>(&events, CmEventKind::AddrResolved, deadline)?;
-        P::cm_resolve_route(&id, RESOLVE_MS).map_err(CmError::Verbs)?;
-        expect::<P>(&events, CmEventKind::RouteResolved, deadline)?;
-        if !P::cm_on_device(&id, ctx.raw()) {
-            return Err(CmError::WrongDevice);
-        }
+        let link = resolved(provider, PortSpace::Rc, ctx, src, dst, deadline)?;
         let prepared = prepare().map_err(CmError::Channel)?;
         let param = conn_param(&prepared);
-        P::cm_connect(&id, &param, data).map_err(CmError::Verbs)?;
-        let answer = expect::<P>(&events, CmEventKind::ConnectResponse, deadline)?;
-        let path = P::cm_path(&id).map_err(CmError::Verbs)?;
+        P::cm_connect(&link.id, &param, data).map_err(CmError::Verbs)?;
+        let answer = expect::<P>(&link.events, CmEventKind::ConnectResponse, deadline)?;
+        let path = P::cm_path(&link.id).map_err(CmError::Verbs)?;
         let channel = connect_path(prepared, &path).map_err(CmError::Channel)?;
         before_establish(answer.as_slice())?;
-        P::cm_establish(&id).map_err(CmError::Verbs)?;
+        P::cm_establish(&link.id).map_err(CmError::Verbs)?;
         Ok(CmConnection {
             channel,
-            link: CmLink {
-                id,
-                events,
-                gone: AtomicBool::new(false),
-            },
+            link,
             peer_data: answer,
         })
     }
@@ -441,6 +429,33 @@ fn answered<P: ConnectionManager, const DEPTH: usize, const SGES: usize>(
             gone: AtomicBool::new(false),
         },
         peer_data: PrivateData::EMPTY,
+    })
+}
+
+/// A new id of `ps` on an event channel of its own (a link not connected yet), its
+/// address and route resolved to `dst` from `ctx`'s device (from `src`'s address when
+/// given), by `deadline`.
+pub(crate) fn resolved<P: ConnectionManager>(
+    provider: &P,
+    ps: PortSpace,
+    ctx: &Context<P>,
+    src: Option<IpAddr>,
+    dst: SocketAddr,
+    deadline: Deadline,
+) -> Result<CmLink<P>, CmError<P::Error>> {
+    let events = provider.create_cm_channel().map_err(CmError::Verbs)?;
+    let id = P::create_cm_id(&events, ps).map_err(CmError::Verbs)?;
+    P::cm_resolve_addr(&id, src, dst, RESOLVE_MS).map_err(CmError::Verbs)?;
+    expect::<P>(&events, CmEventKind::AddrResolved, deadline)?;
+    P::cm_resolve_route(&id, RESOLVE_MS).map_err(CmError::Verbs)?;
+    expect::<P>(&events, CmEventKind::RouteResolved, deadline)?;
+    if !P::cm_on_device(&id, ctx.raw()) {
+        return Err(CmError::WrongDevice);
+    }
+    Ok(CmLink {
+        id,
+        events,
+        gone: AtomicBool::new(false),
     })
 }
 

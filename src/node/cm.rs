@@ -25,7 +25,7 @@ use std::vec::Vec;
 
 use super::{Node, NodeError, PreparedNode};
 use crate::cm::wait::{next_event_of, Deadline};
-use crate::cm::{expect, CmError, CmListener, RESOLVE_MS};
+use crate::cm::{resolved, CmError, CmLink, CmListener};
 use crate::device::Context;
 use crate::provider::cm::{
     CmEventKind, CmPath, ConnParam, ConnectionManager, PortSpace, PrivateData, REJECT_NO_LISTENER,
@@ -149,15 +149,12 @@ impl<P: ConnectionManager, const PEERS: usize, const DEPTH: usize, const SGES: u
         // 1. A request to every higher peer, each resolved on a channel of its own, then
         // moved to the node's.
         let dial = |p: usize| -> Result<P::CmId, NodeError<P::Error>> {
-            let own = provider.create_cm_channel().map_err(verb(Some(p)))?;
-            let id = P::create_cm_id(&own, PortSpace::Rc).map_err(verb(Some(p)))?;
-            P::cm_resolve_addr(&id, src, addrs[p], RESOLVE_MS).map_err(verb(Some(p)))?;
-            expect::<P>(&own, CmEventKind::AddrResolved, deadline).map_err(cm(Some(p)))?;
-            P::cm_resolve_route(&id, RESOLVE_MS).map_err(verb(Some(p)))?;
-            expect::<P>(&own, CmEventKind::RouteResolved, deadline).map_err(cm(Some(p)))?;
-            if !P::cm_on_device(&id, ctx.raw()) {
-                return Err(cm(Some(p))(CmError::WrongDevice));
-            }
+            let link = resolved(provider, PortSpace::Rc, ctx, src, addrs[p], deadline)
+                .map_err(cm(Some(p)))?;
+            // The id moves to the node's channel below; its own goes with the link.
+            let CmLink {
+                id, events: _own, ..
+            } = link;
             let (data, ctrl) = self.endpoints(p)?;
             let hello = request(rank, world, &ctrl);
             P::cm_connect(&id, &self.param(data.qp_num), &hello).map_err(verb(Some(p)))?;

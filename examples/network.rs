@@ -38,13 +38,7 @@ use backend::{Args, Backend};
 const CAP: usize = 16;
 
 fn main() -> ExitCode {
-    match run() {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("network: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    backend::exit("network", run())
 }
 
 const USAGE: &str = "usage: network [--backend sim|verbs] [--device NAME] \

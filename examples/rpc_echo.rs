@@ -25,13 +25,7 @@ use backend::{Args, Backend};
 static GLOBAL: zverbs_testkit::CountingAlloc = zverbs_testkit::CountingAlloc;
 
 fn main() -> ExitCode {
-    match run() {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("rpc_echo: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    backend::exit("rpc_echo", run())
 }
 
 fn run() -> Result<(), String> {

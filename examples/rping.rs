@@ -28,13 +28,7 @@ const PORT: u16 = 7174;
 const SIZE: usize = 64;
 
 fn main() -> ExitCode {
-    match run() {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("rping: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    backend::exit("rping", run())
 }
 
 fn run() -> Result<(), String> {

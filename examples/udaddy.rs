@@ -22,13 +22,7 @@ const PORT: u16 = 7174;
 const SIZE: usize = 100;
 
 fn main() -> ExitCode {
-    match run() {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("udaddy: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    backend::exit("udaddy", run())
 }
 
 fn run() -> Result<(), String> {

@@ -5,9 +5,12 @@
 //! errors within the timeout.
 #![cfg(all(feature = "sim", feature = "tokio"))]
 
+mod common;
+
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
+use common::rt::{config, multi_thread};
 use zverbs::bootstrap::{Bootstrap, ExchangeError, NetworkConfig};
 use zverbs::provider::sim::Sim;
 use zverbs::tokio::{ConnectError, Connection};
@@ -17,19 +20,7 @@ const POOL: usize = 1 << 16;
 const TIMEOUT: Duration = Duration::from_secs(10);
 
 fn cfg() -> ChannelConfig {
-    ChannelConfig {
-        timeout: Some(TIMEOUT),
-        flush_grace: Duration::from_millis(50),
-        ..ChannelConfig::default()
-    }
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
+    config(TIMEOUT)
 }
 
 /// A free loopback address (bound, then let go).
@@ -89,7 +80,7 @@ where
 /// its left neighbour's rank in it.
 #[test]
 fn a_ring_connects_in_one_call_and_writes_around() {
-    runtime().block_on(async {
+    multi_thread().block_on(async {
         for by_env in [true, false] {
             let n = 4;
             let ring = |r: u32| vec![(r + n - 1) % n, (r + 1) % n];
@@ -132,7 +123,7 @@ fn a_ring_connects_in_one_call_and_writes_around() {
 /// rank learns in the readiness round that rank 0 is not ready — each within the timeout.
 #[test]
 fn a_peer_that_does_not_name_this_rank_back_is_unpaired() {
-    runtime().block_on(async {
+    multi_thread().block_on(async {
         let t0 = Instant::now();
         let peers = |r: u32| if r == 0 { vec![1] } else { vec![] };
         let got = each_rank(world(3, true), peers, |sim, b, peers| async move {
@@ -156,7 +147,7 @@ fn a_peer_that_does_not_name_this_rank_back_is_unpaired() {
 /// This rank, or a rank past the world, as a peer: refused before any meeting.
 #[test]
 fn peers_that_are_no_ranks_are_refused_at_once() {
-    runtime().block_on(async {
+    multi_thread().block_on(async {
         let sim = Sim::with_devices(1);
         let b = &world(2, true)[0];
         for bad in [0, 2] {

@@ -4,10 +4,13 @@
 //! next; nobody listening is a typed error within the timeout.
 #![cfg(all(feature = "sim", feature = "tokio"))]
 
+mod common;
+
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::rt::{config, multi_thread};
 use zverbs::cm::{CmConnection, CmError, CmListener};
 use zverbs::provider::cm::{REJECT_CONSUMER, REJECT_NO_LISTENER};
 use zverbs::provider::sim::Sim;
@@ -18,19 +21,7 @@ const POOL: usize = 1 << 16;
 const T: Duration = Duration::from_secs(5);
 
 fn cfg() -> ChannelConfig {
-    ChannelConfig {
-        timeout: Some(T),
-        flush_grace: Duration::from_millis(50),
-        ..ChannelConfig::default()
-    }
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
+    config(T)
 }
 
 fn ip(dev: u8) -> IpAddr {
@@ -39,7 +30,7 @@ fn ip(dev: u8) -> IpAddr {
 
 #[test]
 fn a_connection_made_through_the_manager_lends_and_writes() {
-    runtime().block_on(async {
+    multi_thread().block_on(async {
         let sim = Sim::with_devices(2);
         let at = SocketAddr::new(ip(1), 7480);
         let listener = Arc::new(CmListener::bind(&sim, at).unwrap());
@@ -67,7 +58,7 @@ fn a_connection_made_through_the_manager_lends_and_writes() {
 
 #[test]
 fn a_stranger_is_rejected_and_the_next_request_accepted() {
-    runtime().block_on(async {
+    multi_thread().block_on(async {
         let sim = Sim::with_devices(2);
         let at = SocketAddr::new(ip(1), 7481);
         let listener = Arc::new(CmListener::bind(&sim, at).unwrap());
@@ -117,7 +108,7 @@ fn a_stranger_is_rejected_and_the_next_request_accepted() {
 
 #[test]
 fn nobody_listening_is_a_typed_error_within_the_timeout() {
-    runtime().block_on(async {
+    multi_thread().block_on(async {
         let sim = Sim::with_devices(2);
         let start = Instant::now();
         let at = SocketAddr::new(ip(1), 7482);

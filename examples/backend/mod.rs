@@ -9,6 +9,17 @@
 
 use std::fmt;
 
+/// The exit status of example `name` after `run`: success, or its error on stderr.
+pub fn exit(name: &str, run: Result<(), String>) -> std::process::ExitCode {
+    match run {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{name}: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 /// A backend the examples can run on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use zverbs::provider::sim::Sim;
-use zverbs::{AccessFlags, MemoryRegion, MrPool, ProtectionDomain, RemoteRegion};
+use zverbs::{AccessFlags, ChannelConfig, MemoryRegion, MrPool, ProtectionDomain, RemoteRegion};
 
 pub fn current_thread() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
@@ -18,6 +18,15 @@ pub fn multi_thread() -> tokio::runtime::Runtime {
         .enable_all()
         .build()
         .unwrap()
+}
+
+/// A channel configuration waiting `timeout` at most, with a short flush grace.
+pub fn config(timeout: Duration) -> ChannelConfig {
+    ChannelConfig {
+        timeout: Some(timeout),
+        flush_grace: Duration::from_millis(50),
+        ..ChannelConfig::default()
+    }
 }
 
 /// `op`'s output, or a failed test once `bound` passed (an operation that misses its own

@@ -10,7 +10,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use super::wait::{next_event, Deadline};
-use super::{resolved, CmError, CmListener};
+use super::{fits, resolved, CmError, CmListener};
 use crate::device::Context;
 use crate::provider::cm::{
     private_data_limit, CmEventKind, ConnParam, ConnectionManager, PortSpace, PrivateData, UdPeer,
@@ -42,13 +42,7 @@ pub fn resolve_datagram<P: ConnectionManager>(
     timeout: Duration,
 ) -> Result<CmDatagramPeer, CmError<P::Error>> {
     let deadline = Deadline::after(timeout);
-    let limit = private_data_limit::UD_CONNECT;
-    if data.len() > limit {
-        return Err(CmError::PrivateDataTooLong {
-            len: data.len(),
-            max: limit,
-        });
-    }
+    fits(data, private_data_limit::UD_CONNECT)?;
     let link = resolved(provider, PortSpace::Ud, ctx, src, dst, deadline)?;
     let (id, events) = (&link.id, &link.events);
     P::cm_connect(id, &ConnParam::default(), data).map_err(CmError::Verbs)?;
@@ -99,13 +93,7 @@ impl<P: ConnectionManager> CmListener<P> {
         reply: &[u8],
         timeout: Duration,
     ) -> Result<PrivateData, CmError<P::Error>> {
-        let limit = private_data_limit::UD_ACCEPT;
-        if reply.len() > limit {
-            return Err(CmError::PrivateDataTooLong {
-                len: reply.len(),
-                max: limit,
-            });
-        }
+        fits(reply, private_data_limit::UD_ACCEPT)?;
         let deadline = Deadline::after(timeout);
         loop {
             let ev = next_event::<P>(self.events(), deadline)?;

@@ -197,13 +197,7 @@ impl<P: ConnectionManager, const DEPTH: usize, const SGES: usize> CmConnection<P
         before_establish: impl FnOnce(&[u8]) -> Result<(), CmError<P::Error>>,
     ) -> Result<Self, CmError<P::Error>> {
         let deadline = Deadline::after(timeout);
-        let limit = private_data_limit::CONNECT;
-        if data.len() > limit {
-            return Err(CmError::PrivateDataTooLong {
-                len: data.len(),
-                max: limit,
-            });
-        }
+        fits(data, private_data_limit::CONNECT)?;
         let link = resolved(provider, PortSpace::Rc, ctx, src, dst, deadline)?;
         let prepared = prepare().map_err(CmError::Channel)?;
         let param = conn_param(&prepared);
@@ -430,6 +424,17 @@ fn answered<P: ConnectionManager, const DEPTH: usize, const SGES: usize>(
         },
         peer_data: PrivateData::EMPTY,
     })
+}
+
+/// `Ok` if `data` is within `limit` bytes of private data.
+pub(crate) fn fits<E>(data: &[u8], limit: usize) -> Result<(), CmError<E>> {
+    if data.len() > limit {
+        return Err(CmError::PrivateDataTooLong {
+            len: data.len(),
+            max: limit,
+        });
+    }
+    Ok(())
 }
 
 /// A new id of `ps` on an event channel of its own (a link not connected yet), its

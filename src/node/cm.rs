@@ -180,12 +180,15 @@ impl<P: ConnectionManager, const PEERS: usize, const DEPTH: usize, const SGES: u
                     let _ = P::cm_reject(&id, b"ZVND: not a peer of this node's world");
                     continue;
                 };
-                let theirs = endpoint_in(&ev.private_data.as_slice()[12..]).ok_or(cm(Some(q))(
-                    CmError::Unexpected {
+                let theirs = ev
+                    .private_data
+                    .as_slice()
+                    .get(12..)
+                    .and_then(endpoint_in)
+                    .ok_or(cm(Some(q))(CmError::Unexpected {
                         kind: ev.kind,
                         status: 0,
-                    },
-                ))?;
+                    }))?;
                 let path = P::cm_path(&id).map_err(verb(Some(q)))?;
                 P::cm_migrate(&id, &events).map_err(verb(Some(q)))?;
                 heard[self.map.index(q).expect("a peer")] = Some((path, theirs));

@@ -7,9 +7,8 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::time::Duration;
 
-use super::connect::ConnectError;
+use super::connect::{blocking, ConnectError, UNBOUNDED};
 use super::remote::{Connection, Half, Joined};
 use crate::channel::ChannelConfig;
 use crate::cm::{Answer, CmConnection, CmError, CmListener};
@@ -18,9 +17,6 @@ use crate::provider::cm::{CmEventKind, ConnectionManager};
 use crate::qp::{Endpoint, ENDPOINT_LEN};
 
 const MAGIC: &[u8; 4] = b"ZVTC";
-
-/// The bound where the channel configuration gives none.
-const UNBOUNDED: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// What a side says: the magic, then its control queue pair's endpoint.
 fn hello(ctrl: &Endpoint) -> [u8; 4 + ENDPOINT_LEN] {
@@ -56,30 +52,33 @@ impl<P: ConnectionManager + 'static> Connection<P> {
         let said = hello(&ctrl.endpoint());
         let provider = provider.clone();
         let timeout = config.timeout.unwrap_or(UNBOUNDED);
-        let made = blocking(move || {
-            let mut ctrl = Some(ctrl);
-            let mut ready = None;
-            let cm = CmConnection::connect_prepared(
-                &provider,
-                &own.ctx,
-                move || Ok(data),
-                src,
-                dst,
-                &said,
-                timeout,
-                |reply| {
-                    let theirs = heard(reply).ok_or(CmError::Unexpected {
-                        kind: CmEventKind::ConnectResponse,
-                        status: 0,
-                    })?;
-                    let ctrl = ctrl.take().expect("called once");
-                    ready = Some(ctrl.connect(&theirs).map_err(CmError::Channel)?);
-                    Ok(())
-                },
-            )?;
-            let ctrl = ready.expect("connected before establishing");
-            Ok((cm, ctrl, own))
-        })
+        let made = blocking(
+            move || {
+                let mut ctrl = Some(ctrl);
+                let mut ready = None;
+                let cm = CmConnection::connect_prepared(
+                    &provider,
+                    &own.ctx,
+                    move || Ok(data),
+                    src,
+                    dst,
+                    &said,
+                    timeout,
+                    |reply| {
+                        let theirs = heard(reply).ok_or(CmError::Unexpected {
+                            kind: CmEventKind::ConnectResponse,
+                            status: 0,
+                        })?;
+                        let ctrl = ctrl.take().expect("called once");
+                        ready = Some(ctrl.connect(&theirs).map_err(CmError::Channel)?);
+                        Ok(())
+                    },
+                )?;
+                let ctrl = ready.expect("connected before establishing");
+                Ok((cm, ctrl, own))
+            },
+            ConnectError::Cm,
+        )
         .await?;
         Self::made(made)
     }
@@ -102,40 +101,43 @@ impl<P: ConnectionManager + 'static> Connection<P> {
         let said = hello(&ctrl.endpoint());
         let listener = Arc::clone(listener);
         let timeout = config.timeout.unwrap_or(UNBOUNDED);
-        let made = blocking(move || {
-            let (mut data, mut ctrl, mut ready) = (Some(data), Some(ctrl), None);
-            let cm = listener.accept_prepared_with(
-                &own.ctx,
-                || {
-                    data.take()
-                        .ok_or(Error::InvalidAttribute("one connection per accept"))
-                },
-                timeout,
-                |request| {
-                    // Ready the control queue pair before accepting: the peer may use it
-                    // as soon as its connect returns.
-                    match (heard(request), ctrl.take()) {
-                        (Some(theirs), Some(c)) => match c.connect(&theirs) {
-                            Ok(c) => {
-                                ready = Some(c);
-                                Answer::accept(&said)
+        let made = blocking(
+            move || {
+                let (mut data, mut ctrl, mut ready) = (Some(data), Some(ctrl), None);
+                let cm = listener.accept_prepared_with(
+                    &own.ctx,
+                    || {
+                        data.take()
+                            .ok_or(Error::InvalidAttribute("one connection per accept"))
+                    },
+                    timeout,
+                    |request| {
+                        // Ready the control queue pair before accepting: the peer may use it
+                        // as soon as its connect returns.
+                        match (heard(request), ctrl.take()) {
+                            (Some(theirs), Some(c)) => match c.connect(&theirs) {
+                                Ok(c) => {
+                                    ready = Some(c);
+                                    Answer::accept(&said)
+                                }
+                                Err(_) => Answer::reject(b"ZVTC: cannot connect"),
+                            },
+                            (None, c) => {
+                                ctrl = c;
+                                Answer::reject(b"ZVTC?")
                             }
-                            Err(_) => Answer::reject(b"ZVTC: cannot connect"),
-                        },
-                        (None, c) => {
-                            ctrl = c;
-                            Answer::reject(b"ZVTC?")
+                            (Some(_), None) => Answer::reject(b"ZVTC: busy"),
                         }
-                        (Some(_), None) => Answer::reject(b"ZVTC: busy"),
-                    }
-                },
-            )?;
-            let ctrl = ready.ok_or(CmError::Unexpected {
-                kind: CmEventKind::Established,
-                status: 0,
-            })?;
-            Ok((cm, ctrl, own))
-        })
+                    },
+                )?;
+                let ctrl = ready.ok_or(CmError::Unexpected {
+                    kind: CmEventKind::Established,
+                    status: 0,
+                })?;
+                Ok((cm, ctrl, own))
+            },
+            ConnectError::Cm,
+        )
         .await?;
         Self::made(made)
     }
@@ -156,13 +158,3 @@ type Made<P> = (
     crate::channel::Channel<P, 16, 1>,
     super::remote::Owned<P>,
 );
-
-/// `f` (the manager's blocking calls) on tokio's blocking pool.
-async fn blocking<T: Send + 'static, E: Send + 'static>(
-    f: impl FnOnce() -> Result<T, CmError<E>> + Send + 'static,
-) -> Result<T, ConnectError<E>> {
-    match tokio::task::spawn_blocking(f).await {
-        Ok(r) => r.map_err(ConnectError::Cm),
-        Err(e) => Err(ConnectError::Io(std::io::Error::other(e))),
-    }
-}

@@ -200,3 +200,18 @@ async fn bounded<T, E>(
             .map_err(|_| ConnectError::Timeout),
     }
 }
+
+/// The bound where a channel configuration gives none.
+pub(crate) const UNBOUNDED: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// `f` (a blocking set-up step: an exchange, the connection manager's calls) on tokio's
+/// blocking pool, its error made a set-up error by `wrap`.
+pub(crate) async fn blocking<T: Send + 'static, X: Send + 'static, E>(
+    f: impl FnOnce() -> Result<T, X> + Send + 'static,
+    wrap: fn(X) -> ConnectError<E>,
+) -> Result<T, ConnectError<E>> {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(r) => r.map_err(wrap),
+        Err(e) => Err(ConnectError::Io(std::io::Error::other(e))),
+    }
+}

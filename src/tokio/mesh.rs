@@ -4,11 +4,10 @@
 //! before every rank's queue pairs are at RTS. One deadline bounds all of it.
 
 use std::net::TcpListener;
-use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::connect::ConnectError;
+use super::connect::{blocking, ConnectError, UNBOUNDED};
 use super::remote::{Connection, Half};
 use crate::bootstrap::tcp::Session;
 use crate::bootstrap::{Bootstrap, ExchangeError, Meeting, Rendezvous};
@@ -19,9 +18,6 @@ use crate::qp::ENDPOINT_LEN;
 /// A peer's endpoints as this rank hands them over: the peer's rank (big-endian), then the
 /// data and control endpoints made for it.
 const RECORD: usize = 4 + 2 * ENDPOINT_LEN;
-
-/// The bound where the channel configuration gives none.
-const UNBOUNDED: Duration = Duration::from_secs(365 * 24 * 3600);
 
 impl<P: Provider + 'static> Connection<P> {
     /// A connection to each rank of `peers`, in ascending rank order, every one set up as
@@ -134,14 +130,18 @@ async fn meet<E>(
                 0 => Some(rv.listen().map_err(ConnectError::Exchange)?),
                 _ => None,
             };
-            let (theirs, root) = blocking(move || {
-                let parcels: Vec<(u32, &[u8])> = mine.iter().map(|(p, e)| (*p, &e[..])).collect();
-                match &root {
-                    Some(l) => rv.route_on(l, &[], &parcels, left),
-                    None => rv.route(rank, &[], &parcels, left),
-                }
-                .map(|r| (r.parcels, root))
-            })
+            let (theirs, root) = blocking(
+                move || {
+                    let parcels: Vec<(u32, &[u8])> =
+                        mine.iter().map(|(p, e)| (*p, &e[..])).collect();
+                    match &root {
+                        Some(l) => rv.route_on(l, &[], &parcels, left),
+                        None => rv.route(rank, &[], &parcels, left),
+                    }
+                    .map(|r| (r.parcels, root))
+                },
+                ConnectError::Exchange,
+            )
             .await?;
             Ok((theirs, Round::Rendezvous(rv, root)))
         }
@@ -152,8 +152,11 @@ async fn meet<E>(
                 payload.extend_from_slice(e);
             }
             let deadline = deadline.into_std();
-            let mut session =
-                blocking(move || Session::open(&config, rank, None, &payload, deadline)).await?;
+            let mut session = blocking(
+                move || Session::open(&config, rank, None, &payload, deadline),
+                ConnectError::Exchange,
+            )
+            .await?;
             // From each rank, the record addressed to this one, if any.
             let addressed = |(from, records): (u32, Vec<u8>)| {
                 records
@@ -178,15 +181,20 @@ async fn ready_round<E>(
     deadline: Instant,
 ) -> Result<(), ConnectError<E>> {
     let (rv, root) = match round {
-        Round::Session(session) => return blocking(move || session.confirm(ready)).await,
+        Round::Session(session) => {
+            return blocking(move || session.confirm(ready), ConnectError::Exchange).await
+        }
         Round::Rendezvous(rv, root) => (rv, root),
     };
     let left = deadline.saturating_duration_since(Instant::now());
     let say = [u8::from(ready)];
-    let all = blocking(move || match &root {
-        Some(l) => rv.all_gather_on(l, &say, left),
-        None => rv.all_gather(rank, &say, left),
-    })
+    let all = blocking(
+        move || match &root {
+            Some(l) => rv.all_gather_on(l, &say, left),
+            None => rv.all_gather(rank, &say, left),
+        },
+        ConnectError::Exchange,
+    )
     .await?;
     let failed: Vec<u32> = (0u32..)
         .zip(&all)
@@ -200,15 +208,5 @@ async fn ready_round<E>(
             failed,
             waiting_for: Vec::new(),
         }))
-    }
-}
-
-/// `f` (a blocking exchange) on tokio's blocking pool.
-async fn blocking<T: Send + 'static, E>(
-    f: impl FnOnce() -> Result<T, ExchangeError> + Send + 'static,
-) -> Result<T, ConnectError<E>> {
-    match tokio::task::spawn_blocking(f).await {
-        Ok(r) => r.map_err(ConnectError::Exchange),
-        Err(e) => Err(ConnectError::Io(std::io::Error::other(e))),
     }
 }

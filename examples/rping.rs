@@ -87,8 +87,8 @@ mod ping {
     use std::net::{IpAddr, SocketAddr};
     use std::time::{Duration, Instant};
 
-    use zverbs::cm::{CmConnection, CmError, CmListener};
-    use zverbs::provider::cm::{ConnectionManager, REJECT_NO_LISTENER};
+    use zverbs::cm::{CmConnection, CmListener};
+    use zverbs::provider::cm::ConnectionManager;
     use zverbs::{AccessFlags, ChannelConfig, Context, RemoteRegion};
 
     use super::SIZE;
@@ -165,10 +165,7 @@ mod ping {
                 &config(),
                 STEP,
             ) {
-                Err(CmError::Rejected {
-                    status: REJECT_NO_LISTENER,
-                    ..
-                }) if since.elapsed() < STEP => {
+                Err(e) if e.nobody_listens() && since.elapsed() < STEP => {
                     std::thread::sleep(Duration::from_millis(100));
                 }
                 r => break r.map_err(|e| format!("connect to {to}: {e}"))?,

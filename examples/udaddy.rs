@@ -74,10 +74,10 @@ mod udp {
     use std::time::{Duration, Instant};
 
     use zverbs::channel::{PostedReceive, Scope};
+    use zverbs::cm::resolve_datagram;
     #[cfg(feature = "sim")]
     use zverbs::cm::CmListener;
-    use zverbs::cm::{resolve_datagram, CmError};
-    use zverbs::provider::cm::{ConnectionManager, REJECT_NO_LISTENER, UD_QKEY};
+    use zverbs::provider::cm::{ConnectionManager, UD_QKEY};
     use zverbs::qp::{Ud, UdOptions};
     use zverbs::{AddressHandle, Channel, ChannelConfig, Context, Destination, LocalSliceMut, Op};
 
@@ -140,10 +140,9 @@ mod udp {
         let since = Instant::now();
         let peer = loop {
             match resolve_datagram(provider, &ctx, from, to, b"", STEP) {
-                Err(CmError::Rejected {
-                    status: REJECT_NO_LISTENER,
-                    ..
-                }) if since.elapsed() < STEP => std::thread::sleep(Duration::from_millis(100)),
+                Err(e) if e.nobody_listens() && since.elapsed() < STEP => {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
                 r => break r.map_err(|e| format!("resolve {to}: {e}"))?,
             }
         };

@@ -392,7 +392,9 @@ conformance() {
     guest_step async_remote_write ./async_remote_write --backend verbs
     # rping interop, both roles on 169.254.77.1 (rxe0's address): rdma-core's C rping
     # against examples/rping, data checked by the client (rping -V; ours always checks).
-    guest_step rping_c_server sh -c "rping -s -a 169.254.77.1 -C $rping_count -v > rping_s.log 2>&1 &
+    # Each C peer in the background is bounded, so that a failed partner costs one step,
+    # not the guest's whole run.
+    guest_step rping_c_server sh -c "timeout 120 rping -s -a 169.254.77.1 -C $rping_count -v > rping_s.log 2>&1 &
       ./rping --backend verbs --client 169.254.77.1 --count $rping_count; rc=\$?
       wait \$!; s=\$?; echo \"rping -s (C): status \$s\"; cat rping_s.log; exit \$((rc | s))"
     guest_step rping_c_client sh -c "./rping --backend verbs --server 169.254.77.1 --count $rping_count & sleep 3
@@ -400,7 +402,7 @@ conformance() {
       wait \$!; s=\$?; exit \$((rc | s))"
     # udaddy interop: rdma-core's C udaddy serving, examples/udaddy as its client (a
     # datagram service resolved through the manager, ten datagrams each way).
-    guest_step udaddy_c_server sh -c "udaddy -b 169.254.77.1 > udaddy_s.log 2>&1 &
+    guest_step udaddy_c_server sh -c "timeout 120 udaddy -b 169.254.77.1 > udaddy_s.log 2>&1 &
       ./udaddy --backend verbs --client 169.254.77.1; rc=\$?
       wait \$!; s=\$?; echo \"udaddy -b (C): status \$s\"; cat udaddy_s.log; exit \$((rc | s))"
     guest_step rpc_echo ./rpc_echo --backend verbs --calls "$rounds" --secs 1

@@ -254,7 +254,8 @@ fn a_disconnect_is_seen_by_the_peer_and_later_work_fails() {
 
 /// A datagram service (`udaddy`'s exchange): the requester learns the answerer's queue
 /// pair, the manager's Q_Key and the path; private data past the service request's limit
-/// is refused; nobody listening is the manager's reject.
+/// is refused; nobody listening is the manager's `Unreachable` (a service reply's
+/// status 1), which [`CmError::nobody_listens`] names.
 #[test]
 fn a_datagram_service_is_resolved_and_its_limits_hold() {
     use zverbs::cm::resolve_datagram;
@@ -277,12 +278,59 @@ fn a_datagram_service_is_resolved_and_its_limits_hold() {
     ));
     drop(listener);
     let r = resolve_datagram(&w.sim, &w.ctx[0], Some(ip(0)), at(1, 7476), b"", T);
-    assert!(matches!(
-        r,
-        Err(CmError::Rejected {
-            status: REJECT_NO_LISTENER,
-            ..
-        })
-    ));
+    match r {
+        Err(e @ CmError::Unreachable { status: 1 }) => assert!(e.nobody_listens()),
+        other => panic!("{:?}", other.map(|_| ())),
+    }
     assert_eq!(w.sim.fabric().cm_ids(), 0);
+}
+
+/// A datagram service request that nobody serves, that its service refuses, or whose id
+/// the service destroys unanswered ends as the verbs stack ends it: `Unreachable` with
+/// the service reply's status (1, 2, 2) and its 136 bytes of private data; a reason past
+/// those 136 is refused at the call.
+#[test]
+fn a_datagram_request_nobody_serves_or_its_service_refuses_is_unreachable() {
+    use zverbs_sim::cm::{CmEventKind, ConnParam, PortSpace, SIDR_NO_LISTENER, SIDR_REJECT};
+    let f = zverbs_sim::Fabric::with_devices(2);
+    let (server, client) = (
+        f.create_cm_channel().unwrap(),
+        f.create_cm_channel().unwrap(),
+    );
+    let ask = || {
+        let id = client.create_id(PortSpace::Ud).unwrap();
+        id.resolve_addr(None, at(1, 7477)).unwrap();
+        assert_eq!(client.get_event().unwrap().kind, CmEventKind::AddrResolved);
+        id.resolve_route().unwrap();
+        assert_eq!(client.get_event().unwrap().kind, CmEventKind::RouteResolved);
+        id.connect(&ConnParam::default(), b"anyone?").unwrap();
+        id
+    };
+    let outcome = || {
+        let ev = client.get_event().unwrap();
+        let data = ev.private_data.as_slice();
+        (ev.kind, ev.status, data.len(), data.starts_with(b"go away"))
+    };
+    let _nobody = ask();
+    assert_eq!(
+        outcome(),
+        (CmEventKind::Unreachable, SIDR_NO_LISTENER, 136, false)
+    );
+    let listener = server.create_id(PortSpace::Ud).unwrap();
+    listener.bind(at(1, 7477)).unwrap();
+    listener.listen().unwrap();
+    let _refused = ask();
+    let request = server.get_event().unwrap().request.unwrap();
+    assert!(request.reject(&[0; 137]).is_err());
+    request.reject(b"go away").unwrap();
+    assert_eq!(
+        outcome(),
+        (CmEventKind::Unreachable, SIDR_REJECT, 136, true)
+    );
+    let _orphaned = ask();
+    drop(server.get_event().unwrap().request.unwrap());
+    assert_eq!(
+        outcome(),
+        (CmEventKind::Unreachable, SIDR_REJECT, 136, false)
+    );
 }

@@ -10,7 +10,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use super::wait::{next_event, Deadline};
-use super::{fits, resolved, CmError, CmListener};
+use super::{fits, resolved, Answer, CmError, CmListener};
 use crate::device::Context;
 use crate::provider::cm::{
     private_data_limit, CmEventKind, ConnParam, ConnectionManager, PortSpace, PrivateData, UdPeer,
@@ -94,18 +94,48 @@ impl<P: ConnectionManager> CmListener<P> {
         timeout: Duration,
     ) -> Result<PrivateData, CmError<P::Error>> {
         fits(reply, private_data_limit::UD_ACCEPT)?;
+        self.answer_datagram_with(qp_num, timeout, |_| Answer::accept(reply))
+    }
+
+    /// As [`answer_datagram`](Self::answer_datagram), with `answer` deciding on each
+    /// request (from its private data): the first accepted one ends the call; a rejected
+    /// one is refused with the reason (cut to [`private_data_limit::UD_ACCEPT`] bytes: the
+    /// requester sees [`CmError::Unreachable`] with status
+    /// [`SIDR_REJECT`](crate::provider::cm::SIDR_REJECT)).
+    ///
+    /// # Errors
+    /// [`CmError::PrivateDataTooLong`] for an accept's reply past
+    /// [`private_data_limit::UD_ACCEPT`] (that request is refused); as
+    /// [`answer_datagram`](Self::answer_datagram).
+    pub fn answer_datagram_with(
+        &self,
+        qp_num: u32,
+        timeout: Duration,
+        mut answer: impl FnMut(&[u8]) -> Answer,
+    ) -> Result<PrivateData, CmError<P::Error>> {
         let deadline = Deadline::after(timeout);
         loop {
             let ev = next_event::<P>(self.events(), deadline)?;
             let (CmEventKind::ConnectRequest, Some(request)) = (ev.kind, ev.request) else {
                 continue;
             };
+            let reply = match answer(ev.private_data.as_slice()) {
+                Answer::Accept(reply) => reply,
+                Answer::Reject(reason) => {
+                    let reason = reason.as_slice();
+                    let cut = &reason[..reason.len().min(private_data_limit::UD_ACCEPT)];
+                    // Best effort: dropping the id refuses it too.
+                    let _ = P::cm_reject(&request, cut);
+                    continue;
+                }
+            };
+            fits(reply.as_slice(), private_data_limit::UD_ACCEPT)?;
             let param = ConnParam {
                 qp_num,
                 qkey: UD_QKEY,
                 ..ConnParam::default()
             };
-            P::cm_accept(&request, &param, reply).map_err(CmError::Verbs)?;
+            P::cm_accept(&request, &param, reply.as_slice()).map_err(CmError::Verbs)?;
             return Ok(ev.private_data);
         }
     }

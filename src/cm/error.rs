@@ -3,7 +3,9 @@
 use core::fmt;
 
 use crate::error::{Error, ErrorKind, ProviderError};
-use crate::provider::cm::CmEventKind;
+use crate::provider::cm::{
+    CmEventKind, REJECT_CONSUMER, REJECT_NO_LISTENER, SIDR_NO_LISTENER, SIDR_REJECT,
+};
 
 /// Why a connection through the manager failed; [`kind`](Self::kind) says what it means.
 #[derive(Debug)]
@@ -39,7 +41,9 @@ pub enum CmError<E> {
         /// What the peer's reject carried (its whole field, at most 148 bytes).
         private_data: Vec<u8>,
     },
-    /// The peer did not answer.
+    /// The peer did not answer; or, to a datagram service request, nobody listens
+    /// (`status` 1, [`SIDR_NO_LISTENER`]) or the service refused (`status` 2,
+    /// [`SIDR_REJECT`]).
     Unreachable {
         /// What the manager said.
         status: i32,
@@ -60,6 +64,24 @@ pub enum CmError<E> {
     },
 }
 
+impl<E> CmError<E> {
+    /// Whether the peer's manager said that nobody listens on the port: a reliable
+    /// connect's `Rejected` with [`REJECT_NO_LISTENER`], a datagram service request's
+    /// `Unreachable` with [`SIDR_NO_LISTENER`]. A client started with its server may
+    /// ask again while this holds.
+    pub fn nobody_listens(&self) -> bool {
+        matches!(
+            self,
+            CmError::Rejected {
+                status: REJECT_NO_LISTENER,
+                ..
+            } | CmError::Unreachable {
+                status: SIDR_NO_LISTENER
+            }
+        )
+    }
+}
+
 impl<E: ProviderError> CmError<E> {
     /// What the error means.
     pub fn kind(&self) -> ErrorKind {
@@ -69,7 +91,10 @@ impl<E: ProviderError> CmError<E> {
             CmError::PrivateDataTooLong { .. } => ErrorKind::InvalidArgument,
             CmError::AddrError { .. } | CmError::RouteError { .. } => ErrorKind::NotFound,
             CmError::WrongDevice => ErrorKind::InvalidArgument,
-            CmError::Rejected { .. } => ErrorKind::PermissionDenied,
+            CmError::Rejected { .. }
+            | CmError::Unreachable {
+                status: SIDR_NO_LISTENER | SIDR_REJECT,
+            } => ErrorKind::PermissionDenied,
             CmError::Timeout { .. } | CmError::Unreachable { .. } => ErrorKind::Timeout,
             CmError::Disconnected | CmError::Unexpected { .. } => ErrorKind::Other,
         }
@@ -96,12 +121,18 @@ impl<E: fmt::Debug> fmt::Display for CmError<E> {
                 f,
                 "rejected (reason {status}{}), with {:?}",
                 match *status {
-                    8 => ": nobody listens",
-                    28 => ": by the peer",
+                    REJECT_NO_LISTENER => ": nobody listens",
+                    REJECT_CONSUMER => ": by the peer",
                     _ => "",
                 },
                 private_data
             ),
+            CmError::Unreachable {
+                status: SIDR_NO_LISTENER,
+            } => f.write_str("nobody serves the port (1)"),
+            CmError::Unreachable {
+                status: SIDR_REJECT,
+            } => f.write_str("the service refused (2)"),
             CmError::Unreachable { status } => write!(f, "the peer is unreachable ({status})"),
             CmError::Disconnected => f.write_str("the peer disconnected"),
             CmError::Unexpected { kind, status } => {

@@ -14,7 +14,7 @@ use std::net::{IpAddr, SocketAddr};
 
 pub use zverbs_types::cm::{
     private_data_limit, CmEventKind, CmPath, ConnParam, PortSpace, PrivateData, UdPeer,
-    MAX_PRIVATE_DATA, REJECT_CONSUMER, REJECT_NO_LISTENER, UD_QKEY,
+    MAX_PRIVATE_DATA, REJECT_CONSUMER, REJECT_NO_LISTENER, SIDR_NO_LISTENER, SIDR_REJECT, UD_QKEY,
 };
 
 use super::Provider;

@@ -435,8 +435,55 @@ where
     Ok(o)
 }
 
+/// A datagram service request to a port nobody serves (7478), then to B's service there,
+/// which refuses the first request it hears and answers the second: `Unreachable` with
+/// the service reply's status, 1 then 2 (not the reliable connect's `Rejected`).
+pub fn cm_ud_refused<E: Env + Sync>(env: &E) -> Run<Outcome>
+where
+    E::P: ConnectionManager,
+{
+    use zverbs::cm::resolve_datagram;
+    let s = sides(env)?;
+    let t = env.timeout();
+    let dst = SocketAddr::new(s.ib, 7478);
+    let ask = || resolve_datagram(env.provider(), &s.ca, Some(s.ia), dst, b"ud hello", t);
+    let said = |r: Result<_, CmError<_>>| match r {
+        Err(CmError::Unreachable { status }) => format!("unreachable {status}"),
+        Err(e) => format!("error {e}"),
+        Ok(_) => "answered".into(),
+    };
+    let nobody = said(ask());
+    let listener = CmListener::bind_datagram(env.provider(), dst).map_err(err("listen"))?;
+    let (refused, second, served) = thread::scope(|th| {
+        let server = th.spawn(|| {
+            let mut seen = 0;
+            listener.answer_datagram_with(7, t, |_| {
+                seen += 1;
+                if seen == 1 {
+                    Answer::reject(b"no thanks")
+                } else {
+                    Answer::accept(b"")
+                }
+            })
+        });
+        let (refused, second) = (said(ask()), said(ask()));
+        let served = server
+            .join()
+            .unwrap_or_else(|_| Err(CmError::Disconnected))
+            .map_err(err("answer"));
+        (refused, second, served)
+    });
+    served?;
+    let mut o = Outcome::default();
+    o.item("nobody", nobody)
+        .item("refused", refused)
+        .item("second", second);
+    Ok(o)
+}
+
 #[allow(non_upper_case_globals)]
 pub mod expected {
+    pub const cm_ud_refused: &str = "nobody=unreachable 1; refused=unreachable 2; second=answered";
     pub const cm_ud: &str = "request_len=180; request=ok; reply_len=136; reply=ok; qp_num=ok; \
          qkey=0x1234567; src_qp=ok; bytes=ok";
     pub const cm_node_barrier: &str = "rank0=10; rank1=10; rank2=10";

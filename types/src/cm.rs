@@ -31,6 +31,13 @@ pub const REJECT_NO_LISTENER: i32 = 8;
 /// destroyed unanswered (`IB_CM_REJ_CONSUMER_DEFINED`).
 pub const REJECT_CONSUMER: i32 = 28;
 
+/// The status of the `Unreachable` event a datagram service request gets when nobody
+/// listens on its port (the service reply's `IB_SIDR_UNSUPPORTED`).
+pub const SIDR_NO_LISTENER: i32 = 1;
+/// The status of the `Unreachable` event a datagram service request gets when its service
+/// rejects it (`rdma_reject`) or destroys its id unanswered (`IB_SIDR_REJECT`).
+pub const SIDR_REJECT: i32 = 2;
+
 /// The Q_Key of every datagram service over IP (`RDMA_PS_UDP`): the manager answers with it
 /// whatever the acceptor asked (`RDMA_UDP_QKEY`).
 pub const UD_QKEY: u32 = 0x0123_4567;

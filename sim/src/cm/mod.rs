@@ -17,7 +17,8 @@
 //! [`CmEventKind::AddrError`]; a route over a port that is down, `RouteError`; nobody
 //! listening, `Rejected` with status [`REJECT_NO_LISTENER`]; a reject, or a request whose
 //! id is destroyed unanswered (with its listener, say), `Rejected` with
-//! [`REJECT_CONSUMER`]; a disconnect, or a peer's id destroyed, `Disconnected` on both
+//! [`REJECT_CONSUMER`]; for a datagram service request, both are `Unreachable`, with
+//! [`SIDR_NO_LISTENER`] and [`SIDR_REJECT`] (the service reply's statuses); a disconnect, or a peer's id destroyed, `Disconnected` on both
 //! sides. Private data past each message's limit is refused at the call; what arrives is
 //! padded with zeros to the message's whole field, as the verbs stack delivers it (a
 //! connect request's 56 bytes, an accept's 196, a reject's 148). Every operation
@@ -59,7 +60,7 @@ pub(crate) use tables::{CmTables, Devices};
 pub use tables::{STATUS_NO_ADDRESS, STATUS_PORT_DOWN};
 pub use zverbs_types::cm::{
     private_data_limit, CmEventKind, CmPath, ConnParam, PortSpace, PrivateData, UdPeer,
-    MAX_PRIVATE_DATA, REJECT_CONSUMER, REJECT_NO_LISTENER, UD_QKEY,
+    MAX_PRIVATE_DATA, REJECT_CONSUMER, REJECT_NO_LISTENER, SIDR_NO_LISTENER, SIDR_REJECT, UD_QKEY,
 };
 
 use crate::api::{enter, Fabric, Shared};
@@ -280,7 +281,8 @@ impl CmId {
     }
 
     /// Refuses the request this id came with (`rdma_reject`): `Rejected` with
-    /// [`REJECT_CONSUMER`] and `data` at the active side.
+    /// [`REJECT_CONSUMER`] and `data` at the active side (a datagram service request:
+    /// `Unreachable` with [`SIDR_REJECT`], `data` at most a service reply's 136 bytes).
     ///
     /// # Errors
     /// [`SimError::Invalid`] with no request to answer, or for `data` past the limit.

@@ -10,7 +10,7 @@ use std::os::unix::net::UnixStream;
 
 use zverbs_types::cm::{
     private_data_limit as limit, CmEventKind, CmPath, ConnParam, PortSpace, PrivateData, UdPeer,
-    REJECT_CONSUMER, REJECT_NO_LISTENER, UD_QKEY,
+    REJECT_CONSUMER, REJECT_NO_LISTENER, SIDR_NO_LISTENER, SIDR_REJECT, UD_QKEY,
 };
 use zverbs_types::AhAttr;
 use zverbs_types::{Gid, Mtu};
@@ -427,7 +427,7 @@ impl CmTables {
         id.mine = Some(mine);
         let Some(l) = listener else {
             id.phase = Phase::Done;
-            self.raise(i, CmEventKind::Rejected, REJECT_NO_LISTENER, no_reason());
+            self.refused(i, ps, (REJECT_NO_LISTENER, SIDR_NO_LISTENER), None);
             return Ok(());
         };
         id.phase = Phase::ReqSent;
@@ -505,8 +505,7 @@ impl CmTables {
     }
 
     pub(crate) fn reject(&mut self, i: usize, data: &[u8]) -> Result<(), SimError> {
-        let data = PrivateData::padded(data, limit::REJECT)
-            .ok_or(SimError::Invalid("private data past the reject limit"))?;
+        let data = message(self.id(i).ps, (limit::REJECT, limit::UD_ACCEPT), data)?;
         if self.id(i).phase != Phase::ReqRcvd {
             return Err(SimError::Invalid("rdma_reject: no request to reject"));
         }
@@ -520,9 +519,22 @@ impl CmTables {
         if let Some(a) = self.id(i).peer.filter(|&a| self.ids[a].is_some()) {
             if self.id(a).phase == Phase::ReqSent {
                 self.id_mut(a).phase = Phase::Done;
-                self.raise(a, CmEventKind::Rejected, REJECT_CONSUMER, data);
+                let ps = self.id(a).ps;
+                self.refused(a, ps, (REJECT_CONSUMER, SIDR_REJECT), Some(data));
             }
         }
+    }
+
+    /// Tells active id `i` its request was refused, as its port space says it: a
+    /// reliable connect is `Rejected` with `status.0` (a reject's private data); a
+    /// datagram service request is `Unreachable` with `status.1` (a service reply's).
+    fn refused(&mut self, i: usize, ps: PortSpace, status: (i32, i32), data: Option<PrivateData>) {
+        let (kind, status, size) = match ps {
+            PortSpace::Rc => (CmEventKind::Rejected, status.0, limit::REJECT),
+            PortSpace::Ud => (CmEventKind::Unreachable, status.1, limit::UD_ACCEPT),
+        };
+        let data = data.unwrap_or_else(|| PrivateData::padded(&[], size).expect("empty fits"));
+        self.raise(i, kind, status, data);
     }
 
     /// The active side, its queue pair at RTS: the passive side's connection is up.
@@ -567,7 +579,8 @@ impl CmTables {
             }
             Phase::ReqSent => {
                 self.id_mut(p).phase = Phase::Done;
-                self.raise(p, CmEventKind::Rejected, REJECT_CONSUMER, no_reason());
+                let ps = self.id(p).ps;
+                self.refused(p, ps, (REJECT_CONSUMER, SIDR_REJECT), None);
             }
             _ => {}
         }
@@ -650,11 +663,6 @@ fn message(ps: PortSpace, limits: (usize, usize), data: &[u8]) -> Result<Private
     };
     PrivateData::padded(data, size)
         .ok_or(SimError::Invalid("private data past the message's limit"))
-}
-
-/// A reject's private data when nobody gave any: the field's zeros.
-fn no_reason() -> PrivateData {
-    PrivateData::padded(&[], limit::REJECT).expect("empty fits")
 }
 
 impl CmTables {

@@ -6,56 +6,24 @@
 use std::time::Duration;
 
 use zverbs::provider::sim::{FabricConfig, Sim};
-use zverbs::qp::{InitOptions, QpConfig, QueuePair, ReadyToSend, RtrOptions, RtsOptions};
-use zverbs::{
-    CompletionChannel, CompletionQueue, Context, ProtectionDomain, RecvWr, SendFlags, SendOp,
-    SendWr, WcStatus, WorkCompletion,
-};
+use zverbs::qp::{InitOptions, QpConfig, QueuePair};
+use zverbs::testing::EventedPair;
+use zverbs::{CompletionQueue, RecvWr, SendFlags, SendOp, SendWr, WcStatus, WorkCompletion};
 
 const NOW: Option<Duration> = Some(Duration::ZERO);
 
-/// A sender (`a`, plain CQs) connected to a receiver (`b`) whose one CQ reports to `ch`.
-/// Fields drop in order: queue pairs before their CQs.
-struct Ends {
-    a: QueuePair<Sim, ReadyToSend>,
-    b: QueuePair<Sim, ReadyToSend>,
-    _a_cq: CompletionQueue<Sim>,
-    b_cq: CompletionQueue<Sim>,
-    ch: CompletionChannel<Sim>,
-    _pds: [ProtectionDomain<Sim>; 2],
-    _ctxs: [Context<Sim>; 2],
+/// A sender (`a`) connected to a receiver (`b`) whose one CQ reports to `ch`.
+struct Ends(EventedPair);
+
+impl std::ops::Deref for Ends {
+    type Target = EventedPair;
+    fn deref(&self) -> &EventedPair {
+        &self.0
+    }
 }
 
 fn ends(sim: &Sim) -> Ends {
-    let (ca, cb) = (
-        Context::open(sim, "sim0").unwrap(),
-        Context::open(sim, "sim1").unwrap(),
-    );
-    let (pa, pb) = (ca.alloc_pd().unwrap(), cb.alloc_pd().unwrap());
-    let ch = CompletionChannel::create(&cb).unwrap();
-    let _a_cq = CompletionQueue::create(&ca, 64).unwrap();
-    let b_cq = CompletionQueue::create_on(&cb, 64, &ch).unwrap();
-    let qp = |ctx, pd, cq| {
-        let qp = QueuePair::create(ctx, pd, cq, cq, &QpConfig::default()).unwrap();
-        qp.into_init(&InitOptions::default())
-            .map_err(|e| e.error)
-            .unwrap()
-    };
-    let (a, b) = (qp(&ca, &pa, &_a_cq), qp(&cb, &pb, &b_cq));
-    let (ea, eb) = (a.endpoint(), b.endpoint());
-    let rtr = RtrOptions::default();
-    let a = a.into_rtr(&eb, &rtr).map_err(|e| e.error).unwrap();
-    let b = b.into_rtr(&ea, &rtr).map_err(|e| e.error).unwrap();
-    let rts = RtsOptions::default();
-    Ends {
-        a: a.into_rts(&rts).map_err(|e| e.error).unwrap(),
-        b: b.into_rts(&rts).map_err(|e| e.error).unwrap(),
-        _a_cq,
-        b_cq,
-        ch,
-        _pds: [pa, pb],
-        _ctxs: [ca, cb],
-    }
+    Ends(EventedPair::connected_on(sim, 64).unwrap())
 }
 
 /// A stepped fabric whose polls do not step: time moves only when the test says so.
@@ -248,15 +216,9 @@ fn events_are_acknowledged_in_batches_and_on_drop() {
         "16 acknowledged, 4 held back"
     );
 
-    let other = CompletionQueue::create_on(&e._ctxs[1], 4, &e.ch).unwrap();
+    let other = CompletionQueue::create_on(&e.ctx[1], 4, &e.ch).unwrap();
     other.arm(false).unwrap();
-    let qp = QueuePair::create(
-        &e._ctxs[1],
-        &e._pds[1],
-        &other,
-        &other,
-        &QpConfig::default(),
-    );
+    let qp = QueuePair::create(&e.ctx[1], &e.pd[1], &other, &other, &QpConfig::default());
     let qp = qp.unwrap().into_init(&InitOptions::default()).ok().unwrap();
     // SAFETY: no scatter entries.
     unsafe { qp.post_recv(&[RecvWr::<1>::new(99)]) }.unwrap();

@@ -18,69 +18,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use loom::sync::Arc;
 use loom::thread;
 use zverbs::provider::sim::Sim;
-use zverbs::qp::{InitOptions, QpConfig, QueuePair, ReadyToSend, RtrOptions, RtsOptions};
-use zverbs::{
-    CompletionChannel, CompletionQueue, Context, ProtectionDomain, RecvWr, SendFlags, SendOp,
-    SendWr, WorkCompletion,
-};
+use zverbs::testing::EventedPair;
+use zverbs::{CompletionQueue, RecvWr, SendFlags, SendOp, SendWr, WorkCompletion};
 
 /// A sender `a` connected to a receiver `b` whose CQ reports to `ch`; `b` has a receive
-/// posted. Fields drop in order: queue pairs before their CQs.
-struct Ends {
-    a: QueuePair<Sim, ReadyToSend>,
-    _b: QueuePair<Sim, ReadyToSend>,
-    _a_cq: CompletionQueue<Sim>,
-    b_cq: CompletionQueue<Sim>,
-    ch: CompletionChannel<Sim>,
-    _pds: [ProtectionDomain<Sim>; 2],
-    _ctxs: [Context<Sim>; 2],
-}
-
-fn ends() -> Ends {
-    let sim = Sim::with_devices(2);
-    let (ca, cb) = (
-        Context::open(&sim, "sim0").unwrap(),
-        Context::open(&sim, "sim1").unwrap(),
-    );
-    let (pa, pb) = (ca.alloc_pd().unwrap(), cb.alloc_pd().unwrap());
-    let ch = CompletionChannel::create(&cb).unwrap();
-    let a_cq = CompletionQueue::create(&ca, 4).unwrap();
-    let b_cq = CompletionQueue::create_on(&cb, 4, &ch).unwrap();
-    let qp = |ctx, pd, cq| {
-        let qp = QueuePair::create(ctx, pd, cq, cq, &QpConfig::default()).unwrap();
-        qp.into_init(&InitOptions::default())
-            .map_err(|e| e.error)
-            .unwrap()
-    };
-    let (a, b) = (qp(&ca, &pa, &a_cq), qp(&cb, &pb, &b_cq));
-    let (ea, eb) = (a.endpoint(), b.endpoint());
-    let a = a
-        .into_rtr(&eb, &RtrOptions::default())
-        .map_err(|e| e.error)
-        .unwrap();
-    let b = b
-        .into_rtr(&ea, &RtrOptions::default())
-        .map_err(|e| e.error)
-        .unwrap();
-    let a = a
-        .into_rts(&RtsOptions::default())
-        .map_err(|e| e.error)
-        .unwrap();
-    let b = b
-        .into_rts(&RtsOptions::default())
-        .map_err(|e| e.error)
-        .unwrap();
+/// posted.
+fn ends() -> EventedPair {
+    let e = EventedPair::connected_on(&Sim::with_devices(2), 4).unwrap();
     // SAFETY: no scatter entries: the receive names no memory.
-    unsafe { b.post_recv(&[RecvWr::<1>::new(7)]) }.unwrap();
-    Ends {
-        a,
-        _b: b,
-        _a_cq: a_cq,
-        b_cq,
-        ch,
-        _pds: [pa, pb],
-        _ctxs: [ca, cb],
-    }
+    unsafe { e.b.post_recv(&[RecvWr::<1>::new(7)]) }.unwrap();
+    e
 }
 
 fn poll(cq: &CompletionQueue<Sim>) -> usize {
@@ -108,7 +55,7 @@ enum Stage {
 /// Runs the consumer's `protocol` against a producer posting one send; returns how the
 /// protocol ended, whether an event is pending once both are done, and what a poll finds
 /// then.
-fn race(protocol: fn(&Ends) -> Stage) -> (Stage, bool, usize) {
+fn race(protocol: fn(&EventedPair) -> Stage) -> (Stage, bool, usize) {
     let e = Arc::new(ends());
     let producer = {
         let e = e.clone();

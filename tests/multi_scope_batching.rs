@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use zverbs::provider::sim::{FabricConfig, Sim};
 use zverbs::{
-    AccessFlags, Channel, ChannelConfig, Context, Error, MemoryRegion, MultiChannel,
-    ProtectionDomain, RemoteRegion, WcStatus,
+    AccessFlags, ChannelConfig, Error, MemoryRegion, MultiChannel, ProtectionDomain, RemoteRegion,
+    WcStatus,
 };
 use zverbs_sim::{Personality, QpCounters};
 
@@ -22,45 +22,20 @@ const PEERS: usize = 4;
 
 /// A root (rank 0) with a `MultiChannel` to leaves `1..=n`, each a plain `Channel` back;
 /// rings of `R` slots, one gather entry per request. `pd[i]` is rank `i`'s.
-struct Star<const R: usize> {
-    pd: Vec<ProtectionDomain<Sim>>,
-    root: MultiChannel<Sim, PEERS, R, 1>,
-    leaves: Vec<Channel<Sim, R, 1>>,
-}
+type Star<const R: usize> = zverbs::testing::Star<PEERS, R, 1>;
 
 fn star<const R: usize>(n: usize) -> Star<R> {
     star_on(&Sim::with_devices(n + 1), n)
 }
 
 fn star_on<const R: usize>(sim: &Sim, n: usize) -> Star<R> {
-    let ctx: Vec<_> = (0..=n)
-        .map(|i| Context::open(sim, &format!("sim{i}")).unwrap())
-        .collect();
-    let pd: Vec<_> = ctx.iter().map(|c| c.alloc_pd().unwrap()).collect();
-    let cfg = ChannelConfig::default();
-    let root = MultiChannel::<Sim, PEERS, R, 1>::prepare(&ctx[0], &pd[0], 1..=n, &cfg).unwrap();
-    let leaves: Vec<_> = (1..=n)
-        .map(|i| Channel::<Sim, R, 1>::prepare(&ctx[i], &pd[i], &cfg).unwrap())
-        .collect();
-    let eps: Vec<_> = leaves.iter().map(|l| l.endpoint()).collect();
-    let mine: Vec<_> = (1..=n).map(|p| root.endpoint(p).unwrap()).collect();
-    let root = root
-        .connect(|p| eps.get(p.wrapping_sub(1)).copied())
-        .unwrap();
-    let leaves = leaves
-        .into_iter()
-        .zip(&mine)
-        .map(|(l, ep)| l.connect(ep).unwrap())
-        .collect();
-    Star { pd, root, leaves }
+    Star::connected_on(sim, n, &ChannelConfig::default()).unwrap()
 }
 
-impl<const R: usize> Star<R> {
-    /// What the simulator counted on the root's queue pair to `peer`.
-    fn counters(&mut self, peer: usize) -> QpCounters {
-        let ch = self.root.peer(peer).unwrap();
-        ch.queue_pair().raw().counters()
-    }
+/// What the simulator counted on the root's queue pair to `peer`.
+fn counters<const R: usize>(s: &mut Star<R>, peer: usize) -> QpCounters {
+    let ch = s.root.peer(peer).unwrap();
+    ch.queue_pair().raw().counters()
 }
 
 /// (doorbells, posted, completions written, completed silently) of the send queue.
@@ -121,7 +96,7 @@ fn k_writes_to_each_peer_ring_one_doorbell_and_signal_once_per_peer() {
         })
         .unwrap();
     for p in 1..=3 {
-        let c = s.counters(p);
+        let c = counters(&mut s, p);
         assert_eq!(sends(c), (1, K as u64, 1, K as u64 - 1), "peer {p}");
         assert_eq!(c.recv_doorbells, 0);
         assert!(matches!(s.root.outcome(p), Some(Ok(None))));
@@ -138,7 +113,9 @@ fn k_writes_to_each_peer_ring_one_doorbell_and_signal_once_per_peer() {
 fn sends_and_receives_go_out_as_one_chain_each_per_peer() {
     const K: usize = 5;
     let mut s = star::<8>(2);
-    let Star { pd, root, leaves } = &mut s;
+    let Star {
+        pd, root, leaves, ..
+    } = &mut s;
     let mut out: Vec<u8> = (0..(2 * K) as u8).collect();
     let out = pd[0].register(&mut out).unwrap();
     let mut inbox_bytes = vec![0u8; 2 * K * 2];
@@ -188,7 +165,7 @@ fn sends_and_receives_go_out_as_one_chain_each_per_peer() {
         .unwrap();
     });
     for p in 1..=2 {
-        let c = s.counters(p);
+        let c = counters(&mut s, p);
         assert_eq!(sends(c), (1, K as u64, 1, K as u64 - 1), "peer {p}");
         assert_eq!(
             (c.recv_doorbells, c.recvs_posted),
@@ -233,8 +210,8 @@ fn a_full_ring_flushes_every_peer_and_waits_only_for_its_own_queue() {
             Ok(())
         })
         .unwrap();
-    assert_eq!(sends(s.counters(1)), (3, 10, 3, 7));
-    assert_eq!(sends(s.counters(2)), (1, 1, 1, 0));
+    assert_eq!(sends(counters(&mut s, 1)), (3, 10, 3, 7));
+    assert_eq!(sends(counters(&mut s, 2)), (1, 1, 1, 0));
     drop(regions);
     assert_eq!(bufs[0], (1..=10).collect::<Vec<u8>>());
     assert_eq!(bufs[1][0], 1);
@@ -278,8 +255,8 @@ fn an_error_mid_batch_names_its_peer_and_leaves_nothing_in_flight() {
         assert_eq!(s.root.peer(p).unwrap().in_flight(), (0, 0), "peer {p}");
     }
     // Two writes retired silently, then the failure and two flushes, each completed.
-    assert_eq!(sends(s.counters(1)), (1, 5, 3, 2));
-    assert_eq!(sends(s.counters(2)), (1, 5, 1, 4));
+    assert_eq!(sends(counters(&mut s, 1)), (1, 5, 3, 2));
+    assert_eq!(sends(counters(&mut s, 2)), (1, 5, 1, 4));
     drop(regions);
     assert_eq!(&bufs[0], b"ab\0\0\0");
     assert_eq!(&bufs[1], b"abcde");
@@ -312,7 +289,7 @@ fn a_batching_scope_does_not_allocate_after_setup() {
         }
     });
     assert_eq!(allocs.count, 0, "allocations in a scope");
-    assert_eq!(s.counters(1).sends_posted, 21 * 12);
+    assert_eq!(counters(&mut s, 1).sends_posted, 21 * 12);
 }
 
 #[test]

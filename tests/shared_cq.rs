@@ -10,21 +10,14 @@ use proptest::prelude::*;
 use zverbs::dispatch::SharedCompletionQueue;
 use zverbs::provider::sim::{FabricConfig, Faults, Sim};
 use zverbs::{
-    AccessFlags, Channel, ChannelConfig, Context, CqLayout, MultiChannel, ProtectionDomain,
-    SendFlags, SendOp, WaitPolicy,
+    AccessFlags, Channel, ChannelConfig, Context, CqLayout, SendFlags, SendOp, WaitPolicy,
 };
 
 const LEAVES: usize = 3;
 
-struct Star {
-    root_pd: ProtectionDomain<Sim>,
-    root: MultiChannel<Sim, 4, 16, 1>,
-    leaf_pds: Vec<ProtectionDomain<Sim>>,
-    leaves: Vec<Channel<Sim, 16, 1>>,
-    _ctxs: Vec<Context<Sim>>,
-}
-
 /// Rank 0 holds a multi-channel to ranks 1..=3; each of them a channel to rank 0.
+type Star = zverbs::testing::Star<4, 16, 1>;
+
 fn star(sim: &Sim, layout: CqLayout) -> Star {
     star_waiting(sim, layout, WaitPolicy::default())
 }
@@ -36,32 +29,7 @@ fn star_waiting(sim: &Sim, layout: CqLayout, wait: WaitPolicy) -> Star {
         wait,
         ..ChannelConfig::default()
     };
-    let ctxs: Vec<_> = (0..=LEAVES)
-        .map(|i| Context::open(sim, &format!("sim{i}")).unwrap())
-        .collect();
-    let pds: Vec<_> = ctxs.iter().map(|c| c.alloc_pd().unwrap()).collect();
-    let root = MultiChannel::<Sim, 4, 16, 1>::prepare(&ctxs[0], &pds[0], 1..=LEAVES, &cfg).unwrap();
-    let leaves: Vec<_> = (1..=LEAVES)
-        .map(|i| Channel::<Sim, 16, 1>::prepare(&ctxs[i], &pds[i], &cfg).unwrap())
-        .collect();
-    let leaf_eps: Vec<_> = leaves.iter().map(|l| l.endpoint()).collect();
-    let root_eps: Vec<_> = (1..=LEAVES).map(|p| root.endpoint(p).unwrap()).collect();
-    let root = root
-        .connect(|p| leaf_eps.get(p.wrapping_sub(1)).copied())
-        .unwrap();
-    let leaves = leaves
-        .into_iter()
-        .zip(&root_eps)
-        .map(|(l, e)| l.connect(e).unwrap())
-        .collect();
-    let mut pds = pds.into_iter();
-    Star {
-        root_pd: pds.next().unwrap(),
-        root,
-        leaf_pds: pds.collect(),
-        leaves,
-        _ctxs: ctxs,
-    }
+    Star::connected_on(sim, LEAVES, &cfg).unwrap()
 }
 
 #[test]
@@ -83,12 +51,12 @@ fn a_multi_channel_shares_its_completion_queues_by_default() {
 fn a_completion_found_while_waiting_for_another_peer_is_kept_for_its_own() {
     let mut s = star(&Sim::with_devices(LEAVES + 1), CqLayout::Shared);
     let (mut m1, mut m3) = (*b"to peer one", *b"to peer three!");
-    let m1 = s.root_pd.register(&mut m1).unwrap();
-    let m3 = s.root_pd.register(&mut m3).unwrap();
+    let m1 = s.pd[0].register(&mut m1).unwrap();
+    let m3 = s.pd[0].register(&mut m3).unwrap();
     let mut inbox: Vec<_> = (0..LEAVES).map(|_| [0u8; 32]).collect();
     let mut regions: Vec<_> = inbox
         .iter_mut()
-        .zip(&s.leaf_pds)
+        .zip(&s.pd[1..])
         .map(|(b, pd)| pd.register(b).unwrap())
         .collect();
     let mut recvs = Vec::new();
@@ -150,16 +118,16 @@ fn threads_drive_their_own_peers(wait: WaitPolicy) {
     let mut targets: Vec<_> = (0..LEAVES).map(|_| [0u8; 8]).collect();
     let root_regs: Vec<_> = root_bufs
         .iter_mut()
-        .map(|b| s.root_pd.register(b).unwrap())
+        .map(|b| s.pd[0].register(b).unwrap())
         .collect();
     let leaf_regs: Vec<_> = leaf_bufs
         .iter_mut()
-        .zip(&s.leaf_pds)
+        .zip(&s.pd[1..])
         .map(|(b, pd)| pd.register(b).unwrap())
         .collect();
     let target_regs: Vec<_> = targets
         .iter_mut()
-        .zip(&s.leaf_pds)
+        .zip(&s.pd[1..])
         // SAFETY: the targets are read only after every thread joined.
         .map(|(b, pd)| unsafe {
             pd.register_with_access(b, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
@@ -228,8 +196,8 @@ proptest! {
         let mut s = star(&Sim::with_config(cfg, LEAVES + 1), CqLayout::Shared);
         let mut dst = vec![[0u8; 64]; ops.len()];
         let mut leaf_src: Vec<_> = (0..LEAVES).map(|_| [7u8; 64]).collect();
-        let leaf_regs: Vec<_> = leaf_src.iter_mut().zip(&s.leaf_pds).map(|(b, pd)| pd.register(b).unwrap()).collect();
-        let mut dst_regs: Vec<_> = dst.iter_mut().map(|b| s.root_pd.register(b).unwrap()).collect();
+        let leaf_regs: Vec<_> = leaf_src.iter_mut().zip(&s.pd[1..]).map(|(b, pd)| pd.register(b).unwrap()).collect();
+        let mut dst_regs: Vec<_> = dst.iter_mut().map(|b| s.pd[0].register(b).unwrap()).collect();
         // The root posts one receive per op, on the op's peer; the peer sends `len` bytes.
         let mut pendings = Vec::new();
         for ((peer, len), reg) in ops.iter().zip(dst_regs.iter_mut()) {
@@ -263,11 +231,11 @@ fn a_full_ring_on_every_peer_does_not_overflow_the_shared_queue() {
     let sim = Sim::with_devices(LEAVES + 1);
     let mut s = star(&sim, CqLayout::Shared);
     let mut buf = [1u8; 8];
-    let reg = s.root_pd.register(&mut buf).unwrap();
+    let reg = s.pd[0].register(&mut buf).unwrap();
     let mut landing: Vec<_> = (0..LEAVES * 16).map(|_| [0u8; 8]).collect();
     let mut regs: Vec<_> = landing
         .chunks_mut(16)
-        .zip(&s.leaf_pds)
+        .zip(&s.pd[1..])
         .flat_map(|(c, pd)| c.iter_mut().map(move |b| pd.register(b).unwrap()))
         .collect();
     let mut regs_iter = regs.iter_mut();

@@ -18,6 +18,17 @@ fn ok(wr_id: u64, opcode: WcOpcode, byte_len: u32, imm: Option<u32>, qp: &Qp) ->
     }
 }
 
+/// What a write's target is registered with.
+const WRITABLE: AccessFlags = AccessFlags::LOCAL_WRITE.union(AccessFlags::REMOTE_WRITE);
+
+/// A write to `dst` at `off`, registered as `md`.
+fn write_into(dst: &Buf, off: usize, md: &Mr) -> SendOp {
+    SendOp::Write {
+        remote_addr: dst.addr(off),
+        rkey: md.rkey(),
+    }
+}
+
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len).map(|i| seed.wrapping_add(i as u8)).collect()
 }
@@ -197,14 +208,8 @@ fn write_and_write_with_imm() {
     let (src, dst) = (Buf::new(32, 0), Buf::new(32, 0x55));
     src.set(0, &pattern(32, 9));
     let ms = src.reg(&p.a.pd, AccessFlags::empty());
-    let md = dst.reg(
-        &p.b.pd,
-        AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
-    );
-    let op = SendOp::Write {
-        remote_addr: dst.addr(4),
-        rkey: md.rkey(),
-    };
+    let md = dst.reg(&p.b.pd, WRITABLE);
+    let op = write_into(&dst, 4, &md);
     p.a.qp.post_send(&[sig(1, op, &[sge(&ms, 0, 8)])]).unwrap();
     assert_eq!(one(&p.a.cq), ok(1, WcOpcode::RdmaWrite, 8, None, &p.a.qp));
     assert!(drain(&p.b.cq).is_empty());
@@ -323,10 +328,7 @@ fn inline_copies_at_post_time() {
     let p = pair();
     let (src, dst) = (Buf::new(16, 1), Buf::new(16, 0x55));
     let ms = src.reg(&p.a.pd, AccessFlags::empty());
-    let md = dst.reg(
-        &p.b.pd,
-        AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
-    );
+    let md = dst.reg(&p.b.pd, WRITABLE);
     // No receive posted: the send waits, with its payload already copied.
     let inline = SendFlags::INLINE | SendFlags::SIGNALED;
     let bogus_lkey = Sge {
@@ -348,10 +350,7 @@ fn inline_copies_at_post_time() {
         length: 3,
         lkey: 0,
     };
-    let op = SendOp::Write {
-        remote_addr: dst.addr(10),
-        rkey: md.rkey(),
-    };
+    let op = write_into(&dst, 10, &md);
     // Unregistered inline memory is refused by the safe call ...
     let err = p.a.qp.post_send(&[swr(3, op, &[raw], inline)]).unwrap_err();
     assert_eq!((err.index, p.a.qp.state()), (0, QpState::ReadyToSend));
@@ -367,14 +366,8 @@ fn unsignaled_work_completes_silently() {
     let p = pair();
     let (src, dst) = (Buf::new(8, 4), Buf::new(8, 0));
     let ms = src.reg(&p.a.pd, AccessFlags::empty());
-    let md = dst.reg(
-        &p.b.pd,
-        AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
-    );
-    let op = SendOp::Write {
-        remote_addr: dst.addr(0),
-        rkey: md.rkey(),
-    };
+    let md = dst.reg(&p.b.pd, WRITABLE);
+    let op = write_into(&dst, 0, &md);
     p.a.qp
         .post_send(&[swr(1, op, &[sge(&ms, 0, 8)], SendFlags::empty())])
         .unwrap();
@@ -435,14 +428,8 @@ fn send_waits_for_a_receive_in_order() {
     let p = pair();
     let (src, dst) = (Buf::new(8, 4), Buf::new(8, 0));
     let ms = src.reg(&p.a.pd, AccessFlags::empty());
-    let md = dst.reg(
-        &p.b.pd,
-        AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
-    );
-    let write = SendOp::Write {
-        remote_addr: dst.addr(0),
-        rkey: md.rkey(),
-    };
+    let md = dst.reg(&p.b.pd, WRITABLE);
+    let write = write_into(&dst, 0, &md);
     p.a.qp
         .post_send(&[sig(1, SendOp::Send, &[sge(&ms, 0, 2)]), sig(2, write, &[])])
         .unwrap();

@@ -700,87 +700,88 @@ impl Provider for Verbs {
         qp: &Qp,
         wrs: &[SendWr<SGES>],
     ) -> Result<(), PostError<VerbsError>> {
-        let fill = wr::send_wr;
-        // SAFETY: `qp.post_send` is this queue pair's `post_send` from its context's op
-        // table (`ibv_post_send` is `qp->context->ops.post_send`); the caller upholds the
-        // trait's contract on the memory the requests name.
-        unsafe {
-            post_chains(
-                qp,
-                wrs,
-                "ibv_post_send",
-                SendWr::sges_fit,
-                fill,
-                qp.post_send,
-            )
-        }
+        // SAFETY: the caller upholds the trait's contract on the memory the requests name.
+        unsafe { post_chains::<_, ffi::ibv_send_wr>(qp, wrs) }
     }
 
     unsafe fn post_recv<const SGES: usize>(
         qp: &Qp,
         wrs: &[RecvWr<SGES>],
     ) -> Result<(), PostError<VerbsError>> {
-        let fill = wr::recv_wr;
-        // SAFETY: `qp.post_recv` is this queue pair's `post_recv` from its context's op
-        // table; the caller upholds the trait's contract on the memory the requests name.
-        unsafe {
-            post_chains(
-                qp,
-                wrs,
-                "ibv_post_recv",
-                RecvWr::sges_fit,
-                fill,
-                qp.post_recv,
-            )
-        }
+        // SAFETY: the caller upholds the trait's contract on the memory the requests name.
+        unsafe { post_chains::<_, ffi::ibv_recv_wr>(qp, wrs) }
     }
 }
 
-/// A work request of the verbs library that links to the next.
-trait Linked: Default {
+/// A work request of the verbs library made from one of ours (`W`), linked to the next,
+/// and the queue pair's verb that posts a chain of them.
+trait Chained<W>: Default {
+    /// The verb's name, for errors.
+    const VERB: &'static str;
+    /// Whether `w` names no more entries than its list holds.
+    fn fits(w: &W) -> bool;
+    /// `w` as the library's request (its SGE pointer borrows `w`).
+    fn fill(w: &W, out: &mut Self);
     fn set_next(&mut self, next: *mut Self);
+    /// `qp`'s verb for these requests, from its context's op table (`ibv_post_send` is
+    /// `qp->context->ops.post_send`).
+    fn verb(qp: &Qp) -> PostFn<Self>;
 }
 
-impl Linked for ffi::ibv_send_wr {
+impl<const SGES: usize> Chained<SendWr<SGES>> for ffi::ibv_send_wr {
+    const VERB: &'static str = "ibv_post_send";
+    fn fits(w: &SendWr<SGES>) -> bool {
+        w.sges_fit()
+    }
+    fn fill(w: &SendWr<SGES>, out: &mut Self) {
+        wr::send_wr(w, out);
+    }
     fn set_next(&mut self, next: *mut Self) {
         self.next = next;
     }
-}
-
-impl Linked for ffi::ibv_recv_wr {
-    fn set_next(&mut self, next: *mut Self) {
-        self.next = next;
+    fn verb(qp: &Qp) -> PostFn<Self> {
+        qp.post_send
     }
 }
 
-/// Posts `wrs` through `post` in linked chains of at most [`CHAIN`], one doorbell each,
-/// after the requests that name more entries than they hold are cut off
+impl<const SGES: usize> Chained<RecvWr<SGES>> for ffi::ibv_recv_wr {
+    const VERB: &'static str = "ibv_post_recv";
+    fn fits(w: &RecvWr<SGES>) -> bool {
+        w.sges_fit()
+    }
+    fn fill(w: &RecvWr<SGES>, out: &mut Self) {
+        wr::recv_wr(w, out);
+    }
+    fn set_next(&mut self, next: *mut Self) {
+        self.next = next;
+    }
+    fn verb(qp: &Qp) -> PostFn<Self> {
+        qp.post_recv
+    }
+}
+
+/// Posts `wrs` through the queue pair's verb in linked chains of at most [`CHAIN`], one
+/// doorbell each, after the requests that name more entries than they hold are cut off
 /// ([`well_formed`]); stops at the first refusal and reports its index in `wrs`.
 ///
 /// # Safety
-/// `post` is `qp`'s verb for requests of type `C`, and the caller upholds the provider
-/// trait's contract on the memory `wrs` name.
-unsafe fn post_chains<W, C: Linked>(
-    qp: &Qp,
-    wrs: &[W],
-    verb: &'static str,
-    fits: impl Fn(&W) -> bool,
-    fill: impl Fn(&W, &mut C),
-    post: PostFn<C>,
-) -> Result<(), PostError<VerbsError>> {
-    let (wrs, malformed) = well_formed(wrs, fits, verb);
+/// The caller upholds the provider trait's contract on the memory `wrs` name.
+unsafe fn post_chains<W, C: Chained<W>>(qp: &Qp, wrs: &[W]) -> Result<(), PostError<VerbsError>> {
+    let (wrs, malformed) = well_formed(wrs, C::fits, C::VERB);
     let mut chain: [MaybeUninit<C>; CHAIN] = [const { MaybeUninit::uninit() }; CHAIN];
+    let post = C::verb(qp);
     for (c, batch) in wrs.chunks(CHAIN).enumerate() {
-        let base = link(&mut chain, batch, &fill, C::set_next);
+        let base = link(&mut chain, batch, C::fill, C::set_next);
         let mut bad: *mut C = ptr::null_mut();
-        // SAFETY: `post` is `qp`'s verb (the caller's contract). The chain is
+        // SAFETY: `post` is `qp`'s verb for `C` (`Chained::verb`). The chain is
         // `batch.len()` linked, fully initialised requests in `chain` (alive across the
-        // call) whose SGE pointers borrow `batch`; `bad` is a valid out-pointer.
+        // call) whose SGE pointers borrow `batch`, memory the caller vouches for; `bad` is
+        // a valid out-pointer.
         let ret = unsafe { post(qp.qp.as_ptr(), base, &mut bad) };
         if ret != 0 {
             return Err(PostError {
                 index: c * CHAIN + bad_index(base, bad, batch.len()),
-                error: VerbsError::from_ret(verb, ret),
+                error: VerbsError::from_ret(C::VERB, ret),
             });
         }
     }

@@ -1,6 +1,8 @@
 //! Set-ups for tests on the simulator (feature `sim`), quinn's `Pair` as the model: two
-//! connected channels, a world of connected nodes, a queue pair looped back to itself, or
-//! an RPC client and server with a session ([`RpcPair`]), in one call, so that a test reads
+//! connected channels, a world of connected nodes, a root with a multi-channel to leaves
+//! ([`Star`]), a queue pair looped back to itself ([`Loopback`]), two queue pairs with the
+//! receiver's completions on a completion channel ([`EventedPair`]), or an RPC client
+//! and server with a session ([`RpcPair`]), in one call, so that a test reads
 //! as its story. The crate's own tests, benches and examples use them, and so can yours.
 //!
 //! ```
@@ -22,21 +24,22 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod raw;
 mod rpc;
+mod star;
 
+pub use raw::{EventedPair, Loopback};
 pub use rpc::{RpcOutcome, RpcPair};
+pub use star::Star;
 
 use std::format;
 use std::vec::Vec;
 
 use crate::channel::{Channel, ChannelConfig};
-use crate::cq::CompletionQueue;
 use crate::device::{Context, ProtectionDomain};
 use crate::error::Error;
 use crate::node::{Node, NodeConfig, NodeError};
 use crate::provider::sim::{Sim, SimError};
-use crate::qp::{InitOptions, QpConfig, QueuePair, ReadyToSend, RtrOptions, RtsOptions};
-use crate::types::QpCaps;
 
 /// One end of a [`Pair`]: its device context, protection domain and connected channel.
 pub struct Side<const DEPTH: usize = 16, const SGES: usize = 4> {
@@ -162,43 +165,5 @@ impl<const PEERS: usize, const DEPTH: usize, const SGES: usize> World<PEERS, DEP
             sim: sim.clone(),
             ranks,
         })
-    }
-}
-
-/// One queue pair at RTS connected to itself (its own endpoint as the peer's), on device
-/// `sim0` of a new fabric, with one completion queue for both its queues: what raw
-/// queue-pair tests post on. Fields drop in order: the queue pair before its queue, its
-/// protection domain and its device.
-pub struct Loopback {
-    /// The queue pair.
-    pub qp: QueuePair<Sim, ReadyToSend>,
-    /// Its send and receive completion queue.
-    pub cq: CompletionQueue<Sim>,
-    /// Its protection domain.
-    pub pd: ProtectionDomain<Sim>,
-    /// The device.
-    pub ctx: Context<Sim>,
-}
-
-impl Loopback {
-    /// A loopback queue pair with `caps` on a completion queue of `cq_depth` entries.
-    pub fn new(caps: QpCaps, cq_depth: u32) -> Result<Self, Error<SimError>> {
-        let ctx = Context::open(&Sim::with_devices(1), "sim0")?;
-        let pd = ctx.alloc_pd()?;
-        let cq = CompletionQueue::create(&ctx, cq_depth)?;
-        let cfg = QpConfig {
-            caps,
-            ..QpConfig::default()
-        };
-        let qp = QueuePair::create(&ctx, &pd, &cq, &cq, &cfg)?
-            .into_init(&InitOptions::default())
-            .map_err(|e| e.error)?;
-        let me = qp.endpoint();
-        let qp = qp
-            .into_rtr(&me, &RtrOptions::default())
-            .map_err(|e| e.error)?
-            .into_rts(&RtsOptions::default())
-            .map_err(|e| e.error)?;
-        Ok(Loopback { qp, cq, pd, ctx })
     }
 }

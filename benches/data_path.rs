@@ -36,12 +36,12 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use zverbs::provider::sim::Sim;
 use zverbs::provider::Provider;
-use zverbs::qp::{Init, InitOptions, QpConfig, QueuePair, ReadyToReceive, ReadyToSend};
+use zverbs::qp::{Init, InitOptions, QpConfig, QueuePair, ReadyToSend};
 use zverbs::qp::{RtrOptions, RtsOptions};
+use zverbs::testing::{PreparedSink, Sink};
 use zverbs::{
-    AccessFlags, Channel, ChannelConfig, CompletionQueue, Context, Endpoint, LocalSlice,
-    MemoryRegion, MultiChannel, ProtectionDomain, RecvWr, RemoteRegion, SendFlags, SendOp, SendWr,
-    Sge, WcStatus, WorkCompletion,
+    AccessFlags, Channel, ChannelConfig, CompletionQueue, Context, LocalSlice, MemoryRegion,
+    MultiChannel, ProtectionDomain, SendFlags, SendOp, SendWr, Sge, WcStatus, WorkCompletion,
 };
 
 use common::{assert_no_allocs, count_allocs, rc_floor, spsc, timed_no_alloc, CountingAlloc};
@@ -56,9 +56,6 @@ const MSG: usize = 64;
 const S: usize = 4;
 /// Ring capacity of the channels (the `Channel` default).
 const DEPTH: usize = 64;
-/// Receives the sink keeps posted, and how many it reaps and reposts at a time.
-const SINK_DEPTH: usize = 512;
-const REFILL: usize = 256;
 
 type Ch = Channel<Sim, DEPTH, S>;
 
@@ -106,95 +103,19 @@ impl End {
     }
 }
 
-/// The passive side of every sender bench: a raw queue pair in RTR that keeps
-/// `SINK_DEPTH` receives posted (reaping and reposting `REFILL` at a time, one chain) and
-/// a remotely writable region. The same sink serves the `Channel` sender and the raw one,
-/// so its cost cancels out of their difference.
-struct Sink {
-    qp: QueuePair<Sim, ReadyToReceive>,
-    end: End,
-    region: MemoryRegion<'static, Sim>,
-    recv_wrs: [RecvWr<1>; REFILL],
-    since_refill: usize,
-}
-
-struct PreparedSink {
-    qp: QueuePair<Sim, Init>,
-    end: End,
-    region: MemoryRegion<'static, Sim>,
-}
-
-impl PreparedSink {
-    fn new(sim: &Sim) -> PreparedSink {
-        let end = End::open(sim, "sim1", 2 * SINK_DEPTH as u32);
-        let qp = end.qp(SINK_DEPTH);
-        let region = end.register_remote(MSG * 64);
-        PreparedSink { qp, end, region }
-    }
-
-    fn connect(self, peer: &Endpoint) -> Sink {
-        let qp = self.qp.into_rtr(peer, &RtrOptions::default()).unwrap();
-        let mut wr = RecvWr::<1>::new(0);
-        wr.sg_list[0] = self.region.slice(..MSG).unwrap().sge();
-        wr.num_sge = 1;
-        let sink = Sink {
-            qp,
-            end: self.end,
-            region: self.region,
-            recv_wrs: [wr; REFILL],
-            since_refill: 0,
-        };
-        for _ in 0..SINK_DEPTH / REFILL {
-            sink.post_receives();
-        }
-        sink
-    }
-}
-
-impl Sink {
-    fn remote(&self) -> RemoteRegion {
-        self.region.remote()
-    }
-
-    fn post_receives(&self) {
-        // SAFETY: every receive scatters into the sink's region, which is leaked and never
-        // read through Rust references.
-        unsafe { self.qp.post_recv(&self.recv_wrs) }.unwrap();
-    }
-
-    /// Call after each send: every `REFILL` sends, reaps their receive completions and
-    /// reposts as many receives.
-    #[inline]
-    fn after_send(&mut self) {
-        self.since_refill += 1;
-        if self.since_refill == REFILL {
-            self.refill();
-        }
-    }
-
-    #[inline(never)]
-    fn refill(&mut self) {
-        self.since_refill = 0;
-        let mut wcs = [WorkCompletion::EMPTY; 32];
-        let mut got = 0;
-        while got < REFILL {
-            let n = Sim::poll_cq(self.end.cq.raw(), &mut wcs).unwrap();
-            for wc in &wcs[..n] {
-                assert_eq!(wc.status, WcStatus::Success);
-            }
-            got += n;
-        }
-        self.post_receives();
-    }
+/// The passive side of every sender bench, on `sim1`: the same sink serves the `Channel`
+/// sender and the raw one, so its cost cancels out of their difference.
+fn sink(sim: &Sim) -> PreparedSink {
+    PreparedSink::open(sim, "sim1", MSG, MSG * 64).unwrap()
 }
 
 /// A sender through the library: a `Channel`, connected to a sink.
 fn channel_rig(sim: &Sim) -> (Ch, LocalSlice<'static>, Sink) {
     let a = End::open(sim, "sim0", 1);
     let prepared = Ch::prepare(&a.ctx, &a.pd, &ChannelConfig::default()).unwrap();
-    let sink = PreparedSink::new(sim);
-    let sink_ep = sink.qp.endpoint();
-    let sink = sink.connect(&prepared.endpoint());
+    let sink = sink(sim);
+    let sink_ep = sink.endpoint();
+    let sink = sink.connect(&prepared.endpoint(), MSG).unwrap();
     let ch = prepared.connect(&sink_ep).unwrap();
     let src: &'static MemoryRegion<'static, Sim> =
         Box::leak(Box::new(a.pd.register(buffer(MSG)).unwrap()));
@@ -212,9 +133,9 @@ struct RawSender {
 fn raw_rig(sim: &Sim) -> (RawSender, Sink) {
     let a = End::open(sim, "sim0", 2 * DEPTH as u32);
     let qp = a.qp(DEPTH);
-    let sink = PreparedSink::new(sim);
-    let sink_ep = sink.qp.endpoint();
-    let sink = sink.connect(&qp.endpoint());
+    let sink = sink(sim);
+    let sink_ep = sink.endpoint();
+    let sink = sink.connect(&qp.endpoint(), MSG).unwrap();
     let qp = qp
         .into_rtr(&sink_ep, &RtrOptions::default())
         .unwrap()
@@ -265,7 +186,7 @@ fn post_poll(c: &mut Criterion) {
             timed_no_alloc("channel send", iters, |n| {
                 for _ in 0..n {
                     ch.send([src]).unwrap();
-                    sink.after_send();
+                    sink.after_send().unwrap();
                 }
             })
         })
@@ -291,7 +212,7 @@ fn post_poll(c: &mut Criterion) {
                 for i in 0..n {
                     send.wr_id = i;
                     raw.post_and_poll_one(std::slice::from_ref(&send));
-                    sink.after_send();
+                    sink.after_send().unwrap();
                 }
             })
         })

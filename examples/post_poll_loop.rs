@@ -25,50 +25,15 @@ use std::process::ExitCode;
 use zverbs::dispatch::SharedCompletionQueue;
 use zverbs::provider::sim::Sim;
 use zverbs::provider::Provider;
-use zverbs::qp::{InitOptions, QpConfig, QueuePair, ReadyToReceive, RtrOptions, RtsOptions};
+use zverbs::qp::{InitOptions, QpConfig, QueuePair, RtrOptions, RtsOptions};
+use zverbs::testing::{PreparedSink, Sink};
 use zverbs::{
-    AccessFlags, Channel, ChannelConfig, CompletionQueue, Context, RecvWr, SendFlags, SendOp,
-    SendWr, WcStatus, WorkCompletion,
+    Channel, ChannelConfig, CompletionQueue, Context, SendFlags, SendOp, SendWr, WcStatus,
+    WorkCompletion,
 };
 
 const MSG: usize = 64;
 const S: usize = 4;
-const SINK_DEPTH: usize = 512;
-const REFILL: usize = 256;
-
-/// The passive peer: keeps receives posted, reaps them in batches.
-struct Sink {
-    qp: QueuePair<Sim, ReadyToReceive>,
-    cq: CompletionQueue<Sim>,
-    wrs: [RecvWr<1>; REFILL],
-    since: usize,
-}
-
-impl Sink {
-    #[inline]
-    fn after_send(&mut self) {
-        self.since += 1;
-        if self.since == REFILL {
-            self.refill();
-        }
-    }
-
-    #[inline(never)]
-    fn refill(&mut self) {
-        self.since = 0;
-        let mut wcs = [WorkCompletion::EMPTY; 32];
-        let mut got = 0;
-        while got < REFILL {
-            got += Sim::poll_cq(self.cq.raw(), &mut wcs).expect("poll sink");
-        }
-        self.post();
-    }
-
-    fn post(&self) {
-        // SAFETY: the receives scatter into a leaked buffer nobody reads.
-        unsafe { self.qp.post_recv(&self.wrs) }.expect("post receives");
-    }
-}
 
 fn leak(len: usize) -> &'static mut [u8] {
     Box::leak(vec![0u8; len].into_boxed_slice())
@@ -79,11 +44,8 @@ fn leak(len: usize) -> &'static mut [u8] {
 #[inline(never)]
 fn run_channel(iters: u64, write: bool, batch: usize, shared: bool) {
     let sim = Sim::with_devices(2);
-    let (ca, cb) = (
-        Context::open(&sim, "sim0").unwrap(),
-        Context::open(&sim, "sim1").unwrap(),
-    );
-    let (pa, pb) = (ca.alloc_pd().unwrap(), cb.alloc_pd().unwrap());
+    let ca = Context::open(&sim, "sim0").unwrap();
+    let pa = ca.alloc_pd().unwrap();
     let cfg = ChannelConfig::default();
     let prepared = if shared {
         let cq = std::sync::Arc::new(SharedCompletionQueue::create(&ca, 2, 64).unwrap());
@@ -91,8 +53,8 @@ fn run_channel(iters: u64, write: bool, batch: usize, shared: bool) {
     } else {
         Channel::<Sim, 64, S>::prepare(&ca, &pa, &cfg).unwrap()
     };
-    let (mut sink, region) = sink(&cb, &pb, &prepared.endpoint());
-    let mut ch = prepared.connect(&sink.qp.endpoint()).unwrap();
+    let (mut sink, sink_ep, region) = sink(&sim, &prepared.endpoint());
+    let mut ch = prepared.connect(&sink_ep).unwrap();
     let src = pa.register(leak(MSG)).unwrap();
     let src = src.slice(..).unwrap();
     let remote = region.slice(..MSG as u64).unwrap();
@@ -114,7 +76,7 @@ fn channel_send_loop(
 ) {
     for _ in 0..iters {
         ch.send([src]).expect("send");
-        sink.after_send();
+        sink.after_send().expect("sink");
     }
 }
 
@@ -155,11 +117,8 @@ fn channel_batch_loop(
 fn run_async(iters: u64, write: bool) {
     use zverbs::tokio::AsyncChannel;
     let sim = Sim::with_devices(2);
-    let (ca, cb) = (
-        Context::open(&sim, "sim0").unwrap(),
-        Context::open(&sim, "sim1").unwrap(),
-    );
-    let (pa, pb) = (ca.alloc_pd().unwrap(), cb.alloc_pd().unwrap());
+    let ca = Context::open(&sim, "sim0").unwrap();
+    let pa = ca.alloc_pd().unwrap();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -170,8 +129,8 @@ fn run_async(iters: u64, write: bool) {
         &ChannelConfig::default(),
     )
     .unwrap();
-    let (mut sink, region) = sink(&cb, &pb, &prepared.endpoint());
-    let ch = prepared.connect(&sink.qp.endpoint()).unwrap();
+    let (mut sink, sink_ep, region) = sink(&sim, &prepared.endpoint());
+    let ch = prepared.connect(&sink_ep).unwrap();
     let ch = {
         let _in = rt.enter();
         AsyncChannel::new(ch).unwrap()
@@ -201,7 +160,7 @@ async fn async_loop(
         let (r, back) = match sink.as_deref_mut() {
             Some(sink) => {
                 let out = ch.send(buf).await;
-                sink.after_send();
+                sink.after_send().expect("sink");
                 out
             }
             None => ch.write(buf, remote).await,
@@ -215,19 +174,16 @@ async fn async_loop(
 #[inline(never)]
 fn run_raw(iters: u64, write: bool, batch: usize) {
     let sim = Sim::with_devices(2);
-    let (ca, cb) = (
-        Context::open(&sim, "sim0").unwrap(),
-        Context::open(&sim, "sim1").unwrap(),
-    );
-    let (pa, pb) = (ca.alloc_pd().unwrap(), cb.alloc_pd().unwrap());
+    let ca = Context::open(&sim, "sim0").unwrap();
+    let pa = ca.alloc_pd().unwrap();
     let cq = CompletionQueue::create(&ca, 128).unwrap();
     let qp = QueuePair::create(&ca, &pa, &cq, &cq, &caps(64))
         .unwrap()
         .into_init(&InitOptions::default())
         .unwrap();
-    let (mut sink, region) = sink(&cb, &pb, &qp.endpoint());
+    let (mut sink, sink_ep, region) = sink(&sim, &qp.endpoint());
     let qp = qp
-        .into_rtr(&sink.qp.endpoint(), &RtrOptions::default())
+        .into_rtr(&sink_ep, &RtrOptions::default())
         .unwrap()
         .into_rts(&RtsOptions::default())
         .unwrap();
@@ -289,7 +245,7 @@ fn raw_loop(
         while Sim::poll_cq(cq, &mut wc).expect("poll") == 0 {}
         assert_eq!(wc[0].status, WcStatus::Success);
         if let Some(s) = sink.as_deref_mut() {
-            s.after_send();
+            s.after_send().expect("sink");
         }
     }
 }
@@ -303,36 +259,13 @@ fn caps(depth: u32) -> QpConfig {
     cfg
 }
 
-/// The peer, connected to `peer`, with its receives posted and a writable region.
-fn sink(
-    ctx: &Context<Sim>,
-    pd: &zverbs::ProtectionDomain<Sim>,
-    peer: &zverbs::Endpoint,
-) -> (Sink, zverbs::RemoteRegion) {
-    let cq = CompletionQueue::create(ctx, 2 * SINK_DEPTH as u32).unwrap();
-    let qp = QueuePair::create(ctx, pd, &cq, &cq, &caps(SINK_DEPTH as u32))
-        .unwrap()
-        .into_init(&InitOptions::default())
-        .unwrap()
-        .into_rtr(peer, &RtrOptions::default())
-        .unwrap();
-    // SAFETY: leaked, never touched through Rust references.
-    let region: &'static _ = Box::leak(Box::new(
-        unsafe { pd.register_with_access(leak(MSG), AccessFlags::all()) }.unwrap(),
-    ));
-    let mut wr = RecvWr::<1>::new(0);
-    wr.sg_list[0] = region.slice(..).unwrap().sge();
-    wr.num_sge = 1;
-    let sink = Sink {
-        qp,
-        cq,
-        wrs: [wr; REFILL],
-        since: 0,
-    };
-    for _ in 0..SINK_DEPTH / REFILL {
-        sink.post();
-    }
-    (sink, region.remote())
+/// The peer on `sim1`, connected to `peer`: the sink, its endpoint and its region.
+fn sink(sim: &Sim, peer: &zverbs::Endpoint) -> (Sink, zverbs::Endpoint, zverbs::RemoteRegion) {
+    let sink = PreparedSink::open(sim, "sim1", MSG, MSG).unwrap();
+    let ep = sink.endpoint();
+    let sink = sink.connect(peer, MSG).unwrap();
+    let region = sink.remote();
+    (sink, ep, region)
 }
 
 fn main() -> ExitCode {

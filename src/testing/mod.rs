@@ -1,7 +1,8 @@
 //! Set-ups for tests on the simulator (feature `sim`), quinn's `Pair` as the model: two
 //! connected channels, a world of connected nodes, a root with a multi-channel to leaves
 //! ([`Star`]), a queue pair looped back to itself ([`Loopback`]), two queue pairs with the
-//! receiver's completions on a completion channel ([`EventedPair`]), or an RPC client
+//! receiver's completions on a completion channel ([`EventedPair`]), the passive peer of
+//! a sender's measurement ([`Sink`]), or an RPC client
 //! and server with a session ([`RpcPair`]), in one call, so that a test reads
 //! as its story. The crate's own tests, benches and examples use them, and so can yours.
 //!
@@ -26,10 +27,12 @@
 
 mod raw;
 mod rpc;
+mod sink;
 mod star;
 
 pub use raw::{EventedPair, Loopback};
 pub use rpc::{RpcOutcome, RpcPair};
+pub use sink::{PreparedSink, Sink, REFILL, SINK_DEPTH};
 pub use star::Star;
 
 use std::format;

@@ -50,13 +50,15 @@
 //! assert_eq!((ev.kind, ev.status), (CmEventKind::Rejected, zverbs_sim::cm::REJECT_CONSUMER));
 //! ```
 
+mod path;
 mod tables;
 
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::os::unix::net::UnixStream;
 
-pub(crate) use tables::{CmTables, Devices};
+pub(crate) use path::Devices;
+pub(crate) use tables::CmTables;
 pub use tables::{STATUS_NO_ADDRESS, STATUS_PORT_DOWN};
 pub use zverbs_types::cm::{
     private_data_limit, CmEventKind, CmPath, ConnParam, PortSpace, PrivateData, UdPeer,

@@ -77,6 +77,35 @@ pub struct Completion {
     /// The sending queue pair's number, on a datagram channel's receives (where a reply
     /// goes); left as the device reports it otherwise (the verbs leave it undefined).
     pub src_qp: u32,
+    /// On a datagram channel's receives: whether the buffer starts with the sender's 40
+    /// bytes of global route header (always on RoCE; without one, those bytes are left
+    /// as they were).
+    pub grh: bool,
+    /// On a datagram channel's receives: the sender's service level (0 where the device
+    /// keeps none, as rxe).
+    pub sl: u8,
+    /// On a datagram channel's receives: the sender's LID (0 on RoCE).
+    pub slid: u16,
+    /// The P_Key index the message matched (valid for the general services queue pair
+    /// only; 0 otherwise).
+    pub pkey_index: u16,
+}
+
+impl Completion {
+    /// A completion that reports only its status and opcode (no bytes, no sender).
+    pub(crate) const fn bare(status: WcStatus, opcode: WcOpcode) -> Completion {
+        Completion {
+            status,
+            opcode,
+            byte_len: 0,
+            imm: None,
+            src_qp: 0,
+            grh: false,
+            sl: 0,
+            slid: 0,
+            pkey_index: 0,
+        }
+    }
 }
 
 /// Where a slot's request is. Signaled and unsignaled posted requests are two states, so
@@ -439,13 +468,7 @@ impl<W: WorkRequest, const DEPTH: usize> Ring<W, DEPTH> {
         for seq in self.tail..posted_end {
             let slot = &mut self.slots[(seq % DEPTH as u64) as usize];
             if let SlotState::Posted | SlotState::PostedSignaled = slot.state {
-                slot.state = SlotState::Done(Completion {
-                    status,
-                    opcode: slot.opcode,
-                    byte_len: 0,
-                    imm: None,
-                    src_qp: 0,
-                });
+                slot.state = SlotState::Done(Completion::bare(status, slot.opcode));
                 n += 1;
             }
         }
@@ -503,6 +526,10 @@ fn outcome(wc: &WorkCompletion, posted: WcOpcode) -> Completion {
         byte_len: wc.byte_len,
         imm: wc.imm,
         src_qp: wc.src_qp,
+        grh: wc.grh,
+        sl: wc.sl,
+        slid: wc.slid,
+        pkey_index: wc.pkey_index,
     }
 }
 

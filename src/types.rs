@@ -9,5 +9,5 @@
 pub use zverbs_types::{
     AccessFlags, AhAttr, AhKey, AtomicCap, DeviceAttr, Gid, Mtu, PortAttr, PortState, QpCaps,
     QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest, WcOpcode, WcStatus,
-    WorkCompletion,
+    WorkCompletion, MAX_STATIC_RATE,
 };

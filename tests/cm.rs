@@ -269,7 +269,7 @@ fn a_datagram_service_is_resolved_and_its_limits_hold() {
         assert!(server.join().unwrap().as_slice().starts_with(b"where?"));
         assert_eq!((peer.peer.qp_num, peer.peer.qkey), (4242, UD_QKEY));
         assert!(peer.reply.as_slice().starts_with(b"here"));
-        assert_eq!(peer.peer.ah.dgid.0[12..], [10, 0, 0, 2]);
+        assert_eq!(peer.peer.ah.dgid.unwrap().0[12..], [10, 0, 0, 2]);
     });
     let r = resolve_datagram(&w.sim, &w.ctx[0], Some(ip(0)), at(1, 7476), &[0; 181], T);
     assert!(matches!(

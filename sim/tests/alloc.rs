@@ -15,14 +15,8 @@ fn run(p: &Pair, rounds: std::ops::Range<u64>, counted: u64) -> usize {
     let ma = a_buf.reg(&p.a.pd, all_access());
     let mb = b_buf.reg(&p.b.pd, all_access());
     let mut wc = [WorkCompletion {
-        wr_id: 0,
         status: WcStatus::GeneralErr,
-        opcode: WcOpcode::Send,
-        byte_len: 0,
-        imm: None,
-        qp_num: 0,
-        src_qp: 0,
-        grh: false,
+        ..WorkCompletion::EMPTY
     }; 16];
     let write = SendOp::Write {
         remote_addr: b_buf.addr(0),

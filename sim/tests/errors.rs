@@ -403,16 +403,7 @@ fn cq_overflow_errs_its_qps() {
 }
 
 fn one_wc() -> WorkCompletion {
-    WorkCompletion {
-        wr_id: 0,
-        status: Success,
-        opcode: WcOpcode::Send,
-        byte_len: 0,
-        imm: None,
-        qp_num: 0,
-        src_qp: 0,
-        grh: false,
-    }
+    WorkCompletion::EMPTY
 }
 
 /// A response of the wrong kind (`corrupt_next_response`): `BadRespErr` as the spec and

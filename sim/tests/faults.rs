@@ -418,14 +418,8 @@ fn cq_overflow_in_stepped_mode_errs_the_queue_pairs() {
 
 fn one_wc() -> WorkCompletion {
     WorkCompletion {
-        wr_id: 0,
         status: GeneralErr,
-        opcode: WcOpcode::Send,
-        byte_len: 0,
-        imm: None,
-        qp_num: 0,
-        src_qp: 0,
-        grh: false,
+        ..WorkCompletion::EMPTY
     }
 }
 

@@ -13,8 +13,7 @@ fn ok(wr_id: u64, opcode: WcOpcode, byte_len: u32, imm: Option<u32>, qp: &Qp) ->
         byte_len,
         imm,
         qp_num: qp.qp_num(),
-        src_qp: 0,
-        grh: false,
+        ..WorkCompletion::EMPTY
     }
 }
 

@@ -18,14 +18,8 @@ fn player(s: &Side, starts: bool) {
     let mo = out.reg(&s.pd, AccessFlags::empty());
     let mi = inb.reg(&s.pd, AccessFlags::LOCAL_WRITE);
     let mut wc = [WorkCompletion {
-        wr_id: 0,
         status: WcStatus::GeneralErr,
-        opcode: WcOpcode::Send,
-        byte_len: 0,
-        imm: None,
-        qp_num: 0,
-        src_qp: 0,
-        grh: false,
+        ..WorkCompletion::EMPTY
     }; 2];
     let mut one = [wc[0]];
     let send = |n: u32| {

@@ -357,6 +357,46 @@ fn an_unroutable_address_loses_the_datagram_or_fails_on_rxe() {
     }
 }
 
+/// By LID alone (no global route): delivered on an InfiniBand HCA, with no header in the
+/// first 40 bytes (left as they were), the sender's LID and service level, and lost when
+/// the LID names no device; refused at creation on RoCE (rxe), as is a static rate that
+/// is no `ibv_rate`.
+#[test]
+fn an_address_without_a_global_route_goes_by_lid_on_an_hca_and_is_refused_on_rxe() {
+    let (f, a, b) = two(traced());
+    b.buf.set(0, &[0xee; 64]);
+    let lid = |n: &Node| n.ctx.query_port(1).unwrap().lid;
+    let mut attr = AhAttr::local(1, lid(&b));
+    attr.sl = 9;
+    let ah = a.pd.create_ah(&attr).unwrap();
+    a.buf.set(4096, b"by lid");
+    b.recv(101, 0, 64);
+    a.send(1, &ah, &b, 4096, 6, None);
+    assert_eq!(one(&a.cq).status, WcStatus::Success);
+    let wc = one(&b.cq);
+    assert_eq!(
+        (wc.status, wc.byte_len, wc.grh),
+        (WcStatus::Success, 46, false)
+    );
+    assert_eq!((wc.src_qp, wc.sl, wc.slid), (a.qp.qp_num(), 9, lid(&a)));
+    assert_eq!(b.buf.get()[..40], [0xee; 40]);
+    assert_eq!(&b.buf.get()[40..46], b"by lid");
+    // A LID no device has: the datagram is lost, the send still succeeds.
+    let nowhere = a.pd.create_ah(&AhAttr::local(1, 999)).unwrap();
+    a.send(2, &nowhere, &b, 4096, 6, None);
+    assert_eq!(one(&a.cq).status, WcStatus::Success);
+    assert_eq!(dropped(&f), [DropReason::NoRoute]);
+    attr.static_rate = MAX_STATIC_RATE + 1;
+    assert!(matches!(a.pd.create_ah(&attr), Err(SimError::Invalid(_))));
+
+    let (_f, a, b) = two(FabricConfig {
+        personality: Personality::Rxe,
+        ..FabricConfig::default()
+    });
+    let local = AhAttr::local(1, lid(&b));
+    assert!(matches!(a.pd.create_ah(&local), Err(SimError::Invalid(_))));
+}
+
 #[test]
 fn a_bad_receive_key_fails_the_receive_and_the_queue_pair() {
     let (_f, a, b) = two(FabricConfig::default());

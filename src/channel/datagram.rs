@@ -6,7 +6,7 @@
 //! A datagram queue pair has no peer: it is ready to send and receive once made, and its
 //! endpoint ([`QueuePair::endpoint`]) is what peers make their address handles from. Every
 //! receive buffer starts with 40 bytes of global route header, which the completion's
-//! `byte_len` counts; `src_qp` names the sender. A datagram that meets no receive, or more
+//! `byte_len` counts; `src_qp` (with `slid` and `sl` on InfiniBand) names the sender. A datagram that meets no receive, or more
 //! than the path MTU, is lost (a send completes once the datagram left).
 //!
 //! ```

@@ -232,13 +232,7 @@ impl<'env, P: Provider, T: Transport, const DEPTH: usize, const SGES: usize>
             Some(r) => r,
             // Retired by a later request's completion: it succeeded (a send queue completes
             // in order, and an error completes the request that failed, signaled or not).
-            None => Ok(Completion {
-                status: WcStatus::Success,
-                opcode,
-                byte_len: 0,
-                imm: None,
-                src_qp: 0,
-            }),
+            None => Ok(Completion::bare(WcStatus::Success, opcode)),
         }
     }
 

@@ -527,7 +527,9 @@ impl Provider for Verbs {
     fn create_ah(pd: &Pd, attr: &AhAttr) -> Result<Ah, VerbsError> {
         let mut a = ffi::ibv_ah_attr {
             grh: ffi::ibv_global_route {
-                dgid: ffi::ibv_gid { raw: attr.dgid.0 },
+                dgid: ffi::ibv_gid {
+                    raw: attr.dgid.map_or([0; 16], |g| g.0),
+                },
                 flow_label: attr.flow_label,
                 sgid_index: attr.sgid_index,
                 hop_limit: attr.hop_limit,
@@ -536,9 +538,10 @@ impl Provider for Verbs {
             dlid: attr.dlid,
             sl: attr.sl,
             src_path_bits: 0,
-            static_rate: 0,
-            // RoCE needs the global route (`rdma_check_ah_attr`); InfiniBand accepts it.
-            is_global: 1,
+            static_rate: attr.static_rate,
+            // RoCE needs the global route (`rdma_check_ah_attr` refuses a handle without
+            // one with EINVAL); InfiniBand routes by the LID alone.
+            is_global: u8::from(attr.dgid.is_some()),
             port_num: attr.port,
         };
         // SAFETY: live PD (kept alive by the returned handle); `a` is a valid attribute

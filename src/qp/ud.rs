@@ -6,8 +6,11 @@
 //! [`UdDest`](crate::UdDest) names an [`AddressHandle`] by its [key](AddressHandle::key):
 //! the handle must stay alive until every datagram sent through it has completed (rxe
 //! looks it up as it transmits), which `post_send`'s contract already asks of the memory.
-//! Every receive buffer starts with 40 bytes of global route header; the completion's
-//! `byte_len` counts them, `src_qp` names the sender and `grh` is set.
+//! Every receive buffer starts with 40 bytes for the global route header; the
+//! completion's `byte_len` counts them, `src_qp`, `sl` and `slid` name the sender, and
+//! `grh` says whether the header is there (always on RoCE; an InfiniBand sender whose
+//! handle goes by LID alone, [`AhAttr::local`], sends none, and the 40 bytes are left as
+//! they were).
 
 use super::{check, Init, QpConfig, QueuePair, ReadyToReceive, ReadyToSend, Reset, Transition};
 use super::{TransitionError, Ud, MAX_FLOW_LABEL, MAX_SL};
@@ -15,7 +18,7 @@ use crate::cq::CompletionQueue;
 use crate::device::{Context, ProtectionDomain};
 use crate::error::{verb, Error};
 use crate::provider::{AhAttr, Provider, UdInitAttr};
-use crate::types::AhKey;
+use crate::types::{AhKey, MAX_STATIC_RATE};
 
 /// Attributes of an unreliable-datagram queue pair's RESET → INIT.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -144,17 +147,23 @@ impl<P: Provider> core::fmt::Debug for AddressHandle<P> {
 }
 
 impl<P: Provider> AddressHandle<P> {
-    /// Creates an address handle in `pd` (`ibv_create_ah`, with the global route RoCE
-    /// needs).
+    /// Creates an address handle in `pd` (`ibv_create_ah`): with a global route when
+    /// `attr.dgid` is set (RoCE needs one), by LID alone otherwise (InfiniBand).
     ///
     /// # Errors
-    /// [`Error::InvalidAttribute`] for an sl above 15 or a flow label wider than 20 bits;
-    /// the provider's error for a port or GID index it does not have.
+    /// [`Error::InvalidAttribute`] for an sl above 15, a flow label wider than 20 bits or
+    /// a static rate past [`MAX_STATIC_RATE`](crate::types::MAX_STATIC_RATE); the
+    /// provider's error ([`ErrorKind::InvalidArgument`](crate::ErrorKind)) for a port or
+    /// GID index it does not have, or a handle without a global route on RoCE.
     pub fn create(pd: &ProtectionDomain<P>, attr: &AhAttr) -> Result<Self, Error<P::Error>> {
         check(attr.sl <= MAX_SL, "sl exceeds 15")
             .and(check(
                 attr.flow_label <= MAX_FLOW_LABEL,
                 "flow_label exceeds 20 bits",
+            ))
+            .and(check(
+                attr.static_rate <= MAX_STATIC_RATE,
+                "static_rate is not an ibv_rate",
             ))
             .map_err(Error::InvalidAttribute)?;
         let raw = verb("ibv_create_ah", P::create_ah(&pd.raw, attr))?;

@@ -280,8 +280,81 @@ pub fn ud_pingpong<E: Env>(env: &E) -> Run<Outcome> {
     Ok(o)
 }
 
+/// A datagram through a handle with service level 5 and a static rate (40 Gb/s): B's
+/// completion names A's queue pair, the service level and the LID A sent from, and says
+/// the buffer starts with the global route header; the P_Key index is 0 (it is valid for
+/// the general services queue pair only).
+pub fn ud_source<E: Env>(env: &E) -> Run<Outcome> {
+    let (mut a, b) = ud_pair(env, QKEY)?;
+    let (cfg, to) = (a.qp.config(), b.qp.endpoint());
+    let mut attr = AhAttr::new(cfg.port, to.gid, cfg.gid_index, to.lid);
+    (attr.sl, attr.static_rate) = (5, 7);
+    a.ah = Some(AddressHandle::create(&a.pd, &attr).map_err(err("create ah"))?);
+    let src = filled(&a.pd, 16, LW, 4)?;
+    let dst = region(&b.pd, 64, LW, 0xEE)?;
+    // SAFETY: leaked regions, read after the completions; `a` holds the handle.
+    unsafe {
+        let recv = rwr(101, &[sge(&dst, 0, 64)]);
+        exchange(&a, &b, &[recv], &[datagram(&a, &b, 1, &src, 16, None)])?;
+    }
+    let (aw, bw) = (wait(env, &a.cq, 1)?, wait(env, &b.cq, 1)?);
+    let a_lid = a.qp.endpoint().lid;
+    let mut o = Outcome::default();
+    o.wcs("a", &aw).wcs("b", &bw);
+    if let Some(w) = bw.first() {
+        let slid = match w.slid {
+            s if s == a_lid && s != 0 => "a.lid".to_string(),
+            s => s.to_string(),
+        };
+        o.check("b.src_qp", w.src_qp == a.qp.qp_num())
+            .item("b.sl", w.sl)
+            .item("b.slid", slid)
+            .check("b.grh", w.grh)
+            .item("b.pkey_index", w.pkey_index);
+    }
+    o.check("bytes", dst.as_slice()[40..56] == pattern(16, 4)[..]);
+    Ok(o)
+}
+
+/// A datagram through a handle without a global route (by LID alone): an InfiniBand HCA
+/// delivers it with the receive's first 40 bytes left as they were, `byte_len` still
+/// counting them and no GRH flag; a RoCE device refuses such a handle.
+pub fn ud_no_grh<E: Env>(env: &E) -> Run<Outcome> {
+    let (mut a, b) = ud_pair(env, QKEY)?;
+    let mut o = Outcome::default();
+    let attr = AhAttr::local(a.qp.config().port, b.qp.endpoint().lid);
+    match AddressHandle::create(&a.pd, &attr) {
+        Ok(ah) => a.ah = Some(ah),
+        Err(e) => {
+            o.item("create_ah", format_args!("{:?}", e.kind()));
+            return Ok(o);
+        }
+    }
+    let src = filled(&a.pd, 16, LW, 6)?;
+    let dst = region(&b.pd, 64, LW, 0xEE)?;
+    // SAFETY: leaked regions, read after the completions; `a` holds the handle.
+    unsafe {
+        let recv = rwr(101, &[sge(&dst, 0, 64)]);
+        exchange(&a, &b, &[recv], &[datagram(&a, &b, 1, &src, 16, None)])?;
+    }
+    let (aw, bw) = (wait(env, &a.cq, 1)?, wait(env, &b.cq, 1)?);
+    let d = dst.as_slice();
+    o.wcs("a", &aw).wcs("b", &bw);
+    if let Some(w) = bw.first() {
+        o.check("b.src_qp", w.src_qp == a.qp.qp_num())
+            .item("b.grh", w.grh);
+    }
+    o.check("header_untouched", d[..40] == [0xEE; 40])
+        .check("bytes", d[40..56] == pattern(16, 6)[..]);
+    Ok(o)
+}
+
 pub mod expected {
     #![allow(non_upper_case_globals)]
+    pub const ud_source: &str = "a=[1:SUCCESS Send]; b=[101:SUCCESS Recv len=56]; \
+         b.src_qp=ok; b.sl=5; b.slid=a.lid; b.grh=ok; b.pkey_index=0; bytes=ok";
+    pub const ud_no_grh: &str = "a=[1:SUCCESS Send]; b=[101:SUCCESS Recv len=56]; \
+         b.src_qp=ok; b.grh=false; header_untouched=ok; bytes=ok";
     pub const ud_send: &str = "a=[1:SUCCESS Send]; b=[101:SUCCESS Recv len=104 imm=0xabc]; \
          b.src_qp=ok; b.grh=ok; grh_addresses=ok; bytes=ok";
     pub const ud_silent_drops: &str = "a=[1:SUCCESS Send, 2:SUCCESS Send, 3:SUCCESS Send, \

@@ -8,6 +8,21 @@ use super::Deviation;
 /// ways and requires these outcomes of the rxe personality.
 pub const RXE_DEVIATIONS: &[Deviation] = &[
     Deviation {
+        scenario: "ud_source",
+        outcome: "a=[1:SUCCESS Send]; b=[101:SUCCESS Recv len=56]; b.src_qp=ok; b.sl=0; \
+                  b.slid=0; b.grh=ok; b.pkey_index=0; bytes=ok",
+        why: "RoCE has no LIDs (the completion's slid is 0) and rxe keeps no service level \
+              (its completions leave sl 0); an InfiniBand HCA reports the sender's LID and \
+              the service level of its address handle",
+    },
+    Deviation {
+        scenario: "ud_no_grh",
+        outcome: "create_ah=InvalidArgument",
+        why: "a RoCE port needs the global route: the kernel refuses an address handle \
+              without one (rdma_check_ah_attr, EINVAL); an InfiniBand HCA routes it by the \
+              LID and the receive has no GRH",
+    },
+    Deviation {
         scenario: "loc_prot_bad_lkey",
         outcome: "a=[1:LOC_QP_OP_ERR]; a.state=Error; b=[]; b.state=ReadyToSend",
         why: "an lkey that names no MR fails rxe's copy_data with -EINVAL, which rxe_req \

@@ -31,6 +31,9 @@ mod wr;
 
 pub use device::{AtomicCap, DeviceAttr};
 pub use port::{Gid, Mtu, PortAttr, PortState};
-pub use qp::{AhAttr, InitAttr, QpCaps, QpState, QpType, RtrAttr, RtsAttr, Transition, UdInitAttr};
+pub use qp::{
+    AhAttr, InitAttr, QpCaps, QpState, QpType, RtrAttr, RtsAttr, Transition, UdInitAttr,
+    MAX_STATIC_RATE,
+};
 pub use wc::{WcOpcode, WcStatus, WorkCompletion};
 pub use wr::{AccessFlags, AhKey, PostError, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest};

@@ -142,19 +142,28 @@ pub struct UdInitAttr {
     pub qkey: u32,
 }
 
-/// Where an address handle leads (`ibv_ah_attr` with its global route, as RoCE needs).
+/// The largest [`AhAttr::static_rate`]: `IBV_RATE_1200_GBPS`.
+pub const MAX_STATIC_RATE: u8 = 24;
+
+/// Where an address handle leads (`ibv_ah_attr`): a port, a LID, and a global route
+/// (GRH) when `dgid` is set, as RoCE always needs and an InfiniBand subnet does not.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AhAttr {
     /// Port number (1-based).
     pub port: u8,
-    /// The destination's GID.
-    pub dgid: Gid,
-    /// The local GID table index to send from.
+    /// The destination's GID: the global route's (`is_global`); `None` routes by `dlid`
+    /// alone, which only InfiniBand can (a RoCE device refuses such a handle).
+    pub dgid: Option<Gid>,
+    /// The local GID table index to send from (with a global route).
     pub sgid_index: u8,
     /// Destination LID (ignored on RoCE).
     pub dlid: u16,
     /// Service level.
     pub sl: u8,
+    /// The most the handle's datagrams may be sent at (`enum ibv_rate`: 0 for the port's
+    /// full rate, 2 for 2.5 Gb/s, 3 for 10 Gb/s, ... 24 for 1,200 Gb/s). Devices that pace
+    /// by it do; rxe and the simulator keep it and send at their own pace.
+    pub static_rate: u8,
     /// GRH traffic class.
     pub traffic_class: u8,
     /// GRH flow label (20 bits).
@@ -164,15 +173,27 @@ pub struct AhAttr {
 }
 
 impl AhAttr {
-    /// A route to `dgid` (and `dlid`, for InfiniBand) from port `port` and the local GID at
-    /// `sgid_index`: service level 0, traffic class 0, no flow label, hop limit 64.
+    /// A global route to `dgid` (and `dlid`, for InfiniBand) from port `port` and the
+    /// local GID at `sgid_index`: service level 0, full rate, traffic class 0, no flow
+    /// label, hop limit 64.
     pub const fn new(port: u8, dgid: Gid, sgid_index: u8, dlid: u16) -> AhAttr {
         AhAttr {
-            port,
-            dgid,
+            dgid: Some(dgid),
             sgid_index,
+            ..AhAttr::local(port, dlid)
+        }
+    }
+
+    /// A route to `dlid` within the InfiniBand subnet of port `port`, without a global
+    /// route header: service level 0, full rate.
+    pub const fn local(port: u8, dlid: u16) -> AhAttr {
+        AhAttr {
+            port,
+            dgid: None,
+            sgid_index: 0,
             dlid,
             sl: 0,
+            static_rate: 0,
             traffic_class: 0,
             flow_label: 0,
             hop_limit: 64,

@@ -33,19 +33,25 @@ macro_rules! wc_status {
         pub enum WcStatus {
             $($(#[$doc])* $name,)*
             /// A value with no name here (a newer provider's status), kept as the provider
-            /// reported it. [`WcStatus::from_raw`] gives it only for values without a name.
-            Unknown(u32),
+            /// reported it (a value past 65,535, which no provider defines, as 65,535: two
+            /// bytes keep a completion within its 40). [`WcStatus::from_raw`] gives it only
+            /// for values without a name.
+            Unknown(u16),
         }
 
         impl WcStatus {
             /// The status for a verbs value; a value without a name is kept as
             /// [`WcStatus::Unknown`].
             pub const fn from_raw(v: u32) -> WcStatus {
-                match v { $($val => WcStatus::$name,)* v => WcStatus::Unknown(v) }
+                match v {
+                    $($val => WcStatus::$name,)*
+                    v if v > u16::MAX as u32 => WcStatus::Unknown(u16::MAX),
+                    v => WcStatus::Unknown(v as u16),
+                }
             }
             /// The verbs value (for [`WcStatus::Unknown`], the value it keeps).
             pub const fn raw(self) -> u32 {
-                match self { $(WcStatus::$name => $val,)* WcStatus::Unknown(v) => v }
+                match self { $(WcStatus::$name => $val,)* WcStatus::Unknown(v) => v as u32 }
             }
             /// The verbs name, e.g. `IBV_WC_REM_ACCESS_ERR`; `"unknown"` for
             /// [`WcStatus::Unknown`].
@@ -175,8 +181,19 @@ pub struct WorkCompletion {
     /// pair (`src_qp`); 0 otherwise.
     pub src_qp: u32,
     /// A receive on an unreliable-datagram queue pair whose buffer starts with the 40
-    /// bytes of a global route header (`IBV_WC_GRH`, always so on RoCE).
+    /// bytes of a global route header (`IBV_WC_GRH`, always so on RoCE). Without one
+    /// (an InfiniBand sender whose address handle has no global route) those 40 bytes are
+    /// left as they were, and `byte_len` still counts them.
     pub grh: bool,
+    /// The sender's service level, for a receive on an unreliable-datagram queue pair
+    /// (`sl`; 0 on RoCE devices that keep none, such as rxe).
+    pub sl: u8,
+    /// The sender's LID, for a receive on an unreliable-datagram queue pair (`slid`; 0 on
+    /// RoCE, which has no LIDs).
+    pub slid: u16,
+    /// The index of the P_Key the message matched (`pkey_index`: valid for the general
+    /// services queue pair only, as `ibv_poll_cq(3)` says; 0 otherwise).
+    pub pkey_index: u16,
 }
 
 impl WorkCompletion {
@@ -190,6 +207,9 @@ impl WorkCompletion {
         qp_num: 0,
         src_qp: 0,
         grh: false,
+        sl: 0,
+        slid: 0,
+        pkey_index: 0,
     };
 }
 
@@ -212,11 +232,22 @@ mod tests {
 
     #[test]
     fn wc_status_keeps_unknown_values() {
-        for v in [24, 99, 0x8000_0000, u32::MAX] {
+        for v in [24, 99, 0xffff] {
             let s = WcStatus::from_raw(v);
-            assert_eq!(s, WcStatus::Unknown(v), "not folded into GENERAL_ERR");
+            assert_eq!(
+                s,
+                WcStatus::Unknown(v as u16),
+                "not folded into GENERAL_ERR"
+            );
             assert_eq!(s.raw(), v);
         }
+        // Past two bytes (no provider's): the largest two-byte value, still unknown.
+        for v in [0x1_0000, 0x8000_0000, u32::MAX] {
+            assert_eq!(WcStatus::from_raw(v), WcStatus::Unknown(u16::MAX));
+        }
+        // What keeps a completion at 40 bytes with its datagram fields.
+        assert_eq!(core::mem::size_of::<WcStatus>(), 4);
+        assert_eq!(core::mem::size_of::<WorkCompletion>(), 40);
         let s = format!("{}", WcStatus::from_raw(99));
         assert!(s.starts_with("unknown completion status 99 ("), "{s}");
     }

@@ -106,7 +106,9 @@ impl Pd {
     /// [`SimError::Invalid`] for a port other than 1, an sgid_index other than 0 or 1, an
     /// sl above 15 or a flow label wider than 20 bits.
     pub fn create_ah(&self, attr: &AhAttr) -> Result<Ah, SimError> {
-        let key = enter(&self.world).tables.create_ah(self.id, attr)?;
+        let mut w = enter(&self.world);
+        let personality = w.net.cfg.personality;
+        let key = w.tables.create_ah(self.id, attr, personality)?;
         Ok(Ah {
             world: self.world.clone(),
             key,

@@ -46,6 +46,9 @@ impl QpObj {
             qp_num: self.qpn,
             src_qp: 0,
             grh: false,
+            sl: 0,
+            slid: 0,
+            pkey_index: 0,
         })
     }
 
@@ -69,6 +72,9 @@ impl QpObj {
             qp_num: self.qpn,
             src_qp: 0,
             grh: false,
+            sl: 0,
+            slid: 0,
+            pkey_index: 0,
         }
     }
 

@@ -448,6 +448,9 @@ fn plan<'w>(
         qp_num: qpn,
         src_qp: 0,
         grh: false,
+        sl: 0,
+        slid: 0,
+        pkey_index: 0,
     });
     Some(Direct {
         p,

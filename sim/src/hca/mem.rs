@@ -157,6 +157,26 @@ impl<'a> Dst<'a> {
     }
 }
 
+/// `dst` without its first `n` bytes.
+pub(crate) fn skip<'a>(dst: &[Dst<'a>], mut n: usize) -> Spans<Dst<'a>> {
+    let mut out = Spans::new();
+    for d in dst {
+        let cut = n.min(d.len);
+        n -= cut;
+        if cut < d.len {
+            // `wrapping_add` keeps this free of unsafe; the pointer stays inside the span.
+            let rest = Dst {
+                ptr: d.ptr.wrapping_add(cut),
+                len: d.len - cut,
+                _life: PhantomData,
+            };
+            // As many spans as `dst` has, which fits.
+            let _ = out.push(rest);
+        }
+    }
+    out
+}
+
 /// Proof that the caller of an `unsafe` entry point vouched for raw inline source addresses.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct RawInline(());

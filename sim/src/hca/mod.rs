@@ -172,7 +172,7 @@ impl World {
     pub(crate) fn modify(&mut self, q: usize, m: &Transition) -> Result<(), SimError> {
         let epoch = self.tables.next_epoch();
         let peer_dev = match m {
-            Transition::Rtr(a) => self.tables.route(a),
+            Transition::Rtr(a) => self.tables.route(a.dgid, a.dlid),
             _ => None,
         };
         if matches!(m, Transition::Reset) && self.tables.qps.get(q).is_some_and(|qp| !qp.dead) {

@@ -253,6 +253,9 @@ pub(crate) fn flush_wc(wr_id: u64, opcode: WcOpcode, qp_num: u32) -> WorkComplet
         qp_num,
         src_qp: 0,
         grh: false,
+        sl: 0,
+        slid: 0,
+        pkey_index: 0,
     }
 }
 

@@ -172,7 +172,8 @@ pub(crate) struct CqObj {
 pub(crate) struct AhObj {
     pub(crate) pd: usize,
     pub(crate) attr: AhAttr,
-    /// The device holding `attr.dgid`, found at creation (none: every datagram is lost).
+    /// The device `attr` leads to (by its GID, else its LID), found at creation (none:
+    /// every datagram is lost).
     pub(crate) dst_dev: Option<usize>,
 }
 
@@ -428,12 +429,13 @@ impl Tables {
         req.rtr.is_some_and(|a| a.dest_qp_num == qpn).then_some(req)
     }
 
-    /// The device an RTR path leads to: by GID when it has one, else by LID.
-    pub(crate) fn route(&self, a: &RtrAttr) -> Option<usize> {
-        match a.dgid {
+    /// The device a path leads to: by GID when it has one, else by LID.
+    pub(crate) fn route(&self, dgid: Option<Gid>, dlid: u16) -> Option<usize> {
+        match dgid {
             Some(gid) => self.device_with_gid(&gid),
+            // Device `i` has LID `i + 1`.
             None => {
-                let i = usize::from(a.dlid).checked_sub(1)?;
+                let i = usize::from(dlid).checked_sub(1)?;
                 (i < self.devices.len()).then_some(i)
             }
         }

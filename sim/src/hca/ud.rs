@@ -12,8 +12,8 @@
 //!   length as `byte_len` (IBTA C10-93.1.1; rxe's `rxe_requester`). A gather entry outside
 //!   the PD's memory fails it with `LocProtErr`, and an RDMA operation (which only rxe's
 //!   personality accepts at post, as its user-space provider does) with `LocQpOpErr`; both
-//!   move the queue pair to ERR. An address handle whose GID no device holds loses the
-//!   packet on the wire (`Hca`), or fails the request with `LocQpOpErr` (`Rxe`: "host not
+//!   move the queue pair to ERR. An address handle whose GID (without a global route, LID)
+//!   no device holds loses the packet on the wire (`Hca`), or fails the request with `LocQpOpErr` (`Rxe`: "host not
 //!   reachable"). A `remote_qkey` with the high bit set sends the queue pair's own Q_Key
 //!   (`Hca`, IBTA C10-15), or is sent as it is (`Rxe`).
 //! - **Wire.** The fault model applies as to any packet (loss, delay, duplication;
@@ -23,9 +23,14 @@
 //!   receive is posted (UD has no RNR), or the head receive is shorter than 40 bytes of
 //!   global route header plus the message (the receive stays posted; rxe since 2024).
 //!   (`Rxe`, as rxe of Linux 6.1 does: the receive completes with `LocQpOpErr` and the
-//!   queue pair moves to ERR.) Otherwise the head receive takes both: its completion has `byte_len` = 40 + the
-//!   message, the sender's QPN (`src_qp`) and `grh` set. A receive whose scatter list
-//!   leaves the PD's memory completes with `LocProtErr`, the queue pair to ERR.
+//!   queue pair moves to ERR.) Otherwise the head receive takes both: its completion has
+//!   `byte_len` = 40 + the message, the sender's QPN (`src_qp`), service level and LID
+//!   (`sl`, `slid`; both 0 with `Rxe`: RoCE has no LIDs and rxe keeps no service level)
+//!   and `grh` set. A datagram sent without a global route (an address handle by LID
+//!   alone, which only `Hca` accepts: a RoCE port refuses it at creation) leaves the 40
+//!   bytes as they were, `grh` clear, and `byte_len` still counts them. A receive whose
+//!   scatter list leaves the PD's memory completes with `LocProtErr`, the queue pair to
+//!   ERR.
 //!
 //! The global route header is what RoCE v2 delivers (rxe's `execute`): for IPv4-mapped
 //! GIDs 20 zero bytes then the IPv4 header (with its checksum), otherwise the 40-byte IPv6
@@ -53,7 +58,12 @@ const QKEY_OWN: u32 = 0x8000_0000;
 
 impl Tables {
     /// Creates an address handle in PD `pd` (see `Pd::create_ah`).
-    pub(crate) fn create_ah(&mut self, pd: usize, attr: &AhAttr) -> Result<AhKey, SimError> {
+    pub(crate) fn create_ah(
+        &mut self,
+        pd: usize,
+        attr: &AhAttr,
+        personality: Personality,
+    ) -> Result<AhKey, SimError> {
         if attr.port != 1 || usize::from(attr.sgid_index) >= 2 {
             return Err(SimError::Invalid("port must be 1 and sgid_index 0 or 1"));
         }
@@ -62,10 +72,17 @@ impl Tables {
                 "sl exceeds 15 or flow_label exceeds 20 bits",
             ));
         }
+        if attr.static_rate > MAX_STATIC_RATE {
+            return Err(SimError::Invalid("static_rate is no ibv_rate"));
+        }
+        if attr.dgid.is_none() && personality == Personality::Rxe {
+            // `rdma_check_ah_attr`: a RoCE port needs the global route.
+            return Err(SimError::Invalid("RoCE needs a global route (is_global)"));
+        }
         let ah = AhObj {
             pd,
             attr: *attr,
-            dst_dev: self.device_with_gid(&attr.dgid),
+            dst_dev: self.route(attr.dgid, attr.dlid),
         };
         let key = self.ahs.insert_keyed(ah);
         self.pd_ref(pd);
@@ -154,7 +171,12 @@ impl World {
         mem::copy(&src, &[Dst::slice(&mut d.data)], len);
         (d.qkey, d.imm) = (qkey, imm);
         d.solicited = e.wr.flags.contains(SendFlags::SOLICITED);
-        d.grh = grh(&ah.attr, sgid, len);
+        d.grh = ah.attr.dgid.map(|dgid| grh(&ah.attr, dgid, sgid, len));
+        // rxe keeps no service level and RoCE has no LIDs (its completions say 0).
+        (d.sl, d.slid) = match rxe {
+            true => (0, 0),
+            false => (ah.attr.sl, tables.devices[src_dev].lid),
+        };
         let pkt = Packet {
             src_dev: src_dev as u32,
             dst_dev: dst_dev as u32,
@@ -241,9 +263,18 @@ impl World {
         } else if !tables.mrs.scatter(qp.pd(), rwr.sges, total, &mut spans) {
             WcStatus::LocProtErr
         } else {
-            mem::copy(&[Src::slice(&d.grh), Src::slice(&d.data)], &spans, total);
+            match &d.grh {
+                Some(grh) => mem::copy(&[Src::slice(grh), Src::slice(&d.data)], &spans, total),
+                // No global route: its 40 bytes are skipped, left as they were.
+                None => mem::copy(
+                    &[Src::slice(&d.data)],
+                    &mem::skip(&spans, GRH_BYTES),
+                    d.data.len(),
+                ),
+            }
             WcStatus::Success
         };
+        let (grh, sl, slid) = (d.grh.is_some(), d.sl, d.slid);
         let done = RecvDone {
             wr_id: rwr.wr_id,
             status,
@@ -261,7 +292,7 @@ impl World {
         let qp = tables.qps.get_mut(q).expect("live QP");
         let cq = qp.recv_cq();
         let mut wc = qp.retire_recv(&done);
-        (wc.src_qp, wc.grh) = (pkt.src_qpn, true);
+        (wc.src_qp, wc.grh, wc.sl, wc.slid) = (pkt.src_qpn, grh, sl, slid);
         self.push_cqe_se(cq, wc, done.solicited);
         if status != WcStatus::Success {
             self.set_err(q);
@@ -270,14 +301,14 @@ impl World {
 }
 
 /// The 40 bytes a UD receive starts with: what RoCE v2 delivers for a message of `len`
-/// bytes sent from `sgid` with `ah` (see the module docs).
-fn grh(ah: &AhAttr, sgid: Gid, len: usize) -> [u8; GRH_BYTES] {
+/// bytes sent from `sgid` to `dgid` with `ah` (see the module docs).
+fn grh(ah: &AhAttr, dgid: Gid, sgid: Gid, len: usize) -> [u8; GRH_BYTES] {
     // BTH, DETH and ICRC follow the network header; UDP too on RoCE v2.
     const BTH_DETH_ICRC: usize = 12 + 8 + 4;
     const UDP: usize = 8;
     let mut h = [0u8; GRH_BYTES];
     let v4 = |g: &Gid| g.0[..12] == [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff];
-    if v4(&sgid) && v4(&ah.dgid) {
+    if v4(&sgid) && v4(&dgid) {
         let ip = &mut h[20..];
         let total = (20 + UDP + BTH_DETH_ICRC + len) as u16;
         ip[0] = 0x45;
@@ -287,7 +318,7 @@ fn grh(ah: &AhAttr, sgid: Gid, len: usize) -> [u8; GRH_BYTES] {
         ip[8] = ah.hop_limit;
         ip[9] = 17; // UDP
         ip[12..16].copy_from_slice(&sgid.0[12..]);
-        ip[16..20].copy_from_slice(&ah.dgid.0[12..]);
+        ip[16..20].copy_from_slice(&dgid.0[12..]);
         let sum = ip
             .chunks(2)
             .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
@@ -302,7 +333,7 @@ fn grh(ah: &AhAttr, sgid: Gid, len: usize) -> [u8; GRH_BYTES] {
         h[6] = 17; // UDP
         h[7] = ah.hop_limit;
         h[8..24].copy_from_slice(&sgid.0);
-        h[24..40].copy_from_slice(&ah.dgid.0);
+        h[24..40].copy_from_slice(&dgid.0);
     }
     h
 }

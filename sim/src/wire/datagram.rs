@@ -17,7 +17,12 @@ pub(crate) struct Dgram {
     pub(crate) qkey: u32,
     pub(crate) imm: Option<u32>,
     pub(crate) solicited: bool,
-    pub(crate) grh: [u8; GRH_BYTES],
+    /// The global route header the receive starts with; none when the sender's address
+    /// handle had no global route.
+    pub(crate) grh: Option<[u8; GRH_BYTES]>,
+    /// The sender's service level and LID, as the receiver's completion reports them.
+    pub(crate) sl: u8,
+    pub(crate) slid: u16,
     /// The message; its capacity is kept when the slot is reused, so a fabric that keeps
     /// sending allocates nothing once its datagrams in flight stop growing.
     pub(crate) data: Vec<u8>,
@@ -41,7 +46,9 @@ impl Datagrams {
                     qkey: 0,
                     imm: None,
                     solicited: false,
-                    grh: [0; GRH_BYTES],
+                    grh: None,
+                    sl: 0,
+                    slid: 0,
                     data: Vec::new(),
                 });
                 (self.slots.len() - 1) as u32

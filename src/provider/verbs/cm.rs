@@ -497,10 +497,11 @@ fn ud_peer(p: &RawUdParam) -> UdPeer {
         ah: AhAttr {
             port: a.port_num,
             // SAFETY: `raw` is the plain 16-byte view of the GID union.
-            dgid: Gid(unsafe { a.grh.dgid.raw }),
+            dgid: (a.is_global != 0).then_some(Gid(unsafe { a.grh.dgid.raw })),
             sgid_index: a.grh.sgid_index,
             dlid: a.dlid,
             sl: a.sl,
+            static_rate: a.static_rate,
             traffic_class: a.grh.traffic_class,
             flow_label: a.grh.flow_label,
             hop_limit: a.grh.hop_limit,

@@ -210,6 +210,9 @@ pub(super) fn work_completion(wc: &ffi::ibv_wc) -> WorkCompletion {
         qp_num: wc.qp_num,
         src_qp: wc.src_qp,
         grh: wc.wc_flags.0 & ffi::ibv_wc_flags::IBV_WC_GRH.0 != 0,
+        sl: wc.sl,
+        slid: wc.slid,
+        pkey_index: wc.pkey_index,
     }
 }
 

@@ -13,7 +13,12 @@
 //! The ring is the channels' bookkeeping, not an API (public and hidden only for the
 //! benches): completions reach users as [`Completion`]s.
 
+mod completion;
+
+pub use completion::Completion;
+
 use crate::types::{RecvWr, SendWr, WcOpcode, WcStatus, WorkCompletion};
+use completion::outcome;
 
 /// A work request type a ring can stage: it carries a `wr_id`.
 pub trait WorkRequest: Copy {
@@ -61,51 +66,6 @@ pub struct QueueFull {
 pub struct UnknownCompletion {
     /// Its `wr_id`.
     pub wr_id: u64,
-}
-
-/// The outcome of one work request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Completion {
-    /// Status.
-    pub status: WcStatus,
-    /// Completion opcode.
-    pub opcode: WcOpcode,
-    /// Bytes transferred.
-    pub byte_len: u32,
-    /// Immediate data.
-    pub imm: Option<u32>,
-    /// The sending queue pair's number, on a datagram channel's receives (where a reply
-    /// goes); left as the device reports it otherwise (the verbs leave it undefined).
-    pub src_qp: u32,
-    /// On a datagram channel's receives: whether the buffer starts with the sender's 40
-    /// bytes of global route header (always on RoCE; without one, those bytes are left
-    /// as they were).
-    pub grh: bool,
-    /// On a datagram channel's receives: the sender's service level (0 where the device
-    /// keeps none, as rxe).
-    pub sl: u8,
-    /// On a datagram channel's receives: the sender's LID (0 on RoCE).
-    pub slid: u16,
-    /// The P_Key index the message matched (valid for the general services queue pair
-    /// only; 0 otherwise).
-    pub pkey_index: u16,
-}
-
-impl Completion {
-    /// A completion that reports only its status and opcode (no bytes, no sender).
-    pub(crate) const fn bare(status: WcStatus, opcode: WcOpcode) -> Completion {
-        Completion {
-            status,
-            opcode,
-            byte_len: 0,
-            imm: None,
-            src_qp: 0,
-            grh: false,
-            sl: 0,
-            slid: 0,
-            pkey_index: 0,
-        }
-    }
 }
 
 /// Where a slot's request is. Signaled and unsignaled posted requests are two states, so
@@ -510,27 +470,6 @@ impl<W: WorkRequest, const DEPTH: usize> Ring<W, DEPTH> {
 #[inline]
 fn unlikely_false() -> bool {
     false
-}
-
-/// What a completion reports; a failed request's opcode comes from its slot (the device
-/// leaves the completion's undefined).
-#[inline]
-fn outcome(wc: &WorkCompletion, posted: WcOpcode) -> Completion {
-    Completion {
-        status: wc.status,
-        opcode: if wc.status == WcStatus::Success {
-            wc.opcode
-        } else {
-            posted
-        },
-        byte_len: wc.byte_len,
-        imm: wc.imm,
-        src_qp: wc.src_qp,
-        grh: wc.grh,
-        sl: wc.sl,
-        slid: wc.slid,
-        pkey_index: wc.pkey_index,
-    }
 }
 
 #[inline]

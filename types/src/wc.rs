@@ -164,22 +164,18 @@ impl fmt::Display for WcStatus {
 
 /// A work completion (`ibv_wc`), as polled from a completion queue.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+// Laid out so that its 40 bytes hold the datagram fields, and a channel's completion
+// (`zverbs::Completion`, the same fields from `status` on) is one run of its bytes.
+#[repr(C)]
 pub struct WorkCompletion {
     /// The `wr_id` of the work request.
     pub wr_id: u64,
+    /// Local queue pair number.
+    pub qp_num: u32,
     /// Status.
     pub status: WcStatus,
     /// What completed (meaningful on success).
     pub opcode: WcOpcode,
-    /// Bytes transferred (meaningful for receives, reads and atomics).
-    pub byte_len: u32,
-    /// Immediate data of a receive, if the sender attached any.
-    pub imm: Option<u32>,
-    /// Local queue pair number.
-    pub qp_num: u32,
-    /// The sending queue pair's number, for a receive on an unreliable-datagram queue
-    /// pair (`src_qp`); 0 otherwise.
-    pub src_qp: u32,
     /// A receive on an unreliable-datagram queue pair whose buffer starts with the 40
     /// bytes of a global route header (`IBV_WC_GRH`, always so on RoCE). Without one
     /// (an InfiniBand sender whose address handle has no global route) those 40 bytes are
@@ -188,6 +184,13 @@ pub struct WorkCompletion {
     /// The sender's service level, for a receive on an unreliable-datagram queue pair
     /// (`sl`; 0 on RoCE devices that keep none, such as rxe).
     pub sl: u8,
+    /// Bytes transferred (meaningful for receives, reads and atomics).
+    pub byte_len: u32,
+    /// Immediate data of a receive, if the sender attached any.
+    pub imm: Option<u32>,
+    /// The sending queue pair's number, for a receive on an unreliable-datagram queue
+    /// pair (`src_qp`); 0 otherwise.
+    pub src_qp: u32,
     /// The sender's LID, for a receive on an unreliable-datagram queue pair (`slid`; 0 on
     /// RoCE, which has no LIDs).
     pub slid: u16,

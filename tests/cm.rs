@@ -168,6 +168,35 @@ fn private_data_past_the_limit_is_refused_before_anything_is_sent() {
     }
 }
 
+/// An answer whose reply or reason is past its message's limit is not cut: the listener
+/// refuses that request, its call fails with the limit, and the requester is rejected.
+#[test]
+fn an_answer_past_the_limit_fails_the_accept_and_refuses_the_request() {
+    let w = two();
+    let listener = CmListener::bind(&w.sim, at(1, 7471)).unwrap();
+    let (ctx, pd) = (&w.ctx[1], &w.pd[1]);
+    for (answer, max) in [
+        (Answer::accept(&[1; 197]), 196),
+        (Answer::reject(&[2; 149]), 148),
+    ] {
+        thread::scope(|s| {
+            let server = s.spawn(|| listener.accept_with::<16, 4>(ctx, pd, &cfg(), T, |_| answer));
+            match connect(&w, at(1, 7471), b"hi") {
+                Err(CmError::Rejected { status, .. }) => assert_eq!(status, REJECT_CONSUMER),
+                other => panic!("{:?}", other.map(|_| ())),
+            }
+            match server.join().unwrap() {
+                Err(CmError::PrivateDataTooLong { len, max: m }) => {
+                    assert_eq!((len, m), (max + 1, max))
+                }
+                other => panic!("{:?}", other.map(|_| ())),
+            }
+        });
+    }
+    drop(listener);
+    assert_eq!(w.sim.fabric().cm_ids(), 0);
+}
+
 #[test]
 fn a_listener_that_never_answers_is_a_timeout_and_one_dropped_rejects() {
     let w = two();

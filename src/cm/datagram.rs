@@ -99,12 +99,11 @@ impl<P: ConnectionManager> CmListener<P> {
 
     /// As [`answer_datagram`](Self::answer_datagram), with `answer` deciding on each
     /// request (from its private data): the first accepted one ends the call; a rejected
-    /// one is refused with the reason (cut to [`private_data_limit::UD_ACCEPT`] bytes: the
-    /// requester sees [`CmError::Unreachable`] with status
-    /// [`SIDR_REJECT`](crate::provider::cm::SIDR_REJECT)).
+    /// one is refused with the reason (the requester sees [`CmError::Unreachable`] with
+    /// status [`SIDR_REJECT`](crate::provider::cm::SIDR_REJECT)).
     ///
     /// # Errors
-    /// [`CmError::PrivateDataTooLong`] for an accept's reply past
+    /// [`CmError::PrivateDataTooLong`] for a reply or a reason past
     /// [`private_data_limit::UD_ACCEPT`] (that request is refused); as
     /// [`answer_datagram`](Self::answer_datagram).
     pub fn answer_datagram_with(
@@ -119,17 +118,16 @@ impl<P: ConnectionManager> CmListener<P> {
             let (CmEventKind::ConnectRequest, Some(request)) = (ev.kind, ev.request) else {
                 continue;
             };
-            let reply = match answer(ev.private_data.as_slice()) {
-                Answer::Accept(reply) => reply,
-                Answer::Reject(reason) => {
-                    let reason = reason.as_slice();
-                    let cut = &reason[..reason.len().min(private_data_limit::UD_ACCEPT)];
+            // A service reply carries either.
+            let limits = (private_data_limit::UD_ACCEPT, private_data_limit::UD_ACCEPT);
+            let reply = match answer(ev.private_data.as_slice()).checked(limits) {
+                (true, reply) => reply?,
+                (false, reason) => {
                     // Best effort: dropping the id refuses it too.
-                    let _ = P::cm_reject(&request, cut);
+                    let _ = P::cm_reject(&request, reason?.as_slice());
                     continue;
                 }
             };
-            fits(reply.as_slice(), private_data_limit::UD_ACCEPT)?;
             let param = ConnParam {
                 qp_num,
                 qkey: UD_QKEY,

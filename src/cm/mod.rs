@@ -66,6 +66,7 @@ use crate::device::{Context, ProtectionDomain};
 use crate::error::Error;
 use crate::provider::cm::{
     private_data_limit, CmEventKind, CmPath, ConnParam, ConnectionManager, PortSpace, PrivateData,
+    MAX_PRIVATE_DATA,
 };
 use crate::qp::Endpoint;
 use wait::{next_event, Deadline};
@@ -74,26 +75,52 @@ use wait::{next_event, Deadline};
 /// timeout; the call's deadline bounds the wait for its event).
 pub(crate) const RESOLVE_MS: u32 = 2000;
 
-/// The answer to a connect request ([`CmListener::accept_with`]).
+/// The answer to a connect request ([`CmListener::accept_with`]): accept with a reply, or
+/// reject with a reason. Private data past the message's limit is not cut: the listener
+/// refuses that request and its call fails with [`CmError::PrivateDataTooLong`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Answer {
-    /// Accept, with this reply (at most [`private_data_limit::ACCEPT`] bytes).
-    Accept(PrivateData),
-    /// Reject, with this reason (at most [`private_data_limit::REJECT`] bytes).
-    Reject(PrivateData),
+pub struct Answer {
+    accept: bool,
+    /// The data, whole when it is at most [`MAX_PRIVATE_DATA`] bytes.
+    data: PrivateData,
+    /// Its length as given.
+    len: usize,
 }
 
 impl Answer {
-    /// Accept with `reply` (cut to the limit).
+    /// Accept with `reply` (at most [`private_data_limit::ACCEPT`] bytes on a reliable
+    /// connection, [`private_data_limit::UD_ACCEPT`] for a datagram service).
     pub fn accept(reply: &[u8]) -> Answer {
-        let n = reply.len().min(private_data_limit::ACCEPT);
-        Answer::Accept(PrivateData::new(&reply[..n], n).unwrap_or(PrivateData::EMPTY))
+        Answer::of(true, reply)
     }
 
-    /// Reject with `reason` (cut to the limit).
+    /// Reject with `reason` (at most [`private_data_limit::REJECT`] bytes on a reliable
+    /// connection, [`private_data_limit::UD_ACCEPT`] for a datagram service).
     pub fn reject(reason: &[u8]) -> Answer {
-        let n = reason.len().min(private_data_limit::REJECT);
-        Answer::Reject(PrivateData::new(&reason[..n], n).unwrap_or(PrivateData::EMPTY))
+        Answer::of(false, reason)
+    }
+
+    fn of(accept: bool, data: &[u8]) -> Answer {
+        let n = data.len().min(MAX_PRIVATE_DATA);
+        Answer {
+            accept,
+            data: PrivateData::new(&data[..n], n).unwrap_or(PrivateData::EMPTY),
+            len: data.len(),
+        }
+    }
+
+    /// Whether it accepts, and its data if within the limit of the message that carries
+    /// it (`limits`: an accept's and a reject's).
+    pub(crate) fn checked<E>(
+        self,
+        limits: (usize, usize),
+    ) -> (bool, Result<PrivateData, CmError<E>>) {
+        let max = if self.accept { limits.0 } else { limits.1 };
+        let data = match self.len <= max {
+            true => Ok(self.data),
+            false => Err(CmError::PrivateDataTooLong { len: self.len, max }),
+        };
+        (self.accept, data)
     }
 }
 
@@ -316,9 +343,7 @@ impl<P: ConnectionManager> CmListener<P> {
         config: &ChannelConfig,
         timeout: Duration,
     ) -> Result<CmConnection<P, DEPTH, SGES>, CmError<P::Error>> {
-        self.accept_with(ctx, pd, config, timeout, |_| {
-            Answer::Accept(PrivateData::EMPTY)
-        })
+        self.accept_with(ctx, pd, config, timeout, |_| Answer::accept(b""))
     }
 
     /// Takes connect requests until `answer` accepts one (from the request's private
@@ -327,8 +352,10 @@ impl<P: ConnectionManager> CmListener<P> {
     /// its way (the peer gone, another device) is refused and the next one taken.
     ///
     /// # Errors
-    /// [`CmError::Timeout`] when no request was accepted and established in time; a
-    /// verb's error of the listener itself.
+    /// [`CmError::Timeout`] when no request was accepted and established in time;
+    /// [`CmError::PrivateDataTooLong`] when `answer` gave a reply or a reason past its
+    /// message's limit (that request is refused without it); a verb's error of the
+    /// listener itself.
     pub fn accept_with<const DEPTH: usize, const SGES: usize>(
         &self,
         ctx: &Context<P>,
@@ -360,11 +387,12 @@ impl<P: ConnectionManager> CmListener<P> {
             let (CmEventKind::ConnectRequest, Some(request)) = (ev.kind, ev.request) else {
                 continue;
             };
-            let reply = match answer(ev.private_data.as_slice()) {
-                Answer::Accept(reply) => reply,
-                Answer::Reject(reason) => {
+            let limits = (private_data_limit::ACCEPT, private_data_limit::REJECT);
+            let reply = match answer(ev.private_data.as_slice()).checked(limits) {
+                (true, reply) => reply?,
+                (false, reason) => {
                     // Best effort: dropping the id refuses it too.
-                    let _ = P::cm_reject(&request, reason.as_slice());
+                    let _ = P::cm_reject(&request, reason?.as_slice());
                     continue;
                 }
             };

@@ -1,11 +1,15 @@
-//! rdma-core's `udaddy` client (`librdmacm/examples/udaddy.c`) on zverbs' public API:
+//! rdma-core's `udaddy` (`librdmacm/examples/udaddy.c`) on zverbs' public API. The client
 //! resolves the datagram service at an address through the connection manager, sends it
 //! ten 100-byte datagrams with the sending queue pair's number as immediate data (as
-//! `udaddy` does), and receives its ten replies, each after its 40-byte header.
+//! `udaddy` does), and receives its ten replies, each after its 40-byte header. The
+//! server answers the service request with its queue pair, receives the ten and replies
+//! to each where it came from: the sender's GID in the datagram's header, its queue pair
+//! in the immediate data (`udaddy`'s `ibv_create_ah_from_wc`).
 //!
 //! ```text
-//! cargo run --features sim --example udaddy                        # a server thread on the simulator
-//! udaddy --backend verbs --client 169.254.77.1                     # against `udaddy -s 169.254.77.1`
+//! cargo run --features sim --example udaddy                        # both, on the simulator
+//! udaddy --backend verbs --client 169.254.77.1                     # against `udaddy -b 169.254.77.1`
+//! udaddy --backend verbs --server 169.254.77.1                     # for `udaddy -s 169.254.77.1`
 //! ```
 //!
 //! Port 7174 (udaddy's), `--count` datagrams (its `-C`, default 10) of 100 bytes (`-S`).
@@ -26,7 +30,7 @@ fn main() -> ExitCode {
 }
 
 fn run() -> Result<(), String> {
-    let args = Args::parse(&["--client", "--count"])?;
+    let args = Args::parse(&["--client", "--server", "--count"])?;
     // Unused in a build without a backend, which only says which feature to enable.
     #[cfg_attr(not(any(feature = "sim", feature = "verbs")), allow(unused_variables))]
     let count = args.number("--count", 10)?;
@@ -51,17 +55,21 @@ fn run() -> Result<(), String> {
         Backend::Verbs => {
             use zverbs::provider::verbs::Verbs;
             let device = backend::verbs::device(args.value("--device"))?;
-            let to = args.value("--client").ok_or("give --client ADDR")?;
-            let to = to
-                .parse::<std::net::IpAddr>()
-                .map_err(|e| format!("{to}: {e}"))?;
-            udp::client(
-                &Verbs,
-                &device,
-                None,
-                std::net::SocketAddr::new(to, PORT),
-                count,
-            )
+            let ip = |a: &str| {
+                a.parse::<std::net::IpAddr>()
+                    .map_err(|e| format!("{a}: {e}"))
+            };
+            match (args.value("--client"), args.value("--server")) {
+                (Some(to), None) => {
+                    let to = std::net::SocketAddr::new(ip(to)?, PORT);
+                    udp::client(&Verbs, &device, None, to, count)
+                }
+                (None, Some(at)) => {
+                    let at = std::net::SocketAddr::new(ip(at)?, PORT);
+                    udp::serve(&Verbs, &device, at, count)
+                }
+                _ => Err("give --client ADDR or --server ADDR".into()),
+            }
         }
         #[allow(unreachable_patterns)]
         other => Err(other.not_compiled_in("udaddy")),
@@ -75,17 +83,15 @@ mod udp {
 
     use zverbs::channel::{PostedReceive, Scope};
     use zverbs::cm::resolve_datagram;
-    #[cfg(feature = "sim")]
     use zverbs::cm::CmListener;
     use zverbs::provider::cm::{ConnectionManager, UD_QKEY};
-    use zverbs::qp::{Ud, UdOptions};
-    use zverbs::{AddressHandle, Channel, ChannelConfig, Context, Destination, LocalSliceMut, Op};
+    use zverbs::qp::{reply_path, Ud, UdOptions, GRH_BYTES as GRH};
+    use zverbs::{AddressHandle, Channel, ChannelConfig, Completion, Context, Destination};
+    use zverbs::{LocalSliceMut, Op};
 
     use super::SIZE;
 
     const STEP: Duration = Duration::from_secs(20);
-    /// Each received datagram lands after its 40-byte header.
-    const GRH: usize = 40;
     /// Datagrams in flight at most (udaddy's `-C` up to this).
     const DEPTH: usize = 64;
 
@@ -181,9 +187,9 @@ mod udp {
         Ok(())
     }
 
-    /// The server side on the simulator: answers the service request, receives `count`
-    /// datagrams and replies to each sender (its queue pair in the immediate data).
-    #[cfg(feature = "sim")]
+    /// The server: answers the service request at `at`, receives `count` datagrams and
+    /// replies to each where it came from (its header's source GID, or the sender's LID
+    /// without one; the queue pair in its immediate data, else its source).
     pub fn serve<P: ConnectionManager>(
         provider: &P,
         device: &str,
@@ -193,6 +199,7 @@ mod udp {
         let ctx = Context::open(provider, device).map_err(|e| e.to_string())?;
         let pd = ctx.alloc_pd().map_err(|e| e.to_string())?;
         let listener = CmListener::bind_datagram(provider, at).map_err(|e| e.to_string())?;
+        println!("udaddy: serving {at}");
         let mut ch = Channel::<P, DEPTH, 1, Ud>::datagram(&ctx, &pd, &config(), &opts())
             .map_err(|e| e.to_string())?;
         let mut inbox = vec![0u8; count * (GRH + SIZE)];
@@ -200,37 +207,34 @@ mod udp {
         let mut reply = [b'r'; SIZE];
         let reply = pd.register(&mut reply).map_err(|e| e.to_string())?;
         let qpn = ch.queue_pair().qp_num();
-        ch.scope(|s| {
-            let posted = receives(s, inbox.slice_mut(..)?, count)?;
-            listener
-                .answer_datagram(qpn, b"", STEP)
-                .map_err(|_| zverbs::Error::InvalidAttribute("no service request"))?;
-            let mut senders = Vec::with_capacity(count);
-            for r in posted {
-                let c = s.wait_receive(r)?;
-                senders.push(c.imm.unwrap_or(c.src_qp));
-            }
-            Ok(senders)
-        })
-        .map_err(|e| format!("server: {e}"))
-        .and_then(|senders| {
-            // The path back to the client's device, sim0: LID 1, `::ffff:10.0.0.1`.
-            let gid = zverbs::Gid(
-                std::net::Ipv4Addr::new(10, 0, 0, 1)
-                    .to_ipv6_mapped()
-                    .octets(),
-            );
-            let back = zverbs::AhAttr::new(1, gid, 1, 1);
-            let ah = AddressHandle::create(&pd, &back).map_err(|e| e.to_string())?;
-            ch.scope(|s| {
-                for &to in &senders {
-                    let dest = Destination::new(&ah, to, UD_QKEY);
-                    s.post(Op::datagram([reply.slice(..)?], &dest))?;
-                }
-                s.ring_doorbell()?;
-                Ok(())
+        let got: Vec<Completion> = ch
+            .scope(|s| {
+                let posted = receives(s, inbox.slice_mut(..)?, count)?;
+                listener
+                    .answer_datagram(qpn, b"", STEP)
+                    .map_err(|_| zverbs::Error::InvalidAttribute("no service request"))?;
+                posted.into_iter().map(|r| s.wait_receive(r)).collect()
             })
-            .map_err(|e| format!("replies: {e}"))
+            .map_err(|e| format!("server: {e}"))?;
+        let port = ch.queue_pair().config().port;
+        let headers = inbox.as_slice().chunks(GRH + SIZE);
+        let mut back = Vec::with_capacity(count);
+        for (c, slot) in got.iter().zip(headers) {
+            let grh = slot.first_chunk::<GRH>().filter(|_| c.grh);
+            let path = reply_path(&ctx, port, grh, c.slid, c.sl).map_err(|e| e.to_string())?;
+            let ah = AddressHandle::create(&pd, &path).map_err(|e| e.to_string())?;
+            back.push((ah, c.imm.unwrap_or(c.src_qp)));
+        }
+        ch.scope(|s| {
+            for (ah, to) in &back {
+                let dest = Destination::new(ah, *to, UD_QKEY);
+                s.post(Op::datagram([reply.slice(..)?], &dest))?;
+            }
+            s.ring_doorbell()?;
+            Ok(())
         })
+        .map_err(|e| format!("replies: {e}"))?;
+        println!("udaddy: {count} datagrams received, {count} replies sent");
+        Ok(())
     }
 }

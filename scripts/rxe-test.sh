@@ -11,7 +11,7 @@
 #                                    examples pingpong, network (ranks as threads, and as
 #                                    processes under mpirun -n 4 --bootstrap env),
 #                                    rping against rdma-core's rping in both roles,
-#                                    udaddy against rdma-core's udaddy server,
+#                                    udaddy against rdma-core's udaddy in both roles,
 #                                    async_remote_write and rpc_echo on rxe0 (--backend verbs);
 #                                    exits non-zero if any of it fails
 #   scripts/rxe-test.sh --run PROG [ARGS...]
@@ -405,11 +405,17 @@ conformance() {
     guest_step udaddy_c_server sh -c "timeout 120 udaddy -b 169.254.77.1 > udaddy_s.log 2>&1 &
       ./udaddy --backend verbs --client 169.254.77.1; rc=\$?
       wait \$!; s=\$?; echo \"udaddy -b (C): status \$s\"; cat udaddy_s.log; exit \$((rc | s))"
+    # ... and the other way: examples/udaddy serving rdma-core's C client (the client
+    # starts once the server says it is bound; it does not ask again).
+    guest_step udaddy_c_client sh -c "./udaddy --backend verbs --server 169.254.77.1 > udaddy_srv.log 2>&1 &
+      i=0; until grep -q serving udaddy_srv.log || [ \$i -ge 60 ]; do sleep 1; i=\$((i + 1)); done
+      timeout 120 udaddy -s 169.254.77.1; rc=\$?; echo \"udaddy -s (C): status \$rc\"
+      wait \$!; s=\$?; cat udaddy_srv.log; exit \$((rc | s))"
     guest_step rpc_echo ./rpc_echo --backend verbs --calls "$rounds" --secs 1
   } > "$d/test.sh"
   boot_share "$d"
   local out=$W/outcomes; mkdir -p "$out"; rm -f "$out"/{rxe,sim}.tsv
-  local grc=0 prc=0 nrc=0 mrc=0 arc=0 rrc=0 xrc=0 yrc=0 urc=0
+  local grc=0 prc=0 nrc=0 mrc=0 arc=0 rrc=0 xrc=0 yrc=0 urc=0 vrc=0
   step_status "$d" conformance || grc=$?
   [ -f "$d/rxe.tsv" ] && cp "$d/rxe.tsv" "$out/rxe.tsv"
   log "guest leg: ${GUEST_SECONDS} s (boot, conformance suite, examples); in the guest:"
@@ -448,16 +454,19 @@ conformance() {
   echo "== examples on rxe0: async_remote_write --backend verbs =="
   step_status "$d" async_remote_write || arc=$?
   echo
+  echo "== udaddy interop on rxe0: examples/udaddy --server / udaddy -s (rdma-core's C program) =="
+  step_status "$d" udaddy_c_client || vrc=$?
+
   echo "== examples on rxe0: rpc_echo --backend verbs --calls $rounds --secs 1 =="
   step_status "$d" rpc_echo || rrc=$?
   if [ "$rrc" = 0 ] && [ "$(tail -n 1 "$d/rpc_echo.out")" != "allocations_after_setup=0" ]; then
     log "rpc_echo allocated on the data path"; rrc=1
   fi
   echo
-  log "conformance on rxe: status $grc; on the simulator: status $src; sim-rxe vs rxe table: status $trc; pingpong: status $prc; network: status $nrc; network under mpirun: status $mrc; rping vs C server: status $xrc; rping vs C client: status $yrc; udaddy vs C server: status $urc; async_remote_write: status $arc; rpc_echo: status $rrc"
+  log "conformance on rxe: status $grc; on the simulator: status $src; sim-rxe vs rxe table: status $trc; pingpong: status $prc; network: status $nrc; network under mpirun: status $mrc; rping vs C server: status $xrc; rping vs C client: status $yrc; udaddy vs C server: status $urc; udaddy vs C client: status $vrc; async_remote_write: status $arc; rpc_echo: status $rrc"
   [ "${RXE_KEEP:-0}" = 1 ] && log "kept $d" || rm -rf "$d"
   [ "$grc" = 0 ] && [ "$src" = 0 ] && [ "$trc" = 0 ] && [ "$prc" = 0 ] && [ "$nrc" = 0 ] &&
-    [ "$mrc" = 0 ] && [ "$xrc" = 0 ] && [ "$yrc" = 0 ] && [ "$urc" = 0 ] && [ "$arc" = 0 ] && [ "$rrc" = 0 ]
+    [ "$mrc" = 0 ] && [ "$xrc" = 0 ] && [ "$yrc" = 0 ] && [ "$urc" = 0 ] && [ "$vrc" = 0 ] && [ "$arc" = 0 ] && [ "$rrc" = 0 ]
 }
 
 case "${1:-}" in

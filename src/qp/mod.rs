@@ -38,7 +38,7 @@ pub use endpoint::{
     Endpoint, EndpointError, ENDPOINT_LEN, ENDPOINT_MAGIC, ENDPOINT_VERSION, MAX_24BIT,
 };
 pub use options::{InitOptions, QpConfig, RtrOptions, RtsOptions, MAX_FLOW_LABEL, MAX_SL};
-pub use ud::{AddressHandle, UdOptions};
+pub use ud::{reply_path, sender_gid, AddressHandle, UdOptions, GRH_BYTES};
 
 use core::fmt;
 use core::marker::PhantomData;

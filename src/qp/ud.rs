@@ -18,7 +18,7 @@ use crate::cq::CompletionQueue;
 use crate::device::{Context, ProtectionDomain};
 use crate::error::{verb, Error};
 use crate::provider::{AhAttr, Provider, UdInitAttr};
-use crate::types::{AhKey, MAX_STATIC_RATE};
+use crate::types::{AhKey, Gid, MAX_STATIC_RATE};
 
 /// Attributes of an unreliable-datagram queue pair's RESET → INIT.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -144,6 +144,84 @@ impl<P: Provider> core::fmt::Debug for AddressHandle<P> {
             .field("key", &self.key())
             .finish()
     }
+}
+
+/// Bytes of global route header at the start of every UD receive buffer.
+pub const GRH_BYTES: usize = 40;
+
+/// The sender's GID, from the global route header a UD receive starts with (when the
+/// completion's `grh` says there is one): the IPv6 source address, or for RoCE v2 over
+/// IPv4 (20 bytes, then the IPv4 header) the IPv4-mapped source address.
+///
+/// ```
+/// # use zverbs::qp::{sender_gid, GRH_BYTES};
+/// # use zverbs::Gid;
+/// let mut grh = [0u8; GRH_BYTES];
+/// grh[20] = 0x45; // an IPv4 header, from 10.0.0.1
+/// grh[32..36].copy_from_slice(&[10, 0, 0, 1]);
+/// let v4 = std::net::Ipv4Addr::new(10, 0, 0, 1).to_ipv6_mapped().octets();
+/// assert_eq!(sender_gid(&grh), Gid(v4));
+/// ```
+pub fn sender_gid(grh: &[u8; GRH_BYTES]) -> Gid {
+    header_gids(grh).0
+}
+
+/// The source and destination GIDs a global route header names.
+fn header_gids(grh: &[u8; GRH_BYTES]) -> (Gid, Gid) {
+    let (mut src, mut dst) = ([0u8; 16], [0u8; 16]);
+    if grh[20] >> 4 == 4 {
+        src[10..12].copy_from_slice(&[0xff, 0xff]);
+        dst[10..12].copy_from_slice(&[0xff, 0xff]);
+        src[12..].copy_from_slice(&grh[32..36]);
+        dst[12..].copy_from_slice(&grh[36..40]);
+    } else {
+        src.copy_from_slice(&grh[8..24]);
+        dst.copy_from_slice(&grh[24..40]);
+    }
+    (Gid(src), Gid(dst))
+}
+
+/// The path back to the sender of a datagram received on `port` of `ctx`
+/// (`ibv_init_ah_from_wc`): with its global route header (`grh`, when the completion's
+/// `grh` says the receive starts with one), to the GID the header names as source, from
+/// the local GID it was sent to; without one, to the sender's LID (`slid`). The service
+/// level is the sender's (`sl`). With the sender's queue pair (`src_qp`, or what the
+/// protocol says) and the Q_Key, it is where a reply goes.
+///
+/// # Errors
+/// [`Error::InvalidAttribute`] when no GID of `port` is the header's destination; the
+/// provider's error for the port or GID queries.
+pub fn reply_path<P: Provider>(
+    ctx: &Context<P>,
+    port: u8,
+    grh: Option<&[u8; GRH_BYTES]>,
+    slid: u16,
+    sl: u8,
+) -> Result<AhAttr, Error<P::Error>> {
+    let mut path = AhAttr::local(port, slid);
+    path.sl = sl;
+    let Some(grh) = grh else {
+        return Ok(path);
+    };
+    let (them, us) = header_gids(grh);
+    let table = u8::try_from(ctx.query_port(port)?.gid_table_len).unwrap_or(u8::MAX);
+    // Entries a device cannot report (unpopulated ones, on some) are not it.
+    let index = (0..table)
+        .find(|&i| ctx.query_gid(port, i).is_ok_and(|g| g == us))
+        .ok_or(Error::InvalidAttribute(
+            "no local GID is the header's destination",
+        ))?;
+    let mut back = AhAttr::new(port, them, index, slid);
+    back.sl = sl;
+    back.hop_limit = 0xff;
+    if grh[20] >> 4 == 4 {
+        back.traffic_class = grh[21]; // the IPv4 header's type of service
+    } else {
+        let word = u32::from_be_bytes([grh[0], grh[1], grh[2], grh[3]]);
+        back.traffic_class = (word >> 20) as u8;
+        back.flow_label = word & 0xf_ffff;
+    }
+    Ok(back)
 }
 
 impl<P: Provider> AddressHandle<P> {

@@ -280,6 +280,43 @@ pub fn ud_pingpong<E: Env>(env: &E) -> Run<Outcome> {
     Ok(o)
 }
 
+/// B's reply to the datagram `w` it received into `inbox`, through the path back that
+/// `reply_path` finds; whether A, with a receive posted, got it whole.
+fn reply<E: Env>(
+    env: &E,
+    a: &UdSide<E::P>,
+    b: &UdSide<E::P>,
+    w: &WorkCompletion,
+    inbox: &MemoryRegion<'_, E::P>,
+) -> Run<bool> {
+    use zverbs::qp::{reply_path, GRH_BYTES};
+    let grh = inbox
+        .as_slice()
+        .first_chunk::<GRH_BYTES>()
+        .filter(|_| w.grh);
+    let port = b.qp.config().port;
+    let back = reply_path(&b.ctx, port, grh, w.slid, w.sl).map_err(err("reply_path"))?;
+    let ah = AddressHandle::create(&b.pd, &back).map_err(err("create reply ah"))?;
+    let src = filled(&b.pd, 8, LW, 9)?;
+    let dst = region(&a.pd, 48, LW, 0)?;
+    let dest = UdDest {
+        ah: ah.key(),
+        remote_qpn: w.src_qp,
+        remote_qkey: QKEY,
+    };
+    let op = SendOp::Datagram { dest, imm: None };
+    // SAFETY: leaked regions, read after the completions; `ah` lives past them.
+    unsafe {
+        a.qp.post_recv(&[rwr(201, &[sge(&dst, 0, 48)])])
+            .map_err(|e| format!("post_recv: {e}"))?;
+        b.qp.post_send(&[swr(2, op, SIG, &[sge(&src, 0, 8)])])
+            .map_err(|e| format!("post_send: {e}"))?;
+    }
+    let (bw, aw) = (wait(env, &b.cq, 1)?, wait(env, &a.cq, 1)?);
+    let ok = |w: &[WorkCompletion]| w.first().is_some_and(|w| w.status == WcStatus::Success);
+    Ok(ok(&bw) && ok(&aw) && dst.as_slice()[40..48] == pattern(8, 9)[..])
+}
+
 /// A datagram through a handle with service level 5 and a static rate (40 Gb/s): B's
 /// completion names A's queue pair, the service level and the LID A sent from, and says
 /// the buffer starts with the global route header; the P_Key index is 0 (it is valid for
@@ -310,7 +347,8 @@ pub fn ud_source<E: Env>(env: &E) -> Run<Outcome> {
             .item("b.sl", w.sl)
             .item("b.slid", slid)
             .check("b.grh", w.grh)
-            .item("b.pkey_index", w.pkey_index);
+            .item("b.pkey_index", w.pkey_index)
+            .check("reply", reply(env, &a, &b, w, &dst)?);
     }
     o.check("bytes", dst.as_slice()[40..56] == pattern(16, 4)[..]);
     Ok(o)
@@ -342,7 +380,8 @@ pub fn ud_no_grh<E: Env>(env: &E) -> Run<Outcome> {
     o.wcs("a", &aw).wcs("b", &bw);
     if let Some(w) = bw.first() {
         o.check("b.src_qp", w.src_qp == a.qp.qp_num())
-            .item("b.grh", w.grh);
+            .item("b.grh", w.grh)
+            .check("reply", reply(env, &a, &b, w, &dst)?);
     }
     o.check("header_untouched", d[..40] == [0xEE; 40])
         .check("bytes", d[40..56] == pattern(16, 6)[..]);
@@ -352,9 +391,9 @@ pub fn ud_no_grh<E: Env>(env: &E) -> Run<Outcome> {
 pub mod expected {
     #![allow(non_upper_case_globals)]
     pub const ud_source: &str = "a=[1:SUCCESS Send]; b=[101:SUCCESS Recv len=56]; \
-         b.src_qp=ok; b.sl=5; b.slid=a.lid; b.grh=ok; b.pkey_index=0; bytes=ok";
+         b.src_qp=ok; b.sl=5; b.slid=a.lid; b.grh=ok; b.pkey_index=0; reply=ok; bytes=ok";
     pub const ud_no_grh: &str = "a=[1:SUCCESS Send]; b=[101:SUCCESS Recv len=56]; \
-         b.src_qp=ok; b.grh=false; header_untouched=ok; bytes=ok";
+         b.src_qp=ok; b.grh=false; reply=ok; header_untouched=ok; bytes=ok";
     pub const ud_send: &str = "a=[1:SUCCESS Send]; b=[101:SUCCESS Recv len=104 imm=0xabc]; \
          b.src_qp=ok; b.grh=ok; grh_addresses=ok; bytes=ok";
     pub const ud_silent_drops: &str = "a=[1:SUCCESS Send, 2:SUCCESS Send, 3:SUCCESS Send, \

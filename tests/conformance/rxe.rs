@@ -10,7 +10,7 @@ pub const RXE_DEVIATIONS: &[Deviation] = &[
     Deviation {
         scenario: "ud_source",
         outcome: "a=[1:SUCCESS Send]; b=[101:SUCCESS Recv len=56]; b.src_qp=ok; b.sl=0; \
-                  b.slid=0; b.grh=ok; b.pkey_index=0; bytes=ok",
+                  b.slid=0; b.grh=ok; b.pkey_index=0; reply=ok; bytes=ok",
         why: "RoCE has no LIDs (the completion's slid is 0) and rxe keeps no service level \
               (its completions leave sl 0); an InfiniBand HCA reports the sender's LID and \
               the service level of its address handle",

@@ -54,14 +54,14 @@ use crate::error::{within, Error};
 use crate::event::CompletionChannel;
 use crate::pool::{LocalBuf, MrPool};
 use crate::provider::{AhAttr, Provider};
-use crate::qp::UdOptions;
+use crate::qp::{sender_gid, UdOptions, GRH_BYTES};
 use crate::qp::{AddressHandle, Endpoint, QueuePair, ReadyToSend, Ud};
 use crate::types::WorkCompletion;
 use crate::types::{Gid, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest, WcOpcode, WcStatus};
 use crate::wr_id::RpcId;
 
 /// Bytes of global route header at the start of every UD receive.
-const GRH: usize = 40;
+const GRH: usize = GRH_BYTES;
 /// Receives reposted at once (eRPC's `kRecvSlack`).
 const REPOST: usize = 32;
 /// Send requests per doorbell at most.
@@ -475,8 +475,11 @@ impl<P: Provider> Rpc<P> {
             // SAFETY: the slot's receive completed and it is reposted only after this pass;
             // `slot + len` is within the ring (`len` clamped to one slot).
             let bytes = unsafe { self.rx.part(slot, len) };
-            let (grh, msg) = bytes.split_at(GRH);
-            let gid = source_gid(grh);
+            // `len >= GRH` (clamped): the header is always there.
+            let Some((grh, msg)) = bytes.split_first_chunk::<GRH>() else {
+                continue;
+            };
+            let gid = sender_gid(grh);
             let known = self.peers.find(gid, wc.src_qp);
             let from = match known {
                 Some(i) => i,
@@ -663,18 +666,4 @@ impl<P: Provider> Rpc<P> {
         self.peers.release(self.tx_done);
         Ok(())
     }
-}
-
-/// The sender's GID from a UD receive's 40-byte header: the IPv6 source address, or for
-/// RoCE v2 over IPv4 (20 bytes then an IPv4 header) the IPv4-mapped source address.
-#[inline]
-fn source_gid(grh: &[u8]) -> Gid {
-    let mut g = [0u8; 16];
-    if grh[20] >> 4 == 4 {
-        g[10..12].copy_from_slice(&[0xff, 0xff]);
-        g[12..].copy_from_slice(&grh[32..36]);
-    } else {
-        g.copy_from_slice(&grh[8..24]);
-    }
-    Gid(g)
 }

@@ -148,7 +148,10 @@ impl<P: Provider> std::os::fd::AsFd for CompletionChannel<P> {
 /// `poll(2)` for `POLLIN` on `fd`, resuming after `EINTR` for the time left. An error
 /// or hang-up condition counts as readable: the next read reports it.
 #[cfg(all(feature = "std", unix))]
-fn wait_fd(fd: std::os::fd::RawFd, timeout: Option<std::time::Duration>) -> std::io::Result<bool> {
+pub(crate) fn wait_fd(
+    fd: std::os::fd::RawFd,
+    timeout: Option<std::time::Duration>,
+) -> std::io::Result<bool> {
     use std::time::Instant;
     let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
     loop {

@@ -7,7 +7,7 @@
 //! never allocates.
 
 pub use zverbs_types::{
-    AccessFlags, AhAttr, AhKey, AtomicCap, DeviceAttr, Gid, Mtu, PortAttr, PortState, QpCaps,
-    QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest, WcOpcode, WcStatus,
-    WorkCompletion, MAX_STATIC_RATE,
+    AccessFlags, AhAttr, AhKey, AsyncEvent, AsyncEventKind, AtomicCap, DeviceAttr, EventElement,
+    Gid, Mtu, PortAttr, PortState, QpCaps, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge,
+    UdDest, WcOpcode, WcStatus, WorkCompletion, MAX_STATIC_RATE,
 };

@@ -8,9 +8,10 @@
 use core::fmt;
 
 pub use zverbs_types::{
-    AccessFlags, AhAttr, AhKey, AtomicCap, DeviceAttr, Gid, InitAttr, Mtu, PortAttr, PortState,
-    PostError, QpCaps, QpState, QpType, RecvWr, RtrAttr, RtsAttr, SendFlags, SendOp, SendWr, Sge,
-    Transition, UdDest, UdInitAttr, WcOpcode, WcStatus, WorkCompletion, MAX_STATIC_RATE,
+    AccessFlags, AhAttr, AhKey, AsyncEvent, AsyncEventKind, AtomicCap, DeviceAttr, EventElement,
+    Gid, InitAttr, Mtu, PortAttr, PortState, PostError, QpCaps, QpState, QpType, RecvWr, RtrAttr,
+    RtsAttr, SendFlags, SendOp, SendWr, Sge, Transition, UdDest, UdInitAttr, WcOpcode, WcStatus,
+    WorkCompletion, MAX_STATIC_RATE,
 };
 
 /// Most scatter/gather entries one work request may carry in the simulator.

@@ -28,8 +28,8 @@ pub mod verbs;
 
 use crate::error::ProviderError;
 use crate::types::{
-    AccessFlags, AhKey, DeviceAttr, Gid, Mtu, PortAttr, QpCaps, QpState, RecvWr, SendWr,
-    WorkCompletion,
+    AccessFlags, AhKey, AsyncEvent, DeviceAttr, Gid, Mtu, PortAttr, QpCaps, QpState, RecvWr,
+    SendWr, WorkCompletion,
 };
 pub use zverbs_types::{
     AhAttr, InitAttr, PostError, QpType, RtrAttr, RtsAttr, Transition, UdInitAttr,
@@ -148,6 +148,14 @@ pub trait Provider: Sized {
     /// The key the events of `cq` carry (verbs: its `cq_context`). No two queues of one
     /// provider share a key.
     fn cq_key(cq: &Self::Cq) -> u64;
+
+    /// The descriptor of the device's asynchronous events (`async_fd`, non-blocking):
+    /// readable while events are queued for `ctx`.
+    #[cfg(all(feature = "std", unix))]
+    fn async_event_fd(ctx: &Self::Context) -> std::os::fd::RawFd;
+    /// Takes `ctx`'s oldest asynchronous event without blocking (`ibv_get_async_event`,
+    /// acknowledged at once), or `None` when none is queued.
+    fn get_async_event(ctx: &Self::Context) -> Result<Option<AsyncEvent>, Self::Error>;
     /// Arms `cq` (`ibv_req_notify_cq`): the next completion added to it (with
     /// `solicited_only`, the next solicited one: a receive of a request sent with
     /// `SOLICITED`, or any completion in error) queues one event on its channel. One-shot:

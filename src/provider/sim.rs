@@ -64,7 +64,8 @@ use super::AhAttr;
 use super::{PathAttr, PostError, Provider, Transition};
 use crate::error::{ErrorKind, ProviderError};
 use crate::types::{
-    AccessFlags, AhKey, Gid, PortAttr, QpCaps, QpState, QpType, RecvWr, SendWr, WorkCompletion,
+    AccessFlags, AhKey, AsyncEvent, Gid, PortAttr, QpCaps, QpState, QpType, RecvWr, SendWr,
+    WorkCompletion,
 };
 
 /// The simulator provider: a handle to one simulated fabric.
@@ -194,6 +195,16 @@ impl Provider for Sim {
 
     fn comp_channel_fd(ch: &s::CompChannel) -> std::os::fd::RawFd {
         std::os::fd::AsRawFd::as_raw_fd(ch)
+    }
+
+    #[cfg(unix)]
+    fn async_event_fd(ctx: &s::Context) -> std::os::fd::RawFd {
+        // A descriptor that cannot be made reads as -1, which `poll(2)` skips.
+        ctx.async_fd().unwrap_or(-1)
+    }
+
+    fn get_async_event(ctx: &s::Context) -> Result<Option<AsyncEvent>, s::SimError> {
+        ctx.get_async_event()
     }
 
     fn cq_key(cq: &s::Cq) -> u64 {

@@ -37,6 +37,7 @@
 //! Errors, completion channels, GID selection and work-request translation are in
 //! `verbs/`.
 
+mod async_event;
 mod cm;
 mod error;
 mod event;
@@ -56,9 +57,11 @@ use std::sync::Arc;
 use ibverbs_sys as ffi;
 
 use super::{AhAttr, PathAttr, PostError, Provider, Transition};
+use std::os::fd::RawFd;
+
 use crate::types::{
-    AccessFlags, AhKey, Gid, Mtu, PortAttr, PortState, QpCaps, QpState, QpType, RecvWr, SendWr,
-    WorkCompletion,
+    AccessFlags, AhKey, AsyncEvent, Gid, Mtu, PortAttr, PortState, QpCaps, QpState, QpType, RecvWr,
+    SendWr, WorkCompletion,
 };
 use error::check;
 
@@ -292,10 +295,14 @@ impl Provider for Verbs {
             None
         })?;
         match opened {
-            Some(ctx) => Ok(Context(Arc::new(ContextInner {
-                ctx: ctx?,
-                name: name.to_owned(),
-            }))),
+            Some(ctx) => {
+                let ctx = Context(Arc::new(ContextInner {
+                    ctx: ctx?,
+                    name: name.to_owned(),
+                }));
+                event::nonblocking(async_event::fd(&ctx))?;
+                Ok(ctx)
+            }
             None => Err(VerbsError::NoSuchDevice {
                 name: name.to_owned(),
                 present,
@@ -435,6 +442,14 @@ impl Provider for Verbs {
 
     fn cq_key(cq: &Cq) -> u64 {
         cq.0.key
+    }
+
+    fn async_event_fd(ctx: &Context) -> RawFd {
+        async_event::fd(ctx)
+    }
+
+    fn get_async_event(ctx: &Context) -> Result<Option<AsyncEvent>, VerbsError> {
+        async_event::get(ctx)
     }
 
     fn req_notify_cq(cq: &Cq, solicited_only: bool) -> Result<(), VerbsError> {

@@ -388,8 +388,69 @@ pub fn ud_no_grh<E: Env>(env: &E) -> Run<Outcome> {
     Ok(o)
 }
 
+/// A completion queue asked for one entry takes 16 datagram send completions: it
+/// overflows, and the device's asynchronous event `CQ_ERR` names it (rxe: `rxe_cq_post`
+/// raises it; the simulator as an HCA does).
+pub fn cq_overflow_event<E: Env>(env: &E) -> Run<Outcome> {
+    use zverbs::{AsyncEventKind, EventElement};
+    const N: u64 = 16;
+    let (a, _) = ud_pair(env, QKEY)?;
+    let cq = CompletionQueue::create(&a.ctx, 1).map_err(err("create cq"))?;
+    let qp = QueuePair::create_ud(&a.ctx, &a.pd, &cq, &cq, &env.qp_config(&a.ctx))
+        .map_err(err("create ud qp"))?;
+    let opts = UdOptions {
+        qkey: QKEY,
+        pkey_index: 0,
+    };
+    let qp = qp
+        .into_init(&opts)
+        .map_err(|e| format!("init: {}", e.error))?;
+    let qp = qp.into_rtr().map_err(|e| format!("rtr: {}", e.error))?;
+    let qp = qp.into_rts().map_err(|e| format!("rts: {}", e.error))?;
+    // What came before (a port event at the device's start, say) is not this scenario's.
+    while a
+        .ctx
+        .next_async_event()
+        .map_err(err("async event"))?
+        .is_some()
+    {}
+    let dest = UdDest {
+        ah: a.ah.as_ref().expect("A's handle").key(),
+        remote_qpn: qp.qp_num(),
+        remote_qkey: QKEY,
+    };
+    let wrs: Vec<_> = (1..=N)
+        .map(|id| swr(id, SendOp::Datagram { dest, imm: None }, SIG, &[]))
+        .collect();
+    // SAFETY: no gather entries: the requests name no memory; `a` holds the handle.
+    unsafe { qp.post_send(&wrs) }.map_err(|e| format!("post_send: {e}"))?;
+    let deadline = std::time::Instant::now() + env.timeout();
+    let mut o = Outcome::default();
+    let event = loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match a
+            .ctx
+            .wait_async_event(Some(left))
+            .map_err(err("async event"))?
+        {
+            Some(ev) if ev.kind == AsyncEventKind::CqErr => break Some(ev),
+            Some(_) => continue,
+            None => break None,
+        }
+    };
+    match event {
+        Some(ev) => o
+            .item("event", "CQ_ERR")
+            .check("names_the_cq", ev.element == EventElement::Cq(cq.key())),
+        None => o.item("event", "none"),
+    };
+    drop(qp);
+    Ok(o)
+}
+
 pub mod expected {
     #![allow(non_upper_case_globals)]
+    pub const cq_overflow_event: &str = "event=CQ_ERR; names_the_cq=ok";
     pub const ud_source: &str = "a=[1:SUCCESS Send]; b=[101:SUCCESS Recv len=56]; \
          b.src_qp=ok; b.sl=5; b.slid=a.lid; b.grh=ok; b.pkey_index=0; reply=ok; bytes=ok";
     pub const ud_no_grh: &str = "a=[1:SUCCESS Send]; b=[101:SUCCESS Recv len=56]; \

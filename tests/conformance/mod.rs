@@ -474,7 +474,8 @@ macro_rules! conformance_tests {
             send_before_peer_connects, barrier_at_connect_and_exit, link_down_bounded,
             path_attributes, device_attributes, recv_posted_in_init, scoped_receive_completion, ud_send,
             ud_silent_drops, ud_over_mtu, ud_pingpong, cm_connect_accept, cm_reject, cm_nobody,
-            cm_disconnect, cm_node_barrier, cm_ud, cm_ud_refused, ud_source, ud_no_grh
+            cm_disconnect, cm_node_barrier, cm_ud, cm_ud_refused, ud_source, ud_no_grh,
+            cq_overflow_event
         );
     };
     (@each $env:expr; $($name:ident),* $(,)?) => {

@@ -24,12 +24,14 @@ extern crate std;
 
 pub mod cm;
 mod device;
+mod event;
 mod port;
 mod qp;
 mod wc;
 mod wr;
 
 pub use device::{AtomicCap, DeviceAttr};
+pub use event::{AsyncEvent, AsyncEventKind, EventElement};
 pub use port::{Gid, Mtu, PortAttr, PortState};
 pub use qp::{
     AhAttr, InitAttr, QpCaps, QpState, QpType, RtrAttr, RtsAttr, Transition, UdInitAttr,

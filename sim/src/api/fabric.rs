@@ -7,7 +7,7 @@ use super::{enter, lock, Fabric};
 use crate::config::{FabricConfig, Faults, Mode};
 use crate::counters::QpCounters;
 use crate::trace::{write_chrome, TraceEvent};
-use crate::types::SimError;
+use crate::types::{AsyncEvent, AsyncEventKind, EventElement, SimError};
 
 impl Fabric {
     /// The configuration the fabric was created with (faults as last set).
@@ -211,7 +211,11 @@ impl Fabric {
     /// [`SimError::NotFound`] if there is no device `dev`.
     pub fn link_down(&self, dev: usize) -> Result<(), SimError> {
         self.with_dev(dev, |w| {
-            w.net.wire.ports[dev].link_up = false;
+            if std::mem::replace(&mut w.net.wire.ports[dev].link_up, false) {
+                w.tables
+                    .async_events
+                    .raise(dev, port_event(AsyncEventKind::PortErr));
+            }
             w.wake_unreachable();
         })
     }
@@ -221,7 +225,14 @@ impl Fabric {
     /// # Errors
     /// [`SimError::NotFound`] if there is no device `dev`.
     pub fn link_up(&self, dev: usize) -> Result<(), SimError> {
-        self.with_dev(dev, |w| w.net.wire.ports[dev].link_up = true)
+        self.with_dev(dev, |w| {
+            let port = &mut w.net.wire.ports[dev];
+            if !std::mem::replace(&mut port.link_up, true) && !port.crashed {
+                w.tables
+                    .async_events
+                    .raise(dev, port_event(AsyncEventKind::PortActive));
+            }
+        })
     }
 
     /// Cuts devices `a` and `b` off from each other (both directions) until
@@ -297,5 +308,13 @@ impl Fabric {
         let w = lock(&self.world);
         let names: Vec<String> = w.tables.devices.iter().map(|d| d.name.clone()).collect();
         write_chrome(out, &names, &w.net.trace.events)
+    }
+}
+
+/// An event of port 1, the simulated devices' one port.
+fn port_event(kind: AsyncEventKind) -> AsyncEvent {
+    AsyncEvent {
+        kind,
+        element: EventElement::Port(1),
     }
 }

@@ -134,6 +134,7 @@ impl Fabric {
         Ok(Context {
             world: self.world.clone(),
             dev: dev.ok_or(SimError::NotFound)?,
+            events: std::sync::OnceLock::new(),
         })
     }
 }
@@ -143,9 +144,65 @@ impl Fabric {
 pub struct Context {
     pub(crate) world: Shared,
     pub(crate) dev: usize,
+    /// Its asynchronous event queue, from the first time it is asked for.
+    events: std::sync::OnceLock<usize>,
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        if let Some(&q) = self.events.get() {
+            enter(&self.world).tables.async_events.close(q);
+        }
+    }
 }
 
 impl Context {
+    /// The descriptor of this context's asynchronous events (`async_fd`): readable while
+    /// events are queued. The queue exists from the first call of this or
+    /// [`get_async_event`](Self::get_async_event); what happened before is not in it.
+    ///
+    /// # Errors
+    /// [`SimError::QueueFull`] when no descriptor can be made (out of descriptors).
+    pub fn async_fd(&self) -> Result<std::os::fd::RawFd, SimError> {
+        let q = self.async_queue()?;
+        let w = enter(&self.world);
+        w.tables.async_events.fd(q).ok_or(SimError::NotFound)
+    }
+
+    /// This context's oldest asynchronous event, without waiting (`ibv_get_async_event`
+    /// on a non-blocking descriptor, with its `ibv_ack_async_event`).
+    ///
+    /// ```
+    /// use zverbs_sim::{AsyncEventKind, EventElement, Fabric};
+    /// let f = Fabric::with_devices(1);
+    /// let ctx = f.open_device("sim0").unwrap();
+    /// assert_eq!(ctx.get_async_event().unwrap(), None);
+    /// f.link_down(0).unwrap();
+    /// let ev = ctx.get_async_event().unwrap().unwrap();
+    /// assert_eq!((ev.kind, ev.element), (AsyncEventKind::PortErr, EventElement::Port(1)));
+    /// ```
+    ///
+    /// # Errors
+    /// As [`async_fd`](Self::async_fd).
+    pub fn get_async_event(&self) -> Result<Option<AsyncEvent>, SimError> {
+        let q = self.async_queue()?;
+        Ok(enter(&self.world).tables.async_events.take(q))
+    }
+
+    fn async_queue(&self) -> Result<usize, SimError> {
+        if let Some(&q) = self.events.get() {
+            return Ok(q);
+        }
+        let mut w = enter(&self.world);
+        // Under the world's lock: one queue, whoever asks first.
+        if let Some(&q) = self.events.get() {
+            return Ok(q);
+        }
+        let q = w.tables.async_events.open(self.dev)?;
+        let _ = self.events.set(q);
+        Ok(q)
+    }
+
     /// The device's index in the fabric (its position in order of addition, from 0), as
     /// taken by the fault controls of [`Fabric`].
     pub fn device_index(&self) -> usize {

@@ -112,6 +112,11 @@ impl Tables {
             self.notifier.notify(cq, &mut c.notify, solicited);
             return true;
         }
+        let overflow = AsyncEvent {
+            kind: AsyncEventKind::CqErr,
+            element: EventElement::Cq(c.notify.key),
+        };
+        self.async_events.raise(c.dev, overflow);
         false
     }
 

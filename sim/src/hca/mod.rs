@@ -38,6 +38,7 @@ use crate::trace::TraceKind;
 use crate::types::*;
 use crate::wire::{DropReason, Packet, PacketKind};
 
+pub(crate) mod async_events;
 mod comp_channel;
 mod cq;
 pub(crate) mod cq_buf;
@@ -417,7 +418,13 @@ impl World {
     /// and packets to or from it are lost from now on.
     pub(crate) fn crash(&mut self, dev: usize) {
         let World { tables, net, .. } = self;
-        net.wire.ports[dev].crashed = true;
+        if !std::mem::replace(&mut net.wire.ports[dev].crashed, true) {
+            let fatal = AsyncEvent {
+                kind: AsyncEventKind::DeviceFatal,
+                element: EventElement::Device,
+            };
+            tables.async_events.raise(dev, fatal);
+        }
         for q in 0..tables.qps.slots() {
             let epoch = tables.next_epoch();
             let Some(qp) = tables.qps.get_mut(q).filter(|qp| qp.dev() == dev) else {

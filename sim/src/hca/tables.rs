@@ -192,6 +192,8 @@ pub(crate) struct Tables {
     pub(crate) ahs: Slab<AhObj>,
     /// Completion channels and their events.
     pub(crate) notifier: Notifier,
+    /// The contexts' asynchronous events (`async_events.rs`).
+    pub(crate) async_events: super::async_events::AsyncQueues,
     /// Last epoch handed out.
     pub(crate) epochs: u32,
     /// Send WRs completed on the direct path by QPs since destroyed.
@@ -210,6 +212,7 @@ impl Tables {
             qps: Slab::new(),
             ahs: Slab::new(),
             notifier: Default::default(),
+            async_events: Default::default(),
             epochs: 0,
             direct_retired: 0,
         }

@@ -269,16 +269,8 @@ impl ConnectionManager for Verbs {
             "rdma_create_event_channel",
         )?;
         let ch = CmChannel(ch);
-        // SAFETY: `fd` is the channel's open descriptor; F_GETFL/F_SETFL touch only its
-        // flags.
-        let ok = unsafe {
-            let fd = (*ch.0.as_ptr()).fd;
-            let flags = libc::fcntl(fd, libc::F_GETFL);
-            flags >= 0 && libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) == 0
-        };
-        if !ok {
-            return Err(VerbsError::last_os("fcntl(O_NONBLOCK)"));
-        }
+        // SAFETY: a created channel; `fd` is a plain field set by the library and fixed.
+        super::event::nonblocking(unsafe { (*ch.0.as_ptr()).fd })?;
         Ok(ch)
     }
 

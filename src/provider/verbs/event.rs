@@ -62,13 +62,23 @@ pub(super) fn create(ctx: &Arc<ContextInner>) -> Result<CompChannel, VerbsError>
         fd,
         _ctx: ctx.clone(),
     };
-    // SAFETY: `fd` is the channel's open descriptor; F_GETFL/F_SETFL take and return ints.
-    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-    // SAFETY: `fd` is the channel's open descriptor; F_SETFL takes the flags as an int.
-    if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
-        return Err(VerbsError::last_os("fcntl(O_NONBLOCK)"));
-    }
+    nonblocking(fd)?;
     Ok(CompChannel(Arc::new(inner)))
+}
+
+/// Puts descriptor `fd` (a verbs or connection manager channel's, or a context's
+/// `async_fd`: open, owned by the library object the caller holds) in non-blocking mode.
+pub(super) fn nonblocking(fd: RawFd) -> Result<(), VerbsError> {
+    // SAFETY: `fd` is an open descriptor (the caller's contract); F_GETFL and F_SETFL
+    // take and return ints and touch only its status flags.
+    let ok = unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        flags >= 0 && libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) == 0
+    };
+    match ok {
+        true => Ok(()),
+        false => Err(VerbsError::last_os("fcntl(O_NONBLOCK)")),
+    }
 }
 
 pub(super) fn fd(ch: &CompChannel) -> RawFd {

@@ -1,0 +1,80 @@
+//! The devices' asynchronous events (`ibv_get_async_event`): what happens to a port, a
+//! completion queue or the whole device outside any work request, queued for every open
+//! context of the device that asked for its events, on a descriptor that is readable
+//! while events are queued (as a context's `async_fd` is).
+//!
+//! Raised here: `PortErr` and `PortActive` when a link goes down and comes back
+//! ([`Fabric::link_down`](crate::Fabric::link_down)), `DeviceFatal` when a device crashes,
+//! and `CqErr` when a completion queue overflows. A context's queue exists from the first
+//! time its events are asked for; what happened before is not in it.
+
+use std::collections::VecDeque;
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+
+use crate::types::{AsyncEvent, SimError};
+
+/// One context's queue.
+#[derive(Debug)]
+struct Queue {
+    dev: usize,
+    events: VecDeque<AsyncEvent>,
+    /// One byte sits in the pair while `events` is not empty.
+    tx: UnixStream,
+    rx: UnixStream,
+}
+
+/// Every context's queue, by index (slots are not reused while the world lives, so an
+/// index names one queue).
+#[derive(Debug, Default)]
+pub(crate) struct AsyncQueues {
+    queues: Vec<Option<Queue>>,
+}
+
+impl AsyncQueues {
+    /// A queue for a context of device `dev`; its index and its descriptor's number.
+    pub(crate) fn open(&mut self, dev: usize) -> Result<usize, SimError> {
+        let (tx, rx) = UnixStream::pair().map_err(|_| SimError::QueueFull)?;
+        rx.set_nonblocking(true).map_err(|_| SimError::QueueFull)?;
+        self.queues.push(Some(Queue {
+            dev,
+            events: VecDeque::new(),
+            tx,
+            rx,
+        }));
+        Ok(self.queues.len() - 1)
+    }
+
+    /// The descriptor of queue `q`: readable while it holds events.
+    pub(crate) fn fd(&self, q: usize) -> Option<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        Some(self.queues.get(q)?.as_ref()?.rx.as_raw_fd())
+    }
+
+    /// Queues `ev` for every context of device `dev`.
+    pub(crate) fn raise(&mut self, dev: usize, ev: AsyncEvent) {
+        for q in self.queues.iter_mut().flatten().filter(|q| q.dev == dev) {
+            if q.events.is_empty() {
+                let _ = q.tx.write_all(&[1]);
+            }
+            q.events.push_back(ev);
+        }
+    }
+
+    /// The oldest event of queue `q`.
+    pub(crate) fn take(&mut self, q: usize) -> Option<AsyncEvent> {
+        let q = self.queues.get_mut(q)?.as_mut()?;
+        let ev = q.events.pop_front()?;
+        if q.events.is_empty() {
+            let _ = q.rx.read(&mut [0u8]);
+        }
+        Some(ev)
+    }
+
+    /// Closes queue `q` (its context is gone).
+    pub(crate) fn close(&mut self, q: usize) {
+        if let Some(slot) = self.queues.get_mut(q) {
+            *slot = None;
+        }
+    }
+}

@@ -70,6 +70,42 @@ fn dead_local_device_ends_a_blocking_wait() {
     assert_eq!(e.kind(), ErrorKind::DeviceFatal, "{e}");
 }
 
+/// A wait does not run to its timeout when its device dies: the device's queues fail
+/// every poll from its death on, and a sleeping wait is woken, so a receive that would
+/// wait ten seconds returns with the device's fatal error at once (well under a second
+/// here; about 0.1 ms measured, BENCHMARKS.md), its work ended.
+#[test]
+fn a_dead_device_ends_a_wait_at_once_not_at_its_timeout() {
+    use zverbs::WaitPolicy;
+    for wait in [WaitPolicy::Spin, WaitPolicy::SpinSleep] {
+        let long = ChannelConfig {
+            wait,
+            ..cfg(Duration::from_secs(10))
+        };
+        let after = within(Duration::from_secs(20), move || {
+            let sim = Sim::with_devices(2);
+            let (_a, mut b) = pair_on::<8>(&sim, &long, &long);
+            let mut inbox = [0u8; 8];
+            let mut inbox = b.pd.register(&mut inbox).unwrap();
+            let fabric = sim.fabric().clone();
+            let killer = thread::spawn(move || {
+                thread::sleep(Duration::from_millis(50));
+                fabric.crash(1).unwrap();
+                Instant::now()
+            });
+            let e = b.ch.receive([inbox.slice_mut(..).unwrap()]).unwrap_err();
+            let after = killer.join().unwrap().elapsed();
+            assert_eq!(e.kind(), ErrorKind::DeviceFatal, "{wait:?}: {e}");
+            assert_eq!(b.ch.in_flight(), (0, 0), "{wait:?}");
+            after
+        });
+        assert!(
+            after < Duration::from_secs(1),
+            "{wait:?}: {after:?} after the death"
+        );
+    }
+}
+
 /// The same on the stepped fabric (simulated time, auto-stepping polls): the bound is the
 /// wall clock's, whatever simulated time does.
 #[test]

@@ -220,7 +220,7 @@ impl<P: Provider, T: Transport, const DEPTH: usize, const SGES: usize> Channel<P
         match self.poll_for(queue, seq, None) {
             Ok(Polled::Retired) => self.retired(queue, seq, ok),
             Ok(polled) => self.wait_polled(queue, seq, polled, ok),
-            Err(e) => Err(self.poll_failed(e)),
+            Err(e) => Err(self.poll_failed(queue, seq, e)),
         }
     }
 
@@ -238,12 +238,15 @@ impl<P: Provider, T: Transport, const DEPTH: usize, const SGES: usize> Channel<P
         self.wait_polled_within(queue, seq, Ok(polled), ok, &mut waiter, &mut wcs)
     }
 
-    /// A poll failed with work in flight: end that work before reporting `e`.
+    /// A poll failed with `seq` in flight: end that work (the outcome of `seq` is the
+    /// error, its slot taken) before reporting `e`.
     #[cold]
     #[inline(never)]
-    fn poll_failed(&mut self, e: Error<P::Error>) -> Error<P::Error> {
+    fn poll_failed(&mut self, queue: Queue, seq: u64, e: Error<P::Error>) -> Error<P::Error> {
         let mut waiter = self.waiter();
-        self.quiesce(&mut waiter, e)
+        let e = self.quiesce(&mut waiter, e);
+        let _ = self.take(queue, seq);
+        e
     }
 
     /// Polls on (into `wcs`, set up once by the caller rather than at every poll of a

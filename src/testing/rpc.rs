@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 use std::vec::Vec;
 
 use crate::device::Context;
+use crate::error::ErrorKind;
 use crate::pool::LocalBuf;
 use crate::provider::sim::{Sim, SimError};
 use crate::rpc::{EngineConfig, EngineError, Event, Notice, Rpc, RpcError, SessionId};
@@ -52,6 +53,8 @@ pub struct RpcPair {
     pub session: SessionId,
     /// What the client heard of its requests, in the order it heard it.
     pub done: Vec<RpcOutcome>,
+    /// The server's device died: its engine is passed over.
+    server_dead: bool,
 }
 
 /// How long [`RpcPair::connected`] waits for the session.
@@ -85,6 +88,7 @@ impl RpcPair {
             server,
             session,
             done: Vec::new(),
+            server_dead: false,
         };
         let connected = p.run_until(CONNECT_WITHIN, |n| {
             matches!(n, Notice::Session(Event::Connected(_)))
@@ -98,8 +102,11 @@ impl RpcPair {
     /// Passes on both engines (the server's first) until `stop` holds for a client notice
     /// or `limit` passes; whether `stop` held.
     ///
+    /// A server whose device died (a test's crash) is passed over from its first failed
+    /// pass on: it does nothing any more, and its client finds out by timeouts.
+    ///
     /// # Panics
-    /// If a pass of either engine fails (a test's fabric does not).
+    /// If a pass of either engine fails otherwise (a test's fabric does not).
     pub fn run_until(
         &mut self,
         limit: Duration,
@@ -109,7 +116,13 @@ impl RpcPair {
         let mut hit = false;
         let done = &mut self.done;
         while !hit && Instant::now() < end {
-            self.server.run_event_loop_once(&mut |_| {}).unwrap();
+            if !self.server_dead {
+                match self.server.run_event_loop_once(&mut |_| {}) {
+                    Ok(_) => {}
+                    Err(e) if e.kind() == ErrorKind::DeviceFatal => self.server_dead = true,
+                    Err(e) => panic!("the server's pass failed: {e:?}"),
+                }
+            }
             let on = &mut |n: Notice<'_, Sim>| {
                 hit |= stop(&n);
                 match n {

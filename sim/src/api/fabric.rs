@@ -257,8 +257,11 @@ impl Fabric {
 
     /// Crashes device `dev` for good: its queue pairs vanish (they stop answering, their
     /// queued work is gone without completions, posts and state changes on their handles
-    /// fail with [`SimError::DeviceFatal`] (`EIO`) and they read as ERR), its CQs empty,
-    /// its port reads Down and packets to or from it are lost. Peers find out by timeouts (`RetryExcErr`).
+    /// fail with [`SimError::DeviceFatal`] (`EIO`) and they read as ERR), its CQs empty and
+    /// fail every later poll with `DeviceFatal` (a wait on one ends at once; a sleeper on
+    /// its completion channel is woken), its contexts get the asynchronous event
+    /// `DeviceFatal`, its port reads Down and packets to or from it are lost. Peers find
+    /// out by timeouts (`RetryExcErr`).
     ///
     /// # Errors
     /// [`SimError::NotFound`] if there is no device `dev`.

@@ -43,8 +43,12 @@ pub(crate) struct CqBuf {
     /// Next completion to write; the writer's line.
     tail: Padded<AtomicUsize>,
     read: Padded<ReadEnd>,
-    /// Read-mostly: set once, when a completion did not fit.
+    /// Read-mostly: set once, when a completion did not fit or the device died (`dead`
+    /// says which): every poll after fails. One flag, so that a poll pays one load for
+    /// both.
     overflowed: AtomicBool,
+    /// Set (before `overflowed`) when the device died.
+    dead: AtomicBool,
     depth: usize,
     slots: UnsafeCell<Box<[UnsafeCell<WorkCompletion>]>>,
 }
@@ -74,11 +78,15 @@ impl CqBuf {
     /// Moves up to `out.len()` completions, oldest first, into `out`; returns how many.
     ///
     /// # Errors
-    /// [`SimError::CqOverflow`] once the CQ has overflowed.
+    /// [`SimError::CqOverflow`] once the CQ has overflowed; [`SimError::DeviceFatal`] once
+    /// its device died.
     #[inline]
     pub(crate) fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize, SimError> {
         if self.overflowed.load(Acquire) {
-            return Err(SimError::CqOverflow);
+            return Err(match self.dead.load(Relaxed) {
+                true => SimError::DeviceFatal,
+                false => SimError::CqOverflow,
+            });
         }
         // Empty at the instant of this load pair (`head` can only grow, under the lock):
         // no need to take the lock.
@@ -168,6 +176,7 @@ impl CqWriter {
                 poll: Mutex::new(()),
             }),
             overflowed: AtomicBool::new(false),
+            dead: AtomicBool::new(false),
             depth,
             slots: UnsafeCell::new(slots(n)),
         });
@@ -203,7 +212,14 @@ impl CqWriter {
         self.buf.tail.load(Relaxed) - head
     }
 
-    /// Whether the CQ has overflowed.
+    /// The device died: every later poll fails with [`SimError::DeviceFatal`], and
+    /// nothing more is written.
+    pub(crate) fn kill(&mut self) {
+        self.buf.dead.store(true, Relaxed);
+        self.buf.overflowed.store(true, Release);
+    }
+
+    /// Whether the CQ takes no more completions: it overflowed, or its device died.
     #[inline]
     pub(crate) fn overflowed(&self) -> bool {
         self.buf.overflowed.load(Relaxed)

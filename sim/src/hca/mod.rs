@@ -414,7 +414,7 @@ impl World {
         }
     }
 
-    /// Crashes device `dev`: its queue pairs vanish without completions, its CQs empty,
+    /// Crashes device `dev`: its queue pairs vanish without completions, its CQs empty and fail every later poll,
     /// and packets to or from it are lost from now on.
     pub(crate) fn crash(&mut self, dev: usize) {
         let World { tables, net, .. } = self;
@@ -438,9 +438,12 @@ impl World {
             net.sched.events.cancel_timer(q);
             qp.set_state(QpState::Error, net);
         }
+        // Its queues fail every poll from now on, and whoever sleeps on one wakes.
         for c in 0..self.tables.cqs.slots() {
             if let Some(cq) = self.tables.cqs.get_mut(c).filter(|c| c.dev == dev) {
                 cq.buf.clear();
+                cq.buf.kill();
+                self.tables.notifier.notify(c, &mut cq.notify, true);
             }
         }
         // Peers asleep on an RNR NAK from a queue pair that just vanished.

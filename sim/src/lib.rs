@@ -90,6 +90,7 @@ mod api;
 pub mod cm;
 mod config;
 mod counters;
+mod fd_queue;
 mod gate;
 mod hca;
 mod padded;

@@ -12,28 +12,23 @@ use crate::types::{WcOpcode, WcStatus, WorkCompletion};
 // one from the other copies one run of bytes.
 #[repr(C)]
 pub struct Completion {
-    /// Status.
+    /// As [`WorkCompletion::status`].
     pub status: WcStatus,
-    /// Completion opcode.
+    /// What completed; for a request that failed, what was posted.
     pub opcode: WcOpcode,
-    /// On a datagram channel's receives: whether the buffer starts with the sender's 40
-    /// bytes of global route header (always on RoCE; without one, those bytes are left
-    /// as they were).
+    /// As [`WorkCompletion::grh`] (datagram receives).
     pub grh: bool,
-    /// On a datagram channel's receives: the sender's service level (0 where the device
-    /// keeps none, as rxe).
+    /// As [`WorkCompletion::sl`] (datagram receives).
     pub sl: u8,
-    /// Bytes transferred.
+    /// As [`WorkCompletion::byte_len`].
     pub byte_len: u32,
-    /// Immediate data.
+    /// As [`WorkCompletion::imm`].
     pub imm: Option<u32>,
-    /// The sending queue pair's number, on a datagram channel's receives (where a reply
-    /// goes); left as the device reports it otherwise (the verbs leave it undefined).
+    /// As [`WorkCompletion::src_qp`]: on a datagram channel's receives, where a reply goes.
     pub src_qp: u32,
-    /// On a datagram channel's receives: the sender's LID (0 on RoCE).
+    /// As [`WorkCompletion::slid`] (datagram receives).
     pub slid: u16,
-    /// The P_Key index the message matched (valid for the general services queue pair
-    /// only; 0 otherwise).
+    /// As [`WorkCompletion::pkey_index`].
     pub pkey_index: u16,
 }
 
@@ -85,29 +80,16 @@ fn tail_of(wc: &WorkCompletion) -> Completion {
 /// What [`tail_of`] does, field by field: it compiles only while the fields' types agree.
 #[allow(dead_code)]
 fn same_fields(wc: &WorkCompletion) -> Completion {
-    let WorkCompletion {
-        wr_id: _,
-        qp_num: _,
-        status,
-        opcode,
-        grh,
-        sl,
-        byte_len,
-        imm,
-        src_qp,
-        slid,
-        pkey_index,
-    } = *wc;
     Completion {
-        status,
-        opcode,
-        grh,
-        sl,
-        byte_len,
-        imm,
-        src_qp,
-        slid,
-        pkey_index,
+        status: wc.status,
+        opcode: wc.opcode,
+        grh: wc.grh,
+        sl: wc.sl,
+        byte_len: wc.byte_len,
+        imm: wc.imm,
+        src_qp: wc.src_qp,
+        slid: wc.slid,
+        pkey_index: wc.pkey_index,
     }
 }
 

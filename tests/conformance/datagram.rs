@@ -30,38 +30,42 @@ type UdPair<P> = (UdSide<P>, UdSide<P>);
 /// an address handle to B's device.
 fn ud_pair<E: Env>(env: &E, b_qkey: u32) -> Run<UdPair<E::P>> {
     let (da, db) = env.devices();
-    let side = |name: &str, qkey: u32| -> Run<UdSide<E::P>> {
-        let ctx = Context::open(env.provider(), name).map_err(err("open device"))?;
-        let pd = ctx.alloc_pd().map_err(err("alloc pd"))?;
-        let cq = CompletionQueue::create(&ctx, 64).map_err(err("create cq"))?;
-        let qp = QueuePair::create_ud(&ctx, &pd, &cq, &cq, &env.qp_config(&ctx))
-            .map_err(err("create ud qp"))?;
-        let opts = UdOptions {
-            qkey,
-            pkey_index: 0,
-        };
-        let qp = qp
-            .into_init(&opts)
-            .map_err(|e| format!("init: {}", e.error))?;
-        let qp = qp.into_rtr().map_err(|e| format!("rtr: {}", e.error))?;
-        let qp = qp.into_rts().map_err(|e| format!("rts: {}", e.error))?;
-        Ok(UdSide {
-            ah: None,
-            qp,
-            cq,
-            pd,
-            ctx,
-        })
-    };
-    let (mut a, b) = (side(da, QKEY)?, side(db, b_qkey)?);
-    let attr = AhAttr::new(
-        a.qp.config().port,
-        b.qp.endpoint().gid,
-        a.qp.config().gid_index,
-        b.qp.endpoint().lid,
-    );
-    a.ah = Some(AddressHandle::create(&a.pd, &attr).map_err(err("create ah"))?);
+    let (mut a, b) = (ud_side(env, da, QKEY, 64)?, ud_side(env, db, b_qkey, 64)?);
+    a.ah = Some(ah_to(&a, &b)?);
     Ok((a, b))
+}
+
+/// A UD queue pair at RTS on device `name` with Q_Key `qkey`, on one completion queue of
+/// `cq_depth` entries for both its queues; no address handle yet.
+fn ud_side<E: Env>(env: &E, name: &str, qkey: u32, cq_depth: u32) -> Run<UdSide<E::P>> {
+    let ctx = Context::open(env.provider(), name).map_err(err("open device"))?;
+    let pd = ctx.alloc_pd().map_err(err("alloc pd"))?;
+    let cq = CompletionQueue::create(&ctx, cq_depth).map_err(err("create cq"))?;
+    let qp = QueuePair::create_ud(&ctx, &pd, &cq, &cq, &env.qp_config(&ctx))
+        .map_err(err("create ud qp"))?;
+    let opts = UdOptions {
+        qkey,
+        pkey_index: 0,
+    };
+    let qp = qp
+        .into_init(&opts)
+        .map_err(|e| format!("init: {}", e.error))?;
+    let qp = qp.into_rtr().map_err(|e| format!("rtr: {}", e.error))?;
+    let qp = qp.into_rts().map_err(|e| format!("rts: {}", e.error))?;
+    Ok(UdSide {
+        ah: None,
+        qp,
+        cq,
+        pd,
+        ctx,
+    })
+}
+
+/// An address handle in `from`'s domain with a global route to `to`'s queue pair.
+fn ah_to<P: Provider>(from: &UdSide<P>, to: &UdSide<P>) -> Run<AddressHandle<P>> {
+    let (cfg, ep) = (from.qp.config(), to.qp.endpoint());
+    let attr = AhAttr::new(cfg.port, ep.gid, cfg.gid_index, ep.lid);
+    AddressHandle::create(&from.pd, &attr).map_err(err("create ah"))
 }
 
 /// A datagram of `len` bytes of `src` from A to B, signaled, with `imm`.
@@ -394,19 +398,9 @@ pub fn ud_no_grh<E: Env>(env: &E) -> Run<Outcome> {
 pub fn cq_overflow_event<E: Env>(env: &E) -> Run<Outcome> {
     use zverbs::{AsyncEventKind, EventElement};
     const N: u64 = 16;
-    let (a, _) = ud_pair(env, QKEY)?;
-    let cq = CompletionQueue::create(&a.ctx, 1).map_err(err("create cq"))?;
-    let qp = QueuePair::create_ud(&a.ctx, &a.pd, &cq, &cq, &env.qp_config(&a.ctx))
-        .map_err(err("create ud qp"))?;
-    let opts = UdOptions {
-        qkey: QKEY,
-        pkey_index: 0,
-    };
-    let qp = qp
-        .into_init(&opts)
-        .map_err(|e| format!("init: {}", e.error))?;
-    let qp = qp.into_rtr().map_err(|e| format!("rtr: {}", e.error))?;
-    let qp = qp.into_rts().map_err(|e| format!("rts: {}", e.error))?;
+    let mut a = ud_side(env, env.devices().0, QKEY, 1)?;
+    a.ah = Some(ah_to(&a, &a)?);
+    let (cq, qp) = (&a.cq, &a.qp);
     // What came before (a port event at the device's start, say) is not this scenario's.
     while a
         .ctx
@@ -444,7 +438,6 @@ pub fn cq_overflow_event<E: Env>(env: &E) -> Run<Outcome> {
             .check("names_the_cq", ev.element == EventElement::Cq(cq.key())),
         None => o.item("event", "none"),
     };
-    drop(qp);
     Ok(o)
 }
 

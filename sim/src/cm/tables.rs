@@ -10,8 +10,6 @@
 //! `establish`); the end (`disconnect`, `destroy_id`). What a resolved id's path is:
 //! `path.rs`.
 
-use std::collections::VecDeque;
-use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr};
 use std::os::unix::net::UnixStream;
 
@@ -21,6 +19,7 @@ use zverbs_types::cm::{
 };
 
 use super::path::{device_of, ip_of, psn_of, Devices};
+use crate::fd_queue::FdQueue;
 use crate::types::SimError;
 
 /// The status of an address that resolves to no device (`-ETIMEDOUT`: nobody answered
@@ -95,10 +94,7 @@ pub(crate) struct Queued {
 
 #[derive(Debug)]
 struct Channel {
-    events: VecDeque<Queued>,
-    /// One byte sits in the pair while `events` is not empty.
-    tx: UnixStream,
-    rx: UnixStream,
+    events: FdQueue<Queued>,
     open: bool,
 }
 
@@ -112,18 +108,9 @@ pub(crate) struct CmTables {
 
 impl CmTables {
     pub(crate) fn create_channel(&mut self) -> Result<(usize, UnixStream), SimError> {
-        let (tx, rx) = UnixStream::pair().map_err(|_| SimError::Invalid("socketpair failed"))?;
-        rx.set_nonblocking(true)
-            .map_err(|_| SimError::Invalid("socketpair failed"))?;
-        let fd = rx
-            .try_clone()
-            .map_err(|_| SimError::Invalid("socketpair failed"))?;
-        let ch = Channel {
-            events: VecDeque::new(),
-            tx,
-            rx,
-            open: true,
-        };
+        let events = FdQueue::new()?;
+        let fd = events.clone_fd()?;
+        let ch = Channel { events, open: true };
         self.channels.push(Some(ch));
         Ok((self.channels.len() - 1, fd))
     }
@@ -180,22 +167,15 @@ impl CmTables {
         let Some(Some(c)) = self.channels.get_mut(ch) else {
             return;
         };
-        if !c.open {
-            return;
+        if c.open {
+            c.events.push(ev);
         }
-        if c.events.is_empty() {
-            let _ = c.tx.write_all(&[1]);
-        }
-        c.events.push_back(ev);
     }
 
     /// The oldest event of channel `ch`.
     pub(crate) fn take_event(&mut self, ch: usize) -> Option<Queued> {
         let c = self.channels.get_mut(ch)?.as_mut()?;
-        let ev = c.events.pop_front()?;
-        if c.events.is_empty() {
-            let _ = c.rx.read(&mut [0u8]);
-        }
+        let ev = c.events.pop()?;
         if ev.kind == CmEventKind::ConnectRequest {
             // The request is the application's now: its listener no longer answers for it.
             self.id_mut(ev.id).listener = None;
@@ -216,7 +196,7 @@ impl CmTables {
             return;
         };
         c.open = false;
-        let queued: Vec<Queued> = c.events.drain(..).collect();
+        let queued = c.events.take_all();
         for ev in queued {
             if ev.kind == CmEventKind::ConnectRequest {
                 self.destroy_id(ev.id);
@@ -236,15 +216,12 @@ impl CmTables {
         }
         let mut moved = Vec::new();
         if let Some(Some(c)) = self.channels.get_mut(from) {
-            let had = !c.events.is_empty();
-            let (mine, rest): (VecDeque<Queued>, VecDeque<Queued>) = c
+            let (mine, rest): (Vec<Queued>, Vec<Queued>) = c
                 .events
-                .drain(..)
+                .take_all()
+                .into_iter()
                 .partition(|e| e.id == i && e.kind != CmEventKind::ConnectRequest);
-            c.events = rest;
-            if had && c.events.is_empty() {
-                let _ = c.rx.read(&mut [0u8]);
-            }
+            rest.into_iter().for_each(|e| c.events.push(e));
             moved.extend(mine);
         }
         self.id_mut(i).ch = to;
@@ -586,9 +563,6 @@ impl CmTables {
                 .unwrap_or_default();
             if let Some(Some(c)) = self.channels.get_mut(ch) {
                 c.events.retain(|e| !orphans.contains(&e.id));
-                if c.events.is_empty() {
-                    let _ = c.rx.read(&mut [0u8]);
-                }
             }
             for o in orphans {
                 self.destroy_id(o);
@@ -598,11 +572,7 @@ impl CmTables {
         // Events still queued for it name an id that is gone.
         let ch = self.id(i).ch;
         if let Some(Some(c)) = self.channels.get_mut(ch) {
-            let before = c.events.len();
             c.events.retain(|e| e.id != i);
-            if before > 0 && c.events.is_empty() {
-                let _ = c.rx.read(&mut [0u8]);
-            }
         }
         self.ids[i] = None;
     }

@@ -8,20 +8,14 @@
 //! and `CqErr` when a completion queue overflows. A context's queue exists from the first
 //! time its events are asked for; what happened before is not in it.
 
-use std::collections::VecDeque;
-use std::io::{Read, Write};
-use std::os::unix::net::UnixStream;
-
+use crate::fd_queue::FdQueue;
 use crate::types::{AsyncEvent, SimError};
 
 /// One context's queue.
 #[derive(Debug)]
 struct Queue {
     dev: usize,
-    events: VecDeque<AsyncEvent>,
-    /// One byte sits in the pair while `events` is not empty.
-    tx: UnixStream,
-    rx: UnixStream,
+    events: FdQueue<AsyncEvent>,
 }
 
 /// Every context's queue, by index (slots are not reused while the world lives, so an
@@ -32,43 +26,28 @@ pub(crate) struct AsyncQueues {
 }
 
 impl AsyncQueues {
-    /// A queue for a context of device `dev`; its index and its descriptor's number.
+    /// A queue for a context of device `dev`; its index.
     pub(crate) fn open(&mut self, dev: usize) -> Result<usize, SimError> {
-        let (tx, rx) = UnixStream::pair().map_err(|_| SimError::QueueFull)?;
-        rx.set_nonblocking(true).map_err(|_| SimError::QueueFull)?;
-        self.queues.push(Some(Queue {
-            dev,
-            events: VecDeque::new(),
-            tx,
-            rx,
-        }));
+        let events = FdQueue::new()?;
+        self.queues.push(Some(Queue { dev, events }));
         Ok(self.queues.len() - 1)
     }
 
     /// The descriptor of queue `q`: readable while it holds events.
     pub(crate) fn fd(&self, q: usize) -> Option<std::os::fd::RawFd> {
-        use std::os::fd::AsRawFd;
-        Some(self.queues.get(q)?.as_ref()?.rx.as_raw_fd())
+        Some(self.queues.get(q)?.as_ref()?.events.fd())
     }
 
     /// Queues `ev` for every context of device `dev`.
     pub(crate) fn raise(&mut self, dev: usize, ev: AsyncEvent) {
         for q in self.queues.iter_mut().flatten().filter(|q| q.dev == dev) {
-            if q.events.is_empty() {
-                let _ = q.tx.write_all(&[1]);
-            }
-            q.events.push_back(ev);
+            q.events.push(ev);
         }
     }
 
     /// The oldest event of queue `q`.
     pub(crate) fn take(&mut self, q: usize) -> Option<AsyncEvent> {
-        let q = self.queues.get_mut(q)?.as_mut()?;
-        let ev = q.events.pop_front()?;
-        if q.events.is_empty() {
-            let _ = q.rx.read(&mut [0u8]);
-        }
-        Some(ev)
+        self.queues.get_mut(q)?.as_mut()?.events.pop()
     }
 
     /// Closes queue `q` (its context is gone).

@@ -46,7 +46,9 @@
 //!
 //! Faults: random drop, duplication and delay per packet ([`Faults`]); scripted drops
 //! ([`Fabric::drop_next`]), corrupted responses ([`Fabric::corrupt_next_response`]), link
-//! down and up, partitions, crashes. With [`FabricConfig::trace`] every post, packet, drop,
+//! down and up, partitions, crashes; what they do to a port, a device or a completion
+//! queue reaches its contexts as asynchronous events ([`Context::get_async_event`],
+//! on a descriptor: [`Context::async_fd`]). With [`FabricConfig::trace`] every post, packet, drop,
 //! retransmission, RNR NAK, execution, completion and state change is recorded
 //! ([`Fabric::trace_events`]) and can be written as Chrome trace-event JSON
 //! ([`Fabric::write_chrome_trace`]) for Perfetto.

@@ -59,22 +59,13 @@ fn run() -> Result<(), String> {
         Backend::Verbs => {
             use zverbs::provider::verbs::Verbs;
             let device = backend::verbs::device(args.value("--device"))?;
-            let ip = |s: &str| {
-                s.parse::<std::net::IpAddr>()
-                    .map_err(|e| format!("{s}: {e}"))
-            };
-            match (args.value("--server"), args.value("--client")) {
-                (Some(a), None) => {
-                    let at = std::net::SocketAddr::new(ip(a)?, PORT);
+            match args.role(PORT)? {
+                backend::Role::Server(at) => {
                     let listener =
                         zverbs::cm::CmListener::bind(&Verbs, at).map_err(|e| e.to_string())?;
                     ping::serve(&Verbs, &device, &listener, count)
                 }
-                (None, Some(a)) => {
-                    let to = std::net::SocketAddr::new(ip(a)?, PORT);
-                    ping::client(&Verbs, &device, None, to, count)
-                }
-                _ => Err("give --server ADDR or --client ADDR".into()),
+                backend::Role::Client(to) => ping::client(&Verbs, &device, None, to, count),
             }
         }
         #[allow(unreachable_patterns)]

@@ -55,20 +55,9 @@ fn run() -> Result<(), String> {
         Backend::Verbs => {
             use zverbs::provider::verbs::Verbs;
             let device = backend::verbs::device(args.value("--device"))?;
-            let ip = |a: &str| {
-                a.parse::<std::net::IpAddr>()
-                    .map_err(|e| format!("{a}: {e}"))
-            };
-            match (args.value("--client"), args.value("--server")) {
-                (Some(to), None) => {
-                    let to = std::net::SocketAddr::new(ip(to)?, PORT);
-                    udp::client(&Verbs, &device, None, to, count)
-                }
-                (None, Some(at)) => {
-                    let at = std::net::SocketAddr::new(ip(at)?, PORT);
-                    udp::serve(&Verbs, &device, at, count)
-                }
-                _ => Err("give --client ADDR or --server ADDR".into()),
+            match args.role(PORT)? {
+                backend::Role::Client(to) => udp::client(&Verbs, &device, None, to, count),
+                backend::Role::Server(at) => udp::serve(&Verbs, &device, at, count),
             }
         }
         #[allow(unreachable_patterns)]

@@ -1,5 +1,5 @@
-//! Command-line handling and backend selection shared by the `pingpong` and `network`
-//! examples (a module of each, not an example of its own).
+//! Command-line handling and backend selection shared by the examples that run on either
+//! backend (a module of each, not an example of its own).
 //!
 //! `--backend sim|verbs` picks the backend (default `sim`); each needs its cargo feature.
 //! For `verbs`: `--device NAME`, else `ZVERBS_DEVICE`, else the first device present; the
@@ -8,6 +8,14 @@
 #![allow(dead_code)]
 
 use std::fmt;
+
+/// The side of a client/server example ([`Args::role`]).
+pub enum Role {
+    /// Listens at this address.
+    Server(std::net::SocketAddr),
+    /// Asks the server at this address.
+    Client(std::net::SocketAddr),
+}
 
 /// The exit status of example `name` after `run`: success, or its error on stderr.
 pub fn exit(name: &str, run: Result<(), String>) -> std::process::ExitCode {
@@ -131,6 +139,21 @@ impl Args {
             Some(v) => v
                 .parse()
                 .map_err(|_| format!("{flag} needs a number, not {v:?}")),
+        }
+    }
+
+    /// The side a client/server example plays on a real device: `--server ADDR` (where
+    /// it listens) or `--client ADDR` (whom it asks), at `port`.
+    pub fn role(&self, port: u16) -> Result<Role, String> {
+        let at = |a: &str| {
+            a.parse::<std::net::IpAddr>()
+                .map(|ip| std::net::SocketAddr::new(ip, port))
+                .map_err(|e| format!("{a}: {e}"))
+        };
+        match (self.value("--server"), self.value("--client")) {
+            (Some(a), None) => Ok(Role::Server(at(a)?)),
+            (None, Some(a)) => Ok(Role::Client(at(a)?)),
+            _ => Err("give --server ADDR or --client ADDR".into()),
         }
     }
 

@@ -112,29 +112,16 @@ impl<P: ConnectionManager> CmListener<P> {
         timeout: Duration,
         mut answer: impl FnMut(&[u8]) -> Answer,
     ) -> Result<PrivateData, CmError<P::Error>> {
-        let deadline = Deadline::after(timeout);
-        loop {
-            let ev = next_event::<P>(self.events(), deadline)?;
-            let (CmEventKind::ConnectRequest, Some(request)) = (ev.kind, ev.request) else {
-                continue;
-            };
-            // A service reply carries either.
-            let limits = (private_data_limit::UD_ACCEPT, private_data_limit::UD_ACCEPT);
-            let reply = match answer(ev.private_data.as_slice()).checked(limits) {
-                (true, reply) => reply?,
-                (false, reason) => {
-                    // Best effort: dropping the id refuses it too.
-                    let _ = P::cm_reject(&request, reason?.as_slice());
-                    continue;
-                }
-            };
-            let param = ConnParam {
-                qp_num,
-                qkey: UD_QKEY,
-                ..ConnParam::default()
-            };
-            P::cm_accept(&request, &param, reply.as_slice()).map_err(CmError::Verbs)?;
-            return Ok(ev.private_data);
-        }
+        // A service reply carries either.
+        let limits = (private_data_limit::UD_ACCEPT, private_data_limit::UD_ACCEPT);
+        let (request, reply, theirs) =
+            self.next_accepted(Deadline::after(timeout), limits, &mut answer)?;
+        let param = ConnParam {
+            qp_num,
+            qkey: UD_QKEY,
+            ..ConnParam::default()
+        };
+        P::cm_accept(&request, &param, reply.as_slice()).map_err(CmError::Verbs)?;
+        Ok(theirs)
     }
 }

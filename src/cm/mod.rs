@@ -332,6 +332,36 @@ impl<P: ConnectionManager> CmListener<P> {
         &self.events
     }
 
+    /// Takes connect requests until `answer` accepts one (from its private data), by
+    /// `deadline`, refusing the others with the reason it gives: the accepted request's
+    /// id, the reply and the request's private data. `limits` are the accept's and the
+    /// reject's private data limits.
+    ///
+    /// # Errors
+    /// [`CmError::PrivateDataTooLong`] for a reply or reason past its limit (that request
+    /// is refused without it); the wait's errors.
+    pub(crate) fn next_accepted(
+        &self,
+        deadline: Deadline,
+        limits: (usize, usize),
+        answer: &mut impl FnMut(&[u8]) -> Answer,
+    ) -> Result<(P::CmId, PrivateData, PrivateData), CmError<P::Error>> {
+        loop {
+            let ev = next_event::<P>(&self.events, deadline)?;
+            // Only requests come here: the ids they bring move to channels of their own.
+            let (CmEventKind::ConnectRequest, Some(request)) = (ev.kind, ev.request) else {
+                continue;
+            };
+            match answer(ev.private_data.as_slice()).checked(limits) {
+                (true, reply) => return Ok((request, reply?, ev.private_data)),
+                (false, reason) => {
+                    // Best effort: dropping the id refuses it too.
+                    let _ = P::cm_reject(&request, reason?.as_slice());
+                }
+            }
+        }
+    }
+
     /// [`accept_with`](Self::accept_with) accepting the first request, with no reply.
     ///
     /// # Errors
@@ -381,21 +411,9 @@ impl<P: ConnectionManager> CmListener<P> {
         mut answer: impl FnMut(&[u8]) -> Answer,
     ) -> Result<CmConnection<P, DEPTH, SGES>, CmError<P::Error>> {
         let deadline = Deadline::after(timeout);
+        let limits = (private_data_limit::ACCEPT, private_data_limit::REJECT);
         loop {
-            let ev = next_event::<P>(&self.events, deadline)?;
-            // Only requests come here: the ids they bring move to channels of their own.
-            let (CmEventKind::ConnectRequest, Some(request)) = (ev.kind, ev.request) else {
-                continue;
-            };
-            let limits = (private_data_limit::ACCEPT, private_data_limit::REJECT);
-            let reply = match answer(ev.private_data.as_slice()).checked(limits) {
-                (true, reply) => reply?,
-                (false, reason) => {
-                    // Best effort: dropping the id refuses it too.
-                    let _ = P::cm_reject(&request, reason?.as_slice());
-                    continue;
-                }
-            };
+            let (request, reply, theirs) = self.next_accepted(deadline, limits, &mut answer)?;
             let accepted = answered::<P, DEPTH, SGES>(
                 &self.provider,
                 request,
@@ -406,7 +424,7 @@ impl<P: ConnectionManager> CmListener<P> {
             );
             match accepted {
                 Ok(mut conn) => {
-                    conn.peer_data = ev.private_data;
+                    conn.peer_data = theirs;
                     return Ok(conn);
                 }
                 Err(CmError::Timeout { .. }) if deadline.passed() => {

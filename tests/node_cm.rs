@@ -121,13 +121,16 @@ fn a_stranger_is_rejected_while_the_world_connects() {
                 }
             }
         });
-        let ranks: Vec<_> = (0..n)
-            .map(|r| {
-                let (sim, addrs) = (&sim, &addrs);
-                s.spawn(move || rank_main(sim, addrs, r, Algorithm::Dissemination, 5))
-            })
-            .collect();
+        let spawn = |r: usize| {
+            let (sim, addrs) = (&sim, &addrs);
+            s.spawn(move || rank_main(sim, addrs, r, Algorithm::Dissemination, 5))
+        };
+        // Rank 2 alone first: it cannot finish connecting (and drop its listener, which
+        // would refuse a pending request without the node's reason) before its lower
+        // peers exist, so the stranger meets the node mid-connect whatever the timing.
+        let last = spawn(n - 1);
         assert!(stranger.join().unwrap(), "rejected with the node's reason");
+        let ranks: Vec<_> = (0..n - 1).map(spawn).chain([last]).collect();
         for h in ranks {
             h.join().unwrap().unwrap();
         }

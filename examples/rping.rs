@@ -32,10 +32,10 @@ fn main() -> ExitCode {
 }
 
 fn run() -> Result<(), String> {
-    let args = Args::parse(&["--server", "--client", "--count"])?;
-    // Unused in a build without a backend, which only says which feature to enable.
+    // `count` is unused in a build without a backend, which only says which feature to
+    // enable.
     #[cfg_attr(not(any(feature = "sim", feature = "verbs")), allow(unused_variables))]
-    let count = args.number("--count", 10)?;
+    let (args, count) = Args::client_server()?;
     let backend: Backend = args.backend()?;
     match backend {
         #[cfg(feature = "sim")]
@@ -46,14 +46,10 @@ fn run() -> Result<(), String> {
             let server = std::net::SocketAddr::new([10, 0, 0, 2].into(), PORT);
             let from = Some([10, 0, 0, 1].into());
             let listener = zverbs::cm::CmListener::bind(&sim, server).map_err(|e| e.to_string())?;
-            std::thread::scope(|s| {
-                let srv = s.spawn(|| ping::serve(&sim, "sim1", &listener, count));
-                let cli = ping::client(&sim, "sim0", from, server, count);
-                let srv = srv
-                    .join()
-                    .unwrap_or_else(|_| Err("the server panicked".into()));
-                cli.and(srv)
-            })
+            backend::side_by_side(
+                || ping::serve(&sim, "sim1", &listener, count),
+                || ping::client(&sim, "sim0", from, server, count),
+            )
         }
         #[cfg(feature = "verbs")]
         Backend::Verbs => {

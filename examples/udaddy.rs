@@ -30,10 +30,10 @@ fn main() -> ExitCode {
 }
 
 fn run() -> Result<(), String> {
-    let args = Args::parse(&["--client", "--server", "--count"])?;
-    // Unused in a build without a backend, which only says which feature to enable.
+    // `count` is unused in a build without a backend, which only says which feature to
+    // enable.
     #[cfg_attr(not(any(feature = "sim", feature = "verbs")), allow(unused_variables))]
-    let count = args.number("--count", 10)?;
+    let (args, count) = Args::client_server()?;
     let backend: Backend = args.backend()?;
     match backend {
         #[cfg(feature = "sim")]
@@ -41,15 +41,10 @@ fn run() -> Result<(), String> {
             use zverbs::provider::sim::Sim;
             let sim = Sim::with_devices(2);
             let at = std::net::SocketAddr::new([10, 0, 0, 2].into(), PORT);
-            std::thread::scope(|s| {
-                let server = s.spawn(|| udp::serve(&sim, "sim1", at, count));
-                let client = udp::client(&sim, "sim0", Some([10, 0, 0, 1].into()), at, count);
-                client.and(
-                    server
-                        .join()
-                        .unwrap_or_else(|_| Err("the server panicked".into())),
-                )
-            })
+            backend::side_by_side(
+                || udp::serve(&sim, "sim1", at, count),
+                || udp::client(&sim, "sim0", Some([10, 0, 0, 1].into()), at, count),
+            )
         }
         #[cfg(feature = "verbs")]
         Backend::Verbs => {

@@ -28,6 +28,21 @@ pub fn exit(name: &str, run: Result<(), String>) -> std::process::ExitCode {
     }
 }
 
+/// Runs both roles of a client/server example in one process (the simulator's two
+/// devices): `server` on a thread of its own, `client` on this one; the client's outcome,
+/// then the server's.
+pub fn side_by_side(
+    server: impl FnOnce() -> Result<(), String> + Send,
+    client: impl FnOnce() -> Result<(), String>,
+) -> Result<(), String> {
+    std::thread::scope(|s| {
+        let server = s.spawn(server);
+        let client = client();
+        let server = server.join();
+        client.and(server.unwrap_or_else(|_| Err("the server panicked".into())))
+    })
+}
+
 /// A backend the examples can run on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
@@ -87,6 +102,14 @@ impl Args {
     /// and `--device` are always accepted).
     pub fn parse(flags: &[&str]) -> Result<Args, String> {
         Args::parse_from(std::env::args().skip(1), flags)
+    }
+
+    /// The arguments of a client/server example (`--server ADDR`, `--client ADDR`,
+    /// `--count N`), and its count (default 10).
+    pub fn client_server() -> Result<(Args, usize), String> {
+        let args = Args::parse(&["--server", "--client", "--count"])?;
+        let count = args.number("--count", 10)?;
+        Ok((args, count))
     }
 
     /// Parses `args` (without the program name).

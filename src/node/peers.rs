@@ -9,7 +9,7 @@
 //! [`Node::prepare`]: super::Node::prepare
 //! [`Node::prepare_with_peers`]: super::Node::prepare_with_peers
 
-/// The largest world: ranks are 16 bits on the barrier wire.
+/// The largest world: every 32-bit rank (the barrier wire carries no rank).
 pub(super) use super::barrier::MAX_WORLD;
 
 /// Rank ↔ peer index, for one node.

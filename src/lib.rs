@@ -87,6 +87,7 @@ pub mod qp;
 pub mod ring;
 #[cfg(feature = "std")]
 pub mod rpc;
+pub mod srq;
 mod sync;
 #[cfg(feature = "sim")]
 pub mod testing;
@@ -111,6 +112,7 @@ pub use multi_channel::{
 pub use pool::{LocalBuf, MrPool, PoolError, PoolStats};
 pub use qp::{AddressHandle, Endpoint, EndpointError, QueuePair};
 pub use ring::Completion;
+pub use srq::SharedReceiveQueue;
 pub use types::*;
 
 /// A [`Channel`] on the simulator: `DEPTH` requests in flight per direction, `SGES`

@@ -9,5 +9,5 @@
 pub use zverbs_types::{
     AccessFlags, AhAttr, AhKey, AsyncEvent, AsyncEventKind, AtomicCap, DeviceAttr, EventElement,
     Gid, Mtu, PortAttr, PortState, QpCaps, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge,
-    UdDest, WcOpcode, WcStatus, WorkCompletion, MAX_STATIC_RATE,
+    SrqAttr, UdDest, WcOpcode, WcStatus, WorkCompletion, MAX_STATIC_RATE,
 };

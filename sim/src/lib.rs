@@ -105,6 +105,7 @@ mod wire;
 
 pub use api::comp_channel::CompChannel;
 pub use api::qp::{Ah, Qp, QpInitAttr};
+pub use api::srq::Srq;
 pub use api::{Context, Cq, Fabric, Mr, Pd};
 pub use config::{
     ack_timeout_ns, rnr_timer_ns, FabricConfig, Faults, LinkModel, Mode, Personality,

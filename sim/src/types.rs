@@ -10,8 +10,8 @@ use core::fmt;
 pub use zverbs_types::{
     AccessFlags, AhAttr, AhKey, AsyncEvent, AsyncEventKind, AtomicCap, DeviceAttr, EventElement,
     Gid, InitAttr, Mtu, PortAttr, PortState, PostError, QpCaps, QpState, QpType, RecvWr, RtrAttr,
-    RtsAttr, SendFlags, SendOp, SendWr, Sge, Transition, UdDest, UdInitAttr, WcOpcode, WcStatus,
-    WorkCompletion, MAX_STATIC_RATE,
+    RtsAttr, SendFlags, SendOp, SendWr, Sge, SrqAttr, Transition, UdDest, UdInitAttr, WcOpcode,
+    WcStatus, WorkCompletion, MAX_STATIC_RATE,
 };
 
 /// Most scatter/gather entries one work request may carry in the simulator.
@@ -25,6 +25,10 @@ pub const MAX_QP_WR: u32 = 1 << 14;
 /// Most RDMA READs and atomics a queue pair may have outstanding, as requester
 /// (`max_rd_atomic`) and as responder (`max_dest_rd_atomic`).
 pub const MAX_QP_RD_ATOM: u8 = 16;
+/// Most shared receive queues a device holds.
+pub const MAX_SRQ: u32 = 1 << 12;
+/// Most receives one shared receive queue may hold.
+pub const MAX_SRQ_WR: u32 = 1 << 14;
 /// Largest message an RC queue pair carries (2^31 bytes, as in the verbs spec).
 pub const MAX_MSG: u64 = 1 << 31;
 

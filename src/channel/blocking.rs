@@ -6,7 +6,9 @@
 use super::op::{Local, Op};
 use super::*;
 
-impl<P: Provider, T: Transport, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES, T> {
+impl<P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usize>
+    Channel<P, DEPTH, SGES, T>
+{
     /// Posts `op` and waits until it completed (for a send or write: until the peer's HCA
     /// acknowledged it). Only its success is reported: an atomic's previous value is in
     /// its result slice ([`fetch_add`](Self::fetch_add) reads it for you).

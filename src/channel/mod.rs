@@ -74,7 +74,7 @@ use crate::error::{CompletionError, Error};
 use crate::mr::{LocalSlice, LocalSliceMut, RemoteRegion};
 use crate::provider::Provider;
 use crate::qp::{
-    InitOptions, QpConfig, QueuePair, Rc, ReadyToSend, RtrOptions, RtsOptions, Transport,
+    InitOptions, OwnReceiveQueue, QpConfig, QueuePair, Rc, ReadyToSend, RtrOptions, RtsOptions,
 };
 use crate::ring::{Completion, Ring, WorkRequest};
 use crate::types::{RecvWr, SendFlags, SendOp, SendWr, Sge, WorkCompletion};
@@ -159,7 +159,12 @@ pub(crate) fn config_of(config: &ChannelConfig) -> Config {
 /// One RC peer (or, with `T` = [`Ud`](crate::qp::Ud), datagrams to any). `DEPTH` work
 /// requests may be in flight per direction; each holds up to `SGES` scatter/gather
 /// entries. See the module docs.
-pub struct Channel<P: Provider, const DEPTH: usize = 64, const SGES: usize = 4, T: Transport = Rc> {
+pub struct Channel<
+    P: Provider,
+    const DEPTH: usize = 64,
+    const SGES: usize = 4,
+    T: OwnReceiveQueue = Rc,
+> {
     owner: Owner,
     qp: QueuePair<P, ReadyToSend, T>,
     /// The connected peer's queue pair number (`None` on a datagram channel, which has none).
@@ -338,7 +343,9 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
     }
 }
 
-impl<P: Provider, T: Transport, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES, T> {
+impl<P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usize>
+    Channel<P, DEPTH, SGES, T>
+{
     /// Whether the channel's completion queues are shared with other channels.
     pub fn shares_completion_queues(&self) -> bool {
         self.send_cq.is_shared()

@@ -89,7 +89,9 @@ fn record<P: Provider, W: WorkRequest, const DEPTH: usize>(
     Ok(())
 }
 
-impl<P: Provider, T: Transport, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES, T> {
+impl<P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usize>
+    Channel<P, DEPTH, SGES, T>
+{
     pub(super) fn poll(&mut self, queue: Queue) -> Result<usize, Error<P::Error>> {
         match queue {
             Queue::Send => poll_into(&mut self.send_cq, &mut self.sq),

@@ -13,7 +13,7 @@ use super::{Channel, Queue};
 use crate::error::Error;
 use crate::mr::RemoteRegion;
 use crate::provider::{PostError, Provider};
-use crate::qp::Transport;
+use crate::qp::OwnReceiveQueue;
 use crate::ring::{Completion, Ring, WorkRequest};
 use crate::types::{RecvWr, SendFlags, SendOp, SendWr, Sge};
 
@@ -78,7 +78,9 @@ fn gather_into<const SGES: usize>(
     Ok((n as u8, len))
 }
 
-impl<P: Provider, T: Transport, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES, T> {
+impl<P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usize>
+    Channel<P, DEPTH, SGES, T>
+{
     /// Posts `op` signaled; returns its sequence number. The caller keeps `op`'s borrow of
     /// its memory until [`wait_posted_within`](Self::wait_posted_within) returned for the
     /// sequence number.
@@ -162,7 +164,9 @@ impl<P: Provider, T: Transport, const DEPTH: usize, const SGES: usize> Channel<P
     }
 }
 
-impl<P: Provider, T: Transport, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES, T> {
+impl<P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usize>
+    Channel<P, DEPTH, SGES, T>
+{
     /// The checks every level makes before posting a send whose local entries hold `len`
     /// bytes: an atomic's result is 8 bytes and the device does atomics; a remote region
     /// holds the bytes from its start.
@@ -201,7 +205,9 @@ fn too_short<E>(remote: &RemoteRegion, len: u64) -> Result<(), Error<E>> {
     Ok(())
 }
 
-impl<P: Provider, T: Transport, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES, T> {
+impl<P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usize>
+    Channel<P, DEPTH, SGES, T>
+{
     /// Collects the entries of one work request and their total length.
     #[allow(clippy::type_complexity)]
     fn sges(
@@ -303,7 +309,9 @@ fn flush<W: WorkRequest, E, const DEPTH: usize>(
     }
 }
 
-impl<P: Provider, T: Transport, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES, T> {
+impl<P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usize>
+    Channel<P, DEPTH, SGES, T>
+{
     /// The send work request (unsignaled) of `op`, checked as every level checks it
     /// ([`admit`](Self::admit)).
     #[inline]

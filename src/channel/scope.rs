@@ -9,7 +9,7 @@ use super::{Channel, Queue};
 use crate::error::Error;
 use crate::mr::{LocalSlice, LocalSliceMut, RemoteRegion};
 use crate::provider::Provider;
-use crate::qp::{Rc, Transport};
+use crate::qp::{OwnReceiveQueue, Rc};
 use crate::ring::Completion;
 use crate::types::WcStatus;
 
@@ -38,7 +38,14 @@ impl PostedReceive {
 /// closure calls [`ring_doorbell`](Scope::ring_doorbell) or returns, or when the ring is
 /// full. Sends are unsignaled except the last of each batch (selective signaling): one
 /// completion per batch unless a request fails.
-pub struct Scope<'ch, 'env, P: Provider, const DEPTH: usize, const SGES: usize, T: Transport = Rc> {
+pub struct Scope<
+    'ch,
+    'env,
+    P: Provider,
+    const DEPTH: usize,
+    const SGES: usize,
+    T: OwnReceiveQueue = Rc,
+> {
     ch: &'ch mut Channel<P, DEPTH, SGES, T>,
     send_from: u64,
     recv_from: u64,
@@ -50,7 +57,9 @@ pub struct Scope<'ch, 'env, P: Provider, const DEPTH: usize, const SGES: usize, 
     _env: PhantomData<&'env mut &'env ()>,
 }
 
-impl<P: Provider, T: Transport, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES, T> {
+impl<P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usize>
+    Channel<P, DEPTH, SGES, T>
+{
     /// Runs `f` with a [`Scope`] to post work on; returns once every work request posted in
     /// the scope has completed (also if `f` panics). Its waits together take at most one
     /// [`timeout`](crate::ChannelConfig::timeout) plus the
@@ -108,7 +117,7 @@ pub(super) fn run<'ch, 'env, P, T, R, const DEPTH: usize, const SGES: usize>(
 ) -> Result<R, Error<P::Error>>
 where
     P: Provider,
-    T: Transport,
+    T: OwnReceiveQueue,
 {
     let send_from = ch.sq.next_seq();
     let waiter = ch.waiter();
@@ -130,7 +139,7 @@ where
     }
 }
 
-impl<'env, P: Provider, T: Transport, const DEPTH: usize, const SGES: usize>
+impl<'env, P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usize>
     Scope<'_, 'env, P, DEPTH, SGES, T>
 {
     /// Stages `op`; returns its `wr_id`. The scope's one way to post on the send queue: the
@@ -366,7 +375,7 @@ impl<'env, P: Provider, const DEPTH: usize, const SGES: usize> Scope<'_, 'env, P
     }
 }
 
-impl<P: Provider, T: Transport, const DEPTH: usize, const SGES: usize> Drop
+impl<P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usize> Drop
     for Scope<'_, '_, P, DEPTH, SGES, T>
 {
     fn drop(&mut self) {

@@ -3,7 +3,9 @@
 
 use super::*;
 
-impl<P: Provider, T: Transport, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES, T> {
+impl<P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usize>
+    Channel<P, DEPTH, SGES, T>
+{
     /// Posts one send work request and returns without waiting.
     ///
     /// # Safety

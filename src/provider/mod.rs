@@ -29,7 +29,7 @@ pub mod verbs;
 use crate::error::ProviderError;
 use crate::types::{
     AccessFlags, AhKey, AsyncEvent, DeviceAttr, Gid, Mtu, PortAttr, QpCaps, QpState, RecvWr,
-    SendWr, WorkCompletion,
+    SendWr, SrqAttr, WorkCompletion,
 };
 pub use zverbs_types::{
     AhAttr, InitAttr, PostError, QpType, RtrAttr, RtsAttr, Transition, UdInitAttr,
@@ -99,6 +99,9 @@ pub trait Provider: Sized {
     type CompChannel: Send + Sync;
     /// An address handle (`ibv_ah`): a destination of unreliable datagrams.
     type Ah: Send + Sync;
+    /// A shared receive queue (`ibv_srq`). It stays alive while a queue pair created on it
+    /// does (the queue pair's handle holds it).
+    type Srq: Send + Sync;
 
     /// Calls `f` with the name of every device present.
     fn for_each_device(&self, f: &mut dyn FnMut(&str));
@@ -172,14 +175,39 @@ pub trait Provider: Sized {
     /// callers batch).
     fn ack_cq_events(cq: &Self::Cq, n: u32);
 
-    /// Creates a queue pair of transport `ty` in the RESET state.
+    /// Creates a queue pair of transport `ty` in the RESET state; with `srq` (RC only), it
+    /// takes its receives from that shared receive queue, and its own receive capacities
+    /// are ignored.
     fn create_qp(
         pd: &Self::Pd,
         send_cq: &Self::Cq,
         recv_cq: &Self::Cq,
+        srq: Option<&Self::Srq>,
         caps: &QpCaps,
         ty: QpType,
     ) -> Result<Self::Qp, Self::Error>;
+
+    /// Creates a shared receive queue (`ibv_create_srq`) of at least `max_wr` receives of
+    /// `max_sge` entries, not armed (`srq_limit` is not passed: `ibv_create_srq(3)` calls it
+    /// irrelevant at creation, and devices differ).
+    fn create_srq(pd: &Self::Pd, max_wr: u32, max_sge: u32) -> Result<Self::Srq, Self::Error>;
+    /// Arms the limit (`ibv_modify_srq` with `IBV_SRQ_LIMIT`): `SRQ_LIMIT_REACHED` once when
+    /// a receive taken leaves fewer than `limit`; 0 disarms.
+    fn arm_srq(srq: &Self::Srq, limit: u32) -> Result<(), Self::Error>;
+    /// The size granted and the armed limit (`ibv_query_srq`).
+    fn query_srq(srq: &Self::Srq) -> Result<SrqAttr, Self::Error>;
+    /// What the asynchronous events of `srq` name it by ([`EventElement::Srq`]).
+    ///
+    /// [`EventElement::Srq`]: crate::types::EventElement::Srq
+    fn srq_key(srq: &Self::Srq) -> u64;
+    /// Posts a chain of receives to a shared receive queue with one doorbell.
+    ///
+    /// # Safety
+    /// As [`post_recv`](Provider::post_recv).
+    unsafe fn post_srq_recv<const SGES: usize>(
+        srq: &Self::Srq,
+        wrs: &[RecvWr<SGES>],
+    ) -> Result<(), PostError<Self::Error>>;
 
     /// Creates an address handle (`ibv_create_ah`): where the datagrams that name its
     /// [key](Provider::ah_key) go.

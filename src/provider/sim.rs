@@ -65,7 +65,7 @@ use super::{PathAttr, PostError, Provider, Transition};
 use crate::error::{ErrorKind, ProviderError};
 use crate::types::{
     AccessFlags, AhKey, AsyncEvent, Gid, PortAttr, QpCaps, QpState, QpType, RecvWr, SendWr,
-    WorkCompletion,
+    SrqAttr, WorkCompletion,
 };
 
 /// The simulator provider: a handle to one simulated fabric.
@@ -134,6 +134,7 @@ impl Provider for Sim {
     type Qp = s::Qp;
     type CompChannel = s::CompChannel;
     type Ah = s::Ah;
+    type Srq = s::Srq;
 
     fn for_each_device(&self, f: &mut dyn FnMut(&str)) {
         self.fabric.for_each_device(f)
@@ -227,6 +228,7 @@ impl Provider for Sim {
         pd: &s::Pd,
         send_cq: &s::Cq,
         recv_cq: &s::Cq,
+        srq: Option<&s::Srq>,
         caps: &QpCaps,
         ty: QpType,
     ) -> Result<s::Qp, s::SimError> {
@@ -236,10 +238,39 @@ impl Provider for Sim {
             cap: *caps,
             sq_sig_all: false,
         };
-        match ty {
-            QpType::Rc => pd.create_qp(&attr),
-            QpType::Ud => pd.create_ud_qp(&attr),
+        match (ty, srq) {
+            (QpType::Rc, None) => pd.create_qp(&attr),
+            (QpType::Rc, Some(srq)) => pd.create_srq_qp(&attr, srq),
+            (QpType::Ud, None) => pd.create_ud_qp(&attr),
+            (QpType::Ud, Some(_)) => Err(s::SimError::Invalid("an SRQ serves RC queue pairs")),
         }
+    }
+
+    fn create_srq(pd: &s::Pd, max_wr: u32, max_sge: u32) -> Result<s::Srq, s::SimError> {
+        pd.create_srq(&SrqAttr {
+            max_wr,
+            max_sge,
+            srq_limit: 0,
+        })
+    }
+
+    fn arm_srq(srq: &s::Srq, limit: u32) -> Result<(), s::SimError> {
+        srq.arm(limit)
+    }
+
+    fn query_srq(srq: &s::Srq) -> Result<SrqAttr, s::SimError> {
+        Ok(srq.query())
+    }
+
+    fn srq_key(srq: &s::Srq) -> u64 {
+        srq.key()
+    }
+
+    unsafe fn post_srq_recv<const SGES: usize>(
+        srq: &s::Srq,
+        wrs: &[RecvWr<SGES>],
+    ) -> Result<(), PostError<s::SimError>> {
+        srq.post_recv(wrs)
     }
 
     fn create_ah(pd: &s::Pd, attr: &AhAttr) -> Result<s::Ah, s::SimError> {

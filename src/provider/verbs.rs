@@ -61,7 +61,7 @@ use std::os::fd::RawFd;
 
 use crate::types::{
     AccessFlags, AhKey, AsyncEvent, Gid, Mtu, PortAttr, PortState, QpCaps, QpState, QpType, RecvWr,
-    SendWr, WorkCompletion,
+    SendWr, SrqAttr, WorkCompletion,
 };
 use error::check;
 
@@ -169,7 +169,7 @@ impl Drop for Mr {
 
 type PollFn = unsafe extern "C" fn(*mut ffi::ibv_cq, i32, *mut ffi::ibv_wc) -> i32;
 /// A verb from a queue pair's op table that posts a chain of `C` requests.
-type PostFn<C> = unsafe extern "C" fn(*mut ffi::ibv_qp, *mut C, *mut *mut C) -> i32;
+type PostFn<C, T = ffi::ibv_qp> = unsafe extern "C" fn(*mut T, *mut C, *mut *mut C) -> i32;
 
 struct CqInner {
     cq: NonNull<ffi::ibv_cq>,
@@ -202,7 +202,28 @@ pub struct Qp {
     post_recv: PostFn<ffi::ibv_recv_wr>,
     _pd: Arc<PdInner>,
     _cqs: [Arc<CqInner>; 2],
+    /// Destroyed after the QP (fields drop after `drop`).
+    _srq: Option<Arc<SrqInner>>,
 }
+
+struct SrqInner {
+    srq: NonNull<ffi::ibv_srq>,
+    post_recv: PostFn<ffi::ibv_recv_wr, ffi::ibv_srq>,
+    /// Its `srq_context`, which its events carry.
+    key: u64,
+    _pd: Arc<PdInner>,
+}
+
+impl Drop for SrqInner {
+    fn drop(&mut self) {
+        // SAFETY: created by `ibv_create_srq`, destroyed once, after the QPs on it (they
+        // hold this `Arc`).
+        unsafe { ffi::ibv_destroy_srq(self.srq.as_ptr()) };
+    }
+}
+
+/// A shared receive queue (`ibv_srq`).
+pub struct Srq(Arc<SrqInner>);
 
 impl Drop for Qp {
     fn drop(&mut self) {
@@ -249,6 +270,11 @@ unsafe impl Sync for CqInner {}
 unsafe impl Send for Qp {}
 // SAFETY: concurrent posts on one QP are serialised by the provider's queue locks.
 unsafe impl Sync for Qp {}
+// SAFETY: `ibv_post_srq_recv`, `ibv_modify_srq`, `ibv_query_srq` and destroy may run on
+// any thread.
+unsafe impl Send for SrqInner {}
+// SAFETY: concurrent posts to one SRQ are serialised by the provider's SRQ lock.
+unsafe impl Sync for SrqInner {}
 // SAFETY: an address handle is immutable after creation; only destroy touches it.
 unsafe impl Send for Ah {}
 // SAFETY: shared use only passes the handle's pointer into datagram work requests.
@@ -274,6 +300,7 @@ impl Provider for Verbs {
     type Qp = Qp;
     type CompChannel = CompChannel;
     type Ah = Ah;
+    type Srq = Srq;
 
     fn for_each_device(&self, f: &mut dyn FnMut(&str)) {
         let _ = with_device_list(|l| l.iter().for_each(|d| f(device_name(d))));
@@ -330,6 +357,9 @@ impl Provider for Verbs {
                 ffi::IBV_ATOMIC_GLOB => crate::types::AtomicCap::Glob,
                 _ => crate::types::AtomicCap::None,
             },
+            max_srq: count(a.max_srq),
+            max_srq_wr: count(a.max_srq_wr),
+            max_srq_sge: count(a.max_srq_sge),
         })
     }
 
@@ -494,12 +524,14 @@ impl Provider for Verbs {
         pd: &Pd,
         send_cq: &Cq,
         recv_cq: &Cq,
+        srq: Option<&Srq>,
         caps: &QpCaps,
         ty: QpType,
     ) -> Result<Qp, VerbsError> {
         let mut attr = ffi::ibv_qp_init_attr {
             send_cq: send_cq.0.cq.as_ptr(),
             recv_cq: recv_cq.0.cq.as_ptr(),
+            srq: srq.map_or(ptr::null_mut(), |s| s.0.srq.as_ptr()),
             cap: ffi::ibv_qp_cap {
                 max_send_wr: caps.max_send_wr,
                 max_recv_wr: caps.max_recv_wr,
@@ -514,7 +546,7 @@ impl Provider for Verbs {
             sq_sig_all: 0,
             ..Default::default()
         };
-        // SAFETY: live PD and CQs (kept alive by the returned handle); `attr` is valid and
+        // SAFETY: live PD, CQs and SRQ (kept alive by the returned handle); `attr` is valid and
         // the library may write the granted capabilities back into it.
         let qp = non_null(
             unsafe { ffi::ibv_create_qp(pd.0.pd.as_ptr(), &mut attr) },
@@ -536,7 +568,82 @@ impl Provider for Verbs {
             post_recv,
             _pd: pd.0.clone(),
             _cqs: [send_cq.0.clone(), recv_cq.0.clone()],
+            _srq: srq.map(|s| s.0.clone()),
         })
+    }
+
+    fn create_srq(pd: &Pd, max_wr: u32, max_sge: u32) -> Result<Srq, VerbsError> {
+        let key = event::next_key();
+        let mut attr = ffi::ibv_srq_init_attr {
+            srq_context: key as usize as *mut core::ffi::c_void,
+            attr: ffi::ibv_srq_attr {
+                max_wr,
+                max_sge,
+                srq_limit: 0,
+            },
+        };
+        // SAFETY: live PD (kept alive by the returned handle); `attr` is valid and the
+        // library writes the granted sizes back into it. `srq_context` is a key, never
+        // dereferenced.
+        let srq = non_null(
+            unsafe { ffi::ibv_create_srq(pd.0.pd.as_ptr(), &mut attr) },
+            "ibv_create_srq",
+        )?;
+        // SAFETY: a created SRQ; its context is open (the PD holds it) and its op table fixed.
+        let post_recv = unsafe { (*(*srq.as_ptr()).context).ops.post_srq_recv };
+        let Some(post_recv) = post_recv else {
+            // SAFETY: just created, not shared.
+            unsafe { ffi::ibv_destroy_srq(srq.as_ptr()) };
+            return Err(VerbsError::Unsupported("ibv_post_srq_recv"));
+        };
+        Ok(Srq(Arc::new(SrqInner {
+            srq,
+            post_recv,
+            key,
+            _pd: pd.0.clone(),
+        })))
+    }
+
+    fn arm_srq(srq: &Srq, limit: u32) -> Result<(), VerbsError> {
+        let mut attr = ffi::ibv_srq_attr {
+            max_wr: 0,
+            max_sge: 0,
+            srq_limit: limit,
+        };
+        let mask = ffi::IBV_SRQ_LIMIT as i32;
+        // SAFETY: live SRQ; `attr` is a valid `ibv_srq_attr` the call reads.
+        let ret = unsafe { ffi::ibv_modify_srq(srq.0.srq.as_ptr(), &mut attr, mask) };
+        check("ibv_modify_srq", ret)
+    }
+
+    fn query_srq(srq: &Srq) -> Result<SrqAttr, VerbsError> {
+        let mut a = ffi::ibv_srq_attr {
+            max_wr: 0,
+            max_sge: 0,
+            srq_limit: 0,
+        };
+        // SAFETY: live SRQ; `a` is a writable `ibv_srq_attr` the call fills.
+        let ret = unsafe { ffi::ibv_query_srq(srq.0.srq.as_ptr(), &mut a) };
+        check("ibv_query_srq", ret)?;
+        Ok(SrqAttr {
+            max_wr: a.max_wr,
+            max_sge: a.max_sge,
+            srq_limit: a.srq_limit,
+        })
+    }
+
+    fn srq_key(srq: &Srq) -> u64 {
+        srq.0.key
+    }
+
+    unsafe fn post_srq_recv<const SGES: usize>(
+        srq: &Srq,
+        wrs: &[RecvWr<SGES>],
+    ) -> Result<(), PostError<VerbsError>> {
+        let s = &srq.0;
+        // SAFETY: `post_recv` is the SRQ's `ibv_post_srq_recv`; the caller upholds the
+        // trait's contract on the memory the requests name.
+        unsafe { post_chains::<_, ffi::ibv_recv_wr, _>(s.srq.as_ptr(), s.post_recv, wrs) }
     }
 
     fn create_ah(pd: &Pd, attr: &AhAttr) -> Result<Ah, VerbsError> {
@@ -719,7 +826,7 @@ impl Provider for Verbs {
         wrs: &[SendWr<SGES>],
     ) -> Result<(), PostError<VerbsError>> {
         // SAFETY: the caller upholds the trait's contract on the memory the requests name.
-        unsafe { post_chains::<_, ffi::ibv_send_wr>(qp, wrs) }
+        unsafe { post_chains::<_, ffi::ibv_send_wr, _>(qp.qp.as_ptr(), qp.post_send, wrs) }
     }
 
     unsafe fn post_recv<const SGES: usize>(
@@ -727,7 +834,7 @@ impl Provider for Verbs {
         wrs: &[RecvWr<SGES>],
     ) -> Result<(), PostError<VerbsError>> {
         // SAFETY: the caller upholds the trait's contract on the memory the requests name.
-        unsafe { post_chains::<_, ffi::ibv_recv_wr>(qp, wrs) }
+        unsafe { post_chains::<_, ffi::ibv_recv_wr, _>(qp.qp.as_ptr(), qp.post_recv, wrs) }
     }
 }
 
@@ -741,9 +848,6 @@ trait Chained<W>: Default {
     /// `w` as the library's request (its SGE pointer borrows `w`).
     fn fill(w: &W, out: &mut Self);
     fn set_next(&mut self, next: *mut Self);
-    /// `qp`'s verb for these requests, from its context's op table (`ibv_post_send` is
-    /// `qp->context->ops.post_send`).
-    fn verb(qp: &Qp) -> PostFn<Self>;
 }
 
 impl<const SGES: usize> Chained<SendWr<SGES>> for ffi::ibv_send_wr {
@@ -756,9 +860,6 @@ impl<const SGES: usize> Chained<SendWr<SGES>> for ffi::ibv_send_wr {
     }
     fn set_next(&mut self, next: *mut Self) {
         self.next = next;
-    }
-    fn verb(qp: &Qp) -> PostFn<Self> {
-        qp.post_send
     }
 }
 
@@ -773,29 +874,31 @@ impl<const SGES: usize> Chained<RecvWr<SGES>> for ffi::ibv_recv_wr {
     fn set_next(&mut self, next: *mut Self) {
         self.next = next;
     }
-    fn verb(qp: &Qp) -> PostFn<Self> {
-        qp.post_recv
-    }
 }
 
-/// Posts `wrs` through the queue pair's verb in linked chains of at most [`CHAIN`], one
+/// Posts `wrs` through `post` (a queue pair's or an SRQ's verb from its context's op table,
+/// `ibv_post_send` being `qp->context->ops.post_send`) to `target` in linked chains of at most [`CHAIN`], one
 /// doorbell each, after the requests that name more entries than they hold are cut off
 /// ([`well_formed`]); stops at the first refusal and reports its index in `wrs`.
 ///
 /// # Safety
-/// The caller upholds the provider trait's contract on the memory `wrs` name.
-unsafe fn post_chains<W, C: Chained<W>>(qp: &Qp, wrs: &[W]) -> Result<(), PostError<VerbsError>> {
+/// `target` is live and `post` is its verb for requests `C`; the caller upholds the
+/// provider trait's contract on the memory `wrs` name.
+unsafe fn post_chains<W, C: Chained<W>, T>(
+    target: *mut T,
+    post: PostFn<C, T>,
+    wrs: &[W],
+) -> Result<(), PostError<VerbsError>> {
     let (wrs, malformed) = well_formed(wrs, C::fits, C::VERB);
     let mut chain: [MaybeUninit<C>; CHAIN] = [const { MaybeUninit::uninit() }; CHAIN];
-    let post = C::verb(qp);
     for (c, batch) in wrs.chunks(CHAIN).enumerate() {
         let base = link(&mut chain, batch, C::fill, C::set_next);
         let mut bad: *mut C = ptr::null_mut();
-        // SAFETY: `post` is `qp`'s verb for `C` (`Chained::verb`). The chain is
+        // SAFETY: `post` is `target`'s verb for `C` (this function's contract). The chain is
         // `batch.len()` linked, fully initialised requests in `chain` (alive across the
         // call) whose SGE pointers borrow `batch`, memory the caller vouches for; `bad` is
         // a valid out-pointer.
-        let ret = unsafe { post(qp.qp.as_ptr(), base, &mut bad) };
+        let ret = unsafe { post(target, base, &mut bad) };
         if ret != 0 {
             return Err(PostError {
                 index: c * CHAIN + bad_index(base, bad, batch.len()),

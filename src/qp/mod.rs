@@ -48,6 +48,7 @@ use crate::device::{Context, ProtectionDomain};
 use crate::error::{verb, within, Error};
 pub use crate::provider::PathAttr;
 use crate::provider::{InitAttr, PostError, Provider, RtrAttr, RtsAttr, Transition};
+use crate::srq::SharedReceiveQueue;
 use crate::types::{AtomicCap, QpState, QpType, RecvWr, SendWr};
 
 mod sealed {
@@ -85,29 +86,50 @@ impl Receiving for Init {}
 impl Receiving for ReadyToReceive {}
 impl Receiving for ReadyToSend {}
 
-/// A queue pair's transport, known at compile time. Sealed: [`Rc`] and [`Ud`] are all
-/// there is. The states and posting are the same for both; creation and the transitions
-/// differ (a UD queue pair has a Q_Key and no peer).
+/// A queue pair's transport, known at compile time. Sealed: [`Rc`], [`RcOnSrq`] and
+/// [`Ud`] are all there is. The states and posting are the same for all; creation and the
+/// transitions differ (a UD queue pair has a Q_Key and no peer), and a queue pair on a
+/// shared receive queue has no receive queue of its own.
 pub trait Transport: sealed::Sealed {
     /// The provider's name for it.
     const TYPE: QpType;
 }
 
+/// A connected transport: one peer, reached through INIT, RTR and RTS with its endpoint.
+/// Sealed: [`Rc`] and [`RcOnSrq`].
+pub trait Connected: Transport {}
+
+/// A transport whose queue pair has its own receive queue ([`QueuePair::post_recv`]).
+/// Sealed: [`Rc`] and [`Ud`].
+pub trait OwnReceiveQueue: Transport {}
+
 /// Reliable connected: one peer, acknowledged, in order (the default).
 #[derive(Clone, Copy, Debug)]
 pub enum Rc {}
+/// Reliable connected, taking its receives from a shared receive queue
+/// ([`QueuePair::create_on_srq`]): receives are posted to the queue, not to it.
+#[derive(Clone, Copy, Debug)]
+pub enum RcOnSrq {}
 /// Unreliable datagram: any peer per message, one packet each, no acknowledgement.
 #[derive(Clone, Copy, Debug)]
 pub enum Ud {}
 
 impl sealed::Sealed for Rc {}
+impl sealed::Sealed for RcOnSrq {}
 impl sealed::Sealed for Ud {}
 impl Transport for Rc {
+    const TYPE: QpType = QpType::Rc;
+}
+impl Transport for RcOnSrq {
     const TYPE: QpType = QpType::Rc;
 }
 impl Transport for Ud {
     const TYPE: QpType = QpType::Ud;
 }
+impl Connected for Rc {}
+impl Connected for RcOnSrq {}
+impl OwnReceiveQueue for Rc {}
+impl OwnReceiveQueue for Ud {}
 
 /// An unreliable-datagram queue pair in state `St`.
 pub type UdQueuePair<P, St> = QueuePair<P, St, Ud>;
@@ -193,6 +215,7 @@ impl<P: Provider, T: Transport> QueuePair<P, Reset, T> {
         pd: &ProtectionDomain<P>,
         send_cq: &CompletionQueue<P>,
         recv_cq: &CompletionQueue<P>,
+        srq: Option<&SharedReceiveQueue<P>>,
         config: &QpConfig,
     ) -> Result<Self, Error<P::Error>> {
         if let Some(psn) = config.psn {
@@ -217,7 +240,14 @@ impl<P: Provider, T: Transport> QueuePair<P, Reset, T> {
         let gid = ctx.query_gid(config.port, config.gid_index)?;
         let raw = verb(
             "ibv_create_qp",
-            P::create_qp(&pd.raw, &send_cq.raw, &recv_cq.raw, &config.caps, T::TYPE),
+            P::create_qp(
+                &pd.raw,
+                &send_cq.raw,
+                &recv_cq.raw,
+                srq.map(SharedReceiveQueue::raw),
+                &config.caps,
+                T::TYPE,
+            ),
         )?;
         let qp_num = P::qp_num(&raw);
         // A fixed, qpn-derived PSN keeps runs reproducible; users who want random PSNs
@@ -256,14 +286,33 @@ impl<P: Provider> QueuePair<P, Reset> {
         recv_cq: &CompletionQueue<P>,
         config: &QpConfig,
     ) -> Result<Self, Error<P::Error>> {
-        Self::create_of(ctx, pd, send_cq, recv_cq, config)
+        Self::create_of(ctx, pd, send_cq, recv_cq, None, config)
     }
+}
 
+impl<P: Provider> QueuePair<P, Reset, RcOnSrq> {
+    /// Creates an RC queue pair that takes its receives from `srq`: its receive
+    /// completions arrive on `recv_cq`, naming it by `qp_num`; its own receive capacities
+    /// (`config.caps`) are not used. It has no `post_recv`: its receives are posted to
+    /// `srq` ([`SharedReceiveQueue::post_recv`]).
+    pub fn create_on_srq(
+        ctx: &Context<P>,
+        pd: &ProtectionDomain<P>,
+        send_cq: &CompletionQueue<P>,
+        recv_cq: &CompletionQueue<P>,
+        srq: &SharedReceiveQueue<P>,
+        config: &QpConfig,
+    ) -> Result<Self, Error<P::Error>> {
+        Self::create_of(ctx, pd, send_cq, recv_cq, Some(srq), config)
+    }
+}
+
+impl<P: Provider, T: Connected> QueuePair<P, Reset, T> {
     /// RESET → INIT.
     pub fn into_init(
         self,
         opts: &InitOptions,
-    ) -> Result<QueuePair<P, Init>, TransitionError<P, Reset>> {
+    ) -> Result<QueuePair<P, Init, T>, TransitionError<P, Reset, T>> {
         let attr = InitAttr {
             port: self.config.port,
             pkey_index: opts.pkey_index,
@@ -273,7 +322,7 @@ impl<P: Provider> QueuePair<P, Reset> {
     }
 }
 
-impl<P: Provider> QueuePair<P, Init> {
+impl<P: Provider, T: Connected> QueuePair<P, Init, T> {
     /// Takes what a connection manager decided for this side before RTR: the source GID's
     /// index and the first packet sequence number this side sends.
     #[cfg(all(feature = "std", unix))]
@@ -287,7 +336,7 @@ impl<P: Provider> QueuePair<P, Init> {
         self,
         remote: &Endpoint,
         opts: &RtrOptions,
-    ) -> Result<QueuePair<P, ReadyToReceive>, TransitionError<P, Init>> {
+    ) -> Result<QueuePair<P, ReadyToReceive, T>, TransitionError<P, Init, T>> {
         let attr = check(remote.qp_num <= MAX_24BIT, "remote qp_num exceeds 24 bits")
             .and(check(remote.psn <= MAX_24BIT, "remote psn exceeds 24 bits"))
             .and(check(opts.min_rnr_timer <= 31, "min_rnr_timer exceeds 31"))
@@ -332,7 +381,7 @@ impl<P: Provider> QueuePair<P, Init> {
     }
 }
 
-impl<P: Provider> QueuePair<P, ReadyToReceive> {
+impl<P: Provider, T: Connected> QueuePair<P, ReadyToReceive, T> {
     /// The path and connection attributes the device applied (`ibv_query_qp`): the
     /// effective path MTU, the address vector, the current PSNs.
     pub fn path(&self) -> Result<PathAttr, Error<P::Error>> {
@@ -343,7 +392,7 @@ impl<P: Provider> QueuePair<P, ReadyToReceive> {
     pub fn into_rts(
         self,
         opts: &RtsOptions,
-    ) -> Result<QueuePair<P, ReadyToSend>, TransitionError<P, ReadyToReceive>> {
+    ) -> Result<QueuePair<P, ReadyToSend, T>, TransitionError<P, ReadyToReceive, T>> {
         let attr = check(opts.timeout <= 31, "timeout exceeds 31")
             .and(check(opts.retry_cnt <= 7, "retry_cnt exceeds 7"))
             .and(check(opts.rnr_retry <= 7, "rnr_retry exceeds 7"))
@@ -367,8 +416,9 @@ impl<P: Provider> QueuePair<P, ReadyToReceive> {
     }
 }
 
-impl<P: Provider, St: Receiving, T: Transport> QueuePair<P, St, T> {
-    /// Posts a chain of receive work requests with one doorbell: from [`Init`] on.
+impl<P: Provider, St: Receiving, T: OwnReceiveQueue> QueuePair<P, St, T> {
+    /// Posts a chain of receive work requests with one doorbell: from [`Init`] on (a
+    /// queue pair on a shared receive queue has none: post to the queue).
     ///
     /// # Safety
     /// As [`Provider::post_recv`]: the scatter memory stays valid and untouched by Rust
@@ -383,7 +433,7 @@ impl<P: Provider, St: Receiving, T: Transport> QueuePair<P, St, T> {
     }
 }
 
-impl<P: Provider> QueuePair<P, ReadyToSend> {
+impl<P: Provider, T: Connected> QueuePair<P, ReadyToSend, T> {
     /// The path and connection attributes the device applied (`ibv_query_qp`): the
     /// effective path MTU, the address vector, the current PSNs, the retry settings.
     ///

@@ -58,7 +58,7 @@ impl<P: Provider> QueuePair<P, Reset, Ud> {
         recv_cq: &CompletionQueue<P>,
         config: &QpConfig,
     ) -> Result<Self, Error<P::Error>> {
-        Self::create_of(ctx, pd, send_cq, recv_cq, config)
+        Self::create_of(ctx, pd, send_cq, recv_cq, None, config)
     }
 
     /// RESET → INIT: its port (from the [`QpConfig`]), partition and Q_Key.

@@ -23,6 +23,7 @@ mod path;
 mod porting;
 mod rxe;
 mod scenarios;
+mod srq;
 
 use std::fmt::{self, Write as _};
 use std::io::Write as _;
@@ -48,6 +49,7 @@ pub use path::*;
 pub use porting::*;
 pub use rxe::RXE_DEVIATIONS;
 pub use scenarios::*;
+pub use srq::*;
 
 /// What the verbs specification requires of each scenario.
 pub mod expected {
@@ -63,6 +65,7 @@ pub mod expected {
     pub use super::path::expected::*;
     pub use super::porting::expected::*;
     pub use super::scenarios::expected::*;
+    pub use super::srq::expected::*;
 }
 
 /// Scatter/gather entries per work request in the suite.
@@ -475,7 +478,7 @@ macro_rules! conformance_tests {
             path_attributes, device_attributes, recv_posted_in_init, scoped_receive_completion, ud_send,
             ud_silent_drops, ud_over_mtu, ud_pingpong, cm_connect_accept, cm_reject, cm_nobody,
             cm_disconnect, cm_node_barrier, cm_ud, cm_ud_refused, ud_source, ud_no_grh,
-            cq_overflow_event
+            cq_overflow_event, srq_shared_order, srq_rnr_when_empty, srq_limit_once, srq_last_wqe
         );
     };
     (@each $env:expr; $($name:ident),* $(,)?) => {

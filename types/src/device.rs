@@ -37,4 +37,10 @@ pub struct DeviceAttr {
     pub max_mr_size: u64,
     /// How remote atomics are executed.
     pub atomic_cap: AtomicCap,
+    /// Most shared receive queues (`max_srq`; 0: the device has none).
+    pub max_srq: u32,
+    /// Most receives one shared receive queue may hold (`max_srq_wr`).
+    pub max_srq_wr: u32,
+    /// Most scatter entries of one receive on a shared receive queue (`max_srq_sge`).
+    pub max_srq_sge: u32,
 }

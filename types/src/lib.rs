@@ -34,7 +34,7 @@ pub use device::{AtomicCap, DeviceAttr};
 pub use event::{AsyncEvent, AsyncEventKind, EventElement};
 pub use port::{Gid, Mtu, PortAttr, PortState};
 pub use qp::{
-    AhAttr, InitAttr, QpCaps, QpState, QpType, RtrAttr, RtsAttr, Transition, UdInitAttr,
+    AhAttr, InitAttr, QpCaps, QpState, QpType, RtrAttr, RtsAttr, SrqAttr, Transition, UdInitAttr,
     MAX_STATIC_RATE,
 };
 pub use wc::{WcOpcode, WcStatus, WorkCompletion};

@@ -36,6 +36,18 @@ pub struct QpCaps {
     pub max_inline_data: u32,
 }
 
+/// The size and limit of a shared receive queue (`ibv_srq_attr`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SrqAttr {
+    /// Receives it holds at most (a device may grant more than asked).
+    pub max_wr: u32,
+    /// Scatter entries per receive.
+    pub max_sge: u32,
+    /// The limit: `SRQ_LIMIT_REACHED` is raised once when a receive taken leaves fewer
+    /// than this many; 0 when not armed (after the event, the device disarms it).
+    pub srq_limit: u32,
+}
+
 /// Attributes of the RESET → INIT transition.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct InitAttr {

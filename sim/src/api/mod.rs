@@ -26,6 +26,7 @@ use crate::types::*;
 pub(crate) mod comp_channel;
 mod fabric;
 pub(crate) mod qp;
+pub(crate) mod srq;
 
 pub(crate) type Shared = Arc<Gate<World>>;
 
@@ -249,6 +250,9 @@ impl Context {
             max_qp_init_rd_atom: MAX_QP_RD_ATOM.into(),
             max_mr_size: usize::MAX as u64,
             atomic_cap,
+            max_srq: MAX_SRQ,
+            max_srq_wr: MAX_SRQ_WR,
+            max_srq_sge: MAX_SGE as u32,
         }
     }
 
@@ -297,8 +301,8 @@ impl Context {
 /// A protection domain (`ibv_pd`).
 #[derive(Debug)]
 pub struct Pd {
-    world: Shared,
-    id: usize,
+    pub(super) world: Shared,
+    pub(super) id: usize,
 }
 
 impl Drop for Pd {

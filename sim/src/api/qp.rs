@@ -82,13 +82,23 @@ impl Pd {
     }
 
     fn create_qp_of(&self, attr: &QpInitAttr<'_>, ty: QpType) -> Result<Qp, SimError> {
+        self.create_qp_on(attr, ty, None)
+    }
+
+    /// A queue pair of transport `ty`, on the SRQ in slot `srq` if one is given.
+    pub(super) fn create_qp_on(
+        &self,
+        attr: &QpInitAttr<'_>,
+        ty: QpType,
+        srq: Option<usize>,
+    ) -> Result<Qp, SimError> {
         let same = |cq: &Cq| Arc::ptr_eq(&cq.world, &self.world);
         if !same(attr.send_cq) || !same(attr.recv_cq) {
             return Err(SimError::Invalid("CQ of another fabric"));
         }
         let cqs = (attr.send_cq.id, attr.recv_cq.id);
-        let (qpn, rq, lane) =
-            enter(&self.world).create_qp(self.id, cqs, attr.cap, attr.sq_sig_all, ty)?;
+        let (cap, sig_all) = (attr.cap, attr.sq_sig_all);
+        let (qpn, rq, lane) = enter(&self.world).create_qp(self.id, cqs, cap, sig_all, ty, srq)?;
         Ok(Qp {
             world: self.world.clone(),
             qpn,

@@ -86,7 +86,7 @@ impl QpObj {
             let wc = flush_wc(e.wr.wr_id, e.wr.op.wc_opcode(), self.qpn);
             return Some((self.send_cq(), wc));
         }
-        let wr_id = self.rq.with(|q| q.pop_front())?;
+        let wr_id = self.rq.pop_own()?;
         Some((self.recv_cq(), flush_wc(wr_id, WcOpcode::Recv, self.qpn)))
     }
 }
@@ -222,5 +222,6 @@ impl World {
         while let Some((cq, wc)) = self.tables.qps.get_mut(q).and_then(QpObj::flush_one) {
             self.push_cqe(cq, wc);
         }
+        self.last_wqe_reached(q);
     }
 }

@@ -49,6 +49,7 @@ mod qp;
 mod requester;
 mod responder;
 pub(crate) mod rq;
+mod srq;
 mod tables;
 mod ud;
 mod wq;
@@ -135,24 +136,25 @@ impl World {
         cap: QpCaps,
         sig_all: bool,
         ty: QpType,
+        srq: Option<usize>,
     ) -> Result<NewQp, SimError> {
         let lazy = self.net.cfg.lazy_queues;
-        let (i, qpn) = self.tables.create_qp(pd, cqs, cap, sig_all, ty, lazy)?;
+        let (i, qpn) = self
+            .tables
+            .create_qp(pd, cqs, cap, sig_all, (ty, srq), lazy)?;
         // Room in the event heap for what it can have in flight: a request and a response
         // per WR, plus its timer (lazy queues: the heap grows as packets fly instead).
         let n = (cap.max_send_wr as usize + cap.max_recv_wr as usize) * 2 + 2;
         self.net.sched.events.reserve(if lazy { 0 } else { n }, i);
         // Threaded mode: the handle posts its receives without the world's lock while it
-        // may (`rq.rs`).
-        let rq = match self.net.cfg.mode {
-            Mode::Stepped => None,
-            Mode::Threaded => {
-                let (events, traced) = (self.net.sched.events.pending_flag(), self.net.cfg.trace);
-                let qp = self.tables.qps.get_mut(i).expect("new QP");
-                Some(qp.rq.share(events, traced))
-            }
-        };
-        let lane = (rq.is_some() && ty == QpType::Rc).then(|| Arc::new(SendLane::new()));
+        // may (`rq.rs`); a queue pair on an SRQ posts none.
+        let threaded = self.net.cfg.mode == Mode::Threaded;
+        let rq = (threaded && srq.is_none()).then(|| {
+            let (events, traced) = (self.net.sched.events.pending_flag(), self.net.cfg.trace);
+            let qp = self.tables.qps.get_mut(i).expect("new QP");
+            qp.rq.share(events, traced)
+        });
+        let lane = (threaded && ty == QpType::Rc).then(|| Arc::new(SendLane::new()));
         Ok((qpn, rq, lane))
     }
 
@@ -163,6 +165,9 @@ impl World {
         let t = &mut self.tables;
         if let Some(qp) = t.qps.remove(q) {
             t.direct_retired += *qp.direct_count;
+            if let Some((s, _)) = qp.rq.srq() {
+                t.release_srq(s, false, q);
+            }
             t.release_cq(qp.send_cq(), false);
             t.release_cq(qp.recv_cq(), false);
             t.release_pd(qp.pd(), false);
@@ -425,6 +430,8 @@ impl World {
             };
             tables.async_events.raise(dev, fatal);
         }
+        self.close_srqs(dev);
+        let World { tables, net, .. } = self;
         for q in 0..tables.qps.slots() {
             let epoch = tables.next_epoch();
             let Some(qp) = tables.qps.get_mut(q).filter(|qp| qp.dev() == dev) else {

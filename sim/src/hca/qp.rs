@@ -204,6 +204,13 @@ impl QpObj {
         self.pd_ as usize
     }
 
+    /// The PD its receives' memory is checked against: its shared receive queue's, if it
+    /// has one.
+    #[inline]
+    pub(crate) fn recv_pd(&self) -> usize {
+        self.rq.srq().map_or(self.pd(), |(_, pd)| pd)
+    }
+
     /// The CQ its sends complete on.
     #[inline]
     pub(crate) fn send_cq(&self) -> usize {
@@ -581,6 +588,9 @@ impl QpObj {
         }
         if self.state == QpState::Reset {
             return invalid("QP in RESET");
+        }
+        if self.rq.srq().is_some() {
+            return invalid("the QP takes its receives from an SRQ: post them there");
         }
         let (state, qpn) = (self.state, self.qpn);
         let posted = self.rq.with(|q| {

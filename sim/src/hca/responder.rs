@@ -294,7 +294,7 @@ pub(crate) fn execute<'p>(
                 out.recv = Some(done);
                 return fail(out, req);
             }
-            if !mrs.scatter(peer.pd(), rsges, len, &mut dst) {
+            if !mrs.scatter(peer.recv_pd(), rsges, len, &mut dst) {
                 done.status = WcStatus::LocProtErr;
                 out.recv = Some(done);
                 return fail(out, WcStatus::RemOpErr);
@@ -432,6 +432,7 @@ impl World {
         if let Some(rd) = ex.recv {
             let (cq, wc) = (peer.recv_cq(), peer.retire_recv(&rd));
             self.push_cqe_se(cq, wc, rd.solicited);
+            self.srq_consumed(p);
         }
         if ex.status != WcStatus::Success {
             // Every error the responder detects moves it to ERR too.

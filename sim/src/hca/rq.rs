@@ -31,12 +31,19 @@ use crate::padded::Padded;
 use crate::sync::{Mutex, MutexGuard};
 use crate::types::*;
 
-/// A queue pair's receive queue: in the queue pair, or shared with its handle.
+/// A queue pair's receive queue: in the queue pair, shared with its handle, or a shared
+/// receive queue (`srq.rs`) it takes its receives from.
 #[derive(Debug)]
 pub(crate) enum RqHome {
     /// Stepped mode: under the world's lock only.
     Local(RecvQueue),
-    /// Threaded mode: shared with the handle, under its own lock.
+    /// Threaded mode: shared with the handle, under its own lock. Or, in either mode, a
+    /// shared receive queue (`srq.rs`; [`SharedRq::srq`] says which), whose receives any
+    /// queue pair attached to it consumes, under the queue's lock (a request takes one
+    /// whole when it executes, so none is ever in progress in a queue pair: a move to ERR
+    /// or RESET leaves the queue alone). Posts go to the SRQ, never to the queue pair.
+    /// (One variant for both: a third would not fit in the bytes a `Local` queue leaves,
+    /// and every queue pair would grow.)
     Shared(Arc<SharedRq>),
 }
 
@@ -48,6 +55,9 @@ pub(crate) struct SharedRq {
     /// goes through the world, which runs those that are due first (one may move the
     /// queue pair to ERR, say).
     events: Arc<Padded<AtomicBool>>,
+    /// A shared receive queue's slot in the tables and its PD (`None`: a queue pair's
+    /// own queue, open while the queue pair accepts receives).
+    pub(crate) srq: Option<(u32, u32)>,
 }
 
 /// What the lock of a [`SharedRq`] guards.
@@ -82,19 +92,27 @@ impl RqHome {
             RqHome::Local(q) => core::mem::replace(q, RecvQueue::new(1, 1, true)),
             RqHome::Shared(s) => return s.clone(),
         };
-        let shared = Arc::new(SharedRq {
-            state: Mutex::new(RqState {
-                q,
-                accepting: false,
-                found_empty: false,
-                traced,
-                doorbells: 0,
-                posted: 0,
-            }),
-            events,
-        });
+        let shared = Arc::new(SharedRq::new(q, None, events, traced));
         *self = RqHome::Shared(shared.clone());
         shared
+    }
+
+    /// The shared receive queue this queue pair takes its receives from: its slot and PD.
+    #[inline]
+    pub(crate) fn srq(&self) -> Option<(usize, usize)> {
+        match self {
+            RqHome::Shared(s) => s.srq.map(|(srq, pd)| (srq as usize, pd as usize)),
+            RqHome::Local(_) => None,
+        }
+    }
+
+    /// Takes the oldest receive of the queue pair's own queue, to flush it (`None` on a
+    /// shared receive queue, whose receives are not the queue pair's).
+    pub(crate) fn pop_own(&mut self) -> Option<u64> {
+        match self.srq() {
+            Some(_) => None,
+            None => self.with(|q| q.pop_front()),
+        }
     }
 
     /// The queue, locked if shared, for reading (the responder's look at its head).
@@ -115,16 +133,17 @@ impl RqHome {
         }
     }
 
-    /// Whether the queue is shared with the handle (threaded mode).
+    /// Whether the queue is the queue pair's own, shared with its handle (threaded mode):
+    /// the direct path's condition (which serves no shared receive queue).
     #[inline]
     pub(crate) fn is_shared(&self) -> bool {
-        matches!(self, RqHome::Shared(_))
+        matches!(self, RqHome::Shared(s) if s.srq.is_none())
     }
 
     /// The queue pair's state changed: whether it now accepts receives without completing
     /// them at once (`Local`: nothing to do).
     pub(crate) fn set_accepting(&mut self, accepting: bool) {
-        if let RqHome::Shared(s) = self {
+        if let Some(s) = self.own_shared() {
             s.lock().accepting = accepting;
         }
     }
@@ -135,6 +154,7 @@ impl RqHome {
     pub(crate) fn clear_closed(&mut self) {
         match self {
             RqHome::Local(q) => q.clear(),
+            RqHome::Shared(s) if s.srq.is_some() => {}
             RqHome::Shared(s) => {
                 let mut s = s.lock();
                 s.q.clear();
@@ -146,14 +166,23 @@ impl RqHome {
     /// A receive was posted through the world, which woke any requester asleep on this
     /// queue's RNR NAK: posts may skip the world again.
     pub(crate) fn woke_requester(&mut self) {
-        if let RqHome::Shared(s) = self {
+        if let Some(s) = self.own_shared() {
             s.lock().found_empty = false;
+        }
+    }
+
+    /// The queue pair's own queue shared with its handle (not a shared receive queue,
+    /// whose posts and wake-ups are the SRQ's).
+    fn own_shared(&self) -> Option<&SharedRq> {
+        match self {
+            RqHome::Shared(s) if s.srq.is_none() => Some(s),
+            _ => None,
         }
     }
 
     /// `c` with the receive posts made without the world added.
     pub(crate) fn counted(&self, mut c: QpCounters) -> QpCounters {
-        if let RqHome::Shared(s) = self {
+        if let Some(s) = self.own_shared() {
             let s = s.lock();
             c.recv_doorbells += s.doorbells;
             c.recvs_posted += s.posted;
@@ -163,6 +192,49 @@ impl RqHome {
 }
 
 impl SharedRq {
+    /// `q` under a lock of its own: a queue pair's (closed until its state opens it), or
+    /// the shared receive queue in slot `srq.0` with PD `srq.1` (open).
+    pub(crate) fn new(
+        q: RecvQueue,
+        srq: Option<(u32, u32)>,
+        events: Arc<Padded<AtomicBool>>,
+        traced: bool,
+    ) -> SharedRq {
+        SharedRq {
+            state: Mutex::new(RqState {
+                q,
+                accepting: srq.is_some(),
+                found_empty: false,
+                traced,
+                doorbells: 0,
+                posted: 0,
+            }),
+            events,
+            srq,
+        }
+    }
+
+    /// How many receives it holds.
+    pub(crate) fn len(&self) -> usize {
+        self.lock().q.len()
+    }
+
+    /// `f` on the queue, locked.
+    pub(crate) fn with<R>(&self, f: impl FnOnce(&mut RecvQueue) -> R) -> R {
+        f(&mut self.lock().q)
+    }
+
+    /// A receive was posted through the world, which woke the requesters asleep on this
+    /// queue's RNR NAKs: posts may skip the world again.
+    pub(crate) fn woke_requesters(&self) {
+        self.lock().found_empty = false;
+    }
+
+    /// Closes the queue to posts without the world (its device died).
+    pub(crate) fn close(&self) {
+        self.lock().accepting = false;
+    }
+
     #[inline]
     fn lock(&self) -> MutexGuard<'_, RqState> {
         // A panic under this lock (a bug) leaves the queue as it was.

@@ -44,7 +44,7 @@ impl<T> Slab<T> {
     }
 
     /// Stores `v` in the lowest free slot; returns its index and generation (1..=127).
-    fn insert(&mut self, v: T) -> (usize, u8) {
+    pub(super) fn insert(&mut self, v: T) -> (usize, u8) {
         let i = match self.free.pop() {
             Some(Reverse(i)) => i as usize,
             None => {
@@ -63,7 +63,7 @@ impl<T> Slab<T> {
     }
 
     /// Index the next `insert` uses.
-    fn next_index(&self) -> usize {
+    pub(super) fn next_index(&self) -> usize {
         self.free.peek().map_or(self.slots.len(), |r| r.0 as usize)
     }
 
@@ -116,13 +116,13 @@ pub(crate) struct Device {
 /// the handle is gone and nothing refers to it.
 #[derive(Debug)]
 pub(crate) struct Holders {
-    refs: u32,
+    pub(super) refs: u32,
     open: bool,
 }
 
 impl Holders {
     /// Held by its new handle only.
-    const fn new() -> Holders {
+    pub(super) const fn new() -> Holders {
         Holders {
             refs: 0,
             open: true,
@@ -131,7 +131,7 @@ impl Holders {
 
     /// Lets go of the handle (`handle`) or of one referring object; whether the object is
     /// now held by nothing.
-    fn release(&mut self, handle: bool) -> bool {
+    pub(super) fn release(&mut self, handle: bool) -> bool {
         if handle {
             self.open = false;
         } else {
@@ -145,7 +145,7 @@ impl Holders {
 #[derive(Debug)]
 pub(crate) struct PdObj {
     pub(crate) dev: usize,
-    held: Holders,
+    pub(super) held: Holders,
 }
 
 /// A registered memory region.
@@ -190,6 +190,8 @@ pub(crate) struct Tables {
     pub(crate) qps: Slab<QpObj>,
     /// Address handles (`ud.rs`).
     pub(crate) ahs: Slab<AhObj>,
+    /// Shared receive queues (`srq.rs`).
+    pub(crate) srqs: Slab<super::srq::SrqObj>,
     /// Completion channels and their events.
     pub(crate) notifier: Notifier,
     /// The contexts' asynchronous events (`async_events.rs`).
@@ -211,6 +213,7 @@ impl Tables {
             cqs: Slab::new(),
             qps: Slab::new(),
             ahs: Slab::new(),
+            srqs: Slab::new(),
             notifier: Default::default(),
             async_events: Default::default(),
             epochs: 0,
@@ -340,23 +343,29 @@ impl Tables {
         }
     }
 
-    /// Creates a queue pair in RESET; returns its slot and number.
+    /// Creates a queue pair of transport `ty` in RESET, on the SRQ in slot `srq` if one is
+    /// given; returns its slot and number.
     pub(crate) fn create_qp(
         &mut self,
         pd: usize,
         cqs: (usize, usize),
         cap: QpCaps,
         sig_all: bool,
-        ty: QpType,
+        (ty, srq): (QpType, Option<usize>),
         lazy: bool,
     ) -> Result<(usize, u32), SimError> {
         let wr_ok = |n: u32| (1..=MAX_QP_WR).contains(&n);
         let sge_ok = |n: u32| (1..=MAX_SGE as u32).contains(&n);
-        if !(wr_ok(cap.max_send_wr) && wr_ok(cap.max_recv_wr)) {
+        // On an SRQ the receive capacities are the SRQ's (verbs ignores these).
+        let own_rq = srq.is_none();
+        if !(wr_ok(cap.max_send_wr) && (wr_ok(cap.max_recv_wr) || !own_rq)) {
             return invalid("max_send_wr/max_recv_wr must be 1..=MAX_QP_WR");
         }
-        if !(sge_ok(cap.max_send_sge) && sge_ok(cap.max_recv_sge)) {
+        if !(sge_ok(cap.max_send_sge) && (sge_ok(cap.max_recv_sge) || !own_rq)) {
             return invalid("max_send_sge/max_recv_sge must be 1..=MAX_SGE");
+        }
+        if srq.is_some() && ty != QpType::Rc {
+            return invalid("an SRQ serves RC queue pairs here");
         }
         if cap.max_inline_data > MAX_INLINE as u32 {
             return invalid("max_inline_data exceeds MAX_INLINE");
@@ -370,6 +379,10 @@ impl Tables {
         if qpn > MAX_24 {
             return Err(SimError::QueueFull);
         }
+        let rq = match srq {
+            Some(s) => self.attach_srq(s, dev, self.qps.next_index())?,
+            None => RqHome::new(cap.max_recv_wr as usize, cap.max_recv_sge as usize, lazy),
+        };
         let epoch = self.next_epoch();
         let index = |i: usize| u32::try_from(i).expect("table indices fit in u32");
         let qp = QpObj {
@@ -396,7 +409,7 @@ impl Tables {
                 cap.max_inline_data as usize,
                 lazy,
             ),
-            rq: RqHome::new(cap.max_recv_wr as usize, cap.max_recv_sge as usize, lazy),
+            rq,
             unsig_done: LaneCell::new(0),
             direct_count: LaneCell::new(0),
             counters: Default::default(),

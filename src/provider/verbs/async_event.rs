@@ -59,7 +59,7 @@ unsafe fn element(kind: AsyncEventKind, e: &ffi::ibv_async_event__bindgen_ty_1) 
             | K::PathMig
             | K::PathMigErr
             | K::QpLastWqeReached => EventElement::Qp((*e.qp).qp_num),
-            K::SrqErr | K::SrqLimitReached => EventElement::Srq(e.srq as u64),
+            K::SrqErr | K::SrqLimitReached => EventElement::Srq((*e.srq).srq_context as u64),
             K::PortActive
             | K::PortErr
             | K::LidChange

@@ -107,8 +107,48 @@ pub fn cq_events<E: Env>(env: &E) -> Run<Outcome> {
 }
 
 /// What the verbs specification requires.
+/// The device's asynchronous events of its port: `PORT_ERR` when the link goes down
+/// (rxe: its netdev set down), `PORT_ACTIVE` when it comes back, each naming port 1.
+pub fn port_down_event<E: Env>(env: &E) -> Run<Outcome> {
+    use zverbs::{AsyncEventKind, EventElement};
+    let ctx = Context::open(env.provider(), env.devices().1).map_err(err("open device"))?;
+    // What came before (an earlier scenario's port events, say) is not this one's.
+    while ctx
+        .next_async_event()
+        .map_err(err("async event"))?
+        .is_some()
+    {}
+    let next = |want: AsyncEventKind| -> Run<Option<EventElement>> {
+        let deadline = Instant::now() + env.timeout();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match ctx
+                .wait_async_event(Some(left))
+                .map_err(err("async event"))?
+            {
+                Some(ev) if ev.kind == want => return Ok(Some(ev.element)),
+                Some(_) => continue,
+                None => return Ok(None),
+            }
+        }
+    };
+    let mut o = Outcome::default();
+    env.set_link(false)?;
+    let down = next(AsyncEventKind::PortErr);
+    env.set_link(true)?;
+    let up = next(AsyncEventKind::PortActive)?;
+    let port = |e: Option<EventElement>| match e {
+        Some(EventElement::Port(p)) => format!("port{p}"),
+        Some(other) => format!("{other:?}"),
+        None => "none".into(),
+    };
+    o.item("down", port(down?)).item("up", port(up));
+    Ok(o)
+}
+
 pub mod expected {
     #![allow(non_upper_case_globals)]
+    pub const port_down_event: &str = "down=port1; up=port1";
     pub const cq_events: &str = "armed=[]; silent=true; woken=true; events=1; \
         b=[101:SUCCESS Recv len=32]; unarmed=[102:SUCCESS Recv len=32]; \
         unarmed_silent=true; repoll=[103:SUCCESS Recv len=32]; rearmed=[]; \

@@ -396,7 +396,7 @@ impl fmt::Display for Outcome {
 pub fn run<E: Env>(env: &E, name: &str, scenario: fn(&E) -> Run<Outcome>, expected: &str) {
     // A scenario that takes the link down runs alone: on one device (rxe0) it would cut
     // the others too.
-    let alone = name == "link_down_bounded";
+    let alone = TAKE_THE_LINK.contains(&name);
     let _shared = (!alone).then(|| LINK.read().unwrap_or_else(|e| e.into_inner()));
     let _alone = alone.then(|| LINK.write().unwrap_or_else(|e| e.into_inner()));
     let got = match scenario(env) {
@@ -436,7 +436,8 @@ pub fn run<E: Env>(env: &E, name: &str, scenario: fn(&E) -> Run<Outcome>, expect
     }
 }
 
-/// Scenarios share the link; `link_down_bounded` takes it alone.
+/// Scenarios share the link; these take it alone.
+const TAKE_THE_LINK: [&str; 2] = ["link_down_bounded", "port_down_event"];
 static LINK: std::sync::RwLock<()> = std::sync::RwLock::new(());
 
 /// Appends `backend<TAB>scenario<TAB>verdict<TAB>outcome<TAB>note` to
@@ -478,7 +479,8 @@ macro_rules! conformance_tests {
             path_attributes, device_attributes, recv_posted_in_init, scoped_receive_completion, ud_send,
             ud_silent_drops, ud_over_mtu, ud_pingpong, cm_connect_accept, cm_reject, cm_nobody,
             cm_disconnect, cm_node_barrier, cm_ud, cm_ud_refused, ud_source, ud_no_grh,
-            cq_overflow_event, srq_shared_order, srq_rnr_when_empty, srq_limit_once, srq_last_wqe
+            cq_overflow_event, srq_shared_order, srq_rnr_when_empty, srq_limit_once, srq_last_wqe,
+            port_down_event
         );
     };
     (@each $env:expr; $($name:ident),* $(,)?) => {

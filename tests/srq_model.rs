@@ -11,8 +11,8 @@ use proptest::prelude::*;
 use zverbs::provider::sim::{FabricConfig, Faults, Sim};
 use zverbs::qp::{InitOptions, QpConfig, QueuePair, RcOnSrq, ReadyToSend, RtrOptions, RtsOptions};
 use zverbs::{
-    AccessFlags, CompletionQueue, Context, RecvWr, SendFlags, SendOp, SendWr, Sge,
-    SharedReceiveQueue, SrqAttr, WcOpcode, WcStatus, WorkCompletion,
+    CompletionQueue, Context, RecvWr, SendFlags, SendOp, SendWr, Sge, SharedReceiveQueue, SrqAttr,
+    WcOpcode, WcStatus, WorkCompletion,
 };
 
 /// Receives the SRQ holds, and receive buffers.

@@ -47,7 +47,9 @@
 //! Faults: random drop, duplication and delay per packet ([`Faults`]); scripted drops
 //! ([`Fabric::drop_next`]), corrupted responses ([`Fabric::corrupt_next_response`]), link
 //! down and up, partitions, crashes; what they do to a port, a device or a completion
-//! queue reaches its contexts as asynchronous events ([`Context::get_async_event`],
+//! queue, and what happens to shared receive queues ([`Srq`]) and queue pairs (a limit
+//! reached, the last receive taken, communication established), reaches its contexts as
+//! asynchronous events ([`Context::get_async_event`],
 //! on a descriptor: [`Context::async_fd`]). With [`FabricConfig::trace`] every post, packet, drop,
 //! retransmission, RNR NAK, execution, completion and state change is recorded
 //! ([`Fabric::trace_events`]) and can be written as Chrome trace-event JSON

@@ -146,8 +146,74 @@ pub fn port_down_event<E: Env>(env: &E) -> Run<Outcome> {
     Ok(o)
 }
 
+/// A request reaching a queue pair still in RTR raises `COMM_EST` naming it, once: the
+/// receive completes, and a second message raises nothing more.
+pub fn comm_est_event<E: Env>(env: &E) -> Run<Outcome> {
+    use zverbs::{AsyncEventKind, EventElement};
+    let (da, db) = env.devices();
+    let ca = Context::open(env.provider(), da).map_err(err("open device"))?;
+    let cb = Context::open(env.provider(), db).map_err(err("open device"))?;
+    let (pa, pb) = (
+        ca.alloc_pd().map_err(err("pd"))?,
+        cb.alloc_pd().map_err(err("pd"))?,
+    );
+    let acq = CompletionQueue::create(&ca, 16).map_err(err("create cq"))?;
+    let bcq = CompletionQueue::create(&cb, 16).map_err(err("create cq"))?;
+    let qa = QueuePair::create(&ca, &pa, &acq, &acq, &env.qp_config(&ca));
+    let qb = QueuePair::create(&cb, &pb, &bcq, &bcq, &env.qp_config(&cb));
+    let init = InitOptions::default();
+    let qa = qa.map_err(err("create qp"))?.into_init(&init);
+    let qb = qb.map_err(err("create qp"))?.into_init(&init);
+    let qa = qa.map_err(|e| format!("init: {}", e.error))?;
+    let qb = qb.map_err(|e| format!("init: {}", e.error))?;
+    let (ea, eb) = (qa.endpoint(), qb.endpoint());
+    let rtr = RtrOptions::default();
+    let qa = qa
+        .into_rtr(&eb, &rtr)
+        .map_err(|e| format!("rtr: {}", e.error))?;
+    let qa = qa.into_rts(&RtsOptions::default());
+    let qa = qa.map_err(|e| format!("rts: {}", e.error))?;
+    // B stays in RTR: it receives, and never sends.
+    let qb = qb
+        .into_rtr(&ea, &rtr)
+        .map_err(|e| format!("rtr: {}", e.error))?;
+    while cb.next_async_event().map_err(err("async event"))?.is_some() {}
+    let src = region(&pa, 8, AccessFlags::empty(), 5)?;
+    let dst = region(&pb, 16, AccessFlags::LOCAL_WRITE, 0)?;
+    let recvs = [rwr(101, &[sge(&dst, 0, 8)]), rwr(102, &[sge(&dst, 8, 8)])];
+    // SAFETY: the regions are leaked and read only after the work completed.
+    unsafe { qb.post_recv(&recvs) }.map_err(|e| format!("post_recv: {e}"))?;
+    let mut o = Outcome::default();
+    let mut events = Vec::new();
+    for id in [1, 2] {
+        let wr = swr(id, SendOp::Send, SendFlags::SIGNALED, &[sge(&src, 0, 8)]);
+        // SAFETY: as above.
+        unsafe { qa.post_send(&[wr]) }.map_err(|e| format!("post_send: {e}"))?;
+        o.wcs(&format!("a{id}"), &wait(env, &acq, 1)?);
+        o.wcs(&format!("b{id}"), &wait(env, &bcq, 1)?);
+        let mut these = Vec::new();
+        while let Some(ev) = cb.next_async_event().map_err(err("async event"))? {
+            let names_b = ev.element == EventElement::Qp(qb.qp_num());
+            let kind = match ev.kind {
+                AsyncEventKind::CommEst => "COMM_EST",
+                _ => "other",
+            };
+            these.push(format!("{kind}{}", if names_b { "(b)" } else { "" }));
+        }
+        events.push(if these.is_empty() {
+            "-".into()
+        } else {
+            these.join("+")
+        });
+    }
+    o.item("events", events.join(","));
+    Ok(o)
+}
+
 pub mod expected {
     #![allow(non_upper_case_globals)]
+    pub const comm_est_event: &str = "a1=[1:SUCCESS Send]; b1=[101:SUCCESS Recv len=8]; \
+        a2=[2:SUCCESS Send]; b2=[102:SUCCESS Recv len=8]; events=COMM_EST(b),-";
     pub const port_down_event: &str = "down=port1; up=port1";
     pub const cq_events: &str = "armed=[]; silent=true; woken=true; events=1; \
         b=[101:SUCCESS Recv len=32]; unarmed=[102:SUCCESS Recv len=32]; \

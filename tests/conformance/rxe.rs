@@ -8,6 +8,14 @@ use super::Deviation;
 /// ways and requires these outcomes of the rxe personality.
 pub const RXE_DEVIATIONS: &[Deviation] = &[
     Deviation {
+        scenario: "comm_est_event",
+        outcome: "a1=[1:SUCCESS Send]; b1=[101:SUCCESS Recv len=8]; a2=[2:SUCCESS Send]; \
+                  b2=[102:SUCCESS Recv len=8]; events=-,-",
+        why: "rxe of Linux 6.1 raises no COMM_EST when a request reaches a queue pair in \
+              RTR; HCAs do (IBA o11-5.1.1; qib's responder, mlx5's COMM_EST event), and a \
+              connection manager that waits for an RTU may use it",
+    },
+    Deviation {
         scenario: "srq_last_wqe",
         outcome: "event=none; b.flushed=[]; b=[100:SUCCESS Recv len=8]; consumer=1",
         why: "rxe of Linux 6.1 raises no QP_LAST_WQE_REACHED when a queue pair on an SRQ \

@@ -3,9 +3,11 @@
 //! context of the device that asked for its events, on a descriptor that is readable
 //! while events are queued (as a context's `async_fd` is).
 //!
-//! Raised here: `PortErr` and `PortActive` when a link goes down and comes back
+//! Raised: `PortErr` and `PortActive` when a link goes down and comes back
 //! ([`Fabric::link_down`](crate::Fabric::link_down)), `DeviceFatal` when a device crashes,
-//! and `CqErr` when a completion queue overflows. A context's queue exists from the first
+//! `CqErr` when a completion queue overflows (`cq.rs`), `SrqLimitReached` and
+//! `QpLastWqeReached` (`srq.rs`), and `CommEst` when a request reaches a queue pair in RTR
+//! (`responder.rs`). A context's queue exists from the first
 //! time its events are asked for; what happened before is not in it.
 
 use crate::fd_queue::FdQueue;

@@ -390,7 +390,8 @@ fn path(t: &Tables, net: &Net, q: usize) -> Option<Path> {
         && peer.dev() == pdev
         && !peer.dead
         && peer.rq.is_shared()
-        && matches!(peer.state, QpState::ReadyToReceive | QpState::ReadyToSend);
+        // In RTR a request may raise COMM_EST, which the world's path does.
+        && peer.state == QpState::ReadyToSend;
     connected.then(|| Path {
         p,
         rtr,

@@ -8,7 +8,8 @@
 //! from the tables can still send, arm its timer and trace through the `Net`.
 //!
 //! The blocks, where a NIC engineer would look for them, each importing only from blocks
-//! listed before it (and the last four from here, the `World` they add entry points to):
+//! listed before it (and those from `requester` on from here too: the `World` they add
+//! entry points to):
 //!
 //! - [`mem`]: raw access to registered memory (`unsafe`, as is the next);
 //! - [`cq_buf`]: a CQ's ring of completions, written by the exclusive side or under its
@@ -23,7 +24,8 @@
 //! - [`cq`]: completions written, flushes, a queue pair's move to ERR;
 //! - [`direct`]: the untimed fabric's fast path (a request executed inside its post, on
 //!   the queue pair's send lane);
-//! - [`ud`]: unreliable datagrams: address handles, sends and receives.
+//! - [`ud`]: unreliable datagrams: address handles, sends and receives;
+//! - [`srq`]: shared receive queues: posts, the limit, the queue pairs attached.
 //!
 //! Here: the world itself and the entry points that route work between the blocks: the
 //! verbs a handle calls (each looks up its object once, lets it do its part, then hands

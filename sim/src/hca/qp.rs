@@ -75,6 +75,8 @@ pub(crate) const ATOMIC_CACHE: usize = 16;
 pub(crate) struct RespState {
     /// Expected PSN.
     pub(crate) epsn: u32,
+    /// `COMM_EST` was raised: a request arrived while the queue pair was in RTR.
+    pub(crate) established: bool,
     /// (PSN, old value) of recent atomics. Allocated with the queue pair, or (lazy queues)
     /// at its first atomic, so that a queue pair that never serves one carries a pointer,
     /// not an empty `Vec`'s three words.
@@ -95,6 +97,7 @@ impl RespState {
     pub(crate) fn new(lazy: bool) -> RespState {
         RespState {
             epsn: 0,
+            established: false,
             atomics: (!lazy).then(Box::default),
         }
     }
@@ -102,6 +105,7 @@ impl RespState {
     /// Back to a fresh queue pair's state, keeping the cache's room (no allocation).
     pub(crate) fn reset(&mut self) {
         self.epsn = 0;
+        self.established = false;
         if let Some(c) = &mut self.atomics {
             **c = AtomicCache::default();
         }

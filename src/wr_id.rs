@@ -5,7 +5,9 @@
 //!
 //! - [`WrId`]: channels on a shared completion queue (the dispatcher routes by it);
 //! - `RpcId`: the RPC engine's queue pairs on its one completion queue (datagram sends
-//!   and receives, the bulk path's reads and release messages).
+//!   and receives, the bulk path's reads and release messages);
+//! - `GroupId`: an [`SrqGroup`](crate::srq::SrqGroup)'s receive slots and peers' sends on
+//!   its one completion queue.
 //!
 //! A channel on completion queues of its own uses its plain sequence number.
 
@@ -134,6 +136,42 @@ impl RpcId {
     }
 }
 
+/// A `wr_id` of an [`SrqGroup`](crate::srq::SrqGroup): bit 63 set, a send from the peer in
+/// bits 0..32; clear, a receive into the slot in bits 0..32. (A completion in error has
+/// no defined opcode: the id alone must say which.)
+#[cfg(feature = "std")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum GroupId {
+    /// A receive into this slot.
+    Recv(u32),
+    /// A send from this peer's buffer.
+    Send(u32),
+}
+
+#[cfg(feature = "std")]
+impl GroupId {
+    const SEND_BIT: u64 = 1 << 63;
+
+    /// The id to post.
+    #[inline]
+    pub(crate) const fn encode(self) -> u64 {
+        match self {
+            GroupId::Recv(slot) => slot as u64,
+            GroupId::Send(peer) => Self::SEND_BIT | peer as u64,
+        }
+    }
+
+    /// What a completion's id names, if it is one this layout makes.
+    #[inline]
+    pub(crate) fn decode(id: u64) -> Option<GroupId> {
+        let low = u32::try_from(id & !Self::SEND_BIT).ok()?;
+        Some(match id & Self::SEND_BIT {
+            0 => GroupId::Recv(low),
+            _ => GroupId::Send(low),
+        })
+    }
+}
+
 #[cfg(all(test, feature = "std"))]
 mod tests {
     use super::*;
@@ -157,5 +195,19 @@ mod tests {
         for id in ids {
             assert_eq!(RpcId::decode(id.encode()), id, "{id:?}");
         }
+    }
+
+    #[test]
+    fn group_ids_round_trip() {
+        let ids = [
+            GroupId::Recv(0),
+            GroupId::Recv(u32::MAX),
+            GroupId::Send(0),
+            GroupId::Send(15),
+        ];
+        for id in ids {
+            assert_eq!(GroupId::decode(id.encode()), Some(id));
+        }
+        assert_eq!(GroupId::decode(1 << 40), None, "no slot past 32 bits");
     }
 }

@@ -28,9 +28,18 @@
 //! # }
 //! ```
 //!
+//! [`SrqGroup`] is the level above: connections to many peers that share one SRQ and one
+//! completion queue, with receive memory the group owns, and no `unsafe`.
+//!
 //! [`QueuePair::create_on_srq`]: crate::QueuePair::create_on_srq
 //! [`RcOnSrq`]: crate::qp::RcOnSrq
 //! [`Context::next_async_event`]: crate::Context::next_async_event
+
+#[cfg(feature = "std")]
+mod group;
+
+#[cfg(feature = "std")]
+pub use group::{GroupEvent, PreparedSrqGroup, RecvSlot, SrqGroup, SrqGroupConfig};
 
 use core::fmt;
 

@@ -12,7 +12,8 @@
 #                                    processes under mpirun -n 4 --bootstrap env),
 #                                    rping against rdma-core's rping in both roles,
 #                                    udaddy against rdma-core's udaddy in both roles,
-#                                    async_remote_write and rpc_echo on rxe0 (--backend verbs);
+#                                    srq_pingpong against rdma-core's ibv_srq_pingpong in both
+#                                    roles, async_remote_write and rpc_echo on rxe0 (--backend verbs);
 #                                    exits non-zero if any of it fails
 #   scripts/rxe-test.sh --run PROG [ARGS...]
 #                                    run one host-built program in a fresh guest, exit with its
@@ -350,22 +351,23 @@ example_exe() {
 conformance() {
   cd "$ROOT"
   build_image
-  local t0=$SECONDS exe json pingpong network async rpc
+  local t0=$SECONDS exe json pingpong network async rpc srq
   log "building the verbs conformance tests and the examples pingpong, network, async_remote_write and rpc_echo"
   # With tokio: the async scenario joins the suite on both backends.
   exe=$(cargo test --features verbs,tokio --test conformance_verbs --no-run --message-format=json 2>/dev/null |
     grep -o '"executable":"[^"]*"' | tail -1 | cut -d'"' -f4)
   [ -n "$exe" ] || { cargo test --features verbs,tokio --test conformance_verbs --no-run; die "build failed"; }
   json=$(cargo build --features verbs --example pingpong --example network --example rpc_echo \
-    --example rping --example udaddy --message-format=json 2>/dev/null) || true
+    --example rping --example udaddy --example srq_pingpong --message-format=json 2>/dev/null) || true
   pingpong=$(example_exe pingpong <<<"$json")
   network=$(example_exe network <<<"$json")
   rpc=$(example_exe rpc_echo <<<"$json")
   rping=$(example_exe rping <<<"$json")
   udaddy=$(example_exe udaddy <<<"$json")
+  srq=$(example_exe srq_pingpong <<<"$json")
   json=$(cargo build --features verbs,tokio --example async_remote_write --message-format=json 2>/dev/null) || true
   async=$(example_exe async_remote_write <<<"$json")
-  [ -n "$pingpong" ] && [ -n "$network" ] && [ -n "$async" ] && [ -n "$rpc" ] && [ -n "$rping" ] && [ -n "$udaddy" ] ||
+  [ -n "$pingpong" ] && [ -n "$network" ] && [ -n "$async" ] && [ -n "$rpc" ] && [ -n "$rping" ] && [ -n "$udaddy" ] && [ -n "$srq" ] ||
     { cargo build --features verbs --example pingpong --example network --example rpc_echo;
       cargo build --features verbs,tokio --example async_remote_write; die "build of the examples failed"; }
   log "build done ($((SECONDS - t0)) s); booting the guest"
@@ -378,10 +380,12 @@ conformance() {
   cp "$rpc" "$d/rpc_echo"
   cp "$rping" "$d/rping"
   cp "$udaddy" "$d/udaddy"
+  cp "$srq" "$d/srq_pingpong"
   # Small counts: the guest is emulated (a round trip of pingpong or a barrier takes
   # milliseconds there).
   local rounds=${RXE_PINGPONG_ROUNDS:-1000} nodes=${RXE_NETWORK_NODES:-4}
   local barriers=${RXE_NETWORK_BARRIERS:-200} rping_count=${RXE_RPING_COUNT:-10}
+  local srq_iters=${RXE_SRQ_ITERS:-200}
   {
     guest_exports
     guest_step conformance env ZVERBS_CONFORMANCE_OUT=/mnt/host/rxe.tsv ./conformance --test-threads=2
@@ -412,10 +416,22 @@ conformance() {
       timeout 120 udaddy -s 169.254.77.1; rc=\$?; echo \"udaddy -s (C): status \$rc\"
       wait \$!; s=\$?; cat udaddy_srv.log; exit \$((rc | s))"
     guest_step rpc_echo ./rpc_echo --backend verbs --calls "$rounds" --secs 1
+    # ibv_srq_pingpong interop: 16 queue pairs on one SRQ and one CQ on each side. The C
+    # program uses the GID ours selects (the IPv4-mapped RoCE v2 entry), found in sysfs.
+    # First rdma-core's C program serving, examples/srq_pingpong as its client ...
+    printf '%s\n' 'srq_gid() { p=/sys/class/infiniband/$ZVERBS_DEVICE/ports/1; for g in $p/gids/*; do i=${g##*/}; case $(cat $g) in 0000:0000:0000:0000:0000:ffff:*) [ "$(cat $p/gid_attrs/types/$i 2>/dev/null)" = "RoCE v2" ] && { echo $i; return; };; esac; done; echo 1; }' 'export SRQ_GID=$(srq_gid)'
+    guest_step srq_c_server sh -c "timeout 120 ibv_srq_pingpong -d \$ZVERBS_DEVICE -g \$SRQ_GID -n $srq_iters > srq_s.log 2>&1 &
+      ./srq_pingpong --backend verbs --client 169.254.77.1 --count $srq_iters; rc=\$?
+      wait \$!; s=\$?; echo \"ibv_srq_pingpong (C server): status \$s\"; cat srq_s.log; exit \$((rc | s))"
+    # ... and the other way: examples/srq_pingpong serving rdma-core's C client.
+    guest_step srq_c_client sh -c "./srq_pingpong --backend verbs --server 0.0.0.0 --count $srq_iters > srq_srv.log 2>&1 &
+      i=0; until grep -q serving srq_srv.log || [ \$i -ge 60 ]; do sleep 1; i=\$((i + 1)); done
+      timeout 120 ibv_srq_pingpong -d \$ZVERBS_DEVICE -g \$SRQ_GID -n $srq_iters 169.254.77.1; rc=\$?
+      echo \"ibv_srq_pingpong (C client): status \$rc\"; wait \$!; s=\$?; cat srq_srv.log; exit \$((rc | s))"
   } > "$d/test.sh"
   boot_share "$d"
   local out=$W/outcomes; mkdir -p "$out"; rm -f "$out"/{rxe,sim}.tsv
-  local grc=0 prc=0 nrc=0 mrc=0 arc=0 rrc=0 xrc=0 yrc=0 urc=0 vrc=0
+  local grc=0 prc=0 nrc=0 mrc=0 arc=0 rrc=0 xrc=0 yrc=0 urc=0 vrc=0 qrc=0 wrc=0
   step_status "$d" conformance || grc=$?
   [ -f "$d/rxe.tsv" ] && cp "$d/rxe.tsv" "$out/rxe.tsv"
   log "guest leg: ${GUEST_SECONDS} s (boot, conformance suite, examples); in the guest:"
@@ -463,10 +479,17 @@ conformance() {
     log "rpc_echo allocated on the data path"; rrc=1
   fi
   echo
-  log "conformance on rxe: status $grc; on the simulator: status $src; sim-rxe vs rxe table: status $trc; pingpong: status $prc; network: status $nrc; network under mpirun: status $mrc; rping vs C server: status $xrc; rping vs C client: status $yrc; udaddy vs C server: status $urc; udaddy vs C client: status $vrc; async_remote_write: status $arc; rpc_echo: status $rrc"
+  echo "== ibv_srq_pingpong interop on rxe0: the C program serving / examples/srq_pingpong --client =="
+  step_status "$d" srq_c_server || qrc=$?
+  echo
+  echo "== ibv_srq_pingpong interop on rxe0: examples/srq_pingpong --server / the C program as client =="
+  step_status "$d" srq_c_client || wrc=$?
+  echo
+  log "conformance on rxe: status $grc; on the simulator: status $src; sim-rxe vs rxe table: status $trc; pingpong: status $prc; network: status $nrc; network under mpirun: status $mrc; rping vs C server: status $xrc; rping vs C client: status $yrc; udaddy vs C server: status $urc; udaddy vs C client: status $vrc; async_remote_write: status $arc; rpc_echo: status $rrc; srq_pingpong vs C server: status $qrc; srq_pingpong vs C client: status $wrc"
   [ "${RXE_KEEP:-0}" = 1 ] && log "kept $d" || rm -rf "$d"
   [ "$grc" = 0 ] && [ "$src" = 0 ] && [ "$trc" = 0 ] && [ "$prc" = 0 ] && [ "$nrc" = 0 ] &&
-    [ "$mrc" = 0 ] && [ "$xrc" = 0 ] && [ "$yrc" = 0 ] && [ "$urc" = 0 ] && [ "$vrc" = 0 ] && [ "$arc" = 0 ] && [ "$rrc" = 0 ]
+    [ "$mrc" = 0 ] && [ "$xrc" = 0 ] && [ "$yrc" = 0 ] && [ "$urc" = 0 ] && [ "$vrc" = 0 ] && [ "$arc" = 0 ] && [ "$rrc" = 0 ] &&
+    [ "$qrc" = 0 ] && [ "$wrc" = 0 ]
 }
 
 case "${1:-}" in

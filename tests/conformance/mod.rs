@@ -480,6 +480,7 @@ macro_rules! conformance_tests {
             ud_silent_drops, ud_over_mtu, ud_pingpong, cm_connect_accept, cm_reject, cm_nobody,
             cm_disconnect, cm_node_barrier, cm_ud, cm_ud_refused, ud_source, ud_no_grh,
             cq_overflow_event, srq_shared_order, srq_rnr_when_empty, srq_limit_once, srq_last_wqe,
+            srq_post_errors,
             port_down_event, comm_est_event
         );
     };

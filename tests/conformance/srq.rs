@@ -264,6 +264,45 @@ pub fn srq_last_wqe<E: Env>(env: &E) -> Run<Outcome> {
     Ok(o)
 }
 
+/// Posting to an SRQ: a receive with more entries than its `max_sge` is refused, and so
+/// is one more receive than the size it was granted; what was refused is named by index.
+pub fn srq_post_errors<E: Env>(env: &E) -> Run<Outcome> {
+    let h = hub(env, 1, 7, 4, 0)?;
+    let dst = region(&h.pb, 64, AccessFlags::LOCAL_WRITE, 0)?;
+    let granted = h.srq.query().map_err(err("query srq"))?;
+    let mut o = Outcome::default();
+    o.check(
+        "granted_at_least_asked",
+        granted.max_wr >= 4 && granted.max_sge >= 1,
+    );
+    let kind = |r: Result<(), zverbs::provider::PostError<<E::P as Provider>::Error>>| match r {
+        Ok(()) => "ok".to_string(),
+        Err(e) => format!("{}@{:?}", e.index, zverbs::ProviderError::kind(&e.error)),
+    };
+    // More entries than max_sge: the SRQ was made with one (a device may grant more).
+    let sges: Vec<_> = (0..=granted.max_sge as usize)
+        .map(|i| sge(&dst, i, 1))
+        .collect();
+    if sges.len() <= SGES {
+        // SAFETY: the region is leaked; a refused receive is not posted.
+        let r = unsafe { h.srq.post_recv(&[rwr(1, &sges)]) };
+        o.item("too_many_sges", kind(r));
+    }
+    // One more receive than the granted size: the last is refused.
+    let n = granted.max_wr as usize + 1;
+    let wrs: Vec<_> = (0..n)
+        .map(|i| rwr(100 + i as u64, &[sge(&dst, 0, 8)]))
+        .collect();
+    // SAFETY: as above; the posted receives land in the leaked region, read by no one.
+    let r = unsafe { h.srq.post_recv(&wrs) };
+    let full = match r {
+        Err(e) if e.index == n - 1 => format!("last@{:?}", zverbs::ProviderError::kind(&e.error)),
+        other => kind(other),
+    };
+    o.item("one_too_many", full);
+    Ok(o)
+}
+
 pub mod expected {
     #![allow(non_upper_case_globals)]
     pub const srq_shared_order: &str = "b0=[100:SUCCESS Recv len=16]; \
@@ -272,6 +311,8 @@ pub mod expected {
          a2=[3:SUCCESS Send]; b=[100:SUCCESS Recv len=8]; consumer=2; bytes=ok";
     pub const srq_limit_once: &str = "armed=2; events=-,-,SrqLimitReached,-,-,SrqLimitReached; \
          names_the_srq=ok; limit_after=0";
+    pub const srq_post_errors: &str =
+        "granted_at_least_asked=ok; too_many_sges=0@InvalidArgument; one_too_many=last@QueueFull";
     pub const srq_last_wqe: &str = "event=QP_LAST_WQE_REACHED; names_the_qp=ok; b.flushed=[]; \
          b=[100:SUCCESS Recv len=8]; consumer=1";
 }

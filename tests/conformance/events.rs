@@ -150,17 +150,10 @@ pub fn port_down_event<E: Env>(env: &E) -> Run<Outcome> {
 /// receive completes, and a second message raises nothing more.
 pub fn comm_est_event<E: Env>(env: &E) -> Run<Outcome> {
     use zverbs::{AsyncEventKind, EventElement};
-    let (da, db) = env.devices();
-    let ca = Context::open(env.provider(), da).map_err(err("open device"))?;
-    let cb = Context::open(env.provider(), db).map_err(err("open device"))?;
-    let (pa, pb) = (
-        ca.alloc_pd().map_err(err("pd"))?,
-        cb.alloc_pd().map_err(err("pd"))?,
-    );
-    let acq = CompletionQueue::create(&ca, 16).map_err(err("create cq"))?;
-    let bcq = CompletionQueue::create(&cb, 16).map_err(err("create cq"))?;
-    let qa = QueuePair::create(&ca, &pa, &acq, &acq, &env.qp_config(&ca));
-    let qb = QueuePair::create(&cb, &pb, &bcq, &bcq, &env.qp_config(&cb));
+    let [a, b] = &two_devices(env, 16)?;
+    let (ca, cb, pa, pb, acq, bcq) = (&a.ctx, &b.ctx, &a.pd, &b.pd, &a.cq, &b.cq);
+    let qa = QueuePair::create(ca, pa, acq, acq, &env.qp_config(ca));
+    let qb = QueuePair::create(cb, pb, bcq, bcq, &env.qp_config(cb));
     let init = InitOptions::default();
     let qa = qa.map_err(err("create qp"))?.into_init(&init);
     let qb = qb.map_err(err("create qp"))?.into_init(&init);
@@ -178,8 +171,8 @@ pub fn comm_est_event<E: Env>(env: &E) -> Run<Outcome> {
         .into_rtr(&ea, &rtr)
         .map_err(|e| format!("rtr: {}", e.error))?;
     while cb.next_async_event().map_err(err("async event"))?.is_some() {}
-    let src = region(&pa, 8, AccessFlags::empty(), 5)?;
-    let dst = region(&pb, 16, AccessFlags::LOCAL_WRITE, 0)?;
+    let src = region(pa, 8, AccessFlags::empty(), 5)?;
+    let dst = region(pb, 16, AccessFlags::LOCAL_WRITE, 0)?;
     let recvs = [rwr(101, &[sge(&dst, 0, 8)]), rwr(102, &[sge(&dst, 8, 8)])];
     // SAFETY: the regions are leaked and read only after the work completed.
     unsafe { qb.post_recv(&recvs) }.map_err(|e| format!("post_recv: {e}"))?;
@@ -189,8 +182,8 @@ pub fn comm_est_event<E: Env>(env: &E) -> Run<Outcome> {
         let wr = swr(id, SendOp::Send, SendFlags::SIGNALED, &[sge(&src, 0, 8)]);
         // SAFETY: as above.
         unsafe { qa.post_send(&[wr]) }.map_err(|e| format!("post_send: {e}"))?;
-        o.wcs(&format!("a{id}"), &wait(env, &acq, 1)?);
-        o.wcs(&format!("b{id}"), &wait(env, &bcq, 1)?);
+        o.wcs(&format!("a{id}"), &wait(env, acq, 1)?);
+        o.wcs(&format!("b{id}"), &wait(env, bcq, 1)?);
         let mut these = Vec::new();
         while let Some(ev) = cb.next_async_event().map_err(err("async event"))? {
             let names_b = ev.element == EventElement::Qp(qb.qp_num());

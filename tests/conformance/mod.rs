@@ -225,6 +225,27 @@ pub fn pair<E: Env>(env: &E, o: &PairOptions) -> Run<Pair<E::P>> {
     Ok((side(qa, sa, ra, pa, ca), side(qb, sb, rb, pb, cb)))
 }
 
+/// A context, a protection domain and a completion queue of `depth` entries on each of the
+/// env's two devices.
+pub fn two_devices<E: Env>(env: &E, depth: u32) -> Run<[Device<E::P>; 2]> {
+    let (da, db) = env.devices();
+    let open = |name: &str| -> Run<Device<E::P>> {
+        let ctx = Context::open(env.provider(), name).map_err(err("open device"))?;
+        let pd = ctx.alloc_pd().map_err(err("alloc pd"))?;
+        let cq = CompletionQueue::create(&ctx, depth).map_err(err("create cq"))?;
+        Ok(Device { cq, pd, ctx })
+    };
+    Ok([open(da)?, open(db)?])
+}
+
+/// One device's context, protection domain and completion queue (dropped in this order:
+/// the queue, the domain, the context).
+pub struct Device<P: Provider> {
+    pub cq: CompletionQueue<P>,
+    pub pd: ProtectionDomain<P>,
+    pub ctx: Context<P>,
+}
+
 /// A registered buffer of `len` bytes filled with `fill`. The buffer is leaked so the
 /// region is `'static` and scenarios stay free of borrow juggling; tests are short-lived.
 pub fn region<P: Provider>(

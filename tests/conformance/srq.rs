@@ -13,33 +13,22 @@ use zverbs::{AsyncEventKind, EventElement, SharedReceiveQueue, SrqAttr};
 pub struct Hub<P: Provider> {
     pub a: Vec<QueuePair<P, ReadyToSend, Rc>>,
     pub b: Vec<QueuePair<P, ReadyToSend, RcOnSrq>>,
-    pub acq: CompletionQueue<P>,
-    pub bcq: CompletionQueue<P>,
     pub srq: SharedReceiveQueue<P>,
-    pub pa: ProtectionDomain<P>,
-    pub pb: ProtectionDomain<P>,
-    pub ca: Context<P>,
-    pub cb: Context<P>,
+    /// A's device (its queue is the senders') and B's (the receive side's queue).
+    ends: [Device<P>; 2],
 }
 
 /// A hub of `n` pairs whose senders retry RNR `rnr_retry` times, on an SRQ of `max_wr`
 /// receives armed at `limit`.
 pub fn hub<E: Env>(env: &E, n: usize, rnr_retry: u8, max_wr: u32, limit: u32) -> Run<Hub<E::P>> {
-    let (da, db) = env.devices();
-    let ca = Context::open(env.provider(), da).map_err(err("open device"))?;
-    let cb = Context::open(env.provider(), db).map_err(err("open device"))?;
-    let (pa, pb) = (
-        ca.alloc_pd().map_err(err("pd"))?,
-        cb.alloc_pd().map_err(err("pd"))?,
-    );
-    let acq = CompletionQueue::create(&ca, 64).map_err(err("create cq"))?;
-    let bcq = CompletionQueue::create(&cb, 64).map_err(err("create cq"))?;
+    let ends = two_devices(env, 64)?;
+    let [a_, b_] = &ends;
     let attr = SrqAttr {
         max_wr,
         max_sge: 1,
         srq_limit: limit,
     };
-    let srq = SharedReceiveQueue::create(&cb, &pb, &attr).map_err(err("create srq"))?;
+    let srq = SharedReceiveQueue::create(&b_.ctx, &b_.pd, &attr).map_err(err("create srq"))?;
     let (mut a, mut b) = (Vec::new(), Vec::new());
     let rtr = RtrOptions {
         min_rnr_timer: 1,
@@ -51,9 +40,10 @@ pub fn hub<E: Env>(env: &E, n: usize, rnr_retry: u8, max_wr: u32, limit: u32) ->
     };
     let init = InitOptions::default();
     for _ in 0..n {
-        let qa = QueuePair::create(&ca, &pa, &acq, &acq, &env.qp_config(&ca));
+        let qa = QueuePair::create(&a_.ctx, &a_.pd, &a_.cq, &a_.cq, &env.qp_config(&a_.ctx));
         let qa = qa.map_err(err("create qp"))?;
-        let qb = QueuePair::create_on_srq(&cb, &pb, &bcq, &bcq, &srq, &env.qp_config(&cb));
+        let cfg = env.qp_config(&b_.ctx);
+        let qb = QueuePair::create_on_srq(&b_.ctx, &b_.pd, &b_.cq, &b_.cq, &srq, &cfg);
         let qb = qb.map_err(err("create qp on srq"))?;
         let qa = qa
             .into_init(&init)
@@ -72,18 +62,9 @@ pub fn hub<E: Env>(env: &E, n: usize, rnr_retry: u8, max_wr: u32, limit: u32) ->
         b.push(qb.into_rts(&rts).map_err(|e| format!("rts: {}", e.error))?);
     }
     // What came before (a port event at the device's start, say) is not the scenario's.
+    let cb = &b_.ctx;
     while cb.next_async_event().map_err(err("async event"))?.is_some() {}
-    Ok(Hub {
-        a,
-        b,
-        acq,
-        bcq,
-        srq,
-        pa,
-        pb,
-        ca,
-        cb,
-    })
+    Ok(Hub { a, b, srq, ends })
 }
 
 impl<P: Provider> Hub<P> {
@@ -111,7 +92,7 @@ impl<P: Provider> Hub<P> {
         let wr = swr(id, SendOp::Send, SendFlags::SIGNALED, &[sge(mr, off, len)]);
         // SAFETY: the region is leaked and not written while the send is in flight.
         unsafe { self.a[i].post_send(&[wr]) }.map_err(|e| format!("post_send: {e}"))?;
-        let wc = wait(env, &self.acq, 1)?;
+        let wc = wait(env, &self.ends[0].cq, 1)?;
         wc.first()
             .copied()
             .ok_or_else(|| format!("send {id}: no completion"))
@@ -126,7 +107,11 @@ impl<P: Provider> Hub<P> {
     /// B's asynchronous events queued now, by kind.
     fn events(&self) -> Run<Vec<(AsyncEventKind, EventElement)>> {
         let mut out = Vec::new();
-        while let Some(ev) = self.cb.next_async_event().map_err(err("async event"))? {
+        while let Some(ev) = self.ends[1]
+            .ctx
+            .next_async_event()
+            .map_err(err("async event"))?
+        {
             out.push((ev.kind, ev.element));
         }
         Ok(out)
@@ -146,17 +131,17 @@ fn kinds(evs: &[(AsyncEventKind, EventElement)]) -> String {
 pub fn srq_shared_order<E: Env>(env: &E) -> Run<Outcome> {
     const LEN: usize = 16;
     let h = hub(env, 3, 7, 16, 0)?;
-    let dst = region(&h.pb, 3 * LEN, AccessFlags::LOCAL_WRITE, 0)?;
+    let dst = region(&h.ends[1].pd, 3 * LEN, AccessFlags::LOCAL_WRITE, 0)?;
     // Sender i's message: LEN bytes of i + 1.
     let srcs = (0..3u8)
-        .map(|i| region(&h.pa, LEN, AccessFlags::empty(), i + 1))
+        .map(|i| region(&h.ends[0].pd, LEN, AccessFlags::empty(), i + 1))
         .collect::<Run<Vec<_>>>()?;
     h.post(&dst, LEN, &[100, 101, 102])?;
     let mut o = Outcome::default();
     let mut consumers = Vec::new();
     for (k, i) in [2usize, 0, 1].into_iter().enumerate() {
         h.send(env, i, k as u64 + 1, &srcs[i], 0, LEN)?;
-        let wc = wait(env, &h.bcq, 1)?;
+        let wc = wait(env, &h.ends[1].cq, 1)?;
         consumers.extend(wc.iter().map(|w| h.consumer(w)));
         o.wcs(&format!("b{k}"), &wc);
     }
@@ -174,8 +159,8 @@ pub fn srq_shared_order<E: Env>(env: &E) -> Run<Outcome> {
 /// the send fails); a receive posted then serves the next sender.
 pub fn srq_rnr_when_empty<E: Env>(env: &E) -> Run<Outcome> {
     let h = hub(env, 3, 0, 16, 0)?;
-    let dst = region(&h.pb, 8, AccessFlags::LOCAL_WRITE, 0)?;
-    let src = region(&h.pa, 8, AccessFlags::empty(), 7)?;
+    let dst = region(&h.ends[1].pd, 8, AccessFlags::LOCAL_WRITE, 0)?;
+    let src = region(&h.ends[0].pd, 8, AccessFlags::empty(), 7)?;
     let mut o = Outcome::default();
     for i in 0..2 {
         let wc = h.send(env, i, i as u64 + 1, &src, 0, 8)?;
@@ -184,7 +169,7 @@ pub fn srq_rnr_when_empty<E: Env>(env: &E) -> Run<Outcome> {
     h.post(&dst, 8, &[100])?;
     let wc = h.send(env, 2, 3, &src, 0, 8)?;
     o.wcs("a2", &[wc]);
-    let bw = wait(env, &h.bcq, 1)?;
+    let bw = wait(env, &h.ends[1].cq, 1)?;
     o.wcs("b", &bw)
         .item("consumer", bw.first().map_or("-".into(), |w| h.consumer(w)))
         .check("bytes", dst.as_slice() == [7; 8]);
@@ -195,8 +180,8 @@ pub fn srq_rnr_when_empty<E: Env>(env: &E) -> Run<Outcome> {
 /// the SRQ, and disarms it; armed again, it fires again.
 pub fn srq_limit_once<E: Env>(env: &E) -> Run<Outcome> {
     let h = hub(env, 1, 7, 8, 2)?;
-    let dst = region(&h.pb, 8 * 8, AccessFlags::LOCAL_WRITE, 0)?;
-    let src = region(&h.pa, 8, AccessFlags::empty(), 1)?;
+    let dst = region(&h.ends[1].pd, 8 * 8, AccessFlags::LOCAL_WRITE, 0)?;
+    let src = region(&h.ends[0].pd, 8, AccessFlags::empty(), 1)?;
     let mut o = Outcome::default();
     let armed = h.srq.query().map_err(err("query srq"))?.srq_limit;
     o.item("armed", armed);
@@ -205,7 +190,7 @@ pub fn srq_limit_once<E: Env>(env: &E) -> Run<Outcome> {
     let mut named = true;
     let mut take = |h: &Hub<E::P>, id: u64| -> Run<()> {
         h.send(env, 0, id, &src, 0, 8)?;
-        wait(env, &h.bcq, 1)?;
+        wait(env, &h.ends[1].cq, 1)?;
         let evs = h.events()?;
         named &= evs.iter().all(|e| e.1 == EventElement::Srq(h.srq.key()));
         seen.push(kinds(&evs));
@@ -230,16 +215,16 @@ pub fn srq_limit_once<E: Env>(env: &E) -> Run<Outcome> {
 /// `QP_LAST_WQE_REACHED` names it; another queue pair still takes the first receive.
 pub fn srq_last_wqe<E: Env>(env: &E) -> Run<Outcome> {
     let h = hub(env, 2, 7, 16, 0)?;
-    let dst = region(&h.pb, 3 * 8, AccessFlags::LOCAL_WRITE, 0)?;
-    let src = region(&h.pa, 8, AccessFlags::empty(), 3)?;
+    let dst = region(&h.ends[1].pd, 3 * 8, AccessFlags::LOCAL_WRITE, 0)?;
+    let src = region(&h.ends[0].pd, 8, AccessFlags::empty(), 3)?;
     h.post(&dst, 8, &[100, 101, 102])?;
     h.b[0].set_error().map_err(err("set_error"))?;
     // A device raises it at once or never (rxe of Linux 6.1: never).
     let deadline = Instant::now() + env.timeout().min(Duration::from_secs(2));
     let event = loop {
         let left = deadline.saturating_duration_since(Instant::now());
-        match h
-            .cb
+        match h.ends[1]
+            .ctx
             .wait_async_event(Some(left))
             .map_err(err("async event"))?
         {
@@ -256,9 +241,9 @@ pub fn srq_last_wqe<E: Env>(env: &E) -> Run<Outcome> {
         ),
         None => o.item("event", "none"),
     };
-    o.wcs("b.flushed", &settle(env, &h.bcq)?);
+    o.wcs("b.flushed", &settle(env, &h.ends[1].cq)?);
     h.send(env, 1, 1, &src, 0, 8)?;
-    let bw = wait(env, &h.bcq, 1)?;
+    let bw = wait(env, &h.ends[1].cq, 1)?;
     o.wcs("b", &bw)
         .item("consumer", bw.first().map_or("-".into(), |w| h.consumer(w)));
     Ok(o)
@@ -268,7 +253,7 @@ pub fn srq_last_wqe<E: Env>(env: &E) -> Run<Outcome> {
 /// is one more receive than the size it was granted; what was refused is named by index.
 pub fn srq_post_errors<E: Env>(env: &E) -> Run<Outcome> {
     let h = hub(env, 1, 7, 4, 0)?;
-    let dst = region(&h.pb, 64, AccessFlags::LOCAL_WRITE, 0)?;
+    let dst = region(&h.ends[1].pd, 64, AccessFlags::LOCAL_WRITE, 0)?;
     let granted = h.srq.query().map_err(err("query srq"))?;
     let mut o = Outcome::default();
     o.check(

@@ -346,16 +346,10 @@ impl Qp {
         &self,
         wrs: &[RecvWr<SGES>],
     ) -> Result<(), PostError<SimError>> {
-        let res = match self.rq.as_ref().and_then(|rq| rq.post(wrs)) {
-            Some(res) => res,
-            None => {
-                let mut w = enter(&self.world);
-                let res = w.post_recvs(self.id(), wrs);
-                w.run_due();
-                res
-            }
-        };
-        res.map_err(|(index, error)| PostError { index, error })
+        let id = self.id();
+        post_receives(&self.world, self.rq.as_deref(), wrs, |w| {
+            w.post_recvs(id, wrs)
+        })
     }
 }
 
@@ -363,4 +357,24 @@ impl Drop for Qp {
     fn drop(&mut self) {
         enter(&self.world).destroy_qp(self.id());
     }
+}
+
+/// Posts receives `wrs` to `fast` without the world's lock if it is open (`hca/rq.rs`), else
+/// through the world with `post`, running the events then due.
+pub(super) fn post_receives<const SGES: usize>(
+    world: &Shared,
+    fast: Option<&SharedRq>,
+    wrs: &[RecvWr<SGES>],
+    post: impl FnOnce(&mut World) -> Result<(), (usize, SimError)>,
+) -> Result<(), PostError<SimError>> {
+    let res = match fast.and_then(|q| q.post(wrs)) {
+        Some(res) => res,
+        None => {
+            let mut w = enter(world);
+            let res = post(&mut w);
+            w.run_due();
+            res
+        }
+    };
+    res.map_err(|(index, error)| PostError { index, error })
 }

@@ -78,16 +78,10 @@ impl Srq {
         &self,
         wrs: &[RecvWr<SGES>],
     ) -> Result<(), PostError<SimError>> {
-        let res = match self.fast.as_ref().and_then(|q| q.post(wrs)) {
-            Some(res) => res,
-            None => {
-                let mut w = enter(&self.world);
-                let res = w.post_srq_recvs(self.id, wrs);
-                w.run_due();
-                res
-            }
-        };
-        res.map_err(|(index, error)| PostError { index, error })
+        let id = self.id;
+        super::qp::post_receives(&self.world, self.fast.as_deref(), wrs, |w| {
+            w.post_srq_recvs(id, wrs)
+        })
     }
 
     /// Arms the limit (`ibv_modify_srq` with `IBV_SRQ_LIMIT`): `SRQ_LIMIT_REACHED` is

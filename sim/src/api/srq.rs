@@ -58,7 +58,7 @@ pub struct Srq {
     key: u64,
     /// Its queue, which it posts to without the world's lock while it may (threaded mode:
     /// `hca/rq.rs`).
-    fast: Option<Arc<SharedRq>>,
+    fast: Option<std::sync::Arc<SharedRq>>,
 }
 
 impl Srq {

@@ -68,7 +68,7 @@ impl fmt::Debug for WrId {
 /// | 63 set | a datagram send; bits 0..63 its sequence number |
 /// | 63 clear, 62 clear | a datagram receive; the id is its receive slot |
 /// | 62 set, 61 set | a bulk release message sent by a client |
-/// | 62 set, 60 set | a bulk receive for a release message; bits 0..32 the session |
+/// | 62 set, 60 set | a bulk receive for a release message (on the bulk path's shared receive queue: the completion's `qp_num` names the session) |
 /// | 62 set, 61 and 60 clear | a bulk read; bits 32..60 the slot's generation, 0..32 the slot |
 #[cfg(feature = "std")]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -86,8 +86,8 @@ pub(crate) enum RpcId {
     },
     /// A release message a client sent.
     ReleaseSend,
-    /// A receive for a release message on the session's connection.
-    ReleaseRecv(u32),
+    /// A receive for a release message, on the queue the sessions' connections share.
+    ReleaseRecv,
 }
 
 #[cfg(feature = "std")]
@@ -112,7 +112,7 @@ impl RpcId {
                 Self::BULK_BIT | ((gen & RpcId::GEN_MASK) as u64) << 32 | slot as u64
             }
             RpcId::ReleaseSend => Self::BULK_BIT | Self::RELEASE_SEND,
-            RpcId::ReleaseRecv(session) => Self::BULK_BIT | Self::RELEASE_RECV | session as u64,
+            RpcId::ReleaseRecv => Self::BULK_BIT | Self::RELEASE_RECV,
         }
     }
 
@@ -126,7 +126,7 @@ impl RpcId {
         } else if id & Self::RELEASE_SEND != 0 {
             RpcId::ReleaseSend
         } else if id & Self::RELEASE_RECV != 0 {
-            RpcId::ReleaseRecv(id as u32)
+            RpcId::ReleaseRecv
         } else {
             RpcId::BulkRead {
                 slot: id as u32,
@@ -189,8 +189,7 @@ mod tests {
                 gen: RpcId::GEN_MASK,
             },
             RpcId::ReleaseSend,
-            RpcId::ReleaseRecv(0),
-            RpcId::ReleaseRecv(u32::MAX),
+            RpcId::ReleaseRecv,
         ];
         for id in ids {
             assert_eq!(RpcId::decode(id.encode()), id, "{id:?}");

@@ -21,6 +21,11 @@
 //!    request), the client's next request on the same slot (sent only after the client
 //!    released the response, so after its read), or the end of the session.
 //!
+//! The sessions' queue pairs take release messages from one shared receive queue of
+//! bodiless receives, posted full at creation and refilled one per message taken; the
+//! completion's `qp_num` names the session. A server's receive queues thus do not grow
+//! with its sessions (the engine needs a device with shared receive queues).
+//!
 //! No CPU copies a large message's bytes: the caller writes the request into its buffer,
 //! the server's handler reads it where the read put it and writes the response in place,
 //! and the client's caller reads the response where the second read put it. The internal
@@ -65,10 +70,13 @@ use crate::device::{Context, ProtectionDomain};
 use crate::pool::{LocalBuf, MrPool};
 use crate::provider::Provider;
 use crate::qp::{
-    Endpoint, Init, InitOptions, QpConfig, QueuePair, ReadyToSend, Reset, RtrOptions, RtsOptions,
-    State, ENDPOINT_LEN,
+    Endpoint, Init, InitOptions, QpConfig, QueuePair, RcOnSrq, ReadyToSend, Reset, RtrOptions,
+    RtsOptions, State, ENDPOINT_LEN,
 };
-use crate::types::{AccessFlags, RecvWr, SendFlags, SendOp, SendWr, Sge, WcStatus, WorkCompletion};
+use crate::srq::SharedReceiveQueue;
+use crate::types::{
+    AccessFlags, RecvWr, SendFlags, SendOp, SendWr, Sge, SrqAttr, WcStatus, WorkCompletion,
+};
 use crate::wr_id::RpcId;
 
 /// The internal request type that connects a session's reliable connection.
@@ -114,12 +122,12 @@ impl Default for BulkConfig {
 
 /// One session's reliable connection.
 enum Link<P: Provider> {
-    Idle(QueuePair<P, Reset>),
+    Idle(QueuePair<P, Reset, RcOnSrq>),
     /// Client: the connect request is out.
-    Connecting(QueuePair<P, Init>),
-    Up(QueuePair<P, ReadyToSend>),
+    Connecting(QueuePair<P, Init, RcOnSrq>),
+    Up(QueuePair<P, ReadyToSend, RcOnSrq>),
     /// Client: a read failed, which leaves both queue pairs in error; to connect again.
-    Redial(QueuePair<P, Reset>, SessionId),
+    Redial(QueuePair<P, Reset, RcOnSrq>, SessionId),
     /// A transition failed and the reset after it too: the queue pair is gone.
     Lost,
 }
@@ -165,6 +173,12 @@ pub(super) struct Bulk<P: Provider> {
     /// By session index. Declared first: the queue pairs are destroyed before the
     /// buffers their work named are freed.
     links: Vec<Link<P>>,
+    /// Every link's queue pair number and session index, by number: whose release
+    /// message a receive completion of the shared queue is.
+    by_qpn: Vec<(u32, u32)>,
+    /// The receives for release messages, shared by every link (bodiless: no memory),
+    /// posted full at creation and one again per release message taken.
+    releases: SharedReceiveQueue<P>,
     /// By slot of the core (`session × window + w`).
     ops: Vec<Op<P>>,
     /// By slot: the generation a read's id carries.
@@ -184,7 +198,8 @@ pub(super) struct Bulk<P: Provider> {
 }
 
 impl<P: Provider> Bulk<P> {
-    /// One RC queue pair per session (in RESET) on `cq`, and the pool.
+    /// One RC queue pair per session (in RESET) on `cq`, all taking release messages from
+    /// one shared receive queue, and the pool.
     pub(super) fn new(
         ctx: &Context<P>,
         pd: &ProtectionDomain<P>,
@@ -208,17 +223,41 @@ impl<P: Provider> Bulk<P> {
             )
         }?;
         let window = core.window;
+        let slots = core.max_sessions * window;
+        // A receive per slot for release messages, as the device allows (fewer: a release
+        // message waits on RNR for the next refill).
+        let max_srq_wr = ctx.query_device()?.max_srq_wr;
+        let attr = SrqAttr {
+            max_wr: u32::try_from(slots)
+                .unwrap_or(u32::MAX)
+                .min(max_srq_wr)
+                .max(1),
+            max_sge: 1,
+            srq_limit: 0,
+        };
+        let releases = SharedReceiveQueue::create(ctx, pd, &attr)?;
         let mut qc = *qp;
-        // Per slot a read and a release message; a receive per slot for release messages.
-        (qc.caps.max_send_wr, qc.caps.max_recv_wr) = (2 * window as u32, window as u32);
+        // Per slot a read and a release message.
+        qc.caps.max_send_wr = 2 * window as u32;
         (qc.caps.max_send_sge, qc.caps.max_recv_sge) = (1, 1);
         qc.caps.max_inline_data = 0;
-        let links = (0..core.max_sessions)
-            .map(|_| QueuePair::create(ctx, pd, cq, cq, &qc).map(Link::Idle))
+        let links: Vec<_> = (0..core.max_sessions)
+            .map(|_| QueuePair::create_on_srq(ctx, pd, cq, cq, &releases, &qc).map(Link::Idle))
             .collect::<Result<_, _>>()?;
-        let slots = core.max_sessions * window;
+        let mut by_qpn: Vec<_> = links
+            .iter()
+            .enumerate()
+            .filter_map(|(i, l)| match l {
+                Link::Idle(qp) => Some((qp.qp_num(), i as u32)),
+                _ => None,
+            })
+            .collect();
+        by_qpn.sort_unstable();
+        post_release_recvs(&releases, releases.max_wr() as usize);
         Ok(Bulk {
             links,
+            by_qpn,
+            releases,
             ops: (0..slots).map(|_| Op::Free).collect(),
             gens: vec![0; slots],
             kinds: vec![Kind::Plain; slots],
@@ -258,7 +297,7 @@ impl<P: Provider> Bulk<P> {
     pub(super) fn completed(&mut self, wc: &WorkCompletion) {
         let (slot, gen) = match RpcId::decode(wc.wr_id) {
             RpcId::BulkRead { slot, gen } => (slot as usize, gen),
-            RpcId::ReleaseRecv(session) => return self.released(session as usize, wc),
+            RpcId::ReleaseRecv => return self.released(wc),
             _ => return, // a release message sent: nothing was held for it
         };
         let current = self.gens.get(slot) == Some(&gen);
@@ -271,12 +310,20 @@ impl<P: Provider> Bulk<P> {
         }
     }
 
-    /// Server: a release message arrived on session `i`'s connection (`i` in the id): the
-    /// client read the response of the slot and request its immediate names, which is
-    /// freed. The receive is posted again.
-    fn released(&mut self, i: usize, wc: &WorkCompletion) {
-        if wc.status != WcStatus::Success || i >= self.links.len() {
-            return; // flushed: the link was reset
+    /// Server: a release message arrived on a session's connection (the queue pair the
+    /// completion names): the client read the response of the slot and request its
+    /// immediate names, which is freed. A receive is posted again to the shared queue.
+    fn released(&mut self, wc: &WorkCompletion) {
+        post_release_recvs(&self.releases, 1);
+        let at = self
+            .by_qpn
+            .binary_search_by_key(&wc.qp_num, |&(qpn, _)| qpn);
+        let Ok(at) = at else {
+            return;
+        };
+        let i = self.by_qpn[at].1 as usize;
+        if wc.status != WcStatus::Success {
+            return;
         }
         if let Some(imm) = wc.imm {
             let w = (imm >> 24) as usize;
@@ -287,21 +334,6 @@ impl<P: Provider> Bulk<P> {
             {
                 self.ops[slot] = Op::Free;
             }
-        }
-        self.post_release_recvs(i, 1);
-    }
-
-    /// Server: posts `n` receives (no bytes) for release messages on session `i`'s link.
-    pub(super) fn post_release_recvs(&self, i: usize, n: usize) {
-        let Some(Link::Up(qp)) = self.links.get(i) else {
-            return;
-        };
-        let wr = RecvWr::<1>::new(RpcId::ReleaseRecv(i as u32).encode());
-        for _ in 0..n {
-            // SAFETY: the receives name no memory. A failure (the queue pair in error,
-            // or full after a stale completion) leaves fewer receives: a release message
-            // then waits (RNR) or is lost, and the slot's next request frees the response.
-            let _ = unsafe { qp.post_recv(&[wr]) };
         }
     }
 
@@ -507,6 +539,17 @@ impl<P: Provider> Bulk<P> {
     }
 }
 
+/// Posts `n` receives (no bytes) for release messages to the shared queue.
+fn post_release_recvs<P: Provider>(releases: &SharedReceiveQueue<P>, n: usize) {
+    let wr = RecvWr::<1>::new(RpcId::ReleaseRecv.encode());
+    for _ in 0..n {
+        // SAFETY: the receives name no memory. A failure (the queue full) leaves fewer
+        // receives: a release message then waits on RNR for the next, and the slot's next
+        // request frees the response anyway.
+        let _ = unsafe { releases.post_recv(&[wr]) };
+    }
+}
+
 /// A small internal answer, built on the stack.
 struct Reply {
     buf: [u8; 2 + ENDPOINT_LEN],
@@ -534,7 +577,7 @@ fn access() -> InitOptions {
 }
 
 /// A queue pair back to RESET, or lost if even that fails.
-fn idle<P: Provider, St: State>(qp: QueuePair<P, St>) -> Link<P> {
+fn idle<P: Provider, St: State>(qp: QueuePair<P, St, RcOnSrq>) -> Link<P> {
     match qp.reset() {
         Ok(qp) => Link::Idle(qp),
         Err(_) => Link::Lost,
@@ -542,7 +585,7 @@ fn idle<P: Provider, St: State>(qp: QueuePair<P, St>) -> Link<P> {
 }
 
 /// A queue pair in INIT connected to `ep` (RTR, then RTS), or back to RESET.
-fn up<P: Provider>(qp: QueuePair<P, Init>, ep: &Endpoint) -> Link<P> {
+fn up<P: Provider>(qp: QueuePair<P, Init, RcOnSrq>, ep: &Endpoint) -> Link<P> {
     match qp.into_rtr(ep, &RtrOptions::default()) {
         Err(e) => idle(e.qp),
         Ok(qp) => match qp.into_rts(&RtsOptions::default()) {

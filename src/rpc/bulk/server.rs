@@ -60,7 +60,6 @@ impl<P: Provider> Bulk<P> {
             return Some(Reply::status(NO_LINK));
         };
         let ep = qp.endpoint();
-        self.post_release_recvs(i, self.window);
         let mut r = Reply::status(OK);
         r.buf[2..2 + ENDPOINT_LEN].copy_from_slice(&ep.encode());
         r.len += ENDPOINT_LEN;

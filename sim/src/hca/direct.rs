@@ -390,8 +390,10 @@ fn path(t: &Tables, net: &Net, q: usize) -> Option<Path> {
         && peer.dev() == pdev
         && !peer.dead
         && peer.rq.is_shared()
-        // In RTR a request may raise COMM_EST, which the world's path does.
-        && peer.state == QpState::ReadyToSend;
+        // The first request to reach a queue pair in RTR raises COMM_EST, on the world's
+        // path; those after it may come this way.
+        && (peer.state == QpState::ReadyToSend
+            || (peer.state == QpState::ReadyToReceive && peer.resp.established));
     connected.then(|| Path {
         p,
         rtr,

@@ -389,14 +389,10 @@ fn replay_atomic(mrs: &Slab<MrObj>, qp: &QpObj, sges: &[Sge], old: u64) {
 }
 
 impl World {
-    /// A request arrives at responder `p`.
     /// A request arrives at queue pair `q`: the first while it is in RTR raises
     /// `COMM_EST` (communication established before the RTU, which a connection manager
     /// may wait for). The rxe personality raises none, as rxe of Linux 6.1.
     pub(crate) fn comm_est(&mut self, q: usize) {
-        if self.net.cfg.personality == Personality::Rxe {
-            return;
-        }
         let Some(qp) = self.tables.qps.get_mut(q) else {
             return;
         };
@@ -404,6 +400,9 @@ impl World {
             return;
         }
         qp.resp.established = true;
+        if self.net.cfg.personality == Personality::Rxe {
+            return;
+        }
         let ev = AsyncEvent {
             kind: AsyncEventKind::CommEst,
             element: EventElement::Qp(qp.qpn),
@@ -412,6 +411,7 @@ impl World {
         self.tables.async_events.raise(dev, ev);
     }
 
+    /// A request arrives at responder `p`.
     pub(crate) fn on_request(&mut self, p: usize, pkt: Packet) {
         self.comm_est(p);
         let Some(peer) = self.tables.qps.get(p) else {

@@ -170,9 +170,12 @@ impl World {
             n += 1;
         }
         if n > 0 {
-            let attached = self.tables.srqs.get(s).expect("live SRQ").attached.clone();
-            for qp in attached {
+            // By index: waking changes no SRQ, and a post must not allocate.
+            let attached = |w: &World, k: usize| w.tables.srqs.get(s)?.attached.get(k).copied();
+            let mut k = 0;
+            while let Some(qp) = attached(self, k) {
                 self.wake_parked(qp as usize);
+                k += 1;
             }
             q.woke_requesters();
         }

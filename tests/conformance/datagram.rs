@@ -418,20 +418,8 @@ pub fn cq_overflow_event<E: Env>(env: &E) -> Run<Outcome> {
         .collect();
     // SAFETY: no gather entries: the requests name no memory; `a` holds the handle.
     unsafe { qp.post_send(&wrs) }.map_err(|e| format!("post_send: {e}"))?;
-    let deadline = std::time::Instant::now() + env.timeout();
     let mut o = Outcome::default();
-    let event = loop {
-        let left = deadline.saturating_duration_since(std::time::Instant::now());
-        match a
-            .ctx
-            .wait_async_event(Some(left))
-            .map_err(err("async event"))?
-        {
-            Some(ev) if ev.kind == AsyncEventKind::CqErr => break Some(ev),
-            Some(_) => continue,
-            None => break None,
-        }
-    };
+    let event = wait_event(&a.ctx, AsyncEventKind::CqErr, env.timeout())?;
     match event {
         Some(ev) => o
             .item("event", "CQ_ERR")

@@ -118,20 +118,7 @@ pub fn port_down_event<E: Env>(env: &E) -> Run<Outcome> {
         .map_err(err("async event"))?
         .is_some()
     {}
-    let next = |want: AsyncEventKind| -> Run<Option<EventElement>> {
-        let deadline = Instant::now() + env.timeout();
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match ctx
-                .wait_async_event(Some(left))
-                .map_err(err("async event"))?
-            {
-                Some(ev) if ev.kind == want => return Ok(Some(ev.element)),
-                Some(_) => continue,
-                None => return Ok(None),
-            }
-        }
-    };
+    let next = |want| Ok::<_, String>(wait_event(&ctx, want, env.timeout())?.map(|e| e.element));
     let mut o = Outcome::default();
     env.set_link(false)?;
     let down = next(AsyncEventKind::PortErr);

@@ -238,6 +238,27 @@ pub fn two_devices<E: Env>(env: &E, depth: u32) -> Run<[Device<E::P>; 2]> {
     Ok([open(da)?, open(db)?])
 }
 
+/// The next asynchronous event of `kind` on `ctx` within `within` (others are skipped),
+/// or `None`.
+pub fn wait_event<P: Provider>(
+    ctx: &Context<P>,
+    kind: zverbs::AsyncEventKind,
+    within: Duration,
+) -> Run<Option<zverbs::AsyncEvent>> {
+    let deadline = Instant::now() + within;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match ctx
+            .wait_async_event(Some(left))
+            .map_err(err("async event"))?
+        {
+            Some(ev) if ev.kind == kind => return Ok(Some(ev)),
+            Some(_) => continue,
+            None => return Ok(None),
+        }
+    }
+}
+
 /// One device's context, protection domain and completion queue (dropped in this order:
 /// the queue, the domain, the context).
 pub struct Device<P: Provider> {

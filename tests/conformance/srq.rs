@@ -220,19 +220,8 @@ pub fn srq_last_wqe<E: Env>(env: &E) -> Run<Outcome> {
     h.post(&dst, 8, &[100, 101, 102])?;
     h.b[0].set_error().map_err(err("set_error"))?;
     // A device raises it at once or never (rxe of Linux 6.1: never).
-    let deadline = Instant::now() + env.timeout().min(Duration::from_secs(2));
-    let event = loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match h.ends[1]
-            .ctx
-            .wait_async_event(Some(left))
-            .map_err(err("async event"))?
-        {
-            Some(ev) if ev.kind == AsyncEventKind::QpLastWqeReached => break Some(ev),
-            Some(_) => continue,
-            None => break None,
-        }
-    };
+    let within = env.timeout().min(Duration::from_secs(2));
+    let event = wait_event(&h.ends[1].ctx, AsyncEventKind::QpLastWqeReached, within)?;
     let mut o = Outcome::default();
     match event {
         Some(ev) => o.item("event", "QP_LAST_WQE_REACHED").check(

@@ -11,7 +11,7 @@
 //! time its events are asked for; what happened before is not in it.
 
 use crate::fd_queue::FdQueue;
-use crate::types::{AsyncEvent, SimError};
+use crate::types::{AsyncEvent, AsyncEventKind, EventElement, SimError};
 
 /// One context's queue.
 #[derive(Debug)]
@@ -45,6 +45,16 @@ impl AsyncQueues {
         for q in self.queues.iter_mut().flatten().filter(|q| q.dev == dev) {
             q.events.push(ev);
         }
+    }
+
+    /// Queues event `kind` of queue pair `qpn` (of device `dev`) for every context of the
+    /// device.
+    pub(crate) fn raise_qp(&mut self, dev: usize, qpn: u32, kind: AsyncEventKind) {
+        let ev = AsyncEvent {
+            kind,
+            element: EventElement::Qp(qpn),
+        };
+        self.raise(dev, ev);
     }
 
     /// The oldest event of queue `q`.

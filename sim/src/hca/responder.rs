@@ -403,12 +403,9 @@ impl World {
         if self.net.cfg.personality == Personality::Rxe {
             return;
         }
-        let ev = AsyncEvent {
-            kind: AsyncEventKind::CommEst,
-            element: EventElement::Qp(qp.qpn),
-        };
-        let dev = qp.dev();
-        self.tables.async_events.raise(dev, ev);
+        let (dev, qpn) = (qp.dev(), qp.qpn);
+        let kind = AsyncEventKind::CommEst;
+        self.tables.async_events.raise_qp(dev, qpn, kind);
     }
 
     /// A request arrives at responder `p`.

@@ -236,12 +236,9 @@ impl World {
         let Some(qp) = self.tables.qps.get(q).filter(|qp| qp.rq.srq().is_some()) else {
             return;
         };
-        let ev = AsyncEvent {
-            kind: AsyncEventKind::QpLastWqeReached,
-            element: EventElement::Qp(qp.qpn),
-        };
-        let dev = qp.dev();
-        self.tables.async_events.raise(dev, ev);
+        let (dev, qpn) = (qp.dev(), qp.qpn);
+        let kind = AsyncEventKind::QpLastWqeReached;
+        self.tables.async_events.raise_qp(dev, qpn, kind);
     }
 
     /// Device `dev` crashed: its SRQs take posts through the world only (which refuses

@@ -191,6 +191,28 @@ mod pp {
         }
     }
 
+    /// The client's connection, within a few [`STEP`]s (nobody coming is an error, not a
+    /// hang).
+    fn accept(l: &TcpListener) -> Result<TcpStream, String> {
+        l.set_nonblocking(true).map_err(|e| e.to_string())?;
+        let deadline = Instant::now() + 3 * STEP;
+        loop {
+            match l.accept() {
+                Ok((s, _)) => {
+                    s.set_nonblocking(false).map_err(|e| e.to_string())?;
+                    return Ok(s);
+                }
+                Err(e) if e.kind() != std::io::ErrorKind::WouldBlock => {
+                    return Err(format!("accept: {e}"))
+                }
+                Err(_) if Instant::now() >= deadline => {
+                    return Err(format!("no client within {:?}", 3 * STEP))
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(10)),
+            }
+        }
+    }
+
     pub fn run<P: Provider>(
         provider: &P,
         device: &str,
@@ -227,8 +249,9 @@ mod pp {
         let client = matches!(role, Role::Client(_));
         let mut group = match role {
             Role::Server(l) => {
-                let (mut s, _) = l.accept().map_err(|e| format!("accept: {e}"))?;
+                let mut s = accept(&l)?;
                 s.set_read_timeout(Some(STEP)).map_err(|e| e.to_string())?;
+                s.set_write_timeout(Some(STEP)).map_err(|e| e.to_string())?;
                 let theirs = read_all(&mut s, qps)?;
                 let group = group.connect(&theirs, &rtr, &rts).map_err(e("connect"))?;
                 write_all(&mut s, &ours)?;
@@ -240,6 +263,7 @@ mod pp {
             Role::Client(to) => {
                 let mut s = dial(to)?;
                 s.set_read_timeout(Some(STEP)).map_err(|e| e.to_string())?;
+                s.set_write_timeout(Some(STEP)).map_err(|e| e.to_string())?;
                 write_all(&mut s, &ours)?;
                 let theirs = read_all(&mut s, qps)?;
                 s.write_all(b"done\0")

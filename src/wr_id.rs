@@ -46,7 +46,22 @@ impl WrId {
     pub const fn seq(self) -> u64 {
         self.0 & SEQ_MASK
     }
+    /// The `wr_id` of a receive buffer posted on a shared receive queue: the inbox index no
+    /// channel gets ([`SHARED_RECV_INBOX`]) and the buffer's number (cut to its low
+    /// [`SEQ_BITS`]) as the sequence. The dispatcher routes its completion by the queue
+    /// pair that consumed it ([`Dispatcher::bind_qp`](crate::dispatch::Dispatcher::bind_qp)).
+    pub const fn shared_recv(buffer: u64) -> WrId {
+        WrId::new(SHARED_RECV_INBOX, 0, buffer)
+    }
+    /// Whether this names a receive buffer of a shared receive queue.
+    pub const fn is_shared_recv(self) -> bool {
+        self.inbox() == SHARED_RECV_INBOX
+    }
 }
+
+/// The inbox index a [`Dispatcher`](crate::dispatch::Dispatcher) never attaches: a
+/// [`WrId`] with it is a [shared receive](WrId::shared_recv).
+pub const SHARED_RECV_INBOX: u16 = u16::MAX;
 
 impl fmt::Debug for WrId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

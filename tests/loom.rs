@@ -181,6 +181,72 @@ fn a_biased_poller_and_a_revoking_thread_never_route_at_once() {
     });
 }
 
+/// Receive completions of a shared receive queue, routed by queue pair among three
+/// threads: each thread binds its inbox to its queue pair (the binds race each other and
+/// the routing), then its queue pair's two messages arrive — consuming buffers in the
+/// shared queue's order, interleaved with the other queue pairs' — and it polls as a
+/// channel does (`poll_for`: its own completions straight from the queue, the others'
+/// routed to their inboxes) until it has both. Asserted: each thread gets exactly its own
+/// queue pair's two receives, in arrival order, with the `wr_id` naming the buffer each
+/// consumed; none is stale or left behind. Three threads in yield loops, each taking two
+/// locks per message: the whole space at preemption bound 1 is about 1.4 million
+/// executions (~140 s), so the first 100,000 at bound 1 and 20,000 at bound 2 (~12 s).
+#[test]
+fn shared_receives_routed_by_queue_pair_among_three_threads() {
+    explore(&[(1, Some(100_000)), (2, Some(20_000))], || {
+        let d = Arc::new(Dispatcher::new(3, 2).with_qp_routes());
+        let cq = Arc::new(FakeCq::new(1));
+        // Buffers are consumed in post order: the next free one goes to whichever
+        // message arrives next.
+        let next_buffer = Arc::new(Mutex::new(0u64));
+        let handles: Vec<_> = (0..3u32)
+            .map(|t| {
+                let (d, cq, next_buffer) = (d.clone(), cq.clone(), next_buffer.clone());
+                thread::spawn(move || {
+                    let qp_num = 0x10 + t;
+                    let mut inbox = d.attach(2).unwrap();
+                    d.bind_qp(&mut inbox, qp_num).unwrap();
+                    let mut consumed = Vec::new();
+                    for k in 0..2 {
+                        let mut q = cq.queue.lock().unwrap();
+                        let mut b = next_buffer.lock().unwrap();
+                        q.push(WorkCompletion {
+                            wr_id: WrId::shared_recv(*b).0,
+                            qp_num,
+                            byte_len: 100 * t + k,
+                            ..WorkCompletion::EMPTY
+                        });
+                        consumed.push(*b);
+                        *b += 1;
+                    }
+                    let mut got = Vec::new();
+                    let mut out = [WorkCompletion::EMPTY; 2];
+                    while got.len() < 2 {
+                        let n = d.poll_for(&*cq, &mut inbox, &mut out).unwrap();
+                        got.extend(out[..n].iter().map(|wc| {
+                            assert_eq!(wc.qp_num, qp_num, "another queue pair's receive");
+                            (WrId(wc.wr_id).seq(), wc.byte_len)
+                        }));
+                        if n == 0 {
+                            thread::yield_now();
+                        }
+                    }
+                    let want: Vec<_> = consumed.iter().zip([100 * t, 100 * t + 1]).collect();
+                    let got: Vec<_> = got.iter().map(|(b, l)| (b, *l)).collect();
+                    assert_eq!(got, want, "thread {t}: its receives, in order");
+                    d.detach(inbox);
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
+        assert_eq!(d.stale_completions(), 0);
+        assert_eq!(d.overflowed_completions(), 0);
+        assert!(cq.is_empty(), "nothing left undelivered");
+    });
+}
+
 /// As [`poll_until_own`], until `n` completions came; their byte lengths, in order.
 fn poll_until(d: &Dispatcher, cq: &FakeCq, inbox: &mut Inbox, n: usize) -> Vec<u32> {
     let mut got = Vec::new();

@@ -18,6 +18,14 @@
 //! differs), is counted as stale and dropped: a queue pair destroyed with completions still
 //! in the shared queue cannot reach the channel that reuses its inbox.
 //!
+//! Shared receive queues: a receive posted on one names a buffer
+//! ([`WrId::shared_recv`](crate::wr_id::WrId::shared_recv)), not a channel, and is consumed
+//! by whichever queue pair's message comes first. A dispatcher made
+//! [`with_qp_routes`](Dispatcher::with_qp_routes) routes such a completion by its `qp_num`
+//! to the inbox that queue pair is bound to ([`Dispatcher::bind_qp`]); the `wr_id` still
+//! names the buffer. The table is read and written only with the poll right held, so it
+//! needs no lock either (`by_qp.rs`).
+//!
 //! Sleeping: channels with [`WaitPolicy::SpinSleep`](crate::WaitPolicy) on one shared
 //! queue sleep by a leader/follower scheme (one sleeps on the completion channel, the
 //! others park until a completion is routed to them); see `sleep.rs` for why no wake-up
@@ -63,6 +71,7 @@
 //! assert_eq!(d.take(&mut b, &mut out), 1);
 //! ```
 
+mod by_qp;
 mod mailbox;
 mod right;
 #[cfg(feature = "std")]
@@ -78,7 +87,7 @@ use crate::cq::CompletionQueue;
 use crate::provider::Provider;
 use crate::sync::{AtomicU64, Ordering};
 use crate::types::WorkCompletion;
-use crate::wr_id::{WrId, SEQ_MASK};
+use crate::wr_id::{WrId, SEQ_MASK, SHARED_RECV_INBOX};
 
 /// Anything that yields completions: a completion queue, or a fake in tests.
 pub trait CompletionSource {
@@ -121,6 +130,17 @@ impl fmt::Display for AttachError {
     }
 }
 
+/// Why [`Dispatcher::bind_qp`] refused: the dispatcher was made without
+/// [`with_qp_routes`](Dispatcher::with_qp_routes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NoQpRoutes;
+
+impl fmt::Display for NoQpRoutes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("the dispatcher routes no completions by queue pair")
+    }
+}
+
 /// One channel's right to its inbox: the `wr_id`s it posts with and the completions routed
 /// to it. Not `Clone`: exactly one consumer per inbox. Give it back with
 /// [`Dispatcher::detach`].
@@ -132,6 +152,9 @@ pub struct Inbox {
     /// Attached while a reactor task led the queue (`zverbs::tokio::AsyncQueue`): the
     /// reactor runs until the inbox is detached.
     joined: bool,
+    /// The queue pair on a shared receive queue whose receive completions come here
+    /// ([`Dispatcher::bind_qp`]).
+    qp_num: Option<u32>,
 }
 
 impl Inbox {
@@ -150,6 +173,10 @@ impl Inbox {
     pub fn index(&self) -> u16 {
         self.index
     }
+    /// The queue pair whose shared receives are routed here, if one is bound.
+    pub fn bound_qp(&self) -> Option<u32> {
+        self.qp_num
+    }
     /// Whether a reactor task leads the queue and runs until the inbox is detached.
     #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
     pub(crate) fn reactor_led(&self) -> bool {
@@ -167,6 +194,7 @@ pub struct Dispatcher {
     boxes: mailbox::Boxes,
     capacity: usize,
     right: right::PollRight,
+    by_qp: by_qp::ByQp,
     stale: AtomicU64,
     overflow: AtomicU64,
     sleepers: sleep::Sleepers,
@@ -176,18 +204,84 @@ pub struct Dispatcher {
 const BATCH: usize = 16;
 
 impl Dispatcher {
-    /// `inboxes` inboxes (at most 65,536) of `capacity` completions each. Allocates once,
-    /// here.
+    /// `inboxes` inboxes (at most 65,535: the last index is
+    /// [`SHARED_RECV_INBOX`](crate::wr_id::SHARED_RECV_INBOX)) of `capacity` completions
+    /// each. Allocates once, here.
     pub fn new(inboxes: usize, capacity: usize) -> Self {
-        let inboxes = inboxes.min(1 << 16);
+        let inboxes = inboxes.min(SHARED_RECV_INBOX as usize);
         Dispatcher {
             boxes: mailbox::boxes(inboxes, capacity),
             capacity,
             right: right::PollRight::new(),
+            by_qp: by_qp::ByQp::none(),
             stale: AtomicU64::new(0),
             overflow: AtomicU64::new(0),
             sleepers: sleep::Sleepers::new(inboxes),
         }
+    }
+
+    /// The same dispatcher, also routing the receive completions of queue pairs on a shared
+    /// receive queue by their `qp_num` ([`bind_qp`](Self::bind_qp)): a table of two slots
+    /// per inbox (16 bytes per inbox), allocated here.
+    ///
+    /// ```
+    /// use zverbs::dispatch::{CompletionSource, Dispatcher};
+    /// use zverbs::wr_id::WrId;
+    /// use zverbs::WorkCompletion;
+    ///
+    /// struct Fake(std::cell::RefCell<Vec<WorkCompletion>>);
+    /// impl CompletionSource for Fake {
+    ///     type Error = ();
+    ///     fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize, ()> {
+    ///         let mut q = self.0.borrow_mut();
+    ///         let n = q.len().min(out.len());
+    ///         out[..n].copy_from_slice(&q[..n]);
+    ///         q.drain(..n);
+    ///         Ok(n)
+    ///     }
+    /// }
+    ///
+    /// let d = Dispatcher::new(2, 4).with_qp_routes();
+    /// let (mut a, mut b) = (d.attach(4).unwrap(), d.attach(4).unwrap());
+    /// // Queue pairs 0x11 and 0x22 share a receive queue; bound before they can receive.
+    /// d.bind_qp(&mut a, 0x11).unwrap();
+    /// d.bind_qp(&mut b, 0x22).unwrap();
+    /// // Buffer 7 was consumed by 0x22's message, buffer 3 by 0x11's.
+    /// let recv = |buffer, qp_num| WorkCompletion {
+    ///     wr_id: WrId::shared_recv(buffer).0,
+    ///     qp_num,
+    ///     ..WorkCompletion::EMPTY
+    /// };
+    /// let cq = Fake(vec![recv(7, 0x22), recv(3, 0x11)].into());
+    /// assert_eq!(d.poll(&cq), Ok(2));
+    /// let mut out = [WorkCompletion::EMPTY; 4];
+    /// assert_eq!(d.take(&mut b, &mut out), 1);
+    /// assert_eq!(WrId(out[0].wr_id).seq(), 7); // the wr_id still names the buffer
+    /// assert_eq!(d.take(&mut a, &mut out), 1);
+    /// assert_eq!(WrId(out[0].wr_id).seq(), 3);
+    /// ```
+    pub fn with_qp_routes(mut self) -> Self {
+        self.by_qp = by_qp::ByQp::for_inboxes(self.boxes.len());
+        self
+    }
+
+    /// Routes the receive completions of queue pair `qp_num`, posted on a shared receive
+    /// queue with [`WrId::shared_recv`] ids, to `inbox` (replacing an earlier binding of
+    /// the inbox). Bind before the queue pair can receive (before RTR): a completion of a
+    /// queue pair bound to no inbox is counted stale. [`detach`](Self::detach) unbinds it.
+    /// Waits for the poll right, as `detach` does.
+    pub fn bind_qp(&self, inbox: &mut Inbox, qp_num: u32) -> Result<(), NoQpRoutes> {
+        if !self.by_qp.is_enabled() {
+            return Err(NoQpRoutes);
+        }
+        self.with_poll_right(|| {
+            if let Some(old) = inbox.qp_num {
+                self.by_qp.unbind(old);
+            }
+            self.by_qp.bind(qp_num, inbox.index, inbox.generation);
+        });
+        inbox.qp_num = Some(qp_num);
+        Ok(())
     }
 
     /// How many inboxes there are.
@@ -209,17 +303,23 @@ impl Dispatcher {
                     index: i as u16,
                     generation,
                     joined: self.sleepers.join_reactor(),
+                    qp_num: None,
                 });
             }
         }
         Err(AttachError::NoFreeInbox)
     }
 
-    /// Gives an inbox back. Completions still routed to it are dropped (counted as stale),
-    /// now and later. Waits for the poll right (held for one batch at a time), so no
-    /// routing to the inbox is under way when it is emptied.
+    /// Gives an inbox back, and unbinds its queue pair. Completions still routed to it are
+    /// dropped (counted as stale), now and later. Waits for the poll right (held for one
+    /// batch at a time), so no routing to the inbox is under way when it is emptied.
     pub fn detach(&self, inbox: Inbox) {
-        let dropped = self.with_poll_right(|| self.boxes[inbox.index as usize].detach());
+        let dropped = self.with_poll_right(|| {
+            if let Some(qp_num) = inbox.qp_num {
+                self.by_qp.unbind(qp_num);
+            }
+            self.boxes[inbox.index as usize].detach()
+        });
         self.stale.fetch_add(dropped as u64, Ordering::Relaxed);
         if inbox.joined {
             self.sleepers.leave_reactor();
@@ -262,23 +362,28 @@ impl Dispatcher {
         if b.has_mail() {
             Ok(b.pop(out))
         } else {
-            self.poll_mine(cq, inbox.tag(), out)
+            self.poll_mine(cq, inbox, out)
         }
     }
 
-    /// Polls `cq` into `out` (poll right held), keeps the completions tagged `tag` there,
-    /// in order at the front, and routes the others; returns how many it kept.
+    /// Polls `cq` into `out` (poll right held), keeps `inbox`'s completions there (tagged
+    /// with its tag, or shared receives of its bound queue pair), in order at the front,
+    /// and routes the others; returns how many it kept.
     #[inline(always)]
     fn poll_mine<C: CompletionSource + ?Sized>(
         &self,
         cq: &C,
-        tag: u64,
+        inbox: &Inbox,
         out: &mut [WorkCompletion],
     ) -> Result<usize, C::Error> {
         let polled = cq.poll(out)?;
+        let tag = inbox.tag();
         let mut mine = 0;
         for i in 0..polled {
-            if out[i].wr_id & !SEQ_MASK == tag {
+            let wc = &out[i];
+            if wc.wr_id & !SEQ_MASK == tag
+                || (Some(wc.qp_num) == inbox.qp_num && WrId(wc.wr_id).is_shared_recv())
+            {
                 if mine != i {
                     out[mine] = out[i];
                 }
@@ -358,16 +463,26 @@ impl Dispatcher {
 
     fn route(&self, wc: &WorkCompletion) {
         let id = WrId(wc.wr_id);
-        let Some(b) = self.boxes.get(id.inbox() as usize) else {
+        let (index, generation) = match id.is_shared_recv() {
+            false => (id.inbox(), id.generation()),
+            true => match self.by_qp.find(wc.qp_num) {
+                Some(to) => to,
+                None => {
+                    self.stale.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+            },
+        };
+        let Some(b) = self.boxes.get(index as usize) else {
             self.stale.fetch_add(1, Ordering::Relaxed);
             return;
         };
-        if !b.is_attached_as(id.generation()) {
+        if !b.is_attached_as(generation) {
             self.stale.fetch_add(1, Ordering::Relaxed);
             return;
         }
         if b.push(wc) {
-            self.sleepers.routed(id.inbox() as usize);
+            self.sleepers.routed(index as usize);
         } else {
             self.overflow.fetch_add(1, Ordering::Relaxed);
         }

@@ -235,3 +235,65 @@ fn the_poll_right_biases_to_a_thread_that_polls_alone_and_another_thread_revokes
     d.detach(a);
     d.detach(b);
 }
+
+fn shared_recv(buffer: u64, qp_num: u32, byte_len: u32) -> WorkCompletion {
+    WorkCompletion {
+        qp_num,
+        ..wc(WrId::shared_recv(buffer).0, byte_len)
+    }
+}
+
+/// A channel polling for itself keeps its shared receives among its own completions, in
+/// queue order, and routes the other queue pair's to its inbox.
+#[test]
+fn shared_receives_follow_their_queue_pair_in_queue_order() {
+    let d = Dispatcher::new(2, 8).with_qp_routes();
+    let cq = Fake::new();
+    let (mut a, mut b) = (d.attach(8).unwrap(), d.attach(8).unwrap());
+    d.bind_qp(&mut a, 0x100).unwrap();
+    d.bind_qp(&mut b, 0x200).unwrap();
+    assert_eq!((a.bound_qp(), b.bound_qp()), (Some(0x100), Some(0x200)));
+    cq.push(a.wr_id(0), 1);
+    cq.0.lock().unwrap().push(shared_recv(9, 0x200, 2));
+    cq.0.lock().unwrap().push(shared_recv(4, 0x100, 3));
+    cq.push(a.wr_id(1), 4);
+    let mut out = [WorkCompletion::EMPTY; 8];
+    assert_eq!(d.poll_for(&cq, &mut a, &mut out), Ok(3));
+    let lens: Vec<u32> = out[..3].iter().map(|w| w.byte_len).collect();
+    assert_eq!(lens, [1, 3, 4]);
+    assert_eq!(WrId(out[1].wr_id).seq(), 4, "the wr_id names the buffer");
+    assert_eq!(d.take(&mut b, &mut out), 1);
+    assert_eq!((out[0].byte_len, WrId(out[0].wr_id).seq()), (2, 9));
+    assert_eq!(d.stale_completions(), 0);
+}
+
+/// A queue pair bound to no inbox (never, or no longer: its inbox was detached, or bound
+/// to another queue pair since) has its shared receives counted stale, never delivered to
+/// whoever holds the inbox now.
+#[test]
+fn shared_receives_of_an_unbound_queue_pair_are_stale() {
+    let d = Dispatcher::new(1, 4).with_qp_routes();
+    let cq = Fake::new();
+    let mut a = d.attach(4).unwrap();
+    d.bind_qp(&mut a, 7).unwrap();
+    d.bind_qp(&mut a, 8).unwrap(); // rebound: 7 is no longer routed
+    cq.0.lock().unwrap().push(shared_recv(0, 7, 1));
+    cq.0.lock().unwrap().push(shared_recv(1, 99, 1));
+    assert_eq!(d.poll(&cq), Ok(2));
+    assert_eq!(d.stale_completions(), 2);
+    d.detach(a);
+    let mut again = d.attach(4).unwrap();
+    cq.0.lock().unwrap().push(shared_recv(2, 8, 1));
+    assert_eq!(d.poll(&cq), Ok(1));
+    let mut out = [WorkCompletion::EMPTY; 4];
+    assert_eq!(
+        d.take(&mut again, &mut out),
+        0,
+        "the old binding went with the detach"
+    );
+    assert_eq!(d.stale_completions(), 3);
+    assert_eq!(
+        Dispatcher::new(1, 4).bind_qp(&mut again, 1),
+        Err(NoQpRoutes)
+    );
+}

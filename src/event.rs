@@ -110,9 +110,11 @@ impl<P: Provider> CompletionChannel<P> {
         Ok(key.map(|key| CqEvent { key }))
     }
 
-    /// Sleeps until the descriptor is readable (an event is pending) or `timeout` passes
-    /// (`None`: no bound); returns whether it is readable. `Some(Duration::ZERO)` only
-    /// looks. Interrupted sleeps resume for the time left.
+    /// Sleeps until the descriptor is readable (an event is pending), the device has an
+    /// asynchronous event (verbs: so a dead device wakes the sleepers on its queues, whose
+    /// next poll fails with its fatal error), or `timeout` passes (`None`: no bound);
+    /// returns whether either is readable. `Some(Duration::ZERO)` only looks. Interrupted
+    /// sleeps resume for the time left.
     ///
     /// Sleep only after arming and polling again (see the [module docs](self)).
     ///
@@ -120,7 +122,8 @@ impl<P: Provider> CompletionChannel<P> {
     /// The error of `poll(2)`, other than `EINTR`.
     #[cfg(all(feature = "std", unix))]
     pub fn wait_readable(&self, timeout: Option<std::time::Duration>) -> std::io::Result<bool> {
-        wait_fd(P::comp_channel_fd(&self.raw), timeout)
+        let device = P::comp_channel_device_fd(&self.raw);
+        wait_fds(P::comp_channel_fd(&self.raw), device, timeout)
     }
 
     /// The backend's handle.
@@ -152,6 +155,16 @@ pub(crate) fn wait_fd(
     fd: std::os::fd::RawFd,
     timeout: Option<std::time::Duration>,
 ) -> std::io::Result<bool> {
+    wait_fds(fd, None, timeout)
+}
+
+/// As [`wait_fd`], on `fd` and `also` (if any): readable when either is.
+#[cfg(all(feature = "std", unix))]
+fn wait_fds(
+    fd: std::os::fd::RawFd,
+    also: Option<std::os::fd::RawFd>,
+    timeout: Option<std::time::Duration>,
+) -> std::io::Result<bool> {
     use std::time::Instant;
     let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
     loop {
@@ -165,16 +178,18 @@ pub(crate) fn wait_fd(
                 i32::try_from(ms).unwrap_or(i32::MAX)
             }
         };
-        let mut pfd = libc::pollfd {
+        let pfd = |fd| libc::pollfd {
             fd,
             events: libc::POLLIN,
             revents: 0,
         };
-        // SAFETY: `pfd` is one valid `pollfd` for the duration of the call; `poll` only
-        // writes its `revents`.
-        let n = unsafe { libc::poll(&mut pfd, 1, ms) };
+        let mut pfds = [pfd(fd), pfd(also.unwrap_or(-1))];
+        let nfds = 1 + also.is_some() as libc::nfds_t;
+        // SAFETY: `pfds` holds `nfds` valid `pollfd`s for the duration of the call; `poll`
+        // only writes their `revents`.
+        let n = unsafe { libc::poll(pfds.as_mut_ptr(), nfds, ms) };
         if n > 0 {
-            return Ok(pfd.revents != 0);
+            return Ok(true);
         }
         if n == 0 {
             if deadline.is_some_and(|d| Instant::now() < d) {

@@ -148,6 +148,15 @@ pub trait Provider: Sized {
     /// The channel's file descriptor: readable while an event is pending.
     #[cfg(all(feature = "std", unix))]
     fn comp_channel_fd(ch: &Self::CompChannel) -> std::os::fd::RawFd;
+    /// A second descriptor a thread asleep on `ch` watches, readable while the device has
+    /// asynchronous events, so that a dead device wakes the waits asleep on its queues
+    /// (verbs: the context's event descriptor). `None` where the backend wakes them itself
+    /// (the simulator's crash fails and wakes its queues).
+    #[cfg(all(feature = "std", unix))]
+    fn comp_channel_device_fd(ch: &Self::CompChannel) -> Option<std::os::fd::RawFd> {
+        let _ = ch;
+        None
+    }
     /// The key the events of `cq` carry (verbs: its `cq_context`). No two queues of one
     /// provider share a key.
     fn cq_key(cq: &Self::Cq) -> u64;

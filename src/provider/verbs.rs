@@ -112,6 +112,8 @@ impl Verbs {
 struct ContextInner {
     ctx: NonNull<ffi::ibv_context>,
     name: String,
+    /// Its asynchronous events, and whether the device is dead.
+    events: async_event::Events,
 }
 
 impl Drop for ContextInner {
@@ -177,7 +179,7 @@ struct CqInner {
     req_notify: event::ReqNotifyFn,
     /// Its `cq_context`, which its events carry.
     key: u64,
-    _ctx: Arc<ContextInner>,
+    ctx: Arc<ContextInner>,
     /// Destroyed after the CQ (fields drop after `drop`).
     _channel: Option<Arc<event::ChannelInner>>,
 }
@@ -249,9 +251,11 @@ impl Drop for Ah {
 // its providers serialise access to each object with their own locks, and the handles
 // are immutable after creation. Each line below names what its object's users do.
 //
-// SAFETY: the context is only passed to verbs calls (open/query/alloc/create), thread-safe.
+// SAFETY: the context is only passed to verbs calls (open/query/alloc/create), thread-safe,
+// and to `ibv_get_async_event` with its events' queue locked; the rest is `Send` itself.
 unsafe impl Send for ContextInner {}
-// SAFETY: shared use only passes the context pointer to thread-safe verbs calls.
+// SAFETY: shared use only passes the context pointer to thread-safe verbs calls (the
+// events' reads serialised by their lock).
 unsafe impl Sync for ContextInner {}
 // SAFETY: the PD is only passed to `ibv_reg_mr`/`ibv_create_qp`/`ibv_create_ah`, thread-safe.
 unsafe impl Send for PdInner {}
@@ -323,12 +327,22 @@ impl Provider for Verbs {
         })?;
         match opened {
             Some(ctx) => {
-                let ctx = Context(Arc::new(ContextInner {
-                    ctx: ctx?,
-                    name: name.to_owned(),
-                }));
-                event::nonblocking(async_event::fd(&ctx))?;
-                Ok(ctx)
+                let ctx = ctx?;
+                // SAFETY: an open context; `async_fd` is a plain field set by the library
+                // and fixed.
+                let events = async_event::Events::new(unsafe { (*ctx.as_ptr()).async_fd });
+                match events {
+                    Ok(events) => Ok(Context(Arc::new(ContextInner {
+                        ctx,
+                        name: name.to_owned(),
+                        events,
+                    }))),
+                    Err(e) => {
+                        // SAFETY: opened above and owned by nothing else yet.
+                        unsafe { ffi::ibv_close_device(ctx.as_ptr()) };
+                        Err(e)
+                    }
+                }
             }
             None => Err(VerbsError::NoSuchDevice {
                 name: name.to_owned(),
@@ -457,7 +471,7 @@ impl Provider for Verbs {
             poll,
             req_notify,
             key,
-            _ctx: ctx.0.clone(),
+            ctx: ctx.0.clone(),
             _channel: channel.map(|c| c.0.clone()),
         })))
     }
@@ -468,6 +482,10 @@ impl Provider for Verbs {
 
     fn comp_channel_fd(ch: &CompChannel) -> std::os::fd::RawFd {
         event::fd(ch)
+    }
+
+    fn comp_channel_device_fd(ch: &CompChannel) -> Option<std::os::fd::RawFd> {
+        Some(ch.0.ctx.events.fd())
     }
 
     fn cq_key(cq: &Cq) -> u64 {
@@ -516,6 +534,11 @@ impl Provider for Verbs {
             if n < want {
                 break;
             }
+        }
+        // A dead device's queues just stay empty: an empty poll asks its events (at most
+        // once a millisecond) so a wait ends at the death, not at its timeout.
+        if done == 0 && !out.is_empty() && async_event::device_dead(&cq.0.ctx) {
+            return Err(VerbsError::DeviceFatal);
         }
         Ok(done)
     }

@@ -86,6 +86,9 @@ pub enum VerbsError {
         /// The port searched.
         port: u8,
     },
+    /// The device reported `IBV_EVENT_DEVICE_FATAL`: every later empty poll of its
+    /// completion queues fails so.
+    DeviceFatal,
 }
 
 impl VerbsError {
@@ -157,6 +160,7 @@ impl ProviderError for VerbsError {
             VerbsError::NoSuchDevice { .. } | VerbsError::NoGid { .. } => ErrorKind::NotFound,
             VerbsError::Invalid(_) => ErrorKind::InvalidArgument,
             VerbsError::Unsupported(_) => ErrorKind::Unsupported,
+            VerbsError::DeviceFatal => ErrorKind::DeviceFatal,
         }
     }
 }
@@ -183,6 +187,7 @@ impl fmt::Display for VerbsError {
                 write!(f, "the device's verbs provider does not implement {op}")
             }
             VerbsError::NoGid { port } => write!(f, "port {port} has no usable GID"),
+            VerbsError::DeviceFatal => f.write_str("the device is dead (IBV_EVENT_DEVICE_FATAL)"),
         }
     }
 }

@@ -21,7 +21,7 @@ pub(super) type ReqNotifyFn = unsafe extern "C" fn(*mut ffi::ibv_cq, i32) -> i32
 pub(super) struct ChannelInner {
     pub(super) ch: NonNull<ffi::ibv_comp_channel>,
     fd: RawFd,
-    _ctx: Arc<ContextInner>,
+    pub(super) ctx: Arc<ContextInner>,
 }
 
 impl Drop for ChannelInner {
@@ -60,7 +60,7 @@ pub(super) fn create(ctx: &Arc<ContextInner>) -> Result<CompChannel, VerbsError>
     let inner = ChannelInner {
         ch,
         fd,
-        _ctx: ctx.clone(),
+        ctx: ctx.clone(),
     };
     nonblocking(fd)?;
     Ok(CompChannel(Arc::new(inner)))

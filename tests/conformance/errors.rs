@@ -252,8 +252,84 @@ pub fn rnr_retry_exceeded<E: Env>(env: &E) -> Run<Outcome> {
 }
 
 /// What the verbs specification requires of each error scenario.
+/// What the responder's owner learns of an error no receive of B's can carry (IBA
+/// C9-222.1.1: an RDMA write without immediate data, a read, an atomic): an affiliated
+/// asynchronous error naming B's queue pair. `access`: a write past B's region
+/// (`QP_ACCESS_ERR`); `request`: a write to a queue pair that accepts none
+/// (`QP_REQ_ERR`); `write_imm`: a write with immediate data past the region, which B's
+/// receive reports instead (no event).
+pub fn responder_error_events<E: Env>(env: &E) -> Run<Outcome> {
+    let no_write = PairOptions {
+        b_access: AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ,
+        ..PairOptions::default()
+    };
+    let past_end = |r: RemoteOf| write_to(r.addr + 48, r.rkey);
+    let imm_past_end = |r: RemoteOf| SendOp::WriteWithImm {
+        remote_addr: r.addr + 48,
+        rkey: r.rkey,
+        imm: 7,
+    };
+    let mut o = Outcome::default();
+    o.item(
+        "access",
+        affiliated(env, &PairOptions::default(), past_end, false)?,
+    )
+    .item("request", affiliated(env, &no_write, past_end, false)?)
+    .item(
+        "write_imm",
+        affiliated(env, &PairOptions::default(), imm_past_end, true)?,
+    );
+    Ok(o)
+}
+
+/// The first asynchronous event B's context gets within [`LATE`] of A's failed request
+/// `op` (32 bytes at B's 64-byte region), as `KIND(b)` when it names B's queue pair.
+fn affiliated<E: Env>(
+    env: &E,
+    o: &PairOptions,
+    op: impl Fn(RemoteOf) -> SendOp,
+    b_recv: bool,
+) -> Run<String> {
+    const LATE: Duration = Duration::from_millis(200);
+    let (a, b, local, remote) = one_sided(env, o, RW, 64, 64)?;
+    while b
+        .ctx
+        .next_async_event()
+        .map_err(err("async event"))?
+        .is_some()
+    {}
+    let r = remote.remote();
+    let wr = swr(
+        1,
+        op(RemoteOf {
+            addr: r.addr,
+            rkey: r.rkey,
+        }),
+        SIG,
+        &[sge(&local, 0, 32)],
+    );
+    // SAFETY: leaked regions, read only after completion.
+    unsafe {
+        if b_recv {
+            post_recv(&b, &[rwr(101, &[])])?;
+        }
+        post_send(&a, &[wr])?;
+    }
+    wait(env, &a.scq, 1)?;
+    let ev = b.ctx.wait_async_event(Some(LATE));
+    Ok(match ev.map_err(err("async event"))? {
+        None => "none".into(),
+        Some(ev) => {
+            let names_b = ev.element == zverbs::EventElement::Qp(b.qp.qp_num());
+            format!("{:?}{}", ev.kind, if names_b { "(b)" } else { "" })
+        }
+    })
+}
+
 pub mod expected {
     #![allow(non_upper_case_globals)]
+    pub const responder_error_events: &str =
+        "access=QpAccessErr(b); request=QpReqErr(b); write_imm=none";
     pub const loc_prot_bad_lkey: &str =
         "a=[1:LOC_PROT_ERR]; a.state=Error; b=[]; b.state=ReadyToSend";
     pub const loc_prot_out_of_bounds: &str = loc_prot_bad_lkey;

@@ -514,6 +514,7 @@ macro_rules! conformance_tests {
             selective_signaling, rnr_then_recv, loc_prot_bad_lkey, loc_prot_out_of_bounds,
             rem_access_bad_rkey, rem_access_no_remote_write, rem_access_no_remote_read,
             rem_access_write_out_of_bounds, rem_write_imm_bad_rkey, rem_qp_no_remote_write,
+            responder_error_events,
             rem_atomic_misaligned, loc_len_short_recv, flush_after_error, flush_on_modify_err,
             post_after_error, rnr_retry_exceeded, channel_roundtrip, cq_events,
             multi_channel_scatter_gather, node_barrier, wait_bounded_on_silent_peer,

@@ -16,6 +16,15 @@ pub const RXE_DEVIATIONS: &[Deviation] = &[
               connection manager that waits for an RTU may use it",
     },
     Deviation {
+        scenario: "responder_error_events",
+        outcome: "access=none; request=none; write_imm=none",
+        why: "rxe of Linux 6.1 raises no affiliated asynchronous error at the responder of \
+              a class C error that no receive can carry (IBA C9-222.1.1): its owner sees \
+              only the queue pair in ERR; HCAs raise QP_ACCESS_ERR or QP_REQ_ERR (mlx5's \
+              WQ access and invalid-request events), and rxe raises QP_ACCESS_ERR for \
+              R_Key violations from 2026 on",
+    },
+    Deviation {
         scenario: "srq_last_wqe",
         outcome: "event=none; b.flushed=[]; b=[100:SUCCESS Recv len=8]; consumer=1",
         why: "rxe of Linux 6.1 raises no QP_LAST_WQE_REACHED when a queue pair on an SRQ \

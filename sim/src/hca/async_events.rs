@@ -6,8 +6,9 @@
 //! Raised: `PortErr` and `PortActive` when a link goes down and comes back
 //! ([`Fabric::link_down`](crate::Fabric::link_down)), `DeviceFatal` when a device crashes,
 //! `CqErr` when a completion queue overflows (`cq.rs`), `SrqLimitReached` and
-//! `QpLastWqeReached` (`srq.rs`), and `CommEst` when a request reaches a queue pair in RTR
-//! (`responder.rs`). A context's queue exists from the first
+//! `QpLastWqeReached` (`srq.rs`), `CommEst` when a request reaches a queue pair in RTR,
+//! and `QpAccessErr`, `QpReqErr` or `QpFatal` when a responder fails a request that
+//! consumes no receive (`responder.rs`). A context's queue exists from the first
 //! time its events are asked for; what happened before is not in it.
 
 use crate::fd_queue::FdQueue;

@@ -408,6 +408,27 @@ impl World {
         self.tables.async_events.raise_qp(dev, qpn, kind);
     }
 
+    /// Responder `p` detected an error no receive of its own can carry (the request
+    /// consumes none: an RDMA write without immediate data, a read, an atomic), so its
+    /// owner learns of it from an affiliated asynchronous error (IBA C9-222.1.1):
+    /// `QP_ACCESS_ERR` for a remote access error, `QP_REQ_ERR` for an invalid request,
+    /// `QP_FATAL` for a remote operational error. rxe (Linux 6.1) raises none.
+    fn affiliated_error(&mut self, p: usize, status: WcStatus) {
+        let kind = match status {
+            WcStatus::RemAccessErr => AsyncEventKind::QpAccessErr,
+            WcStatus::RemInvReqErr => AsyncEventKind::QpReqErr,
+            _ => AsyncEventKind::QpFatal,
+        };
+        let Some(qp) = self.tables.qps.get(p) else {
+            return;
+        };
+        if self.net.cfg.personality == Personality::Rxe {
+            return;
+        }
+        let (dev, qpn) = (qp.dev(), qp.qpn);
+        self.tables.async_events.raise_qp(dev, qpn, kind);
+    }
+
     /// A request arrives at responder `p`.
     pub(crate) fn on_request(&mut self, p: usize, pkt: Packet) {
         self.comm_est(p);
@@ -455,6 +476,9 @@ impl World {
             self.srq_consumed(p);
         }
         if ex.status != WcStatus::Success {
+            if !op.consumes_receive() {
+                self.affiliated_error(p, ex.status);
+            }
             // Every error the responder detects moves it to ERR too.
             self.set_err(p);
             let nak = PacketKind::Nak(ex.status);

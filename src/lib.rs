@@ -9,8 +9,9 @@
 //! - [`types`] (crate `zverbs-types`): the verbs vocabulary both backends share, work
 //!   requests included.
 //! - [`provider`]: the seam: the verbs a real HCA offers (`sim`, `verbs`).
-//! - [`device`], [`cq`], [`event`], [`mr`], [`qp`]: contexts and protection domains,
-//!   completion queues and channels, memory regions, typestate queue pairs (RC, UD).
+//! - [`device`], [`cq`], [`event`], [`mr`], [`dmabuf`], [`qp`]: contexts and protection
+//!   domains, completion queues and channels, memory regions (the process's, and device
+//!   memory registered from a dmabuf), typestate queue pairs (RC, UD).
 //! - `ring`, [`wr_id`]: a queue's work-request slots; what the library writes in a
 //!   `wr_id`.
 //! - [`dispatch`]: completion queues shared by many channels, routed lock-free.
@@ -72,6 +73,8 @@ pub mod cq;
 pub mod device;
 #[cfg(feature = "std")]
 pub mod dispatch;
+#[cfg(all(feature = "std", unix))]
+pub mod dmabuf;
 pub mod error;
 pub mod event;
 pub mod mr;

@@ -225,6 +225,9 @@ pub struct LocalSlice<'a> {
 #[derive(Debug)]
 pub struct LocalSliceMut<'a> {
     sge: Sge,
+    /// The memory is the process's (not a device's, [`crate::dmabuf`]): the library may
+    /// read an atomic's result from it.
+    host: bool,
     _b: PhantomData<&'a mut [u8]>,
 }
 
@@ -297,16 +300,13 @@ impl<'a> LocalSliceMut<'a> {
         mid: usize,
     ) -> Result<(LocalSliceMut<'a>, LocalSliceMut<'a>), BoundsError> {
         let (a, b) = split_sge(self.sge, mid)?;
-        Ok((
-            LocalSliceMut {
-                sge: a,
-                _b: PhantomData,
-            },
-            LocalSliceMut {
-                sge: b,
-                _b: PhantomData,
-            },
-        ))
+        let host = self.host;
+        let half = |sge| LocalSliceMut {
+            sge,
+            host,
+            _b: PhantomData,
+        };
+        Ok((half(a), half(b)))
     }
 }
 
@@ -316,8 +316,23 @@ impl LocalSliceMut<'_> {
     pub(crate) fn from_sge(sge: Sge) -> Self {
         LocalSliceMut {
             sge,
+            host: true,
             _b: PhantomData,
         }
+    }
+    /// A slice over `sge` in device memory, which the library never reads.
+    #[cfg(all(feature = "std", unix))]
+    pub(crate) fn from_device_sge(sge: Sge) -> Self {
+        LocalSliceMut {
+            sge,
+            host: false,
+            _b: PhantomData,
+        }
+    }
+    /// Whether the memory is the process's: `false` for a slice of device memory
+    /// ([`crate::dmabuf::DeviceRegion`]), whose bytes the host cannot read.
+    pub fn is_host(&self) -> bool {
+        self.host
     }
     /// The scatter/gather entry.
     pub fn sge(&self) -> Sge {
@@ -336,12 +351,14 @@ impl LocalSliceMut<'_> {
     pub fn reborrow(&mut self) -> LocalSliceMut<'_> {
         LocalSliceMut {
             sge: self.sge,
+            host: self.host,
             _b: PhantomData,
         }
     }
-    /// Reads the first 8 bytes as a native-endian `u64` (the result of an atomic).
+    /// Reads the first 8 bytes as a native-endian `u64` (the result of an atomic); `None`
+    /// for fewer, or for device memory.
     pub(crate) fn read_u64(&self) -> Option<u64> {
-        if self.sge.length < 8 {
+        if self.sge.length < 8 || !self.host {
             return None;
         }
         let mut b = [0u8; 8];

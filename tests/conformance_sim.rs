@@ -9,9 +9,11 @@ mod conformance;
 use std::time::Duration;
 
 use conformance::{Deviation, Env, RXE_DEVIATIONS};
+use std::os::fd::AsFd;
 use zverbs::provider::sim::{Fabric, Sim};
 use zverbs::qp::QpConfig;
 use zverbs::Context;
+
 use zverbs_sim::{FabricConfig, Personality};
 
 /// Two simulated devices, untimed (work completes inside the call that makes it possible),
@@ -53,6 +55,10 @@ impl Env for SimEnv {
     }
     fn imitates_deviations(&self) -> bool {
         self.rxe
+    }
+    fn dmabuf(&self, ctx: &Context<Sim>, len: usize) -> Result<Box<dyn AsFd>, String> {
+        let mem = ctx.raw().alloc_device_memory(len);
+        Ok(Box::new(mem.map_err(|e| format!("device memory: {e}"))?))
     }
     fn set_link(&self, up: bool) -> Result<(), String> {
         // Side B's device: the pair's link.

@@ -106,6 +106,7 @@ mod types;
 mod wire;
 
 pub use api::comp_channel::CompChannel;
+pub use api::device_mem::{DeviceMemory, DMABUF_PAGE};
 pub use api::qp::{Ah, Qp, QpInitAttr};
 pub use api::srq::Srq;
 pub use api::{Context, Cq, Fabric, Mr, Pd};

@@ -49,6 +49,9 @@ pub enum SimError {
     /// `EIO`: the device is dead ([`Fabric::crash`](crate::Fabric::crash)); it does no more
     /// DMA and completes nothing, and its objects can only be destroyed.
     DeviceFatal,
+    /// `EOPNOTSUPP`: the device does not do this (a dmabuf registration on a device of
+    /// the rxe personality).
+    Unsupported,
 }
 
 impl fmt::Display for SimError {
@@ -60,6 +63,7 @@ impl fmt::Display for SimError {
             SimError::Busy => f.write_str("resource busy"),
             SimError::CqOverflow => f.write_str("completion queue overflowed"),
             SimError::DeviceFatal => f.write_str("device is dead (fatal error)"),
+            SimError::Unsupported => f.write_str("operation not supported by the device"),
         }
     }
 }

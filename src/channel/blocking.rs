@@ -99,6 +99,7 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
         remote: &RemoteRegion,
         add: u64,
     ) -> Result<u64, Error<P::Error>> {
+        host_result(&result)?;
         self.execute(Op::fetch_add(result.reborrow(), remote, add))?;
         Ok(result.read_u64().unwrap_or_default())
     }
@@ -112,7 +113,19 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
         compare: u64,
         swap: u64,
     ) -> Result<u64, Error<P::Error>> {
+        host_result(&result)?;
         self.execute(Op::compare_swap(result.reborrow(), remote, compare, swap))?;
         Ok(result.read_u64().unwrap_or_default())
+    }
+}
+
+/// An atomic's result must land where the host can read it back.
+fn host_result<E>(result: &LocalSliceMut<'_>) -> Result<(), Error<E>> {
+    match result.is_host() {
+        true => Ok(()),
+        false => Err(Error::InvalidAttribute(
+            "an atomic's result in device memory cannot be read by the host: post \
+             Op::fetch_add or Op::compare_swap, and copy the result out of the device",
+        )),
     }
 }

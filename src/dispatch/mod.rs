@@ -205,7 +205,7 @@ const BATCH: usize = 16;
 
 impl Dispatcher {
     /// `inboxes` inboxes (at most 65,535: the last index is
-    /// [`SHARED_RECV_INBOX`](crate::wr_id::SHARED_RECV_INBOX)) of `capacity` completions
+    /// [`SHARED_RECV_INBOX`]) of `capacity` completions
     /// each. Allocates once, here.
     pub fn new(inboxes: usize, capacity: usize) -> Self {
         let inboxes = inboxes.min(SHARED_RECV_INBOX as usize);

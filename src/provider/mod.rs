@@ -129,6 +129,21 @@ pub trait Provider: Sized {
         len: usize,
         access: AccessFlags,
     ) -> Result<Self::Mr, Self::Error>;
+    /// Registers `len` bytes at `offset` of the dmabuf `fd` (an accelerator's memory),
+    /// named by the addresses `iova..iova + len` in work requests and by peers
+    /// (`ibv_reg_dmabuf_mr`). Safe: the memory is not the process's, so no Rust reference
+    /// can alias what the device reads or writes; the kernel checks the descriptor and
+    /// holds the dmabuf for the registration's life. A device that cannot register dmabufs
+    /// fails with an error of kind [`Unsupported`](crate::error::ErrorKind::Unsupported).
+    #[cfg(all(feature = "std", unix))]
+    fn register_dmabuf_mr(
+        pd: &Self::Pd,
+        fd: std::os::fd::BorrowedFd<'_>,
+        offset: u64,
+        len: usize,
+        iova: u64,
+        access: AccessFlags,
+    ) -> Result<Self::Mr, Self::Error>;
     /// The local and remote keys of a registration: `(lkey, rkey)`.
     fn mr_keys(mr: &Self::Mr) -> (u32, u32);
 

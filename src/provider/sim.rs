@@ -120,6 +120,7 @@ impl ProviderError for s::SimError {
             s::SimError::Busy => ErrorKind::Busy,
             s::SimError::CqOverflow => ErrorKind::CqOverflow,
             s::SimError::DeviceFatal => ErrorKind::DeviceFatal,
+            s::SimError::Unsupported => ErrorKind::Unsupported,
             _ => ErrorKind::Other,
         }
     }
@@ -169,6 +170,17 @@ impl Provider for Sim {
         // SAFETY: the caller upholds `Provider::register_mr`'s contract, which is the
         // simulator's contract word for word.
         unsafe { pd.register_mr(addr, len, access) }
+    }
+
+    fn register_dmabuf_mr(
+        pd: &s::Pd,
+        fd: std::os::fd::BorrowedFd<'_>,
+        offset: u64,
+        len: usize,
+        iova: u64,
+        access: AccessFlags,
+    ) -> Result<s::Mr, s::SimError> {
+        pd.register_dmabuf_mr(offset, len, iova, fd, access)
     }
 
     fn mr_keys(mr: &s::Mr) -> (u32, u32) {

@@ -292,6 +292,29 @@ fn non_null<T>(p: *mut T, verb: &'static str) -> Result<NonNull<T>, VerbsError> 
     NonNull::new(p).ok_or_else(|| VerbsError::last_os(verb))
 }
 
+/// Whether `ctx`'s provider library registers dmabufs: verbs has no attribute for it, so
+/// this asks with a descriptor that cannot be one (-1). A provider without the verb fails
+/// at once with `EOPNOTSUPP` (rdma-core's dummy op; rxe, siw); one with it passes the call
+/// to the kernel, which refuses the descriptor (`EBADF`).
+fn dmabuf_supported(ctx: &Context) -> Result<bool, VerbsError> {
+    // SAFETY: open context.
+    let pd = non_null(unsafe { ffi::ibv_alloc_pd(ctx.as_ptr()) }, "ibv_alloc_pd")?;
+    let access = AccessFlags::LOCAL_WRITE.bits() as i32;
+    // SAFETY: live PD; the descriptor -1 names no memory, so nothing is registered.
+    let mr = unsafe { ffi::ibv_reg_dmabuf_mr(pd.as_ptr(), 0, 4096, 0, -1, access) };
+    let unsupported = mr.is_null() && {
+        use crate::error::{ErrorKind, ProviderError};
+        VerbsError::last_os("ibv_reg_dmabuf_mr").kind() == ErrorKind::Unsupported
+    };
+    if !mr.is_null() {
+        // SAFETY: registered just now (which no provider does for -1), deregistered once.
+        unsafe { ffi::ibv_dereg_mr(mr) };
+    }
+    // SAFETY: allocated above, nothing on it any more.
+    unsafe { ffi::ibv_dealloc_pd(pd.as_ptr()) };
+    Ok(!unsupported)
+}
+
 /// Work requests linked per doorbell; longer slices are posted in chunks of this size.
 const CHAIN: usize = 32;
 
@@ -374,6 +397,7 @@ impl Provider for Verbs {
             max_srq: count(a.max_srq),
             max_srq_wr: count(a.max_srq_wr),
             max_srq_sge: count(a.max_srq_sge),
+            dmabuf: dmabuf_supported(ctx)?,
         })
     }
 
@@ -426,6 +450,31 @@ impl Provider for Verbs {
         let mr =
             unsafe { ffi::ibv_reg_mr(pd.0.pd.as_ptr(), addr.cast(), len, access.bits() as i32) };
         let mr = non_null(mr, "ibv_reg_mr")?;
+        // SAFETY: a registered MR; its keys are plain fields set by the library.
+        let (lkey, rkey) = unsafe { ((*mr.as_ptr()).lkey, (*mr.as_ptr()).rkey) };
+        Ok(Mr {
+            mr,
+            lkey,
+            rkey,
+            _pd: pd.0.clone(),
+        })
+    }
+
+    fn register_dmabuf_mr(
+        pd: &Pd,
+        fd: std::os::fd::BorrowedFd<'_>,
+        offset: u64,
+        len: usize,
+        iova: u64,
+        access: AccessFlags,
+    ) -> Result<Mr, VerbsError> {
+        use std::os::fd::AsRawFd;
+        let (pd_ptr, fd, bits) = (pd.0.pd.as_ptr(), fd.as_raw_fd(), access.bits() as i32);
+        // SAFETY: live PD and an open descriptor (borrowed for the call); the memory is the
+        // dmabuf's, which the kernel holds for the registration's life, never the
+        // process's. Providers without the verb fail it with EOPNOTSUPP.
+        let mr = unsafe { ffi::ibv_reg_dmabuf_mr(pd_ptr, offset, len, iova, fd, bits) };
+        let mr = non_null(mr, "ibv_reg_dmabuf_mr")?;
         // SAFETY: a registered MR; its keys are plain fields set by the library.
         let (lkey, rkey) = unsafe { ((*mr.as_ptr()).lkey, (*mr.as_ptr()).rkey) };
         Ok(Mr {

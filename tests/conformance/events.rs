@@ -202,11 +202,34 @@ pub fn comm_est_event<E: Env>(env: &E) -> Run<Outcome> {
     Ok(o)
 }
 
+/// A dmabuf registration (`ibv_reg_dmabuf_mr`): what the device's attributes say, and
+/// what it does with a registration of an exported buffer: a region, named by the
+/// `iova` asked for, that a peer may address.
+pub fn dmabuf_registration<E: Env>(env: &E) -> Run<Outcome> {
+    let ctx = Context::open(env.provider(), env.devices().1).map_err(err("open device"))?;
+    let attr = ctx.query_device().map_err(err("query device"))?;
+    let pd = ctx.alloc_pd().map_err(err("alloc pd"))?;
+    let buf = env.dmabuf(&ctx, 8192)?;
+    let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+    let mut o = Outcome::default();
+    o.item("dmabuf", attr.dmabuf);
+    match pd.register_dmabuf(buf.as_fd(), 4096, 4096, 0x10_1000, access) {
+        Ok(region) => {
+            let r = region.remote();
+            o.item("register", "ok")
+                .check("iova", (r.addr, r.len) == (0x10_1000, 4096))
+        }
+        Err(e) => o.item("register", format_args!("{:?}", e.kind())),
+    };
+    Ok(o)
+}
+
 pub mod expected {
     #![allow(non_upper_case_globals)]
     pub const comm_est_event: &str = "a1=[1:SUCCESS Send]; b1=[101:SUCCESS Recv len=8]; \
         a2=[2:SUCCESS Send]; b2=[102:SUCCESS Recv len=8]; events=COMM_EST(b),-";
     pub const port_down_event: &str = "down=port1; up=port1";
+    pub const dmabuf_registration: &str = "dmabuf=true; register=ok; iova=ok";
     pub const cq_events: &str = "armed=[]; silent=true; woken=true; events=1; \
         b=[101:SUCCESS Recv len=32]; unarmed=[102:SUCCESS Recv len=32]; \
         unarmed_silent=true; repoll=[103:SUCCESS Recv len=32]; rearmed=[]; \

@@ -27,6 +27,7 @@ mod srq;
 
 use std::fmt::{self, Write as _};
 use std::io::Write as _;
+use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
 use zverbs::provider::Provider;
@@ -97,6 +98,10 @@ pub trait Env {
         let _ = up;
         Err(format!("{} cannot take its link down", self.backend()))
     }
+    /// A dmabuf of at least `len` bytes exported on the machine of `ctx`'s device (an
+    /// accelerator's memory), for the dmabuf scenarios: whatever owns it, and keeps the
+    /// memory alive.
+    fn dmabuf(&self, ctx: &Context<Self::P>, len: usize) -> Run<Box<dyn AsFd>>;
     /// Scenarios where this backend is known to deviate from the verbs specification.
     fn deviations(&self) -> &[Deviation] {
         &[]
@@ -524,7 +529,7 @@ macro_rules! conformance_tests {
             cm_disconnect, cm_node_barrier, cm_ud, cm_ud_refused, ud_source, ud_no_grh,
             cq_overflow_event, srq_shared_order, srq_rnr_when_empty, srq_limit_once, srq_last_wqe,
             srq_post_errors,
-            port_down_event, comm_est_event
+            port_down_event, comm_est_event, dmabuf_registration
         );
     };
     (@each $env:expr; $($name:ident),* $(,)?) => {

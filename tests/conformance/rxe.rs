@@ -25,6 +25,13 @@ pub const RXE_DEVIATIONS: &[Deviation] = &[
               R_Key violations from 2026 on",
     },
     Deviation {
+        scenario: "dmabuf_registration",
+        outcome: "dmabuf=false; register=Unsupported",
+        why: "soft-RoCE registers no dmabufs: rdma-core's rxe provider has no \
+              reg_dmabuf_mr (the dummy op answers EOPNOTSUPP); mlx5, irdma, bnxt_re and \
+              efa register them (GPUDirect RDMA)",
+    },
+    Deviation {
         scenario: "srq_last_wqe",
         outcome: "event=none; b.flushed=[]; b=[100:SUCCESS Recv len=8]; consumer=1",
         why: "rxe of Linux 6.1 raises no QP_LAST_WQE_REACHED when a queue pair on an SRQ \

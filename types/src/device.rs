@@ -43,4 +43,8 @@ pub struct DeviceAttr {
     pub max_srq_wr: u32,
     /// Most scatter entries of one receive on a shared receive queue (`max_srq_sge`).
     pub max_srq_sge: u32,
+    /// Whether the device registers dmabufs (`ibv_reg_dmabuf_mr`: an accelerator's
+    /// memory, GPUDirect RDMA). Verbs has no attribute for it: the verbs backend asks the
+    /// device's provider library when the device is opened.
+    pub dmabuf: bool,
 }

@@ -24,6 +24,7 @@ use crate::hca::World;
 use crate::types::*;
 
 pub(crate) mod comp_channel;
+pub(crate) mod device_mem;
 mod fabric;
 pub(crate) mod qp;
 pub(crate) mod srq;
@@ -241,7 +242,8 @@ impl Context {
 
     /// The device's limits and capabilities (`ibv_query_device`).
     pub fn query_device(&self) -> DeviceAttr {
-        let atomic_cap = enter(&self.world).net.cfg.atomic_cap;
+        let cfg = enter(&self.world).net.cfg;
+        let atomic_cap = cfg.atomic_cap;
         DeviceAttr {
             max_qp_wr: MAX_QP_WR,
             max_sge: MAX_SGE as u32,
@@ -253,6 +255,7 @@ impl Context {
             max_srq: MAX_SRQ,
             max_srq_wr: MAX_SRQ_WR,
             max_srq_sge: MAX_SGE as u32,
+            dmabuf: cfg.personality != crate::config::Personality::Rxe,
         }
     }
 
@@ -349,12 +352,12 @@ impl Pd {
 /// A registered memory region (`ibv_mr`); dropping it deregisters the memory.
 #[derive(Debug)]
 pub struct Mr {
-    world: Shared,
-    idx: usize,
-    lkey: u32,
-    rkey: u32,
-    addr: u64,
-    len: usize,
+    pub(super) world: Shared,
+    pub(super) idx: usize,
+    pub(super) lkey: u32,
+    pub(super) rkey: u32,
+    pub(super) addr: u64,
+    pub(super) len: usize,
 }
 
 impl Mr {

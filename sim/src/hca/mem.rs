@@ -30,17 +30,88 @@
 use core::marker::PhantomData;
 use core::sync::atomic::Ordering::{Relaxed, SeqCst};
 use core::sync::atomic::{AtomicU64, AtomicU8};
+use std::sync::Arc;
 
-/// Registered process memory `base..base + len`, readable, and writable when `writable`.
+/// Registered memory `base..base + len`, named by the addresses `va..va + len` in work
+/// requests, readable, and writable when `writable`. Process memory is named by its own
+/// addresses (`va == base`); device memory by the I/O virtual address it was registered
+/// at, and the region holds its block (`device`) alive.
 #[derive(Debug)]
 pub(crate) struct Region {
     base: *mut u8,
+    va: u64,
     len: usize,
     writable: bool,
+    device: Option<Arc<DeviceBlock>>,
 }
 
-// SAFETY: a `Region` only names memory; the contract of `Region::new` makes that memory
-// usable from any thread.
+/// A device's own memory (an accelerator's, exported as a dmabuf): bytes the host reaches
+/// only through explicit copies ([`DeviceBlock::copy_in`], [`DeviceBlock::copy_out`]),
+/// 8-byte aligned so that atomics on its words are `AtomicU64` operations. Zeroed when
+/// allocated.
+#[derive(Debug)]
+pub(crate) struct DeviceBlock {
+    words: Box<[AtomicU64]>,
+    len: usize,
+}
+
+impl DeviceBlock {
+    pub(crate) fn new(len: usize) -> DeviceBlock {
+        DeviceBlock {
+            words: (0..len.div_ceil(8)).map(|_| AtomicU64::new(0)).collect(),
+            len,
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// A region over `offset..offset + len` of the block, named by `va..`; `None` past
+    /// its end.
+    pub(crate) fn region(
+        self: &Arc<Self>,
+        offset: usize,
+        len: usize,
+        va: u64,
+        writable: bool,
+    ) -> Option<Region> {
+        (offset.checked_add(len)? <= self.len).then(|| Region {
+            // The words are interior-mutable and only ever accessed atomically (module
+            // docs), so writes through this pointer are sound; the `Arc` in the region
+            // keeps them alive.
+            base: (self.words.as_ptr() as *mut u8).wrapping_add(offset),
+            va,
+            len,
+            writable,
+            device: Some(self.clone()),
+        })
+    }
+
+    /// Copies `data` to `offset..`; false past the end.
+    pub(crate) fn copy_in(self: &Arc<Self>, offset: usize, data: &[u8]) -> bool {
+        let Some(r) = self.region(offset, data.len(), 0, true) else {
+            return false;
+        };
+        let dst = r.dst(0, data.len()).expect("inside the region");
+        copy(&[Src::slice(data)], &[dst], data.len());
+        true
+    }
+
+    /// Copies `offset..offset + out.len()` to `out`; false past the end.
+    pub(crate) fn copy_out(self: &Arc<Self>, offset: usize, out: &mut [u8]) -> bool {
+        let Some(r) = self.region(offset, out.len(), 0, false) else {
+            return false;
+        };
+        let n = out.len();
+        let src = r.src(0, n).expect("inside the region");
+        copy(&[src], &[Dst::slice(out)], n);
+        true
+    }
+}
+
+// SAFETY: a `Region` only names memory: process memory that the contract of `Region::new`
+// makes usable from any thread, or a device block (atomic words) it holds alive.
 unsafe impl Send for Region {}
 // SAFETY: `&Region` only hands out spans, and every access through a span is atomic (module
 // docs), so threads sharing a region never race.
@@ -56,17 +127,22 @@ impl Region {
     pub(crate) unsafe fn new(base: *mut u8, len: usize, writable: bool) -> Region {
         Region {
             base,
+            va: base as u64,
             len,
             writable,
+            device: None,
         }
+    }
+
+    /// Whether the region is process memory (not a device's).
+    pub(crate) fn is_host(&self) -> bool {
+        self.device.is_none()
     }
 
     /// Offset of `addr..addr + len` inside the region, if it lies fully inside.
     #[inline]
     fn offset(&self, addr: u64, len: usize) -> Option<usize> {
-        let off = usize::try_from(addr)
-            .ok()?
-            .checked_sub(self.base as usize)?;
+        let off = usize::try_from(addr.checked_sub(self.va)?).ok()?;
         (off.checked_add(len)? <= self.len).then_some(off)
     }
 

@@ -11,7 +11,8 @@
 //! listed before it (and those from `requester` on from here too: the `World` they add
 //! entry points to):
 //!
-//! - [`mem`]: raw access to registered memory (`unsafe`, as is the next);
+//! - [`mem`]: raw access to registered memory, the process's or a device's own (the
+//!   memory behind a dmabuf registration) (`unsafe`, as is the next);
 //! - [`cq_buf`]: a CQ's ring of completions, written by the exclusive side or under its
 //!   writer lock, and read by polls without either (loom-checked);
 //! - [`net`]: what the blocks share: configuration, time and events, the wire, the trace;
@@ -294,7 +295,7 @@ impl World {
             Some(r) => r.src(addr, n),
             None => mrs
                 .iter()
-                .find(|m| m.pd == pd && m.region.contains(addr, n))
+                .find(|m| m.pd == pd && m.region.is_host() && m.region.contains(addr, n))
                 .and_then(|m| m.region.src(addr, n)),
         };
         if let SendOp::Datagram { dest, .. } = wr.op {

@@ -196,6 +196,9 @@ pub(crate) struct Tables {
     pub(crate) notifier: Notifier,
     /// The contexts' asynchronous events (`async_events.rs`).
     pub(crate) async_events: super::async_events::AsyncQueues,
+    /// Device memory exported as dmabufs, by the file behind the descriptor (device and
+    /// inode): the device whose machine holds it, and the memory.
+    pub(crate) dmabufs: BTreeMap<(u64, u64), (usize, std::sync::Arc<super::mem::DeviceBlock>)>,
     /// Last epoch handed out.
     pub(crate) epochs: u32,
     /// Send WRs completed on the direct path by QPs since destroyed.
@@ -216,6 +219,7 @@ impl Tables {
             srqs: Slab::new(),
             notifier: Default::default(),
             async_events: Default::default(),
+            dmabufs: BTreeMap::new(),
             epochs: 0,
             direct_retired: 0,
         }

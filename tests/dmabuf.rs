@@ -1,0 +1,222 @@
+//! Device memory registered from dmabufs, on the simulator: peers' RDMA writes, reads and
+//! atomics into and out of it, sends and receives from and into it, every bad registration
+//! refused with its typed error, and a device that registers no dmabufs.
+#![cfg(feature = "sim")]
+
+use std::os::fd::AsFd;
+
+use zverbs::dmabuf::DeviceRegion;
+use zverbs::provider::sim::{FabricConfig, Sim};
+use zverbs::testing::Pair;
+use zverbs::{AccessFlags, ChannelConfig, Context, Error, ErrorKind};
+use zverbs_sim::Personality;
+
+const RW: AccessFlags = AccessFlags::LOCAL_WRITE
+    .union(AccessFlags::REMOTE_WRITE)
+    .union(AccessFlags::REMOTE_READ)
+    .union(AccessFlags::REMOTE_ATOMIC);
+/// Where B's device memory is mapped for the NIC (any address: it is the NIC's view).
+const IOVA: u64 = 0x7f00_0000_0000;
+
+fn pair() -> Pair<16, 2> {
+    Pair::connected(&ChannelConfig::default()).unwrap()
+}
+
+/// A's writes land in B's device memory, and A reads back what B's accelerator put there;
+/// the host sees the bytes only through the device's copies.
+#[test]
+fn a_peer_writes_and_reads_device_memory() {
+    let mut p = pair();
+    let gpu = p.b.ctx.raw().alloc_device_memory(4096).unwrap();
+    let region =
+        p.b.pd
+            .register_dmabuf(gpu.dmabuf_fd(), 0, 4096, IOVA, RW)
+            .unwrap();
+    let remote = region.remote();
+    assert_eq!((remote.addr, remote.len), (IOVA, 4096));
+
+    let mut msg = *b"a tensor, written over RDMA";
+    let msg = p.a.pd.register(&mut msg).unwrap();
+    let at = remote.slice(100..).unwrap();
+    p.a.ch.write([msg.slice(..).unwrap()], &at).unwrap();
+    let mut seen = [0u8; 27];
+    gpu.copy_out(100, &mut seen).unwrap();
+    assert_eq!(&seen, b"a tensor, written over RDMA");
+
+    gpu.copy_in(2000, b"computed on the device").unwrap();
+    let mut back = [0u8; 22];
+    let mut back_mr = p.a.pd.register(&mut back).unwrap();
+    let from = remote.slice(2000..2022).unwrap();
+    p.a.ch
+        .read([back_mr.slice_mut(..).unwrap()], &from)
+        .unwrap();
+    drop(back_mr);
+    assert_eq!(&back, b"computed on the device");
+}
+
+/// Fetch-and-add and compare-and-swap from a peer on a word of device memory.
+#[test]
+fn a_peer_runs_atomics_on_device_memory() {
+    let mut p = pair();
+    let gpu = p.b.ctx.raw().alloc_device_memory(64).unwrap();
+    gpu.copy_in(8, &40u64.to_ne_bytes()).unwrap();
+    let region =
+        p.b.pd
+            .register_dmabuf(gpu.dmabuf_fd(), 0, 64, IOVA, RW)
+            .unwrap();
+    let word = region.remote().slice(8..16).unwrap();
+    let mut result = [0u8; 8];
+    let mut result = p.a.pd.register(&mut result).unwrap();
+    let old =
+        p.a.ch
+            .fetch_add(result.slice_mut(..).unwrap(), &word, 2)
+            .unwrap();
+    assert_eq!(old, 40);
+    let old =
+        p.a.ch
+            .compare_swap(result.slice_mut(..).unwrap(), &word, 42, 7)
+            .unwrap();
+    assert_eq!(old, 42);
+    let mut now = [0u8; 8];
+    gpu.copy_out(8, &mut now).unwrap();
+    assert_eq!(u64::from_ne_bytes(now), 7);
+}
+
+/// Device memory as a local buffer: A sends from its device memory, B receives into its
+/// own; the bytes go device to device.
+#[test]
+fn sends_and_receives_move_device_memory_to_device_memory() {
+    let p = pair();
+    let (mut a, mut b) = (p.a, p.b);
+    let src = a.ctx.raw().alloc_device_memory(8192).unwrap();
+    let dst = b.ctx.raw().alloc_device_memory(8192).unwrap();
+    src.copy_in(4096, b"kv cache block").unwrap();
+    let lw = AccessFlags::LOCAL_WRITE;
+    let src_region =
+        a.pd.register_dmabuf(src.dmabuf_fd(), 4096, 4096, 0x1000, lw)
+            .unwrap();
+    let mut dst_region =
+        b.pd.register_dmabuf(dst.dmabuf_fd(), 0, 8192, 0x2000, lw)
+            .unwrap();
+    std::thread::scope(|s| {
+        let receiver = s.spawn(|| {
+            let into = dst_region.slice_mut(512..1024).unwrap();
+            b.ch.receive([into]).unwrap().byte_len
+        });
+        a.ch.send([src_region.slice(..14).unwrap()]).unwrap();
+        assert_eq!(receiver.join().unwrap(), 14);
+    });
+    let mut got = [0u8; 14];
+    dst.copy_out(512, &mut got).unwrap();
+    assert_eq!(&got, b"kv cache block");
+}
+
+/// The host cannot read an atomic's result out of device memory: the blocking atomic,
+/// which returns it, is refused before anything is posted.
+#[test]
+fn a_blocking_atomic_with_its_result_in_device_memory_is_refused() {
+    let mut p = pair();
+    let mut word = [0u8; 8];
+    // SAFETY: nothing reads `word` while the mapping is registered.
+    let target = unsafe { p.b.pd.register_with_access(&mut word, RW) }.unwrap();
+    let gpu = p.a.ctx.raw().alloc_device_memory(64).unwrap();
+    let lw = AccessFlags::LOCAL_WRITE;
+    let mut region =
+        p.a.pd
+            .register_dmabuf(gpu.dmabuf_fd(), 0, 64, 0, lw)
+            .unwrap();
+    let into = region.slice_mut(..8).unwrap();
+    assert!(!into.is_host());
+    let e = p.a.ch.fetch_add(into, &target.remote(), 1).unwrap_err();
+    assert!(matches!(e, Error::InvalidAttribute(_)), "{e}");
+    assert_eq!(p.a.ch.in_flight(), (0, 0), "nothing was posted");
+}
+
+/// Every malformed registration is refused before the call with a typed error, and the
+/// ones only the device can judge (a descriptor that is no dmabuf, a range past its end,
+/// a dmabuf of another machine) are refused by it.
+#[test]
+fn bad_dmabuf_registrations_are_typed_errors() {
+    let p = pair();
+    let gpu = p.b.ctx.raw().alloc_device_memory(8192).unwrap();
+    let fd = gpu.dmabuf_fd();
+    let pd = &p.b.pd;
+    let kind = |r: Result<DeviceRegion<'_, Sim>, Error<_>>| r.map(drop).unwrap_err().kind();
+    let lw = AccessFlags::LOCAL_WRITE;
+    let invalid = ErrorKind::InvalidArgument;
+    assert_eq!(
+        kind(pd.register_dmabuf(fd, 0, 0, 0, lw)),
+        invalid,
+        "no bytes"
+    );
+    assert_eq!(
+        kind(pd.register_dmabuf(fd, 0, 4096, 0x10, lw)),
+        invalid,
+        "page offset"
+    );
+    assert_eq!(
+        kind(pd.register_dmabuf(fd, 0, 4096, u64::MAX - 4095, lw)),
+        invalid,
+        "wraps"
+    );
+    assert_eq!(
+        kind(pd.register_dmabuf(fd, u64::MAX, 1, 0xfff, lw)),
+        invalid,
+        "offset wraps"
+    );
+    let remote_only = AccessFlags::REMOTE_WRITE;
+    assert_eq!(
+        kind(pd.register_dmabuf(fd, 0, 4096, 0, remote_only)),
+        invalid,
+        "no local"
+    );
+    let unknown = AccessFlags::from_bits_retain(1 << 20);
+    assert_eq!(
+        kind(pd.register_dmabuf(fd, 0, 4096, 0, unknown)),
+        invalid,
+        "unknown flag"
+    );
+    // Judged by the device.
+    assert_eq!(
+        kind(pd.register_dmabuf(fd, 4096, 8192, 0, lw)),
+        invalid,
+        "past the end"
+    );
+    let file = std::fs::File::open("/dev/null").unwrap();
+    assert_eq!(
+        kind(pd.register_dmabuf(file.as_fd(), 0, 64, 0, lw)),
+        invalid,
+        "no dmabuf"
+    );
+    let theirs = p.a.ctx.raw().alloc_device_memory(64).unwrap();
+    let elsewhere = pd.register_dmabuf(theirs.dmabuf_fd(), 0, 64, 0, lw);
+    assert_eq!(kind(elsewhere), invalid, "another machine's");
+    // A good one, with the descriptor handed over.
+    let owned = fd.try_clone_to_owned().unwrap();
+    let region = pd
+        .register_dmabuf_owned(owned, 4096, 4096, 0x3000, lw)
+        .unwrap();
+    assert_eq!((region.iova(), region.len()), (0x3000, 4096));
+    assert!(region.slice(4000..5000).is_err(), "slices are bounded");
+}
+
+/// A device that registers no dmabufs (soft-RoCE, as the rxe personality is) says so in
+/// its attributes and refuses with an error of kind `Unsupported`.
+#[test]
+fn a_device_without_dmabuf_support_refuses_with_unsupported() {
+    let cfg = FabricConfig {
+        personality: Personality::Rxe,
+        ..FabricConfig::default()
+    };
+    let sim = Sim::with_config(cfg, 1);
+    let ctx = Context::open(&sim, "sim0").unwrap();
+    assert!(!ctx.query_device().unwrap().dmabuf);
+    let gpu = ctx.raw().alloc_device_memory(4096).unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let lw = AccessFlags::LOCAL_WRITE;
+    let e = pd
+        .register_dmabuf(gpu.dmabuf_fd(), 0, 4096, 0, lw)
+        .map(drop)
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
+}

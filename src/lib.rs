@@ -111,6 +111,8 @@ pub use mr::{LocalSlice, LocalSliceMut, MemoryRegion, RemoteRegion};
 pub use multi_channel::{
     MultiChannel, MultiScope, Outcome, PeerError, PeerPending, PreparedMultiChannel,
 };
+#[cfg(all(feature = "std", unix))]
+pub use pool::{DeviceBuf, DevicePool};
 #[cfg(feature = "std")]
 pub use pool::{LocalBuf, MrPool, PoolError, PoolStats};
 pub use qp::{AddressHandle, Endpoint, EndpointError, QueuePair};

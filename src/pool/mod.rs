@@ -64,8 +64,12 @@
 
 mod buddy;
 mod buf;
+#[cfg(unix)]
+mod device;
 
 pub use buf::LocalBuf;
+#[cfg(unix)]
+pub use device::{DeviceBuf, DevicePool};
 
 use core::alloc::Layout;
 use core::fmt;

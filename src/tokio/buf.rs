@@ -1,7 +1,7 @@
 //! Buffers an async operation may lend to the device.
 
 use crate::error::BoundsError;
-use crate::pool::LocalBuf;
+use crate::pool::{DeviceBuf, LocalBuf};
 use crate::provider::Provider;
 use crate::types::Sge;
 
@@ -27,11 +27,33 @@ pub unsafe trait IoBuf: Send + 'static {
     fn sge(&self) -> Result<Sge, BoundsError>;
 }
 
+/// An [`IoBuf`] in the process's memory, whose bytes the library may read once the
+/// operation that wrote them completed: what an async atomic takes, to return the value it
+/// fetched. A [`DeviceBuf`] (device memory) is not one, so an atomic into it does not
+/// compile.
+///
+/// # Safety
+///
+/// [`sge`](IoBuf::sge) names memory of this process, readable by the host.
+pub unsafe trait HostBuf: IoBuf {}
+
 // SAFETY: a `LocalBuf` owns its block of the pool's slab exclusively (the allocator hands a
 // block to one owner at a time) and the slab neither moves nor is freed while a buffer of
 // it lives; the slab is registered for local access only, so no peer writes it either.
 unsafe impl<P: Provider + 'static> IoBuf for LocalBuf<P> {
     fn sge(&self) -> Result<Sge, BoundsError> {
         LocalBuf::sge(self, 0, self.len() as u64)
+    }
+}
+
+// SAFETY: the slab is process memory (`MrPool` allocates it).
+unsafe impl<P: Provider + 'static> HostBuf for LocalBuf<P> {}
+
+// SAFETY: a `DeviceBuf` owns its block of the pool's region exclusively (one owner per
+// block, as for `LocalBuf`), the region stays registered while a buffer of it lives, and
+// the host never reads or writes device memory.
+unsafe impl<P: Provider + 'static> IoBuf for DeviceBuf<P> {
+    fn sge(&self) -> Result<Sge, BoundsError> {
+        DeviceBuf::sge(self, 0, self.len() as u64)
     }
 }

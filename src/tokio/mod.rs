@@ -89,7 +89,7 @@ mod rpc;
 mod shared;
 mod wire;
 
-pub use buf::IoBuf;
+pub use buf::{HostBuf, IoBuf};
 pub use connect::ConnectError;
 pub use group::AsyncGroup;
 pub use queue::AsyncQueue;
@@ -321,30 +321,6 @@ impl<P: Provider + 'static, B: IoBuf, const DEPTH: usize, const SGES: usize>
         self.run_op(Op::read(Owned(buf), remote), done)
     }
 
-    /// Adds `add` to the 8 bytes at the start of `remote`; their value before lands in
-    /// `buf` (8 bytes) and is returned.
-    pub fn fetch_add(
-        &self,
-        buf: B,
-        remote: &RemoteRegion,
-        add: u64,
-    ) -> impl Future<Output = BufResult<u64, B, P::Error>> + '_ {
-        self.run_op(Op::fetch_add(Owned(buf), remote, add), old_value)
-    }
-
-    /// Compares the 8 bytes at the start of `remote` with `compare` and, if equal, writes
-    /// `swap`; their value before lands in `buf` (8 bytes) and is returned.
-    pub fn compare_swap(
-        &self,
-        buf: B,
-        remote: &RemoteRegion,
-        compare: u64,
-        swap: u64,
-    ) -> impl Future<Output = BufResult<u64, B, P::Error>> + '_ {
-        let op = Op::compare_swap(Owned(buf), remote, compare, swap);
-        self.run_op(op, old_value)
-    }
-
     /// [`run`](Self::run) for a send-queue operation.
     #[inline(always)]
     fn run_op<'a, T: 'a>(
@@ -408,6 +384,36 @@ impl<P: Provider + 'static, B: IoBuf, const DEPTH: usize, const SGES: usize>
         }
         drop(inner);
         Stage::Posted(InFlight::new(shared, p, buf), sge)
+    }
+}
+
+/// Atomics return the value they fetched, which the library reads from the buffer: only
+/// on buffers of host memory ([`HostBuf`]).
+impl<P: Provider + 'static, B: HostBuf, const DEPTH: usize, const SGES: usize>
+    AsyncChannel<P, B, DEPTH, SGES>
+{
+    /// Adds `add` to the 8 bytes at the start of `remote`; their value before lands in
+    /// `buf` (8 bytes) and is returned.
+    pub fn fetch_add(
+        &self,
+        buf: B,
+        remote: &RemoteRegion,
+        add: u64,
+    ) -> impl Future<Output = BufResult<u64, B, P::Error>> + '_ {
+        self.run_op(Op::fetch_add(Owned(buf), remote, add), old_value)
+    }
+
+    /// Compares the 8 bytes at the start of `remote` with `compare` and, if equal, writes
+    /// `swap`; their value before lands in `buf` (8 bytes) and is returned.
+    pub fn compare_swap(
+        &self,
+        buf: B,
+        remote: &RemoteRegion,
+        compare: u64,
+        swap: u64,
+    ) -> impl Future<Output = BufResult<u64, B, P::Error>> + '_ {
+        let op = Op::compare_swap(Owned(buf), remote, compare, swap);
+        self.run_op(op, old_value)
     }
 }
 

@@ -70,6 +70,8 @@ pub mod channel;
 #[cfg(all(feature = "std", unix))]
 pub mod cm;
 pub mod cq;
+#[cfg(all(feature = "cuda", unix))]
+pub mod cuda;
 pub mod device;
 #[cfg(feature = "std")]
 pub mod dispatch;

@@ -96,6 +96,8 @@ mod config;
 mod counters;
 mod fd_queue;
 mod gate;
+#[cfg(feature = "cuda")]
+mod gpu;
 mod hca;
 mod padded;
 mod rng;

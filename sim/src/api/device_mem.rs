@@ -53,10 +53,27 @@ impl Context {
     /// # Errors
     /// [`SimError::QueueFull`] when no descriptor can be made.
     pub fn alloc_device_memory(&self, len: usize) -> Result<DeviceMemory, SimError> {
+        self.export(DeviceBlock::new(len))
+    }
+
+    /// Allocates `len` bytes of GPU `ordinal`'s memory (CUDA managed memory, zeroed) as
+    /// this device's machine's device memory (feature `cuda`): a peer's RDMA write lands
+    /// in the GPU's memory, and a CUDA read of [`DeviceMemory::gpu_ptr`] sees the bytes.
+    ///
+    /// # Errors
+    /// [`SimError::NotFound`] without such a GPU (or a CUDA driver);
+    /// [`SimError::QueueFull`] when it has no room or no descriptor can be made.
+    #[cfg(feature = "cuda")]
+    pub fn alloc_gpu_memory(&self, ordinal: usize, len: usize) -> Result<DeviceMemory, SimError> {
+        self.export(DeviceBlock::gpu(ordinal, len)?)
+    }
+
+    /// Exports `block` as a dmabuf of this device's machine.
+    fn export(&self, block: DeviceBlock) -> Result<DeviceMemory, SimError> {
         let (_, end) = std::os::unix::net::UnixStream::pair().map_err(|_| SimError::QueueFull)?;
         let fd = OwnedFd::from(end);
         let id = file_id(fd.as_fd()).ok_or(SimError::QueueFull)?;
-        let block = Arc::new(DeviceBlock::new(len));
+        let block = Arc::new(block);
         let entry = (self.dev, block.clone());
         enter(&self.world).tables.dmabufs.insert(id, entry);
         Ok(DeviceMemory {
@@ -90,6 +107,13 @@ impl DeviceMemory {
     /// Whether it has no bytes.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// The GPU's pointer to the memory (`CUdeviceptr`), if it is a GPU's
+    /// ([`Context::alloc_gpu_memory`]).
+    #[cfg(feature = "cuda")]
+    pub fn gpu_ptr(&self) -> Option<u64> {
+        self.block.device_ptr()
     }
 
     /// The dmabuf's descriptor, to register.

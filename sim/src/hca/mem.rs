@@ -51,15 +51,51 @@ pub(crate) struct Region {
 /// allocated.
 #[derive(Debug)]
 pub(crate) struct DeviceBlock {
-    words: Box<[AtomicU64]>,
+    storage: Storage,
     len: usize,
+}
+
+/// Where a block's bytes are: process memory standing for the device's, or (feature
+/// `cuda`) a GPU's managed memory (`gpu.rs`).
+#[derive(Debug)]
+enum Storage {
+    Host(Box<[AtomicU64]>),
+    #[cfg(feature = "cuda")]
+    Gpu(crate::gpu::Managed),
 }
 
 impl DeviceBlock {
     pub(crate) fn new(len: usize) -> DeviceBlock {
         DeviceBlock {
-            words: (0..len.div_ceil(8)).map(|_| AtomicU64::new(0)).collect(),
+            storage: Storage::Host((0..len.div_ceil(8)).map(|_| AtomicU64::new(0)).collect()),
             len,
+        }
+    }
+
+    /// `len` bytes of GPU `ordinal`'s managed memory.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn gpu(ordinal: usize, len: usize) -> Result<DeviceBlock, crate::SimError> {
+        let storage = Storage::Gpu(crate::gpu::Managed::alloc(ordinal, len)?);
+        Ok(DeviceBlock { storage, len })
+    }
+
+    /// The GPU's pointer to the bytes, if they are a GPU's.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn device_ptr(&self) -> Option<u64> {
+        match &self.storage {
+            Storage::Gpu(m) => Some(m.device_ptr()),
+            Storage::Host(_) => None,
+        }
+    }
+
+    /// The first byte. Host words are interior-mutable and every access to a block is
+    /// atomic (module docs), so writes through this pointer are sound; managed memory is
+    /// ordinary memory on the host's side.
+    fn base(&self) -> *mut u8 {
+        match &self.storage {
+            Storage::Host(words) => words.as_ptr() as *mut u8,
+            #[cfg(feature = "cuda")]
+            Storage::Gpu(m) => m.base(),
         }
     }
 
@@ -77,10 +113,8 @@ impl DeviceBlock {
         writable: bool,
     ) -> Option<Region> {
         (offset.checked_add(len)? <= self.len).then(|| Region {
-            // The words are interior-mutable and only ever accessed atomically (module
-            // docs), so writes through this pointer are sound; the `Arc` in the region
-            // keeps them alive.
-            base: (self.words.as_ptr() as *mut u8).wrapping_add(offset),
+            // The `Arc` in the region keeps the bytes alive.
+            base: self.base().wrapping_add(offset),
             va,
             len,
             writable,

@@ -48,9 +48,9 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use crate::device::ProtectionDomain;
 use crate::error::{verb, BoundsError, Error};
-use crate::mr::{resolve, to_u64, LocalSlice, LocalSliceMut, RemoteRegion};
+use crate::mr::{Extent, LocalSlice, LocalSliceMut, RemoteRegion};
 use crate::provider::Provider;
-use crate::types::{AccessFlags, Sge};
+use crate::types::AccessFlags;
 
 /// Pages of a dmabuf registration: its I/O virtual address must share its page offset with
 /// its offset into the dmabuf (`ibv_reg_dmabuf_mr(3)`).
@@ -196,8 +196,7 @@ impl<P: Provider> DeviceRegion<'_, P> {
 
     /// A byte range the device may read (sends, writes).
     pub fn slice(&self, range: impl RangeBounds<usize>) -> Result<LocalSlice<'_>, BoundsError> {
-        let (off, len) = resolve(to_u64(range), self.len as u64)?;
-        Ok(LocalSlice::from_sge(self.sge(off, len)?))
+        Ok(LocalSlice::from_sge(self.extent().range(range)?))
     }
 
     /// A byte range the device may write (receives, reads, atomics).
@@ -205,24 +204,11 @@ impl<P: Provider> DeviceRegion<'_, P> {
         &mut self,
         range: impl RangeBounds<usize>,
     ) -> Result<LocalSliceMut<'_>, BoundsError> {
-        let (off, len) = resolve(to_u64(range), self.len as u64)?;
-        Ok(LocalSliceMut::from_device_sge(self.sge(off, len)?))
+        Ok(LocalSliceMut::from_device_sge(self.extent().range(range)?))
     }
 
-    fn sge(&self, off: u64, len: u64) -> Result<Sge, BoundsError> {
-        let err = BoundsError {
-            offset: off,
-            len,
-            region_len: self.len as u64,
-        };
-        let length = u32::try_from(len).map_err(|_| err)?;
-        // `iova + len` was checked at registration and `off <= len`.
-        let addr = self.iova.checked_add(off).ok_or(err)?;
-        Ok(Sge {
-            addr,
-            length,
-            lkey: self.lkey,
-        })
+    fn extent(&self) -> Extent {
+        Extent::new(self.iova, self.len, self.lkey)
     }
 
     /// The backend's handle.

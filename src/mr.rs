@@ -178,8 +178,7 @@ impl<'a, P: Provider> MemoryRegion<'a, P> {
 
     /// A byte range the device may read (sends, writes).
     pub fn slice(&self, range: impl RangeBounds<usize>) -> Result<LocalSlice<'_>, BoundsError> {
-        let (off, len) = resolve(to_u64(range), self.len as u64)?;
-        Ok(LocalSlice::from_sge(self.sge(off, len)?))
+        Ok(LocalSlice::from_sge(self.extent().range(range)?))
     }
 
     /// A byte range the device may write (receives, reads, atomics).
@@ -187,30 +186,61 @@ impl<'a, P: Provider> MemoryRegion<'a, P> {
         &mut self,
         range: impl RangeBounds<usize>,
     ) -> Result<LocalSliceMut<'_>, BoundsError> {
-        let (off, len) = resolve(to_u64(range), self.len as u64)?;
-        Ok(LocalSliceMut::from_sge(self.sge(off, len)?))
+        Ok(LocalSliceMut::from_sge(self.extent().range(range)?))
     }
 
-    fn sge(&self, off: u64, len: u64) -> Result<Sge, BoundsError> {
-        let err = BoundsError {
-            offset: off,
-            len,
-            region_len: self.len as u64,
-        };
-        let length = u32::try_from(len).map_err(|_| err)?;
-        // Cannot fail for `off <= len` of a live buffer (no allocation wraps the address
-        // space); checked so that no input makes this arithmetic wrap or panic.
-        let addr = (self.ptr as u64).checked_add(off).ok_or(err)?;
-        Ok(Sge {
-            addr,
-            length,
-            lkey: self.lkey,
-        })
+    fn extent(&self) -> Extent {
+        Extent::new(self.ptr as u64, self.len, self.lkey)
     }
 
     /// The backend's handle.
     pub fn raw(&self) -> &P::Mr {
         &self.raw
+    }
+}
+
+/// `len` registered bytes at `addr` under `lkey`: what a region or a pool's buffer names to
+/// the device. Every entry of every kind of registered memory is cut here.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Extent {
+    addr: u64,
+    len: u64,
+    lkey: u32,
+}
+
+impl Extent {
+    pub(crate) fn new(addr: u64, len: usize, lkey: u32) -> Extent {
+        Extent {
+            addr,
+            len: len as u64,
+            lkey,
+        }
+    }
+
+    /// The entry for `len` bytes at `off`, or why it does not fit: past the end, longer
+    /// than an entry holds (4 GiB), or (impossible for live memory, checked so that no
+    /// input makes the arithmetic wrap) past the end of the address space.
+    pub(crate) fn sge(self, off: u64, len: u64) -> Result<Sge, BoundsError> {
+        let err = BoundsError {
+            offset: off,
+            len,
+            region_len: self.len,
+        };
+        match off.checked_add(len) {
+            Some(end) if end <= self.len => {}
+            _ => return Err(err),
+        }
+        Ok(Sge {
+            addr: self.addr.checked_add(off).ok_or(err)?,
+            length: u32::try_from(len).map_err(|_| err)?,
+            lkey: self.lkey,
+        })
+    }
+
+    /// The entry for `range` of the bytes.
+    pub(crate) fn range(self, range: impl RangeBounds<usize>) -> Result<Sge, BoundsError> {
+        let (off, len) = resolve(to_u64(range), self.len)?;
+        self.sge(off, len)
     }
 }
 

@@ -6,7 +6,7 @@ use core::ptr::NonNull;
 
 use super::MrPool;
 use crate::error::BoundsError;
-use crate::mr::{resolve, to_u64, LocalSlice, LocalSliceMut};
+use crate::mr::{Extent, LocalSlice, LocalSliceMut};
 use crate::provider::Provider;
 use crate::types::Sge;
 
@@ -147,8 +147,7 @@ impl<P: Provider> LocalBuf<P> {
 
     /// A byte range the device may read (sends, writes).
     pub fn slice(&self, range: impl RangeBounds<usize>) -> Result<LocalSlice<'_>, BoundsError> {
-        let (off, len) = resolve(to_u64(range), self.len as u64)?;
-        Ok(LocalSlice::from_sge(self.sge(off, len)?))
+        Ok(LocalSlice::from_sge(self.extent().range(range)?))
     }
 
     /// A byte range the device may write (receives, reads, atomics).
@@ -156,30 +155,17 @@ impl<P: Provider> LocalBuf<P> {
         &mut self,
         range: impl RangeBounds<usize>,
     ) -> Result<LocalSliceMut<'_>, BoundsError> {
-        let (off, len) = resolve(to_u64(range), self.len as u64)?;
-        Ok(LocalSliceMut::from_sge(self.sge(off, len)?))
+        Ok(LocalSliceMut::from_sge(self.extent().range(range)?))
     }
 
     /// The entry for `len` bytes at `off`, checked against [`len`](Self::len). For layers
     /// that keep the buffer (not a borrow) until the work completes.
     pub(crate) fn sge(&self, off: u64, len: u64) -> Result<Sge, BoundsError> {
-        let err = BoundsError {
-            offset: off,
-            len,
-            region_len: self.len as u64,
-        };
-        let end = off.checked_add(len).ok_or(err)?;
-        if end > self.len as u64 {
-            return Err(err);
-        }
-        let length = u32::try_from(len).map_err(|_| err)?;
-        // Cannot overflow: the range lies inside a live allocation.
-        let addr = self.addr() + off;
-        Ok(Sge {
-            addr,
-            length,
-            lkey: self.lkey(),
-        })
+        self.extent().sge(off, len)
+    }
+
+    fn extent(&self) -> Extent {
+        Extent::new(self.addr(), self.len, self.lkey())
     }
 }
 

@@ -10,7 +10,7 @@ use super::buddy::{self, order_for, Buddy};
 use super::{PoolError, PoolStats};
 use crate::dmabuf::DeviceRegion;
 use crate::error::{BoundsError, Error};
-use crate::mr::{resolve, to_u64, LocalSlice, LocalSliceMut};
+use crate::mr::{Extent, LocalSlice, LocalSliceMut};
 use crate::provider::Provider;
 use crate::types::Sge;
 
@@ -114,14 +114,7 @@ impl<P: Provider> DevicePool<P> {
 
     /// Occupancy now.
     pub fn stats(&self) -> PoolStats {
-        let b = self.lock();
-        let unit = buddy::MIN_BLOCK;
-        PoolStats {
-            capacity: self.capacity(),
-            free: b.free_units() * unit,
-            largest_free: b.largest_free().map_or(0, |k| unit << k),
-            allocations: b.live(),
-        }
+        super::stats_of(&self.lock(), self.inner.top)
     }
 
     /// The pool's size in bytes.
@@ -187,8 +180,7 @@ impl<P: Provider> DeviceBuf<P> {
 
     /// A byte range the device may read (sends, writes).
     pub fn slice(&self, range: impl RangeBounds<usize>) -> Result<LocalSlice<'_>, BoundsError> {
-        let (off, len) = resolve(to_u64(range), self.len as u64)?;
-        Ok(LocalSlice::from_sge(self.sge(off, len)?))
+        Ok(LocalSlice::from_sge(self.extent().range(range)?))
     }
 
     /// A byte range the device may write (receives, reads, atomics).
@@ -196,21 +188,15 @@ impl<P: Provider> DeviceBuf<P> {
         &mut self,
         range: impl RangeBounds<usize>,
     ) -> Result<LocalSliceMut<'_>, BoundsError> {
-        let (off, len) = resolve(to_u64(range), self.len as u64)?;
-        Ok(LocalSliceMut::from_device_sge(self.sge(off, len)?))
+        Ok(LocalSliceMut::from_device_sge(self.extent().range(range)?))
     }
 
-    /// The entry for `len` bytes at `off` (a range of the buffer, checked by the caller).
+    /// The entry for `len` bytes at `off`, checked against [`len`](Self::len).
     pub(crate) fn sge(&self, off: u64, len: u64) -> Result<Sge, BoundsError> {
-        let err = BoundsError {
-            offset: off,
-            len,
-            region_len: self.len as u64,
-        };
-        Ok(Sge {
-            addr: self.iova() + off,
-            length: u32::try_from(len).map_err(|_| err)?,
-            lkey: self.pool.inner.region.lkey(),
-        })
+        self.extent().sge(off, len)
+    }
+
+    fn extent(&self) -> Extent {
+        Extent::new(self.iova(), self.len, self.pool.inner.region.lkey())
     }
 }

@@ -347,14 +347,7 @@ impl<P: Provider> MrPool<P> {
 
     /// Occupancy now. Takes the lock briefly.
     pub fn stats(&self) -> PoolStats {
-        let b = self.lock();
-        let unit = buddy::MIN_BLOCK;
-        PoolStats {
-            capacity: self.capacity(),
-            free: b.free_units() * unit,
-            largest_free: b.largest_free().map_or(0, |k| unit << k),
-            allocations: b.live(),
-        }
+        stats_of(&self.lock(), self.inner.top)
     }
 
     /// The slab's size in bytes.
@@ -380,6 +373,17 @@ impl<P: Provider> MrPool<P> {
     /// The slab's first byte.
     fn base(&self) -> NonNull<u8> {
         self.inner.slab.ptr
+    }
+}
+
+/// What the allocator `b` of a pool of `64 << top` bytes holds now.
+fn stats_of(b: &Buddy, top: u8) -> PoolStats {
+    let unit = buddy::MIN_BLOCK;
+    PoolStats {
+        capacity: unit << top,
+        free: b.free_units() * unit,
+        largest_free: b.largest_free().map_or(0, |k| unit << k),
+        allocations: b.live(),
     }
 }
 

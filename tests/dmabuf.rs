@@ -330,3 +330,42 @@ fn a_multi_channel_scatters_and_gathers_device_memory() {
     let want: Vec<u8> = (1..=3u8).flat_map(|b| [b; 64]).collect();
     assert_eq!(&all[..], &want[..]);
 }
+
+/// Device memory keeps its rights and bounds against peers: a write into a registration
+/// without REMOTE_WRITE, and a write past its end (a remote region a peer made up), both
+/// fail with REM_ACCESS_ERR and leave the memory as it was.
+#[test]
+fn device_memory_refuses_peers_without_rights_or_past_its_end() {
+    use zverbs::{RemoteRegion, WcStatus};
+    let status = |e: Error<_>| match e {
+        Error::Completion(c) => c.status,
+        other => panic!("{other}"),
+    };
+    for (access, past_end) in [(AccessFlags::LOCAL_WRITE, false), (RW, true)] {
+        let mut p = pair();
+        let gpu = p.b.ctx.raw().alloc_device_memory(4096).unwrap();
+        let region =
+            p.b.pd
+                .register_dmabuf(gpu.dmabuf_fd(), 0, 4096, IOVA, access)
+                .unwrap();
+        let r = region.remote();
+        let target = match past_end {
+            false => r,
+            true => RemoteRegion {
+                addr: r.addr + 4090,
+                len: 64,
+                rkey: r.rkey,
+            },
+        };
+        let mut msg = [9u8; 16];
+        let msg = p.a.pd.register(&mut msg).unwrap();
+        let e = p.a.ch.write([msg.slice(..).unwrap()], &target).unwrap_err();
+        assert_eq!(status(e), WcStatus::RemAccessErr, "past_end {past_end}");
+        let mut after = [1u8; 4096];
+        gpu.copy_out(0, &mut after).unwrap();
+        assert!(
+            after.iter().all(|&b| b == 0),
+            "untouched (past_end {past_end})"
+        );
+    }
+}

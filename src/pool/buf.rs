@@ -8,6 +8,7 @@ use super::MrPool;
 use crate::error::BoundsError;
 use crate::mr::{Extent, LocalSlice, LocalSliceMut};
 use crate::provider::Provider;
+#[cfg(feature = "tokio")]
 use crate::types::Sge;
 
 /// A buffer from an [`MrPool`]: one block of the registered slab, owned exclusively, given
@@ -160,6 +161,7 @@ impl<P: Provider> LocalBuf<P> {
 
     /// The entry for `len` bytes at `off`, checked against [`len`](Self::len). For layers
     /// that keep the buffer (not a borrow) until the work completes.
+    #[cfg(feature = "tokio")]
     pub(crate) fn sge(&self, off: u64, len: u64) -> Result<Sge, BoundsError> {
         self.extent().sge(off, len)
     }

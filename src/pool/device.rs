@@ -12,6 +12,7 @@ use crate::dmabuf::DeviceRegion;
 use crate::error::{BoundsError, Error};
 use crate::mr::{Extent, LocalSlice, LocalSliceMut};
 use crate::provider::Provider;
+#[cfg(feature = "tokio")]
 use crate::types::Sge;
 
 struct Inner<P: Provider> {
@@ -192,6 +193,7 @@ impl<P: Provider> DeviceBuf<P> {
     }
 
     /// The entry for `len` bytes at `off`, checked against [`len`](Self::len).
+    #[cfg(feature = "tokio")]
     pub(crate) fn sge(&self, off: u64, len: u64) -> Result<Sge, BoundsError> {
         self.extent().sge(off, len)
     }

@@ -19,53 +19,47 @@ mod backend;
 
 use std::process::ExitCode;
 
-use backend::{Args, Backend};
+use backend::ClientServer;
 
-/// rping's port and buffer size (its `-p`, `-S` defaults).
-#[cfg(any(feature = "sim", feature = "verbs"))]
-const PORT: u16 = 7174;
+/// rping's buffer size (its `-S` default; its port, `-p`, is [`Rping::PORT`]).
 #[cfg(any(feature = "sim", feature = "verbs"))]
 const SIZE: usize = 64;
 
 fn main() -> ExitCode {
-    backend::exit("rping", run())
+    backend::run::<Rping>()
 }
 
-fn run() -> Result<(), String> {
-    // `count` is unused in a build without a backend, which only says which feature to
-    // enable.
-    #[cfg_attr(not(any(feature = "sim", feature = "verbs")), allow(unused_variables))]
-    let (args, count) = Args::client_server()?;
-    let backend: Backend = args.backend()?;
-    match backend {
-        #[cfg(feature = "sim")]
-        Backend::Sim => {
-            use zverbs::provider::sim::Sim;
-            // Both roles, on two simulated devices (10.0.0.1 and 10.0.0.2).
-            let sim = Sim::with_devices(2);
-            let server = std::net::SocketAddr::new([10, 0, 0, 2].into(), PORT);
-            let from = Some([10, 0, 0, 1].into());
-            let listener = zverbs::cm::CmListener::bind(&sim, server).map_err(|e| e.to_string())?;
-            backend::side_by_side(
-                || ping::serve(&sim, "sim1", &listener, count),
-                || ping::client(&sim, "sim0", from, server, count),
-            )
-        }
-        #[cfg(feature = "verbs")]
-        Backend::Verbs => {
-            use zverbs::provider::verbs::Verbs;
-            let device = backend::verbs::device(args.value("--device"))?;
-            match args.role(PORT)? {
-                backend::Role::Server(at) => {
-                    let listener =
-                        zverbs::cm::CmListener::bind(&Verbs, at).map_err(|e| e.to_string())?;
-                    ping::serve(&Verbs, &device, &listener, count)
-                }
-                backend::Role::Client(to) => ping::client(&Verbs, &device, None, to, count),
+struct Rping;
+
+impl ClientServer for Rping {
+    const NAME: &'static str = "rping";
+    const PORT: u16 = 7174;
+
+    /// Both roles, on two simulated devices (10.0.0.1 and 10.0.0.2).
+    #[cfg(feature = "sim")]
+    fn sim(count: usize) -> Result<(), String> {
+        use zverbs::provider::sim::Sim;
+        let sim = Sim::with_devices(2);
+        let server = std::net::SocketAddr::new([10, 0, 0, 2].into(), Self::PORT);
+        let from = Some([10, 0, 0, 1].into());
+        let listener = zverbs::cm::CmListener::bind(&sim, server).map_err(|e| e.to_string())?;
+        backend::side_by_side(
+            || ping::serve(&sim, "sim1", &listener, count),
+            || ping::client(&sim, "sim0", from, server, count),
+        )
+    }
+
+    #[cfg(feature = "verbs")]
+    fn verbs(device: &str, role: backend::Role, count: usize) -> Result<(), String> {
+        use zverbs::provider::verbs::Verbs;
+        match role {
+            backend::Role::Server(at) => {
+                let listener =
+                    zverbs::cm::CmListener::bind(&Verbs, at).map_err(|e| e.to_string())?;
+                ping::serve(&Verbs, device, &listener, count)
             }
+            backend::Role::Client(to) => ping::client(&Verbs, device, None, to, count),
         }
-        #[allow(unreachable_patterns)]
-        other => Err(other.not_compiled_in("rping")),
     }
 }
 

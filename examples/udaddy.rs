@@ -18,45 +18,39 @@ mod backend;
 
 use std::process::ExitCode;
 
-use backend::{Args, Backend};
+use backend::ClientServer;
 
-#[cfg(any(feature = "sim", feature = "verbs"))]
-const PORT: u16 = 7174;
 #[cfg(any(feature = "sim", feature = "verbs"))]
 const SIZE: usize = 100;
 
 fn main() -> ExitCode {
-    backend::exit("udaddy", run())
+    backend::run::<Udaddy>()
 }
 
-fn run() -> Result<(), String> {
-    // `count` is unused in a build without a backend, which only says which feature to
-    // enable.
-    #[cfg_attr(not(any(feature = "sim", feature = "verbs")), allow(unused_variables))]
-    let (args, count) = Args::client_server()?;
-    let backend: Backend = args.backend()?;
-    match backend {
-        #[cfg(feature = "sim")]
-        Backend::Sim => {
-            use zverbs::provider::sim::Sim;
-            let sim = Sim::with_devices(2);
-            let at = std::net::SocketAddr::new([10, 0, 0, 2].into(), PORT);
-            backend::side_by_side(
-                || udp::serve(&sim, "sim1", at, count),
-                || udp::client(&sim, "sim0", Some([10, 0, 0, 1].into()), at, count),
-            )
+struct Udaddy;
+
+impl ClientServer for Udaddy {
+    const NAME: &'static str = "udaddy";
+    const PORT: u16 = 7174;
+
+    #[cfg(feature = "sim")]
+    fn sim(count: usize) -> Result<(), String> {
+        use zverbs::provider::sim::Sim;
+        let sim = Sim::with_devices(2);
+        let at = std::net::SocketAddr::new([10, 0, 0, 2].into(), Self::PORT);
+        backend::side_by_side(
+            || udp::serve(&sim, "sim1", at, count),
+            || udp::client(&sim, "sim0", Some([10, 0, 0, 1].into()), at, count),
+        )
+    }
+
+    #[cfg(feature = "verbs")]
+    fn verbs(device: &str, role: backend::Role, count: usize) -> Result<(), String> {
+        use zverbs::provider::verbs::Verbs;
+        match role {
+            backend::Role::Client(to) => udp::client(&Verbs, device, None, to, count),
+            backend::Role::Server(at) => udp::serve(&Verbs, device, at, count),
         }
-        #[cfg(feature = "verbs")]
-        Backend::Verbs => {
-            use zverbs::provider::verbs::Verbs;
-            let device = backend::verbs::device(args.value("--device"))?;
-            match args.role(PORT)? {
-                backend::Role::Client(to) => udp::client(&Verbs, &device, None, to, count),
-                backend::Role::Server(at) => udp::serve(&Verbs, &device, at, count),
-            }
-        }
-        #[allow(unreachable_patterns)]
-        other => Err(other.not_compiled_in("udaddy")),
     }
 }
 

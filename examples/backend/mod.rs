@@ -43,6 +43,44 @@ pub fn side_by_side(
     })
 }
 
+/// A client/server example (rping, udaddy): what it does on each backend. [`run`] reads
+/// the command line (`--backend`, `--server ADDR` / `--client ADDR`, `--count N`,
+/// `--device`) and calls the one the backend names.
+pub trait ClientServer {
+    /// The example's name, for messages.
+    const NAME: &'static str;
+    /// The port it serves at.
+    const PORT: u16;
+    /// Both roles, on the simulator's two devices, `count` exchanges.
+    #[cfg(feature = "sim")]
+    fn sim(count: usize) -> Result<(), String>;
+    /// `role` on verbs device `device`, `count` exchanges.
+    #[cfg(feature = "verbs")]
+    fn verbs(device: &str, role: Role, count: usize) -> Result<(), String>;
+}
+
+/// Runs client/server example `E` as the command line says; its exit status.
+pub fn run<E: ClientServer>() -> std::process::ExitCode {
+    let run = || {
+        // `count` is unused in a build without a backend, which only says which feature
+        // to enable.
+        #[cfg_attr(not(any(feature = "sim", feature = "verbs")), allow(unused_variables))]
+        let (args, count) = Args::client_server()?;
+        match args.backend()? {
+            #[cfg(feature = "sim")]
+            Backend::Sim => E::sim(count),
+            #[cfg(feature = "verbs")]
+            Backend::Verbs => {
+                let device = verbs::device(args.value("--device"))?;
+                E::verbs(&device, args.role(E::PORT)?, count)
+            }
+            #[allow(unreachable_patterns)]
+            other => Err(other.not_compiled_in(E::NAME)),
+        }
+    };
+    exit(E::NAME, run())
+}
+
 /// A backend the examples can run on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {

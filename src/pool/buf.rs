@@ -8,8 +8,6 @@ use super::MrPool;
 use crate::error::BoundsError;
 use crate::mr::{Extent, LocalSlice, LocalSliceMut};
 use crate::provider::Provider;
-#[cfg(feature = "tokio")]
-use crate::types::Sge;
 
 /// A buffer from an [`MrPool`]: one block of the registered slab, owned exclusively, given
 /// back (and coalesced) on drop.
@@ -159,14 +157,8 @@ impl<P: Provider> LocalBuf<P> {
         Ok(LocalSliceMut::from_sge(self.extent().range(range)?))
     }
 
-    /// The entry for `len` bytes at `off`, checked against [`len`](Self::len). For layers
-    /// that keep the buffer (not a borrow) until the work completes.
-    #[cfg(feature = "tokio")]
-    pub(crate) fn sge(&self, off: u64, len: u64) -> Result<Sge, BoundsError> {
-        self.extent().sge(off, len)
-    }
-
-    fn extent(&self) -> Extent {
+    /// Its bytes, to cut entries from.
+    pub(crate) fn extent(&self) -> Extent {
         Extent::new(self.addr(), self.len, self.lkey())
     }
 }

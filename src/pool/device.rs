@@ -12,8 +12,6 @@ use crate::dmabuf::DeviceRegion;
 use crate::error::{BoundsError, Error};
 use crate::mr::{Extent, LocalSlice, LocalSliceMut};
 use crate::provider::Provider;
-#[cfg(feature = "tokio")]
-use crate::types::Sge;
 
 struct Inner<P: Provider> {
     region: DeviceRegion<'static, P>,
@@ -192,13 +190,8 @@ impl<P: Provider> DeviceBuf<P> {
         Ok(LocalSliceMut::from_device_sge(self.extent().range(range)?))
     }
 
-    /// The entry for `len` bytes at `off`, checked against [`len`](Self::len).
-    #[cfg(feature = "tokio")]
-    pub(crate) fn sge(&self, off: u64, len: u64) -> Result<Sge, BoundsError> {
-        self.extent().sge(off, len)
-    }
-
-    fn extent(&self) -> Extent {
+    /// Its bytes, to cut entries from.
+    pub(crate) fn extent(&self) -> Extent {
         Extent::new(self.iova(), self.len, self.pool.inner.region.lkey())
     }
 }

@@ -42,7 +42,7 @@ pub unsafe trait HostBuf: IoBuf {}
 // it lives; the slab is registered for local access only, so no peer writes it either.
 unsafe impl<P: Provider + 'static> IoBuf for LocalBuf<P> {
     fn sge(&self) -> Result<Sge, BoundsError> {
-        LocalBuf::sge(self, 0, self.len() as u64)
+        self.extent().sge(0, self.len() as u64)
     }
 }
 
@@ -54,6 +54,6 @@ unsafe impl<P: Provider + 'static> HostBuf for LocalBuf<P> {}
 // the host never reads or writes device memory.
 unsafe impl<P: Provider + 'static> IoBuf for DeviceBuf<P> {
     fn sge(&self) -> Result<Sge, BoundsError> {
-        DeviceBuf::sge(self, 0, self.len() as u64)
+        self.extent().sge(0, self.len() as u64)
     }
 }

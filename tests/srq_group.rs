@@ -130,6 +130,84 @@ fn a_flooding_peer_does_not_starve_the_quiet_ones() {
     );
 }
 
+/// The limit event drives a refill: with the count-driven refill off (`refill_at` 0), the
+/// receiver holds five of eight slots and hands them back; the device's
+/// `SRQ_LIMIT_REACHED` (fewer than four posted) handed to `on_async_event` posts them
+/// again and arms the limit anew, so eight more messages land. A late event, after a
+/// refill already happened, only arms again.
+#[test]
+fn the_limit_event_refills_and_a_late_one_only_rearms() {
+    use zverbs::{AsyncEventKind, Context};
+    let sim = Sim::with_devices(2);
+    let (ca, cb) = (
+        Context::open(&sim, "sim0").unwrap(),
+        Context::open(&sim, "sim1").unwrap(),
+    );
+    let (pa, pb) = (ca.alloc_pd().unwrap(), cb.alloc_pd().unwrap());
+    assert_eq!(
+        cb.next_async_event().unwrap(),
+        None,
+        "the queue of events opens"
+    );
+    let b_cfg = SrqGroupConfig {
+        limit: 4,
+        ..cfg(8, 0)
+    };
+    let a = SrqGroup::prepare(&ca, &pa, 1, &cfg(8, 0)).unwrap();
+    let b = SrqGroup::prepare(&cb, &pb, 1, &b_cfg).unwrap();
+    let (ea, eb) = (a.endpoints(), b.endpoints());
+    let (rtr, rts) = (RtrOptions::default(), RtsOptions::default());
+    let (mut a, mut b) = (
+        a.connect(&eb, &rtr, &rts).unwrap(),
+        b.connect(&ea, &rtr, &rts).unwrap(),
+    );
+    let mut take = |a: &mut SrqGroup<Sim>, b: &mut SrqGroup<Sim>, n: u8| {
+        let mut slots = Vec::new();
+        for i in 0..n {
+            send(a, 0, &[i]);
+            sent(a, 0);
+            let (peer, bytes, slot) = received(b);
+            assert_eq!((peer, bytes), (0, vec![i]));
+            slots.push(slot);
+        }
+        slots
+    };
+    for slot in take(&mut a, &mut b, 5) {
+        b.release(slot).unwrap(); // free, not posted: three remain posted
+    }
+    let ev = cb
+        .wait_async_event(Some(STEP))
+        .unwrap()
+        .expect("the limit event");
+    assert_eq!(ev.kind, AsyncEventKind::SrqLimitReached);
+    assert!(b.on_async_event(&ev).unwrap(), "the group's event");
+    // Eight posted again: eight messages land without a release in between.
+    let held = take(&mut a, &mut b, 8);
+    assert_eq!(held.len(), 8);
+    // Posted fell below four again, so the limit (armed anew) raised a second event. The
+    // releases refill first (posted had reached 0, `refill_at`): the event, handed in
+    // late, finds nothing to post and only arms again.
+    for slot in held {
+        b.release(slot).unwrap();
+    }
+    let ev = cb
+        .wait_async_event(Some(STEP))
+        .unwrap()
+        .expect("armed again");
+    assert_eq!(ev.kind, AsyncEventKind::SrqLimitReached);
+    assert!(b.on_async_event(&ev).unwrap());
+    assert!(
+        b.on_async_event(&ev).unwrap(),
+        "a late copy only arms again"
+    );
+    let other = zverbs::AsyncEvent {
+        kind: AsyncEventKind::PortErr,
+        element: zverbs::EventElement::Port(1),
+    };
+    assert!(!b.on_async_event(&other).unwrap(), "not the group's");
+    assert_eq!(take(&mut a, &mut b, 8).len(), 8);
+}
+
 #[test]
 fn the_data_path_does_not_allocate() {
     let mut t = two(2, &cfg(8, 2));

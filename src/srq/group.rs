@@ -10,8 +10,10 @@
 //!   `qp_num`) and the slot, which the caller reads ([`received`](SrqGroup::received))
 //!   and hands back ([`release`](SrqGroup::release)).
 //! - Slots handed back are posted again in one batch once no more than
-//!   [`refill_at`](SrqGroupConfig::refill_at) remain posted. If the caller holds slots
-//!   until the SRQ runs dry, senders wait on RNR NAKs: nothing is lost.
+//!   [`refill_at`](SrqGroupConfig::refill_at) remain posted, or when the device says the
+//!   SRQ runs low ([`limit`](SrqGroupConfig::limit), the limit event handed to
+//!   [`on_async_event`](SrqGroup::on_async_event)). If the caller holds slots until the
+//!   SRQ runs dry, senders wait on RNR NAKs: nothing is lost.
 //! - [`send_buf`](SrqGroup::send_buf) lends a peer's send buffer while no send from it is
 //!   in flight; [`send`](SrqGroup::send) posts it; [`GroupEvent::Sent`] frees it again.
 //!
@@ -63,7 +65,8 @@ use crate::qp::{
     Endpoint, Init, QpConfig, QueuePair, RcOnSrq, ReadyToSend, RtrOptions, RtsOptions,
 };
 use crate::types::{
-    AccessFlags, RecvWr, SendFlags, SendOp, SendWr, Sge, SrqAttr, WcStatus, WorkCompletion,
+    AccessFlags, AsyncEvent, AsyncEventKind, EventElement, RecvWr, SendFlags, SendOp, SendWr, Sge,
+    SrqAttr, WcStatus, WorkCompletion,
 };
 use crate::wr_id::GroupId;
 
@@ -77,6 +80,10 @@ pub struct SrqGroupConfig {
     /// Handed-back slots are posted again once no more than this many remain posted
     /// (`ibv_srq_pingpong` refills at its number of queue pairs).
     pub refill_at: u32,
+    /// Arms the SRQ's limit at this many receives (0: not armed): the device raises
+    /// `SRQ_LIMIT_REACHED` when fewer remain posted, and
+    /// [`on_async_event`](SrqGroup::on_async_event) refills at once and arms it again.
+    pub limit: u32,
     /// The queue pairs' settings (port, GID index, send depth; their own receive
     /// capacities are not used).
     pub qp: QpConfig,
@@ -88,6 +95,7 @@ impl Default for SrqGroupConfig {
             slots: 64,
             size: 4096,
             refill_at: 16,
+            limit: 0,
             qp: QpConfig::default(),
         }
     }
@@ -241,6 +249,8 @@ struct Parts<P: Provider> {
     sending: Vec<bool>,
     size: usize,
     refill_at: u32,
+    /// The SRQ limit the group arms (0: none).
+    limit: u32,
 }
 
 /// An [`SrqGroup`] whose queue pairs are not connected yet: their
@@ -274,8 +284,8 @@ impl<P: Provider> SrqGroup<P> {
         if peers == 0 || cfg.slots == 0 || cfg.size == 0 {
             return bad("an SRQ group needs peers, slots and a size");
         }
-        if cfg.refill_at >= cfg.slots || peers > u32::MAX as usize {
-            return bad("refill_at must be below slots");
+        if cfg.refill_at >= cfg.slots || cfg.limit >= cfg.slots || peers > u32::MAX as usize {
+            return bad("refill_at and limit must be below slots");
         }
         let Some(len) = (cfg.slots as usize + peers).checked_mul(cfg.size) else {
             return bad("slots and peers times size overflow");
@@ -305,8 +315,10 @@ impl<P: Provider> SrqGroup<P> {
             sending: vec![false; peers],
             size: cfg.size,
             refill_at: cfg.refill_at,
+            limit: cfg.limit,
         };
         parts.refill()?;
+        parts.arm()?;
         Ok(PreparedSrqGroup { qps, parts })
     }
 }
@@ -344,6 +356,14 @@ impl<P: Provider> PreparedSrqGroup<P> {
 }
 
 impl<P: Provider> Parts<P> {
+    /// Arms the SRQ's limit, if the group has one.
+    fn arm(&self) -> Result<(), Error<P::Error>> {
+        match self.limit {
+            0 => Ok(()),
+            limit => self.srq.arm_limit(limit),
+        }
+    }
+
     /// Posts the free slots, oldest first, in chains of up to 32.
     fn refill(&mut self) -> Result<(), Error<P::Error>> {
         const CHAIN: usize = 32;
@@ -397,6 +417,27 @@ impl<P: Provider> SrqGroup<P> {
             self.parts.refill()?;
         }
         Ok(n)
+    }
+
+    /// Hands the group an asynchronous event of its device (from
+    /// [`Context::next_async_event`](crate::Context::next_async_event) in the program's
+    /// event loop): `SRQ_LIMIT_REACHED` for the group's SRQ (fewer than
+    /// [`limit`](SrqGroupConfig::limit) receives posted) refills it with every slot handed
+    /// back and arms the limit again; returns whether the event was the group's. The
+    /// event may come late, after a refill by [`poll`](Self::poll) or
+    /// [`release`](Self::release): then it only arms again (posting twice is impossible:
+    /// only free slots are posted).
+    ///
+    /// # Errors
+    /// The provider's error from the refill or the arm.
+    pub fn on_async_event(&mut self, ev: &AsyncEvent) -> Result<bool, Error<P::Error>> {
+        let mine = EventElement::Srq(self.parts.srq.key());
+        if ev.kind != AsyncEventKind::SrqLimitReached || ev.element != mine {
+            return Ok(false);
+        }
+        self.parts.refill()?;
+        self.parts.arm()?;
+        Ok(true)
     }
 
     /// [`poll`](Self::poll) until it finds something or `timeout` passes (then `Ok(0)`).

@@ -161,7 +161,7 @@ fn the_limit_event_refills_and_a_late_one_only_rearms() {
         a.connect(&eb, &rtr, &rts).unwrap(),
         b.connect(&ea, &rtr, &rts).unwrap(),
     );
-    let mut take = |a: &mut SrqGroup<Sim>, b: &mut SrqGroup<Sim>, n: u8| {
+    let take = |a: &mut SrqGroup<Sim>, b: &mut SrqGroup<Sim>, n: u8| {
         let mut slots = Vec::new();
         for i in 0..n {
             send(a, 0, &[i]);

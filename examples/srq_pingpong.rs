@@ -231,6 +231,7 @@ mod pp {
             size,
             refill_at: qps as u32,
             qp,
+            ..SrqGroupConfig::default()
         };
         let group = SrqGroup::prepare(&ctx, &pd, qps, &cfg).map_err(e("prepare"))?;
         let ours = group.endpoints();

@@ -130,6 +130,9 @@ impl fmt::Display for AttachError {
     }
 }
 
+/// What an [`Inbox`] bound to no queue pair holds for one.
+const NO_QP: u32 = u32::MAX;
+
 /// Why [`Dispatcher::bind_qp`] refused: the dispatcher was made without
 /// [`with_qp_routes`](Dispatcher::with_qp_routes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -153,8 +156,9 @@ pub struct Inbox {
     /// reactor runs until the inbox is detached.
     joined: bool,
     /// The queue pair on a shared receive queue whose receive completions come here
-    /// ([`Dispatcher::bind_qp`]).
-    qp_num: Option<u32>,
+    /// ([`Dispatcher::bind_qp`]), or [`NO_QP`] (a queue pair number has 24 bits). Not an
+    /// `Option`: the token stays 8 bytes, as every channel on a shared queue holds one.
+    qp_num: u32,
 }
 
 impl Inbox {
@@ -175,7 +179,7 @@ impl Inbox {
     }
     /// The queue pair whose shared receives are routed here, if one is bound.
     pub fn bound_qp(&self) -> Option<u32> {
-        self.qp_num
+        (self.qp_num != NO_QP).then_some(self.qp_num)
     }
     /// Whether a reactor task leads the queue and runs until the inbox is detached.
     #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
@@ -265,7 +269,8 @@ impl Dispatcher {
         self
     }
 
-    /// Routes the receive completions of queue pair `qp_num`, posted on a shared receive
+    /// Routes the receive completions of queue pair `qp_num` (24 bits, as every queue pair
+    /// number), posted on a shared receive
     /// queue with [`WrId::shared_recv`] ids, to `inbox` (replacing an earlier binding of
     /// the inbox). Bind before the queue pair can receive (before RTR): a completion of a
     /// queue pair bound to no inbox is counted stale. [`detach`](Self::detach) unbinds it.
@@ -275,12 +280,12 @@ impl Dispatcher {
             return Err(NoQpRoutes);
         }
         self.with_poll_right(|| {
-            if let Some(old) = inbox.qp_num {
+            if let Some(old) = inbox.bound_qp() {
                 self.by_qp.unbind(old);
             }
             self.by_qp.bind(qp_num, inbox.index, inbox.generation);
         });
-        inbox.qp_num = Some(qp_num);
+        inbox.qp_num = qp_num;
         Ok(())
     }
 
@@ -303,7 +308,7 @@ impl Dispatcher {
                     index: i as u16,
                     generation,
                     joined: self.sleepers.join_reactor(),
-                    qp_num: None,
+                    qp_num: NO_QP,
                 });
             }
         }
@@ -315,7 +320,7 @@ impl Dispatcher {
     /// batch at a time), so no routing to the inbox is under way when it is emptied.
     pub fn detach(&self, inbox: Inbox) {
         let dropped = self.with_poll_right(|| {
-            if let Some(qp_num) = inbox.qp_num {
+            if let Some(qp_num) = inbox.bound_qp() {
                 self.by_qp.unbind(qp_num);
             }
             self.boxes[inbox.index as usize].detach()
@@ -382,7 +387,7 @@ impl Dispatcher {
         for i in 0..polled {
             let wc = &out[i];
             if wc.wr_id & !SEQ_MASK == tag
-                || (Some(wc.qp_num) == inbox.qp_num && WrId(wc.wr_id).is_shared_recv())
+                || (wc.qp_num == inbox.qp_num && WrId(wc.wr_id).is_shared_recv())
             {
                 if mine != i {
                     out[mine] = out[i];

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use zverbs::provider::sim::Sim;
 use zverbs::tokio::AsyncChannel;
-use zverbs::{ChannelConfig, Context, Error, MrPool, ProtectionDomain, WaitPolicy};
+use zverbs::{ChannelConfig, Context, Error, ErrorKind, MrPool, ProtectionDomain, WaitPolicy};
 
 type Ch = AsyncChannel<Sim>;
 
@@ -22,9 +22,13 @@ struct Side {
 
 /// Two connected async channels on sim0 and sim1, each with a 1 MiB pool.
 fn pair(cfg: &ChannelConfig) -> (Side, Side) {
-    let sim = Sim::with_devices(2);
+    pair_on(&Sim::with_devices(2), cfg)
+}
+
+/// As [`pair`], on `sim`'s devices 0 and 1.
+fn pair_on(sim: &Sim, cfg: &ChannelConfig) -> (Side, Side) {
     let open = |dev: &str| {
-        let ctx: &'static Context<Sim> = Box::leak(Box::new(Context::open(&sim, dev).unwrap()));
+        let ctx: &'static Context<Sim> = Box::leak(Box::new(Context::open(sim, dev).unwrap()));
         let pd: &'static ProtectionDomain<Sim> = Box::leak(Box::new(ctx.alloc_pd().unwrap()));
         (ctx, pd, Ch::prepare(ctx, pd, cfg).unwrap())
     };
@@ -280,6 +284,29 @@ fn a_receive_that_times_out_returns_its_buffer_with_timeout() {
             t0.elapsed() < 10 * (timeout + Duration::from_millis(50)),
             "bounded by the timeout and the grace"
         );
+    });
+}
+
+/// A dead device ends a sleeping receive at once, not at its 10 s timeout: the
+/// reactor's pass polls the dead queues, marks the channel dead and wakes every sleeping
+/// operation, which ends with the device's fatal error and its buffer back.
+#[test]
+fn a_dead_device_ends_a_sleeping_receive_at_once() {
+    multi_thread().block_on(async {
+        let sim = Sim::with_devices(2);
+        let (_a, b) = pair_on(&sim, &sleeping(Duration::from_secs(10)));
+        let fabric = sim.fabric().clone();
+        let killer = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            fabric.crash(1).unwrap();
+            Instant::now()
+        });
+        let (r, buf) = b.ch.receive(b.pool.alloc(16).unwrap()).await;
+        let died = killer.await.unwrap();
+        assert_eq!(r.unwrap_err().kind(), ErrorKind::DeviceFatal);
+        assert_eq!(buf.len(), 16);
+        let after = died.elapsed();
+        assert!(after < Duration::from_secs(2), "{after:?} after the death");
     });
 }
 

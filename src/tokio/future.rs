@@ -399,6 +399,10 @@ impl<'a, P: Provider, B: IoBuf, const DEPTH: usize, const SGES: usize>
                 inner = self.shared.lock();
             }
         }
+        if inner.dead {
+            // The device died: end now, as at the deadline (the discard reports it).
+            return Step::Late;
+        }
         if !self.sleeping() {
             self.polls += 1;
             return Step::Busy;

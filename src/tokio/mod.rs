@@ -225,6 +225,7 @@ impl<P: Provider + 'static, B: IoBuf, const DEPTH: usize, const SGES: usize>
                 armed: false,
                 on_queues,
                 parked: false,
+                dead: false,
             }),
             config,
         });

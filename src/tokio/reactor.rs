@@ -89,14 +89,18 @@ pub(super) async fn run<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: u
             if let Wakeup::Inboxes = wakeup {
                 inner.ch.awake();
             }
-            let _ = inner.ch.poll_queues();
+            if let Err(e) = inner.ch.poll_queues() {
+                inner.poll_failed(e.kind());
+            }
             let mut freed = inner.wake_finished();
             // Arm (only while someone sleeps), then poll again: a completion that came
             // before the arm raises no event, and this poll finds it. (On inboxes the
             // reactor registers to be woken when it sleeps, below.)
             let fds = matches!(wakeup, Wakeup::Fds(_));
             if fds && inner.needs_events() && inner.arm() {
-                let _ = inner.ch.poll_queues();
+                if let Err(e) = inner.ch.poll_queues() {
+                    inner.poll_failed(e.kind());
+                }
                 freed |= inner.wake_finished();
             }
 

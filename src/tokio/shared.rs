@@ -41,6 +41,10 @@ pub(crate) struct Inner<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: u
     /// A slot may hold a sleeping operation or an orphan: set when one is left there,
     /// recomputed by [`wake_finished`](Self::wake_finished).
     pub(super) parked: bool,
+    /// The device is dead: a pass of the reactor polled a queue and it failed with the
+    /// device's fatal error. Operations end at once (as at their deadline, then the
+    /// discard reports the fatal error), not at their timeout.
+    pub(super) dead: bool,
 }
 
 pub(super) struct Slot<B> {
@@ -201,6 +205,21 @@ impl<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: usize> Inner<P, B, D
     /// Wakes every operation waiting for room (each tries to post again). Under the lock:
     /// a waker only schedules its task (tokio's never run it in `wake`).
     #[inline]
+    /// Records that a poll failed with `kind`: a dead device wakes every sleeping
+    /// operation, which then ends (`InFlight::poll`).
+    pub(super) fn poll_failed(&mut self, kind: crate::error::ErrorKind) {
+        if kind != crate::error::ErrorKind::DeviceFatal || self.dead {
+            return;
+        }
+        self.dead = true;
+        for slot in self.slots.iter_mut().flatten() {
+            if let Some(w) = slot.waiting.take() {
+                w.waker.wake();
+            }
+        }
+        self.wake_space();
+    }
+
     pub(super) fn wake_space(&mut self) {
         if self.space.is_empty() {
             return;

@@ -263,6 +263,8 @@ pub struct PreparedSrqGroup<P: Provider> {
 /// Connections to `peers` peers receiving through one SRQ (see the module docs).
 pub struct SrqGroup<P: Provider> {
     qps: Vec<QueuePair<P, ReadyToSend, RcOnSrq>>,
+    /// `(qp_num, peer)` for every peer, sorted: a completion's peer in O(log peers).
+    by_qpn: Vec<(u32, usize)>,
     parts: Parts<P>,
 }
 
@@ -348,8 +350,15 @@ impl<P: Provider> PreparedSrqGroup<P> {
             let qp = qp.into_rtr(remote, rtr).map_err(|e| e.error)?;
             qps.push(qp.into_rts(rts).map_err(|e| e.error)?);
         }
+        let mut by_qpn: Vec<_> = qps
+            .iter()
+            .enumerate()
+            .map(|(p, q)| (q.qp_num(), p))
+            .collect();
+        by_qpn.sort_unstable();
         Ok(SrqGroup {
             qps,
+            by_qpn,
             parts: self.parts,
         })
     }
@@ -460,7 +469,10 @@ impl<P: Provider> SrqGroup<P> {
     fn take(&mut self, wc: &WorkCompletion) -> Result<GroupEvent, Error<P::Error>> {
         let unexpected = Error::UnexpectedCompletion { wr_id: wc.wr_id };
         let ok = wc.status == WcStatus::Success;
-        let peer = self.qps.iter().position(|q| q.qp_num() == wc.qp_num);
+        let at = self
+            .by_qpn
+            .binary_search_by_key(&wc.qp_num, |&(qpn, _)| qpn);
+        let peer = at.ok().map(|i| self.by_qpn[i].1);
         let p = &mut self.parts;
         match (GroupId::decode(wc.wr_id), peer) {
             (Some(GroupId::Send(i)), Some(peer)) if i as usize == peer && p.sending[peer] => {

@@ -122,8 +122,14 @@ impl<P: Provider> CompletionChannel<P> {
     /// The error of `poll(2)`, other than `EINTR`.
     #[cfg(all(feature = "std", unix))]
     pub fn wait_readable(&self, timeout: Option<std::time::Duration>) -> std::io::Result<bool> {
-        let device = P::comp_channel_device_fd(&self.raw);
-        wait_fds(P::comp_channel_fd(&self.raw), device, timeout)
+        wait_fds(P::comp_channel_fd(&self.raw), self.device_fd(), timeout)
+    }
+
+    /// The device's asynchronous-event descriptor a sleeper on this channel also watches
+    /// ([`Provider::comp_channel_device_fd`]).
+    #[cfg(all(feature = "std", unix))]
+    pub(crate) fn device_fd(&self) -> Option<std::os::fd::RawFd> {
+        P::comp_channel_device_fd(&self.raw)
     }
 
     /// The backend's handle.

@@ -27,6 +27,20 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
         [self.send_cq.event_fd(), self.recv_cq.event_fd()]
     }
 
+    /// The descriptor of the device's asynchronous events, when the backend has one and
+    /// the receive queue a completion channel of its own.
+    pub(crate) fn device_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.recv_cq.device_fd()
+    }
+
+    /// Looks at the device's asynchronous events now: its fatal error, if it died.
+    pub(crate) fn check_device(&self) -> Result<(), Error<P::Error>> {
+        crate::error::verb(
+            "ibv_get_async_event",
+            P::check_device(self.recv_cq.queue().raw()),
+        )
+    }
+
     /// Whether both queues are shared and led by reactor tasks, which run while the
     /// channel is attached: an event loop then sleeps on the channel's inboxes
     /// ([`sleep_task`](Self::sleep_task)) instead of descriptors.

@@ -199,6 +199,16 @@ impl<P: Provider> Completions<P> {
         }
     }
 
+    /// The descriptor of the device's asynchronous events that a sleeper on the queue's
+    /// own completion channel watches too, if the backend has one.
+    #[cfg(all(feature = "tokio", unix))]
+    pub(crate) fn device_fd(&self) -> Option<std::os::fd::RawFd> {
+        match &self.source {
+            Source::Own(o) => o.events.as_ref().and_then(CompletionChannel::device_fd),
+            _ => None,
+        }
+    }
+
     /// Whether the queue is shared and led by a reactor task ([`crate::tokio::AsyncQueue`],
     /// which wakes a sleeping task through its inbox) that runs while the inbox is
     /// attached.

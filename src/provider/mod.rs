@@ -172,6 +172,14 @@ pub trait Provider: Sized {
         let _ = ch;
         None
     }
+    /// Looks at the asynchronous events of `cq`'s device now (what woke a sleeper on
+    /// [`comp_channel_device_fd`](Provider::comp_channel_device_fd)), and fails with the
+    /// device's fatal error if it died. The simulator: nothing to look at (its crash fails
+    /// the polls themselves).
+    fn check_device(cq: &Self::Cq) -> Result<(), Self::Error> {
+        let _ = cq;
+        Ok(())
+    }
     /// The key the events of `cq` carry (verbs: its `cq_context`). No two queues of one
     /// provider share a key.
     fn cq_key(cq: &Self::Cq) -> u64;

@@ -534,7 +534,14 @@ impl Provider for Verbs {
     }
 
     fn comp_channel_device_fd(ch: &CompChannel) -> Option<std::os::fd::RawFd> {
-        Some(ch.0.ctx.events.fd())
+        Some(ch.0.ctx.events.device_fd())
+    }
+
+    fn check_device(cq: &Cq) -> Result<(), VerbsError> {
+        match async_event::device_dead_now(&cq.0.ctx) {
+            true => Err(VerbsError::DeviceFatal),
+            false => Ok(()),
+        }
     }
 
     fn cq_key(cq: &Cq) -> u64 {

@@ -195,7 +195,8 @@ impl<P: Provider + 'static, B: IoBuf, const DEPTH: usize, const SGES: usize>
         };
         let wakeup = match channel.event_fds() {
             [Some(send_fd), Some(recv_fd)] => {
-                reactor::Wakeup::Fds(reactor::Fds::new(send_fd, recv_fd).map_err(|_| {
+                let device_fd = channel.device_fd();
+                reactor::Wakeup::Fds(reactor::Fds::new(send_fd, recv_fd, device_fd).map_err(|_| {
                     Error::InvalidAttribute(
                         "the completion channels cannot join the tokio reactor",
                     )

@@ -27,20 +27,30 @@ impl AsRawFd for Fd {
     }
 }
 
-/// The send and the receive queue's completion-channel descriptors, registered with the
-/// runtime's I/O driver.
-pub(super) struct Fds([AsyncFd<Fd>; 2]);
+/// The send and the receive queue's completion-channel descriptors, and the device's
+/// asynchronous-event descriptor where the backend has one (verbs: a dead device's queues
+/// raise nothing, its event queue does), registered with the runtime's I/O driver.
+pub(super) struct Fds {
+    queues: [AsyncFd<Fd>; 2],
+    device: Option<AsyncFd<Fd>>,
+}
 
 impl Fds {
-    /// Registers the descriptors of `ch`'s completion channels.
+    /// Registers the descriptors of `ch`'s completion channels and of its device's events.
     ///
-    /// The caller keeps `ch` alive, with those channels open, for as long as the returned
-    /// value lives (the reactor holds both, and drops this first: [`Reactor`]).
-    pub(super) fn new(send: RawFd, recv: RawFd) -> std::io::Result<Fds> {
-        // SAFETY: the descriptors belong to completion channels the channel owns and does
-        // not close or replace while it lives; the reactor drops these registrations before
-        // its reference to the channel (field order of `Reactor`).
-        unsafe { Ok(Fds([register(send)?, register(recv)?])) }
+    /// The caller keeps `ch` alive, with those channels and its device open, for as long as
+    /// the returned value lives (the reactor holds both, and drops this first: [`Reactor`]).
+    pub(super) fn new(send: RawFd, recv: RawFd, device: Option<RawFd>) -> std::io::Result<Fds> {
+        // SAFETY: the descriptors belong to completion channels the channel owns, and to
+        // the device context its queues hold open, none closed or replaced while it lives;
+        // the reactor drops these registrations before its reference to the channel (field
+        // order of `Reactor`).
+        unsafe {
+            Ok(Fds {
+                queues: [register(send)?, register(recv)?],
+                device: device.map(|d| register(d)).transpose()?,
+            })
+        }
     }
 }
 
@@ -159,9 +169,9 @@ pub(super) async fn run<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: u
                     return Poll::Ready(());
                 }
             }
-            let fds: &[AsyncFd<Fd>] = match wakeup {
-                Wakeup::Fds(fds) => &fds.0,
-                Wakeup::Inboxes => &[],
+            let (fds, device): (&[AsyncFd<Fd>], _) = match wakeup {
+                Wakeup::Fds(fds) => (&fds.queues, fds.device.as_ref()),
+                Wakeup::Inboxes => (&[], None),
             };
             for fd in fds {
                 if let Poll::Ready(Ok(mut ready)) = fd.poll_read_ready(cx) {
@@ -176,6 +186,16 @@ pub(super) async fn run<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: u
                     });
                     return Poll::Ready(());
                 }
+            }
+            // The device has events: look at them now (a dead device's queues stay empty
+            // and raise nothing, so no pass would find it dead before the deadlines).
+            if let Some(Poll::Ready(Ok(mut ready))) = device.map(|d| d.poll_read_ready(cx)) {
+                ready.clear_ready();
+                let mut inner = shared.lock();
+                if let Err(e) = inner.ch.check_device() {
+                    inner.poll_failed(e.kind());
+                }
+                return Poll::Ready(());
             }
             if grace_set && grace.as_mut().poll(cx).is_ready() {
                 let mut inner = shared.lock();

@@ -6,8 +6,9 @@
 //! queue itself: a poll of a completion queue that finds nothing looks at most once per
 //! [`LOOK_EVERY_NS`] (a coarse clock read otherwise), takes what the device queued into
 //! [`Events::queue`], and from a `DEVICE_FATAL` on fails every empty poll with
-//! [`VerbsError::DeviceFatal`]. Sleeping waits wake on the same descriptor
-//! ([`Events::fd`]). Events taken so wait in order for [`get`], which serves them first.
+//! [`VerbsError::DeviceFatal`]. Sleeping waits also watch the device's descriptor
+//! ([`Events::device_fd`]) and look when it wakes them. Events taken so wait in order for
+//! [`get`], which serves them first.
 //!
 //! Invariants:
 //! - The device's `async_fd` is non-blocking, and read only with `queue` locked, so events
@@ -39,6 +40,10 @@ const KEPT: usize = 256;
 
 /// A context's event state (in `ContextInner`).
 pub(super) struct Events {
+    /// The device's own `async_fd`: readable while the kernel holds events the library has
+    /// not read. What the library's sleepers watch (not `epoll`, which stays readable while
+    /// events wait in `queue` for a program that may never read them).
+    device: RawFd,
     /// An eventfd: 1 while `queue` holds events.
     ready: OwnedFd,
     /// Readable while the device or `queue` holds events: `device` and `ready`.
@@ -76,6 +81,7 @@ impl Events {
             }
         }
         Ok(Events {
+            device,
             ready,
             epoll,
             queue: Mutex::new(VecDeque::new()),
@@ -84,9 +90,15 @@ impl Events {
         })
     }
 
-    /// The descriptor to sleep on: readable while an event waits.
+    /// The descriptor a program sleeps on: readable while an event waits for it.
     pub(super) fn fd(&self) -> RawFd {
         self.epoll.as_raw_fd()
+    }
+
+    /// The descriptor the library's sleepers watch: readable while the kernel holds events
+    /// not looked at yet.
+    pub(super) fn device_fd(&self) -> RawFd {
+        self.device
     }
 
     /// Whether the device reported `DEVICE_FATAL`; looks for new events at most once per
@@ -104,7 +116,22 @@ impl Events {
         let Ok(mut queue) = self.queue.try_lock() else {
             return false; // another thread reads them now
         };
-        // A failed read (other than EAGAIN) is not a verdict: the next look reads again.
+        self.drain(ctx, &mut queue);
+        self.dead.load(Ordering::Relaxed)
+    }
+
+    /// As [`device_dead`](Self::device_dead), looking at once (waiting for a reader in
+    /// another thread, not skipping): for a sleeper the device's descriptor just woke.
+    pub(super) fn device_dead_now(&self, ctx: *mut ffi::ibv_context) -> bool {
+        let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
+        self.drain(ctx, &mut queue);
+        self.dead.load(Ordering::Relaxed)
+    }
+
+    /// Moves what the device queued into `queue` (locked by the caller), the oldest
+    /// dropped past [`KEPT`]. A failed read (other than EAGAIN) is not a verdict: the next
+    /// look reads again.
+    fn drain(&self, ctx: *mut ffi::ibv_context, queue: &mut VecDeque<AsyncEvent>) {
         while let Ok(Some(ev)) = self.read(ctx) {
             if queue.len() == KEPT {
                 queue.pop_front();
@@ -112,7 +139,6 @@ impl Events {
             queue.push_back(ev);
         }
         self.set_ready(!queue.is_empty());
-        self.dead.load(Ordering::Relaxed)
     }
 
     /// The oldest event: a kept one first, then the device's.
@@ -175,6 +201,11 @@ pub(super) fn fd(ctx: &Context) -> RawFd {
 /// The oldest event, or `None` when none is queued.
 pub(super) fn get(ctx: &Context) -> Result<Option<AsyncEvent>, VerbsError> {
     ctx.0.events.take(ctx.as_ptr())
+}
+
+/// Whether `ctx`'s device is dead, looking at its events now.
+pub(super) fn device_dead_now(ctx: &ContextInner) -> bool {
+    ctx.events.device_dead_now(ctx.ctx.as_ptr())
 }
 
 /// Whether `ctx`'s device is known dead (see [`Events::device_dead`]).

@@ -7,7 +7,7 @@
 use core::future::{poll_fn, Future};
 use core::pin::pin;
 use core::task::Poll;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::Arc;
 
 use tokio::io::unix::AsyncFd;
@@ -32,7 +32,9 @@ impl AsRawFd for Fd {
 /// raise nothing, its event queue does), registered with the runtime's I/O driver.
 pub(super) struct Fds {
     queues: [AsyncFd<Fd>; 2],
-    device: Option<AsyncFd<Fd>>,
+    /// A duplicate of the device's descriptor, its own: every channel on the device
+    /// registers one, and the runtime's I/O driver refuses one descriptor twice.
+    device: Option<AsyncFd<OwnedFd>>,
 }
 
 impl Fds {
@@ -45,12 +47,23 @@ impl Fds {
         // the device context its queues hold open, none closed or replaced while it lives;
         // the reactor drops these registrations before its reference to the channel (field
         // order of `Reactor`).
-        unsafe {
-            Ok(Fds {
-                queues: [register(send)?, register(recv)?],
-                device: device.map(|d| register(d)).transpose()?,
-            })
-        }
+        let device = match device {
+            // SAFETY: as above: the device's descriptor is open while the channel lives.
+            Some(d) => Some(unsafe { BorrowedFd::borrow_raw(d) }.try_clone_to_owned()?),
+            None => None,
+        };
+        let device = match device {
+            // SAFETY: the registration owns the duplicate, which stays open (naming the
+            // device's event queue) until the registration is dropped with it.
+            Some(d) => Some(
+                unsafe { AsyncFd::register_with_interest(d, Interest::READABLE) }
+                    .map_err(std::io::Error::from)?,
+            ),
+            None => None,
+        };
+        // SAFETY: as above, for the queues' descriptors.
+        let queues = unsafe { [register(send)?, register(recv)?] };
+        Ok(Fds { queues, device })
     }
 }
 

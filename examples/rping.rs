@@ -35,17 +35,18 @@ impl ClientServer for Rping {
     const NAME: &'static str = "rping";
     const PORT: u16 = 7174;
 
-    /// Both roles, on two simulated devices (10.0.0.1 and 10.0.0.2).
+    /// The listener is bound before either side starts, so the client finds it.
     #[cfg(feature = "sim")]
-    fn sim(count: usize) -> Result<(), String> {
-        use zverbs::provider::sim::Sim;
-        let sim = Sim::with_devices(2);
-        let server = std::net::SocketAddr::new([10, 0, 0, 2].into(), Self::PORT);
-        let from = Some([10, 0, 0, 1].into());
-        let listener = zverbs::cm::CmListener::bind(&sim, server).map_err(|e| e.to_string())?;
+    fn sim(
+        sim: &zverbs::provider::sim::Sim,
+        server: std::net::SocketAddr,
+        from: std::net::IpAddr,
+        count: usize,
+    ) -> Result<(), String> {
+        let listener = zverbs::cm::CmListener::bind(sim, server).map_err(|e| e.to_string())?;
         backend::side_by_side(
-            || ping::serve(&sim, "sim1", &listener, count),
-            || ping::client(&sim, "sim0", from, server, count),
+            || ping::serve(sim, "sim1", &listener, count),
+            || ping::client(sim, "sim0", Some(from), server, count),
         )
     }
 

@@ -34,13 +34,15 @@ impl ClientServer for Udaddy {
     const PORT: u16 = 7174;
 
     #[cfg(feature = "sim")]
-    fn sim(count: usize) -> Result<(), String> {
-        use zverbs::provider::sim::Sim;
-        let sim = Sim::with_devices(2);
-        let at = std::net::SocketAddr::new([10, 0, 0, 2].into(), Self::PORT);
+    fn sim(
+        sim: &zverbs::provider::sim::Sim,
+        at: std::net::SocketAddr,
+        from: std::net::IpAddr,
+        count: usize,
+    ) -> Result<(), String> {
         backend::side_by_side(
-            || udp::serve(&sim, "sim1", at, count),
-            || udp::client(&sim, "sim0", Some([10, 0, 0, 1].into()), at, count),
+            || udp::serve(sim, "sim1", at, count),
+            || udp::client(sim, "sim0", Some(from), at, count),
         )
     }
 

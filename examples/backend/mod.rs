@@ -51,9 +51,16 @@ pub trait ClientServer {
     const NAME: &'static str;
     /// The port it serves at.
     const PORT: u16;
-    /// Both roles, on the simulator's two devices, `count` exchanges.
+    /// Both roles on `sim`'s two devices, `count` exchanges: the server on `sim1` at
+    /// `server` (10.0.0.2, [`PORT`](Self::PORT)), the client on `sim0` from `from`
+    /// (10.0.0.1).
     #[cfg(feature = "sim")]
-    fn sim(count: usize) -> Result<(), String>;
+    fn sim(
+        sim: &zverbs::provider::sim::Sim,
+        server: std::net::SocketAddr,
+        from: std::net::IpAddr,
+        count: usize,
+    ) -> Result<(), String>;
     /// `role` on verbs device `device`, `count` exchanges.
     #[cfg(feature = "verbs")]
     fn verbs(device: &str, role: Role, count: usize) -> Result<(), String>;
@@ -68,7 +75,11 @@ pub fn run<E: ClientServer>() -> std::process::ExitCode {
         let (args, count) = Args::client_server()?;
         match args.backend()? {
             #[cfg(feature = "sim")]
-            Backend::Sim => E::sim(count),
+            Backend::Sim => {
+                let sim = zverbs::provider::sim::Sim::with_devices(2);
+                let server = std::net::SocketAddr::new([10, 0, 0, 2].into(), E::PORT);
+                E::sim(&sim, server, [10, 0, 0, 1].into(), count)
+            }
             #[cfg(feature = "verbs")]
             Backend::Verbs => {
                 let device = verbs::device(args.value("--device"))?;

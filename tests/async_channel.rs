@@ -287,14 +287,29 @@ fn a_receive_that_times_out_returns_its_buffer_with_timeout() {
     });
 }
 
-/// A dead device ends a sleeping receive at once, not at its 10 s timeout: the
-/// reactor's pass polls the dead queues, marks the channel dead and wakes every sleeping
-/// operation, which ends with the device's fatal error and its buffer back.
+/// A dead device ends a receive at once, not at its 10 s timeout, whatever the wait
+/// policy: the reactor's pass (sleeping operations) or the operation's own polls (busy
+/// ones) meet the dead queues, mark the channel dead, and the operation ends with the
+/// device's fatal error and its buffer back.
 #[test]
-fn a_dead_device_ends_a_sleeping_receive_at_once() {
+fn a_dead_device_ends_a_receive_at_once() {
+    for wait in [
+        WaitPolicy::Spin,
+        WaitPolicy::SpinYield,
+        WaitPolicy::SpinSleep,
+    ] {
+        dead_device_ends_a_receive(wait);
+    }
+}
+
+fn dead_device_ends_a_receive(wait: WaitPolicy) {
     multi_thread().block_on(async {
         let sim = Sim::with_devices(2);
-        let (_a, b) = pair_on(&sim, &sleeping(Duration::from_secs(10)));
+        let long = ChannelConfig {
+            wait,
+            ..cfg(Duration::from_secs(10))
+        };
+        let (_a, b) = pair_on(&sim, &long);
         let fabric = sim.fabric().clone();
         let killer = tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -303,10 +318,13 @@ fn a_dead_device_ends_a_sleeping_receive_at_once() {
         });
         let (r, buf) = b.ch.receive(b.pool.alloc(16).unwrap()).await;
         let died = killer.await.unwrap();
-        assert_eq!(r.unwrap_err().kind(), ErrorKind::DeviceFatal);
+        assert_eq!(r.unwrap_err().kind(), ErrorKind::DeviceFatal, "{wait:?}");
         assert_eq!(buf.len(), 16);
         let after = died.elapsed();
-        assert!(after < Duration::from_secs(2), "{after:?} after the death");
+        assert!(
+            after < Duration::from_secs(2),
+            "{wait:?}: {after:?} after the death"
+        );
     });
 }
 

@@ -285,6 +285,20 @@ impl Post<'_> {
     }
 }
 
+/// Polls both of the channel's queues (for a busy operation, which polls only its own):
+/// whether they failed because the device died (then the channel is marked dead).
+#[cold]
+#[inline(never)]
+fn meets_dead_device<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: usize>(
+    inner: &mut Inner<P, B, DEPTH, SGES>,
+) -> bool {
+    if let Err(e) = inner.ch.poll_queues() {
+        inner.poll_failed(e.kind());
+    }
+    inner.wake_finished();
+    inner.dead
+}
+
 /// The outcome of a send, write or read: done.
 pub(super) fn done<E>(_: Completion, _: Sge) -> Result<(), Error<E>> {
     Ok(())
@@ -399,13 +413,19 @@ impl<'a, P: Provider, B: IoBuf, const DEPTH: usize, const SGES: usize>
                 inner = self.shared.lock();
             }
         }
+        if !self.sleeping() {
+            // Busy polls see only their own queue's outcome: every few turns (as often as
+            // the clock is read, never at the first, which most operations end by) poll
+            // both queues, so a dead device is met here too.
+            if self.polls % CLOCK_EVERY == CLOCK_EVERY - 1 && meets_dead_device(&mut inner) {
+                return Step::Late;
+            }
+            self.polls += 1;
+            return Step::Busy;
+        }
         if inner.dead {
             // The device died: end now, as at the deadline (the discard reports it).
             return Step::Late;
-        }
-        if !self.sleeping() {
-            self.polls += 1;
-            return Step::Busy;
         }
         // Arm, then poll again: a completion before the arm raises no event.
         if inner.arm() {

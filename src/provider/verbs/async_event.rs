@@ -266,3 +266,48 @@ unsafe fn element(kind: AsyncEventKind, e: &ffi::ibv_async_event__bindgen_ty_1) 
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn readable(fd: RawFd) -> bool {
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd for the call.
+        unsafe { libc::poll(&mut p, 1, 0) > 0 }
+    }
+
+    /// The descriptor a program sleeps on is readable exactly while the device (a pipe
+    /// standing for its `async_fd`) or the library's queue holds events; the library's
+    /// own sleepers watch the device alone.
+    #[test]
+    fn the_descriptor_is_readable_while_the_device_or_the_queue_holds_events() {
+        let mut fds = [0; 2];
+        // SAFETY: `fds` has room for the two descriptors pipe(2) writes.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        // SAFETY: both are new and owned here.
+        let (r, w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        let ev = Events::new(r.as_raw_fd()).unwrap();
+        assert!(!readable(ev.fd()) && !readable(ev.device_fd()));
+        // SAFETY: one byte from a valid buffer to an open pipe.
+        let wrote = unsafe { libc::write(w.as_raw_fd(), [1u8].as_ptr().cast(), 1) };
+        assert_eq!(wrote, 1);
+        let both = readable(ev.fd()) && readable(ev.device_fd());
+        assert!(both, "the device has one");
+        let mut b = [0u8; 1];
+        // SAFETY: one byte into a valid buffer from an open pipe.
+        let took = unsafe { libc::read(r.as_raw_fd(), b.as_mut_ptr().cast(), 1) };
+        assert_eq!(took, 1);
+        assert!(!readable(ev.fd()), "taken");
+        ev.set_ready(true);
+        ev.set_ready(true);
+        assert!(readable(ev.fd()), "the queue holds events");
+        assert!(!readable(ev.device_fd()), "not the device");
+        ev.set_ready(false);
+        assert!(!readable(ev.fd()), "the queue is empty again");
+    }
+}

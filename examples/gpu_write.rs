@@ -82,8 +82,34 @@ fn fill(chunk: &mut [u8], i: usize) {
     chunk[..8].copy_from_slice(&(i as u64).to_le_bytes());
 }
 
+/// Writes chunks `0..mib` (as [`fill`] makes them) to `remote` over `ch`, one RDMA write
+/// each, from one registered chunk of `pd`; how long the writes took.
+#[cfg(feature = "cuda")]
+#[cfg_attr(not(any(feature = "sim", feature = "verbs")), allow(dead_code))]
+fn write_chunks<P: zverbs::provider::Provider>(
+    ch: &mut zverbs::Channel<P, 16, 1>,
+    pd: &zverbs::ProtectionDomain<P>,
+    remote: &zverbs::RemoteRegion,
+    mib: usize,
+) -> Result<std::time::Duration, String> {
+    let mut src = vec![0u8; CHUNK];
+    fill(&mut src, 0);
+    let mut mr = pd.register(&mut src).map_err(|e| e.to_string())?;
+    let start = std::time::Instant::now();
+    for i in 0..mib {
+        mr.as_mut_slice()[..8].copy_from_slice(&(i as u64).to_le_bytes());
+        let to = remote
+            .slice((i * CHUNK) as u64..)
+            .map_err(|e| e.to_string())?;
+        let piece = mr.slice(..).map_err(|e| e.to_string())?;
+        ch.write([piece], &to).map_err(|e| e.to_string())?;
+    }
+    Ok(start.elapsed())
+}
+
 /// Reads `mib` chunks back with `read(offset, out)` and checks each.
 #[cfg(feature = "cuda")]
+#[cfg_attr(not(any(feature = "sim", feature = "verbs")), allow(dead_code))]
 fn check(
     mib: usize,
     mut read: impl FnMut(usize, &mut [u8]) -> Result<(), String>,
@@ -102,7 +128,6 @@ fn check(
 
 #[cfg(all(feature = "cuda", feature = "sim"))]
 fn sim_part(mib: usize) -> Result<(), String> {
-    use std::time::Instant;
     use zverbs::testing::Pair;
     use zverbs::{AccessFlags, ChannelConfig};
 
@@ -120,19 +145,7 @@ fn sim_part(mib: usize) -> Result<(), String> {
         p.b.pd
             .register_dmabuf(gpu.dmabuf_fd(), 0, len, 0x1_0000_0000, access);
     let remote = region.map_err(|e| e.to_string())?.remote();
-    let mut src = vec![0u8; CHUNK];
-    fill(&mut src, 0);
-    let mut mr = p.a.pd.register(&mut src).map_err(|e| e.to_string())?;
-    let start = Instant::now();
-    for i in 0..mib {
-        mr.as_mut_slice()[..8].copy_from_slice(&(i as u64).to_le_bytes());
-        let to = remote
-            .slice((i * CHUNK) as u64..)
-            .map_err(|e| e.to_string())?;
-        let piece = mr.slice(..).map_err(|e| e.to_string())?;
-        p.a.ch.write([piece], &to).map_err(|e| e.to_string())?;
-    }
-    let took = start.elapsed();
+    let took = write_chunks(&mut p.a.ch, &p.a.pd, &remote, mib)?;
     let ptr = gpu.gpu_ptr().ok_or("the device memory is not on the GPU")?;
     let ctx = cudarc::driver::CudaContext::new(0).map_err(|e| format!("{e:?}"))?;
     ctx.bind_to_thread().map_err(|e| format!("{e:?}"))?;
@@ -194,19 +207,7 @@ fn verbs_part(args: &backend::Args, mib: usize) -> Result<(), String> {
     let (ea, eb) = (a.endpoint(), b.endpoint());
     let mut a = a.connect(&eb).map_err(|e| e.to_string())?;
     let _b = b.connect(&ea).map_err(|e| e.to_string())?;
-    let mut src = vec![0u8; CHUNK];
-    fill(&mut src, 0);
-    let mut mr = pd.register(&mut src).map_err(|e| e.to_string())?;
-    let start = std::time::Instant::now();
-    for i in 0..mib {
-        mr.as_mut_slice()[..8].copy_from_slice(&(i as u64).to_le_bytes());
-        let to = remote
-            .slice((i * CHUNK) as u64..)
-            .map_err(|e| e.to_string())?;
-        let piece = mr.slice(..).map_err(|e| e.to_string())?;
-        a.write([piece], &to).map_err(|e| e.to_string())?;
-    }
-    let took = start.elapsed();
+    let took = write_chunks(&mut a, &pd, &remote, mib)?;
     check(mib, |off, out| {
         gpu.copy_out(off, out).map_err(|e| e.to_string())
     })?;

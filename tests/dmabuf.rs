@@ -144,44 +144,22 @@ fn bad_dmabuf_registrations_are_typed_errors() {
     let kind = |r: Result<DeviceRegion<'_, Sim>, Error<_>>| r.map(drop).unwrap_err().kind();
     let lw = AccessFlags::LOCAL_WRITE;
     let invalid = ErrorKind::InvalidArgument;
-    assert_eq!(
-        kind(pd.register_dmabuf(fd, 0, 0, 0, lw)),
-        invalid,
-        "no bytes"
-    );
-    assert_eq!(
-        kind(pd.register_dmabuf(fd, 0, 4096, 0x10, lw)),
-        invalid,
-        "page offset"
-    );
-    assert_eq!(
-        kind(pd.register_dmabuf(fd, 0, 4096, u64::MAX - 4095, lw)),
-        invalid,
-        "wraps"
-    );
-    assert_eq!(
-        kind(pd.register_dmabuf(fd, u64::MAX, 1, 0xfff, lw)),
-        invalid,
-        "offset wraps"
-    );
-    let remote_only = AccessFlags::REMOTE_WRITE;
-    assert_eq!(
-        kind(pd.register_dmabuf(fd, 0, 4096, 0, remote_only)),
-        invalid,
-        "no local"
-    );
     let unknown = AccessFlags::from_bits_retain(1 << 20);
-    assert_eq!(
-        kind(pd.register_dmabuf(fd, 0, 4096, 0, unknown)),
-        invalid,
-        "unknown flag"
-    );
-    // Judged by the device.
-    assert_eq!(
-        kind(pd.register_dmabuf(fd, 4096, 8192, 0, lw)),
-        invalid,
-        "past the end"
-    );
+    // (offset, len, iova, access): the first six refused before the call, the last by
+    // the device.
+    let refused = [
+        (0, 0, 0, lw, "no bytes"),
+        (0, 4096, 0x10, lw, "page offset"),
+        (0, 4096, u64::MAX - 4095, lw, "wraps"),
+        (u64::MAX, 1, 0xfff, lw, "offset wraps"),
+        (0, 4096, 0, AccessFlags::REMOTE_WRITE, "no local"),
+        (0, 4096, 0, unknown, "unknown flag"),
+        (4096, 8192, 0, lw, "past the end"),
+    ];
+    for (offset, len, iova, access, why) in refused {
+        let r = pd.register_dmabuf(fd, offset, len, iova, access);
+        assert_eq!(kind(r), invalid, "{why}");
+    }
     let file = std::fs::File::open("/dev/null").unwrap();
     assert_eq!(
         kind(pd.register_dmabuf(file.as_fd(), 0, 64, 0, lw)),

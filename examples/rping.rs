@@ -37,16 +37,12 @@ impl ClientServer for Rping {
 
     /// The listener is bound before either side starts, so the client finds it.
     #[cfg(feature = "sim")]
-    fn sim(
-        sim: &zverbs::provider::sim::Sim,
-        server: std::net::SocketAddr,
-        from: std::net::IpAddr,
-        count: usize,
-    ) -> Result<(), String> {
-        let listener = zverbs::cm::CmListener::bind(sim, server).map_err(|e| e.to_string())?;
+    fn sim(at: &backend::SimRoles<'_>, count: usize) -> Result<(), String> {
+        let listener =
+            zverbs::cm::CmListener::bind(at.sim, at.server).map_err(|e| e.to_string())?;
         backend::side_by_side(
-            || ping::serve(sim, "sim1", &listener, count),
-            || ping::client(sim, "sim0", Some(from), server, count),
+            || ping::serve(at.sim, "sim1", &listener, count),
+            || ping::client(at.sim, "sim0", Some(at.from), at.server, count),
         )
     }
 

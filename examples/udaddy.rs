@@ -34,15 +34,10 @@ impl ClientServer for Udaddy {
     const PORT: u16 = 7174;
 
     #[cfg(feature = "sim")]
-    fn sim(
-        sim: &zverbs::provider::sim::Sim,
-        at: std::net::SocketAddr,
-        from: std::net::IpAddr,
-        count: usize,
-    ) -> Result<(), String> {
+    fn sim(at: &backend::SimRoles<'_>, count: usize) -> Result<(), String> {
         backend::side_by_side(
-            || udp::serve(sim, "sim1", at, count),
-            || udp::client(sim, "sim0", Some(from), at, count),
+            || udp::serve(at.sim, "sim1", at.server, count),
+            || udp::client(at.sim, "sim0", Some(at.from), at.server, count),
         )
     }
 

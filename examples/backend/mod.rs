@@ -51,19 +51,23 @@ pub trait ClientServer {
     const NAME: &'static str;
     /// The port it serves at.
     const PORT: u16;
-    /// Both roles on `sim`'s two devices, `count` exchanges: the server on `sim1` at
-    /// `server` (10.0.0.2, [`PORT`](Self::PORT)), the client on `sim0` from `from`
-    /// (10.0.0.1).
+    /// Both roles on the simulator's two devices ([`SimRoles`]), `count` exchanges.
     #[cfg(feature = "sim")]
-    fn sim(
-        sim: &zverbs::provider::sim::Sim,
-        server: std::net::SocketAddr,
-        from: std::net::IpAddr,
-        count: usize,
-    ) -> Result<(), String>;
+    fn sim(roles: &SimRoles<'_>, count: usize) -> Result<(), String>;
     /// `role` on verbs device `device`, `count` exchanges.
     #[cfg(feature = "verbs")]
     fn verbs(device: &str, role: Role, count: usize) -> Result<(), String>;
+}
+
+/// Where a client/server example's two roles run on the simulator.
+#[cfg(feature = "sim")]
+pub struct SimRoles<'a> {
+    /// The simulator, with two devices.
+    pub sim: &'a zverbs::provider::sim::Sim,
+    /// The server's address: 10.0.0.2 (on `sim1`), at [`ClientServer::PORT`].
+    pub server: std::net::SocketAddr,
+    /// The client's address: 10.0.0.1 (on `sim0`).
+    pub from: std::net::IpAddr,
 }
 
 /// Runs client/server example `E` as the command line says; its exit status.
@@ -77,8 +81,12 @@ pub fn run<E: ClientServer>() -> std::process::ExitCode {
             #[cfg(feature = "sim")]
             Backend::Sim => {
                 let sim = zverbs::provider::sim::Sim::with_devices(2);
-                let server = std::net::SocketAddr::new([10, 0, 0, 2].into(), E::PORT);
-                E::sim(&sim, server, [10, 0, 0, 1].into(), count)
+                let roles = SimRoles {
+                    sim: &sim,
+                    server: std::net::SocketAddr::new([10, 0, 0, 2].into(), E::PORT),
+                    from: [10, 0, 0, 1].into(),
+                };
+                E::sim(&roles, count)
             }
             #[cfg(feature = "verbs")]
             Backend::Verbs => {

@@ -28,7 +28,7 @@ use std::time::Duration;
 use criterion::{criterion_group, Criterion, Throughput};
 use zverbs::provider::sim::Sim;
 use zverbs::qp::{AddressHandle, QpConfig, QueuePair, ReadyToSend, Ud, UdOptions};
-use zverbs::rpc::{BulkConfig, Config, EngineConfig, Event, Notice, Rpc, SessionId};
+use zverbs::rpc::{BulkConfig, Config, EngineConfig, Event, MsgBuf, Notice, Rpc, SessionId};
 use zverbs::{
     AhAttr, CompletionQueue, Context, MemoryRegion, ProtectionDomain, RecvWr, SendFlags, SendOp,
     SendWr, Sge, UdDest, WorkCompletion,
@@ -333,7 +333,7 @@ fn large(c: &mut Criterion) {
                             .run_event_loop_once(&mut |n| match n {
                                 Notice::Response { bytes, msg: m, .. } => {
                                     assert_eq!(bytes.len(), MIB);
-                                    msg = m;
+                                    msg = m.and_then(MsgBuf::into_host);
                                 }
                                 Notice::Failed { error, .. } => panic!("bulk echo: {error}"),
                                 Notice::Session(_) => {}

@@ -71,7 +71,7 @@ mod measured {
 
     use zverbs::pool::LocalBuf;
     use zverbs::provider::Provider;
-    use zverbs::rpc::{BulkConfig, Config, EngineConfig, Event, Notice, Rpc, SessionId};
+    use zverbs::rpc::{BulkConfig, Config, EngineConfig, Event, MsgBuf, Notice, Rpc, SessionId};
     use zverbs::Context;
 
     use std::sync::atomic::AtomicU64;
@@ -127,12 +127,12 @@ mod measured {
                                 last.clear();
                                 last.extend_from_slice(bytes);
                             }
-                            *back = msg.or(back.take());
+                            *back = msg.and_then(MsgBuf::into_host).or(back.take());
                         }
                         Notice::Failed { error, msg, .. } => {
                             *done += 1;
                             *failed = Some(error.to_string());
-                            *back = msg.or(back.take());
+                            *back = msg.and_then(MsgBuf::into_host).or(back.take());
                         }
                         Notice::Session(_) => {}
                     })

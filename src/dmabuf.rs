@@ -86,6 +86,7 @@ impl<P: Provider> ProtectionDomain<P> {
             len,
             lkey,
             rkey,
+            access,
             _fd: None,
             _borrow: PhantomData,
         })
@@ -108,6 +109,7 @@ impl<P: Provider> ProtectionDomain<P> {
             len,
             lkey,
             rkey,
+            access,
             ..
         } = region;
         Ok(DeviceRegion {
@@ -116,6 +118,7 @@ impl<P: Provider> ProtectionDomain<P> {
             len,
             lkey,
             rkey,
+            access,
             _fd: Some(fd),
             _borrow: PhantomData,
         })
@@ -154,6 +157,8 @@ pub struct DeviceRegion<'fd, P: Provider> {
     len: usize,
     lkey: u32,
     rkey: u32,
+    /// The rights it was registered with.
+    access: AccessFlags,
     /// The descriptor, if the region owns it (dropped after `raw`).
     _fd: Option<OwnedFd>,
     _borrow: PhantomData<BorrowedFd<'fd>>,
@@ -183,6 +188,11 @@ impl<P: Provider> DeviceRegion<'_, P> {
     /// Remote key.
     pub fn rkey(&self) -> u32 {
         self.rkey
+    }
+
+    /// The rights it was registered with.
+    pub fn access(&self) -> AccessFlags {
+        self.access
     }
 
     /// The whole region as a peer addresses it.

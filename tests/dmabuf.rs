@@ -347,3 +347,166 @@ fn device_memory_refuses_peers_without_rights_or_past_its_end() {
         );
     }
 }
+
+/// A client of the RPC engine whose large request lies in its device memory: the server
+/// reads it straight from there (no host copy on the client), its handler sees the bytes,
+/// and the buffer comes back as device memory with the response.
+#[test]
+fn a_large_rpc_request_is_read_from_device_memory() {
+    use zverbs::rpc::{BulkConfig, EngineConfig, MsgBuf};
+    use zverbs::testing::RpcPair;
+    use zverbs::DevicePool;
+    const LEN: usize = 300_000;
+    let sim = Sim::with_devices(2);
+    let cfg = EngineConfig {
+        bulk: Some(BulkConfig::default()),
+        ..EngineConfig::default()
+    };
+    let mut p = RpcPair::connected(&sim, cfg.clone(), cfg, |s| {
+        s.register_handler(1, |req, out| {
+            // The request's sum and length: the server saw every byte.
+            let sum: u64 = req.iter().map(|&b| u64::from(b)).sum();
+            out[..8].copy_from_slice(&sum.to_be_bytes());
+            out[8..16].copy_from_slice(&(req.len() as u64).to_be_bytes());
+            16
+        })
+    })
+    .unwrap();
+    let ctx = Context::open(&sim, "sim0").unwrap();
+    let gpu = ctx.raw().alloc_device_memory(1 << 20).unwrap();
+    let fd = gpu.dmabuf_fd().try_clone_to_owned().unwrap();
+    let region = p
+        .client
+        .pd()
+        .register_dmabuf_owned(fd, 0, 1 << 20, IOVA, AccessFlags::REMOTE_READ)
+        .unwrap();
+    let pool = DevicePool::new(region).unwrap();
+    let msg = pool.alloc(LEN).unwrap();
+    let bytes: Vec<u8> = (0..LEN).map(|i| (i % 251) as u8).collect();
+    gpu.copy_in(msg.offset(), &bytes).unwrap();
+    let sum: u64 = bytes.iter().map(|&b| u64::from(b)).sum();
+
+    p.client.enqueue_bulk_device(p.session, 1, msg, 9).unwrap();
+    assert!(p.wait_for(1, std::time::Duration::from_secs(20)));
+    let o = p.done.pop().unwrap();
+    let mut want = sum.to_be_bytes().to_vec();
+    want.extend_from_slice(&(LEN as u64).to_be_bytes());
+    assert_eq!((o.tag, o.result.unwrap()), (9, want));
+    let back = o
+        .msg
+        .and_then(MsgBuf::into_device)
+        .expect("the device buffer");
+    assert_eq!((back.len(), back.offset()), (LEN, 0));
+    drop(back);
+    assert_eq!(
+        pool.stats().allocations,
+        0,
+        "the buffer went back to its pool"
+    );
+}
+
+/// Device memory a server may not read is refused before anything is sent, with the
+/// buffer given back; one beyond the bulk path's largest message too; and memory on
+/// another protection domain is refused by the server's device, a typed read failure.
+#[test]
+fn a_large_rpc_request_from_unreadable_device_memory_is_refused() {
+    use zverbs::rpc::{BulkConfig, BulkFailure, EngineConfig, EngineError, RpcError};
+    use zverbs::testing::RpcPair;
+    use zverbs::{DevicePool, ProtectionDomain};
+    let sim = Sim::with_devices(2);
+    let cfg = EngineConfig {
+        bulk: Some(BulkConfig {
+            max_msg_size: 4096,
+            ..BulkConfig::default()
+        }),
+        ..EngineConfig::default()
+    };
+    let mut p = RpcPair::connected(&sim, cfg.clone(), cfg, |s| {
+        s.register_handler(1, |req, out| {
+            out[0] = req[0];
+            1
+        })
+    })
+    .unwrap();
+    let ctx = Context::open(&sim, "sim0").unwrap();
+    let other_pd = ctx.alloc_pd().unwrap();
+    let pool = |pd: &ProtectionDomain<Sim>, access| {
+        let gpu = ctx.raw().alloc_device_memory(1 << 16).unwrap();
+        let fd = gpu.dmabuf_fd().try_clone_to_owned().unwrap();
+        let region = pd.register_dmabuf_owned(fd, 0, 1 << 16, IOVA, access);
+        DevicePool::new(region.unwrap()).unwrap()
+    };
+    let local_only = pool(p.client.pd(), AccessFlags::LOCAL_WRITE);
+    let (e, back) = p
+        .client
+        .enqueue_bulk_device(p.session, 1, local_only.alloc(64).unwrap(), 1)
+        .unwrap_err();
+    assert!(matches!(e, EngineError::InvalidConfig(_)), "{e}");
+    assert_eq!(back.len(), 64);
+
+    let readable = pool(p.client.pd(), AccessFlags::REMOTE_READ);
+    let (e, _) = p
+        .client
+        .enqueue_bulk_device(p.session, 1, readable.alloc(4097).unwrap(), 2)
+        .unwrap_err();
+    assert!(matches!(e, EngineError::InvalidConfig(_)), "{e}");
+
+    let elsewhere = pool(&other_pd, AccessFlags::REMOTE_READ);
+    let msg = elsewhere.alloc(64).unwrap();
+    p.client.enqueue_bulk_device(p.session, 1, msg, 3).unwrap();
+    assert!(p.wait_for(1, std::time::Duration::from_secs(20)));
+    let o = p.done.pop().unwrap();
+    assert!(
+        matches!(o.result, Err(RpcError::Bulk(BulkFailure::Read(_)))),
+        "{:?}",
+        o.result
+    );
+    assert!(o.msg.is_some(), "the buffer comes back with the failure");
+}
+
+/// The async engine's large call from device memory, and the buffer back.
+#[cfg(feature = "tokio")]
+#[test]
+fn an_async_large_call_reads_device_memory() {
+    use zverbs::rpc::{BulkConfig, EngineConfig, Rpc};
+    use zverbs::tokio::AsyncRpc;
+    use zverbs::DevicePool;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let sim = Sim::with_devices(2);
+    let engine = |dev: &str| {
+        let ctx = Context::open(&sim, dev).unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let cfg = EngineConfig {
+            bulk: Some(BulkConfig::default()),
+            events: true,
+            ..EngineConfig::default()
+        };
+        let mut rpc = Rpc::new(&ctx, pd, cfg).unwrap();
+        rpc.register_handler(1, |req, out| {
+            out[..req.len()].copy_from_slice(req);
+            req.len()
+        })
+        .unwrap();
+        (ctx, rpc)
+    };
+    let ((_, server), (ctx, client)) = (engine("sim1"), engine("sim0"));
+    let gpu = ctx.raw().alloc_device_memory(1 << 16).unwrap();
+    let fd = gpu.dmabuf_fd().try_clone_to_owned().unwrap();
+    let region = client.pd().register_dmabuf_owned(fd, 0, 1 << 16, IOVA, RW);
+    let pool = DevicePool::new(region.unwrap()).unwrap();
+    rt.block_on(async {
+        let server = AsyncRpc::new(server).unwrap();
+        let client = AsyncRpc::new(client).unwrap();
+        let s = client.connect(&server.addr()).await.unwrap();
+        let msg = pool.alloc(20_000).unwrap();
+        let bytes: Vec<u8> = (0..20_000).map(|i| (i % 199) as u8).collect();
+        gpu.copy_in(msg.offset(), &bytes).unwrap();
+        let (r, msg, resp) = client.call_bulk_device(s, 1, msg, Vec::new()).await;
+        r.unwrap();
+        assert_eq!(resp, bytes);
+        assert_eq!(msg.expect("the buffer comes back").len(), 20_000);
+    });
+}

@@ -10,7 +10,8 @@ use zverbs::pool::LocalBuf;
 use zverbs::provider::sim::{FabricConfig, Faults, Sim};
 use zverbs::provider::Provider;
 use zverbs::rpc::{
-    BulkConfig, BulkFailure, Config, EngineConfig, EngineError, Event, Notice, Rpc, RpcError,
+    BulkConfig, BulkFailure, Config, EngineConfig, EngineError, Event, MsgBuf, Notice, Rpc,
+    RpcError,
 };
 use zverbs::testing::RpcPair;
 use zverbs::types::WcStatus;
@@ -106,7 +107,8 @@ fn one_mib_echo_goes_by_two_reads_and_gives_the_buffer_back() {
     let o = p.done.pop().unwrap();
     assert_eq!(o.tag, 3);
     assert_eq!(o.result.unwrap(), pattern(MIB, 3));
-    let msg = o.msg.expect("the request's buffer comes back");
+    let msg = o.msg.and_then(MsgBuf::into_host);
+    let msg = msg.expect("the request's buffer comes back");
     assert_eq!(
         msg.as_slice(),
         &pattern(MIB, 3)[..],

@@ -190,6 +190,11 @@ impl<P: Provider> DeviceBuf<P> {
         Ok(LocalSliceMut::from_device_sge(self.extent().range(range)?))
     }
 
+    /// Its pool's region: the remote key a peer names it by, and its rights.
+    pub(crate) fn region(&self) -> &DeviceRegion<'static, P> {
+        &self.pool.inner.region
+    }
+
     /// Its bytes, to cut entries from.
     pub(crate) fn extent(&self) -> Extent {
         Extent::new(self.iova(), self.len, self.pool.inner.region.lkey())

@@ -136,7 +136,7 @@ use crate::error::ErrorKind;
 
 #[cfg(feature = "std")]
 pub use bulk::BulkConfig;
-pub use engine::{EngineConfig, EngineError, EngineStats, Handler, Notice, Rpc};
+pub use engine::{EngineConfig, EngineError, EngineStats, Handler, MsgBuf, Notice, Rpc};
 pub use header::{Header, HeaderError, Limits, PktType, HEADER_LEN};
 pub use protocol::RpcCore;
 

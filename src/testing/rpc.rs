@@ -6,9 +6,8 @@ use std::vec::Vec;
 
 use crate::device::Context;
 use crate::error::ErrorKind;
-use crate::pool::LocalBuf;
 use crate::provider::sim::{Sim, SimError};
-use crate::rpc::{EngineConfig, EngineError, Event, Notice, Rpc, RpcError, SessionId};
+use crate::rpc::{EngineConfig, EngineError, Event, MsgBuf, Notice, Rpc, RpcError, SessionId};
 
 /// What became of one request the client made: its tag, the response's bytes or the
 /// error, and a large request's buffer, given back.
@@ -18,8 +17,8 @@ pub struct RpcOutcome {
     pub tag: u64,
     /// The response's bytes, or why there is none.
     pub result: Result<Vec<u8>, RpcError>,
-    /// A large request's buffer ([`Rpc::enqueue_bulk`]), back.
-    pub msg: Option<LocalBuf<Sim>>,
+    /// A large request's buffer ([`Rpc::enqueue_bulk`], [`Rpc::enqueue_bulk_device`]), back.
+    pub msg: Option<MsgBuf<Sim>>,
 }
 
 /// A client [`Rpc`] on `sim0` and a server on `sim1` of one fabric, the client's session

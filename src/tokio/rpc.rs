@@ -28,10 +28,10 @@ use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
 use crate::error::Error;
-use crate::pool::LocalBuf;
+use crate::pool::{DeviceBuf, LocalBuf};
 use crate::provider::Provider;
 use crate::qp::Endpoint;
-use crate::rpc::{EngineError, Event, Notice, Rpc, RpcError, SessionId};
+use crate::rpc::{EngineError, Event, MsgBuf, Notice, Rpc, RpcError, SessionId};
 
 /// An [`Rpc`] for tasks: a cloneable handle; the driver task ends with the last one.
 ///
@@ -114,9 +114,11 @@ type Answer<E> = (Result<(), EngineError<E>>, Vec<u8>);
 /// What a large call gives back: its outcome, the request's buffer (the engine gives it
 /// back with every outcome; `None` only if it was refused before the engine took it, when
 /// the error says why) and the response buffer.
-pub type BulkAnswer<P> = (
+/// `B` is the buffer's type: [`LocalBuf`] from [`call_bulk`](AsyncRpc::call_bulk),
+/// [`DeviceBuf`] from [`call_bulk_device`](AsyncRpc::call_bulk_device).
+pub type BulkAnswer<P, B = LocalBuf<P>> = (
     Result<(), EngineError<<P as Provider>::Error>>,
-    Option<LocalBuf<P>>,
+    Option<B>,
     Vec<u8>,
 );
 
@@ -126,7 +128,7 @@ struct Call<P: Provider> {
     done: Option<Result<(), RpcError>>,
     resp: Vec<u8>,
     /// A large request's buffer, back from the engine.
-    msg: Option<LocalBuf<P>>,
+    msg: Option<MsgBuf<P>>,
     waker: Option<Waker>,
 }
 
@@ -325,6 +327,37 @@ impl<P: Provider> AsyncRpc<P> {
         msg: LocalBuf<P>,
         resp: Vec<u8>,
     ) -> BulkAnswer<P> {
+        let (r, msg, resp) = self
+            .call_large(session, req_type, MsgBuf::Host(msg), resp)
+            .await;
+        (r, msg.and_then(MsgBuf::into_host), resp)
+    }
+
+    /// Sends `msg`, in device memory, as a large request of `req_type` on `session`
+    /// ([`Rpc::enqueue_bulk_device`]: the server reads it straight from the device) and
+    /// waits for the answer, which replaces the contents of `resp` (host memory); gives
+    /// the request's buffer and `resp` back with the outcome.
+    pub async fn call_bulk_device(
+        &self,
+        session: SessionId,
+        req_type: u8,
+        msg: DeviceBuf<P>,
+        resp: Vec<u8>,
+    ) -> BulkAnswer<P, DeviceBuf<P>> {
+        let (r, msg, resp) = self
+            .call_large(session, req_type, MsgBuf::Device(msg), resp)
+            .await;
+        (r, msg.and_then(MsgBuf::into_device), resp)
+    }
+
+    /// A large call with either kind of buffer; the engine gives back the kind it took.
+    async fn call_large(
+        &self,
+        session: SessionId,
+        req_type: u8,
+        msg: MsgBuf<P>,
+        resp: Vec<u8>,
+    ) -> BulkAnswer<P, MsgBuf<P>> {
         let tag = {
             let mut st = self.lock();
             if let Some(e) = &st.broken {
@@ -334,7 +367,16 @@ impl<P: Provider> AsyncRpc<P> {
                 st.calls.push(Call::default());
                 st.calls.len() - 1
             });
-            if let Err((e, msg)) = st.rpc.enqueue_bulk(session, req_type, msg, tag as u64) {
+            let (rpc, id) = (&mut st.rpc, tag as u64);
+            let enqueued = match msg {
+                MsgBuf::Host(m) => rpc
+                    .enqueue_bulk(session, req_type, m, id)
+                    .map_err(|(e, m)| (e, MsgBuf::Host(m))),
+                MsgBuf::Device(m) => rpc
+                    .enqueue_bulk_device(session, req_type, m, id)
+                    .map_err(|(e, m)| (e, MsgBuf::Device(m))),
+            };
+            if let Err((e, msg)) = enqueued {
                 st.free.push(tag);
                 return (Err(e), Some(msg), resp);
             }
@@ -349,7 +391,7 @@ impl<P: Provider> AsyncRpc<P> {
     }
 
     /// Waits for call `tag`'s outcome (a large call's buffer with it).
-    async fn wait(&self, tag: usize) -> BulkAnswer<P> {
+    async fn wait(&self, tag: usize) -> BulkAnswer<P, MsgBuf<P>> {
         self.shared.kick.notify_one();
         let mut waiting = Waiting {
             rpc: self,
@@ -366,7 +408,7 @@ struct Waiting<'a, P: Provider> {
 }
 
 impl<P: Provider> Waiting<'_, P> {
-    fn poll(&mut self, waker: &Waker) -> Poll<BulkAnswer<P>> {
+    fn poll(&mut self, waker: &Waker) -> Poll<BulkAnswer<P, MsgBuf<P>>> {
         let Some(tag) = self.tag else {
             return Poll::Pending;
         };

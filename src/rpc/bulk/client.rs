@@ -79,22 +79,25 @@ impl<P: Provider> Bulk<P> {
     }
 
     /// Client: a large request on `session`, reading `msg`; `slot` its core slot.
-    pub(in crate::rpc) fn sent(&mut self, slot: usize, msg: LocalBuf<P>) {
+    pub(in crate::rpc) fn sent(&mut self, slot: usize, msg: MsgBuf<P>) {
         self.kinds[slot] = Kind::Large;
         self.ops[slot] = Op::Sent(msg);
     }
 
-    /// The payload of a large request for `msg`.
+    /// The payload of a large request for the `len` bytes at `addr` under `rkey` (`len`
+    /// at most `max_msg_size`, so it fits 32 bits).
     pub(in crate::rpc) fn request_payload(
         &self,
         req_type: u8,
-        msg: &LocalBuf<P>,
+        addr: u64,
+        rkey: u32,
+        len: usize,
     ) -> [u8; REQUEST_LEN] {
         let mut p = [0u8; REQUEST_LEN];
         (p[0], p[1]) = (VERSION, req_type);
-        p[2..10].copy_from_slice(&msg.addr().to_be_bytes());
-        p[10..14].copy_from_slice(&self.pool.rkey().to_be_bytes());
-        p[14..18].copy_from_slice(&(msg.len() as u32).to_be_bytes());
+        p[2..10].copy_from_slice(&addr.to_be_bytes());
+        p[10..14].copy_from_slice(&rkey.to_be_bytes());
+        p[14..18].copy_from_slice(&(len as u32).to_be_bytes());
         p
     }
 
@@ -183,7 +186,7 @@ impl<P: Provider> Bulk<P> {
     /// one. A failed connect request leaves the link idle.
     #[cold]
     #[inline(never)]
-    pub(in crate::rpc) fn on_failed(&mut self, i: usize, slot: usize) -> Option<LocalBuf<P>> {
+    pub(in crate::rpc) fn on_failed(&mut self, i: usize, slot: usize) -> Option<MsgBuf<P>> {
         match mem::replace(&mut self.kinds[slot], Kind::Plain) {
             Kind::Large => match mem::replace(&mut self.ops[slot], Op::Free) {
                 Op::Sent(req) => Some(req),

@@ -48,7 +48,10 @@
 //! not to the engine. **Exposure:** the pool is registered with remote *read* rights and
 //! every connected peer holds its key, so a peer can read any byte of it, not only the
 //! buffers named to it: keep only message bytes there (memory windows would narrow a grant
-//! to one buffer; neither backend has them yet). No peer can write there.
+//! to one buffer; neither backend has them yet). No peer can write there. A request from device memory
+//! ([`Rpc::enqueue_bulk_device`](super::Rpc::enqueue_bulk_device)) hands the server its
+//! region's key in the same way: register such regions with REMOTE_READ only, over bytes
+//! meant for the peer.
 //!
 //! **Soundness.** A buffer the device reads into stays here until its read completed or its
 //! queue pair was reset (in RESET the device no longer touches the memory its work named);
@@ -63,7 +66,7 @@ mod server;
 use server::Served;
 
 use super::{
-    BulkFailure, Handler, Notice, RequestHandle, RpcCore, RpcError, ServerHandle, SessionId,
+    BulkFailure, Handler, MsgBuf, Notice, RequestHandle, RpcCore, RpcError, ServerHandle, SessionId,
 };
 use crate::cq::CompletionQueue;
 use crate::device::{Context, ProtectionDomain};
@@ -136,10 +139,10 @@ enum Link<P: Provider> {
 enum Op<P: Provider> {
     Free,
     /// Client: the request is out; the server reads this buffer.
-    Sent(LocalBuf<P>),
+    Sent(MsgBuf<P>),
     /// Client: reading the response into `resp`.
     Reading {
-        req: LocalBuf<P>,
+        req: MsgBuf<P>,
         resp: LocalBuf<P>,
         handle: RequestHandle,
     },

@@ -1,7 +1,7 @@
 //! The engine's vocabulary: its settings, errors, what a pass reports, what it counts.
 
 use crate::error::{Error, ErrorKind};
-use crate::pool::{LocalBuf, PoolError};
+use crate::pool::{DeviceBuf, LocalBuf, PoolError};
 use crate::provider::Provider;
 use crate::qp::QpConfig;
 use crate::rpc::BulkConfig;
@@ -108,8 +108,10 @@ pub enum Notice<'a, P: Provider> {
         tag: u64,
         /// The response's bytes, valid for the call.
         bytes: &'a [u8],
-        /// A large request's buffer ([`Rpc::enqueue_bulk`](super::Rpc::enqueue_bulk)), back to the caller.
-        msg: Option<LocalBuf<P>>,
+        /// A large request's buffer ([`Rpc::enqueue_bulk`](super::Rpc::enqueue_bulk),
+        /// [`Rpc::enqueue_bulk_device`](super::Rpc::enqueue_bulk_device)), back to the
+        /// caller.
+        msg: Option<MsgBuf<P>>,
     },
     /// The request enqueued with `tag` failed (session timeout, session failed, a large
     /// message's transfer).
@@ -118,11 +120,63 @@ pub enum Notice<'a, P: Provider> {
         tag: u64,
         /// Why.
         error: RpcError,
-        /// A large request's buffer ([`Rpc::enqueue_bulk`](super::Rpc::enqueue_bulk)), back to the caller.
-        msg: Option<LocalBuf<P>>,
+        /// A large request's buffer ([`Rpc::enqueue_bulk`](super::Rpc::enqueue_bulk),
+        /// [`Rpc::enqueue_bulk_device`](super::Rpc::enqueue_bulk_device)), back to the
+        /// caller.
+        msg: Option<MsgBuf<P>>,
     },
     /// A session event of the core: connected, refused, accepted, disconnected.
     Session(Event),
+}
+
+/// A large request's buffer, held by the engine while the server reads it and given back
+/// in the request's [`Notice`]: host memory of the bulk path's pool
+/// ([`Rpc::enqueue_bulk`](super::Rpc::enqueue_bulk)) or device memory ([`Rpc::enqueue_bulk_device`](super::Rpc::enqueue_bulk_device)).
+pub enum MsgBuf<P: Provider> {
+    /// From [`Rpc::alloc_msg`](super::Rpc::alloc_msg).
+    Host(LocalBuf<P>),
+    /// From a [`DevicePool`](crate::pool::DevicePool) on the engine's protection domain.
+    Device(DeviceBuf<P>),
+}
+
+impl<P: Provider> MsgBuf<P> {
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        match self {
+            MsgBuf::Host(b) => b.len(),
+            MsgBuf::Device(b) => b.len(),
+        }
+    }
+
+    /// Whether it has no bytes (never: a large request has some).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The host buffer, if it is one.
+    pub fn into_host(self) -> Option<LocalBuf<P>> {
+        match self {
+            MsgBuf::Host(b) => Some(b),
+            MsgBuf::Device(_) => None,
+        }
+    }
+
+    /// The device buffer, if it is one.
+    pub fn into_device(self) -> Option<DeviceBuf<P>> {
+        match self {
+            MsgBuf::Device(b) => Some(b),
+            MsgBuf::Host(_) => None,
+        }
+    }
+}
+
+impl<P: Provider> core::fmt::Debug for MsgBuf<P> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            MsgBuf::Host(b) => f.debug_tuple("Host").field(b).finish(),
+            MsgBuf::Device(b) => f.debug_tuple("Device").field(b).finish(),
+        }
+    }
 }
 
 impl<P: Provider> core::fmt::Debug for Notice<'_, P> {
@@ -132,13 +186,13 @@ impl<P: Provider> core::fmt::Debug for Notice<'_, P> {
                 .debug_struct("Response")
                 .field("tag", tag)
                 .field("len", &bytes.len())
-                .field("msg", &msg.as_ref().map(LocalBuf::len))
+                .field("msg", &msg.as_ref().map(MsgBuf::len))
                 .finish(),
             Notice::Failed { tag, error, msg } => f
                 .debug_struct("Failed")
                 .field("tag", tag)
                 .field("error", error)
-                .field("msg", &msg.as_ref().map(LocalBuf::len))
+                .field("msg", &msg.as_ref().map(MsgBuf::len))
                 .finish(),
             Notice::Session(ev) => f.debug_tuple("Session").field(ev).finish(),
         }

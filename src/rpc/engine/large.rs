@@ -2,11 +2,16 @@
 
 #[cfg(doc)]
 use super::Notice;
-use super::{EngineError, Rpc};
-use crate::pool::{LocalBuf, MrPool};
+use super::{EngineError, MsgBuf, Rpc};
+use crate::device::ProtectionDomain;
+use crate::pool::{DeviceBuf, LocalBuf, MrPool};
 use crate::provider::Provider;
 use crate::rpc::bulk::{Bulk, REQUEST};
 use crate::rpc::{BulkFailure, RequestHandle, RpcError, SessionId};
+use crate::types::AccessFlags;
+
+/// Where the server reads a large request: address, remote key, length.
+type Source = (u64, u32, usize);
 
 impl<P: Provider> Rpc<P> {
     /// A buffer of `len` bytes from the bulk path's registered pool, for
@@ -36,11 +41,18 @@ impl<P: Provider> Rpc<P> {
             .is_some_and(|b| b.is_up(usize::from(session.index())))
     }
 
+    /// The protection domain the engine's memory and queue pairs are in: where device
+    /// memory for [`enqueue_bulk_device`](Self::enqueue_bulk_device) is registered.
+    pub fn pd(&self) -> &ProtectionDomain<P> {
+        &self.pd
+    }
+
     /// Enqueues a large request of `req_type` on `session`, zero-copy: the server reads
     /// `msg` with an RDMA read over the session's reliable connection, runs the handler
     /// for the type, and the response comes inline (when it fits one packet) or by a
     /// second read into a buffer of this endpoint's pool. The [`Notice::Response`] or
-    /// [`Notice::Failed`] with `tag` gives `msg` back; until then the engine holds it.
+    /// [`Notice::Failed`] with `tag` gives `msg` back ([`MsgBuf::Host`]); until then the
+    /// engine holds it.
     ///
     /// # Errors
     /// With `msg` back: no bulk path, a buffer not from [`alloc_msg`](Self::alloc_msg),
@@ -55,29 +67,82 @@ impl<P: Provider> Rpc<P> {
         msg: LocalBuf<P>,
         tag: u64,
     ) -> Result<RequestHandle, (EngineError<P::Error>, LocalBuf<P>)> {
-        let Some(b) = &mut self.bulk else {
-            return Err((EngineError::InvalidConfig("no bulk path"), msg));
-        };
-        if !msg.belongs_to(b.pool()) || msg.len() > b.max() {
-            return Err((
-                EngineError::InvalidConfig("a buffer from alloc_msg, at most max_msg_size"),
-                msg,
-            ));
+        let source = self.bulk.as_ref().ok_or("no bulk path").and_then(|b| {
+            let ok = msg.belongs_to(b.pool()) && msg.len() <= b.max();
+            ok.then_some((msg.addr(), b.pool().rkey(), msg.len()))
+                .ok_or("a buffer from alloc_msg, at most max_msg_size")
+        });
+        match self.enqueue_large(session, req_type, source, tag) {
+            Ok((h, slot)) => {
+                if let Some(b) = &mut self.bulk {
+                    b.sent(slot, MsgBuf::Host(msg)); // there is one: the request is out
+                }
+                Ok(h)
+            }
+            Err(e) => Err((e, msg)),
         }
+    }
+
+    /// Enqueues a large request whose bytes are in device memory (GPUDirect RDMA): as
+    /// [`enqueue_bulk`](Self::enqueue_bulk), the server reading `msg` straight from the
+    /// device; its notice gives `msg` back as [`MsgBuf::Device`]. The response still
+    /// lands in host memory (inline, or read into this endpoint's pool).
+    ///
+    /// `msg`'s region must be registered on [`pd`](Self::pd) with
+    /// [`AccessFlags::REMOTE_READ`]; the server holds its remote key until the response.
+    ///
+    /// # Errors
+    /// With `msg` back: no bulk path, a region without REMOTE_READ, or a buffer larger
+    /// than `max_msg_size` ([`EngineError::InvalidConfig`]); the refusals of
+    /// [`enqueue_bulk`](Self::enqueue_bulk). A region on another protection domain is
+    /// refused by the server's device: the request fails with
+    /// [`BulkFailure::Read`](crate::rpc::BulkFailure::Read).
+    #[allow(clippy::type_complexity)]
+    pub fn enqueue_bulk_device(
+        &mut self,
+        session: SessionId,
+        req_type: u8,
+        msg: DeviceBuf<P>,
+        tag: u64,
+    ) -> Result<RequestHandle, (EngineError<P::Error>, DeviceBuf<P>)> {
+        let source = self.bulk.as_ref().ok_or("no bulk path").and_then(|b| {
+            let region = msg.region();
+            let ok = region.access().contains(AccessFlags::REMOTE_READ) && msg.len() <= b.max();
+            ok.then_some((msg.iova(), region.rkey(), msg.len()))
+                .ok_or("device memory with REMOTE_READ, at most max_msg_size")
+        });
+        match self.enqueue_large(session, req_type, source, tag) {
+            Ok((h, slot)) => {
+                if let Some(b) = &mut self.bulk {
+                    b.sent(slot, MsgBuf::Device(msg)); // there is one: the request is out
+                }
+                Ok(h)
+            }
+            Err(e) => Err((e, msg)),
+        }
+    }
+
+    /// Sends the large request for the bytes at `source` (or the buffer's refusal); its
+    /// handle and its slot's index.
+    fn enqueue_large(
+        &mut self,
+        session: SessionId,
+        req_type: u8,
+        source: Result<Source, &'static str>,
+        tag: u64,
+    ) -> Result<(RequestHandle, usize), EngineError<P::Error>> {
+        let (addr, rkey, len) = source.map_err(EngineError::InvalidConfig)?;
+        let Some(b) = &self.bulk else {
+            return Err(EngineError::InvalidConfig("no bulk path"));
+        };
         if !b.is_up(usize::from(session.index())) {
-            return Err((RpcError::Bulk(BulkFailure::NoLink).into(), msg));
+            return Err(RpcError::Bulk(BulkFailure::NoLink).into());
         }
-        let payload = b.request_payload(req_type, &msg);
-        let h = match self.core.enqueue_request(session, REQUEST, &payload) {
-            Ok(h) => h,
-            Err(e) => return Err((e.into(), msg)),
-        };
+        let payload = b.request_payload(req_type, addr, rkey, len);
+        let h = self.core.enqueue_request(session, REQUEST, &payload)?;
         self.dirty = true;
         let i = self.tag_index(h);
         self.tags[i] = tag;
-        if let Some(b) = &mut self.bulk {
-            b.sent(i, msg);
-        }
-        Ok(h)
+        Ok((h, i))
     }
 }

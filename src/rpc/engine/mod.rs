@@ -75,7 +75,7 @@ const TIMER_PASSES: u32 = 32;
 mod config;
 mod large;
 
-pub use config::{EngineConfig, EngineError, EngineStats, Handler, Notice};
+pub use config::{EngineConfig, EngineError, EngineStats, Handler, MsgBuf, Notice};
 
 /// One thread's RPC endpoint over a UD queue pair: it owns the queue pair, its completion
 /// queue, registered rings of receive and send slots, and its peers' address handles; each

@@ -26,7 +26,7 @@ mod backend;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    backend::exit("gpu_write", run())
+    backend::main("gpu_write", run)
 }
 
 #[cfg(not(feature = "cuda"))]

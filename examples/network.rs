@@ -38,7 +38,7 @@ use backend::{Args, Backend};
 const CAP: usize = 16;
 
 fn main() -> ExitCode {
-    backend::exit("network", run())
+    backend::main("network", run)
 }
 
 const USAGE: &str = "usage: network [--backend sim|verbs] [--device NAME] \

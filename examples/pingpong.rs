@@ -25,7 +25,7 @@ use backend::{Args, Backend};
 static GLOBAL: zverbs_testkit::CountingAlloc = zverbs_testkit::CountingAlloc;
 
 fn main() -> ExitCode {
-    backend::exit("pingpong", run())
+    backend::main("pingpong", run)
 }
 
 fn run() -> Result<(), String> {

@@ -25,7 +25,7 @@ use backend::{Args, Backend};
 static GLOBAL: zverbs_testkit::CountingAlloc = zverbs_testkit::CountingAlloc;
 
 fn main() -> ExitCode {
-    backend::exit("rpc_echo", run())
+    backend::main("rpc_echo", run)
 }
 
 fn run() -> Result<(), String> {

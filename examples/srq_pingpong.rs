@@ -26,7 +26,7 @@ use std::process::ExitCode;
 use backend::{Args, Backend};
 
 fn main() -> ExitCode {
-    backend::exit("srq_pingpong", run())
+    backend::main("srq_pingpong", run)
 }
 
 fn run() -> Result<(), String> {

@@ -285,5 +285,8 @@ pub(crate) fn within<E>(field: &'static str, value: u64, limit: u64) -> Result<(
 
 /// Shorthand to wrap a provider error with the verb's name.
 pub(crate) fn verb<T, E>(op: &'static str, r: Result<T, E>) -> Result<T, Error<E>> {
-    r.map_err(|source| Error::Provider { op, source })
+    r.map_err(|source| {
+        crate::trace::event!(debug, op, "the provider refused a verb");
+        Error::Provider { op, source }
+    })
 }

@@ -98,6 +98,7 @@ mod sync;
 pub mod testing;
 #[cfg(all(feature = "tokio", unix))]
 pub mod tokio;
+mod trace;
 pub mod types;
 pub mod wr_id;
 

@@ -17,9 +17,23 @@ pub enum Role {
     Client(std::net::SocketAddr),
 }
 
-/// The exit status of example `name` after `run`: success, or its error on stderr.
-pub fn exit(name: &str, run: Result<(), String>) -> std::process::ExitCode {
-    match run {
+/// Runs example `name`: installs the `tracing` subscriber (feature `tracing`: to stderr,
+/// filtered by `RUST_LOG`, warnings by default; a line per span as it closes), runs `run`, and gives the exit status:
+/// success, or its error on stderr.
+pub fn main(name: &str, run: impl FnOnce() -> Result<(), String>) -> std::process::ExitCode {
+    #[cfg(feature = "tracing")]
+    {
+        use tracing_subscriber::{fmt::format::FmtSpan, EnvFilter};
+        let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn"));
+        // A span's line when it closes, with the time it took: what set-up costs.
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_span_events(FmtSpan::CLOSE)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
+    match run() {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("{name}: {e}");
@@ -97,7 +111,7 @@ pub fn run<E: ClientServer>() -> std::process::ExitCode {
             other => Err(other.not_compiled_in(E::NAME)),
         }
     };
-    exit(E::NAME, run())
+    main(E::NAME, run)
 }
 
 /// A backend the examples can run on.

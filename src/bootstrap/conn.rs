@@ -133,6 +133,7 @@ impl<'a> Shared<'a> {
     }
 
     pub(super) fn fail(&self, e: ExchangeError) {
+        crate::trace::event!(warn, error = %e, "the exchange failed");
         let mut s = self.state();
         if s.error.is_none() && !self.complete.load(Ordering::Relaxed) {
             s.error = Some(e);

@@ -111,6 +111,7 @@ impl Session {
         payload: &[u8],
         deadline: Instant,
     ) -> Result<Session, ExchangeError> {
+        crate::trace::span!(INFO, "exchange", rank = my_rank, ranks = config.len());
         let configured = check_args(config, my_rank, payload)?;
         if let Some(listener) = listener {
             let bound = listener

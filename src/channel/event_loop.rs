@@ -184,6 +184,11 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
 
     /// Moves the queue pair to the error state, so the device flushes everything in flight.
     pub(crate) fn abort(&mut self) -> Result<(), Error<P::Error>> {
+        crate::trace::event!(
+            debug,
+            qp = self.owner.qp_num,
+            "abort: the queue pair to ERR"
+        );
         self.qp.set_error()
     }
 }

@@ -395,7 +395,15 @@ impl<P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usize>
         }
         match self.sq.pending_count() {
             0 => Ok(()),
-            sends => Err(self.quiesce(waiter, Error::Undrained { sends })),
+            sends => {
+                crate::trace::event!(
+                    debug,
+                    qp = self.owner.qp_num,
+                    sends,
+                    "linger: sends unacknowledged at the close's bound"
+                );
+                Err(self.quiesce(waiter, Error::Undrained { sends }))
+            }
         }
     }
 }

@@ -167,6 +167,12 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> PreparedChannel<P, DEPT
 
     /// Connects to the peer at `remote` (INIT → RTR → RTS).
     pub fn connect(self, remote: &Endpoint) -> Result<Channel<P, DEPTH, SGES>, Error<P::Error>> {
+        crate::trace::span!(
+            DEBUG,
+            "connect",
+            qp = self.owner.qp_num,
+            peer_qp = remote.qp_num
+        );
         let qp = self
             .qp
             .into_rtr(remote, &self.config.rtr)

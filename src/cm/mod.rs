@@ -223,6 +223,7 @@ impl<P: ConnectionManager, const DEPTH: usize, const SGES: usize> CmConnection<P
         timeout: Duration,
         before_establish: impl FnOnce(&[u8]) -> Result<(), CmError<P::Error>>,
     ) -> Result<Self, CmError<P::Error>> {
+        crate::trace::span!(INFO, "cm_connect", %dst);
         let deadline = Deadline::after(timeout);
         fits(data, private_data_limit::CONNECT)?;
         let link = resolved(provider, PortSpace::Rc, ctx, src, dst, deadline)?;
@@ -410,6 +411,7 @@ impl<P: ConnectionManager> CmListener<P> {
         timeout: Duration,
         mut answer: impl FnMut(&[u8]) -> Answer,
     ) -> Result<CmConnection<P, DEPTH, SGES>, CmError<P::Error>> {
+        crate::trace::span!(INFO, "cm_accept");
         let deadline = Deadline::after(timeout);
         let limits = (private_data_limit::ACCEPT, private_data_limit::REJECT);
         loop {

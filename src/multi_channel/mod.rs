@@ -120,6 +120,7 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
         mut self,
         mut remote: impl FnMut(usize) -> Option<Endpoint>,
     ) -> Result<MultiChannel<P, PEERS, DEPTH, SGES>, Error<P::Error>> {
+        crate::trace::span!(DEBUG, "multi_channel_connect", capacity = PEERS);
         let mut eps = [None; PEERS];
         for (p, ep) in eps.iter_mut().enumerate() {
             if self.peers[p].is_some() {

@@ -280,6 +280,12 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
         self,
         mut remote: impl FnMut(usize) -> Option<(Endpoint, Endpoint)>,
     ) -> Result<Node<P, PEERS, DEPTH, SGES>, NodeError<P::Error>> {
+        crate::trace::span!(
+            INFO,
+            "node_connect",
+            rank = self.map.rank,
+            world = self.map.world
+        );
         let mut eps = [None; PEERS];
         for i in self.map.indices() {
             eps[i] = remote(self.map.rank_of(i));

@@ -150,6 +150,11 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
                 Ok((true, _)) => return Ok(()),
                 Ok((false, progress)) => {
                     if !progress && !waiter.pause() {
+                        crate::trace::event!(
+                            warn,
+                            participants = count,
+                            "a barrier timed out; the node is poisoned"
+                        );
                         self.fail();
                         return Err(NodeError::Timeout {
                             participants: count,
@@ -157,6 +162,7 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
                     }
                 }
                 Err(e) => {
+                    crate::trace::event!(warn, error = %e, "a barrier failed; the node is poisoned");
                     self.fail();
                     return Err(e);
                 }

@@ -173,6 +173,7 @@ impl Events {
         // SAFETY: `ev` was filled by `ibv_get_async_event` and is acknowledged once.
         unsafe { ffi::ibv_ack_async_event(&mut ev) };
         if kind == AsyncEventKind::DeviceFatal {
+            crate::trace::event!(error, "the device raised DEVICE_FATAL: every wait ends");
             self.dead.store(true, Ordering::Relaxed);
         }
         Ok(Some(AsyncEvent { kind, element }))

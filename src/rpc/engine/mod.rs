@@ -575,6 +575,7 @@ impl<P: Provider> Rpc<P> {
                         }
                         _ => {}
                     }
+                    crate::trace::event!(info, event = ?other, "an RPC session changed");
                     notice(Notice::Session(other));
                 }
             }

@@ -26,7 +26,8 @@
 #   scripts/rxe-test.sh --can-run    exit 0 if this machine can run the guest (for CI)
 #   scripts/rxe-test.sh --shell      interactive guest shell (Ctrl-a x quits qemu)
 #
-# Environment: RXE_DIR (cache, default <repo>/target/rxe), RXE_TIMEOUT (seconds per boot,
+# Environment: RXE_CARRY (with --run: a directory whose files the guest finds beside the
+# program, in /mnt/host), RXE_DIR (cache, default <repo>/target/rxe), RXE_TIMEOUT (seconds per boot,
 # default 900), RXE_REBUILD=1 (rebuild the image), RXE_ACCEL (default tcg: the /dev/kvm of
 # these machines cannot boot a stock kernel), RXE_MEM, RXE_SMP; for the examples in the
 # default mode RXE_PINGPONG_ROUNDS (default 1000), RXE_NETWORK_NODES (default 4) and
@@ -294,6 +295,8 @@ run_in_guest() {
   mkdir -p "$W/runs"
   local d; d=$(mktemp -d "$W/runs/run.XXXXXX")
   cp "$prog" "$d/prog"
+  # Files the program needs beside it (its share is all the guest sees of the host).
+  if [ -n "${RXE_CARRY:-}" ]; then cp -r "$RXE_CARRY"/. "$d/"; fi
   {
     guest_exports
     if [ "$n" -gt 0 ]; then guest_mpi_step prog "$n" ./prog "$@"; else guest_step prog ./prog "$@"; fi

@@ -1,6 +1,7 @@
 //! The unpolled level (`unsafe`): post and return a [`Pending`] handle, redeemed once by
 //! [`Channel::wait`] or [`Channel::try_complete`] on the channel that posted it.
 
+use super::poll::Polled;
 use super::*;
 
 impl<P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usize>
@@ -92,13 +93,16 @@ impl<P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usize>
         pending: Pending,
     ) -> Result<Result<Completion, Pending>, Error<P::Error>> {
         self.check_owner(&pending)?;
-        if let Some(r) = self.take(pending.queue, pending.seq) {
+        let (queue, seq) = (pending.queue, pending.seq);
+        if let Some(r) = self.take(queue, seq) {
             return r.map(Ok);
         }
-        self.poll(pending.queue)?;
-        match self.take(pending.queue, pending.seq) {
-            Some(r) => r.map(Ok),
-            None => Ok(Err(pending)),
+        // One completion, into the channel's `wc`, as a blocking call's first poll: the
+        // one polled for is usually the only one there, and is retired at once.
+        match self.poll_for(queue, seq, None)? {
+            Polled::Retired => self.retired(queue, seq, Ok),
+            Polled::Recorded => Ok(self.take(queue, seq).transpose()?.ok_or(pending)),
+            Polled::Nothing => Ok(Err(pending)),
         }
     }
 

@@ -196,6 +196,21 @@ impl Drop for CqInner {
 /// A completion queue (`ibv_cq`).
 pub struct Cq(Arc<CqInner>);
 
+impl Cq {
+    /// The library's `ibv_cq`, for verbs zverbs does not wrap (or to measure it against
+    /// raw calls); valid while this handle lives.
+    pub fn as_ptr(&self) -> *mut ffi::ibv_cq {
+        self.0.cq.as_ptr()
+    }
+}
+
+impl Qp {
+    /// The library's `ibv_qp`, as [`Cq::as_ptr`]; valid while this handle lives.
+    pub fn as_ptr(&self) -> *mut ffi::ibv_qp {
+        self.qp.as_ptr()
+    }
+}
+
 /// A queue pair (`ibv_qp`).
 pub struct Qp {
     qp: NonNull<ffi::ibv_qp>,
@@ -968,6 +983,23 @@ unsafe fn post_chains<W, C: Chained<W>, T>(
     post: PostFn<C, T>,
     wrs: &[W],
 ) -> Result<(), PostError<VerbsError>> {
+    // One request, the usual post: built where the library reads it, no chain to link.
+    if let [w] = wrs {
+        if C::fits(w) {
+            let mut c = C::default();
+            C::fill(w, &mut c);
+            let mut bad: *mut C = ptr::null_mut();
+            // SAFETY: as below, for a chain of one (`default` zeroes `next`; `fill` leaves it).
+            let ret = unsafe { post(target, &mut c, &mut bad) };
+            return match ret {
+                0 => Ok(()),
+                ret => Err(PostError {
+                    index: 0,
+                    error: VerbsError::from_ret(C::VERB, ret),
+                }),
+            };
+        }
+    }
     let (wrs, malformed) = well_formed(wrs, C::fits, C::VERB);
     let mut chain: [MaybeUninit<C>; CHAIN] = [const { MaybeUninit::uninit() }; CHAIN];
     for (c, batch) in wrs.chunks(CHAIN).enumerate() {

@@ -1,0 +1,330 @@
+//! One post + poll loop per library on a verbs device, for user-space instruction counts
+//! (`scripts/verbs-instructions.sh` runs it under callgrind in the rxe guest).
+//!
+//! ```text
+//! verbs_loop LIB MODE N     LIB: zverbs | raw | ibverbs | sideway; MODE: send | empty
+//! ```
+//!
+//! Each library builds two RC queue pairs on `ZVERBS_DEVICE` (default `rxe0`), GID index
+//! `ZVERBS_GID_INDEX` (default 1), A connected to B. `send`: `N` times, a receive is posted
+//! at B (not measured), A posts one signaled 64-byte SEND (`measured_post`), the loop sleeps
+//! 200 µs (not measured, so that the completion is usually there at the first poll), then
+//! polls A's send queue (`measured_poll`) until the completion is taken; B's receive
+//! completions are then taken (not measured). `empty`: `N` polls of A's idle send queue
+//! (`measured_poll`), the cost of a poll that finds nothing. It prints `ops=.. empty_polls=..`.
+//!
+//! Callgrind collects only inside `measured_*` (`--toggle-collect`), so per operation:
+//! `(Ir(send, N₂) − Ir(send, N₁) − (E₂ − E₁) · Ir(empty, K) / K) / (N₂ − N₁)`, with `E` the
+//! empty polls each run reports: set-up and first calls cancel out, and so does the
+//! timing-dependent number of polls that found nothing.
+
+mod peer_ibverbs;
+mod peer_sideway;
+
+use std::time::Duration;
+
+/// The same loop over any library's rig.
+macro_rules! run {
+    ($lib:ident, $mode:expr, $n:expr, $dev:expr, $gid:expr) => {{
+        let mut rig = $lib::setup($dev, $gid);
+        match $mode {
+            "send" => {
+                let mut empties = 0u64;
+                for _ in 0..$n {
+                    rig.refill();
+                    $lib::measured_post(&mut rig);
+                    std::thread::sleep(Duration::from_micros(200));
+                    while !$lib::measured_poll(&mut rig) {
+                        empties += 1;
+                        if empties == 100_000 {
+                            panic!("a send never completed ({} received at B)", rig.drain());
+                        }
+                        std::thread::sleep(Duration::from_micros(50));
+                    }
+                    let mut got = 0;
+                    while got == 0 {
+                        got = rig.drain();
+                    }
+                }
+                println!("ops={} empty_polls={}", $n, empties);
+            }
+            "empty" => {
+                for _ in 0..$n {
+                    assert!(
+                        !$lib::measured_poll(&mut rig),
+                        "an idle queue completed something"
+                    );
+                }
+                println!("ops=0 empty_polls={}", $n);
+            }
+            other => panic!("MODE is send or empty, not {other:?}"),
+        }
+    }};
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let [lib, mode, n] = &args[..] else {
+        eprintln!("usage: verbs_loop zverbs|raw|ibverbs|sideway send|empty N");
+        std::process::exit(2);
+    };
+    let n: u64 = n.parse().expect("N is a number");
+    let dev = std::env::var("ZVERBS_DEVICE").unwrap_or_else(|_| "rxe0".into());
+    let gid: u8 = std::env::var("ZVERBS_GID_INDEX").map_or(1, |g| g.parse().expect("a GID index"));
+    let mode = mode.as_str();
+    match lib.as_str() {
+        "zverbs" => run!(zverbs_path, mode, n, &dev, gid),
+        "raw" => run!(raw, mode, n, &dev, gid),
+        "ibverbs" => run!(peer_ibverbs, mode, n, &dev, gid),
+        "sideway" => run!(peer_sideway, mode, n, &dev, gid),
+        other => panic!("LIB is zverbs, raw, ibverbs or sideway, not {other:?}"),
+    }
+}
+
+/// A 64-byte buffer that lives as long as the process.
+fn leak() -> &'static mut [u8] {
+    Box::leak(vec![0u8; 64].into_boxed_slice())
+}
+
+/// zverbs: a `Channel`'s unpolled level, a post and `try_complete` (what a scope and the
+/// blocking calls run on, without their waiting).
+mod zverbs_path {
+    use zverbs::provider::verbs::Verbs;
+    use zverbs::qp::QpConfig;
+    use zverbs::{
+        Channel, ChannelConfig, Context, MemoryRegion, Pending, ProtectionDomain, SendFlags,
+        SendOp, Sge,
+    };
+
+    type Ch = Channel<Verbs, 16, 1>;
+
+    pub struct Rig {
+        a: Ch,
+        b: Ch,
+        src: Sge,
+        dst: Sge,
+        sent: Option<Pending>,
+        /// A receive on A that nothing completes (`empty`).
+        idle: Option<Pending>,
+        recvs: Vec<Pending>,
+        _mrs: (MemoryRegion<'static, Verbs>, MemoryRegion<'static, Verbs>),
+        _pd: ProtectionDomain<Verbs>,
+        _ctx: Context<Verbs>,
+    }
+
+    pub fn setup(dev: &str, gid_index: u8) -> Rig {
+        let ctx = Context::open(&Verbs, dev).expect("open the device");
+        let pd = ctx.alloc_pd().expect("a protection domain");
+        let cfg = ChannelConfig {
+            qp: QpConfig {
+                gid_index,
+                ..QpConfig::default()
+            },
+            ..ChannelConfig::default()
+        };
+        let a = Ch::prepare(&ctx, &pd, &cfg).expect("channel A");
+        let b = Ch::prepare(&ctx, &pd, &cfg).expect("channel B");
+        let (ea, eb) = (a.endpoint(), b.endpoint());
+        let (a, b) = (
+            a.connect(&eb).expect("A to B"),
+            b.connect(&ea).expect("B to A"),
+        );
+        let src = pd.register(super::leak()).expect("A's buffer");
+        let mut dst = pd.register(super::leak()).expect("B's buffer");
+        let (s, d) = (
+            src.slice(..).unwrap().sge(),
+            dst.slice_mut(..).unwrap().sge(),
+        );
+        let mut a = a;
+        let idle_buf = Box::leak(Box::new(pd.register(super::leak()).expect("A's inbox")));
+        let idle_sge = idle_buf.slice_mut(..).unwrap().sge();
+        // SAFETY: A's inbox is leaked and never touched by the program.
+        let idle = unsafe { a.post_receive_unpolled(&[idle_sge]) }.expect("A's receive");
+        Rig {
+            a,
+            b,
+            src: s,
+            dst: d,
+            sent: None,
+            idle: Some(idle),
+            recvs: Vec::with_capacity(16),
+            _mrs: (src, dst),
+            _pd: pd,
+            _ctx: ctx,
+        }
+    }
+
+    impl Rig {
+        pub fn refill(&mut self) {
+            // SAFETY: B's buffer is never read or written by the program; it is registered
+            // for the process's life.
+            let p = unsafe { self.b.post_receive_unpolled(&[self.dst]) }.expect("post_recv");
+            self.recvs.push(p);
+        }
+
+        pub fn drain(&mut self) -> usize {
+            let mut taken = 0;
+            for p in std::mem::take(&mut self.recvs) {
+                match self.b.try_complete(p).expect("poll B") {
+                    Ok(_) => taken += 1,
+                    Err(p) => self.recvs.push(p),
+                }
+            }
+            taken
+        }
+    }
+
+    #[inline(never)]
+    pub fn measured_post(rig: &mut Rig) {
+        // SAFETY: A's buffer is never written; it is registered for the process's life.
+        let p = unsafe {
+            rig.a
+                .post_send_unpolled(&[rig.src], SendOp::Send, SendFlags::SIGNALED)
+        };
+        rig.sent = Some(p.expect("post_send"));
+    }
+
+    #[inline(never)]
+    pub fn measured_poll(rig: &mut Rig) -> bool {
+        let Some(p) = rig.sent.take() else {
+            // `empty`: the same call on a receive nobody sends to (A's receive queue; the
+            // provider's poll of an empty queue costs the same on either).
+            let p = rig.idle.take().expect("an idle receive");
+            let done = rig.a.try_complete(p).expect("poll A");
+            return match done {
+                Ok(_) => true,
+                Err(p) => {
+                    rig.idle = Some(p);
+                    false
+                }
+            };
+        };
+        match rig.a.try_complete(p).expect("poll A") {
+            Ok(_) => true,
+            Err(p) => {
+                rig.sent = Some(p);
+                false
+            }
+        }
+    }
+}
+
+/// Raw verbs: `ibv_post_send` and `ibv_poll_cq` as `verbs.h` defines them (the provider's
+/// op table), on queue pairs set up through zverbs' typestate (set-up is not measured).
+mod raw {
+    use ibverbs_sys as ffi;
+    use zverbs::provider::verbs::Verbs;
+    use zverbs::qp::{InitOptions, QpConfig, QueuePair, ReadyToSend, RtrOptions, RtsOptions};
+    use zverbs::{CompletionQueue, Context, MemoryRegion, ProtectionDomain};
+
+    pub struct Rig {
+        a: QueuePair<Verbs, ReadyToSend>,
+        b: QueuePair<Verbs, ReadyToSend>,
+        a_cq: CompletionQueue<Verbs>,
+        b_cq: CompletionQueue<Verbs>,
+        src: ffi::ibv_sge,
+        dst: ffi::ibv_sge,
+        wc: ffi::ibv_wc,
+        _mrs: (MemoryRegion<'static, Verbs>, MemoryRegion<'static, Verbs>),
+        _pd: ProtectionDomain<Verbs>,
+        _ctx: Context<Verbs>,
+    }
+
+    pub fn setup(dev: &str, gid_index: u8) -> Rig {
+        let ctx = Context::open(&Verbs, dev).expect("open the device");
+        let pd = ctx.alloc_pd().expect("a protection domain");
+        let (a_cq, b_cq) = (
+            CompletionQueue::create(&ctx, 64).expect("A's CQ"),
+            CompletionQueue::create(&ctx, 64).expect("B's CQ"),
+        );
+        let mut cfg = QpConfig {
+            gid_index,
+            ..QpConfig::default()
+        };
+        (cfg.caps.max_send_wr, cfg.caps.max_recv_wr) = (16, 16);
+        (cfg.caps.max_send_sge, cfg.caps.max_recv_sge) = (1, 1);
+        let init = InitOptions::default();
+        let a = QueuePair::create(&ctx, &pd, &a_cq, &a_cq, &cfg).expect("QP A");
+        let b = QueuePair::create(&ctx, &pd, &b_cq, &b_cq, &cfg).expect("QP B");
+        let (a, b) = (a.into_init(&init).unwrap(), b.into_init(&init).unwrap());
+        let (ea, eb) = (a.endpoint(), b.endpoint());
+        let (rtr, rts) = (RtrOptions::default(), RtsOptions::default());
+        let a = a.into_rtr(&eb, &rtr).unwrap().into_rts(&rts).unwrap();
+        let b = b.into_rtr(&ea, &rtr).unwrap().into_rts(&rts).unwrap();
+        let src = pd.register(super::leak()).expect("A's buffer");
+        let mut dst = pd.register(super::leak()).expect("B's buffer");
+        let sge = |s: zverbs::Sge| ffi::ibv_sge {
+            addr: s.addr,
+            length: s.length,
+            lkey: s.lkey,
+        };
+        let (s, d) = (
+            sge(src.slice(..).unwrap().sge()),
+            sge(dst.slice_mut(..).unwrap().sge()),
+        );
+        Rig {
+            a,
+            b,
+            a_cq,
+            b_cq,
+            src: s,
+            dst: d,
+            // SAFETY: a plain C struct; all zeroes is a valid value.
+            wc: unsafe { std::mem::zeroed() },
+            _mrs: (src, dst),
+            _pd: pd,
+            _ctx: ctx,
+        }
+    }
+
+    impl Rig {
+        pub fn refill(&mut self) {
+            let qp = self.b.raw().as_ptr();
+            // SAFETY: a plain C struct; all zeroes is a valid value.
+            let mut wr: ffi::ibv_recv_wr = unsafe { std::mem::zeroed() };
+            wr.wr_id = 2;
+            wr.sg_list = &mut self.dst;
+            wr.num_sge = 1;
+            let mut bad = std::ptr::null_mut();
+            // SAFETY: `qp` lives in `self.b`; B's buffer is registered for the process's
+            // life and never touched by the program.
+            let rc = unsafe { (*(*qp).context).ops.post_recv.unwrap()(qp, &mut wr, &mut bad) };
+            assert_eq!(rc, 0, "ibv_post_recv");
+        }
+
+        pub fn drain(&mut self) -> usize {
+            let cq = self.b_cq.raw().as_ptr();
+            // SAFETY: `cq` lives in `self.b_cq`; `wc` has room for one completion.
+            let n = unsafe { (*(*cq).context).ops.poll_cq.unwrap()(cq, 1, &mut self.wc) };
+            assert!(n >= 0 && (n == 0 || self.wc.is_valid()));
+            n as usize
+        }
+    }
+
+    #[inline(never)]
+    pub fn measured_post(rig: &mut Rig) {
+        let qp = rig.a.raw().as_ptr();
+        // SAFETY: a plain C struct; all zeroes is a valid value.
+        let mut wr: ffi::ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = 1;
+        wr.sg_list = &mut rig.src;
+        wr.num_sge = 1;
+        wr.opcode = ffi::ibv_wr_opcode::IBV_WR_SEND;
+        wr.send_flags = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: `qp` lives in `rig.a`; A's buffer is registered for the process's life
+        // and never written.
+        let rc = unsafe { (*(*qp).context).ops.post_send.unwrap()(qp, &mut wr, &mut bad) };
+        assert_eq!(rc, 0, "ibv_post_send");
+    }
+
+    #[inline(never)]
+    pub fn measured_poll(rig: &mut Rig) -> bool {
+        let cq = rig.a_cq.raw().as_ptr();
+        // SAFETY: `cq` lives in `rig.a_cq`; `wc` has room for one completion.
+        let n = unsafe { (*(*cq).context).ops.poll_cq.unwrap()(cq, 1, &mut rig.wc) };
+        assert!(n >= 0, "ibv_poll_cq");
+        assert!(n == 0 || rig.wc.is_valid());
+        n == 1
+    }
+}

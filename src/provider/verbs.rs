@@ -585,6 +585,22 @@ impl Provider for Verbs {
     }
 
     fn poll_cq(cq: &Cq, out: &mut [WorkCompletion]) -> Result<usize, VerbsError> {
+        // One completion, the usual poll of a wait: no batch loop.
+        if let [o] = out {
+            let mut wc = MaybeUninit::<ffi::ibv_wc>::uninit();
+            // SAFETY: as below, for one entry.
+            let n = unsafe { (cq.0.poll)(cq.0.cq.as_ptr(), 1, wc.as_mut_ptr()) };
+            return match n {
+                0 if async_event::device_dead(&cq.0.ctx) => Err(VerbsError::DeviceFatal),
+                0 => Ok(0),
+                n if n < 0 => Err(VerbsError::from_ret("ibv_poll_cq", n)),
+                _ => {
+                    // SAFETY: the provider initialised the one entry it was given.
+                    *o = wr::work_completion(unsafe { wc.assume_init_ref() });
+                    Ok(1)
+                }
+            };
+        }
         const BATCH: usize = 16;
         let mut buf = [MaybeUninit::<ffi::ibv_wc>::uninit(); BATCH];
         let mut done = 0;

@@ -205,7 +205,10 @@ fn a_listener_that_never_answers_is_a_timeout_and_one_dropped_rejects() {
         Err(CmError::Timeout { .. }) => {}
         other => panic!("{:?}", other.map(|_| ())),
     }
-    // A request queued when the listener goes: refused.
+    // A request made while the listener goes: refused at once, by the listener's end if
+    // the request was queued there (REJECT_CONSUMER), by the manager if it came after
+    // (REJECT_NO_LISTENER). The id count cannot tell which: the first request's id may
+    // still be queued at the listener.
     thread::scope(|s| {
         let client = s.spawn(|| connect(&w, at(1, 7471), b""));
         while w.sim.fabric().cm_ids() < 3 {
@@ -213,7 +216,12 @@ fn a_listener_that_never_answers_is_a_timeout_and_one_dropped_rejects() {
         }
         drop(listener);
         match client.join().unwrap() {
-            Err(CmError::Rejected { status, .. }) => assert_eq!(status, REJECT_CONSUMER),
+            Err(CmError::Rejected { status, .. }) => {
+                assert!(
+                    [REJECT_CONSUMER, REJECT_NO_LISTENER].contains(&status),
+                    "{status}"
+                )
+            }
             other => panic!("{:?}", other.map(|_| ())),
         }
     });

@@ -37,21 +37,49 @@ fn unpolled_work_completes_through_its_handle() {
     assert_eq!(dst_mr.as_slice(), &pattern(12, 4)[..]);
 }
 
-#[test]
-fn blocking_call_behind_unpolled_work_leaves_its_outcome_to_its_handle() {
-    let (mut a, b) = default_pair();
-    let mut src = pattern(8, 6);
-    let mut target = [0u8; 16];
-    let src_mr = a.pd.register(&mut src).unwrap();
-    // SAFETY: nothing reads `target` until both writes have completed.
-    let target_mr = unsafe { b.pd.register_with_access(&mut target, ALL) }.unwrap();
-    let remote = target_mr.remote();
+/// A's 8 bytes of `pattern(8, 6)` and B's 16-byte target for writes: the regions, and a
+/// write of all of A's bytes to the target's start.
+struct Writes {
+    src: zverbs::MemoryRegion<'static, zverbs::provider::sim::Sim>,
+    target: zverbs::MemoryRegion<'static, zverbs::provider::sim::Sim>,
+    remote: zverbs::RemoteRegion,
+    sge: zverbs::Sge,
+    op: zverbs::SendOp,
+}
+
+fn writes(a: &common::Side<16>, b: &common::Side<16>) -> Writes {
+    let src =
+        a.pd.register(Box::leak(pattern(8, 6).into_boxed_slice()))
+            .unwrap();
+    let target = Box::leak(Box::new([0u8; 16]));
+    // SAFETY: the test reads `target` only after the writes into it have completed.
+    let target = unsafe { b.pd.register_with_access(target, ALL) }.unwrap();
+    let remote = target.remote();
     let op = zverbs::SendOp::Write {
         remote_addr: remote.addr,
         rkey: remote.rkey,
     };
-    let sge = src_mr.slice(..).unwrap().sge();
-    // SAFETY: `src` is not written before both writes completed.
+    let sge = src.slice(..).unwrap().sge();
+    Writes {
+        src,
+        target,
+        remote,
+        sge,
+        op,
+    }
+}
+
+#[test]
+fn blocking_call_behind_unpolled_work_leaves_its_outcome_to_its_handle() {
+    let (mut a, b) = default_pair();
+    let Writes {
+        src: src_mr,
+        target: target_mr,
+        remote,
+        sge,
+        op,
+    } = writes(&a, &b);
+    // SAFETY: `src` is never written.
     let first = unsafe {
         a.ch.post_send_unpolled(&[sge], op, zverbs::SendFlags::empty())
     }
@@ -249,4 +277,31 @@ fn try_complete_reports_an_error_completion_and_consumes_the_handle() {
     );
     assert_eq!(a.ch.in_flight(), (0, 0));
     assert_eq!(target_mr.as_slice(), &[0; 8]);
+}
+
+/// Two writes completed, the later one asked for first: one `try_complete` reports it,
+/// though the earlier one's completion comes first off the queue (and is kept for its own
+/// handle).
+#[test]
+fn try_complete_reports_a_later_request_behind_an_earlier_completion() {
+    let (mut a, b) = default_pair();
+    let w = writes(&a, &b); // its regions stay registered until the end
+    let (sge, op) = (w.sge, w.op);
+    // SAFETY: `src` is never written.
+    let first = unsafe {
+        a.ch.post_send_unpolled(&[sge], op, zverbs::SendFlags::empty())
+    }
+    .unwrap();
+    // SAFETY: as above.
+    let second = unsafe {
+        a.ch.post_send_unpolled(&[sge], op, zverbs::SendFlags::empty())
+    }
+    .unwrap();
+    // Both completions are on the queue, unpolled: the simulator runs a request on an idle
+    // connection inside its post; the pause covers a threaded fabric.
+    thread::sleep(std::time::Duration::from_millis(50));
+    let done = a.ch.try_complete(second).unwrap();
+    assert_eq!(done.expect("completed").opcode, WcOpcode::RdmaWrite);
+    let done = a.ch.try_complete(first).unwrap();
+    assert_eq!(done.expect("completed").opcode, WcOpcode::RdmaWrite);
 }

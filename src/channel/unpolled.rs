@@ -98,11 +98,18 @@ impl<P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usize>
             return r.map(Ok);
         }
         // One completion, into the channel's `wc`, as a blocking call's first poll: the
-        // one polled for is usually the only one there, and is retired at once.
+        // one polled for is usually the only one there, and is retired at once. Another
+        // request's came first: a batch poll as well, so that one call still reports every
+        // outcome the device has written (up to a batch).
         match self.poll_for(queue, seq, None)? {
             Polled::Retired => self.retired(queue, seq, Ok),
-            Polled::Recorded => Ok(self.take(queue, seq).transpose()?.ok_or(pending)),
             Polled::Nothing => Ok(Err(pending)),
+            Polled::Recorded => {
+                if self.is_pending(queue, seq) {
+                    self.poll(queue)?;
+                }
+                Ok(self.take(queue, seq).transpose()?.ok_or(pending))
+            }
         }
     }
 

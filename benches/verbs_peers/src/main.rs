@@ -23,6 +23,8 @@ mod peer_sideway;
 
 use std::time::Duration;
 
+use zverbs::provider::verbs::Verbs;
+
 /// The same loop over any library's rig.
 macro_rules! run {
     ($lib:ident, $mode:expr, $n:expr, $dev:expr, $gid:expr) => {{
@@ -81,9 +83,27 @@ fn main() {
     }
 }
 
-/// A 64-byte buffer that lives as long as the process.
+/// Bytes in each queue pair's registered buffer, and in the SEND.
+const BUF_LEN: usize = 64;
+/// Entries asked for in each completion queue.
+const CQ_ENTRIES: usize = 64;
+/// Outstanding send and receive work requests each queue pair takes.
+const DEPTH: u32 = 16;
+/// `wr_id` of the measured SEND.
+const SEND_WR_ID: u64 = 1;
+/// `wr_id` of B's receives.
+const RECV_WR_ID: u64 = 2;
+
+/// A buffer of `BUF_LEN` bytes that lives as long as the process.
 fn leak() -> &'static mut [u8] {
-    Box::leak(vec![0u8; 64].into_boxed_slice())
+    Box::leak(vec![0u8; BUF_LEN].into_boxed_slice())
+}
+
+/// The device and a protection domain on it (zverbs' set-up, for its rig and the raw one).
+fn open(dev: &str) -> (zverbs::Context<Verbs>, zverbs::ProtectionDomain<Verbs>) {
+    let ctx = zverbs::Context::open(&Verbs, dev).expect("open the device");
+    let pd = ctx.alloc_pd().expect("a protection domain");
+    (ctx, pd)
 }
 
 /// zverbs: a `Channel`'s unpolled level, a post and `try_complete` (what a scope and the
@@ -113,8 +133,7 @@ mod zverbs_path {
     }
 
     pub fn setup(dev: &str, gid_index: u8) -> Rig {
-        let ctx = Context::open(&Verbs, dev).expect("open the device");
-        let pd = ctx.alloc_pd().expect("a protection domain");
+        let (ctx, pd) = super::open(dev);
         let cfg = ChannelConfig {
             qp: QpConfig {
                 gid_index,
@@ -231,11 +250,10 @@ mod raw {
     }
 
     pub fn setup(dev: &str, gid_index: u8) -> Rig {
-        let ctx = Context::open(&Verbs, dev).expect("open the device");
-        let pd = ctx.alloc_pd().expect("a protection domain");
+        let (ctx, pd) = super::open(dev);
         let (a_cq, b_cq) = (
-            CompletionQueue::create(&ctx, 64).expect("A's CQ"),
-            CompletionQueue::create(&ctx, 64).expect("B's CQ"),
+            CompletionQueue::create(&ctx, super::CQ_ENTRIES as u32).expect("A's CQ"),
+            CompletionQueue::create(&ctx, super::CQ_ENTRIES as u32).expect("B's CQ"),
         );
         let mut cfg = QpConfig {
             gid_index,

@@ -3,16 +3,10 @@
 
 use ibverbs::{ibv_access_flags, ibv_qp_type, ibv_wc, CompletionQueue, MemoryRegion, QueuePair};
 
-/// Bytes in each queue pair's registered buffer, and in the SEND.
-const BUF_LEN: usize = 64;
+use super::{BUF_LEN, DEPTH, RECV_WR_ID, SEND_WR_ID};
+
 /// Entries asked for in each completion queue.
-const CQ_ENTRIES: i32 = 64;
-/// Outstanding send and receive work requests each queue pair takes.
-const DEPTH: u32 = 16;
-/// `wr_id` of the measured SEND.
-const SEND_WR_ID: u64 = 1;
-/// `wr_id` of B's receives.
-const RECV_WR_ID: u64 = 2;
+const CQ_ENTRIES: i32 = super::CQ_ENTRIES as i32;
 /// `IBV_MTU_1024` (the crate takes the raw `enum ibv_mtu` value).
 const PATH_MTU_1024: u32 = 3;
 

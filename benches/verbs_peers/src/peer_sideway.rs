@@ -22,16 +22,10 @@ use sideway::ibverbs::AccessFlags;
 
 /// The device port both queue pairs use.
 const PORT: u8 = 1;
-/// Bytes in each queue pair's registered buffer, and in the SEND.
-const BUF_LEN: usize = 64;
+use super::{BUF_LEN, DEPTH, RECV_WR_ID, SEND_WR_ID};
+
 /// Entries asked for in each completion queue.
-const CQ_ENTRIES: u32 = 64;
-/// Outstanding send and receive work requests each queue pair takes.
-const DEPTH: u32 = 16;
-/// `wr_id` of the measured SEND.
-const SEND_WR_ID: u64 = 1;
-/// `wr_id` of B's receives.
-const RECV_WR_ID: u64 = 2;
+const CQ_ENTRIES: u32 = super::CQ_ENTRIES as u32;
 
 /// Two RC queue pairs A and B on device `dev`, connected to each other (A -> B), each with a
 /// 64-byte registered buffer; A's send completions on A's own CQ, B's receive completions on

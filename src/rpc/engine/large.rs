@@ -67,20 +67,11 @@ impl<P: Provider> Rpc<P> {
         msg: LocalBuf<P>,
         tag: u64,
     ) -> Result<RequestHandle, (EngineError<P::Error>, LocalBuf<P>)> {
-        let source = self.bulk.as_ref().ok_or("no bulk path").and_then(|b| {
+        self.enqueue_large(session, req_type, msg, tag, MsgBuf::Host, |b, msg| {
             let ok = msg.belongs_to(b.pool()) && msg.len() <= b.max();
             ok.then_some((msg.addr(), b.pool().rkey(), msg.len()))
                 .ok_or("a buffer from alloc_msg, at most max_msg_size")
-        });
-        match self.enqueue_large(session, req_type, source, tag) {
-            Ok((h, slot)) => {
-                if let Some(b) = &mut self.bulk {
-                    b.sent(slot, MsgBuf::Host(msg)); // there is one: the request is out
-                }
-                Ok(h)
-            }
-            Err(e) => Err((e, msg)),
-        }
+        })
     }
 
     /// Enqueues a large request whose bytes are in device memory (GPUDirect RDMA): as
@@ -105,44 +96,48 @@ impl<P: Provider> Rpc<P> {
         msg: DeviceBuf<P>,
         tag: u64,
     ) -> Result<RequestHandle, (EngineError<P::Error>, DeviceBuf<P>)> {
-        let source = self.bulk.as_ref().ok_or("no bulk path").and_then(|b| {
+        self.enqueue_large(session, req_type, msg, tag, MsgBuf::Device, |b, msg| {
             let region = msg.region();
             let ok = region.access().contains(AccessFlags::REMOTE_READ) && msg.len() <= b.max();
             ok.then_some((msg.iova(), region.rkey(), msg.len()))
                 .ok_or("device memory with REMOTE_READ, at most max_msg_size")
-        });
-        match self.enqueue_large(session, req_type, source, tag) {
-            Ok((h, slot)) => {
-                if let Some(b) = &mut self.bulk {
-                    b.sent(slot, MsgBuf::Device(msg)); // there is one: the request is out
-                }
-                Ok(h)
-            }
-            Err(e) => Err((e, msg)),
-        }
+        })
     }
 
-    /// Sends the large request for the bytes at `source` (or the buffer's refusal); its
-    /// handle and its slot's index.
-    fn enqueue_large(
+    /// Sends `msg` as a large request, the server to read it where `source` says (or
+    /// `source`'s refusal, with `msg` back); once it is out, the engine holds it as
+    /// `wrap(msg)` until its notice.
+    #[allow(clippy::type_complexity)]
+    fn enqueue_large<B>(
         &mut self,
         session: SessionId,
         req_type: u8,
-        source: Result<Source, &'static str>,
+        msg: B,
         tag: u64,
-    ) -> Result<(RequestHandle, usize), EngineError<P::Error>> {
-        let (addr, rkey, len) = source.map_err(EngineError::InvalidConfig)?;
-        let Some(b) = &self.bulk else {
-            return Err(EngineError::InvalidConfig("no bulk path"));
+        wrap: fn(B) -> MsgBuf<P>,
+        source: impl FnOnce(&Bulk<P>, &B) -> Result<Source, &'static str>,
+    ) -> Result<RequestHandle, (EngineError<P::Error>, B)> {
+        let Some(b) = self.bulk.as_deref() else {
+            return Err((EngineError::InvalidConfig("no bulk path"), msg));
+        };
+        let (addr, rkey, len) = match source(b, &msg) {
+            Ok(at) => at,
+            Err(why) => return Err((EngineError::InvalidConfig(why), msg)),
         };
         if !b.is_up(usize::from(session.index())) {
-            return Err(RpcError::Bulk(BulkFailure::NoLink).into());
+            return Err((RpcError::Bulk(BulkFailure::NoLink).into(), msg));
         }
         let payload = b.request_payload(req_type, addr, rkey, len);
-        let h = self.core.enqueue_request(session, REQUEST, &payload)?;
+        let h = match self.core.enqueue_request(session, REQUEST, &payload) {
+            Ok(h) => h,
+            Err(e) => return Err((e.into(), msg)),
+        };
         self.dirty = true;
         let i = self.tag_index(h);
         self.tags[i] = tag;
-        Ok((h, i))
+        if let Some(b) = self.bulk.as_deref_mut() {
+            b.sent(i, wrap(msg));
+        }
+        Ok(h)
     }
 }

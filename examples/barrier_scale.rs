@@ -21,8 +21,8 @@
 //! `⌈log2 N⌉ × one-way latency` bound and the ratio to it, the algorithm's critical path
 //! (`rounds(alg, N)` one-way latencies, plus one for the last acknowledgement), the
 //! simulator's events and events per second of wall time, the wall time (setup excluded),
-//! and the peak heap during the run per node and per queue pair (every queue pair: two per
-//! peer of every node, data and barrier). After each sweep a line checks the growth and
+//! and the peak heap during the run per node and per queue pair (every queue pair: one per
+//! peer of every node, which carries its data and its barrier messages). After each sweep a line checks the growth and
 //! fails the run if it is off: dissemination and tree must add a constant per doubling of N
 //! (log2 N), end within 10 % of their critical path, and process O(N log N) events (events
 //! per node growing by a constant per doubling); centralized must grow linearly. The
@@ -71,7 +71,7 @@ const PIECE: usize = 64;
 type Chan = Channel<Sim, DEPTH, SGES>;
 type NodeResult<T> = core::result::Result<T, NodeError<SimError>>;
 /// The data and barrier endpoints one rank made for another.
-type Eps = (Endpoint, Endpoint);
+type Eps = (Endpoint, zverbs::RemoteRegion);
 
 /// One rank, whatever its peer capacity (the centralized root's differs from its leaves').
 trait Rank {
@@ -130,9 +130,10 @@ fn connect<const PEERS: usize>(
     Ok(Box::new(prep.connect(eps)?))
 }
 
-/// Prepared nodes of every capacity in one list (the centralized root is big).
+/// Prepared nodes of every capacity in one list (the centralized root and a dissemination
+/// node are big).
 enum Prep {
-    Dissemination(PreparedNode<Sim, DISSEMINATION_PEERS, DEPTH, SGES>),
+    Dissemination(Box<PreparedNode<Sim, DISSEMINATION_PEERS, DEPTH, SGES>>),
     Tree(PreparedNode<Sim, TREE_PEERS, DEPTH, SGES>),
     Root(Box<PreparedNode<Sim, ROOT_PEERS, DEPTH, SGES>>),
     Leaf(PreparedNode<Sim, 1, DEPTH, SGES>),
@@ -164,7 +165,9 @@ fn build(alg: Algorithm, n: usize, seed: u64) -> Result<World> {
         let ctx = Context::open(&sim, &format!("sim{r}"))?;
         let pd = ctx.alloc_pd()?;
         preps.push(match alg {
-            Algorithm::Dissemination => Prep::Dissemination(prepared(&ctx, &pd, alg, r, n)?),
+            Algorithm::Dissemination => {
+                Prep::Dissemination(Box::new(prepared(&ctx, &pd, alg, r, n)?))
+            }
             Algorithm::BinaryTree => Prep::Tree(prepared(&ctx, &pd, alg, r, n)?),
             Algorithm::Centralized if r == 0 => {
                 Prep::Root(Box::new(prepared(&ctx, &pd, alg, r, n)?))
@@ -192,12 +195,12 @@ fn build(alg: Algorithm, n: usize, seed: u64) -> Result<World> {
             Some(mine[i].1)
         };
         let node = match prep {
-            Prep::Dissemination(p) => connect(p, eps)?,
+            Prep::Dissemination(p) => connect(*p, eps)?,
             Prep::Tree(p) => connect(p, eps)?,
             Prep::Root(p) => connect(*p, eps)?,
             Prep::Leaf(p) => connect(p, eps)?,
         };
-        queue_pairs += 2 * node.peers();
+        queue_pairs += node.peers();
         nodes.push(node);
     }
     sim.fabric().run_until_idle(); // nothing in flight before the start

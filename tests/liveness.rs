@@ -311,7 +311,7 @@ fn a_final_barrier_then_exit_strands_no_peer() {
 }
 
 /// Endpoints each rank made for each peer: `eps[rank][peer]`.
-type Tables = Vec<Vec<Option<(Endpoint, Endpoint)>>>;
+type Tables = Vec<Vec<Option<(Endpoint, zverbs::RemoteRegion)>>>;
 
 /// Ranks `0..N` of a world on devices `sim0..`, prepared, with their endpoint tables.
 fn prepare_nodes<const N: usize>(

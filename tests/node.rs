@@ -1,5 +1,6 @@
 //! `Node` barriers over the simulator: release only when all have arrived, subsets,
-//! consecutive barriers, refused lists, timeouts and poisoning.
+//! consecutive barriers, refused lists, timeouts and poisoning, words out of protocol in
+//! a barrier slot, and barriers beside the data channels' own receives.
 #![cfg(feature = "sim")]
 
 mod world;
@@ -10,9 +11,9 @@ use std::time::{Duration, Instant};
 
 use world::{config, world, world_in, ALGORITHMS};
 use zverbs::node::barrier::BarrierError;
-use zverbs::node::NodeError;
+use zverbs::node::{Node, NodeConfig, NodeError};
 use zverbs::provider::sim::{FabricConfig, Sim};
-use zverbs::ErrorKind;
+use zverbs::{Context, ErrorKind, RemoteRegion};
 
 #[test]
 fn barrier_releases_only_after_everyone_arrived() {
@@ -203,4 +204,125 @@ fn close_gives_up_on_a_partitioned_peer_at_its_timeout() {
     assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
     let took = start.elapsed();
     assert!(took >= timeout && took < timeout * 10, "{took:?}");
+}
+
+/// Two ranks connected by hand, and what rank 0 made for rank 1: where rank 1 writes its
+/// barrier messages.
+fn pair(cfg: &NodeConfig) -> (Vec<zverbs::testing::Rank<2, 16, 2>>, RemoteRegion) {
+    let sim = Sim::with_devices(2);
+    let prepared: Vec<_> = (0..2)
+        .map(|r| {
+            let ctx = Context::open(&sim, &format!("sim{r}")).unwrap();
+            let pd = ctx.alloc_pd().unwrap();
+            let node = Node::<Sim, 2, 16, 2>::prepare(&ctx, &pd, r, 2, cfg).unwrap();
+            (pd, node)
+        })
+        .collect();
+    let eps: Vec<Vec<_>> = prepared
+        .iter()
+        .map(|(_, p)| (0..2).map(|peer| p.endpoints(peer).ok()).collect())
+        .collect();
+    let window = eps[0][1].unwrap().1;
+    let ranks = prepared
+        .into_iter()
+        .enumerate()
+        .map(|(r, (pd, p))| (pd, p.connect(|peer| eps[peer][r]).unwrap()))
+        .collect();
+    (ranks, window)
+}
+
+#[test]
+fn a_word_out_of_protocol_in_a_barrier_slot_fails_the_barrier_at_once() {
+    // The first barrier of a pair has count 1: its messages go to the second slot.
+    let round = |epoch: u64| 1 << 32 | 3 << 30 | epoch; // a well-formed dissemination message
+    let words = [
+        0xdead_beef_0000_0000u64, // no marker
+        1 << 32 | 0x1,            // kind 0
+        round(2),                 // the count of a later barrier
+    ];
+    for word in words {
+        let cfg = config(ALGORITHMS[1], Duration::from_secs(20));
+        let (mut ranks, window) = pair(&cfg);
+        let (pd1, mut hostile) = ranks.pop().unwrap();
+        let (_pd0, mut node) = ranks.pop().unwrap();
+        let mut bytes = word.to_ne_bytes();
+        let src = pd1.register(&mut bytes).unwrap();
+        let slot = window.slice(8..16).unwrap();
+        let ch = hostile.channels().peer(0).unwrap();
+        ch.write([src.slice(..).unwrap()], &slot).unwrap();
+        let start = Instant::now();
+        let e = node.barrier_all().unwrap_err();
+        assert!(
+            matches!(e, NodeError::Protocol { from: 1, word: w } if w == word),
+            "{word:#x}: {e}"
+        );
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "at once, not at the timeout"
+        );
+        assert!(node.is_poisoned());
+    }
+    // The same well-formed word of the right count is a barrier message like any other:
+    // rank 0 completes without rank 1 taking part (rank 1 wrote its message by hand).
+    let cfg = config(ALGORITHMS[1], Duration::from_secs(20));
+    let (mut ranks, window) = pair(&cfg);
+    let (pd1, mut peer) = ranks.pop().unwrap();
+    let (_pd0, mut node) = ranks.pop().unwrap();
+    let mut bytes = round(1).to_ne_bytes();
+    let src = pd1.register(&mut bytes).unwrap();
+    let ch = peer.channels().peer(0).unwrap();
+    ch.write([src.slice(..).unwrap()], &window.slice(8..16).unwrap())
+        .unwrap();
+    node.barrier_all().unwrap();
+}
+
+#[test]
+fn a_barrier_window_shorter_than_two_slots_is_refused_at_connect() {
+    let cfg = config(ALGORITHMS[1], Duration::from_secs(20));
+    let sim = Sim::with_devices(2);
+    let ctx = Context::open(&sim, "sim0").unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let other = Context::open(&sim, "sim1").unwrap();
+    let other_pd = other.alloc_pd().unwrap();
+    let a = Node::<Sim, 2>::prepare(&ctx, &pd, 0, 2, &cfg).unwrap();
+    let b = Node::<Sim, 2>::prepare(&other, &other_pd, 1, 2, &cfg).unwrap();
+    let (data, mut window) = b.endpoints(0).unwrap();
+    window.len = 8;
+    let e = a.connect(|_| Some((data, window))).err().unwrap();
+    assert!(
+        matches!(e, NodeError::EndpointTable { peer: 1, why } if why.contains("window")),
+        "{e}"
+    );
+}
+
+#[test]
+fn barriers_leave_the_data_channels_receives_alone() {
+    let (ranks, _) = pair(&config(ALGORITHMS[1], Duration::from_secs(20)));
+    std::thread::scope(|t| {
+        for (pd, mut node) in ranks {
+            t.spawn(move || {
+                let mut inbox = [0u8; 8];
+                let mut inbox = pd.register(&mut inbox).unwrap();
+                let mut msg = *b"after";
+                let msg = pd.register(&mut msg).unwrap();
+                if node.rank() == 1 {
+                    let sge = inbox.slice_mut(..).unwrap().sge();
+                    let ch = node.channels().peer(0).unwrap();
+                    // SAFETY: `inbox` is not touched until the receive completed (below).
+                    let recv = unsafe { ch.post_receive_unpolled(&[sge]) }.unwrap();
+                    for _ in 0..5 {
+                        node.barrier_all().unwrap();
+                    }
+                    let got = node.channels().peer(0).unwrap().wait(recv).unwrap();
+                    assert_eq!(&inbox.as_slice()[..got.byte_len as usize], b"after");
+                } else {
+                    for _ in 0..5 {
+                        node.barrier_all().unwrap();
+                    }
+                    let ch = node.channels().peer(1).unwrap();
+                    ch.send([msg.slice(..).unwrap()]).unwrap();
+                }
+            });
+        }
+    });
 }

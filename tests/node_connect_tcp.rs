@@ -56,7 +56,7 @@ fn every_rank_can_send_and_barrier_right_after_connect_tcp() {
     // Several worlds, to give the scheduler chances to make one rank slow; sends first
     // in some, barriers first in the others.
     let n = 4;
-    let qps = n * (n - 1) * 2; // a data and a barrier queue pair per ordered pair
+    let qps = n * (n - 1); // a queue pair per ordered pair
     let timeout = Duration::from_secs(5);
     for round in 0..8 {
         let traced = FabricConfig {

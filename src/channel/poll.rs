@@ -101,7 +101,7 @@ impl<P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usize>
 
     /// As [`poll`](Self::poll), after routing everything the shared queue holds.
     /// Completions of requests already given up are ignored.
-    fn poll_all(&mut self, queue: Queue) -> Result<usize, Error<P::Error>> {
+    pub(super) fn poll_all(&mut self, queue: Queue) -> Result<usize, Error<P::Error>> {
         let mut wcs = [WorkCompletion::EMPTY; POLL_BATCH];
         let n = match queue {
             Queue::Send => self.send_cq.poll_all(&self.sq, &mut wcs)?,

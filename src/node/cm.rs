@@ -2,9 +2,9 @@
 //! bootstrap gave it, requests a connection of every peer above it and accepts one from
 //! every peer below it, with no endpoint exchange of its own (std, unix).
 //!
-//! A pair's data queue pair is the manager's connection; its barrier queue pair's
-//! endpoint rides in the private data (`"ZVND"`, rank, world size, endpoint: 46 of a
-//! connect's 56 bytes; the accept carries the acceptor's endpoint). In four steps, none of
+//! A pair's data queue pair is the manager's connection; the barrier window rides in the
+//! private data (`"ZVND"`, rank, world size, window: 32 of a connect's 56 bytes; the
+//! accept carries the acceptor's window). In four steps, none of
 //! which waits for a peer that is itself waiting for this rank:
 //!
 //! 1. request every higher peer (resolving its address and route first), not waiting;
@@ -27,14 +27,16 @@ use super::{Node, NodeError, PreparedNode};
 use crate::cm::wait::{next_event_of, Deadline};
 use crate::cm::{resolved, CmError, CmLink, CmListener};
 use crate::device::Context;
+use crate::mr::RemoteRegion;
+use crate::node::wire::{decode_window, encode_window, WINDOW_LEN};
 use crate::provider::cm::{
     CmEventKind, CmPath, ConnParam, ConnectionManager, PortSpace, PrivateData, REJECT_NO_LISTENER,
 };
-use crate::qp::{Endpoint, ENDPOINT_LEN};
+use crate::qp::Endpoint;
 
 const MAGIC: &[u8; 4] = b"ZVND";
-/// A request: the magic, rank and world size (big-endian), the barrier endpoint.
-const REQUEST: usize = 12 + ENDPOINT_LEN;
+/// A request: the magic, rank and world size (big-endian), the barrier window.
+const REQUEST: usize = 12 + WINDOW_LEN;
 
 /// What keeps a node's connections made through the manager: their ids and the event
 /// channel they report to. Keep it as long as the node: dropping it ends the connections
@@ -155,8 +157,8 @@ impl<P: ConnectionManager, const PEERS: usize, const DEPTH: usize, const SGES: u
             let CmLink {
                 id, events: _own, ..
             } = link;
-            let (data, ctrl) = self.endpoints(p)?;
-            let hello = request(rank, world, &ctrl);
+            let (data, window) = self.endpoints(p)?;
+            let hello = request(rank, world, &window);
             P::cm_connect(&id, &self.param(data.qp_num), &hello).map_err(verb(Some(p)))?;
             P::cm_migrate(&id, &events).map_err(verb(Some(p)))?;
             Ok(id)
@@ -169,7 +171,7 @@ impl<P: ConnectionManager, const PEERS: usize, const DEPTH: usize, const SGES: u
 
         // 2. Every lower peer's request, every higher peer's response.
         let lower = peers.iter().filter(|&&p| p < rank).count();
-        let mut heard: [Option<(CmPath, Endpoint)>; PEERS] = [None; PEERS];
+        let mut heard: [Option<(CmPath, RemoteRegion)>; PEERS] = [None; PEERS];
         let (mut requests, mut responses) = (0, 0);
         while requests < lower || responses < dialed {
             let (from, ev) =
@@ -184,7 +186,7 @@ impl<P: ConnectionManager, const PEERS: usize, const DEPTH: usize, const SGES: u
                     .private_data
                     .as_slice()
                     .get(12..)
-                    .and_then(endpoint_in)
+                    .and_then(window_in)
                     .ok_or(cm(Some(q))(CmError::Unexpected {
                         kind: ev.kind,
                         status: 0,
@@ -218,7 +220,7 @@ impl<P: ConnectionManager, const PEERS: usize, const DEPTH: usize, const SGES: u
             let reply = ev.private_data.as_slice();
             let theirs = reply
                 .strip_prefix(MAGIC)
-                .and_then(endpoint_in)
+                .and_then(window_in)
                 .ok_or(cm(Some(p))(CmError::Unexpected {
                     kind: ev.kind,
                     status: 0,
@@ -236,25 +238,25 @@ impl<P: ConnectionManager, const PEERS: usize, const DEPTH: usize, const SGES: u
         }
         let map = self.map;
         let param = |qp_num| self.param(qp_num);
-        let accepts: Vec<(usize, ConnParam, Endpoint)> = ids
+        let accepts: Vec<(usize, ConnParam, RemoteRegion)> = ids
             .iter()
             .filter(|&&(q, _)| q < rank)
             .map(|&(q, _)| {
-                let (data, ctrl) = self.endpoints(q)?;
-                Ok((q, param(data.qp_num), ctrl))
+                let (data, window) = self.endpoints(q)?;
+                Ok((q, param(data.qp_num), window))
             })
             .collect::<Result<_, NodeError<P::Error>>>()?;
         let node = self.connect(|p| {
-            let (path, ctrl) = heard[map.index(p)?]?;
-            Some((remote_of(&path), ctrl))
+            let (path, window) = heard[map.index(p)?]?;
+            Some((remote_of(&path), window))
         })?;
 
         // 4. Accept, establish, and wait until every accepted one is established.
-        for (q, param, ctrl) in &accepts {
+        for (q, param, window) in &accepts {
             let id = &ids.iter().find(|(r, _)| r == q).expect("requested").1;
-            let mut reply = [0u8; 4 + ENDPOINT_LEN];
+            let mut reply = [0u8; 4 + WINDOW_LEN];
             reply[..4].copy_from_slice(MAGIC);
-            reply[4..].copy_from_slice(&ctrl.encode());
+            reply[4..].copy_from_slice(&encode_window(window));
             P::cm_accept(id, param, &reply).map_err(verb(Some(*q)))?;
         }
         for (p, id) in ids.iter().filter(|&&(p, _)| p > rank) {
@@ -293,7 +295,7 @@ impl<P: ConnectionManager, const PEERS: usize, const DEPTH: usize, const SGES: u
     fn requester(
         &self,
         data: &PrivateData,
-        heard: &[Option<(CmPath, Endpoint)>; PEERS],
+        heard: &[Option<(CmPath, RemoteRegion)>; PEERS],
     ) -> Option<usize> {
         let b = data.as_slice();
         let b = b.strip_prefix(MAGIC)?;
@@ -305,18 +307,18 @@ impl<P: ConnectionManager, const PEERS: usize, const DEPTH: usize, const SGES: u
 }
 
 /// A request's private data.
-fn request(rank: usize, world: usize, ctrl: &Endpoint) -> [u8; REQUEST] {
+fn request(rank: usize, world: usize, window: &RemoteRegion) -> [u8; REQUEST] {
     let mut b = [0u8; REQUEST];
     b[..4].copy_from_slice(MAGIC);
     b[4..8].copy_from_slice(&(rank as u32).to_be_bytes());
     b[8..12].copy_from_slice(&(world as u32).to_be_bytes());
-    b[12..].copy_from_slice(&ctrl.encode());
+    b[12..].copy_from_slice(&encode_window(window));
     b
 }
 
-/// The barrier endpoint at the front of `b`.
-fn endpoint_in(b: &[u8]) -> Option<Endpoint> {
-    Endpoint::decode(b.get(..ENDPOINT_LEN)?).ok()
+/// The barrier window at the front of `b`.
+fn window_in(b: &[u8]) -> Option<RemoteRegion> {
+    decode_window(b.get(..WINDOW_LEN)?)
 }
 
 /// The peer's data queue pair as the manager's path describes it.

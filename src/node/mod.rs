@@ -1,9 +1,10 @@
 //! `Node`: rank, world size, a [`MultiChannel`] to its peers, and barriers.
 //!
-//! A node of rank `r` in a world of `W` ranks holds two RC queue pairs per peer: one for
-//! the caller's data ([`channels`](Node::channels)) and one the barriers use, so barrier
-//! traffic never meets user receives. A barrier queue pair is lean: no channel, no
-//! buffers, its completions on two queues the node polls itself (`ctrl`). Its peers are
+//! A node of rank `r` in a world of `W` ranks holds one RC channel per peer
+//! ([`channels`](Node::channels)), for the caller's data and its barriers alike: a barrier
+//! message is an RDMA WRITE of 8 bytes into a flag array the receiving node registered
+//! (`flags`), so barrier traffic never consumes a user receive and needs no queue pair,
+//! receive or completion queue of its own. Its peers are
 //! every other rank ([`Node::prepare`], `W` at most `PEERS`) or ranks it chooses
 //! ([`Node::prepare_with_peers`], `W` up to 2^32 - 1): with the partners
 //! [`barrier::neighbours`] names, a node of a 65,536-rank world runs whole-world
@@ -13,8 +14,14 @@
 //! nodes. Barriers run one of the sans-IO algorithms of
 //! [`barrier`] (chosen at build time) over any subset of ranks, with a timeout; a barrier
 //! that fails poisons the node's barriers, so later calls fail fast instead of hanging.
-//! Barrier messages are zero-length sends with 32 bits of immediate data: no registered
-//! memory and no allocation.
+//! A barrier allocates nothing. Its writes take one slot of the data channel's send ring
+//! while in flight; a barrier returns only once they are acknowledged.
+//!
+//! The flag array accepts writes from every peer under one remote key (one region, as any
+//! RDMA window): every message read from it is checked (its kind, round and the pair's
+//! barrier count; anything else is [`NodeError::Protocol`]), but a peer that holds the key
+//! could write in another peer's slots. Peers are trusted that far, as the ranks of one
+//! job are.
 //!
 //! Endpoints are exchanged out of band: in-process through
 //! [`PreparedNode::connect`], or over TCP from a JSON network configuration
@@ -53,40 +60,42 @@
 //! ```
 
 pub mod barrier;
-mod ctrl;
+// A node's flag array is heap memory that must not move: `Node` needs `std`. The barrier
+// machines, the configuration and the errors do not.
+#[cfg(feature = "std")]
+mod flags;
+#[cfg(feature = "std")]
 mod peers;
+#[cfg(feature = "std")]
 mod run;
+#[cfg(feature = "std")]
 mod wire;
 
 use core::fmt;
 use core::time::Duration;
 
-use crate::channel::wait::Waiter;
 use crate::channel::ChannelConfig;
-use crate::device::{Context, ProtectionDomain};
 use crate::error::{Error, ErrorKind, ProviderError};
-use crate::multi_channel::{MultiChannel, PreparedMultiChannel};
-use crate::provider::Provider;
-use crate::qp::Endpoint;
-use barrier::{Algorithm, BarrierError, BarrierMachine};
-use ctrl::{Ctrl, PreparedCtrl};
-use peers::{PeerMap, PeersRefused, MAX_WORLD};
-
-/// Send queue depth of a barrier queue pair: a barrier sends a peer at most one message
-/// and reaps its sends before it completes, so one is in flight at most. Small, because a
-/// node of a large world holds one such queue pair per peer.
-const CTRL_DEPTH: usize = 2;
-/// Receives kept posted per peer for barrier messages: exactly enough. A barrier brings at
-/// most one message per peer, and a peer runs at most one barrier ahead (it cannot finish
-/// a barrier this node has not reached), so at most two messages from a peer wait at
-/// once: the current barrier's and the next's (kept in `early`). Each is reposted as it is
-/// taken.
-const CTRL_RECVS: usize = 2;
+use barrier::{Algorithm, BarrierError};
+#[cfg(feature = "std")]
+use {
+    crate::channel::wait::Waiter,
+    crate::device::{Context, ProtectionDomain},
+    crate::mr::RemoteRegion,
+    crate::multi_channel::{MultiChannel, PreparedMultiChannel},
+    crate::provider::Provider,
+    crate::qp::Endpoint,
+    crate::types::AccessFlags,
+    barrier::BarrierMachine,
+    flags::Flags,
+    peers::{PeerMap, PeersRefused, MAX_WORLD},
+};
 
 /// Settings of a node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NodeConfig {
-    /// Settings of every channel (data and barrier).
+    /// Settings of every channel. Their queue pairs accept remote writes whatever
+    /// `channel.init.access` says: barrier messages are writes.
     pub channel: ChannelConfig,
     /// The barrier algorithm.
     pub algorithm: Algorithm,
@@ -113,12 +122,12 @@ pub enum NodeError<E> {
     /// The barrier's participants were refused, or a peer sent a message the algorithm
     /// does not allow (the node is poisoned then).
     Barrier(BarrierError),
-    /// A barrier message that cannot be decoded, or from a barrier neither current nor next.
+    /// A barrier message that cannot be decoded, or not of the running barrier.
     Protocol {
         /// The sending rank.
         from: usize,
-        /// The immediate data received.
-        imm: u32,
+        /// The word read from its slot.
+        word: u64,
     },
     /// The barrier did not complete in time; the node is poisoned.
     Timeout {
@@ -197,8 +206,8 @@ impl<E: fmt::Display + fmt::Debug> fmt::Display for NodeError<E> {
         match self {
             NodeError::Channel(e) => e.fmt(f),
             NodeError::Barrier(b) => write!(f, "barrier: {b}"),
-            NodeError::Protocol { from, imm } => {
-                write!(f, "bad barrier message {imm:#010x} from rank {from}")
+            NodeError::Protocol { from, word } => {
+                write!(f, "bad barrier message {word:#018x} from rank {from}")
             }
             NodeError::Timeout { participants } => {
                 write!(f, "barrier among {participants} ranks timed out")
@@ -236,6 +245,7 @@ impl<E: fmt::Debug + fmt::Display> core::error::Error for NodeError<E> {}
 
 /// A node whose queue pairs exist but are not connected. Hand each peer its
 /// [`endpoints`](Self::endpoints), then [`connect`](Self::connect).
+#[cfg(feature = "std")]
 pub struct PreparedNode<
     P: Provider,
     const PEERS: usize,
@@ -245,9 +255,10 @@ pub struct PreparedNode<
     map: PeerMap<PEERS>,
     config: NodeConfig,
     data: PreparedMultiChannel<P, PEERS, DEPTH, SGES>,
-    ctrl: PreparedCtrl<P, PEERS>,
+    flags: Flags<P, PEERS>,
 }
 
+#[cfg(feature = "std")]
 impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
     PreparedNode<P, PEERS, DEPTH, SGES>
 {
@@ -261,24 +272,22 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
         self.map.indices().map(|i| self.map.rank_of(i))
     }
 
-    /// The endpoints (data, barrier) this node made for rank `peer`.
-    pub fn endpoints(&self, peer: usize) -> Result<(Endpoint, Endpoint), NodeError<P::Error>> {
+    /// What this node made for rank `peer`: the endpoint of its data channel, and where
+    /// `peer` writes its barrier messages (16 bytes of this node's flag array).
+    pub fn endpoints(&self, peer: usize) -> Result<(Endpoint, RemoteRegion), NodeError<P::Error>> {
         let i = self
             .map
             .index(peer)
             .ok_or(NodeError::NotConnected { rank: peer })?;
-        let ctrl = self
-            .ctrl
-            .endpoint(i)
-            .ok_or(NodeError::NotConnected { rank: peer })?;
-        Ok((self.data.endpoint(i)?, ctrl))
+        Ok((self.data.endpoint(i)?, self.flags.window(i)))
     }
 
-    /// Connects to every peer with the endpoints `remote(rank)` gives: the ones that rank
-    /// made for this node. Then posts the barrier receives.
+    /// Connects to every peer with what `remote(rank)` gives: what that rank's
+    /// [`endpoints`](Self::endpoints) made for this node. A barrier window shorter than
+    /// 16 bytes is an [`NodeError::EndpointTable`]; nothing is connected then.
     pub fn connect(
-        self,
-        mut remote: impl FnMut(usize) -> Option<(Endpoint, Endpoint)>,
+        mut self,
+        mut remote: impl FnMut(usize) -> Option<(Endpoint, RemoteRegion)>,
     ) -> Result<Node<P, PEERS, DEPTH, SGES>, NodeError<P::Error>> {
         crate::trace::span!(
             INFO,
@@ -288,21 +297,25 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
         );
         let mut eps = [None; PEERS];
         for i in self.map.indices() {
-            eps[i] = remote(self.map.rank_of(i));
+            let peer = self.map.rank_of(i);
+            eps[i] = remote(peer).map(|(data, window)| (data, window, peer));
+        }
+        for (i, e) in eps.iter().enumerate() {
+            if let Some((_, window, peer)) = e {
+                self.flags
+                    .connect(i, window)
+                    .map_err(|why| NodeError::EndpointTable { peer: *peer, why })?;
+            }
         }
         let data = self.data.connect(|i| eps[i].map(|e| e.0))?;
-        let ctrl = self
-            .ctrl
-            .connect(|i| eps[i].map(|e| e.1), &self.config.channel)?;
         Ok(Node {
             map: self.map,
             config: self.config,
             data,
-            ctrl,
+            flags: self.flags,
             running: None,
             partners: heapless::Vec::new(),
             pair_epoch: [0; PEERS],
-            early: [None; PEERS],
             poisoned: false,
         })
     }
@@ -318,22 +331,23 @@ pub use cm::{CmConnected, CmLinks};
 pub use tables::Connected;
 
 /// A rank of a world: data channels to every peer, and barriers. See the module docs.
+#[cfg(feature = "std")]
 pub struct Node<P: Provider, const PEERS: usize, const DEPTH: usize = 64, const SGES: usize = 4> {
     map: PeerMap<PEERS>,
     config: NodeConfig,
+    /// Dropped before `flags`: no queue pair is left to write the array when it is freed.
     data: MultiChannel<P, PEERS, DEPTH, SGES>,
-    ctrl: Ctrl<P, PEERS>,
+    flags: Flags<P, PEERS>,
     /// The barrier running, from its start until it completes or fails.
     running: Option<BarrierMachine<PEERS>>,
     /// The peer indices the running (or last) barrier exchanges messages with.
     partners: heapless::Vec<u32, PEERS>,
     /// Per peer: barriers taken part in together.
     pair_epoch: [u32; PEERS],
-    /// Per peer: a message for the next barrier with that peer, received early.
-    early: [Option<barrier::Msg>; PEERS],
     poisoned: bool,
 }
 
+#[cfg(feature = "std")]
 impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
     Node<P, PEERS, DEPTH, SGES>
 {
@@ -398,13 +412,15 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
         map: PeerMap<PEERS>,
         config: &NodeConfig,
     ) -> Result<PreparedNode<P, PEERS, DEPTH, SGES>, NodeError<P::Error>> {
+        let mut config = *config;
+        config.channel.init.access |= AccessFlags::REMOTE_WRITE;
         let data = MultiChannel::prepare(ctx, pd, map.indices(), &config.channel)?;
-        let ctrl = PreparedCtrl::prepare(ctx, pd, map.indices(), &config.channel)?;
+        let flags = Flags::new(pd)?;
         Ok(PreparedNode {
             map,
-            config: *config,
+            config,
             data,
-            ctrl,
+            flags,
         })
     }
 
@@ -447,9 +463,15 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
     /// barrier without stranding a peer. `close` is for data sent unpolled.
     pub fn close(mut self, timeout: Duration) -> Result<(), NodeError<P::Error>> {
         let mut waiter = Waiter::new(Some(timeout), self.config.channel.flush_grace);
-        let data = self.data.drain_sends(&mut waiter).map_err(|e| e.error);
-        let ctrl = self.ctrl.drain(&mut waiter);
-        data.and(ctrl).map_err(NodeError::Channel)
+        let drained = self.data.drain_sends(&mut waiter).map_err(|e| e.error);
+        // The outcomes of barrier writes of a barrier given up: one that failed was not
+        // acknowledged either.
+        let mut written = Ok(());
+        for p in self.map.indices() {
+            let reaped = self.data.peer(p).and_then(|ch| self.flags.reap(ch, p));
+            written = written.and(reaped.map(drop));
+        }
+        drained.and(written).map_err(NodeError::Channel)
     }
 
     /// Whether a failed barrier poisoned this node's barriers.

@@ -1,14 +1,14 @@
-//! Running a barrier: the sans-IO machine of [`super::barrier`] driven over the barrier
-//! queue pairs. Blocking ([`Node::barrier`], [`Node::barrier_all`]), or split into a start
+//! Running a barrier: the sans-IO machine of [`super::barrier`] driven over the flag
+//! array and the data channels ([`super::flags`]). Blocking ([`Node::barrier`], [`Node::barrier_all`]), or split into a start
 //! and polls that never wait ([`Node::start_barrier_all`], [`Node::poll_barrier`]), so one
 //! thread can drive many nodes, as the stepped simulator does with 65,536 of them.
 
 use super::barrier::{neighbours, BarrierError, BarrierMachine, Msg, Rank};
-use super::ctrl::Ctrl;
+use super::flags::{Flags, Slot, MARK};
 use super::{wire, Node, NodeError};
 use crate::channel::wait::Waiter;
+use crate::multi_channel::MultiChannel;
 use crate::provider::Provider;
-use crate::types::WorkCompletion;
 
 impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
     Node<P, PEERS, DEPTH, SGES>
@@ -225,14 +225,14 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
         r
     }
 
-    /// The first moves of a started barrier: epochs counted, the machine started, early
-    /// messages handed in.
+    /// The first moves of a started barrier: epochs counted, the machine started. Messages
+    /// that came early are in their slots, for the first step.
     fn open(&mut self, m: &mut BarrierMachine<PEERS>) -> Result<(), NodeError<P::Error>> {
         let Node {
             map,
-            ctrl,
+            data,
+            flags,
             pair_epoch,
-            early,
             partners,
             ..
         } = self;
@@ -241,35 +241,27 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
             pair_epoch[p] = pair_epoch[p].wrapping_add(1);
         }
         let mut out = Out {
-            ctrl,
+            data,
+            flags,
             map,
             pair_epoch,
             failed: None,
         };
         m.start(&mut |to, msg| out.send(to, msg))
             .map_err(NodeError::Barrier)?;
-        out.check()?;
-        for &p in partners.iter() {
-            let p = p as usize;
-            if let Some(msg) = early[p].take() {
-                let from = out.map.rank_of(p) as Rank;
-                m.on_message(from, msg, &mut |to, msg| out.send(to, msg))
-                    .map_err(NodeError::Barrier)?;
-                out.check()?;
-            }
-        }
-        Ok(())
+        out.check()
     }
 
-    /// One pass: the messages received handed in (and the machine's answers sent), and
-    /// once complete, this node's sends reaped. Returns (complete, anything happened).
+    /// One pass: the partners' slots read and their messages handed in (and the machine's
+    /// answers sent), and once complete, this node's writes redeemed. Returns (complete,
+    /// anything happened).
     fn step(&mut self) -> Result<(bool, bool), NodeError<P::Error>> {
         let Node {
             map,
-            ctrl,
+            data,
+            flags,
             running,
             pair_epoch,
-            early,
             partners,
             ..
         } = self;
@@ -277,33 +269,31 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
             return Ok((true, false));
         };
         let mut progress = false;
-        let mut batch = [WorkCompletion::EMPTY; RECV_BATCH];
-        // Messages are taken while the barrier runs, also once it is complete: any left
-        // are for the next barrier with their sender (kept in `early`), and the receive
-        // queue has room for them all meanwhile.
-        while !m.is_complete() {
-            let n = ctrl.receive(&mut batch)?;
-            for wc in &batch[..n] {
-                progress = true;
-                let p = wc.wr_id as usize;
-                let from = map.rank_of(p);
-                let Some(msg) = classify(from, wc.imm.unwrap_or(0), pair_epoch[p], &mut early[p])?
-                else {
-                    continue; // for the next barrier with p: kept
-                };
-                let mut out = Out {
-                    ctrl,
-                    map,
-                    pair_epoch,
-                    failed: None,
-                };
-                m.on_message(from as Rank, msg, &mut |to, msg| out.send(to, msg))
-                    .map_err(NodeError::Barrier)?;
-                out.check()?;
-            }
-            if n < batch.len() {
+        // Only the running barrier's slots are read: a partner's message for the next
+        // barrier waits in its other slot.
+        for &p in partners.iter() {
+            if m.is_complete() {
                 break;
             }
+            let p = p as usize;
+            let from = map.rank_of(p);
+            let imm = match flags.take(p, pair_epoch[p]) {
+                Slot::Empty => continue,
+                Slot::Message(imm) => imm,
+                Slot::Garbage(word) => return Err(NodeError::Protocol { from, word }),
+            };
+            progress = true;
+            let msg = classify(from, imm, pair_epoch[p])?;
+            let mut out = Out {
+                data,
+                flags,
+                map,
+                pair_epoch,
+                failed: None,
+            };
+            m.on_message(from as Rank, msg, &mut |to, msg| out.send(to, msg))
+                .map_err(NodeError::Barrier)?;
+            out.check()?;
         }
         if !m.is_complete() {
             return Ok((false, progress));
@@ -311,50 +301,45 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
         // Complete only once this rank's own messages are acknowledged: a rank that leaves
         // (drops its node) right after the barrier cannot take with it a message a peer
         // still needs, such as one lost once on the wire and waiting for its retransmission.
-        ctrl.reap()?;
-        if partners.iter().any(|&p| ctrl.sending(p as usize)) {
-            return Ok((false, progress));
+        for &p in partners.iter() {
+            let p = p as usize;
+            if !flags.reap(data.peer(p)?, p)? {
+                return Ok((false, progress));
+            }
         }
         *running = None;
         Ok((true, progress))
     }
 }
 
-/// A received message from rank `from`: `Some` if it belongs to the running barrier,
-/// `None` after keeping it in `early` for the next barrier with that rank.
-fn classify<E>(
-    from: usize,
-    imm: u32,
-    pair_epoch: u32,
-    early: &mut Option<Msg>,
-) -> Result<Option<Msg>, NodeError<E>> {
-    let bad = NodeError::Protocol { from, imm };
-    let Some((kind, round, epoch)) = wire::decode(imm) else {
-        return Err(bad);
-    };
-    let msg = wire::to_msg(kind, round);
-    let current = pair_epoch & wire::EPOCH_MASK;
-    if epoch == current {
-        return Ok(Some(msg));
+/// The message `imm` from rank `from`, read from the slot of the running barrier: it must
+/// carry that barrier's count for the pair.
+fn classify<E>(from: usize, imm: u32, pair_epoch: u32) -> Result<Msg, NodeError<E>> {
+    match wire::decode(imm) {
+        Some((kind, round, epoch)) if epoch == pair_epoch & wire::EPOCH_MASK => {
+            Ok(wire::to_msg(kind, round))
+        }
+        _ => Err(NodeError::Protocol {
+            from,
+            word: MARK | u64::from(imm),
+        }),
     }
-    if epoch == (current + 1) & wire::EPOCH_MASK && early.is_none() {
-        *early = Some(msg);
-        return Ok(None);
-    }
-    Err(bad)
 }
 
-/// Where a machine's messages go: the barrier queue pairs. Errors wait in `failed` (the
-/// machine's callback cannot return one).
-struct Out<'a, P: Provider, const PEERS: usize> {
-    ctrl: &'a mut Ctrl<P, PEERS>,
+/// Where a machine's messages go: writes into the partners' flag arrays over the data
+/// channels. Errors wait in `failed` (the machine's callback cannot return one).
+struct Out<'a, P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize> {
+    data: &'a mut MultiChannel<P, PEERS, DEPTH, SGES>,
+    flags: &'a mut Flags<P, PEERS>,
     map: &'a super::PeerMap<PEERS>,
     pair_epoch: &'a [u32; PEERS],
     failed: Option<NodeError<P::Error>>,
 }
 
-impl<P: Provider, const PEERS: usize> Out<'_, P, PEERS> {
-    /// Sends `msg` to rank `to` as a zero-length send with immediate data.
+impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
+    Out<'_, P, PEERS, DEPTH, SGES>
+{
+    /// Writes `msg` into rank `to`'s slot for this node.
     fn send(&mut self, to: Rank, msg: Msg) {
         if self.failed.is_some() {
             return;
@@ -365,8 +350,11 @@ impl<P: Provider, const PEERS: usize> Out<'_, P, PEERS> {
             self.failed = Some(NodeError::NotConnected { rank });
             return;
         };
-        let imm = wire::encode(msg.kind, msg.round, self.pair_epoch[p]);
-        if let Err(e) = self.ctrl.send(p, imm) {
+        let epoch = self.pair_epoch[p];
+        let imm = wire::encode(msg.kind, msg.round, epoch);
+        let flags = &mut *self.flags;
+        let sent = (self.data.peer(p)).and_then(|ch| flags.send(ch, p, epoch, imm));
+        if let Err(e) = sent {
             self.failed = Some(e.into());
         }
     }
@@ -375,6 +363,3 @@ impl<P: Provider, const PEERS: usize> Out<'_, P, PEERS> {
         self.failed.take().map_or(Ok(()), Err)
     }
 }
-
-/// Barrier messages taken from the receive queue per poll.
-const RECV_BATCH: usize = 16;

@@ -1,8 +1,8 @@
 //! Endpoint tables: what a node sends every peer out of band (std only).
 //!
-//! A table holds, for every rank of the world, the data and barrier endpoints this node
-//! made for that rank: `world × 2 × ENDPOINT_LEN` bytes, its own entry zeroed. Each peer
-//! picks the entry at its own rank.
+//! A table holds, for every rank of the world, what this node made for that rank: the
+//! data endpoint and the barrier window, `world × (ENDPOINT_LEN + 20)` bytes, its own
+//! entry zeroed. Each peer picks the entry at its own rank.
 
 use std::net::TcpListener;
 use std::time::Duration;
@@ -11,12 +11,14 @@ use std::vec::Vec;
 use super::{Node, NodeError, PreparedNode};
 use crate::bootstrap::tcp::{deadline_after, Session};
 use crate::bootstrap::{Bootstrap, ExchangeError, Meeting, NetworkConfig, Rendezvous};
+use crate::mr::RemoteRegion;
+use crate::node::wire::{decode_window, encode_window, WINDOW_LEN};
 use crate::node::NodeConfig;
 use crate::provider::Provider;
 use crate::qp::{Endpoint, ENDPOINT_LEN};
 use crate::{Context, ProtectionDomain};
 
-const ENTRY: usize = 2 * ENDPOINT_LEN;
+const ENTRY: usize = ENDPOINT_LEN + WINDOW_LEN;
 
 /// A connected node and every rank's app bytes, indexed by rank.
 pub type Connected<P, const PEERS: usize, const DEPTH: usize, const SGES: usize> =
@@ -101,9 +103,8 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
     pub fn endpoint_table(&self) -> Vec<u8> {
         let mut table = vec![0u8; self.map.world * ENTRY];
         for (p, entry) in table.chunks_exact_mut(ENTRY).enumerate() {
-            if let Ok((data, ctrl)) = self.endpoints(p) {
-                entry[..ENDPOINT_LEN].copy_from_slice(&data.encode());
-                entry[ENDPOINT_LEN..].copy_from_slice(&ctrl.encode());
+            if let Ok(made) = self.endpoints(p) {
+                entry.copy_from_slice(&encode_entry(made));
             }
         }
         table
@@ -217,7 +218,7 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
     /// along and every rank's comes back, by rank. The world of `rendezvous` must be this
     /// node's; `timeout` bounds the whole call.
     ///
-    /// A rank sends and receives endpoints for its peers only, `2 × ENDPOINT_LEN` bytes
+    /// A rank sends and receives endpoints for its peers only, `ENDPOINT_LEN + 20` bytes
     /// each: a node of few peers in a large world (`prepare_with_peers`) moves little.
     ///
     /// ```
@@ -313,11 +314,8 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
         let mut parcels: Vec<(u32, [u8; ENTRY])> = Vec::new();
         for i in self.map.indices() {
             let p = self.map.rank_of(i);
-            if let Ok((data, ctrl)) = self.endpoints(p) {
-                let mut entry = [0u8; ENTRY];
-                entry[..ENDPOINT_LEN].copy_from_slice(&data.encode());
-                entry[ENDPOINT_LEN..].copy_from_slice(&ctrl.encode());
-                parcels.push((p as u32, entry));
+            if let Ok(made) = self.endpoints(p) {
+                parcels.push((p as u32, encode_entry(made)));
             }
         }
         parcels.sort_unstable_by_key(|&(p, _)| p);
@@ -405,10 +403,18 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
     }
 }
 
-/// The data and barrier endpoints in `entry`, which `peer` made for this node.
-fn decode_entry<E>(peer: usize, entry: &[u8]) -> Result<(Endpoint, Endpoint), NodeError<E>> {
+/// The entry of what a node made for a peer: data endpoint, barrier window.
+fn encode_entry((data, window): (Endpoint, RemoteRegion)) -> [u8; ENTRY] {
+    let mut entry = [0u8; ENTRY];
+    entry[..ENDPOINT_LEN].copy_from_slice(&data.encode());
+    entry[ENDPOINT_LEN..].copy_from_slice(&encode_window(&window));
+    entry
+}
+
+/// The data endpoint and barrier window in `entry`, which `peer` made for this node.
+fn decode_entry<E>(peer: usize, entry: &[u8]) -> Result<(Endpoint, RemoteRegion), NodeError<E>> {
     let bad = |why| NodeError::EndpointTable { peer, why };
     let data = Endpoint::decode(&entry[..ENDPOINT_LEN]).map_err(|_| bad("bad data endpoint"))?;
-    let ctrl = Endpoint::decode(&entry[ENDPOINT_LEN..]).map_err(|_| bad("bad barrier endpoint"))?;
-    Ok((data, ctrl))
+    let window = decode_window(&entry[ENDPOINT_LEN..]).ok_or(bad("bad barrier window"))?;
+    Ok((data, window))
 }

@@ -551,12 +551,6 @@ impl<P: Provider, St: State, T: Transport> QueuePair<P, St, T> {
         &self.raw
     }
 
-    /// The backend's handle, for a crate-internal owner that needs nothing else of the
-    /// queue pair (the handle destroys it when dropped).
-    pub(crate) fn into_raw(self) -> P::Qp {
-        self.raw
-    }
-
     fn transition<To: State>(
         self,
         t: Result<Transition, Error<P::Error>>,

@@ -1,0 +1,199 @@
+//! The barrier plane: barrier messages as RDMA writes into a registered flag array, over
+//! the data channels. No queue pair, receive or completion queue of its own.
+//!
+//! The node registers one array of 8-byte words (`LOCAL_WRITE | REMOTE_WRITE`). Per peer
+//! index `p` it holds three words: an **inbox** of two slots, where `p` writes its
+//! messages (slot = parity of the pair's barrier count), and an **outbox**, the word this
+//! node's write to `p` reads from. Each peer learns where its inbox slots are in this
+//! node's array as a [`RemoteRegion`] of 16 bytes ([`Flags::window`]), exchanged with the
+//! data endpoint.
+//!
+//! A message is `MARK | imm` (`imm`: [`super::wire`]'s 32 bits), written by a signaled
+//! RDMA WRITE on the data channel to that peer. The receiver finds it by reading its slot
+//! and clears the slot as it takes it. Two slots are exactly enough: a pair exchanges at
+//! most one message each way per barrier, and a peer runs at most one barrier ahead (it
+//! cannot finish a barrier this node has not entered), so the next barrier's message
+//! lands in the other slot while this one's waits. A slot is written again only two
+//! barriers later, after this node took its message (it cannot finish a barrier before).
+//!
+//! Invariants:
+//! - `sent[p]` is the ring sequence number of the write to `p` not yet redeemed, or
+//!   `NONE`; at most one is in flight per peer (a barrier redeems its writes before it
+//!   completes, and one barrier runs at a time), and the outbox word of `p` is written
+//!   only while none is.
+//! - `_mr` is dropped before `words` (field order): the array outlives its registration.
+//!   The node drops its data channels (the only queue pairs that write it) first.
+//!
+//! Every word is an `AtomicU64`, 8-byte aligned: the device's write of a whole word is
+//! one store on the simulator (it copies aligned words atomically) and a single aligned
+//! DMA on hardware, and the host reads it with an atomic load, so no read races a write.
+
+use std::boxed::Box;
+
+use core::sync::atomic::{AtomicU64, Ordering};
+
+use crate::channel::Channel;
+use crate::device::ProtectionDomain;
+use crate::error::{verb, Error};
+use crate::mr::RemoteRegion;
+use crate::provider::Provider;
+use crate::types::{AccessFlags, SendFlags, Sge};
+
+/// The marker of a written slot: a message's word is never 0.
+pub(super) const MARK: u64 = 1 << 32;
+/// Words per peer: two inbox slots and the outbox.
+const WORDS: usize = 3;
+/// Bytes of a peer's window: its two inbox slots.
+pub(super) const WINDOW: u64 = 16;
+/// No write in flight.
+const NONE: u64 = u64::MAX;
+
+/// Where the barrier messages to peer `p` go: its inbox for this node, in its array.
+#[derive(Clone, Copy)]
+struct Remote {
+    addr: u64,
+    rkey: u32,
+}
+
+/// A message in a slot, as read.
+pub(super) enum Slot {
+    /// Nothing written.
+    Empty,
+    /// A message: its 32 bits.
+    Message(u32),
+    /// A word no node writes (a peer out of protocol): the whole word.
+    Garbage(u64),
+}
+
+/// The node's flag array, its registration, and where its messages to each peer go.
+pub(super) struct Flags<P: Provider, const PEERS: usize> {
+    /// The registration, kept for its drop, which comes first: it ends before the array
+    /// is freed.
+    _mr: P::Mr,
+    words: Box<[AtomicU64]>,
+    lkey: u32,
+    rkey: u32,
+    remote: [Remote; PEERS],
+    sent: [u64; PEERS],
+}
+
+impl<P: Provider, const PEERS: usize> Flags<P, PEERS> {
+    /// A zeroed array for `PEERS` peer indices, registered in `pd` for remote writes.
+    pub(super) fn new(pd: &ProtectionDomain<P>) -> Result<Self, Error<P::Error>> {
+        let words: Box<[AtomicU64]> = (0..PEERS * WORDS).map(|_| AtomicU64::new(0)).collect();
+        let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+        let len = core::mem::size_of_val(&*words);
+        // SAFETY: the array is this value's and is freed only after the registration ends
+        // (field order). The device writes it only through 8-byte aligned words while the
+        // host reads and clears them with atomic operations (module docs), and reads an
+        // outbox word only while no host store to it can happen (`sent`).
+        let mr = unsafe { P::register_mr(&pd.raw, words.as_ptr().cast_mut().cast(), len, access) };
+        let mr = verb("ibv_reg_mr", mr)?;
+        let (lkey, rkey) = P::mr_keys(&mr);
+        Ok(Flags {
+            _mr: mr,
+            words,
+            lkey,
+            rkey,
+            remote: [Remote { addr: 0, rkey: 0 }; PEERS],
+            sent: [NONE; PEERS],
+        })
+    }
+
+    /// Where peer `p` writes its messages to this node: its two inbox slots.
+    pub(super) fn window(&self, p: usize) -> RemoteRegion {
+        RemoteRegion {
+            addr: self.word(p, 0).as_ptr() as u64,
+            len: WINDOW,
+            rkey: self.rkey,
+        }
+    }
+
+    /// Sends this node's messages to `p` into `window` (what `p` made for this node),
+    /// refused if shorter than two slots.
+    pub(super) fn connect(&mut self, p: usize, window: &RemoteRegion) -> Result<(), &'static str> {
+        let ok = window.len >= WINDOW && window.addr.checked_add(WINDOW).is_some();
+        let slot = self.remote.get_mut(p).ok_or("peer index out of range")?;
+        if !ok {
+            return Err("barrier window shorter than two slots");
+        }
+        *slot = Remote {
+            addr: window.addr,
+            rkey: window.rkey,
+        };
+        Ok(())
+    }
+
+    /// Takes the message in `p`'s inbox slot for a barrier of parity `epoch & 1`,
+    /// clearing the slot.
+    pub(super) fn take(&self, p: usize, epoch: u32) -> Slot {
+        let slot = self.word(p, (epoch & 1) as usize);
+        let v = slot.load(Ordering::Acquire);
+        if v == 0 {
+            return Slot::Empty;
+        }
+        slot.store(0, Ordering::Relaxed);
+        if v >> 32 == MARK >> 32 {
+            Slot::Message(v as u32)
+        } else {
+            Slot::Garbage(v)
+        }
+    }
+
+    /// Writes message `imm` of a barrier of parity `epoch & 1` to peer `p` over `ch`,
+    /// `p`'s data channel. One write is in flight per peer at most.
+    pub(super) fn send<const DEPTH: usize, const SGES: usize>(
+        &mut self,
+        ch: &mut Channel<P, DEPTH, SGES>,
+        p: usize,
+        epoch: u32,
+        imm: u32,
+    ) -> Result<(), Error<P::Error>> {
+        if self.sent[p] != NONE {
+            return Err(Error::QueueFull { capacity: 1 });
+        }
+        let out = self.word(p, 2);
+        out.store(MARK | u64::from(imm), Ordering::Relaxed);
+        let sge = Sge {
+            addr: out.as_ptr() as u64,
+            length: 8,
+            lkey: self.lkey,
+        };
+        let Remote { addr, rkey } = self.remote[p];
+        let to = RemoteRegion {
+            addr: addr + u64::from(epoch & 1) * 8,
+            len: 8,
+            rkey,
+        };
+        // The outbox word is not stored to again until this write is redeemed (`sent`),
+        // and the array outlives the channel's queue pair (module docs).
+        let seq = ch.post_sges_seq([sge], to.write_op(), SendFlags::empty(), Some(to), false)?;
+        self.sent[p] = seq;
+        Ok(())
+    }
+
+    /// Redeems the write to `p` over `ch` if it completed: `Ok(true)` when none is in
+    /// flight any more.
+    pub(super) fn reap<const DEPTH: usize, const SGES: usize>(
+        &mut self,
+        ch: &mut Channel<P, DEPTH, SGES>,
+        p: usize,
+    ) -> Result<bool, Error<P::Error>> {
+        let seq = self.sent[p];
+        if seq == NONE {
+            return Ok(true);
+        }
+        let pending = ch.pending_send(seq);
+        match ch.try_complete_drained(pending) {
+            Ok(Err(_still)) => Ok(false),
+            done => {
+                self.sent[p] = NONE;
+                done.map(|_| true)
+            }
+        }
+    }
+
+    fn word(&self, p: usize, i: usize) -> &AtomicU64 {
+        &self.words[p * WORDS + i]
+    }
+}

@@ -15,10 +15,10 @@
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum Mode {
     /// Simulated time is the wall clock (nanoseconds since the fabric was created). Every
-    /// call on any handle first processes every event that is due; nothing runs between
-    /// calls, except while a CQ on a completion channel is armed: then a clock thread runs
-    /// the events as they fall due, so a thread asleep on the channel's descriptor is woken
-    /// as hardware would wake it (see [`CompChannel`](crate::CompChannel)).
+    /// call on any handle first processes every event that is due, and with a timed link
+    /// or timers a clock thread runs them as they fall due between calls, as an HCA works
+    /// while its host sleeps on a completion channel (see
+    /// [`CompChannel`](crate::CompChannel)) or reads memory its peers write.
     #[default]
     Threaded,
     /// Simulated time advances only through [`Fabric::step`](crate::Fabric::step),

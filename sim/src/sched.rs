@@ -212,7 +212,7 @@ pub(crate) struct Events {
     /// Mirrors `!is_empty()` for lock-free readers (`Cq::poll`); written under the
     /// world's lock.
     pending: Arc<crate::padded::Padded<AtomicBool>>,
-    /// The clock thread, while it sleeps until `wake_at` (threaded mode, a CQ armed):
+    /// The clock thread, while it sleeps until `wake_at` (threaded mode, timed):
     /// an event scheduled earlier wakes it (`api/comp_channel.rs`).
     pub(crate) clock: Option<ClockWake>,
 }

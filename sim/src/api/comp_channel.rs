@@ -14,10 +14,10 @@
 //! so a seed still gives the same trace.
 //!
 //! Time and sleepers: in [`Mode::Stepped`] nothing happens while a thread sleeps (step
-//! the fabric, then look at the descriptor). In [`Mode::Threaded`] with a timed link, an
-//! armed CQ keeps a clock thread running the events that fall due (it sleeps until the
-//! next one, or until a call schedules one: nothing while nothing is due), so a thread asleep on
-//! the descriptor is woken as hardware would wake it; on the untimed fabric work completes
+//! the fabric, then look at the descriptor). In [`Mode::Threaded`] with a timed link, a
+//! clock thread runs the events that fall due (it sleeps until the next one, or until a
+//! call schedules one: nothing while nothing is due), so a thread asleep on the
+//! descriptor is woken as hardware would wake it; on the untimed fabric work completes
 //! inside the call of the thread that makes it possible, which raises the event itself.
 //!
 //! ```
@@ -158,9 +158,7 @@ impl Cq {
             return Err(SimError::DeviceFatal);
         }
         let n = &mut w.tables.cqs.get_mut(self.id).expect("live CQ").notify;
-        if n.arm(solicited_only) {
-            start_clock(&self.world, &mut w);
-        }
+        n.arm(solicited_only);
         Ok(())
     }
 
@@ -206,9 +204,10 @@ fn timed(w: &World) -> bool {
         && (c.link != LinkModel::INSTANT || !c.instant_timers || c.faults.delay > 0.0)
 }
 
-/// Starts the clock thread if events can fall due while every thread sleeps.
+/// Starts the clock thread if events can fall due between calls (at the fabric's
+/// creation: it then runs for the fabric's life).
 #[cfg(not(loom))]
-fn start_clock(world: &Shared, w: &mut World) {
+pub(crate) fn start_clock(world: &Shared, w: &mut World) {
     if w.tables.notifier.clock || !timed(w) {
         return;
     }
@@ -220,11 +219,11 @@ fn start_clock(world: &Shared, w: &mut World) {
 }
 
 #[cfg(loom)]
-fn start_clock(_: &Shared, _: &mut World) {}
+pub(crate) fn start_clock(_: &Shared, _: &mut World) {}
 
-/// The clock thread: runs the events that fall due while some CQ on a channel is armed,
-/// as the HCA would complete work while the host sleeps; ends when none is (or the
-/// fabric is gone).
+/// The clock thread: runs the events that fall due, as the HCA completes work while the
+/// host does anything else (sleeps on a channel, or reads memory a peer writes); ends
+/// when the fabric is gone.
 ///
 /// It sleeps until the next scheduled event, or, with none, until one is scheduled: a
 /// call that schedules an event earlier than its wake-up unparks it (`Events::clock`),
@@ -239,11 +238,6 @@ fn clock(weak: std::sync::Weak<crate::gate::Gate<World>>) {
         let sleep = {
             let mut w = crate::api::lock(&world);
             w.run_due();
-            if !w.tables.any_armed() {
-                w.tables.notifier.clock = false;
-                w.net.sched.events.clock = None;
-                return;
-            }
             let wall = w.net.sched.wall();
             let next = w.net.sched.events.next_time();
             let wake_at = next.unwrap_or(u64::MAX);

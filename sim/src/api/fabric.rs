@@ -166,6 +166,8 @@ impl Fabric {
         let mut w = enter(&self.world);
         w.net.cfg.faults = faults;
         w.net.untimed = w.net.cfg.untimed();
+        // Delays make events fall due between calls.
+        super::comp_channel::start_clock(&self.world, &mut w);
     }
 
     fn with_dev(&self, dev: usize, f: impl FnOnce(&mut crate::hca::World)) -> Result<(), SimError> {

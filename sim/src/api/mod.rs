@@ -98,6 +98,7 @@ impl Fabric {
         for i in 0..n {
             f.add_device(&format!("sim{i}")).expect("fresh device name");
         }
+        comp_channel::start_clock(&f.world, &mut lock(&f.world));
         f
     }
 

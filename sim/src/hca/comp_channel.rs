@@ -66,11 +66,6 @@ impl CqNotify {
         self.armed.is_some()
     }
 
-    /// Whether the CQ is armed on a channel (the clock thread runs while one is).
-    pub(crate) fn armed_on_channel(&self) -> bool {
-        self.armed.is_some() && self.channel.is_some()
-    }
-
     /// One more event was taken for this CQ.
     pub(crate) fn took_event(&mut self) {
         self.unacked += 1;

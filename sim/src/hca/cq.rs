@@ -143,12 +143,6 @@ impl Tables {
         }
         Some(key)
     }
-
-    /// Whether some CQ on a channel is armed (the clock thread runs while one is).
-    #[cfg_attr(loom, allow(dead_code))]
-    pub(crate) fn any_armed(&self) -> bool {
-        self.cqs.iter().any(|c| c.notify.armed_on_channel())
-    }
 }
 
 impl World {

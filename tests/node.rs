@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use world::{config, world, world_in, ALGORITHMS};
 use zverbs::node::barrier::BarrierError;
 use zverbs::node::{Node, NodeConfig, NodeError};
-use zverbs::provider::sim::{FabricConfig, Sim};
+use zverbs::provider::sim::{FabricConfig, Sim, SimError};
 use zverbs::{Context, ErrorKind, RemoteRegion};
 
 #[test]
@@ -231,49 +231,59 @@ fn pair(cfg: &NodeConfig) -> (Vec<zverbs::testing::Rank<2, 16, 2>>, RemoteRegion
     (ranks, window)
 }
 
+/// What a node writes into a barrier slot for message `imm`: its complement above it.
+fn word(imm: u32) -> u64 {
+    u64::from(!imm) << 32 | u64::from(imm)
+}
+
+/// Writes `word` into the slot of the first barrier (count 1: the second slot) that rank
+/// 0 keeps for rank 1, as rank 1; then runs a dissemination barrier at rank 0 alone.
+fn barrier_after_writing(word: u64, timeout: Duration) -> (Result<(), NodeError<SimError>>, bool) {
+    let (mut ranks, window) = pair(&config(ALGORITHMS[1], timeout));
+    let (pd1, mut peer) = ranks.pop().unwrap();
+    let (_pd0, mut node) = ranks.pop().unwrap();
+    let mut bytes = word.to_ne_bytes();
+    let src = pd1.register(&mut bytes).unwrap();
+    let ch = peer.channels().peer(0).unwrap();
+    ch.write([src.slice(..).unwrap()], &window.slice(8..16).unwrap())
+        .unwrap();
+    let r = node.barrier_all();
+    (r, node.is_poisoned())
+}
+
 #[test]
 fn a_word_out_of_protocol_in_a_barrier_slot_fails_the_barrier_at_once() {
-    // The first barrier of a pair has count 1: its messages go to the second slot.
-    let round = |epoch: u64| 1 << 32 | 3 << 30 | epoch; // a well-formed dissemination message
-    let words = [
-        0xdead_beef_0000_0000u64, // no marker
-        1 << 32 | 0x1,            // kind 0
-        round(2),                 // the count of a later barrier
-    ];
-    for word in words {
-        let cfg = config(ALGORITHMS[1], Duration::from_secs(20));
-        let (mut ranks, window) = pair(&cfg);
-        let (pd1, mut hostile) = ranks.pop().unwrap();
-        let (_pd0, mut node) = ranks.pop().unwrap();
-        let mut bytes = word.to_ne_bytes();
-        let src = pd1.register(&mut bytes).unwrap();
-        let slot = window.slice(8..16).unwrap();
-        let ch = hostile.channels().peer(0).unwrap();
-        ch.write([src.slice(..).unwrap()], &slot).unwrap();
+    let round = |epoch: u32| 3 << 30 | epoch; // a dissemination message of round 0
+    for imm in [
+        0x1,      /* kind 0 */
+        round(2), /* a later barrier's count */
+    ] {
         let start = Instant::now();
-        let e = node.barrier_all().unwrap_err();
+        let (r, poisoned) = barrier_after_writing(word(imm), Duration::from_secs(20));
+        let e = r.unwrap_err();
         assert!(
-            matches!(e, NodeError::Protocol { from: 1, word: w } if w == word),
-            "{word:#x}: {e}"
+            matches!(e, NodeError::Protocol { from: 1, word: w } if w == word(imm)),
+            "{imm:#x}: {e}"
         );
         assert!(
             start.elapsed() < Duration::from_secs(2),
             "at once, not at the timeout"
         );
-        assert!(node.is_poisoned());
+        assert!(poisoned);
     }
-    // The same well-formed word of the right count is a barrier message like any other:
-    // rank 0 completes without rank 1 taking part (rank 1 wrote its message by hand).
-    let cfg = config(ALGORITHMS[1], Duration::from_secs(20));
-    let (mut ranks, window) = pair(&cfg);
-    let (pd1, mut peer) = ranks.pop().unwrap();
-    let (_pd0, mut node) = ranks.pop().unwrap();
-    let mut bytes = round(1).to_ne_bytes();
-    let src = pd1.register(&mut bytes).unwrap();
-    let ch = peer.channels().peer(0).unwrap();
-    ch.write([src.slice(..).unwrap()], &window.slice(8..16).unwrap())
-        .unwrap();
-    node.barrier_all().unwrap();
+    // A word whose halves disagree is a write still landing (its bytes arrive in any
+    // order): not taken, and the barrier runs into its timeout.
+    let (r, poisoned) = barrier_after_writing(0xdead_beef_0000_0000, Duration::from_millis(200));
+    assert!(
+        matches!(r, Err(NodeError::Timeout { participants: 2 })),
+        "{r:?}"
+    );
+    assert!(poisoned);
+    // The word of the right message is a barrier message like any other: rank 0
+    // completes without rank 1 taking part (rank 1 wrote its message by hand).
+    let (r, poisoned) = barrier_after_writing(word(round(1)), Duration::from_secs(20));
+    r.unwrap();
+    assert!(!poisoned);
 }
 
 #[test]

@@ -8,9 +8,19 @@
 //! node's array as a [`RemoteRegion`] of 16 bytes ([`Flags::window`]), exchanged with the
 //! data endpoint.
 //!
-//! A message is `MARK | imm` (`imm`: [`super::wire`]'s 32 bits), written by a signaled
-//! RDMA WRITE on the data channel to that peer. The receiver finds it by reading its slot
-//! and clears the slot as it takes it. Two slots are exactly enough: a pair exchanges at
+//! A message is the word `!imm << 32 | imm` (`imm`: [`super::wire`]'s 32 bits), written by
+//! a signaled RDMA WRITE on the data channel to that peer. The receiver finds it by
+//! reading its slot and clears the slot as it takes it.
+//!
+//! **Torn writes.** Nothing orders the bytes of a write as they land (soft-RoCE copies
+//! them a few at a time), so a read may catch a word half written: each of its bytes the
+//! new one or the 0 it was cleared to. Such a read is taken for nothing yet, and the slot
+//! left alone, unless its halves agree (`hi == !lo`), and they agree only once every byte
+//! has landed: a byte of `lo` still 0 where the message's is not would need the same byte
+//! of `hi` to be 0xFF, which makes the message's byte of `lo` 0; a byte of `hi` still 0
+//! where the message's is not would need the byte of `lo` to be 0xFF, which makes the
+//! message's byte of `hi` 0. The word is never 0 (`!0` is not). A peer that writes a word
+//! whose halves never agree is taken for a write still landing: the barrier times out. Two slots are exactly enough: a pair exchanges at
 //! most one message each way per barrier, and a peer runs at most one barrier ahead (it
 //! cannot finish a barrier this node has not entered), so the next barrier's message
 //! lands in the other slot while this one's waits. A slot is written again only two
@@ -24,9 +34,9 @@
 //! - `_mr` is dropped before `words` (field order): the array outlives its registration.
 //!   The node drops its data channels (the only queue pairs that write it) first.
 //!
-//! Every word is an `AtomicU64`, 8-byte aligned: the device's write of a whole word is
-//! one store on the simulator (it copies aligned words atomically) and a single aligned
-//! DMA on hardware, and the host reads it with an atomic load, so no read races a write.
+//! Every word is an `AtomicU64`, 8-byte aligned, read and cleared by the host with atomic
+//! operations (the simulator's copies are atomic too), so no access races in Rust's sense;
+//! what a read may see of a write in progress is the torn word above.
 
 use std::boxed::Box;
 
@@ -39,8 +49,6 @@ use crate::mr::RemoteRegion;
 use crate::provider::Provider;
 use crate::types::{AccessFlags, SendFlags, Sge};
 
-/// The marker of a written slot: a message's word is never 0.
-pub(super) const MARK: u64 = 1 << 32;
 /// Words per peer: two inbox slots and the outbox.
 const WORDS: usize = 3;
 /// Bytes of a peer's window: its two inbox slots.
@@ -55,14 +63,9 @@ struct Remote {
     rkey: u32,
 }
 
-/// A message in a slot, as read.
-pub(super) enum Slot {
-    /// Nothing written.
-    Empty,
-    /// A message: its 32 bits.
-    Message(u32),
-    /// A word no node writes (a peer out of protocol): the whole word.
-    Garbage(u64),
+/// The word of message `imm`: its complement above it (never 0).
+pub(super) fn word_of(imm: u32) -> u64 {
+    u64::from(!imm) << 32 | u64::from(imm)
 }
 
 /// The node's flag array, its registration, and where its messages to each peer go.
@@ -125,19 +128,16 @@ impl<P: Provider, const PEERS: usize> Flags<P, PEERS> {
     }
 
     /// Takes the message in `p`'s inbox slot for a barrier of parity `epoch & 1`,
-    /// clearing the slot.
-    pub(super) fn take(&self, p: usize, epoch: u32) -> Slot {
+    /// clearing the slot; `None` while there is none, or only part of one (module docs).
+    pub(super) fn take(&self, p: usize, epoch: u32) -> Option<u32> {
         let slot = self.word(p, (epoch & 1) as usize);
         let v = slot.load(Ordering::Acquire);
-        if v == 0 {
-            return Slot::Empty;
+        let imm = v as u32;
+        if v != word_of(imm) {
+            return None;
         }
         slot.store(0, Ordering::Relaxed);
-        if v >> 32 == MARK >> 32 {
-            Slot::Message(v as u32)
-        } else {
-            Slot::Garbage(v)
-        }
+        Some(imm)
     }
 
     /// Writes message `imm` of a barrier of parity `epoch & 1` to peer `p` over `ch`,
@@ -153,7 +153,7 @@ impl<P: Provider, const PEERS: usize> Flags<P, PEERS> {
             return Err(Error::QueueFull { capacity: 1 });
         }
         let out = self.word(p, 2);
-        out.store(MARK | u64::from(imm), Ordering::Relaxed);
+        out.store(word_of(imm), Ordering::Relaxed);
         let sge = Sge {
             addr: out.as_ptr() as u64,
             length: 8,
@@ -195,5 +195,43 @@ impl<P: Provider, const PEERS: usize> Flags<P, PEERS> {
 
     fn word(&self, p: usize, i: usize) -> &AtomicU64 {
         &self.words[p * WORDS + i]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::word_of;
+
+    /// Every torn read of a message (each byte the message's or the 0 the slot was
+    /// cleared to) is taken for the message exactly when it is the whole message.
+    #[test]
+    fn a_torn_word_is_never_taken_for_a_message() {
+        let mut imms = vec![
+            0,
+            1,
+            0xff,
+            0xffff_ffff,
+            0x00ff_00ff,
+            0xff00_ff00,
+            0x8000_0001,
+        ];
+        let mut x: u32 = 0x9e37_79b9;
+        for _ in 0..2000 {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            imms.push(x);
+        }
+        for imm in imms {
+            let word = word_of(imm);
+            for mask in 0u32..256 {
+                let keep = (0..8).fold(0u64, |m, b| {
+                    m | (u64::from(mask >> b & 1) * 0xff) << (8 * b)
+                });
+                let torn = word & keep;
+                let taken = torn == word_of(torn as u32);
+                assert_eq!(taken, torn == word, "imm {imm:#x} mask {mask:#04x}");
+            }
+        }
     }
 }

@@ -19,7 +19,8 @@
 //!
 //! The flag array accepts writes from every peer under one remote key (one region, as any
 //! RDMA window): every message read from it is checked (its kind, round and the pair's
-//! barrier count; anything else is [`NodeError::Protocol`]), but a peer that holds the key
+//! barrier count; anything else is [`NodeError::Protocol`]; a word whose two halves
+//! disagree is a write still landing, not yet a message), but a peer that holds the key
 //! could write in another peer's slots. Peers are trusted that far, as the ranks of one
 //! job are.
 //!

@@ -4,7 +4,7 @@
 //! thread can drive many nodes, as the stepped simulator does with 65,536 of them.
 
 use super::barrier::{neighbours, BarrierError, BarrierMachine, Msg, Rank};
-use super::flags::{Flags, Slot, MARK};
+use super::flags::{word_of, Flags};
 use super::{wire, Node, NodeError};
 use crate::channel::wait::Waiter;
 use crate::multi_channel::MultiChannel;
@@ -277,10 +277,8 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
             }
             let p = p as usize;
             let from = map.rank_of(p);
-            let imm = match flags.take(p, pair_epoch[p]) {
-                Slot::Empty => continue,
-                Slot::Message(imm) => imm,
-                Slot::Garbage(word) => return Err(NodeError::Protocol { from, word }),
+            let Some(imm) = flags.take(p, pair_epoch[p]) else {
+                continue;
             };
             progress = true;
             let msg = classify(from, imm, pair_epoch[p])?;
@@ -321,7 +319,7 @@ fn classify<E>(from: usize, imm: u32, pair_epoch: u32) -> Result<Msg, NodeError<
         }
         _ => Err(NodeError::Protocol {
             from,
-            word: MARK | u64::from(imm),
+            word: word_of(imm),
         }),
     }
 }

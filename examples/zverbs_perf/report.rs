@@ -1,5 +1,7 @@
 //! perftest's report format: headers, latency statistics, bandwidth rows.
 
+use hdrhistogram::Histogram;
+
 use crate::cli::{Kind, Op};
 use crate::tests::BwResult;
 
@@ -35,7 +37,8 @@ pub fn header(describe: &str, op: Op, kind: Kind, tx_depth: usize, iters: usize)
     }
 }
 
-/// Latency statistics in microseconds.
+/// Latency statistics in microseconds, read from a histogram of nanoseconds (three
+/// significant digits: each figure within 0.1 % of the sample it stands for).
 pub struct LatStats {
     pub min: f64,
     pub max: f64,
@@ -46,24 +49,41 @@ pub struct LatStats {
     pub p999: f64,
 }
 
+/// The histogram of latency samples, nanoseconds.
+pub fn histogram(samples: &[u64]) -> Histogram<u64> {
+    // Three significant digits, resizing to the largest sample: recording cannot fail.
+    let mut h = Histogram::<u64>::new(3).expect("3 significant digits are supported");
+    for &s in samples {
+        h.record(s)
+            .expect("an auto-resizing histogram takes any value");
+    }
+    h
+}
+
 impl LatStats {
-    /// Sorts `samples` (nanoseconds, at least one).
-    pub fn new(samples: &mut [u64]) -> LatStats {
-        samples.sort_unstable();
+    /// The statistics of `h` (at least one sample).
+    pub fn new(h: &Histogram<u64>) -> LatStats {
         let us = |ns: u64| ns as f64 / 1000.0;
-        let n = samples.len();
-        let pct = |p: f64| us(samples[(((n as f64) * p).ceil() as usize).clamp(1, n) - 1]);
-        let avg = samples.iter().map(|&s| us(s)).sum::<f64>() / n as f64;
-        let var = samples.iter().map(|&s| (us(s) - avg).powi(2)).sum::<f64>() / n as f64;
         LatStats {
-            min: us(samples[0]),
-            max: us(samples[n - 1]),
-            median: us(samples[n / 2]),
-            avg,
-            stdev: var.sqrt(),
-            p99: pct(0.99),
-            p999: pct(0.999),
+            min: us(h.min()),
+            max: us(h.max()),
+            median: us(h.value_at_quantile(0.5)),
+            avg: h.mean() / 1000.0,
+            stdev: h.stdev() / 1000.0,
+            p99: us(h.value_at_quantile(0.99)),
+            p999: us(h.value_at_quantile(0.999)),
         }
+    }
+
+    /// The row as one JSON object (`--json`).
+    pub fn json(&self, op: Op, size: usize, iters: usize, backend: &str) -> serde_json::Value {
+        serde_json::json!({
+            "test": op.name(), "kind": Kind::Lat.name(), "backend": backend,
+            "bytes": size, "iterations": iters,
+            "t_min_us": self.min, "t_max_us": self.max, "t_typical_us": self.median,
+            "t_avg_us": self.avg, "t_stdev_us": self.stdev,
+            "p99_us": self.p99, "p99_9_us": self.p999,
+        })
     }
 
     pub fn print_row(&self, size: usize, iters: usize) {
@@ -86,6 +106,17 @@ impl BwResult {
         (self.bytes / self.size as u64) as f64
             / self.total.as_secs_f64().max(f64::MIN_POSITIVE)
             / 1e6
+    }
+
+    /// The row as one JSON object (`--json`).
+    pub fn json(&self, op: Op, iters: usize, tx_depth: usize, backend: &str) -> serde_json::Value {
+        let avg = self.average_mb();
+        serde_json::json!({
+            "test": op.name(), "kind": Kind::Bw.name(), "backend": backend,
+            "bytes": self.size, "iterations": iters, "tx_depth": tx_depth,
+            "bw_peak_mb_s": (self.best_window / MB).max(avg), "bw_average_mb_s": avg,
+            "msg_rate_mpps": self.mpps(),
+        })
     }
 
     pub fn print_row(&self, iters: usize) {

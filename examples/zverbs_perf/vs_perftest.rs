@@ -124,12 +124,12 @@ pub fn run(backend: &VerbsBackend, opts: &Opts) -> Res<()> {
 fn ours(rig: &mut Rig<'_, Verbs>, case: &Case, size: usize, iters: usize) -> Res<f64> {
     Ok(match (case.kind, case.op) {
         (Kind::Lat, op) => {
-            let mut s = match op {
+            let s = match op {
                 Op::Send => tests::send_lat(rig, size, iters)?,
                 Op::Write => tests::write_lat(rig, size, iters)?,
                 Op::Read => tests::read_lat(rig, size, iters)?,
             };
-            crate::report::LatStats::new(&mut s).median
+            crate::report::LatStats::new(&crate::report::histogram(&s)).median
         }
         (Kind::Bw, op) => tests::bw(rig, op, size, iters, TX_DEPTH)?.average_mb(),
     })

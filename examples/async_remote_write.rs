@@ -12,7 +12,17 @@ mod backend;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use backend::{Args, Backend};
+// `Backend` names the arms of backends built in.
+#[cfg_attr(not(any(feature = "sim", feature = "verbs")), allow(unused_imports))]
+use backend::{Backend, BackendArgs};
+
+/// The async-rdma README scenario on zverbs: a server lends a registered region, the
+/// client writes it remotely and hands it back.
+#[derive(clap::Parser)]
+struct Cli {
+    #[command(flatten)]
+    backend: BackendArgs,
+}
 use tokio::net::TcpListener;
 use zverbs::provider::Provider;
 use zverbs::tokio::Connection;
@@ -30,8 +40,8 @@ async fn main() -> ExitCode {
 }
 
 async fn run() -> Result<(), String> {
-    let args = Args::parse(&[])?;
-    match args.backend()? {
+    let args: Cli = backend::parse("async_remote_write");
+    match args.backend.backend {
         #[cfg(feature = "sim")]
         Backend::Sim => {
             let sim = zverbs::provider::sim::Sim::with_devices(2);
@@ -39,7 +49,7 @@ async fn run() -> Result<(), String> {
         }
         #[cfg(feature = "verbs")]
         Backend::Verbs => {
-            let device = backend::verbs::device(args.value("--device"))?;
+            let device = backend::verbs::device(args.backend.device.as_deref())?;
             scenario(&zverbs::provider::verbs::Verbs, &device, &device).await
         }
         #[allow(unreachable_patterns)]

@@ -341,14 +341,31 @@ fn ceil_log2(n: usize) -> u32 {
     usize::BITS - (n.max(1) - 1).leading_zeros()
 }
 
-fn arg(args: &[String], name: &str, default: u64) -> Result<u64> {
-    match args.iter().position(|a| a == name) {
-        None => Ok(default),
-        Some(i) => Ok(args
-            .get(i + 1)
-            .ok_or(format!("{name} needs a value"))?
-            .parse()?),
-    }
+/// Barriers (and a scatter) over worlds of 2, 4, ... N Nodes on the stepped simulator, one
+/// thread; fails if a sweep's growth is off.
+#[derive(clap::Parser)]
+#[command(name = "barrier_scale")]
+struct Cli {
+    /// The largest world (a power of two is the last point)
+    #[arg(long, value_name = "N", default_value_t = 1024, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(2..=MAX as u64))]
+    max_nodes: usize,
+    /// The largest world of the centralized sweep (its root polls O(N^2))
+    #[arg(long, value_name = "N", default_value_t = 4096, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(2..=ROOT_PEERS as u64))]
+    max_centralized: usize,
+    /// One sweep only
+    #[arg(long, value_enum, value_name = "ALG")]
+    only: Option<Only>,
+    /// The fabric's seed
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+}
+
+/// `--only`.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Only {
+    Dissemination,
+    Tree,
+    Centralized,
 }
 
 /// One sweep point: what gets printed and checked.
@@ -368,30 +385,13 @@ fn main() -> Result<()> {
 }
 
 fn sweep() -> Result<()> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let max = arg(&args, "--max-nodes", 1024)? as usize;
-    let max_central = arg(&args, "--max-centralized", 4096)? as usize;
-    let only = match args.iter().position(|a| a == "--only") {
-        None => None,
-        Some(i) => Some(match args.get(i + 1).map(String::as_str) {
-            Some("dissemination") => Algorithm::Dissemination,
-            Some("tree") => Algorithm::BinaryTree,
-            Some("centralized") => Algorithm::Centralized,
-            other => {
-                return Err(format!(
-                    "--only takes dissemination, tree or centralized, not {other:?}"
-                )
-                .into())
-            }
-        }),
-    };
-    let seed = arg(&args, "--seed", 1)?;
-    if !(2..=MAX).contains(&max) {
-        return Err(format!("--max-nodes must be in 2..={MAX}").into());
-    }
-    if max_central > ROOT_PEERS {
-        return Err(format!("--max-centralized must be at most {ROOT_PEERS}").into());
-    }
+    let args = <Cli as clap::Parser>::parse();
+    let (max, max_central, seed) = (args.max_nodes, args.max_centralized, args.seed);
+    let only = args.only.map(|o| match o {
+        Only::Dissemination => Algorithm::Dissemination,
+        Only::Tree => Algorithm::BinaryTree,
+        Only::Centralized => Algorithm::Centralized,
+    });
     let one_way = Duration::from_nanos(FabricConfig::default().link.latency_ns);
     println!("barrier_scale: stepped simulator, seed {seed}, one-way latency {one_way:?}");
     println!(

@@ -15,15 +15,17 @@ use std::time::{Duration, Instant};
 use zverbs::testing::Pair;
 use zverbs::{ChannelConfig, ErrorKind, WaitPolicy};
 
+/// How long a blocking wait takes to return once its local device dies, per wait policy.
+#[derive(clap::Parser)]
+#[command(name = "device_death")]
+struct Cli {
+    /// Crashes per policy
+    #[arg(long, value_name = "N", default_value_t = 20, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    trials: usize,
+}
+
 fn main() -> ExitCode {
-    let trials = std::env::args()
-        .skip_while(|a| a != "--trials")
-        .nth(1)
-        .map_or(Ok(20), |n| n.parse::<usize>());
-    let Ok(trials) = trials.map(|n| n.max(1)) else {
-        eprintln!("usage: device_death [--trials N]");
-        return ExitCode::from(2);
-    };
+    let trials = <Cli as clap::Parser>::parse().trials;
     println!("policy      median        max   (crash to return, {trials} trials, 10 s timeout)");
     for wait in [
         WaitPolicy::Spin,

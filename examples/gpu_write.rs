@@ -38,10 +38,23 @@ fn run() -> Result<(), String> {
     Ok(())
 }
 
+/// RDMA writes into GPU memory: on the simulator, through a dmabuf export, and on a
+/// verbs device.
+#[cfg(feature = "cuda")]
+#[derive(clap::Parser)]
+struct Cli {
+    /// MiB to write
+    #[arg(long, value_name = "MIB", default_value_t = 1024, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    mib: usize,
+    /// Verbs device [default: ZVERBS_DEVICE, else the first one]
+    #[arg(long, value_name = "NAME")]
+    device: Option<String>,
+}
+
 #[cfg(feature = "cuda")]
 fn run() -> Result<(), String> {
-    let args = backend::Args::parse(&["--mib", "--device"])?;
-    let mib = args.number("--mib", 1024)?.max(1);
+    let args: Cli = backend::parse("gpu_write");
+    let mib = args.mib;
     sim_part(mib)?;
     export_part()?;
     verbs_part(&args, mib)
@@ -166,12 +179,12 @@ fn sim_part(_mib: usize) -> Result<(), String> {
 }
 
 #[cfg(all(feature = "cuda", feature = "verbs"))]
-fn verbs_part(args: &backend::Args, mib: usize) -> Result<(), String> {
+fn verbs_part(args: &Cli, mib: usize) -> Result<(), String> {
     use zverbs::cuda::GpuBuffer;
     use zverbs::provider::verbs::Verbs;
     use zverbs::{AccessFlags, Channel, ChannelConfig, Context};
 
-    let device = match backend::verbs::device(args.value("--device")) {
+    let device = match backend::verbs::device(args.device.as_deref()) {
         Ok(d) => d,
         Err(e) => {
             println!("SKIPPED: verbs: {e}");
@@ -217,7 +230,7 @@ fn verbs_part(args: &backend::Args, mib: usize) -> Result<(), String> {
 }
 
 #[cfg(all(feature = "cuda", not(feature = "verbs")))]
-fn verbs_part(_args: &backend::Args, _mib: usize) -> Result<(), String> {
+fn verbs_part(_args: &Cli, _mib: usize) -> Result<(), String> {
     println!("SKIPPED: verbs: built without the verbs feature");
     Ok(())
 }

@@ -14,23 +14,21 @@ use zverbs::{AccessFlags, Context, MemoryRegion, RemoteRegion};
 
 const CAP: usize = 16;
 
-fn arg(name: &str, default: usize) -> Result<usize, String> {
-    let args: Vec<String> = std::env::args().collect();
-    match args.iter().position(|a| a == name) {
-        None => Ok(default),
-        Some(i) => args
-            .get(i + 1)
-            .and_then(|v| v.parse().ok())
-            .ok_or(format!("{name} needs a number")),
-    }
+/// A root scatters a buffer across N-1 peers with RDMA writes, every rank barriers, and the
+/// root gathers the (transformed) pieces back with RDMA reads.
+#[derive(clap::Parser)]
+#[command(name = "multi_channel_scatter_gather")]
+struct Cli {
+    /// Ranks
+    #[arg(long, value_name = "N", default_value_t = 8, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(2..=CAP as u64))]
+    nodes: usize,
+    /// Bytes of each peer's piece
+    #[arg(long, value_name = "BYTES", default_value_t = 64 << 10)]
+    chunk: usize,
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let n = arg("--nodes", 8)?;
-    let chunk = arg("--chunk", 64 << 10)?;
-    if !(2..=CAP).contains(&n) {
-        return Err(format!("--nodes must be in 2..={CAP}").into());
-    }
+    let Cli { nodes: n, chunk } = clap::Parser::parse();
     let sim = Sim::with_devices(n);
     let cfg = NodeConfig {
         algorithm: Algorithm::Dissemination,

@@ -31,7 +31,9 @@ mod backend;
 
 use std::process::ExitCode;
 
-use backend::{Args, Backend};
+// `Backend` names the arms of backends built in.
+#[cfg_attr(not(any(feature = "sim", feature = "verbs")), allow(unused_imports))]
+use backend::{Backend, BackendArgs};
 
 /// Capacity of a node. Nodes hold their channels inline (`CAP` × two channels), so rank
 /// threads get a roomy stack below.
@@ -41,33 +43,52 @@ fn main() -> ExitCode {
     backend::main("network", run)
 }
 
-const USAGE: &str = "usage: network [--backend sim|verbs] [--device NAME] \
-    [--bootstrap threads|env|config FILE] [--rank R] [--nodes N] [--barriers B]";
+/// Ranks connected over TCP from a JSON network configuration: a scatter_write, a
+/// barrier and a gather_read (bytes checked), then timed barriers, for each algorithm.
+#[derive(clap::Parser)]
+struct Cli {
+    #[command(flatten)]
+    backend: BackendArgs,
+    /// How the ranks meet: as threads of this process, from a launcher's environment
+    /// (mpirun, srun, ...; verbs only), or from a network configuration FILE (verbs only)
+    #[arg(long, value_enum, default_value = "threads")]
+    bootstrap: MeetArg,
+    /// The network configuration of `--bootstrap config`
+    #[arg(value_name = "FILE", required_if_eq("bootstrap", "config"))]
+    file: Option<String>,
+    /// This process's rank in a configuration [default: the launcher's]
+    #[arg(long, value_name = "R")]
+    rank: Option<usize>,
+    /// Ranks, as threads
+    #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=CAP as u64))]
+    nodes: u64,
+    /// Timed barriers per algorithm
+    #[arg(long, value_name = "B", default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..))]
+    barriers: u64,
+}
+
+/// `--bootstrap`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum MeetArg {
+    Threads,
+    Env,
+    Config,
+}
 
 fn run() -> Result<(), String> {
-    let args = Args::parse(&["--nodes", "--barriers", "--bootstrap", "--rank"])?;
+    let args: Cli = backend::parse("network");
     // Unused in a build without a backend, which only says which feature to enable.
     #[cfg_attr(not(any(feature = "sim", feature = "verbs")), allow(unused_variables))]
-    let (meet, extra) = match (args.value("--bootstrap"), args.positional()) {
-        (None | Some("threads"), rest) => (Meet::Threads, rest),
-        (Some("env"), rest) => (Meet::Env, rest),
-        (Some("config"), [file, rest @ ..]) => (Meet::Config(file.clone()), rest),
-        (Some("config"), []) => return Err(format!("--bootstrap config needs a FILE; {USAGE}")),
-        (Some(other), _) => return Err(format!("--bootstrap {other:?}; {USAGE}")),
+    let meet = match (args.bootstrap, &args.file) {
+        (MeetArg::Threads, None) => Meet::Threads,
+        (MeetArg::Env, None) => Meet::Env,
+        (MeetArg::Config, Some(file)) => Meet::Config(file.clone()),
+        (_, Some(file)) => return Err(format!("unexpected argument {file:?}")),
+        (MeetArg::Config, None) => return Err("--bootstrap config needs a FILE".into()),
     };
-    if let Some(extra) = extra.first() {
-        return Err(format!("unexpected argument {extra:?}; {USAGE}"));
-    }
-    let n = args.number("--nodes", 4)?;
-    let barriers = args.number("--barriers", 2000)?;
-    if !(1..=CAP).contains(&n) {
-        return Err(format!("--nodes must be in 1..={CAP}"));
-    }
-    if barriers == 0 {
-        return Err("--barriers must be at least 1".into());
-    }
-    let backend: Backend = args.backend()?;
-    match backend {
+    #[cfg_attr(not(any(feature = "sim", feature = "verbs")), allow(unused_variables))]
+    let (n, barriers) = (args.nodes as usize, args.barriers as usize);
+    match args.backend.backend {
         #[cfg(feature = "sim")]
         Backend::Sim => {
             use zverbs::provider::sim::{FabricConfig, Sim};
@@ -83,13 +104,13 @@ fn run() -> Result<(), String> {
         #[cfg(feature = "verbs")]
         Backend::Verbs => {
             use zverbs::provider::verbs::Verbs;
-            let device = backend::verbs::device(args.value("--device"))?;
+            let device = backend::verbs::device(args.backend.device.as_deref())?;
             let ctx = zverbs::Context::open(&Verbs, &device).map_err(|e| e.to_string())?;
             let qp = backend::verbs::qp_config(&ctx)?;
             println!("network: verbs device {device}, GID index {}", qp.gid_index);
             match meet {
                 Meet::Threads => world::threads(&Verbs, |_| device.clone(), Some(qp), n, barriers),
-                _ => world::process(&ctx, bootstrap(&meet, args.value("--rank"))?, qp, barriers),
+                _ => world::process(&ctx, bootstrap(&meet, args.rank)?, qp, barriers),
             }
         }
         #[allow(unreachable_patterns)]
@@ -108,12 +129,10 @@ enum Meet {
 /// This process's place for `--bootstrap env` or `config FILE`, with `--rank` (`rank`)
 /// overriding the launcher's for a configuration.
 #[cfg(feature = "verbs")]
-fn bootstrap(meet: &Meet, rank: Option<&str>) -> Result<zverbs::bootstrap::Bootstrap, String> {
+fn bootstrap(meet: &Meet, rank: Option<usize>) -> Result<zverbs::bootstrap::Bootstrap, String> {
     use zverbs::bootstrap::{launch, Bootstrap, NetworkConfig};
     let rank = || match rank {
-        Some(r) => r
-            .parse()
-            .map_err(|_| format!("--rank needs a number, not {r:?}")),
+        Some(r) => u32::try_from(r).map_err(|_| format!("--rank {r} is past 32 bits")),
         None => launch::from_process()
             .map(|p| p.rank)
             .map_err(|e| format!("no --rank and {e}")),

@@ -19,7 +19,20 @@ mod backend;
 
 use std::process::ExitCode;
 
-use backend::{Args, Backend};
+// `Backend` names the arms of backends built in.
+#[cfg_attr(not(any(feature = "sim", feature = "verbs")), allow(unused_imports))]
+use backend::{Backend, BackendArgs};
+
+/// Ping-pong over two connected channels, one thread per side; prints the median and p99
+/// round trip and the allocations counted over the loops.
+#[derive(clap::Parser)]
+struct Cli {
+    #[command(flatten)]
+    backend: BackendArgs,
+    /// Round trips
+    #[arg(value_name = "ROUND_TRIPS", default_value_t = 20_000, value_parser = clap::value_parser!(u64).range(1..))]
+    rounds: u64,
+}
 
 #[global_allocator]
 static GLOBAL: zverbs_testkit::CountingAlloc = zverbs_testkit::CountingAlloc;
@@ -29,22 +42,9 @@ fn main() -> ExitCode {
 }
 
 fn run() -> Result<(), String> {
-    let args = Args::parse(&[])?;
-    let rounds: usize = match args.positional() {
-        [] => 20_000,
-        [n] => n
-            .parse()
-            .ok()
-            .filter(|&n| n > 0)
-            .ok_or(format!("ROUND_TRIPS must be a positive number, not {n:?}"))?,
-        _ => {
-            return Err(
-                "usage: pingpong [--backend sim|verbs] [--device NAME] [ROUND_TRIPS]".into(),
-            )
-        }
-    };
-    let backend: Backend = args.backend()?;
-    match backend {
+    let args: Cli = backend::parse("pingpong");
+    let rounds = usize::try_from(args.rounds).map_err(|e| e.to_string())?;
+    match args.backend.backend {
         #[cfg(feature = "sim")]
         Backend::Sim => {
             use zverbs::provider::sim::Sim;
@@ -61,7 +61,7 @@ fn run() -> Result<(), String> {
         Backend::Verbs => {
             use zverbs::provider::verbs::Verbs;
             use zverbs::{ChannelConfig, Context};
-            let device = backend::verbs::device(args.value("--device"))?;
+            let device = backend::verbs::device(args.backend.device.as_deref())?;
             let open = || Context::open(&Verbs, &device).map_err(|e| e.to_string());
             let (ca, cb) = (open()?, open()?);
             let cfg = ChannelConfig {

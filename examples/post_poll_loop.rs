@@ -268,40 +268,64 @@ fn sink(sim: &Sim, peer: &zverbs::Endpoint) -> (Sink, zverbs::Endpoint, zverbs::
     (sink, ep, region)
 }
 
+/// The instrument of scripts/callgrind.sh: ITERS posts and polls of one path, each loop in
+/// a function of its own so that callgrind can collect it alone.
+#[derive(clap::Parser)]
+#[command(name = "post_poll_loop")]
+struct Cli {
+    /// Through a Channel (own or shared queues), the provider's raw calls, or (feature
+    /// tokio) an awaited AsyncChannel
+    #[arg(value_enum)]
+    path: PathArg,
+    /// The operation (send only one at a time)
+    #[arg(value_enum)]
+    op: OpArg,
+    /// Iterations
+    iters: u64,
+    /// Work requests per doorbell
+    #[arg(default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=64))]
+    batch: usize,
+}
+
+/// `PATH`.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum PathArg {
+    Channel,
+    Shared,
+    Raw,
+    Async,
+}
+
+/// `OP`.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum OpArg {
+    Send,
+    Write,
+}
+
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let (Some(path), Some(op), Some(Ok(iters))) = (
-        args.first(),
-        args.get(1),
-        args.get(2).map(|s| s.parse::<u64>()),
-    ) else {
-        eprintln!("usage: post_poll_loop channel|raw send|write ITERS [BATCH]");
-        return ExitCode::from(2);
-    };
-    let batch = match args.get(3).map(|s| s.parse::<usize>()) {
-        None => 1,
-        Some(Ok(b)) if (1..=64).contains(&b) => b,
-        Some(_) => {
-            eprintln!("BATCH must be 1..=64");
+    let Cli {
+        path,
+        op,
+        iters,
+        batch,
+    } = clap::Parser::parse();
+    let write = match op {
+        OpArg::Send if batch == 1 => false,
+        OpArg::Write => true,
+        OpArg::Send => {
+            eprintln!("send only one at a time (BATCH 1)");
             return ExitCode::from(2);
         }
     };
-    let write = match op.as_str() {
-        "send" if batch == 1 => false,
-        "write" => true,
-        _ => {
-            eprintln!("OP must be send or write (write only with BATCH > 1)");
-            return ExitCode::from(2);
-        }
-    };
-    match path.as_str() {
-        "channel" => run_channel(iters, write, batch, false),
-        "shared" => run_channel(iters, write, batch, true),
-        "raw" => run_raw(iters, write, batch),
+    match path {
+        PathArg::Channel => run_channel(iters, write, batch, false),
+        PathArg::Shared => run_channel(iters, write, batch, true),
+        PathArg::Raw => run_raw(iters, write, batch),
         #[cfg(feature = "tokio")]
-        "async" if batch == 1 => run_async(iters, write),
-        _ => {
-            eprintln!("PATH must be channel, shared, raw or (with tokio) async; async BATCH 1");
+        PathArg::Async if batch == 1 => run_async(iters, write),
+        PathArg::Async => {
+            eprintln!("async needs feature tokio, and BATCH 1");
             return ExitCode::from(2);
         }
     }

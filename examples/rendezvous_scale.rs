@@ -21,15 +21,18 @@ const TIMEOUT: Duration = Duration::from_secs(60);
 /// A payload the size of a node's encoded endpoints at a few peers.
 const PAYLOAD: usize = 64;
 
+/// The bootstrap's rendezvous against a full TCP exchange, by world size: median time and
+/// connections.
+#[derive(clap::Parser)]
+#[command(name = "rendezvous_scale")]
+struct Cli {
+    /// Rounds per point (the median is printed)
+    #[arg(default_value_t = 5, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    rounds: usize,
+}
+
 fn main() {
-    let rounds: usize = match std::env::args().nth(1).map(|a| a.parse()) {
-        None => 5,
-        Some(Ok(n)) if n > 0 => n,
-        Some(_) => {
-            eprintln!("usage: rendezvous_scale [ROUNDS]");
-            std::process::exit(2);
-        }
-    };
+    let rounds = <Cli as clap::Parser>::parse().rounds;
     println!(
         "{:>6}  {:<10}  {:>12}  {:>11}",
         "ranks", "method", "median", "connections"

@@ -19,7 +19,24 @@ mod backend;
 
 use std::process::ExitCode;
 
-use backend::{Args, Backend};
+// `Backend` names the arms of backends built in.
+#[cfg_attr(not(any(feature = "sim", feature = "verbs")), allow(unused_imports))]
+use backend::{Backend, BackendArgs};
+
+/// RPC over unreliable datagrams: a server with an echo and a reverse handler, a client
+/// issuing 32 B and 1 MiB requests; percentiles, rate, throughput and the allocations
+/// counted after setup.
+#[derive(clap::Parser)]
+struct Cli {
+    #[command(flatten)]
+    backend: BackendArgs,
+    /// 32 B requests timed one at a time (the percentiles)
+    #[arg(long, value_name = "N", default_value_t = 20_000)]
+    calls: usize,
+    /// Seconds of the rate run (32 B, a window of 8)
+    #[arg(long, value_name = "S", default_value_t = 1)]
+    secs: usize,
+}
 
 #[global_allocator]
 static GLOBAL: zverbs_testkit::CountingAlloc = zverbs_testkit::CountingAlloc;
@@ -29,11 +46,9 @@ fn main() -> ExitCode {
 }
 
 fn run() -> Result<(), String> {
-    let args = Args::parse(&["--calls", "--secs"])?;
-    let calls = args.number("--calls", 20_000)?;
-    let secs = args.number("--secs", 1)?;
-    let backend: Backend = args.backend()?;
-    match backend {
+    let args: Cli = backend::parse("rpc_echo");
+    let (calls, secs) = (args.calls, args.secs);
+    match args.backend.backend {
         #[cfg(feature = "sim")]
         Backend::Sim => {
             use zverbs::provider::sim::Sim;
@@ -46,7 +61,7 @@ fn run() -> Result<(), String> {
         #[cfg(feature = "verbs")]
         Backend::Verbs => {
             use zverbs::provider::verbs::Verbs;
-            let device = backend::verbs::device(args.value("--device"))?;
+            let device = backend::verbs::device(args.backend.device.as_deref())?;
             let open = || zverbs::Context::open(&Verbs, &device).map_err(|e| e.to_string());
             let (ca, cb) = (open()?, open()?);
             let cfg = zverbs::rpc::EngineConfig {

@@ -33,6 +33,9 @@ struct Rping;
 
 impl ClientServer for Rping {
     const NAME: &'static str = "rping";
+    const ABOUT: &'static str = "rdma-core's rping on zverbs: connection through the \
+        connection manager, then per ping an RDMA READ of the client's source and an RDMA \
+        WRITE into its sink, checked";
     const PORT: u16 = 7174;
 
     /// The listener is bound before either side starts, so the client finds it.

@@ -82,22 +82,48 @@ fn pair(cfg: ChannelConfig) -> Pair {
     }
 }
 
+/// A round trip's software on the simulator: both ends on one thread (default), on two
+/// threads, both writing at once, or awaited.
+#[derive(clap::Parser)]
+#[command(name = "sim_rtt")]
+struct Cli {
+    /// Round trips
+    #[arg(default_value_t = 200_000)]
+    round_trips: u64,
+    /// Where the ends run
+    #[arg(value_enum, default_value = "one")]
+    how: How,
+}
+
+/// The second argument.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum How {
+    /// Both ends' calls on one thread
+    One,
+    /// One thread per end, in blocks of 10,000
+    Threads,
+    /// Two threads writing to each other at once
+    Both,
+    /// Awaited on one thread (feature tokio)
+    Async,
+}
+
 fn main() {
-    let iters: u64 = std::env::args()
-        .nth(1)
-        .map_or(Ok(200_000), |s| s.parse())
-        .expect("ROUND_TRIPS must be a number");
-    if std::env::args().nth(2).as_deref() == Some("threads") {
-        return run_threads(iters);
-    }
-    if std::env::args().nth(2).as_deref() == Some("both") {
-        return run_both(iters);
-    }
-    if std::env::args().nth(2).as_deref() == Some("async") {
+    let Cli {
+        round_trips: iters,
+        how,
+    } = clap::Parser::parse();
+    match how {
+        How::One => {}
+        How::Threads => return run_threads(iters),
+        How::Both => return run_both(iters),
         #[cfg(feature = "tokio")]
-        return run_async(iters);
+        How::Async => return run_async(iters),
         #[cfg(not(feature = "tokio"))]
-        panic!("the async round trip needs --features sim,tokio");
+        How::Async => {
+            eprintln!("sim_rtt: the async round trip needs --features sim,tokio");
+            std::process::exit(2);
+        }
     }
     let Pair {
         mut a,

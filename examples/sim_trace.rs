@@ -12,16 +12,22 @@
 //! a read and a fetch-and-add. One seed decides every fault: the same seed writes the same
 //! bytes, another seed a different trace.
 
+/// A faulty fabric's story as a Chrome trace: lost and duplicated packets, RNR, a link
+/// flap, a read and an atomic, every fault decided by one seed.
+#[derive(clap::Parser)]
+#[command(name = "sim_trace")]
+struct Cli {
+    /// The seed that decides every fault
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Where the trace goes (chrome://tracing, Perfetto)
+    #[arg(long, value_name = "PATH", default_value = "sim_trace.json")]
+    out: String,
+}
+
 #[cfg(feature = "sim")]
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let (seed, out) = match scenario::parse(&args) {
-        Ok(parsed) => parsed,
-        Err(why) => {
-            eprintln!("sim_trace: {why}\nusage: sim_trace [--seed N] [--out PATH]");
-            std::process::exit(2);
-        }
-    };
+    let Cli { seed, out } = clap::Parser::parse();
     if let Err(e) = scenario::run(seed, &out) {
         eprintln!("sim_trace: {e}");
         std::process::exit(1);
@@ -46,24 +52,6 @@ mod scenario {
     use zverbs::{AccessFlags, Channel, ChannelConfig, Context, SendFlags, SendOp};
 
     /// `--seed N` (default 1) and `--out PATH` (default `sim_trace.json`).
-    pub fn parse(args: &[String]) -> Result<(u64, String), String> {
-        let (mut seed, mut out) = (1u64, String::from("sim_trace.json"));
-        let mut it = args.iter();
-        while let Some(flag) = it.next() {
-            let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
-            match flag.as_str() {
-                "--seed" => {
-                    seed = value
-                        .parse()
-                        .map_err(|_| format!("--seed takes an unsigned integer, not {value:?}"))?
-                }
-                "--out" => out = value.clone(),
-                other => return Err(format!("unknown argument {other:?}")),
-            }
-        }
-        Ok((seed, out))
-    }
-
     pub fn run(seed: u64, out: &str) -> Result<(), Box<dyn Error>> {
         let cfg = FabricConfig {
             faults: Faults {

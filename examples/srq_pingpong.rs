@@ -23,31 +23,40 @@ mod backend;
 
 use std::process::ExitCode;
 
-use backend::{Args, Backend};
+// `Backend` names the arms of backends built in.
+#[cfg_attr(not(any(feature = "sim", feature = "verbs")), allow(unused_imports))]
+use backend::{Backend, ClientServerArgs};
+
+/// rdma-core's ibv_srq_pingpong on an SrqGroup, wire-compatible: queue pairs sharing one
+/// SRQ and one completion queue, ping-ponging from one thread.
+#[derive(clap::Parser)]
+struct Cli {
+    #[command(flatten)]
+    common: ClientServerArgs,
+    /// Sends (and receives) to complete in all
+    #[arg(long, value_name = "N", default_value_t = 1000)]
+    count: usize,
+    /// Queue pairs
+    #[arg(long, value_name = "N", default_value_t = 16)]
+    qps: usize,
+    /// Receives kept posted to the SRQ
+    #[arg(long, value_name = "N", default_value_t = 500)]
+    rx_depth: usize,
+    /// Message size in bytes
+    #[arg(long, value_name = "BYTES", default_value_t = 4096)]
+    size: usize,
+}
 
 fn main() -> ExitCode {
     backend::main("srq_pingpong", run)
 }
 
 fn run() -> Result<(), String> {
-    let args = Args::parse(&[
-        "--server",
-        "--client",
-        "--count",
-        "--qps",
-        "--rx-depth",
-        "--size",
-    ])?;
+    let args: Cli = backend::parse("srq_pingpong");
     // Unused in a build without a backend, which only says which feature to enable.
     #[cfg_attr(not(any(feature = "sim", feature = "verbs")), allow(unused_variables))]
-    let opts = (
-        args.number("--count", 1000)?,
-        args.number("--qps", 16)?,
-        args.number("--rx-depth", 500)?,
-        args.number("--size", 4096)?,
-    );
-    let backend: Backend = args.backend()?;
-    match backend {
+    let opts = (args.count, args.qps, args.rx_depth, args.size);
+    match args.common.backend.backend {
         #[cfg(feature = "sim")]
         Backend::Sim => {
             use zverbs::provider::sim::Sim;
@@ -63,11 +72,11 @@ fn run() -> Result<(), String> {
         #[cfg(feature = "verbs")]
         Backend::Verbs => {
             use zverbs::provider::verbs::Verbs;
-            let device = backend::verbs::device(args.value("--device"))?;
+            let device = backend::verbs::device(args.common.backend.device.as_deref())?;
             let ctx = zverbs::Context::open(&Verbs, &device).map_err(|e| e.to_string())?;
             let cfg = backend::verbs::qp_config(&ctx)?;
             drop(ctx);
-            let role = match args.role(pp::PORT)? {
+            let role = match args.common.role(pp::PORT)? {
                 backend::Role::Server(at) => {
                     let l = std::net::TcpListener::bind(at).map_err(|e| format!("{at}: {e}"))?;
                     println!("srq_pingpong: serving at {at}");

@@ -31,6 +31,8 @@ struct Udaddy;
 
 impl ClientServer for Udaddy {
     const NAME: &'static str = "udaddy";
+    const ABOUT: &'static str = "rdma-core's udaddy on zverbs: a datagram service resolved \
+        through the connection manager, 100-byte datagrams sent and answered";
     const PORT: u16 = 7174;
 
     #[cfg(feature = "sim")]

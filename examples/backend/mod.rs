@@ -1,5 +1,5 @@
-//! Command-line handling and backend selection shared by the examples that run on either
-//! backend (a module of each, not an example of its own).
+//! Command-line handling (clap) and backend selection shared by the examples that run on
+//! either backend (a module of each, not an example of its own).
 //!
 //! `--backend sim|verbs` picks the backend (default `sim`); each needs its cargo feature.
 //! For `verbs`: `--device NAME`, else `ZVERBS_DEVICE`, else the first device present; the
@@ -9,7 +9,7 @@
 
 use std::fmt;
 
-/// The side of a client/server example ([`Args::role`]).
+/// The side of a client/server example ([`ClientServerArgs::role`]).
 pub enum Role {
     /// Listens at this address.
     Server(std::net::SocketAddr),
@@ -58,11 +58,12 @@ pub fn side_by_side(
 }
 
 /// A client/server example (rping, udaddy): what it does on each backend. [`run`] reads
-/// the command line (`--backend`, `--server ADDR` / `--client ADDR`, `--count N`,
-/// `--device`) and calls the one the backend names.
+/// the command line ([`ClientServerArgs`]) and calls the one the backend names.
 pub trait ClientServer {
     /// The example's name, for messages.
     const NAME: &'static str;
+    /// What it does, for `--help`.
+    const ABOUT: &'static str;
     /// The port it serves at.
     const PORT: u16;
     /// Both roles on the simulator's two devices ([`SimRoles`]), `count` exchanges.
@@ -90,8 +91,11 @@ pub fn run<E: ClientServer>() -> std::process::ExitCode {
         // `count` is unused in a build without a backend, which only says which feature
         // to enable.
         #[cfg_attr(not(any(feature = "sim", feature = "verbs")), allow(unused_variables))]
-        let (args, count) = Args::client_server()?;
-        match args.backend()? {
+        let ClientServerCli {
+            common: args,
+            count,
+        } = parse_with(E::NAME, Some(E::ABOUT));
+        match args.backend.backend {
             #[cfg(feature = "sim")]
             Backend::Sim => {
                 let sim = zverbs::provider::sim::Sim::with_devices(2);
@@ -104,7 +108,7 @@ pub fn run<E: ClientServer>() -> std::process::ExitCode {
             }
             #[cfg(feature = "verbs")]
             Backend::Verbs => {
-                let device = verbs::device(args.value("--device"))?;
+                let device = verbs::device(args.backend.device.as_deref())?;
                 E::verbs(&device, args.role(E::PORT)?, count)
             }
             #[allow(unreachable_patterns)]
@@ -115,7 +119,7 @@ pub fn run<E: ClientServer>() -> std::process::ExitCode {
 }
 
 /// A backend the examples can run on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Backend {
     /// The in-process simulator (feature `sim`).
     Sim,
@@ -162,108 +166,69 @@ impl fmt::Display for Backend {
     }
 }
 
-/// Parsed command line: `--flag value` options from a known set, and positional arguments.
-pub struct Args {
-    options: Vec<(String, String)>,
-    positional: Vec<String>,
+/// The options of every example that runs on either backend (flattened into each one's
+/// command line).
+#[derive(clap::Args, Debug)]
+pub struct BackendArgs {
+    /// Provider (each needs its cargo feature)
+    #[arg(long, value_enum, default_value_t = Backend::Sim)]
+    pub backend: Backend,
+    /// Verbs device [default: ZVERBS_DEVICE, else the first one]
+    #[arg(long, value_name = "NAME")]
+    pub device: Option<String>,
 }
 
-impl Args {
-    /// Parses the process arguments; `flags` are the options taking a value (`--backend`
-    /// and `--device` are always accepted).
-    pub fn parse(flags: &[&str]) -> Result<Args, String> {
-        Args::parse_from(std::env::args().skip(1), flags)
-    }
+/// The options of a client/server example: the backend, and the side it plays on a
+/// real device.
+#[derive(clap::Args, Debug)]
+pub struct ClientServerArgs {
+    #[command(flatten)]
+    pub backend: BackendArgs,
+    /// Verbs: serve at ADDR (the simulator plays both roles)
+    #[arg(long, value_name = "ADDR", conflicts_with = "client")]
+    pub server: Option<std::net::IpAddr>,
+    /// Verbs: ask the server at ADDR
+    #[arg(long, value_name = "ADDR")]
+    pub client: Option<std::net::IpAddr>,
+}
 
-    /// The arguments of a client/server example (`--server ADDR`, `--client ADDR`,
-    /// `--count N`), and its count (default 10).
-    pub fn client_server() -> Result<(Args, usize), String> {
-        let args = Args::parse(&["--server", "--client", "--count"])?;
-        let count = args.number("--count", 10)?;
-        Ok((args, count))
-    }
+/// The command line of a client/server example run by [`run`] (its `about` is the
+/// example's).
+#[derive(clap::Parser, Debug)]
+#[command(about = None)]
+struct ClientServerCli {
+    #[command(flatten)]
+    common: ClientServerArgs,
+    /// Exchanges
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    count: usize,
+}
 
-    /// Parses `args` (without the program name).
-    pub fn parse_from(
-        args: impl IntoIterator<Item = String>,
-        flags: &[&str],
-    ) -> Result<Args, String> {
-        let mut it = args.into_iter();
-        let (mut options, mut positional) = (Vec::new(), Vec::new());
-        while let Some(a) = it.next() {
-            if let Some(name) = a.strip_prefix("--") {
-                let (name, inline) = match name.split_once('=') {
-                    Some((n, v)) => (n, Some(v.to_owned())),
-                    None => (name, None),
-                };
-                let flag = format!("--{name}");
-                if !["--backend", "--device"].contains(&flag.as_str())
-                    && !flags.contains(&flag.as_str())
-                {
-                    return Err(format!("unknown option {flag}"));
-                }
-                let value = match inline {
-                    Some(v) => v,
-                    None => it.next().ok_or(format!("{flag} needs a value"))?,
-                };
-                options.push((flag, value));
-            } else {
-                positional.push(a);
-            }
-        }
-        Ok(Args {
-            options,
-            positional,
-        })
-    }
-
-    /// The value of option `flag` (the last one given), if any.
-    pub fn value(&self, flag: &str) -> Option<&str> {
-        self.options
-            .iter()
-            .rev()
-            .find(|(f, _)| f == flag)
-            .map(|(_, v)| v.as_str())
-    }
-
-    /// Option `flag` as a number, `default` if absent.
-    pub fn number(&self, flag: &str, default: usize) -> Result<usize, String> {
-        match self.value(flag) {
-            None => Ok(default),
-            Some(v) => v
-                .parse()
-                .map_err(|_| format!("{flag} needs a number, not {v:?}")),
-        }
-    }
-
-    /// The side a client/server example plays on a real device: `--server ADDR` (where
-    /// it listens) or `--client ADDR` (whom it asks), at `port`.
+impl ClientServerArgs {
+    /// The side played on a real device, at `port`.
     pub fn role(&self, port: u16) -> Result<Role, String> {
-        let at = |a: &str| {
-            a.parse::<std::net::IpAddr>()
-                .map(|ip| std::net::SocketAddr::new(ip, port))
-                .map_err(|e| format!("{a}: {e}"))
-        };
-        match (self.value("--server"), self.value("--client")) {
-            (Some(a), None) => Ok(Role::Server(at(a)?)),
-            (None, Some(a)) => Ok(Role::Client(at(a)?)),
+        let at = |ip| std::net::SocketAddr::new(ip, port);
+        match (self.server, self.client) {
+            (Some(a), None) => Ok(Role::Server(at(a))),
+            (None, Some(a)) => Ok(Role::Client(at(a))),
             _ => Err("give --server ADDR or --client ADDR".into()),
         }
     }
+}
 
-    /// The positional arguments.
-    pub fn positional(&self) -> &[String] {
-        &self.positional
-    }
+/// Parses the process arguments into `T`, naming the program `name` in `--help` and in
+/// errors (clap prints a bad one with the usage and exits).
+pub fn parse<T: clap::Parser>(name: &'static str) -> T {
+    parse_with(name, None)
+}
 
-    /// The backend chosen with `--backend` (default `sim`).
-    pub fn backend(&self) -> Result<Backend, String> {
-        match self.value("--backend") {
-            None | Some("sim") => Ok(Backend::Sim),
-            Some("verbs") => Ok(Backend::Verbs),
-            Some(other) => Err(format!("unknown backend {other:?} (sim or verbs)")),
-        }
+/// As [`parse`], with `about` for `--help` in place of `T`'s own.
+fn parse_with<T: clap::Parser>(name: &'static str, about: Option<&'static str>) -> T {
+    let mut command = T::command().name(name);
+    if let Some(about) = about {
+        command = command.about(about);
     }
+    T::from_arg_matches(&command.get_matches()).unwrap_or_else(|e| e.exit())
 }
 
 /// The verbs backend's device and GID choice.

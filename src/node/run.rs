@@ -240,13 +240,7 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
             let p = p as usize;
             pair_epoch[p] = pair_epoch[p].wrapping_add(1);
         }
-        let mut out = Out {
-            data,
-            flags,
-            map,
-            pair_epoch,
-            failed: None,
-        };
+        let mut out = Out::new(data, flags, map, pair_epoch);
         m.start(&mut |to, msg| out.send(to, msg))
             .map_err(NodeError::Barrier)?;
         out.check()
@@ -282,13 +276,7 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
             };
             progress = true;
             let msg = classify(from, imm, pair_epoch[p])?;
-            let mut out = Out {
-                data,
-                flags,
-                map,
-                pair_epoch,
-                failed: None,
-            };
+            let mut out = Out::new(data, flags, map, pair_epoch);
             m.on_message(from as Rank, msg, &mut |to, msg| out.send(to, msg))
                 .map_err(NodeError::Barrier)?;
             out.check()?;
@@ -334,9 +322,24 @@ struct Out<'a, P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: 
     failed: Option<NodeError<P::Error>>,
 }
 
-impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
-    Out<'_, P, PEERS, DEPTH, SGES>
+impl<'a, P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
+    Out<'a, P, PEERS, DEPTH, SGES>
 {
+    fn new(
+        data: &'a mut MultiChannel<P, PEERS, DEPTH, SGES>,
+        flags: &'a mut Flags<P, PEERS>,
+        map: &'a super::PeerMap<PEERS>,
+        pair_epoch: &'a [u32; PEERS],
+    ) -> Self {
+        Out {
+            data,
+            flags,
+            map,
+            pair_epoch,
+            failed: None,
+        }
+    }
+
     /// Writes `msg` into rank `to`'s slot for this node.
     fn send(&mut self, to: Rank, msg: Msg) {
         if self.failed.is_some() {

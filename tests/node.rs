@@ -154,19 +154,34 @@ fn close_waits_for_barrier_messages_within_its_bound() {
             });
         }
     });
-    // A barrier message to a rank that is gone is never acknowledged: closing gives up
-    // within its timeout (plus the grace) with a typed error, instead of hanging.
-    let mut nodes = world::<2>(2, &config(ALGORITHMS[1], Duration::from_secs(20)));
-    let (_pd, mut gone) = nodes.pop().unwrap();
-    let (_pd0, mut node) = nodes.pop().unwrap();
-    gone.abandon_barrier();
-    drop(gone);
-    node.start_barrier_all().unwrap();
-    // Its message is refused (the peer's queue pair is gone) or still retried.
-    match node.poll_barrier() {
-        Ok(done) => assert!(!done, "the peer never arrives"),
-        Err(e) => assert!(node.is_poisoned(), "{e}"),
-    }
+    // A barrier message to a rank that is gone is never acknowledged: closing a node whose
+    // barrier was given up reports it within its timeout (plus the grace) with a typed
+    // error, instead of hanging.
+    let gone_peer = || {
+        let mut nodes = world::<2>(2, &config(ALGORITHMS[1], Duration::from_secs(20)));
+        let (_pd, gone) = nodes.pop().unwrap();
+        drop(gone);
+        let (_pd0, mut node) = nodes.pop().unwrap();
+        node.start_barrier_all().unwrap();
+        node
+    };
+    // A barrier that polls learns it at once: its write failed.
+    let mut node = gone_peer();
+    let start = Instant::now();
+    let e = loop {
+        match node.poll_barrier() {
+            Ok(done) => assert!(!done, "the peer never arrives"),
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(e.kind(), ErrorKind::Completion, "{e}");
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        start.elapsed()
+    );
+    assert!(node.is_poisoned());
+    let mut node = gone_peer();
     node.abandon_barrier();
     let timeout = Duration::from_millis(200);
     let start = Instant::now();
@@ -335,4 +350,27 @@ fn barriers_leave_the_data_channels_receives_alone() {
             });
         }
     });
+}
+
+#[test]
+fn a_dead_local_device_ends_a_barrier_at_once_not_at_its_timeout() {
+    // Rank 1 never enters: rank 0's write is acknowledged, and it waits on its flags with
+    // nothing in flight when its own device dies.
+    let sim = Sim::with_devices(2);
+    let timeout = Duration::from_secs(20);
+    let mut ranks = world_in::<2>(&sim, 2, &config(ALGORITHMS[1], timeout));
+    let (_pd1, _quiet) = ranks.pop().unwrap();
+    let (_pd0, mut node) = ranks.pop().unwrap();
+    let fabric = sim.fabric();
+    let start = Instant::now();
+    let e = std::thread::scope(|t| {
+        t.spawn(|| {
+            std::thread::sleep(Duration::from_millis(50));
+            fabric.crash(0).unwrap();
+        });
+        node.barrier_all().unwrap_err()
+    });
+    assert_eq!(e.kind(), ErrorKind::DeviceFatal, "{e}");
+    assert!(start.elapsed() < timeout / 10, "{:?}", start.elapsed());
+    assert!(node.is_poisoned());
 }

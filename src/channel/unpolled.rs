@@ -159,6 +159,14 @@ impl<P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usize>
         self.wait_seq(pending.queue, pending.seq)
     }
 
+    /// Polls the send queue once, recording what it brings: for a caller that waits on
+    /// something else (a node's barrier flags) and must still learn of a failed send or a
+    /// dead device.
+    #[cfg(feature = "std")]
+    pub(crate) fn poll_sends(&mut self) -> Result<(), Error<P::Error>> {
+        self.poll(Queue::Send).map(drop)
+    }
+
     /// As [`try_complete`](Self::try_complete), but first routes everything a shared queue
     /// holds, batch after batch: the outcome is there whenever the device wrote it, also
     /// when other channels' completions came first. For callers that must not leave a

@@ -193,6 +193,11 @@ impl<P: Provider, const PEERS: usize> Flags<P, PEERS> {
         }
     }
 
+    /// Whether a write to `p` is in flight.
+    pub(super) fn in_flight(&self, p: usize) -> bool {
+        self.sent[p] != NONE
+    }
+
     fn word(&self, p: usize, i: usize) -> &AtomicU64 {
         &self.words[p * WORDS + i]
     }

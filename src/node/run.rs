@@ -282,6 +282,26 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
             out.check()?;
         }
         if !m.is_complete() {
+            if !progress {
+                // Nothing arrived: the oldest write in flight is polled (or, with none,
+                // one channel's queue), so that a write that failed (a peer gone) or a
+                // dead local device fails the barrier now, not at its timeout. One poll a
+                // pass: those acknowledged make way for the next in the passes after.
+                match partners
+                    .iter()
+                    .map(|&p| p as usize)
+                    .find(|&p| flags.in_flight(p))
+                {
+                    Some(p) => {
+                        flags.reap(data.peer(p)?, p)?;
+                    }
+                    None => {
+                        if let Some(&p) = partners.first() {
+                            data.peer(p as usize)?.poll_sends()?;
+                        }
+                    }
+                }
+            }
             return Ok((false, progress));
         }
         // Complete only once this rank's own messages are acknowledged: a rank that leaves

@@ -337,6 +337,45 @@ impl<P: Provider> AsyncRpc<P> {
     /// ([`Rpc::enqueue_bulk_device`]: the server reads it straight from the device) and
     /// waits for the answer, which replaces the contents of `resp` (host memory); gives
     /// the request's buffer and `resp` back with the outcome.
+    ///
+    /// ```
+    /// # #[cfg(feature = "sim")] {
+    /// use zverbs::provider::sim::Sim;
+    /// use zverbs::rpc::{BulkConfig, EngineConfig, Rpc};
+    /// use zverbs::tokio::AsyncRpc;
+    /// use zverbs::{AccessFlags, Context, DevicePool};
+    /// let sim = Sim::with_devices(2);
+    /// let engine = |dev: &str| {
+    ///     let ctx = Context::open(&sim, dev).unwrap();
+    ///     let pd = ctx.alloc_pd().unwrap();
+    ///     let cfg = EngineConfig { bulk: Some(BulkConfig::default()), events: true, ..EngineConfig::default() };
+    ///     let mut rpc = Rpc::new(&ctx, pd, cfg).unwrap();
+    ///     // An echo.
+    ///     rpc.register_handler(1, |req, out| { out[..req.len()].copy_from_slice(req); req.len() }).unwrap();
+    ///     (ctx, rpc)
+    /// };
+    /// let ((_, server), (ctx, client)) = (engine("sim1"), engine("sim0"));
+    /// // The client's device memory (the simulator's stand-in for a GPU's dmabuf) on the
+    /// // engine's protection domain, readable by the server.
+    /// let gpu = ctx.raw().alloc_device_memory(1 << 16).unwrap();
+    /// let fd = gpu.dmabuf_fd().try_clone_to_owned().unwrap();
+    /// let region = client.pd().register_dmabuf_owned(fd, 0, 1 << 16, 0x7f00_0000_0000, AccessFlags::REMOTE_READ);
+    /// let pool = DevicePool::new(region.unwrap()).unwrap();
+    /// let msg = pool.alloc(20_000).unwrap();
+    /// gpu.copy_in(msg.offset(), &[7; 20_000]).unwrap();
+    ///
+    /// let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    /// rt.block_on(async {
+    ///     let server = AsyncRpc::new(server).unwrap();
+    ///     let client = AsyncRpc::new(client).unwrap();
+    ///     let session = client.connect(&server.addr()).await.unwrap();
+    ///     let (r, msg, resp) = client.call_bulk_device(session, 1, msg, Vec::new()).await;
+    ///     r.unwrap();
+    ///     assert_eq!(resp, [7; 20_000]); // the answer, in host memory
+    ///     assert_eq!(msg.map(|m| m.len()), Some(20_000)); // the device buffer, back
+    /// });
+    /// # }
+    /// ```
     pub async fn call_bulk_device(
         &self,
         session: SessionId,

@@ -88,6 +88,41 @@ impl<P: Provider> Rpc<P> {
     /// [`enqueue_bulk`](Self::enqueue_bulk). A region on another protection domain is
     /// refused by the server's device: the request fails with
     /// [`BulkFailure::Read`](crate::rpc::BulkFailure::Read).
+    ///
+    /// ```
+    /// # #[cfg(all(feature = "sim", unix))] {
+    /// use std::time::Duration;
+    /// use zverbs::provider::sim::Sim;
+    /// use zverbs::rpc::{BulkConfig, EngineConfig, MsgBuf};
+    /// use zverbs::testing::RpcPair;
+    /// use zverbs::{AccessFlags, Context, DevicePool};
+    /// let sim = Sim::with_devices(2);
+    /// let cfg = EngineConfig { bulk: Some(BulkConfig::default()), ..EngineConfig::default() };
+    /// // A server (on sim1) whose handler answers with the request's length.
+    /// let mut p = RpcPair::connected(&sim, cfg.clone(), cfg, |s| {
+    ///     s.register_handler(1, |req, out| {
+    ///         out[..8].copy_from_slice(&(req.len() as u64).to_be_bytes());
+    ///         8
+    ///     })
+    /// })
+    /// .unwrap();
+    /// // The client's device memory (the simulator's stand-in for a GPU's, exported as a
+    /// // dmabuf), registered on the engine's protection domain for the server to read.
+    /// let ctx = Context::open(&sim, "sim0").unwrap();
+    /// let gpu = ctx.raw().alloc_device_memory(1 << 20).unwrap();
+    /// let fd = gpu.dmabuf_fd().try_clone_to_owned().unwrap();
+    /// let iova = 0x7f00_0000_0000;
+    /// let region = p.client.pd().register_dmabuf_owned(fd, 0, 1 << 20, iova, AccessFlags::REMOTE_READ).unwrap();
+    /// let pool = DevicePool::new(region).unwrap();
+    ///
+    /// p.client.enqueue_bulk_device(p.session, 1, pool.alloc(300_000).unwrap(), 7).unwrap();
+    /// assert!(p.wait_for(1, Duration::from_secs(20)));
+    /// let done = p.done.pop().unwrap();
+    /// assert_eq!((done.tag, done.result.unwrap()), (7, 300_000u64.to_be_bytes().to_vec()));
+    /// // The device buffer comes back with the response.
+    /// assert_eq!(done.msg.and_then(MsgBuf::into_device).map(|b| b.len()), Some(300_000));
+    /// # }
+    /// ```
     #[allow(clippy::type_complexity)]
     pub fn enqueue_bulk_device(
         &mut self,

@@ -49,17 +49,6 @@ impl<P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usize>
         })
     }
 
-    /// The handle of send `seq`, posted on this channel by the crate itself
-    /// ([`post_sges_seq`](Self::post_sges_seq)), which keeps only the number.
-    #[cfg(feature = "std")]
-    pub(crate) fn pending_send(&self, seq: u64) -> Pending {
-        Pending {
-            seq,
-            queue: Queue::Send,
-            owner: self.owner,
-        }
-    }
-
     /// Whether `pending` was posted on this channel (and so may be redeemed here).
     pub fn owns(&self, pending: &Pending) -> bool {
         pending.owner == self.owner
@@ -167,23 +156,24 @@ impl<P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usize>
         self.poll(Queue::Send).map(drop)
     }
 
-    /// As [`try_complete`](Self::try_complete), but first routes everything a shared queue
-    /// holds, batch after batch: the outcome is there whenever the device wrote it, also
-    /// when other channels' completions came first. For callers that must not leave a
-    /// written completion unseen (a node's poll of its barrier).
+    /// The outcome of send `seq`, posted by the crate itself
+    /// ([`post_sges_seq`](Self::post_sges_seq), which keeps only the number), if it has
+    /// completed (`None` while in flight), as [`try_complete`](Self::try_complete) gives
+    /// it; but a shared queue is first routed whole, batch after batch, so the outcome is
+    /// there whenever the device wrote it, also when other channels' completions came
+    /// first. For callers that must not leave a written completion unseen (a node's poll
+    /// of its barrier).
     #[cfg(feature = "std")]
-    pub(crate) fn try_complete_drained(
+    pub(crate) fn try_complete_send(
         &mut self,
-        pending: Pending,
-    ) -> Result<Result<Completion, Pending>, Error<P::Error>> {
-        self.check_owner(&pending)?;
-        let (queue, seq) = (pending.queue, pending.seq);
+        seq: u64,
+    ) -> Result<Option<Completion>, Error<P::Error>> {
         loop {
-            if let Some(r) = self.take(queue, seq) {
-                return r.map(Ok);
+            if let Some(r) = self.take(Queue::Send, seq) {
+                return r.map(Some);
             }
-            if self.poll_all(queue)? < POLL_BATCH {
-                return Ok(self.take(queue, seq).transpose()?.ok_or(pending));
+            if self.poll_all(Queue::Send)? < POLL_BATCH {
+                return self.take(Queue::Send, seq).transpose();
             }
         }
     }

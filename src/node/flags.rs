@@ -52,7 +52,7 @@ use crate::types::{AccessFlags, SendFlags, Sge};
 /// Words per peer: two inbox slots and the outbox.
 const WORDS: usize = 3;
 /// Bytes of a peer's window: its two inbox slots.
-pub(super) const WINDOW: u64 = 16;
+const WINDOW: u64 = 16;
 /// No write in flight.
 const NONE: u64 = u64::MAX;
 
@@ -149,7 +149,7 @@ impl<P: Provider, const PEERS: usize> Flags<P, PEERS> {
         epoch: u32,
         imm: u32,
     ) -> Result<(), Error<P::Error>> {
-        if self.sent[p] != NONE {
+        if self.in_flight(p) {
             return Err(Error::QueueFull { capacity: 1 });
         }
         let out = self.word(p, 2);
@@ -179,13 +179,11 @@ impl<P: Provider, const PEERS: usize> Flags<P, PEERS> {
         ch: &mut Channel<P, DEPTH, SGES>,
         p: usize,
     ) -> Result<bool, Error<P::Error>> {
-        let seq = self.sent[p];
-        if seq == NONE {
+        if !self.in_flight(p) {
             return Ok(true);
         }
-        let pending = ch.pending_send(seq);
-        match ch.try_complete_drained(pending) {
-            Ok(Err(_still)) => Ok(false),
+        match ch.try_complete_send(self.sent[p]) {
+            Ok(None) => Ok(false),
             done => {
                 self.sent[p] = NONE;
                 done.map(|_| true)

@@ -20,8 +20,8 @@
 //! they share something (their CQs' writer locks, `sim/src/hca/direct.rs`).
 //!
 //! Prints `ns_per_round_trip=<mean>`. Under `valgrind --tool=callgrind`, two runs with
-//! different `ROUND_TRIPS` give instructions per round trip (setup cancels out), as
-//! `scripts/callgrind.sh` does for post + poll. Compare with the two-thread bench: the
+//! different `ROUND_TRIPS` give instructions per round trip (setup cancels out); post +
+//! poll alone is counted by `benches/instructions.rs`. Compare with the two-thread bench: the
 //! difference is what the two cores' sharing of the simulator costs.
 
 use std::time::Instant;

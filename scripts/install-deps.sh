@@ -7,6 +7,8 @@ need=()
 command -v cc >/dev/null 2>&1 || need+=(gcc)
 # The fuzz crate (fuzz/, run by .ci/run as plain tests) builds libFuzzer, which is C++.
 command -v c++ >/dev/null 2>&1 || need+=(g++)
+# The instruction benches (benches/instructions.rs) count under callgrind.
+command -v valgrind >/dev/null 2>&1 || need+=(valgrind)
 command -v cargo >/dev/null 2>&1 || { echo "cargo not found: install Rust with rustup (https://rustup.rs)" >&2; exit 1; }
 if [ ${#need[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo

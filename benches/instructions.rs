@@ -369,7 +369,7 @@ fn raw_calls(mut f: Box<RawFixture>) -> Box<RawFixture> {
 #[library_benchmark]
 #[bench::send(args = (Op::Send), setup = own, config = budget(4_006_283))]
 #[bench::write(args = (Op::Write), setup = own, config = budget(2_970_774))]
-#[bench::write_batch(args = (Op::WriteBatch), setup = own, config = budget(48_321_749))]
+#[bench::write_batch(args = (Op::WriteBatch), setup = own, config = budget(48_525_748))]
 fn channel(mut f: Box<ChannelFixture>) -> Box<ChannelFixture> {
     f.run(black_box(ITERS));
     f
@@ -386,7 +386,7 @@ fn shared_queue(mut f: Box<ChannelFixture>) -> Box<ChannelFixture> {
 #[cfg(feature = "tokio")]
 #[library_benchmark]
 #[bench::send(args = (Op::Send), setup = awaited, config = budget(5_042_351))]
-#[bench::write(args = (Op::Write), setup = awaited, config = budget(4_084_839))]
+#[bench::write(args = (Op::Write), setup = awaited, config = budget(4_060_838))]
 fn awaited_ops(mut f: Box<AwaitedFixture>) -> Box<AwaitedFixture> {
     f.run(black_box(ITERS));
     f

@@ -7,8 +7,11 @@
 //! `seq` also retires every earlier *unsignaled* request (selective signaling: unsignaled
 //! work that succeeds produces no completion of its own).
 //!
-//! The ring also stages a doorbell batch: [`Ring::stage`] fills preallocated work requests
-//! with fixed-size SGE arrays, and the caller posts [`Ring::staged`] as one chain.
+//! The ring also stages a doorbell batch: requests are built in place in preallocated
+//! entries with fixed-size SGE arrays ([`Ring::next_entry`], then
+//! [`Ring::stage_built`]), and the caller posts [`Ring::staged`] as one chain. A request
+//! posted by itself is built in the same entry, the next one the batch would use
+//! ([`Ring::lone_entry`]), so no request is copied on its way to the provider.
 //!
 //! The ring is the channels' bookkeeping, not an API (public and hidden only for the
 //! benches): completions reach users as [`Completion`]s.
@@ -22,8 +25,12 @@ use completion::outcome;
 
 /// A work request type a ring can stage: it carries a `wr_id`.
 pub trait WorkRequest: Copy {
+    /// An empty request, what a ring's entries hold before their first build.
+    const BLANK: Self;
     /// Sets the identifier returned in the completion.
     fn set_wr_id(&mut self, id: u64);
+    /// The identifier returned in the completion.
+    fn wr_id(&self) -> u64;
     /// The completion opcode the request produces (reported for failed requests, whose
     /// completion opcode the device leaves undefined).
     fn opcode(&self) -> WcOpcode;
@@ -32,8 +39,16 @@ pub trait WorkRequest: Copy {
 }
 
 impl<const SGES: usize> WorkRequest for SendWr<SGES> {
+    const BLANK: Self = SendWr::new(
+        0,
+        crate::types::SendOp::Send,
+        crate::types::SendFlags::empty(),
+    );
     fn set_wr_id(&mut self, id: u64) {
         self.wr_id = id;
+    }
+    fn wr_id(&self) -> u64 {
+        self.wr_id
     }
     fn opcode(&self) -> WcOpcode {
         self.op.wc_opcode()
@@ -44,8 +59,12 @@ impl<const SGES: usize> WorkRequest for SendWr<SGES> {
 }
 
 impl<const SGES: usize> WorkRequest for RecvWr<SGES> {
+    const BLANK: Self = RecvWr::new(0);
     fn set_wr_id(&mut self, id: u64) {
         self.wr_id = id;
+    }
+    fn wr_id(&self) -> u64 {
+        self.wr_id
     }
     fn opcode(&self) -> WcOpcode {
         WcOpcode::Recv
@@ -107,7 +126,11 @@ pub struct Ring<W, const DEPTH: usize> {
     id_mask: u64,
     id_tag: u64,
     slots: [Slot; DEPTH],
-    stage: heapless::Vec<W, DEPTH>,
+    /// Entries `..staged` are the staged batch; entry `staged` is where the next request
+    /// is built. `staged <= in_flight()`: a staged request holds a slot, so a free slot
+    /// means a free entry.
+    stage: [W; DEPTH],
+    staged: usize,
 }
 
 impl<W: WorkRequest, const DEPTH: usize> Default for Ring<W, DEPTH> {
@@ -132,7 +155,8 @@ impl<W: WorkRequest, const DEPTH: usize> Ring<W, DEPTH> {
                 opcode: WcOpcode::Send,
                 state: SlotState::Free,
             }; DEPTH],
-            stage: heapless::Vec::new(),
+            stage: [W::BLANK; DEPTH],
+            staged: 0,
         }
     }
 
@@ -152,19 +176,81 @@ impl<W: WorkRequest, const DEPTH: usize> Ring<W, DEPTH> {
     }
 
     /// Takes a slot for `wr`, sets its `wr_id`, and appends it to the staged batch.
-    /// Returns the `wr_id`.
+    /// Returns its sequence number. (A copy of `wr`: callers on the data path build in
+    /// [`next_entry`](Self::next_entry) instead.)
     pub fn stage(&mut self, mut wr: W, signaled: bool) -> Result<u64, QueueFull> {
+        let entry = self.next_entry().ok_or(QueueFull { capacity: DEPTH })?;
+        wr.set_wr_id(entry.wr_id());
+        *entry = wr;
+        self.stage_built(wr.opcode(), signaled)
+    }
+
+    /// The entry the next request is built in: the next of the staged batch, or the one a
+    /// request posted by itself is read from. `None` while `DEPTH` requests are staged
+    /// (the ring is full then too). Building takes no slot: a request built while every
+    /// slot is in flight waits there for one. Its fields are what the last request built
+    /// there left: a builder writes every field a provider reads (the gather entries up
+    /// to the count it sets).
+    /// Its `wr_id` is set already: the next sequence number's.
+    #[inline]
+    pub fn next_entry(&mut self) -> Option<&mut W> {
+        let id = self.wr_id(self.head);
+        let wr = self.stage.get_mut(self.staged)?;
+        wr.set_wr_id(id);
+        Some(wr)
+    }
+
+    /// The entry a request posted by itself is built in: the first, the next entry while
+    /// nothing is staged. For the channels' callers nothing is staged whenever they post a
+    /// request by itself: a batch is staged only inside a scope, which holds the channel
+    /// exclusively and, however it ends (a panic included: its `Drop`), posts its batch or
+    /// gives it back. Entry 0 needs no index arithmetic and no check on the data path.
+    /// Its `wr_id` is set already, as [`next_entry`](Self::next_entry)'s.
+    #[inline]
+    pub fn lone_entry(&mut self) -> &mut W {
+        debug_assert_eq!(
+            self.staged, 0,
+            "a request posted by itself while a batch is staged"
+        );
+        let id = self.wr_id(self.head);
+        let wr = &mut self.stage[0];
+        wr.set_wr_id(id);
+        wr
+    }
+
+    /// Takes a slot for the request built in [`lone_entry`](Self::lone_entry), of
+    /// completion opcode `opcode`, which the caller posts by itself, outside the staged
+    /// batch. Returns its sequence number and the request to post. If the post fails, give
+    /// the slot back with [`unreserve`](Self::unreserve) before anything else is taken.
+    #[inline]
+    pub fn reserve_lone(
+        &mut self,
+        opcode: WcOpcode,
+        signaled: bool,
+    ) -> Result<(u64, &W), QueueFull> {
+        let seq = self.claim(opcode, signaled)?;
+        Ok((seq, &self.stage[0]))
+    }
+
+    /// Takes the head's slot for a request of completion opcode `opcode`; returns its
+    /// sequence number.
+    #[inline]
+    fn claim(&mut self, opcode: WcOpcode, signaled: bool) -> Result<u64, QueueFull> {
         if self.in_flight() == DEPTH {
             return Err(QueueFull { capacity: DEPTH });
         }
         let seq = self.head;
-        wr.set_wr_id(self.wr_id(seq));
-        // Cannot fail: staged requests hold slots, so at most DEPTH are staged.
-        let opcode = wr.opcode();
-        self.stage
-            .push(wr)
-            .map_err(|_| QueueFull { capacity: DEPTH })?;
         self.take_slot(opcode, signaled);
+        Ok(seq)
+    }
+
+    /// Appends the request built in [`next_entry`](Self::next_entry), of completion opcode
+    /// `opcode`, to the staged batch: takes its slot and sets its `wr_id`. Returns its
+    /// sequence number.
+    #[inline]
+    pub fn stage_built(&mut self, opcode: WcOpcode, signaled: bool) -> Result<u64, QueueFull> {
+        let seq = self.claim(opcode, signaled)?;
+        self.staged += 1;
         Ok(seq)
     }
 
@@ -228,12 +314,12 @@ impl<W: WorkRequest, const DEPTH: usize> Ring<W, DEPTH> {
 
     /// The staged batch, to post as one chain.
     pub fn staged(&self) -> &[W] {
-        &self.stage
+        &self.stage[..self.staged]
     }
 
     /// Makes the last staged request signaled, so its completion retires the whole batch.
     pub fn signal_last_staged(&mut self) {
-        if let Some(wr) = self.stage.last_mut() {
+        if let Some(wr) = self.stage[..self.staged].last_mut() {
             wr.set_signaled();
             let seq = self.head - 1;
             self.slots[(seq % DEPTH as u64) as usize].state = SlotState::PostedSignaled;
@@ -242,18 +328,18 @@ impl<W: WorkRequest, const DEPTH: usize> Ring<W, DEPTH> {
 
     /// Marks the staged batch posted.
     pub fn clear_staged(&mut self) {
-        self.stage.clear();
+        self.staged = 0;
     }
 
     /// Gives back the slots of the last `count` staged requests (they were not posted) and
     /// clears the staged batch.
     pub fn unstage(&mut self, count: usize) {
-        let count = count.min(self.stage.len());
+        let count = count.min(self.staged);
         for _ in 0..count {
             self.head -= 1;
             self.slots[(self.head % DEPTH as u64) as usize].state = SlotState::Free;
         }
-        self.stage.clear();
+        self.staged = 0;
     }
 
     /// Records a completion. Earlier unsignaled requests are retired as successful.
@@ -423,7 +509,7 @@ impl<W: WorkRequest, const DEPTH: usize> Ring<W, DEPTH> {
     /// to RESET, a dead device). Staged requests are not posted and keep their slots.
     /// Returns how many requests it completed.
     pub(crate) fn discard_in_flight(&mut self, status: WcStatus) -> usize {
-        let posted_end = self.head - self.stage.len() as u64;
+        let posted_end = self.head - self.staged as u64;
         let mut n = 0;
         for seq in self.tail..posted_end {
             let slot = &mut self.slots[(seq % DEPTH as u64) as usize];
@@ -437,13 +523,13 @@ impl<W: WorkRequest, const DEPTH: usize> Ring<W, DEPTH> {
 
     /// Whether any posted request still waits for its completion.
     pub(crate) fn has_pending(&self) -> bool {
-        let posted_end = self.head - self.stage.len() as u64;
+        let posted_end = self.head - self.staged as u64;
         (self.tail..posted_end).any(|seq| self.is_pending(seq))
     }
 
     /// How many posted requests still wait for their completion.
     pub(crate) fn pending_count(&self) -> usize {
-        let posted_end = self.head - self.stage.len() as u64;
+        let posted_end = self.head - self.staged as u64;
         (self.tail..posted_end)
             .filter(|&seq| self.is_pending(seq))
             .count()

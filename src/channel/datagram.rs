@@ -75,7 +75,6 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES,
             rq: Ring::new(),
             config: config_of(config),
             wc: WorkCompletion::EMPTY,
-            wr: SendWr::new(0, SendOp::Send, SendFlags::empty()),
         })
     }
 }

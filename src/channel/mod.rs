@@ -178,10 +178,6 @@ pub struct Channel<
     /// by a poll. Larger polls land on the stack: a channel keeps one completion, not
     /// `POLL_BATCH` (640 bytes in each of a node's many channels).
     wc: WorkCompletion,
-    /// The request a lone send is built in, in place. Gather entries past `num_sge` are
-    /// left from earlier posts: providers read only the first `num_sge`, so they need no
-    /// zeroing.
-    wr: SendWr<SGES>,
 }
 
 /// Completions taken from a completion queue per poll.

@@ -1,5 +1,5 @@
 //! Posting, for every level: a request is built from an [`Op`] (or raw entries, for the
-//! unpolled and crate-internal callers) and checked once ([`admit`](Channel::admit)), then
+//! unpolled and crate-internal callers) and checked once ([`admit`]), then
 //! either posted by itself with one doorbell (the blocking level, and the layers that post
 //! on many channels first and wait afterwards: `post_*_seq`) or staged in the ring and
 //! posted with its batch ([`stage_send`](Channel::stage_send),
@@ -15,7 +15,7 @@ use crate::mr::RemoteRegion;
 use crate::provider::{PostError, Provider};
 use crate::qp::OwnReceiveQueue;
 use crate::ring::{Completion, Ring, WorkRequest};
-use crate::types::{RecvWr, SendFlags, SendOp, SendWr, Sge};
+use crate::types::{RecvWr, SendFlags, SendOp, Sge, WcOpcode};
 
 /// Takes a slot of `rq` for `wr` and posts it by itself with `post` (outside a staged
 /// batch; one doorbell); gives the slot back if the post fails. Returns the `wr_id`.
@@ -89,22 +89,12 @@ impl<P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usize>
         &mut self,
         op: Op<'_, L, T>,
     ) -> Result<u64, Error<P::Error>> {
-        let Op {
-            local,
-            op,
-            flags,
-            room,
-            remote,
-            atomic,
-            ..
-        } = op;
-        let (num_sge, len) = self.sges_in_place(local.map(|l| l.entry()))?;
-        self.admit(room, remote, atomic, len)?;
-        self.post_staged_wr(num_sge, op, flags)
+        let opcode = self.build_send::<_, true>(op, SendFlags::SIGNALED)?;
+        self.post_send_now(opcode)
     }
 
     /// Posts one signaled send work request of raw entries, checked as an [`Op`] is
-    /// ([`admit`](Self::admit)); returns its sequence number.
+    /// ([`admit`]); returns its sequence number.
     ///
     /// The caller must keep the memory named by `sges` borrowed (shared for sends and
     /// writes, exclusive for reads and atomics) until
@@ -118,23 +108,91 @@ impl<P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usize>
         remote: Option<RemoteRegion>,
         atomic: bool,
     ) -> Result<u64, Error<P::Error>> {
-        let (num_sge, len) = self.sges_in_place(sges)?;
-        self.admit(super::op::room(remote), remote, atomic, len)?;
-        self.post_staged_wr(num_sge, op, flags)
+        let opcode = self.build_entry::<true>(
+            sges,
+            op,
+            flags | SendFlags::SIGNALED,
+            super::op::room(remote),
+            remote,
+            atomic,
+        )?;
+        self.post_send_now(opcode)
     }
 
-    /// Posts [`wr`](Channel::wr), whose first `num_sge` entries were gathered, signaled.
-    #[inline(always)]
-    fn post_staged_wr(
+    /// Stages `op` unsignaled in the send ring (the doorbell signals the last of its
+    /// batch), built in place and checked as every level checks it
+    /// ([`admit`]); returns its sequence number. Needs a free slot
+    /// ([`is_full`](Self::is_full)).
+    #[inline]
+    pub(crate) fn stage_send<L: Iterator<Item: Local>>(
         &mut self,
-        num_sge: u8,
+        op: Op<'_, L, T>,
+    ) -> Result<u64, Error<P::Error>> {
+        let opcode = self.build_send::<_, false>(op, SendFlags::empty())?;
+        self.sq
+            .stage_built(opcode, false)
+            .map_err(|f| Error::QueueFull {
+                capacity: f.capacity,
+            })
+    }
+
+    /// Builds `op`, with `flags` added to its own, in the send ring's next entry (`LONE`:
+    /// in the entry of a request posted by itself), checked as every level checks it
+    /// ([`admit`]); returns its completion opcode.
+    #[inline(always)]
+    fn build_send<L: Iterator<Item: Local>, const LONE: bool>(
+        &mut self,
+        op: Op<'_, L, T>,
+        flags: SendFlags,
+    ) -> Result<WcOpcode, Error<P::Error>> {
+        let Op {
+            local,
+            op,
+            flags: own,
+            room,
+            remote,
+            atomic,
+            ..
+        } = op;
+        self.build_entry::<LONE>(
+            local.map(|l| l.entry()),
+            op,
+            own | flags,
+            room,
+            remote,
+            atomic,
+        )
+    }
+
+    /// Builds a send of the entries `sges` in the send ring's next entry
+    /// ([`Ring::next_entry`]; `LONE`: [`Ring::lone_entry`]), checked as every level checks
+    /// it ([`admit`]).
+    /// Gather entries past the count keep what earlier requests left: providers read only
+    /// the first `num_sge`, so they need no zeroing. Returns its completion opcode.
+    #[inline(always)]
+    fn build_entry<const LONE: bool>(
+        &mut self,
+        sges: impl IntoIterator<Item = Sge>,
         op: SendOp,
         flags: SendFlags,
-    ) -> Result<u64, Error<P::Error>> {
-        self.wr.num_sge = num_sge;
-        self.wr.op = op;
-        self.wr.flags = flags | SendFlags::SIGNALED;
-        self.post_send_now()
+        room: u64,
+        remote: Option<RemoteRegion>,
+        atomic: bool,
+    ) -> Result<WcOpcode, Error<P::Error>> {
+        let wr = if LONE {
+            self.sq.lone_entry()
+        } else {
+            self.sq
+                .next_entry()
+                .ok_or(Error::QueueFull { capacity: DEPTH })?
+        };
+        let (num_sge, len) = gather_into(&mut wr.sg_list, sges)
+            .map_err(|(given, max)| Error::TooManySges { given, max })?;
+        wr.num_sge = num_sge;
+        wr.op = op;
+        wr.flags = flags;
+        admit(&self.qp, room, remote, atomic, len)?;
+        Ok(op.wc_opcode())
     }
 
     /// Posts one receive work request; returns its sequence number. Same borrowing rule as
@@ -164,35 +222,31 @@ impl<P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usize>
     }
 }
 
-impl<P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usize>
-    Channel<P, DEPTH, SGES, T>
-{
-    /// The checks every level makes before posting a send whose local entries hold `len`
-    /// bytes: an atomic's result is 8 bytes and the device does atomics; a remote region
-    /// holds the bytes from its start.
-    #[inline(always)]
-    pub(crate) fn admit(
-        &self,
-        room: u64,
-        remote: Option<RemoteRegion>,
-        atomic: bool,
-        len: u64,
-    ) -> Result<(), Error<P::Error>> {
-        if atomic {
-            if len != 8 {
-                return Err(Error::InvalidAttribute(
-                    "an atomic's result slice must be 8 bytes",
-                ));
-            }
-            self.qp.check_atomics()?;
+/// The checks every level makes before posting a send on `qp` whose local entries hold
+/// `len` bytes: an atomic's result is 8 bytes and the device does atomics; a remote region
+/// holds the bytes from its start.
+#[inline(always)]
+fn admit<P: Provider, St: crate::qp::State, T: crate::qp::Transport>(
+    qp: &crate::qp::QueuePair<P, St, T>,
+    room: u64,
+    remote: Option<RemoteRegion>,
+    atomic: bool,
+    len: u64,
+) -> Result<(), Error<P::Error>> {
+    if atomic {
+        if len != 8 {
+            return Err(Error::InvalidAttribute(
+                "an atomic's result slice must be 8 bytes",
+            ));
         }
-        if len <= room {
-            return Ok(());
-        }
-        match remote {
-            Some(remote) => too_short(&remote, len),
-            None => Ok(()),
-        }
+        qp.check_atomics()?;
+    }
+    if len <= room {
+        return Ok(());
+    }
+    match remote {
+        Some(remote) => too_short(&remote, len),
+        None => Ok(()),
     }
 }
 
@@ -217,31 +271,20 @@ impl<P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usize>
         gather(it).map_err(|(given, max)| Error::TooManySges { given, max })
     }
 
-    /// Collects the entries of one send into [`wr`](Channel::wr); returns their count and
-    /// total length. Its other fields are left as they were.
+    /// Posts the request built in the send ring's next entry by itself (outside the staged
+    /// batch, which it does not join).
     #[inline(always)]
-    fn sges_in_place(
-        &mut self,
-        it: impl IntoIterator<Item = Sge>,
-    ) -> Result<(u8, u64), Error<P::Error>> {
-        gather_into(&mut self.wr.sg_list, it)
-            .map_err(|(given, max)| Error::TooManySges { given, max })
-    }
-
-    /// Posts the request built in [`wr`](Channel::wr) by itself: nothing is staged outside
-    /// a scope, so it needs no trip through the staged batch.
-    #[inline(always)]
-    fn post_send_now(&mut self) -> Result<u64, Error<P::Error>> {
-        let seq = self
+    fn post_send_now(&mut self, opcode: WcOpcode) -> Result<u64, Error<P::Error>> {
+        let (seq, wr) = self
             .sq
-            .reserve(&mut self.wr, true)
+            .reserve_lone(opcode, true)
             .map_err(|f| Error::QueueFull {
                 capacity: f.capacity,
             })?;
         // SAFETY: the request was built from slices that borrow their memory regions until
-        // the blocking caller has waited for it (`Channel::wr`'s callers wait before
-        // returning).
-        if let Err(e) = unsafe { self.qp.post_send(core::slice::from_ref(&self.wr)) } {
+        // the caller has waited for it (blocking callers wait before returning; the
+        // `post_*_seq` callers promised to).
+        if let Err(e) = unsafe { self.qp.post_send(core::slice::from_ref(wr)) } {
             self.sq.unreserve();
             return Err(Error::Provider {
                 op: "ibv_post_send",
@@ -312,33 +355,6 @@ fn flush<W: WorkRequest, E, const DEPTH: usize>(
 impl<P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usize>
     Channel<P, DEPTH, SGES, T>
 {
-    /// The send work request (unsignaled) of `op`, checked as every level checks it
-    /// ([`admit`](Self::admit)).
-    #[inline]
-    pub(crate) fn send_wr<L: Iterator<Item: Local>>(
-        &self,
-        op: Op<'_, L, T>,
-    ) -> Result<SendWr<SGES>, Error<P::Error>> {
-        let Op {
-            local,
-            op,
-            flags,
-            room,
-            remote,
-            atomic,
-            ..
-        } = op;
-        let (sg_list, num_sge, len) = self.sges(local.map(|l| l.entry()))?;
-        self.admit(room, remote, atomic, len)?;
-        Ok(SendWr {
-            wr_id: 0,
-            sg_list,
-            num_sge,
-            op,
-            flags,
-        })
-    }
-
     /// A receive work request into the entries `sges`.
     #[inline]
     pub(crate) fn recv_wr(
@@ -360,15 +376,6 @@ impl<P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usize>
             Queue::Send => self.sq.in_flight() == DEPTH,
             Queue::Recv => self.rq.in_flight() == DEPTH,
         }
-    }
-
-    /// Stages `wr` unsignaled (the doorbell signals the last of its batch); returns its
-    /// sequence number.
-    #[inline]
-    pub(crate) fn stage_send(&mut self, wr: SendWr<SGES>) -> Result<u64, Error<P::Error>> {
-        self.sq.stage(wr, false).map_err(|f| Error::QueueFull {
-            capacity: f.capacity,
-        })
     }
 
     /// Stages `wr` (every receive completes); returns its sequence number.

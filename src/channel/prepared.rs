@@ -12,7 +12,7 @@ use crate::mr::LocalSliceMut;
 use crate::provider::Provider;
 use crate::qp::{Endpoint, Init, QueuePair};
 use crate::ring::Ring;
-use crate::types::{RecvWr, SendFlags, SendOp, SendWr, Sge, WorkCompletion};
+use crate::types::{RecvWr, SendWr, Sge, WorkCompletion};
 
 /// A channel whose queue pair is created but not connected: hand its
 /// [`endpoint`](PreparedChannel::endpoint) to the peer, then [`connect`](PreparedChannel::connect).
@@ -188,7 +188,6 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> PreparedChannel<P, DEPT
             rq: self.rq,
             config: self.config,
             wc: WorkCompletion::EMPTY,
-            wr: SendWr::new(0, SendOp::Send, SendFlags::empty()),
         })
     }
 }

@@ -149,11 +149,11 @@ impl<'env, P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usiz
         &mut self,
         op: Op<'env, L, T>,
     ) -> Result<u64, Error<P::Error>> {
-        let wr = self.ch.send_wr(op)?;
+        // Room first: the request is built where it is staged.
         if self.ch.is_full(Queue::Send) {
             self.make_room(Queue::Send)?;
         }
-        self.ch.stage_send(wr)
+        self.ch.stage_send(op)
     }
 
     /// Stages a receive into `data`. The handle may be given to

@@ -111,12 +111,11 @@ impl<'env, P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usiz
         peer: usize,
         op: Op<'env, L>,
     ) -> Result<u64, Error<P::Error>> {
-        let ch = self.mc.peer(peer)?;
-        let wr = ch.send_wr(op)?;
-        if ch.is_full(Queue::Send) {
+        // Room first: the request is built where it is staged.
+        if self.mc.peer(peer)?.is_full(Queue::Send) {
             self.make_room(peer, Queue::Send)?;
         }
-        let seq = self.mc.peer(peer)?.stage_send(wr)?;
+        let seq = self.mc.peer(peer)?.stage_send(op)?;
         self.from.at(Queue::Send, peer).get_or_insert(seq);
         Ok(seq)
     }

@@ -206,3 +206,44 @@ fn a_signaled_completion_retires_the_unsignaled_before_it() {
     assert!(!ring.holds(a));
     assert!(ring.is_idle());
 }
+
+#[test]
+fn requests_built_in_place_carry_their_ids_and_the_entries_are_reused() {
+    let mut r: Ring<W, 4> = Ring::new();
+    r.set_id_tag(7 << 8, 0xff);
+    // A batch of two, built where it is staged, then one copied in.
+    for _ in 0..2 {
+        let e = r.next_entry().unwrap();
+        e.num_sge = 1;
+        e.op = SendOp::Write {
+            remote_addr: 64,
+            rkey: 9,
+        };
+        r.stage_built(WcOpcode::RdmaWrite, false).unwrap();
+    }
+    let c = r.stage(wr(), true).unwrap();
+    let ids: Vec<u64> = r.staged().iter().map(|w| w.wr_id).collect();
+    assert_eq!(ids, [7 << 8, 7 << 8 | 1, 7 << 8 | 2]);
+    assert_eq!(c, 2);
+    assert_eq!(r.opcode(0), WcOpcode::RdmaWrite);
+    assert_eq!(r.opcode(c), WcOpcode::Send);
+    // Posted: the entries are free again, and a request posted by itself is built in the
+    // first, with the next number; a full ring refuses it and keeps its slots.
+    r.clear_staged();
+    let e = r.lone_entry();
+    assert_eq!(e.wr_id, 7 << 8 | 3);
+    let (seq, posted) = r.reserve_lone(WcOpcode::Send, true).unwrap();
+    assert_eq!((seq, posted.wr_id), (3, 7 << 8 | 3));
+    assert_eq!(r.in_flight(), 4);
+    assert!(r.next_entry().is_some(), "building needs no slot");
+    assert_eq!(
+        r.stage_built(WcOpcode::Send, false),
+        Err(QueueFull { capacity: 4 })
+    );
+    assert_eq!(
+        r.reserve_lone(WcOpcode::Send, true).map(|(s, _)| s),
+        Err(QueueFull { capacity: 4 })
+    );
+    assert_eq!(r.in_flight(), 4);
+    assert!(r.staged().is_empty());
+}

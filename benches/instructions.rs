@@ -76,12 +76,17 @@ enum Op {
 }
 
 /// A bench's configuration: callgrind without the cache simulation (instructions are the
-/// figure), failing the run above `measured + SLACK` per operation.
+/// figure), failing the run above `measured + SLACK` per operation (one per iteration).
 fn budget(measured: u64) -> LibraryBenchmarkConfig {
+    budget_of(measured, 1)
+}
+
+/// As [`budget`], for `ops` operations per iteration (the work requests of a batch).
+fn budget_of(measured: u64, ops: u64) -> LibraryBenchmarkConfig {
     let mut config = LibraryBenchmarkConfig::default();
     config.tool(
         Callgrind::with_args(["--cache-sim=no"])
-            .hard_limits([(EventKind::Ir, measured + SLACK * ITERS)]),
+            .hard_limits([(EventKind::Ir, measured + SLACK * ITERS * ops)]),
     );
     config
 }
@@ -358,26 +363,26 @@ fn awaited(op: Op) -> Box<AwaitedFixture> {
 // Budgets: the counts of the build that set them (gungraun's `Instructions:` line).
 
 #[library_benchmark]
-#[bench::send(args = (Op::Send), setup = raw, config = budget(3_849_936))]
-#[bench::write(args = (Op::Write), setup = raw, config = budget(2_790_401))]
-#[bench::write_batch(args = (Op::WriteBatch), setup = raw, config = budget(42_501_401))]
+#[bench::send(args = (Op::Send), setup = raw, config = budget(3_849_946))]
+#[bench::write(args = (Op::Write), setup = raw, config = budget(2_790_400))]
+#[bench::write_batch(args = (Op::WriteBatch), setup = raw, config = budget_of(42_501_400, BATCH as u64))]
 fn raw_calls(mut f: Box<RawFixture>) -> Box<RawFixture> {
     f.run(black_box(ITERS));
     f
 }
 
 #[library_benchmark]
-#[bench::send(args = (Op::Send), setup = own, config = budget(4_006_283))]
-#[bench::write(args = (Op::Write), setup = own, config = budget(2_970_774))]
-#[bench::write_batch(args = (Op::WriteBatch), setup = own, config = budget(48_525_748))]
+#[bench::send(args = (Op::Send), setup = own, config = budget(4_006_282))]
+#[bench::write(args = (Op::Write), setup = own, config = budget(2_970_773))]
+#[bench::write_batch(args = (Op::WriteBatch), setup = own, config = budget_of(48_567_748, BATCH as u64))]
 fn channel(mut f: Box<ChannelFixture>) -> Box<ChannelFixture> {
     f.run(black_box(ITERS));
     f
 }
 
 #[library_benchmark]
-#[bench::send(args = (Op::Send), setup = shared, config = budget(4_228_682))]
-#[bench::write(args = (Op::Write), setup = shared, config = budget(3_195_764))]
+#[bench::send(args = (Op::Send), setup = shared, config = budget(4_228_692))]
+#[bench::write(args = (Op::Write), setup = shared, config = budget(3_195_763))]
 fn shared_queue(mut f: Box<ChannelFixture>) -> Box<ChannelFixture> {
     f.run(black_box(ITERS));
     f
@@ -385,8 +390,8 @@ fn shared_queue(mut f: Box<ChannelFixture>) -> Box<ChannelFixture> {
 
 #[cfg(feature = "tokio")]
 #[library_benchmark]
-#[bench::send(args = (Op::Send), setup = awaited, config = budget(5_042_351))]
-#[bench::write(args = (Op::Write), setup = awaited, config = budget(4_060_838))]
+#[bench::send(args = (Op::Send), setup = awaited, config = budget(4_895_327))]
+#[bench::write(args = (Op::Write), setup = awaited, config = budget(3_817_815))]
 fn awaited_ops(mut f: Box<AwaitedFixture>) -> Box<AwaitedFixture> {
     f.run(black_box(ITERS));
     f

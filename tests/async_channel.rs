@@ -217,6 +217,37 @@ fn more_operations_wait_for_room_than_the_channel_keeps_wakers_for() {
     });
 }
 
+/// A write that finds the send queue full keeps its request (the remote address and key
+/// included) and posts it once room comes: its bytes land where it was aimed, after the
+/// sends that filled the queue.
+#[test]
+fn a_write_waiting_for_room_lands_where_it_was_aimed() {
+    current_thread().block_on(async {
+        let (a, b) = pair(&cfg(Duration::from_secs(10)));
+        let (mr, remote) = target(b.pd, 8);
+        // The 64 send slots taken by sends B has no receive for (RNR keeps them in
+        // flight), their futures dropped.
+        for i in 0..64u64 {
+            drop(a.ch.send(filled(&a.pool, &i.to_le_bytes())));
+        }
+        let mut write = std::pin::pin!(a.ch.write(filled(&a.pool, b"landed!!"), &remote));
+        assert!(tokio::time::timeout(Duration::from_millis(20), &mut write)
+            .await
+            .is_err());
+        assert_eq!(mr.as_slice(), [0; 8], "written before the queue had room");
+        let receives = async {
+            for i in 0..64u64 {
+                let (r, buf) = b.ch.receive(b.pool.alloc(8).unwrap()).await;
+                assert_eq!(r.unwrap().byte_len, 8);
+                assert_eq!(buf[..8], i.to_le_bytes());
+            }
+        };
+        let ((done, _), ()) = tokio::join!(write, receives);
+        done.unwrap();
+        assert_eq!(mr.as_slice(), b"landed!!");
+    });
+}
+
 #[test]
 fn a_dropped_receive_keeps_its_buffer_until_the_message_lands() {
     current_thread().block_on(async {

@@ -116,6 +116,19 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
         Ok(self.pending(Queue::Send, seq))
     }
 
+    /// Posts a send-queue request over `sge` whose checks an earlier attempt of the same
+    /// operation passed (it found the queue full after them); as
+    /// [`post_pending`](Self::post_pending).
+    pub(crate) fn post_admitted_pending(
+        &mut self,
+        sge: Sge,
+        op: SendOp,
+        flags: SendFlags,
+    ) -> Result<Pending, Error<P::Error>> {
+        let seq = self.post_sges_seq([sge], op, flags, None, false)?;
+        Ok(self.pending(Queue::Send, seq))
+    }
+
     /// Posts one receive work request over `sges`; as [`post_pending`](Self::post_pending).
     pub(crate) fn post_receive_pending(
         &mut self,

@@ -1,7 +1,7 @@
 //! The operation future ([`OpFuture`]): posting, busy polling, sleeping until the
 //! reactor wakes it, and leaving its buffer with the channel when dropped ([`InFlight`]).
 
-use core::iter::Once;
+use crate::types::{SendFlags, SendOp};
 
 use super::*;
 
@@ -27,7 +27,7 @@ pub(super) enum Stage<'a, P: Provider, B: IoBuf, const DEPTH: usize, const SGES:
     /// Refused, or finished within its post: the outcome and the buffer.
     Ended(Result<Completion, Error<P::Error>>, B, Sge),
     /// The queue was full: posting is tried again once there is room.
-    Full(B, Sge, Post<'a>),
+    Full(B, Sge, Post),
     /// Posted: its outcome is awaited, within the channel's timeout.
     Posted(InFlight<'a, P, B, DEPTH, SGES>, Sge),
     /// Timed out: the queue pair is in the error state, and the flush is awaited until the
@@ -108,7 +108,7 @@ where
                 Some(event) => event,
                 None => match stage {
                     Stage::Ended(..) | Stage::Done => Event::Now,
-                    Stage::Full(_, _, what) => match room(shared, clock, what, cx) {
+                    Stage::Full(_, sge, what) => match room(shared, clock, what, *sge, cx) {
                         Poll::Pending => return Poll::Pending,
                         Poll::Ready(Ok(p)) => Event::Posted(p),
                         Poll::Ready(Err(e)) => Event::Ended(Err(e.unwrap_or(Error::Timeout))),
@@ -197,12 +197,13 @@ where
 pub(super) fn room<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: usize>(
     shared: &Shared<P, B, DEPTH, SGES>,
     clock: &mut Clock,
-    what: &Post<'_>,
+    what: &Post,
+    sge: Sge,
     cx: &mut TaskContext<'_>,
 ) -> Poll<Result<Pending, Option<Error<P::Error>>>> {
     let end = clock.deadline(shared);
     let mut inner = shared.lock();
-    match what.post(&mut inner.ch) {
+    match what.post(&mut inner.ch, sge) {
         Ok(p) => return Poll::Ready(Ok(p)),
         Err(Error::QueueFull { .. }) => {}
         Err(e) => return Poll::Ready(Err(Some(e))),
@@ -262,25 +263,29 @@ pub(super) const SPINS_PER_TURN: u32 = 1024;
 /// simulated round trip.
 pub(super) const FIRST_SPINS: u32 = 64;
 
-/// What an operation posts over its buffer's entry.
-#[derive(Clone)]
-pub(super) enum Post<'a> {
+/// What an operation that found its queue full posts over its buffer's entry once there
+/// is room: only what the work request needs. Its checks (the remote region's room, an
+/// atomic's size and the device's support) were passed at the first attempt, which found
+/// the queue full only after them; a future holding this is as small as one that posted.
+#[derive(Clone, Copy)]
+pub(super) enum Post {
     /// A receive into the entry.
-    Receive(Sge),
+    Receive,
     /// A send-queue operation, the entry its local memory.
-    Send(Op<'a, Once<Lent>>),
+    Send(SendOp, SendFlags),
 }
 
-impl Post<'_> {
-    /// Posts it on `ch`.
+impl Post {
+    /// Posts it over `sge` on `ch`.
     #[inline(always)]
     pub(super) fn post<P: Provider, const DEPTH: usize, const SGES: usize>(
         &self,
         ch: &mut Channel<P, DEPTH, SGES>,
+        sge: Sge,
     ) -> Result<Pending, Error<P::Error>> {
-        match self {
-            Post::Receive(sge) => ch.post_receive_pending([*sge]),
-            Post::Send(op) => ch.post_pending(op.clone()),
+        match *self {
+            Post::Receive => ch.post_receive_pending([sge]),
+            Post::Send(op, flags) => ch.post_admitted_pending(sge, op, flags),
         }
     }
 }

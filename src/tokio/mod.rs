@@ -362,13 +362,20 @@ impl<P: Provider + 'static, B: IoBuf, const DEPTH: usize, const SGES: usize>
             Ok(sge) => sge,
             Err(e) => return Stage::Ended(Err(e.into()), buf, Sge::default()),
         };
-        let what = match op {
-            Some(op) => Post::Send(op.relocate(core::iter::once(Lent(sge))).1),
-            None => Post::Receive(sge),
+        let what = match &op {
+            Some(op) => Post::Send(op.op, op.flags),
+            None => Post::Receive,
         };
         let shared = &*self.handle.shared;
         let mut inner = shared.lock();
-        let p = match what.post(&mut inner.ch) {
+        // The first attempt with the whole operation, checked; a retry needs only `what`.
+        let posted = match op {
+            Some(op) => inner
+                .ch
+                .post_pending(op.relocate(core::iter::once(Lent(sge))).1),
+            None => inner.ch.post_receive_pending([sge]),
+        };
+        let p = match posted {
             Ok(p) => p,
             Err(Error::QueueFull { .. }) => return Stage::Full(buf, sge, what),
             Err(e) => return Stage::Ended(Err(e), buf, sge),
@@ -376,7 +383,7 @@ impl<P: Provider + 'static, B: IoBuf, const DEPTH: usize, const SGES: usize>
         // Done at once (as a send on an idle link often is): no second trip through the
         // lock. A receive just posted cannot have finished yet. Nothing polled since the
         // post, and its slot has no waiter yet.
-        if !matches!(what, Post::Receive(_)) {
+        if !matches!(what, Post::Receive) {
             let r = inner.ch.try_finish_posted(&p);
             inner.polled();
             if let Some(r) = r {

@@ -244,9 +244,9 @@ impl<W: WorkRequest, const DEPTH: usize> Ring<W, DEPTH> {
         Ok(seq)
     }
 
-    /// Appends the request built in [`next_entry`](Self::next_entry), of completion opcode
-    /// `opcode`, to the staged batch: takes its slot and sets its `wr_id`. Returns its
-    /// sequence number.
+    /// Appends the request built in [`next_entry`](Self::next_entry) (which set its
+    /// `wr_id`), of completion opcode `opcode`, to the staged batch: takes its slot.
+    /// Returns its sequence number.
     #[inline]
     pub fn stage_built(&mut self, opcode: WcOpcode, signaled: bool) -> Result<u64, QueueFull> {
         let seq = self.claim(opcode, signaled)?;

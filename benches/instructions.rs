@@ -372,8 +372,8 @@ fn raw_calls(mut f: Box<RawFixture>) -> Box<RawFixture> {
 }
 
 #[library_benchmark]
-#[bench::send(args = (Op::Send), setup = own, config = budget(4_006_282))]
-#[bench::write(args = (Op::Write), setup = own, config = budget(2_970_773))]
+#[bench::send(args = (Op::Send), setup = own, config = budget(4_000_282))]
+#[bench::write(args = (Op::Write), setup = own, config = budget(2_964_773))]
 #[bench::write_batch(args = (Op::WriteBatch), setup = own, config = budget_of(48_567_748, BATCH as u64))]
 fn channel(mut f: Box<ChannelFixture>) -> Box<ChannelFixture> {
     f.run(black_box(ITERS));
@@ -381,8 +381,8 @@ fn channel(mut f: Box<ChannelFixture>) -> Box<ChannelFixture> {
 }
 
 #[library_benchmark]
-#[bench::send(args = (Op::Send), setup = shared, config = budget(4_228_692))]
-#[bench::write(args = (Op::Write), setup = shared, config = budget(3_195_763))]
+#[bench::send(args = (Op::Send), setup = shared, config = budget(4_219_692))]
+#[bench::write(args = (Op::Write), setup = shared, config = budget(3_183_763))]
 fn shared_queue(mut f: Box<ChannelFixture>) -> Box<ChannelFixture> {
     f.run(black_box(ITERS));
     f
@@ -390,8 +390,8 @@ fn shared_queue(mut f: Box<ChannelFixture>) -> Box<ChannelFixture> {
 
 #[cfg(feature = "tokio")]
 #[library_benchmark]
-#[bench::send(args = (Op::Send), setup = awaited, config = budget(4_895_327))]
-#[bench::write(args = (Op::Write), setup = awaited, config = budget(3_817_815))]
+#[bench::send(args = (Op::Send), setup = awaited, config = budget(4_862_289))]
+#[bench::write(args = (Op::Write), setup = awaited, config = budget(3_778_777))]
 fn awaited_ops(mut f: Box<AwaitedFixture>) -> Box<AwaitedFixture> {
     f.run(black_box(ITERS));
     f

@@ -45,13 +45,32 @@ fn poll_for<P: Provider, W: WorkRequest, const DEPTH: usize>(
     wcs: Option<&mut [WorkCompletion; POLL_BATCH]>,
 ) -> Result<Polled, Error<P::Error>> {
     let Some(wcs) = wcs else {
-        return poll_for_into(cq, ring, want, core::slice::from_mut(wc));
+        return poll_one_for(cq, ring, want, wc);
     };
     let polled = poll_for_into(cq, ring, want, wcs)?;
     if let Polled::Retired = polled {
         *wc = wcs[0];
     }
     Ok(polled)
+}
+
+/// [`poll_for`] into the one completion `wc`: a provider fills at most the one entry it
+/// is given, so there is no second completion to record.
+#[inline(always)]
+fn poll_one_for<P: Provider, W: WorkRequest, const DEPTH: usize>(
+    cq: &mut Completions<P>,
+    ring: &mut Ring<W, DEPTH>,
+    want: u64,
+    wc: &mut WorkCompletion,
+) -> Result<Polled, Error<P::Error>> {
+    if cq.poll(ring, core::slice::from_mut(wc))? == 0 {
+        return Ok(Polled::Nothing);
+    }
+    if ring.retire_oldest(wc, want) {
+        return Ok(Polled::Retired);
+    }
+    record::<P, W, DEPTH>(ring, core::slice::from_ref(wc))?;
+    Ok(Polled::Recorded)
 }
 
 /// [`poll_for`] into `wcs`: a retired request's completion is `wcs[0]`.

@@ -26,6 +26,9 @@
 //!   channel's own, and a `Channel` scope for the batch;
 //! - `shared_queue`: the same channel on a `SharedCompletionQueue` (the dispatcher's
 //!   share);
+//! - `unpolled_level` (`send` only): `Channel::post_send_unpolled`, then
+//!   `Channel::try_complete` until the send is done, the calls the verbs-path comparison
+//!   with raw verbs and the peer crates measures (`scripts/verbs-instructions.sh`);
 //! - `awaited_ops` (feature `tokio`): `AsyncChannel` on a current-thread runtime, each
 //!   operation awaited before the next, with a pooled buffer.
 //!
@@ -49,7 +52,7 @@ use zverbs::testing::{PreparedSink, Sink};
 use zverbs::{tokio::AsyncChannel, LocalBuf, MrPool};
 use zverbs::{
     Channel, ChannelConfig, CompletionQueue, Context, LocalSlice, RemoteRegion, SendFlags, SendOp,
-    SendWr, WcStatus, WorkCompletion,
+    SendWr, Sge, WcStatus, WorkCompletion,
 };
 
 /// Bytes each work request moves.
@@ -163,6 +166,32 @@ fn channel_batches(
     }
 }
 
+impl ChannelFixture {
+    /// `iters` signaled sends at the unpolled level.
+    fn run_unpolled(&mut self, iters: u64) {
+        unpolled_sends(&mut self.ch, self.src.sge(), &mut self.sink, iters);
+    }
+}
+
+#[inline(never)]
+fn unpolled_sends(ch: &mut Channel<Sim, DEPTH, S>, src: Sge, sink: &mut Sink, n: u64) {
+    for _ in 0..n {
+        // SAFETY: `src` names the leaked registered source, which nobody writes.
+        let mut p = unsafe { ch.post_send_unpolled(&[src], SendOp::Send, SendFlags::SIGNALED) }
+            .expect("post");
+        loop {
+            match ch.try_complete(p).expect("poll") {
+                Ok(c) => {
+                    assert_eq!(c.status, WcStatus::Success);
+                    break;
+                }
+                Err(back) => p = back,
+            }
+        }
+        sink.after_send().expect("sink");
+    }
+}
+
 /// A channel on queues of its own (`shared`: on one shared completion queue).
 fn channel_fixture(op: Op, shared: bool) -> Box<ChannelFixture> {
     let sim = Sim::with_devices(2);
@@ -195,6 +224,12 @@ fn own(op: Op) -> Box<ChannelFixture> {
 
 fn shared(op: Op) -> Box<ChannelFixture> {
     channel_fixture(op, true)
+}
+
+fn unpolled(op: Op) -> Box<ChannelFixture> {
+    let mut f = channel_fixture(op, false);
+    f.run_unpolled(WARM_UP);
+    f
 }
 
 /// A queue pair driven through the provider's calls.
@@ -388,10 +423,17 @@ fn shared_queue(mut f: Box<ChannelFixture>) -> Box<ChannelFixture> {
     f
 }
 
+#[library_benchmark]
+#[bench::send(args = (Op::Send), setup = unpolled, config = budget(4_516_618))]
+fn unpolled_level(mut f: Box<ChannelFixture>) -> Box<ChannelFixture> {
+    f.run_unpolled(black_box(ITERS));
+    f
+}
+
 #[cfg(feature = "tokio")]
 #[library_benchmark]
-#[bench::send(args = (Op::Send), setup = awaited, config = budget(4_862_289))]
-#[bench::write(args = (Op::Write), setup = awaited, config = budget(3_778_777))]
+#[bench::send(args = (Op::Send), setup = awaited, config = budget(4_718_296))]
+#[bench::write(args = (Op::Write), setup = awaited, config = budget(3_667_784))]
 fn awaited_ops(mut f: Box<AwaitedFixture>) -> Box<AwaitedFixture> {
     f.run(black_box(ITERS));
     f
@@ -401,14 +443,14 @@ fn awaited_ops(mut f: Box<AwaitedFixture>) -> Box<AwaitedFixture> {
 library_benchmark_group!(
     name = post_poll;
     compare_by_id = true;
-    benchmarks = raw_calls, channel, shared_queue
+    benchmarks = raw_calls, channel, shared_queue, unpolled_level
 );
 
 #[cfg(feature = "tokio")]
 library_benchmark_group!(
     name = post_poll;
     compare_by_id = true;
-    benchmarks = raw_calls, channel, shared_queue, awaited_ops
+    benchmarks = raw_calls, channel, shared_queue, unpolled_level, awaited_ops
 );
 
 main!(library_benchmark_groups = post_poll);

@@ -362,7 +362,7 @@ impl<W: WorkRequest, const DEPTH: usize> Ring<W, DEPTH> {
     /// retires it at once (as [`complete`](Self::complete) then [`take`](Self::take) would)
     /// and returns `true`: its outcome is [`retired_outcome`](Self::retired_outcome)`(wc)`.
     /// Otherwise changes nothing and returns `false`: record `wc` with `complete`.
-    #[inline]
+    #[inline(always)]
     pub fn retire_oldest(&mut self, wc: &WorkCompletion, want: u64) -> bool {
         let seq = wc.wr_id;
         // Each miss is unlikely, so each is a branch of its own (not one combined test).

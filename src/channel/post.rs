@@ -271,8 +271,8 @@ impl<P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usize>
         gather(it).map_err(|(given, max)| Error::TooManySges { given, max })
     }
 
-    /// Posts the request built in the send ring's next entry by itself (outside the staged
-    /// batch, which it does not join).
+    /// Posts the request built in the send ring's lone entry ([`Ring::lone_entry`]) by
+    /// itself, outside the staged batch.
     #[inline(always)]
     fn post_send_now(&mut self, opcode: WcOpcode) -> Result<u64, Error<P::Error>> {
         let (seq, wr) = self

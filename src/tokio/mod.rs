@@ -373,7 +373,7 @@ impl<P: Provider + 'static, B: IoBuf, const DEPTH: usize, const SGES: usize>
             Some(op) => inner
                 .ch
                 .post_pending(op.relocate(core::iter::once(Lent(sge))).1),
-            None => inner.ch.post_receive_pending([sge]),
+            None => what.post(&mut inner.ch, sge),
         };
         let p = match posted {
             Ok(p) => p,

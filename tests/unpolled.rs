@@ -7,6 +7,7 @@ mod common;
 use std::thread;
 
 use common::{default_pair, pattern, ALL};
+use zverbs::provider::sim::Sim;
 use zverbs::{Error, ErrorKind, QpState, WcOpcode};
 
 #[test]
@@ -304,4 +305,44 @@ fn try_complete_reports_a_later_request_behind_an_earlier_completion() {
     assert_eq!(done.expect("completed").opcode, WcOpcode::RdmaWrite);
     let done = a.ch.try_complete(first).unwrap();
     assert_eq!(done.expect("completed").opcode, WcOpcode::RdmaWrite);
+}
+
+/// An outcome recorded by an earlier poll is the handle's, also once the device has died:
+/// the work is finished, so its buffers must not be reported as still lent. Work still in
+/// flight on the dead device is not handed back as done.
+#[test]
+fn try_complete_hands_back_a_recorded_outcome_after_the_device_dies() {
+    let sim = Sim::with_devices(2);
+    let cfg = zverbs::ChannelConfig {
+        timeout: Some(std::time::Duration::from_secs(10)),
+        ..zverbs::ChannelConfig::default()
+    };
+    let (mut a, b) = common::pair_on::<16>(&sim, &cfg, &cfg);
+    let w = writes(&a, &b); // its regions stay registered until the end
+                            // SAFETY: `src` is never written.
+    let first = unsafe {
+        a.ch.post_send_unpolled(&[w.sge], w.op, zverbs::SendFlags::empty())
+    }
+    .unwrap();
+    // The blocking write's wait records the unpolled write's completion for its handle.
+    a.ch.write([w.src.slice(..).unwrap()], &w.remote.slice(8..).unwrap())
+        .unwrap();
+    // A send B has posted no receive for: held back by RNR, in flight at the crash.
+    // SAFETY: as above.
+    let after = unsafe {
+        a.ch.post_send_unpolled(&[w.sge], zverbs::SendOp::Send, zverbs::SendFlags::empty())
+    }
+    .unwrap();
+    let after = match a.ch.try_complete(after).unwrap() {
+        Ok(done) => panic!("completed before the crash was due: {done:?}"),
+        Err(p) => p,
+    };
+    sim.fabric().crash(0).unwrap();
+    let done =
+        a.ch.try_complete(first)
+            .unwrap()
+            .expect("recorded before the crash");
+    assert_eq!(done.opcode, WcOpcode::RdmaWrite);
+    assert_eq!(&w.target.as_slice()[..8], &pattern(8, 6)[..]);
+    assert!(!matches!(a.ch.try_complete(after), Ok(Ok(_))));
 }

@@ -17,6 +17,7 @@ impl<P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usize>
     /// a completion or a completion error). The sges' lkeys must come from this channel's
     /// protection domain for the device to accept them (a wrong key is reported, not
     /// undefined).
+    #[inline]
     pub unsafe fn post_send_unpolled(
         &mut self,
         sges: &[Sge],
@@ -88,28 +89,43 @@ impl<P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usize>
     /// assert_eq!(done.byte_len, 5);
     /// assert_eq!(&inbox.as_slice()[..5], b"ping!");
     /// ```
+    #[inline]
     pub fn try_complete(
         &mut self,
         pending: Pending,
     ) -> Result<Result<Completion, Pending>, Error<P::Error>> {
         self.check_owner(&pending)?;
         let (queue, seq) = (pending.queue, pending.seq);
-        if let Some(r) = self.take(queue, seq) {
-            return r.map(Ok);
-        }
         // One completion, into the channel's `wc`, as a blocking call's first poll: the
-        // one polled for is usually the only one there, and is retired at once. Another
-        // request's came first: a batch poll as well, so that one call still reports every
-        // outcome the device has written (up to a batch).
-        match self.poll_for(queue, seq, None)? {
-            Polled::Retired => self.retired(queue, seq, Ok),
-            Polled::Nothing => Ok(Err(pending)),
-            Polled::Recorded => {
-                if self.is_pending(queue, seq) {
-                    self.poll(queue)?;
-                }
-                Ok(self.take(queue, seq).transpose()?.ok_or(pending))
-            }
+        // one polled for is usually the only one there, and is retired at once. An outcome
+        // recorded by an earlier poll is looked up only when that is not so.
+        match self.poll_for(queue, seq, None) {
+            Ok(Polled::Retired) => self.retired(queue, seq, Ok),
+            polled => self.try_complete_recorded(pending, polled),
+        }
+    }
+
+    /// [`try_complete`](Self::try_complete) when the first poll did not retire `pending`:
+    /// its outcome if recorded (by this poll or an earlier one). Another request's
+    /// completion came first: a batch poll as well, so that one call still reports every
+    /// outcome the device has written (up to a batch). A failed poll is reported only if
+    /// the outcome is not already known, so a finished request is never reported as lent.
+    #[inline(never)]
+    fn try_complete_recorded(
+        &mut self,
+        pending: Pending,
+        polled: Result<Polled, Error<P::Error>>,
+    ) -> Result<Result<Completion, Pending>, Error<P::Error>> {
+        let (queue, seq) = (pending.queue, pending.seq);
+        let polled = match polled {
+            Ok(Polled::Recorded) if self.is_pending(queue, seq) => self.poll(queue).map(drop),
+            Ok(_) => Ok(()),
+            Err(e) => Err(e),
+        };
+        match (self.take(queue, seq), polled) {
+            (Some(r), _) => r.map(Ok),
+            (None, Ok(())) => Ok(Err(pending)),
+            (None, Err(e)) => Err(e),
         }
     }
 

@@ -101,15 +101,22 @@ impl<P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usize>
         // recorded by an earlier poll is looked up only when that is not so.
         match self.poll_for(queue, seq, None) {
             Ok(Polled::Retired) => self.retired(queue, seq, Ok),
+            // Still in flight (the usual empty poll): no outcome to look for.
+            Ok(Polled::Nothing) if self.is_pending(queue, seq) => Ok(Err(pending)),
+            Ok(Polled::Nothing) => match self.take(queue, seq) {
+                Some(r) => r.map(Ok),
+                None => Ok(Err(pending)),
+            },
             polled => self.try_complete_recorded(pending, polled),
         }
     }
 
-    /// [`try_complete`](Self::try_complete) when the first poll did not retire `pending`:
-    /// its outcome if recorded (by this poll or an earlier one). Another request's
-    /// completion came first: a batch poll as well, so that one call still reports every
-    /// outcome the device has written (up to a batch). A failed poll is reported only if
-    /// the outcome is not already known, so a finished request is never reported as lent.
+    /// [`try_complete`](Self::try_complete) when the first poll brought another request's
+    /// completion, or failed: the outcome of `pending` if recorded (by this poll or an
+    /// earlier one). Another request's completion came first: a batch poll as well, so
+    /// that one call still reports every outcome the device has written (up to a batch).
+    /// A failed poll is reported only if the outcome is not already known, so a finished
+    /// request is never reported as lent.
     #[inline(never)]
     fn try_complete_recorded(
         &mut self,

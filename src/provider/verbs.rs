@@ -52,6 +52,7 @@ pub use gid::{GidEntry, GidSelect, GidType};
 use core::ffi::CStr;
 use core::mem::MaybeUninit;
 use core::ptr::{self, NonNull};
+use std::sync::atomic::AtomicU32;
 use std::sync::Arc;
 
 use ibverbs_sys as ffi;
@@ -180,6 +181,9 @@ struct CqInner {
     /// Its `cq_context`, which its events carry.
     key: u64,
     ctx: Arc<ContextInner>,
+    /// Polls that found nothing, counted to space out looks at the device's events
+    /// ([`async_event::device_dead`]).
+    empty_polls: AtomicU32,
     /// Destroyed after the CQ (fields drop after `drop`).
     _channel: Option<Arc<event::ChannelInner>>,
 }
@@ -536,6 +540,7 @@ impl Provider for Verbs {
             req_notify,
             key,
             ctx: ctx.0.clone(),
+            empty_polls: AtomicU32::new(0),
             _channel: channel.map(|c| c.0.clone()),
         })))
     }
@@ -591,7 +596,9 @@ impl Provider for Verbs {
             // SAFETY: as below, for one entry.
             let n = unsafe { (cq.0.poll)(cq.0.cq.as_ptr(), 1, wc.as_mut_ptr()) };
             return match n {
-                0 if async_event::device_dead(&cq.0.ctx) => Err(VerbsError::DeviceFatal),
+                0 if async_event::device_dead(&cq.0.ctx, &cq.0.empty_polls) => {
+                    Err(VerbsError::DeviceFatal)
+                }
                 0 => Ok(0),
                 n if n < 0 => Err(VerbsError::from_ret("ibv_poll_cq", n)),
                 _ => {
@@ -623,8 +630,9 @@ impl Provider for Verbs {
             }
         }
         // A dead device's queues just stay empty: an empty poll asks its events (at most
-        // once a millisecond) so a wait ends at the death, not at its timeout.
-        if done == 0 && !out.is_empty() && async_event::device_dead(&cq.0.ctx) {
+        // once a millisecond, on one empty poll in `LOOK_POLLS`) so a wait ends at the
+        // death, not at its timeout.
+        if done == 0 && !out.is_empty() && async_event::device_dead(&cq.0.ctx, &cq.0.empty_polls) {
             return Err(VerbsError::DeviceFatal);
         }
         Ok(done)

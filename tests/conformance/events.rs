@@ -110,7 +110,8 @@ pub fn cq_events<E: Env>(env: &E) -> Run<Outcome> {
 /// The device's asynchronous events of its port: `PORT_ERR` when the link goes down
 /// (rxe: its netdev set down), `PORT_ACTIVE` when it comes back, each naming port 1.
 /// Between the two, empty polls of a queue on the device (which look at its events for a
-/// fatal one, at most once a millisecond, on verbs) take nothing away: the events still
+/// fatal one on verbs: on one empty poll in 16, at most once a millisecond) take nothing
+/// away: the events still
 /// come, in order, from the context.
 pub fn port_down_event<E: Env>(env: &E) -> Run<Outcome> {
     use zverbs::{AsyncEventKind, EventElement};
@@ -127,11 +128,12 @@ pub fn port_down_event<E: Env>(env: &E) -> Run<Outcome> {
     env.set_link(false)?;
     std::thread::sleep(Duration::from_millis(20));
     let mut wcs = [WorkCompletion::EMPTY; 1];
-    for _ in 0..3 {
+    // Enough polls, far enough apart, for several looks.
+    for _ in 0..64 {
         if cq.poll(&mut wcs).map_err(err("poll an empty queue"))? != 0 {
             return Err("a completion on a queue with no work".into());
         }
-        std::thread::sleep(Duration::from_millis(3));
+        std::thread::sleep(Duration::from_millis(1));
     }
     let down = next(AsyncEventKind::PortErr);
     env.set_link(true)?;

@@ -4,7 +4,8 @@
 //! A device that dies (`IBV_EVENT_DEVICE_FATAL`) says so only on this queue: its completion
 //! queues just stay empty, so a wait would run to its timeout. So the library looks at the
 //! queue itself: a poll of a completion queue that finds nothing looks at most once per
-//! [`LOOK_EVERY_NS`] (a coarse clock read otherwise), takes what the device queued into
+//! [`LOOK_EVERY_NS`] (a coarse clock read, on one empty poll in [`LOOK_POLLS`] of each
+//! queue; a counter otherwise), takes what the device queued into
 //! [`Events::queue`], and from a `DEVICE_FATAL` on fails every empty poll with
 //! [`VerbsError::DeviceFatal`]. Sleeping waits also watch the device's descriptor
 //! ([`Events::device_fd`]) and look when it wakes them. Events taken so wait in order for
@@ -22,7 +23,7 @@
 
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use ibverbs_sys as ffi;
@@ -34,6 +35,11 @@ use crate::types::{AsyncEvent, AsyncEventKind, EventElement};
 /// How often an empty poll looks at the device's events: once a millisecond (the coarse
 /// clock's resolution is 1 to 4 ms), so a dead device ends a wait within a few ms.
 const LOOK_EVERY_NS: u64 = 1_000_000;
+/// Empty polls of one queue per clock read (the clock costs about as much as the poll):
+/// a spinning or yielding wait polls far more often than once a millisecond, so a dead
+/// device still ends it within a few ms; a caller that sleeps between polls of its own
+/// learns of it within this many of them.
+pub(super) const LOOK_POLLS: u32 = 16;
 /// Events kept for [`get`] at most; past it the oldest is dropped (a program that never
 /// reads its events must not grow without bound). `DEVICE_FATAL` is remembered apart.
 const KEPT: usize = 256;
@@ -101,13 +107,26 @@ impl Events {
         self.device
     }
 
-    /// Whether the device reported `DEVICE_FATAL`; looks for new events at most once per
-    /// [`LOOK_EVERY_NS`] (and not while another thread reads them). For empty polls.
-    #[cold]
-    pub(super) fn device_dead(&self, ctx: *mut ffi::ibv_context) -> bool {
+    /// Whether the device reported `DEVICE_FATAL`; looks for new events on one call in
+    /// [`LOOK_POLLS`] of those counted by `empty_polls` (a queue's), at most once per
+    /// [`LOOK_EVERY_NS`], and not while another thread reads them. For empty polls.
+    #[inline(always)]
+    pub(super) fn device_dead(&self, ctx: *mut ffi::ibv_context, empty_polls: &AtomicU32) -> bool {
         if self.dead.load(Ordering::Relaxed) {
             return true;
         }
+        // A count, not synchronization: load and store, no locked read-modify-write (a
+        // count lost to a race only delays a look by a poll).
+        let n = empty_polls.load(Ordering::Relaxed).wrapping_add(1);
+        empty_polls.store(n, Ordering::Relaxed);
+        n % LOOK_POLLS == 0 && self.look(ctx)
+    }
+
+    /// [`device_dead`](Self::device_dead)'s look, if [`LOOK_EVERY_NS`] has passed since
+    /// the last.
+    #[cold]
+    #[inline(never)]
+    fn look(&self, ctx: *mut ffi::ibv_context) -> bool {
         let now = coarse_now_ns();
         if now < self.next_look.load(Ordering::Relaxed) {
             return false;
@@ -209,10 +228,11 @@ pub(super) fn device_dead_now(ctx: &ContextInner) -> bool {
     ctx.events.device_dead_now(ctx.ctx.as_ptr())
 }
 
-/// Whether `ctx`'s device is known dead (see [`Events::device_dead`]).
-#[cold]
-pub(super) fn device_dead(ctx: &ContextInner) -> bool {
-    ctx.events.device_dead(ctx.ctx.as_ptr())
+/// Whether `ctx`'s device is known dead, for an empty poll of the queue whose count of
+/// them is `empty_polls` (see [`Events::device_dead`]).
+#[inline(always)]
+pub(super) fn device_dead(ctx: &ContextInner, empty_polls: &AtomicU32) -> bool {
+    ctx.events.device_dead(ctx.ctx.as_ptr(), empty_polls)
 }
 
 fn owned(fd: RawFd, verb: &'static str) -> Result<OwnedFd, VerbsError> {

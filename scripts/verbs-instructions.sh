@@ -3,7 +3,9 @@
 # callgrind: zverbs (a Channel's unpolled post and try_complete) against raw verbs
 # (ibv_post_send / ibv_poll_cq through the provider's op table, as verbs.h does), the
 # `ibverbs` crate 0.9.2 and `sideway` 0.4.3. Same operation for all: one signaled 64-byte
-# SEND between two RC queue pairs on rxe0, and one poll that takes its completion
+# SEND between two RC queue pairs on rxe0, and one poll that takes its completion; then a
+# doorbell batch of 32 RDMA WRITEs, the last signaled (not `ibverbs`, which has no WRITE),
+# and zverbs' SEND through a `Channel` scope
 # (benches/verbs_peers/src/main.rs says how the loop and the counting work).
 #
 #   scripts/verbs-instructions.sh [LIB...]     default: zverbs raw ibverbs sideway
@@ -43,7 +45,11 @@ mkdir -p /usr/libexec/valgrind /usr/lib/debug/.build-id
 cp vg/libexec/* /usr/libexec/valgrind/
 cp -r vg/debug/* /usr/lib/debug/.build-id/
 for lib in $LIBS; do
-  for run in "send $N1" "send $N2" "empty $K"; do
+  runs="send:$N1 send:$N2 empty:$K"
+  [ \$lib = ibverbs ] || runs="\$runs batch:$N1 batch:$N2"
+  [ \$lib = zverbs ] && runs="\$runs scope:$N1 scope:$N2"
+  for run in \$runs; do
+    run=\$(echo \$run | tr : ' ')
     set -- \$run
     out=/tmp/cg.\$lib.\$1.\$2
     if ! ./vg/valgrind --tool=callgrind --callgrind-out-file=\$out --toggle-collect='*measured_*' \\
@@ -63,22 +69,26 @@ if [ -n "$CG_DIR" ]; then
   awk -v dir="$CG_DIR" '/^BEGIN cg\./ { f = dir "/" $2; next } /^END$/ { f = ""; next } f { print > f }' <<<"$out"
 fi
 
-# Per library: ((Ir₂ − Ir₁) − (E₂ − E₁) · Ir_empty / K) / (N₂ − N₁).
+# Per library and mode: ((Ir₂ − Ir₁) − (E₂ − E₁) · Ir_empty / K) / (N₂ − N₁); a batch's
+# figure also per WR.
 grep '^RESULT ' <<<"$out" | awk -v n1="$N1" -v n2="$N2" -v k="$K" '
-  { split($7, e, "="); lib = $2
-    if ($3 == "send" && $4 == n1) { ir1[lib] = $5; e1[lib] = e[2] }
-    else if ($3 == "send") { ir2[lib] = $5; e2[lib] = e[2] }
-    else { empty[lib] = $5 / k }
-    if (!(lib in seen)) { seen[lib]; order[++n] = lib } }
+  { split($7, e, "="); lib = $2; m = $3; key = lib " " m
+    if (m == "empty") { empty[lib] = $5 / k; next }
+    if ($4 == n1) { ir1[key] = $5; e1[key] = e[2] } else { ir2[key] = $5; e2[key] = e[2] }
+    if (!(key in seen)) { seen[key]; order[++n] = key } }
   END {
-    printf "%-8s %14s %12s %20s\n", "library", "Ir per op", "empty poll", "empty polls (runs)"
+    printf "%-8s %-6s %12s %10s %12s %20s\n", "library", "mode", "Ir per op", "per WR", "empty poll", "empty polls (runs)"
     for (i = 1; i <= n; i++) {
-      l = order[i]
-      per = ((ir2[l] - ir1[l]) - (e2[l] - e1[l]) * empty[l]) / (n2 - n1)
-      printf "%-8s %14.1f %12.1f %20s\n", l, per, empty[l], e1[l] "/" e2[l]
-      if (l == "raw") raw = per
-      val[l] = per
+      split(order[i], km, " "); l = km[1]; m = km[2]; key = order[i]
+      per = ((ir2[key] - ir1[key]) - (e2[key] - e1[key]) * empty[l]) / (n2 - n1)
+      wr = (m == "batch") ? sprintf("%.1f", per / 32) : "-"
+      printf "%-8s %-6s %12.1f %10s %12.1f %20s\n", l, m, per, wr, empty[l], e1[key] "/" e2[key]
+      val[key] = per
     }
-    if (raw != "") for (i = 1; i <= n; i++) if (order[i] != "raw")
-      printf "%-8s %+.1f over raw verbs\n", order[i], val[order[i]] - raw
+    for (i = 1; i <= n; i++) {
+      split(order[i], km, " "); l = km[1]; m = km[2]
+      base = (m == "scope") ? "raw send" : "raw " m
+      if (l != "raw" && (base in val))
+        printf "%-8s %-6s %+.1f over raw verbs (%s)\n", l, m, val[order[i]] - val[base], base
+    }
   }'

@@ -8,6 +8,7 @@
 //! wait or settle returned. Completing is in `poll.rs` and `wait.rs`.
 
 use super::op::{Local, Op};
+use super::poll::Polled;
 use super::wait::Waiter;
 use super::{Channel, Queue};
 use crate::error::Error;
@@ -454,8 +455,18 @@ impl<P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usize>
                 break;
             }
             if self.is_pending(queue, seq) {
-                if let Err(e) = self.wait_quiet(queue, seq, waiter) {
-                    each(Err(e));
+                // One completion first, as a blocking call's first poll: usually the one
+                // awaited, retired at once. Anything else (another's completion, nothing, a
+                // failed poll) is the wait's, which polls again.
+                if let Ok(Polled::Retired) = self.poll_for(queue, seq, None) {
+                    each(self.retired(queue, seq, |c| c));
+                    seq += 1;
+                    continue;
+                }
+                if self.is_pending(queue, seq) {
+                    if let Err(e) = self.wait_quiet(queue, seq, waiter) {
+                        each(Err(e));
+                    }
                 }
             }
             if let Some(r) = self.take(queue, seq) {

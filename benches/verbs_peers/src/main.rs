@@ -2,7 +2,8 @@
 //! (`scripts/verbs-instructions.sh` runs it under callgrind in the rxe guest).
 //!
 //! ```text
-//! verbs_loop LIB MODE N     LIB: zverbs | raw | ibverbs | sideway; MODE: send | empty
+//! verbs_loop LIB MODE N     LIB: zverbs | raw | ibverbs | sideway
+//!                            MODE: send | empty | batch | scope (zverbs only)
 //! ```
 //!
 //! Each library builds two RC queue pairs on `ZVERBS_DEVICE` (default `rxe0`), GID index
@@ -11,12 +12,20 @@
 //! 200 µs (not measured, so that the completion is usually there at the first poll), then
 //! polls A's send queue (`measured_poll`) until the completion is taken; B's receive
 //! completions are then taken (not measured). `empty`: `N` polls of A's idle send queue
-//! (`measured_poll`), the cost of a poll that finds nothing. It prints `ops=.. empty_polls=..`.
+//! (`measured_poll`), the cost of a poll that finds nothing. `batch`: `N` times, A posts
+//! [`BATCH`] RDMA WRITEs of 64 bytes into B's buffer with one doorbell, only the last
+//! signaled (`measured_batch`), then as `send` (sleep, poll until its completion is taken);
+//! zverbs has no unpolled batch, so its `measured_batch` is a `Channel` scope that stages
+//! the writes, rings the doorbell, pauses 200 µs (`unmeasured_pause`, not collected) and
+//! returns once the scope has taken the completion. `scope` (zverbs only): the SEND of
+//! `send` through a scope, the same way. It prints `ops=.. empty_polls=..`.
 //!
 //! Callgrind collects only inside `measured_*` (`--toggle-collect`), so per operation:
 //! `(Ir(send, N₂) − Ir(send, N₁) − (E₂ − E₁) · Ir(empty, K) / K) / (N₂ − N₁)`, with `E` the
 //! empty polls each run reports: set-up and first calls cancel out, and so does the
-//! timing-dependent number of polls that found nothing.
+//! timing-dependent number of polls that found nothing. A scope's own polls are not
+//! counted here: after its pause the completion is there at its first poll, which the
+//! calls to the provider's `poll_cq` in the callgrind output confirm (one per operation).
 
 mod peer_ibverbs;
 mod peer_sideway;
@@ -59,7 +68,34 @@ macro_rules! run {
                 }
                 println!("ops=0 empty_polls={}", $n);
             }
-            other => panic!("MODE is send or empty, not {other:?}"),
+            "batch" | "scope" => {
+                let mut empties = 0u64;
+                for _ in 0..$n {
+                    if $mode == "scope" {
+                        rig.refill();
+                    }
+                    let settled = match $mode {
+                        "batch" => $lib::measured_batch(&mut rig),
+                        _ => $lib::measured_scope(&mut rig),
+                    };
+                    if !settled {
+                        std::thread::sleep(Duration::from_micros(200));
+                        while !$lib::measured_poll(&mut rig) {
+                            empties += 1;
+                            assert!(empties < 100_000, "a batch never completed");
+                            std::thread::sleep(Duration::from_micros(50));
+                        }
+                    }
+                    if $mode == "scope" {
+                        let mut got = 0;
+                        while got == 0 {
+                            got = rig.drain();
+                        }
+                    }
+                }
+                println!("ops={} empty_polls={}", $n, empties);
+            }
+            other => panic!("MODE is send, empty, batch or scope, not {other:?}"),
         }
     }};
 }
@@ -67,7 +103,7 @@ macro_rules! run {
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let [lib, mode, n] = &args[..] else {
-        eprintln!("usage: verbs_loop zverbs|raw|ibverbs|sideway send|empty N");
+        eprintln!("usage: verbs_loop zverbs|raw|ibverbs|sideway send|empty|batch|scope N");
         std::process::exit(2);
     };
     let n: u64 = n.parse().expect("N is a number");
@@ -87,8 +123,10 @@ fn main() {
 const BUF_LEN: usize = 64;
 /// Entries asked for in each completion queue.
 const CQ_ENTRIES: usize = 64;
-/// Outstanding send and receive work requests each queue pair takes.
-const DEPTH: u32 = 16;
+/// Outstanding send and receive work requests each queue pair takes (room for a batch).
+const DEPTH: u32 = 64;
+/// RDMA WRITEs per doorbell in `batch`.
+const BATCH: usize = 32;
 /// `wr_id` of the measured SEND.
 const SEND_WR_ID: u64 = 1;
 /// `wr_id` of B's receives.
@@ -99,6 +137,14 @@ fn leak() -> &'static mut [u8] {
     Box::leak(vec![0u8; BUF_LEN].into_boxed_slice())
 }
 
+/// Sleeps 200 µs inside a measured function, for a scope's completion to arrive before it
+/// polls; its name matches callgrind's `--toggle-collect='*measured_*'`, so collection is
+/// off while it runs.
+#[inline(never)]
+fn unmeasured_pause() {
+    std::thread::sleep(Duration::from_micros(200));
+}
+
 /// The device and a protection domain on it (zverbs' set-up, for its rig and the raw one).
 fn open(dev: &str) -> (zverbs::Context<Verbs>, zverbs::ProtectionDomain<Verbs>) {
     let ctx = zverbs::Context::open(&Verbs, dev).expect("open the device");
@@ -107,22 +153,24 @@ fn open(dev: &str) -> (zverbs::Context<Verbs>, zverbs::ProtectionDomain<Verbs>) 
 }
 
 /// zverbs: a `Channel`'s unpolled level, a post and `try_complete` (what a scope and the
-/// blocking calls run on, without their waiting).
+/// blocking calls run on, without their waiting); batches and `scope` through a scope.
 mod zverbs_path {
     use zverbs::provider::verbs::Verbs;
     use zverbs::qp::QpConfig;
     use zverbs::{
-        Channel, ChannelConfig, Context, MemoryRegion, Pending, ProtectionDomain, SendFlags,
-        SendOp, Sge,
+        AccessFlags, Channel, ChannelConfig, Context, MemoryRegion, Pending, ProtectionDomain,
+        RemoteRegion, SendFlags, SendOp, Sge,
     };
 
-    type Ch = Channel<Verbs, 16, 1>;
+    type Ch = Channel<Verbs, { super::DEPTH as usize }, 1>;
 
     pub struct Rig {
         a: Ch,
         b: Ch,
         src: Sge,
         dst: Sge,
+        /// B's buffer, for A's writes.
+        remote: RemoteRegion,
         sent: Option<Pending>,
         /// A receive on A that nothing completes (`empty`).
         idle: Option<Pending>,
@@ -149,11 +197,15 @@ mod zverbs_path {
             b.connect(&ea).expect("B to A"),
         );
         let src = pd.register(super::leak()).expect("A's buffer");
-        let mut dst = pd.register(super::leak()).expect("B's buffer");
+        let remote_write = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+        // SAFETY: B's buffer is leaked and never read or written by the program.
+        let mut dst = unsafe { pd.register_with_access(super::leak(), remote_write) }
+            .expect("B's buffer");
         let (s, d) = (
             src.slice(..).unwrap().sge(),
             dst.slice_mut(..).unwrap().sge(),
         );
+        let remote = dst.remote();
         let mut a = a;
         let idle_buf = Box::leak(Box::new(pd.register(super::leak()).expect("A's inbox")));
         let idle_sge = idle_buf.slice_mut(..).unwrap().sge();
@@ -164,6 +216,7 @@ mod zverbs_path {
             b,
             src: s,
             dst: d,
+            remote,
             sent: None,
             idle: Some(idle),
             recvs: Vec::with_capacity(16),
@@ -201,6 +254,39 @@ mod zverbs_path {
                 .post_send_unpolled(&[rig.src], SendOp::Send, SendFlags::SIGNALED)
         };
         rig.sent = Some(p.expect("post_send"));
+    }
+
+    /// [`super::BATCH`] writes of A's buffer into B's through a scope, one doorbell; returns
+    /// once the scope took the completion (so: settled).
+    #[inline(never)]
+    pub fn measured_batch(rig: &mut Rig) -> bool {
+        let (src, remote) = (rig._mrs.0.slice(..).unwrap(), &rig.remote);
+        rig.a
+            .scope(|s| {
+                for _ in 0..super::BATCH {
+                    s.post_write([src], remote)?;
+                }
+                s.ring_doorbell()?;
+                super::unmeasured_pause();
+                Ok(())
+            })
+            .expect("batch");
+        true
+    }
+
+    /// The SEND of `send` through a scope: staged, the doorbell rung, then the scope's wait.
+    #[inline(never)]
+    pub fn measured_scope(rig: &mut Rig) -> bool {
+        let src = rig._mrs.0.slice(..).unwrap();
+        rig.a
+            .scope(|s| {
+                s.post_send([src])?;
+                s.ring_doorbell()?;
+                super::unmeasured_pause();
+                Ok(())
+            })
+            .expect("scope");
+        true
     }
 
     #[inline(never)]
@@ -244,6 +330,12 @@ mod raw {
         src: ffi::ibv_sge,
         dst: ffi::ibv_sge,
         wc: ffi::ibv_wc,
+        /// `BATCH` linked RDMA WRITEs of A's buffer into B's, the last signaled: built once,
+        /// as perftest builds its chains, posted by `measured_batch` (the floor: a program
+        /// that builds its requests per post pays for that too).
+        batch: Box<[ffi::ibv_send_wr]>,
+        /// The SGE the batch's requests point to (on the heap: the rig moves).
+        _batch_sge: Box<ffi::ibv_sge>,
         _mrs: (MemoryRegion<'static, Verbs>, MemoryRegion<'static, Verbs>),
         _pd: ProtectionDomain<Verbs>,
         _ctx: Context<Verbs>,
@@ -259,7 +351,7 @@ mod raw {
             gid_index,
             ..QpConfig::default()
         };
-        (cfg.caps.max_send_wr, cfg.caps.max_recv_wr) = (16, 16);
+        (cfg.caps.max_send_wr, cfg.caps.max_recv_wr) = (super::DEPTH, super::DEPTH);
         (cfg.caps.max_send_sge, cfg.caps.max_recv_sge) = (1, 1);
         let init = InitOptions::default();
         let a = QueuePair::create(&ctx, &pd, &a_cq, &a_cq, &cfg).expect("QP A");
@@ -270,7 +362,10 @@ mod raw {
         let a = a.into_rtr(&eb, &rtr).unwrap().into_rts(&rts).unwrap();
         let b = b.into_rtr(&ea, &rtr).unwrap().into_rts(&rts).unwrap();
         let src = pd.register(super::leak()).expect("A's buffer");
-        let mut dst = pd.register(super::leak()).expect("B's buffer");
+        let remote_write = zverbs::AccessFlags::LOCAL_WRITE | zverbs::AccessFlags::REMOTE_WRITE;
+        // SAFETY: B's buffer is leaked and never read or written by the program.
+        let mut dst = unsafe { pd.register_with_access(super::leak(), remote_write) }
+            .expect("B's buffer");
         let sge = |s: zverbs::Sge| ffi::ibv_sge {
             addr: s.addr,
             length: s.length,
@@ -280,6 +375,26 @@ mod raw {
             sge(src.slice(..).unwrap().sge()),
             sge(dst.slice_mut(..).unwrap().sge()),
         );
+        let remote = dst.remote();
+        let mut batch_sge = Box::new(s);
+        let mut batch: Box<[ffi::ibv_send_wr]> = (0..super::BATCH)
+            .map(|i| {
+                // SAFETY: a plain C struct; all zeroes is a valid value.
+                let mut wr: ffi::ibv_send_wr = unsafe { std::mem::zeroed() };
+                wr.wr_id = i as u64;
+                wr.sg_list = &mut *batch_sge;
+                wr.num_sge = 1;
+                wr.opcode = ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE;
+                wr.wr.rdma.remote_addr = remote.addr;
+                wr.wr.rdma.rkey = remote.rkey;
+                wr
+            })
+            .collect();
+        for i in 1..super::BATCH {
+            let next: *mut ffi::ibv_send_wr = &mut batch[i];
+            batch[i - 1].next = next;
+        }
+        batch[super::BATCH - 1].send_flags = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
         Rig {
             a,
             b,
@@ -289,6 +404,8 @@ mod raw {
             dst: d,
             // SAFETY: a plain C struct; all zeroes is a valid value.
             wc: unsafe { std::mem::zeroed() },
+            batch,
+            _batch_sge: batch_sge,
             _mrs: (src, dst),
             _pd: pd,
             _ctx: ctx,
@@ -334,6 +451,24 @@ mod raw {
         // and never written.
         let rc = unsafe { (*(*qp).context).ops.post_send.unwrap()(qp, &mut wr, &mut bad) };
         assert_eq!(rc, 0, "ibv_post_send");
+    }
+
+    /// No scopes in raw verbs.
+    pub fn measured_scope(_: &mut Rig) -> bool {
+        panic!("scope: zverbs only")
+    }
+
+    /// Posts the prebuilt chain of `BATCH` writes with one call.
+    #[inline(never)]
+    pub fn measured_batch(rig: &mut Rig) -> bool {
+        let qp = rig.a.raw().as_ptr();
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: `qp` lives in `rig.a`; the chain's SGE names A's buffer, registered for
+        // the process's life and never written, and its remote B's, registered likewise.
+        let rc =
+            unsafe { (*(*qp).context).ops.post_send.unwrap()(qp, rig.batch.as_mut_ptr(), &mut bad) };
+        assert_eq!(rc, 0, "ibv_post_send");
+        false
     }
 
     #[inline(never)]

@@ -22,7 +22,7 @@ use sideway::ibverbs::AccessFlags;
 
 /// The device port both queue pairs use.
 const PORT: u8 = 1;
-use super::{BUF_LEN, DEPTH, RECV_WR_ID, SEND_WR_ID};
+use super::{BATCH, BUF_LEN, DEPTH, RECV_WR_ID, SEND_WR_ID};
 
 /// Entries asked for in each completion queue.
 const CQ_ENTRIES: u32 = super::CQ_ENTRIES as u32;
@@ -250,4 +250,32 @@ pub fn measured_poll(rig: &mut Rig) -> bool {
         Err(PollCompletionQueueError::CompletionQueueEmpty) => false,
         Err(e) => panic!("sideway: polling A's CQ: {e:?}"),
     }
+}
+
+/// The measured batch: `BATCH` RDMA WRITEs of A's buffer into B's under one guard (one
+/// doorbell, `ibv_wr_complete`), only the last signaled.
+#[inline(never)]
+pub fn measured_batch(rig: &mut Rig) -> bool {
+    let (rkey, remote) = (rig.b_mr.rkey(), rig.b_buf.as_ptr() as u64);
+    let mut guard = rig.a.start_post_send();
+    for i in 0..BATCH {
+        let flags = if i + 1 == BATCH {
+            WorkRequestFlags::Signaled
+        } else {
+            WorkRequestFlags::none()
+        };
+        let wr = guard.construct_wr(i as u64, flags).setup_write(rkey, remote);
+        // SAFETY: as in `measured_post`; B's buffer is covered by `b_mr` (remote write) and
+        // never read or written by the program.
+        unsafe { wr.setup_sge(rig.a_mr.lkey(), rig.a_buf.as_ptr() as u64, BUF_LEN as u32) };
+    }
+    if let Err(e) = guard.post() {
+        panic!("sideway: post of a batch on A: {e:?}");
+    }
+    false
+}
+
+/// No scopes in sideway.
+pub fn measured_scope(_: &mut Rig) -> bool {
+    panic!("scope: zverbs only")
 }

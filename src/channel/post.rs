@@ -123,8 +123,8 @@ impl<P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usize>
     /// Stages `op` unsignaled in the send ring (the doorbell signals the last of its
     /// batch), built in place and checked as every level checks it
     /// ([`admit`]); returns its sequence number. Needs a free slot
-    /// ([`is_full`](Self::is_full)).
-    #[inline]
+    /// ([`is_full`](Self::is_full)). Always inlined, as [`Scope::post`](super::Scope::post).
+    #[inline(always)]
     pub(crate) fn stage_send<L: Iterator<Item: Local>>(
         &mut self,
         op: Op<'_, L, T>,

@@ -143,8 +143,9 @@ impl<'env, P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usiz
     Scope<'_, 'env, P, DEPTH, SGES, T>
 {
     /// Stages `op`; returns its `wr_id`. The scope's one way to post on the send queue: the
-    /// named methods below are sugar over it.
-    #[inline]
+    /// named methods below are sugar over it. Always inlined: a loop of posts is the
+    /// batch's hot path, and a call per request cost 16 instructions of register saves.
+    #[inline(always)]
     pub fn post<L: Iterator<Item: Local>>(
         &mut self,
         op: Op<'env, L, T>,

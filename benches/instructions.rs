@@ -424,7 +424,7 @@ fn shared_queue(mut f: Box<ChannelFixture>) -> Box<ChannelFixture> {
 }
 
 #[library_benchmark]
-#[bench::send(args = (Op::Send), setup = unpolled, config = budget(4_204_607))]
+#[bench::send(args = (Op::Send), setup = unpolled, config = budget(4_174_598))]
 fn unpolled_level(mut f: Box<ChannelFixture>) -> Box<ChannelFixture> {
     f.run_unpolled(black_box(ITERS));
     f

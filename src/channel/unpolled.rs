@@ -17,7 +17,7 @@ impl<P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usize>
     /// a completion or a completion error). The sges' lkeys must come from this channel's
     /// protection domain for the device to accept them (a wrong key is reported, not
     /// undefined).
-    #[inline]
+    #[inline(always)]
     pub unsafe fn post_send_unpolled(
         &mut self,
         sges: &[Sge],
@@ -89,7 +89,7 @@ impl<P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usize>
     /// assert_eq!(done.byte_len, 5);
     /// assert_eq!(&inbox.as_slice()[..5], b"ping!");
     /// ```
-    #[inline]
+    #[inline(always)]
     pub fn try_complete(
         &mut self,
         pending: Pending,

@@ -410,6 +410,12 @@ impl<P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usize>
         }
     }
 
+    /// Whether a request is staged on either queue (not yet posted).
+    #[inline]
+    pub(crate) fn has_staged(&self) -> bool {
+        !self.sq.staged().is_empty() || !self.rq.staged().is_empty()
+    }
+
     /// Gives back the slots of every request still staged (a refused doorbell, or a
     /// caller unwinding before it posted them).
     pub(crate) fn unstage_all(&mut self) {

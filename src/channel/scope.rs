@@ -271,6 +271,9 @@ impl<'env, P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usiz
             Queue::Send => self.send_from,
             Queue::Recv => self.recv_from,
         };
+        if from == self.ch.next_seq(queue) {
+            return; // nothing posted on it since: no call to settle
+        }
         let first_error = &mut self.first_error;
         let to = self.ch.settle_from(queue, from, &mut self.waiter, |r| {
             if let Err(e) = r {
@@ -285,8 +288,11 @@ impl<'env, P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usiz
 
     /// Posts what is staged, then waits for everything; returns the first error.
     fn finish(&mut self) -> Option<Error<P::Error>> {
-        if let Err(e) = self.ring_doorbell() {
-            self.first_error.get_or_insert(e);
+        // A closure that rang the doorbell itself left nothing staged: no call for it.
+        if self.ch.has_staged() {
+            if let Err(e) = self.ring_doorbell() {
+                self.first_error.get_or_insert(e);
+            }
         }
         self.settle()
     }

@@ -38,6 +38,7 @@
 //! `verbs/`.
 
 mod async_event;
+mod chain;
 mod cm;
 mod error;
 mod event;
@@ -333,9 +334,6 @@ fn dmabuf_supported(ctx: &Context) -> Result<bool, VerbsError> {
     unsafe { ffi::ibv_dealloc_pd(pd.as_ptr()) };
     Ok(!unsupported)
 }
-
-/// Work requests linked per doorbell; longer slices are posted in chunks of this size.
-const CHAIN: usize = 32;
 
 impl Provider for Verbs {
     type Error = VerbsError;
@@ -761,7 +759,7 @@ impl Provider for Verbs {
         let s = &srq.0;
         // SAFETY: `post_recv` is the SRQ's `ibv_post_srq_recv`; the caller upholds the
         // trait's contract on the memory the requests name.
-        unsafe { post_chains::<_, ffi::ibv_recv_wr, _>(s.srq.as_ptr(), s.post_recv, wrs) }
+        unsafe { chain::post_chains::<_, ffi::ibv_recv_wr, _>(s.srq.as_ptr(), s.post_recv, wrs) }
     }
 
     fn create_ah(pd: &Pd, attr: &AhAttr) -> Result<Ah, VerbsError> {
@@ -944,7 +942,7 @@ impl Provider for Verbs {
         wrs: &[SendWr<SGES>],
     ) -> Result<(), PostError<VerbsError>> {
         // SAFETY: the caller upholds the trait's contract on the memory the requests name.
-        unsafe { post_chains::<_, ffi::ibv_send_wr, _>(qp.qp.as_ptr(), qp.post_send, wrs) }
+        unsafe { chain::post_chains::<_, ffi::ibv_send_wr, _>(qp.qp.as_ptr(), qp.post_send, wrs) }
     }
 
     unsafe fn post_recv<const SGES: usize>(
@@ -952,96 +950,8 @@ impl Provider for Verbs {
         wrs: &[RecvWr<SGES>],
     ) -> Result<(), PostError<VerbsError>> {
         // SAFETY: the caller upholds the trait's contract on the memory the requests name.
-        unsafe { post_chains::<_, ffi::ibv_recv_wr, _>(qp.qp.as_ptr(), qp.post_recv, wrs) }
+        unsafe { chain::post_chains::<_, ffi::ibv_recv_wr, _>(qp.qp.as_ptr(), qp.post_recv, wrs) }
     }
-}
-
-/// A work request of the verbs library made from one of ours (`W`), linked to the next,
-/// and the queue pair's verb that posts a chain of them.
-trait Chained<W>: Default {
-    /// The verb's name, for errors.
-    const VERB: &'static str;
-    /// Whether `w` names no more entries than its list holds.
-    fn fits(w: &W) -> bool;
-    /// `w` as the library's request (its SGE pointer borrows `w`).
-    fn fill(w: &W, out: &mut Self);
-    fn set_next(&mut self, next: *mut Self);
-}
-
-impl<const SGES: usize> Chained<SendWr<SGES>> for ffi::ibv_send_wr {
-    const VERB: &'static str = "ibv_post_send";
-    fn fits(w: &SendWr<SGES>) -> bool {
-        w.sges_fit()
-    }
-    fn fill(w: &SendWr<SGES>, out: &mut Self) {
-        wr::send_wr(w, out);
-    }
-    fn set_next(&mut self, next: *mut Self) {
-        self.next = next;
-    }
-}
-
-impl<const SGES: usize> Chained<RecvWr<SGES>> for ffi::ibv_recv_wr {
-    const VERB: &'static str = "ibv_post_recv";
-    fn fits(w: &RecvWr<SGES>) -> bool {
-        w.sges_fit()
-    }
-    fn fill(w: &RecvWr<SGES>, out: &mut Self) {
-        wr::recv_wr(w, out);
-    }
-    fn set_next(&mut self, next: *mut Self) {
-        self.next = next;
-    }
-}
-
-/// Posts `wrs` through `post` (a queue pair's or an SRQ's verb from its context's op table,
-/// `ibv_post_send` being `qp->context->ops.post_send`) to `target` in linked chains of at most [`CHAIN`], one
-/// doorbell each, after the requests that name more entries than they hold are cut off
-/// ([`well_formed`]); stops at the first refusal and reports its index in `wrs`.
-///
-/// # Safety
-/// `target` is live and `post` is its verb for requests `C`; the caller upholds the
-/// provider trait's contract on the memory `wrs` name.
-unsafe fn post_chains<W, C: Chained<W>, T>(
-    target: *mut T,
-    post: PostFn<C, T>,
-    wrs: &[W],
-) -> Result<(), PostError<VerbsError>> {
-    // One request, the usual post: built where the library reads it, no chain to link.
-    if let [w] = wrs {
-        if C::fits(w) {
-            let mut c = C::default();
-            C::fill(w, &mut c);
-            let mut bad: *mut C = ptr::null_mut();
-            // SAFETY: as below, for a chain of one (`default` zeroes `next`; `fill` leaves it).
-            let ret = unsafe { post(target, &mut c, &mut bad) };
-            return match ret {
-                0 => Ok(()),
-                ret => Err(PostError {
-                    index: 0,
-                    error: VerbsError::from_ret(C::VERB, ret),
-                }),
-            };
-        }
-    }
-    let (wrs, malformed) = well_formed(wrs, C::fits, C::VERB);
-    let mut chain: [MaybeUninit<C>; CHAIN] = [const { MaybeUninit::uninit() }; CHAIN];
-    for (c, batch) in wrs.chunks(CHAIN).enumerate() {
-        let base = link(&mut chain, batch, C::fill, C::set_next);
-        let mut bad: *mut C = ptr::null_mut();
-        // SAFETY: `post` is `target`'s verb for `C` (this function's contract). The chain is
-        // `batch.len()` linked, fully initialised requests in `chain` (alive across the
-        // call) whose SGE pointers borrow `batch`, memory the caller vouches for; `bad` is
-        // a valid out-pointer.
-        let ret = unsafe { post(target, base, &mut bad) };
-        if ret != 0 {
-            return Err(PostError {
-                index: c * CHAIN + bad_index(base, bad, batch.len()),
-                error: VerbsError::from_ret(C::VERB, ret),
-            });
-        }
-    }
-    malformed.map_or(Ok(()), Err)
 }
 
 /// `ibv_query_qp` of the attributes in `mask`.
@@ -1065,61 +975,5 @@ fn qp_state(state: ffi::ibv_qp_state::Type) -> QpState {
         s::IBV_QPS_SQD => QpState::SendQueueDrained,
         s::IBV_QPS_SQE => QpState::SendQueueError,
         _ => QpState::Error,
-    }
-}
-
-/// Splits `wrs` before the first request whose `num_sge` exceeds its own list (`!fits`):
-/// the requests to post, and the `EINVAL` to report for that one once they are posted.
-/// The verbs library would read such a list past its end.
-fn well_formed<'a, W>(
-    wrs: &'a [W],
-    fits: impl Fn(&W) -> bool,
-    verb: &'static str,
-) -> (&'a [W], Option<PostError<VerbsError>>) {
-    match wrs.iter().position(|w| !fits(w)) {
-        None => (wrs, None),
-        Some(index) => (
-            &wrs[..index],
-            Some(PostError {
-                index,
-                error: VerbsError::os(verb, error::errno::EINVAL),
-            }),
-        ),
-    }
-}
-
-/// Fills the first `wrs.len()` slots of `chain` from `wrs`, links each to the next (the
-/// last to NULL) and returns the head. Only those slots are initialised.
-fn link<W, C: Default>(
-    chain: &mut [MaybeUninit<C>],
-    wrs: &[W],
-    fill: impl Fn(&W, &mut C),
-    set_next: impl Fn(&mut C, *mut C),
-) -> *mut C {
-    let base = chain.as_mut_ptr().cast::<C>();
-    for (i, (slot, w)) in chain.iter_mut().zip(wrs).enumerate() {
-        // Built in its slot: no copy of the library's request (128 bytes for a send).
-        let c = slot.write(C::default());
-        fill(w, c);
-        // `wrapping_add` keeps this free of unsafe; the pointer stays inside `chain`.
-        let next = if i + 1 < wrs.len() {
-            base.wrapping_add(i + 1)
-        } else {
-            ptr::null_mut()
-        };
-        set_next(c, next);
-    }
-    base
-}
-
-/// The position of `bad` in the chain of `len` requests at `base`; 0 (nothing known to be
-/// posted) if the library did not point into the chain.
-fn bad_index<C>(base: *mut C, bad: *mut C, len: usize) -> usize {
-    let (b, p) = (base as usize, bad as usize);
-    let size = core::mem::size_of::<C>();
-    if bad.is_null() || p < b || (p - b) % size != 0 || (p - b) / size >= len {
-        0
-    } else {
-        (p - b) / size
     }
 }

@@ -257,7 +257,8 @@ mod pp {
             max_rd_atomic: 1,
         };
         let client = matches!(role, Role::Client(_));
-        let mut group = match role {
+        // The stream stays open until the end: see the teardown below.
+        let (mut group, mut stream) = match role {
             Role::Server(l) => {
                 let mut s = accept(&l)?;
                 s.set_read_timeout(Some(STEP)).map_err(|e| e.to_string())?;
@@ -268,7 +269,7 @@ mod pp {
                 let mut done = [0u8; 5];
                 s.read_exact(&mut done)
                     .map_err(|e| format!("read done: {e}"))?;
-                group
+                (group, s)
             }
             Role::Client(to) => {
                 let mut s = dial(to)?;
@@ -278,7 +279,7 @@ mod pp {
                 let theirs = read_all(&mut s, qps)?;
                 s.write_all(b"done\0")
                     .map_err(|e| format!("write done: {e}"))?;
-                group.connect(&theirs, &rtr, &rts).map_err(e("connect"))?
+                (group.connect(&theirs, &rtr, &rts).map_err(e("connect"))?, s)
             }
         };
         let start = Instant::now();
@@ -323,6 +324,14 @@ mod pp {
             }
         }
         let secs = start.elapsed().as_secs_f64();
+        // Teardown: the peer may still wait for the acknowledgement of a send this side's
+        // device received (the last round sends to every ready queue pair, a few past
+        // `iters`); destroying the queue pairs now would leave it retrying into nothing
+        // (RETRY_EXC_ERR). So the group lives until the peer is done too: each side shuts
+        // its half of the stream and waits for the peer's. The C program closed its stream
+        // after the exchange, so against it the wait ends at once.
+        let _ = stream.shutdown(std::net::Shutdown::Write);
+        let _ = stream.read(&mut [0u8; 1]);
         let bytes = (size * iters * 2) as f64;
         println!(
             "{bytes} bytes in {secs:.2} seconds = {:.2} Mbit/sec",

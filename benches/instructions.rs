@@ -432,8 +432,8 @@ fn unpolled_level(mut f: Box<ChannelFixture>) -> Box<ChannelFixture> {
 
 #[cfg(feature = "tokio")]
 #[library_benchmark]
-#[bench::send(args = (Op::Send), setup = awaited, config = budget(4_718_296))]
-#[bench::write(args = (Op::Write), setup = awaited, config = budget(3_667_784))]
+#[bench::send(args = (Op::Send), setup = awaited, config = budget(4_682_240))]
+#[bench::write(args = (Op::Write), setup = awaited, config = budget(3_601_728))]
 fn awaited_ops(mut f: Box<AwaitedFixture>) -> Box<AwaitedFixture> {
     f.run(black_box(ITERS));
     f

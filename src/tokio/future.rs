@@ -50,6 +50,7 @@ where
 {
     type Output = BufResult<T, B, P::Error>;
 
+    #[inline(always)]
     fn poll(self: core::pin::Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
         // The two common ends here, the rest (room, time-outs, flushes) out of line.

@@ -267,6 +267,7 @@ impl<P: Provider + 'static, B: IoBuf, const DEPTH: usize, const SGES: usize>
     /// # });
     /// # }
     /// ```
+    #[inline(always)]
     pub fn post<'a>(
         &'a self,
         op: Op<'_, Owned<B>>,
@@ -275,11 +276,13 @@ impl<P: Provider + 'static, B: IoBuf, const DEPTH: usize, const SGES: usize>
     }
 
     /// Sends the whole of `buf` (a two-sided send: it consumes a receive at the peer).
+    #[inline(always)]
     pub fn send(&self, buf: B) -> impl Future<Output = BufResult<(), B, P::Error>> + '_ {
         self.run_op(Op::send(Owned(buf)), done)
     }
 
     /// Sends `buf` with 32 bits of immediate data for the receiver.
+    #[inline(always)]
     pub fn send_with_imm(
         &self,
         buf: B,
@@ -291,11 +294,13 @@ impl<P: Provider + 'static, B: IoBuf, const DEPTH: usize, const SGES: usize>
     /// Posts a receive into `buf` and waits for a message: its byte count and immediate
     /// data. If the future is dropped after the receive was posted, the receive stays
     /// posted: the next message the peer sends lands in `buf` and is lost with it.
+    #[inline(always)]
     pub fn receive(&self, buf: B) -> impl Future<Output = BufResult<Completion, B, P::Error>> + '_ {
         self.run(buf, None, |c, _| Ok(c))
     }
 
     /// Writes the whole of `buf` to the start of `remote` (which must hold it).
+    #[inline(always)]
     pub fn write(
         &self,
         buf: B,
@@ -305,6 +310,7 @@ impl<P: Provider + 'static, B: IoBuf, const DEPTH: usize, const SGES: usize>
     }
 
     /// Writes `buf` to `remote` and hands `imm` to a receive the peer posted.
+    #[inline(always)]
     pub fn write_with_imm(
         &self,
         buf: B,
@@ -315,6 +321,7 @@ impl<P: Provider + 'static, B: IoBuf, const DEPTH: usize, const SGES: usize>
     }
 
     /// Reads the start of `remote` into the whole of `buf`.
+    #[inline(always)]
     pub fn read(
         &self,
         buf: B,
@@ -337,6 +344,7 @@ impl<P: Provider + 'static, B: IoBuf, const DEPTH: usize, const SGES: usize>
     /// Posts now (see [`begin`](Self::begin)) `op` over `buf`, or a receive into it
     /// (`None`); the future waits for a free slot if the queue was full, then for the
     /// outcome, within the channel's timeout plus grace.
+    #[inline(always)]
     fn run<'a, T: 'a>(
         &'a self,
         buf: B,

@@ -255,16 +255,12 @@ impl<W: WorkRequest, const DEPTH: usize> Ring<W, DEPTH> {
     }
 
     /// Takes a slot for `wr`, which the caller posts by itself, outside the staged batch,
-    /// and sets its `wr_id`. Returns the `wr_id`. If the post fails, give the slot back with
-    /// [`unreserve`](Self::unreserve) before anything else is taken.
+    /// and sets its `wr_id`. Returns its sequence number. If the post fails, give the slot
+    /// back with [`unreserve`](Self::unreserve) before anything else is taken.
     #[inline]
     pub fn reserve(&mut self, wr: &mut W, signaled: bool) -> Result<u64, QueueFull> {
-        if self.in_flight() == DEPTH {
-            return Err(QueueFull { capacity: DEPTH });
-        }
-        let seq = self.head;
+        let seq = self.claim(wr.opcode(), signaled)?;
         wr.set_wr_id(self.wr_id(seq));
-        self.take_slot(wr.opcode(), signaled);
         Ok(seq)
     }
 

@@ -6,7 +6,7 @@
 use super::op::{Local, Op};
 use super::*;
 
-impl<P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usize>
+impl<P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usize>
     Channel<P, DEPTH, SGES, T>
 {
     /// Posts `op` and waits until it completed (for a send or write: until the peer's HCA
@@ -19,12 +19,16 @@ impl<P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usize>
     #[inline(always)]
     pub fn execute<L: Iterator<Item: Local>>(
         &mut self,
-        op: Op<'_, L, T>,
+        op: Op<'_, L, T::Ops>,
     ) -> Result<(), Error<P::Error>> {
         let seq = self.post_send_seq(op)?;
         self.wait_fresh(Queue::Send, seq, drop)
     }
+}
 
+impl<P: Provider, T: HasOwnRx<P, DEPTH, SGES>, const DEPTH: usize, const SGES: usize>
+    Channel<P, DEPTH, SGES, T>
+{
     /// Posts one receive into `data` and waits for a message. Returns its length and
     /// immediate data. On a datagram channel the first 40 bytes of `data` receive the
     /// global route header, and the length counts them.
@@ -37,7 +41,9 @@ impl<P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usize>
     }
 }
 
-impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES> {
+impl<P: Provider, T: ChannelTransport<Ops = Rc>, const DEPTH: usize, const SGES: usize>
+    Channel<P, DEPTH, SGES, T>
+{
     /// Sends the concatenation of `data` and waits until the peer's HCA acknowledged it.
     #[inline]
     pub fn send<'a>(

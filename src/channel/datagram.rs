@@ -70,9 +70,11 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES,
             qp,
             peer: None,
             send_cq,
-            recv_cq,
             sq: Ring::new(),
-            rq: Ring::new(),
+            rx: super::OwnRx {
+                cq: recv_cq,
+                ring: Ring::new(),
+            },
             config: config_of(config),
             wc: WorkCompletion::EMPTY,
         })

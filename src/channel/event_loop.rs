@@ -24,20 +24,20 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
     /// The descriptors of the send and the receive queue's completion channels (readable
     /// when an armed queue got a completion); `None` for a queue without one.
     pub(crate) fn event_fds(&self) -> [Option<std::os::fd::RawFd>; 2] {
-        [self.send_cq.event_fd(), self.recv_cq.event_fd()]
+        [self.send_cq.event_fd(), self.rx.cq.event_fd()]
     }
 
     /// The descriptor of the device's asynchronous events, when the backend has one and
     /// the receive queue a completion channel of its own.
     pub(crate) fn device_fd(&self) -> Option<std::os::fd::RawFd> {
-        self.recv_cq.device_fd()
+        self.rx.cq.device_fd()
     }
 
     /// Looks at the device's asynchronous events now: its fatal error, if it died.
     pub(crate) fn check_device(&self) -> Result<(), Error<P::Error>> {
         crate::error::verb(
             "ibv_get_async_event",
-            P::check_device(self.recv_cq.queue().raw()),
+            P::check_device(self.rx.cq.queue().raw()),
         )
     }
 
@@ -45,33 +45,33 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
     /// channel is attached: an event loop then sleeps on the channel's inboxes
     /// ([`sleep_task`](Self::sleep_task)) instead of descriptors.
     pub(crate) fn on_led_queues(&self) -> bool {
-        self.send_cq.reactor_led() && self.recv_cq.reactor_led()
+        self.send_cq.reactor_led() && self.rx.cq.reactor_led()
     }
 
     /// On led shared queues: `waker` is woken when a completion is routed to either of the
     /// channel's inboxes; `true` if one already waits (then poll instead of sleeping).
     /// Undone by [`awake`](Self::awake).
     pub(crate) fn sleep_task(&self, waker: &core::task::Waker) -> Result<bool, Error<P::Error>> {
-        Ok(self.send_cq.sleep_task(waker)? | self.recv_cq.sleep_task(waker)?)
+        Ok(self.send_cq.sleep_task(waker)? | self.rx.cq.sleep_task(waker)?)
     }
 
     /// The event loop is awake: routing no longer wakes it.
     pub(crate) fn awake(&self) {
         self.send_cq.awake();
-        self.recv_cq.awake();
+        self.rx.cq.awake();
     }
 
     /// Arms both queues for their next completion. Arm, then poll: a completion that came
     /// before the arm raises no event, and only the poll after it finds it.
     pub(crate) fn arm_events(&mut self) -> Result<(), Error<P::Error>> {
         self.send_cq.arm_events()?;
-        self.recv_cq.arm_events()
+        self.rx.cq.arm_events()
     }
 
     /// Takes (and acknowledges) every event waiting on both completion channels; whether
     /// there was one.
     pub(crate) fn take_events(&mut self) -> Result<bool, Error<P::Error>> {
-        Ok(self.send_cq.take_events()? | self.recv_cq.take_events()?)
+        Ok(self.send_cq.take_events()? | self.rx.cq.take_events()?)
     }
 
     /// Polls both queues until they are empty, recording every completion in its slot.

@@ -51,6 +51,7 @@ mod path;
 mod poll;
 mod post;
 mod prepared;
+mod rx;
 mod scope;
 mod source;
 mod unpolled;
@@ -62,6 +63,7 @@ pub use wait::WaitPolicy;
 pub(crate) use op::Lent;
 pub use op::{AtomicResult, Destination, Inline, Local, Op, Owned, Slices};
 pub use prepared::PreparedChannel;
+pub use rx::{ChannelTransport, HasOwnRx, NoRx, OwnRx, RxSide};
 pub use scope::{PostedReceive, Scope};
 
 use core::sync::atomic::{AtomicUsize, Ordering};
@@ -74,7 +76,7 @@ use crate::error::{CompletionError, Error};
 use crate::mr::{LocalSlice, LocalSliceMut, RemoteRegion};
 use crate::provider::Provider;
 use crate::qp::{
-    InitOptions, OwnReceiveQueue, QpConfig, QueuePair, Rc, ReadyToSend, RtrOptions, RtsOptions,
+    Connected, InitOptions, QpConfig, QueuePair, Rc, ReadyToSend, RtrOptions, RtsOptions,
 };
 use crate::ring::{Completion, Ring, WorkRequest};
 use crate::types::{RecvWr, SendFlags, SendOp, SendWr, Sge, WorkCompletion};
@@ -163,16 +165,16 @@ pub struct Channel<
     P: Provider,
     const DEPTH: usize = 64,
     const SGES: usize = 4,
-    T: OwnReceiveQueue = Rc,
+    T: ChannelTransport = Rc,
 > {
     owner: Owner,
     qp: QueuePair<P, ReadyToSend, T>,
     /// The connected peer's queue pair number (`None` on a datagram channel, which has none).
     peer: Option<u32>,
     send_cq: Completions<P>,
-    recv_cq: Completions<P>,
     sq: Ring<SendWr<SGES>, DEPTH>,
-    rq: Ring<RecvWr<SGES>, DEPTH>,
+    /// The receive ring and its completions; nothing on a shared receive queue.
+    rx: T::Rx<P, DEPTH, SGES>,
     config: Config,
     /// Where a blocking call's first poll lands, and the completion of a request retired
     /// by a poll. Larger polls land on the stack: a channel keeps one completion, not
@@ -331,15 +333,17 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
             owner: Owner::next(qp.qp_num()),
             qp,
             send_cq,
-            recv_cq,
             sq,
-            rq,
+            rx: OwnRx {
+                cq: recv_cq,
+                ring: rq,
+            },
             config,
         })
     }
 }
 
-impl<P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usize>
+impl<P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usize>
     Channel<P, DEPTH, SGES, T>
 {
     /// Whether the channel's completion queues are shared with other channels.
@@ -354,7 +358,10 @@ impl<P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usize>
 
     /// Work requests in flight on the send and receive queues.
     pub fn in_flight(&self) -> (usize, usize) {
-        (self.sq.in_flight(), self.rq.in_flight())
+        (
+            self.sq.in_flight(),
+            self.rx.ring().map_or(0, |r| r.in_flight()),
+        )
     }
 
     /// Closes the channel, lingering like `SO_LINGER`: waits at most `timeout` for every
@@ -404,7 +411,9 @@ impl<P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usize>
     }
 }
 
-impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES> {
+impl<P: Provider, T: ChannelTransport + Connected, const DEPTH: usize, const SGES: usize>
+    Channel<P, DEPTH, SGES, T>
+{
     /// Tears the connection down so the channel can connect again (to the same peer after
     /// a failure, or to another): moves the queue pair to the error state, waits at most
     /// [`ChannelConfig::flush_grace`] for every outstanding request to be flushed (then
@@ -424,7 +433,7 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
     /// let (a, _b) = (a.connect(&eb).unwrap(), b.connect(&ea).unwrap());
     /// assert_eq!(a.queue_pair().state().unwrap(), QpState::ReadyToSend);
     /// ```
-    pub fn reset(mut self) -> Result<PreparedChannel<P, DEPTH, SGES>, Error<P::Error>> {
+    pub fn reset(mut self) -> Result<PreparedChannel<P, DEPTH, SGES, T>, Error<P::Error>> {
         let mut waiter = Waiter::new(Some(Duration::ZERO), self.config.flush_grace);
         let e = self.quiesce(&mut waiter, Error::Timeout);
         if e.kind() == crate::error::ErrorKind::DeviceFatal {
@@ -437,9 +446,8 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
             owner: self.owner,
             qp,
             send_cq: self.send_cq,
-            recv_cq: self.recv_cq,
             sq: self.sq,
-            rq: self.rq,
+            rx: self.rx,
             config: self.config,
         })
     }

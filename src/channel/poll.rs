@@ -95,6 +95,20 @@ fn poll_for_into<P: Provider, W: WorkRequest, const DEPTH: usize>(
     Ok(Polled::Recorded)
 }
 
+/// Routes everything `cq`'s shared queue holds and records what is `ring`'s in it.
+/// Completions of requests already given up are ignored.
+fn poll_all_into<P: Provider, W: WorkRequest, const DEPTH: usize>(
+    cq: &mut Completions<P>,
+    ring: &mut Ring<W, DEPTH>,
+    wcs: &mut [WorkCompletion; POLL_BATCH],
+) -> Result<usize, Error<P::Error>> {
+    let n = cq.poll_all(ring, wcs)?;
+    for wc in &wcs[..n] {
+        let _ = ring.complete(wc);
+    }
+    Ok(n)
+}
+
 /// Records `wcs` in `ring` (out of line: the usual poll brings one completion).
 #[inline(never)]
 fn record<P: Provider, W: WorkRequest, const DEPTH: usize>(
@@ -108,13 +122,16 @@ fn record<P: Provider, W: WorkRequest, const DEPTH: usize>(
     Ok(())
 }
 
-impl<P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usize>
+impl<P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usize>
     Channel<P, DEPTH, SGES, T>
 {
     pub(super) fn poll(&mut self, queue: Queue) -> Result<usize, Error<P::Error>> {
         match queue {
             Queue::Send => poll_into(&mut self.send_cq, &mut self.sq),
-            Queue::Recv => poll_into(&mut self.recv_cq, &mut self.rq),
+            Queue::Recv => match self.rx.parts() {
+                Some((cq, ring)) => poll_into(cq, ring),
+                None => Ok(0),
+            },
         }
     }
 
@@ -122,17 +139,13 @@ impl<P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usize>
     /// Completions of requests already given up are ignored.
     pub(super) fn poll_all(&mut self, queue: Queue) -> Result<usize, Error<P::Error>> {
         let mut wcs = [WorkCompletion::EMPTY; POLL_BATCH];
-        let n = match queue {
-            Queue::Send => self.send_cq.poll_all(&self.sq, &mut wcs)?,
-            Queue::Recv => self.recv_cq.poll_all(&self.rq, &mut wcs)?,
-        };
-        for wc in &wcs[..n] {
-            let _ = match queue {
-                Queue::Send => self.sq.complete(wc),
-                Queue::Recv => self.rq.complete(wc),
-            };
+        match queue {
+            Queue::Send => poll_all_into(&mut self.send_cq, &mut self.sq, &mut wcs),
+            Queue::Recv => match self.rx.parts() {
+                Some((cq, ring)) => poll_all_into(cq, ring, &mut wcs),
+                None => Ok(0),
+            },
         }
-        Ok(n)
     }
 
     pub(super) fn take(
@@ -142,7 +155,7 @@ impl<P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usize>
     ) -> Option<Result<Completion, Error<P::Error>>> {
         let r = match queue {
             Queue::Send => self.sq.take(seq),
-            Queue::Recv => self.rq.take(seq),
+            Queue::Recv => self.rx.parts()?.1.take(seq),
         }?;
         Some(r.map_err(|c| self.completion_error(seq, c)))
     }
@@ -161,14 +174,14 @@ impl<P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usize>
     pub(crate) fn holds(&self, queue: Queue, seq: u64) -> bool {
         match queue {
             Queue::Send => self.sq.holds(seq),
-            Queue::Recv => self.rq.holds(seq),
+            Queue::Recv => self.rx.ring().is_some_and(|r| r.holds(seq)),
         }
     }
 
     pub(super) fn is_pending(&self, queue: Queue, seq: u64) -> bool {
         match queue {
             Queue::Send => self.sq.is_pending(seq),
-            Queue::Recv => self.rq.is_pending(seq),
+            Queue::Recv => self.rx.ring().is_some_and(|r| r.is_pending(seq)),
         }
     }
 
@@ -217,7 +230,10 @@ impl<P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usize>
         if waiter.wants_sleep() {
             return match queue {
                 Queue::Send => self.send_cq.sleep(waiter),
-                Queue::Recv => self.recv_cq.sleep(waiter),
+                Queue::Recv => match self.rx.parts() {
+                    Some((cq, _)) => cq.sleep(waiter),
+                    None => waiter.pause(),
+                },
             };
         }
         let _ = queue;
@@ -316,7 +332,10 @@ impl<P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usize>
     ) -> Result<Polled, Error<P::Error>> {
         match queue {
             Queue::Send => poll_for(&mut self.send_cq, &mut self.sq, &mut self.wc, seq, wcs),
-            Queue::Recv => poll_for(&mut self.recv_cq, &mut self.rq, &mut self.wc, seq, wcs),
+            Queue::Recv => match self.rx.parts() {
+                Some((cq, ring)) => poll_for(cq, ring, &mut self.wc, seq, wcs),
+                None => Ok(Polled::Nothing),
+            },
         }
     }
 
@@ -329,9 +348,11 @@ impl<P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usize>
         ok: impl FnOnce(Completion) -> R,
     ) -> Result<R, Error<P::Error>> {
         let wc = &self.wc;
-        let r = match queue {
-            Queue::Send => self.sq.retired_outcome(wc),
-            Queue::Recv => self.rq.retired_outcome(wc),
+        let r = match (queue, self.rx.ring()) {
+            (Queue::Send, _) => self.sq.retired_outcome(wc),
+            (Queue::Recv, Some(ring)) => ring.retired_outcome(wc),
+            // Nothing is posted to a receive side that is not there, so nothing retires.
+            (Queue::Recv, None) => return Err(Error::UnexpectedCompletion { wr_id: seq }),
         };
         r.map(ok).map_err(|c| self.completion_error(seq, c))
     }
@@ -423,12 +444,14 @@ impl<P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usize>
         while matches!(self.poll_all(Queue::Send), Ok(n) if n > 0) {}
         while matches!(self.poll_all(Queue::Recv), Ok(n) if n > 0) {}
         self.sq.discard_in_flight(WcStatus::WrFlushErr);
-        self.rq.discard_in_flight(WcStatus::WrFlushErr);
+        if let Some((_, ring)) = self.rx.parts() {
+            ring.discard_in_flight(WcStatus::WrFlushErr);
+        }
     }
 
     /// Whether any posted request still waits for a completion from the device.
     pub(super) fn awaits_device(&self) -> bool {
-        self.sq.has_pending() || self.rq.has_pending()
+        self.sq.has_pending() || self.rx.ring().is_some_and(|r| r.has_pending())
     }
 
     /// Polls, without a deadline, until nothing is in flight. Only for a queue pair in the

@@ -11,10 +11,10 @@ use super::op::{Local, Op};
 use super::poll::Polled;
 use super::wait::Waiter;
 use super::{Channel, Queue};
+use super::{ChannelTransport, HasOwnRx, RxSide};
 use crate::error::Error;
 use crate::mr::RemoteRegion;
 use crate::provider::{PostError, Provider};
-use crate::qp::OwnReceiveQueue;
 use crate::ring::{Completion, Ring, WorkRequest};
 use crate::types::{RecvWr, SendFlags, SendOp, Sge, WcOpcode};
 
@@ -79,7 +79,7 @@ fn gather_into<const SGES: usize>(
     Ok((n as u8, len))
 }
 
-impl<P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usize>
+impl<P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usize>
     Channel<P, DEPTH, SGES, T>
 {
     /// Posts `op` signaled; returns its sequence number. The caller keeps `op`'s borrow of
@@ -88,7 +88,7 @@ impl<P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usize>
     #[inline(always)]
     pub(crate) fn post_send_seq<L: Iterator<Item: Local>>(
         &mut self,
-        op: Op<'_, L, T>,
+        op: Op<'_, L, T::Ops>,
     ) -> Result<u64, Error<P::Error>> {
         let opcode = self.build_send::<_, true>(op, SendFlags::SIGNALED)?;
         self.post_send_now(opcode)
@@ -127,7 +127,7 @@ impl<P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usize>
     #[inline(always)]
     pub(crate) fn stage_send<L: Iterator<Item: Local>>(
         &mut self,
-        op: Op<'_, L, T>,
+        op: Op<'_, L, T::Ops>,
     ) -> Result<u64, Error<P::Error>> {
         let opcode = self.build_send::<_, false>(op, SendFlags::empty())?;
         self.sq
@@ -143,7 +143,7 @@ impl<P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usize>
     #[inline(always)]
     fn build_send<L: Iterator<Item: Local>, const LONE: bool>(
         &mut self,
-        op: Op<'_, L, T>,
+        op: Op<'_, L, T::Ops>,
         flags: SendFlags,
     ) -> Result<WcOpcode, Error<P::Error>> {
         let Op {
@@ -196,20 +196,6 @@ impl<P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usize>
         Ok(op.wc_opcode())
     }
 
-    /// Posts one receive work request; returns its sequence number. Same borrowing rule as
-    /// [`post_send_seq`](Self::post_send_seq), exclusive.
-    pub(crate) fn post_recv_seq(
-        &mut self,
-        sges: impl IntoIterator<Item = Sge>,
-    ) -> Result<u64, Error<P::Error>> {
-        let (sg_list, num_sge, _) = self.sges(sges)?;
-        self.post_recv_now(RecvWr {
-            wr_id: 0,
-            sg_list,
-            num_sge,
-        })
-    }
-
     /// Waits for a request posted by `post_*_seq` and takes its outcome, within the bound
     /// of the caller's `waiter` (on timeout the channel's work is ended, as in the blocking
     /// calls).
@@ -260,7 +246,7 @@ fn too_short<E>(remote: &RemoteRegion, len: u64) -> Result<(), Error<E>> {
     Ok(())
 }
 
-impl<P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usize>
+impl<P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usize>
     Channel<P, DEPTH, SGES, T>
 {
     /// Collects the entries of one work request and their total length.
@@ -295,13 +281,6 @@ impl<P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usize>
         Ok(seq)
     }
 
-    fn post_recv_now(&mut self, wr: RecvWr<SGES>) -> Result<u64, Error<P::Error>> {
-        let qp = &self.qp;
-        // SAFETY: `wr` was built from slices that borrow their memory exclusively until the
-        // blocking caller has waited for the receive.
-        post_recv_one(&mut self.rq, wr, |wr| unsafe { qp.post_recv(wr) })
-    }
-
     /// Posts the staged sends as one chain (one doorbell).
     pub(crate) fn flush_sends(&mut self) -> Result<(), Error<P::Error>> {
         let qp = &self.qp;
@@ -315,12 +294,15 @@ impl<P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usize>
 
     /// Posts the staged receives as one chain (one doorbell).
     pub(crate) fn flush_recvs(&mut self) -> Result<(), Error<P::Error>> {
+        let Some((_, rq)) = self.rx.parts() else {
+            return Ok(());
+        };
         let qp = &self.qp;
-        flush(&mut self.rq, "ibv_post_recv", |staged| {
+        flush(rq, "ibv_post_recv", |staged| {
             // SAFETY: every staged receive was built from exclusive slices that stay
             // borrowed until the caller waits for it (blocking calls and scopes wait
             // before returning; unpolled callers promised to).
-            unsafe { qp.post_recv(staged) }
+            unsafe { T::post_recvs(qp, staged) }
         })
     }
 }
@@ -353,9 +335,30 @@ fn flush<W: WorkRequest, E, const DEPTH: usize>(
     }
 }
 
-impl<P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usize>
+impl<P: Provider, T: HasOwnRx<P, DEPTH, SGES>, const DEPTH: usize, const SGES: usize>
     Channel<P, DEPTH, SGES, T>
 {
+    /// Posts one receive work request; returns its sequence number. Same borrowing rule as
+    /// [`post_send_seq`](Self::post_send_seq), exclusive.
+    pub(crate) fn post_recv_seq(
+        &mut self,
+        sges: impl IntoIterator<Item = Sge>,
+    ) -> Result<u64, Error<P::Error>> {
+        let (sg_list, num_sge, _) = self.sges(sges)?;
+        self.post_recv_now(RecvWr {
+            wr_id: 0,
+            sg_list,
+            num_sge,
+        })
+    }
+
+    fn post_recv_now(&mut self, wr: RecvWr<SGES>) -> Result<u64, Error<P::Error>> {
+        let qp = &self.qp;
+        // SAFETY: `wr` was built from slices that borrow their memory exclusively until the
+        // blocking caller has waited for the receive.
+        post_recv_one(&mut self.rx.ring, wr, |wr| unsafe { qp.post_recv(wr) })
+    }
+
     /// A receive work request into the entries `sges`.
     #[inline]
     pub(crate) fn recv_wr(
@@ -370,21 +373,25 @@ impl<P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usize>
         })
     }
 
+    /// Stages `wr` (every receive completes); returns its sequence number.
+    #[inline]
+    pub(crate) fn stage_recv(&mut self, wr: RecvWr<SGES>) -> Result<u64, Error<P::Error>> {
+        self.rx.ring.stage(wr, true).map_err(|f| Error::QueueFull {
+            capacity: f.capacity,
+        })
+    }
+}
+
+impl<P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usize>
+    Channel<P, DEPTH, SGES, T>
+{
     /// Whether `queue`'s ring has no free slot: staging there needs room made first.
     #[inline]
     pub(crate) fn is_full(&self, queue: Queue) -> bool {
         match queue {
             Queue::Send => self.sq.in_flight() == DEPTH,
-            Queue::Recv => self.rq.in_flight() == DEPTH,
+            Queue::Recv => self.rx.ring().map_or(true, |r| r.in_flight() == DEPTH),
         }
-    }
-
-    /// Stages `wr` (every receive completes); returns its sequence number.
-    #[inline]
-    pub(crate) fn stage_recv(&mut self, wr: RecvWr<SGES>) -> Result<u64, Error<P::Error>> {
-        self.rq.stage(wr, true).map_err(|f| Error::QueueFull {
-            capacity: f.capacity,
-        })
     }
 
     /// Posts everything staged: the receives as one chain, then the sends as one chain
@@ -413,15 +420,18 @@ impl<P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usize>
     /// Whether a request is staged on either queue (not yet posted).
     #[inline]
     pub(crate) fn has_staged(&self) -> bool {
-        !self.sq.staged().is_empty() || !self.rq.staged().is_empty()
+        !self.sq.staged().is_empty() || self.rx.ring().is_some_and(|r| !r.staged().is_empty())
     }
 
     /// Gives back the slots of every request still staged (a refused doorbell, or a
     /// caller unwinding before it posted them).
     pub(crate) fn unstage_all(&mut self) {
-        let (s, r) = (self.sq.staged().len(), self.rq.staged().len());
+        let s = self.sq.staged().len();
         self.sq.unstage(s);
-        self.rq.unstage(r);
+        if let Some((_, rq)) = self.rx.parts() {
+            let r = rq.staged().len();
+            rq.unstage(r);
+        }
     }
 
     /// The sequence number the next request staged on `queue` gets.
@@ -429,7 +439,7 @@ impl<P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usize>
     pub(crate) fn next_seq(&self, queue: Queue) -> u64 {
         match queue {
             Queue::Send => self.sq.next_seq(),
-            Queue::Recv => self.rq.next_seq(),
+            Queue::Recv => self.rx.ring().map_or(0, |r| r.next_seq()),
         }
     }
 
@@ -454,7 +464,7 @@ impl<P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usize>
             // or take: one completion retires a whole batch, so skip to the oldest.
             let oldest = match queue {
                 Queue::Send => self.sq.oldest(),
-                Queue::Recv => self.rq.oldest(),
+                Queue::Recv => self.rx.ring().and_then(|r| r.oldest()),
             };
             seq = seq.max(oldest.unwrap_or(to));
             if seq >= to {

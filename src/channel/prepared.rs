@@ -5,33 +5,79 @@
 
 use super::post::{collect_sges, post_recv_one};
 use super::scope::{self, PostedReceive, Scope};
-use super::source::Completions;
-use super::{Channel, Owner, Pending, Queue};
+use super::{Channel, ChannelTransport, Owner, Pending, Queue};
 use crate::error::Error;
 use crate::mr::LocalSliceMut;
 use crate::provider::Provider;
-use crate::qp::{Endpoint, Init, QueuePair};
+use crate::qp::{Connected, Endpoint, Init, QueuePair, Rc};
 use crate::ring::Ring;
 use crate::types::{RecvWr, SendWr, Sge, WorkCompletion};
 
 /// A channel whose queue pair is created but not connected: hand its
 /// [`endpoint`](PreparedChannel::endpoint) to the peer, then [`connect`](PreparedChannel::connect).
-pub struct PreparedChannel<P: Provider, const DEPTH: usize = 64, const SGES: usize = 4> {
+pub struct PreparedChannel<
+    P: Provider,
+    const DEPTH: usize = 64,
+    const SGES: usize = 4,
+    T: ChannelTransport = Rc,
+> {
     pub(super) owner: Owner,
-    pub(super) qp: QueuePair<P, Init>,
-    pub(super) send_cq: Completions<P>,
-    pub(super) recv_cq: Completions<P>,
+    pub(super) qp: QueuePair<P, Init, T>,
+    pub(super) send_cq: super::source::Completions<P>,
     pub(super) sq: Ring<SendWr<SGES>, DEPTH>,
-    pub(super) rq: Ring<RecvWr<SGES>, DEPTH>,
+    pub(super) rx: T::Rx<P, DEPTH, SGES>,
     pub(super) config: super::Config,
 }
 
-impl<P: Provider, const DEPTH: usize, const SGES: usize> PreparedChannel<P, DEPTH, SGES> {
+impl<P: Provider, T: ChannelTransport + Connected, const DEPTH: usize, const SGES: usize>
+    PreparedChannel<P, DEPTH, SGES, T>
+{
     /// This side's endpoint.
     pub fn endpoint(&self) -> Endpoint {
         self.qp.endpoint()
     }
 
+    /// Takes what a connection manager decided for this side (see
+    /// [`QueuePair::take_path`](crate::qp::QueuePair)): the source GID's index and the
+    /// first PSN.
+    #[cfg(all(feature = "std", unix))]
+    pub(crate) fn take_path(&mut self, sgid_index: u8, psn: u32) {
+        self.qp.take_path(sgid_index, psn);
+    }
+
+    /// The configuration it was prepared with.
+    #[cfg(all(feature = "std", unix))]
+    pub(crate) fn config(&self) -> &super::ChannelConfig {
+        &self.config
+    }
+
+    /// Connects to the peer at `remote` (INIT → RTR → RTS).
+    pub fn connect(self, remote: &Endpoint) -> Result<Channel<P, DEPTH, SGES, T>, Error<P::Error>> {
+        crate::trace::span!(
+            DEBUG,
+            "connect",
+            qp = self.owner.qp_num,
+            peer_qp = remote.qp_num
+        );
+        let qp = self
+            .qp
+            .into_rtr(remote, &self.config.rtr)
+            .map_err(|e| e.error)?;
+        let qp = qp.into_rts(&self.config.rts).map_err(|e| e.error)?;
+        Ok(Channel {
+            owner: self.owner,
+            peer: Some(remote.qp_num),
+            qp,
+            send_cq: self.send_cq,
+            sq: self.sq,
+            rx: self.rx,
+            config: self.config,
+            wc: WorkCompletion::EMPTY,
+        })
+    }
+}
+
+impl<P: Provider, const DEPTH: usize, const SGES: usize> PreparedChannel<P, DEPTH, SGES> {
     /// Posts a receive before the channel is connected, as C verbs programs do in INIT, so
     /// that the peer's first message, which may come the moment the peer is connected,
     /// finds a receive. Redeem the handle on the connected channel
@@ -84,7 +130,7 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> PreparedChannel<P, DEPT
         let qp = &self.qp;
         // SAFETY: the caller keeps the memory valid and untouched until the handle is
         // redeemed, which is after the request completes.
-        let seq = post_recv_one(&mut self.rq, wr, |wr| unsafe { qp.post_recv(wr) })?;
+        let seq = post_recv_one(&mut self.rx.ring, wr, |wr| unsafe { qp.post_recv(wr) })?;
         Ok(Pending {
             seq,
             queue: Queue::Recv,
@@ -135,7 +181,7 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> PreparedChannel<P, DEPT
             [PostedReceive; N],
         ) -> Result<R, Error<P::Error>>,
     ) -> Result<(Channel<P, DEPTH, SGES>, R), Error<P::Error>> {
-        let recv_from = self.rq.next_seq();
+        let recv_from = self.rx.ring.next_seq();
         for data in early {
             // SAFETY: `data` stays borrowed for `'env`, past this call, which returns only
             // once the receive has completed in the scope below (or the queue pair that
@@ -149,45 +195,5 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> PreparedChannel<P, DEPT
         });
         let r = scope::run(&mut ch, recv_from, |s| f(s, handles))?;
         Ok((ch, r))
-    }
-
-    /// Takes what a connection manager decided for this side (see
-    /// [`QueuePair::take_path`](crate::qp::QueuePair)): the source GID's index and the
-    /// first PSN.
-    /// The configuration it was prepared with.
-    #[cfg(all(feature = "std", unix))]
-    pub(crate) fn config(&self) -> &super::ChannelConfig {
-        &self.config
-    }
-
-    #[cfg(all(feature = "std", unix))]
-    pub(crate) fn take_path(&mut self, sgid_index: u8, psn: u32) {
-        self.qp.take_path(sgid_index, psn);
-    }
-
-    /// Connects to the peer at `remote` (INIT → RTR → RTS).
-    pub fn connect(self, remote: &Endpoint) -> Result<Channel<P, DEPTH, SGES>, Error<P::Error>> {
-        crate::trace::span!(
-            DEBUG,
-            "connect",
-            qp = self.owner.qp_num,
-            peer_qp = remote.qp_num
-        );
-        let qp = self
-            .qp
-            .into_rtr(remote, &self.config.rtr)
-            .map_err(|e| e.error)?;
-        let qp = qp.into_rts(&self.config.rts).map_err(|e| e.error)?;
-        Ok(Channel {
-            owner: self.owner,
-            peer: Some(remote.qp_num),
-            qp,
-            send_cq: self.send_cq,
-            recv_cq: self.recv_cq,
-            sq: self.sq,
-            rq: self.rq,
-            config: self.config,
-            wc: WorkCompletion::EMPTY,
-        })
     }
 }

@@ -6,10 +6,11 @@ use core::marker::PhantomData;
 use super::op::{Local, Op};
 use super::wait::Waiter;
 use super::{Channel, Queue};
+use super::{ChannelTransport, HasOwnRx};
 use crate::error::Error;
 use crate::mr::{LocalSlice, LocalSliceMut, RemoteRegion};
 use crate::provider::Provider;
-use crate::qp::{OwnReceiveQueue, Rc};
+use crate::qp::Rc;
 use crate::ring::Completion;
 use crate::types::WcStatus;
 
@@ -44,7 +45,7 @@ pub struct Scope<
     P: Provider,
     const DEPTH: usize,
     const SGES: usize,
-    T: OwnReceiveQueue = Rc,
+    T: ChannelTransport = Rc,
 > {
     ch: &'ch mut Channel<P, DEPTH, SGES, T>,
     send_from: u64,
@@ -57,7 +58,7 @@ pub struct Scope<
     _env: PhantomData<&'env mut &'env ()>,
 }
 
-impl<P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usize>
+impl<P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usize>
     Channel<P, DEPTH, SGES, T>
 {
     /// Runs `f` with a [`Scope`] to post work on; returns once every work request posted in
@@ -102,7 +103,7 @@ impl<P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usize>
         &'env mut self,
         f: impl FnOnce(&mut Scope<'env, 'env, P, DEPTH, SGES, T>) -> Result<R, Error<P::Error>>,
     ) -> Result<R, Error<P::Error>> {
-        let recv_from = self.rq.next_seq();
+        let recv_from = self.next_seq(Queue::Recv);
         run(self, recv_from, f)
     }
 }
@@ -117,7 +118,7 @@ pub(super) fn run<'ch, 'env, P, T, R, const DEPTH: usize, const SGES: usize>(
 ) -> Result<R, Error<P::Error>>
 where
     P: Provider,
-    T: OwnReceiveQueue,
+    T: ChannelTransport,
 {
     let send_from = ch.sq.next_seq();
     let waiter = ch.waiter();
@@ -139,7 +140,7 @@ where
     }
 }
 
-impl<'env, P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usize>
+impl<'env, P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usize>
     Scope<'_, 'env, P, DEPTH, SGES, T>
 {
     /// Stages `op`; returns its `wr_id`. The scope's one way to post on the send queue: the
@@ -148,75 +149,13 @@ impl<'env, P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usiz
     #[inline(always)]
     pub fn post<L: Iterator<Item: Local>>(
         &mut self,
-        op: Op<'env, L, T>,
+        op: Op<'env, L, T::Ops>,
     ) -> Result<u64, Error<P::Error>> {
         // Room first: the request is built where it is staged.
         if self.ch.is_full(Queue::Send) {
             self.make_room(Queue::Send)?;
         }
         self.ch.stage_send(op)
-    }
-
-    /// Stages a receive into `data`. The handle may be given to
-    /// [`wait_receive`](Self::wait_receive) for the receive's completion; ignored, the
-    /// scope waits for the receive when it ends.
-    #[inline]
-    pub fn post_receive(
-        &mut self,
-        data: impl IntoIterator<Item = LocalSliceMut<'env>>,
-    ) -> Result<PostedReceive, Error<P::Error>> {
-        let wr = self.ch.recv_wr(data.into_iter().map(|s| s.sge()))?;
-        if self.ch.is_full(Queue::Recv) {
-            self.make_room(Queue::Recv)?;
-        }
-        self.ch.stage_recv(wr).map(|seq| PostedReceive { seq })
-    }
-
-    /// Waits for the receive `wr_id` posted in this scope and returns its completion (the
-    /// byte count, the immediate data), as C programs read a receive's work completion
-    /// after "post a receive, then send". Rings the doorbell first, so the receive and any
-    /// staged sends go out. The receive's buffer stays borrowed until the scope ends (read
-    /// it after); its outcome is taken here, so the scope's end does not report it again.
-    /// Shares the scope's one bound.
-    ///
-    /// A handle of another scope is an [`Error::InvalidAttribute`].
-    ///
-    /// ```
-    /// # use zverbs::provider::sim::Sim;
-    /// # use zverbs::{Channel, ChannelConfig, Context};
-    /// # let p = zverbs::testing::Pair::<64, 4>::connected(&ChannelConfig::default()).unwrap();
-    /// # let (pa, pb, mut a, mut b) = (p.a.pd, p.b.pd, p.a.ch, p.b.ch);
-    /// let (mut ask, mut answer) = (*b"ping", [0u8; 16]);
-    /// let ask = pa.register(&mut ask).unwrap();
-    /// let mut answer = pa.register(&mut answer).unwrap();
-    /// std::thread::scope(|t| {
-    ///     t.spawn(|| {
-    ///         let mut buf = [0u8; 16];
-    ///         let mut buf = pb.register(&mut buf).unwrap();
-    ///         let n = b.receive([buf.slice_mut(..).unwrap()]).unwrap().byte_len as usize;
-    ///         b.send_with_imm([buf.slice(..n).unwrap()], 7).unwrap(); // echo, tagged
-    ///     });
-    ///     // Post a receive, then send, then read the receive's completion.
-    ///     let got = a.scope(|s| {
-    ///         let reply = s.post_receive([answer.slice_mut(..)?])?;
-    ///         s.post_send([ask.slice(..)?])?;
-    ///         s.wait_receive(reply)
-    ///     })
-    ///     .unwrap();
-    ///     assert_eq!((got.byte_len, got.imm), (4, Some(7)));
-    /// });
-    /// assert_eq!(&answer.as_slice()[..4], b"ping");
-    /// ```
-    pub fn wait_receive(&mut self, posted: PostedReceive) -> Result<Completion, Error<P::Error>> {
-        let wr_id = posted.seq;
-        if wr_id < self.recv_from || !self.ch.holds(Queue::Recv, wr_id) {
-            return Err(Error::InvalidAttribute(
-                "not a receive of this scope still to be waited for",
-            ));
-        }
-        self.ring_doorbell()?;
-        self.ch
-            .wait_seq_within(Queue::Recv, wr_id, &mut self.waiter)
     }
 
     /// Waits for the send-queue operation `wr_id` staged in this scope (what
@@ -307,7 +246,75 @@ impl<'env, P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usiz
     }
 }
 
-impl<'env, P: Provider, const DEPTH: usize, const SGES: usize> Scope<'_, 'env, P, DEPTH, SGES> {
+impl<'env, P: Provider, T: HasOwnRx<P, DEPTH, SGES>, const DEPTH: usize, const SGES: usize>
+    Scope<'_, 'env, P, DEPTH, SGES, T>
+{
+    /// Stages a receive into `data`. The handle may be given to
+    /// [`wait_receive`](Self::wait_receive) for the receive's completion; ignored, the
+    /// scope waits for the receive when it ends.
+    #[inline]
+    pub fn post_receive(
+        &mut self,
+        data: impl IntoIterator<Item = LocalSliceMut<'env>>,
+    ) -> Result<PostedReceive, Error<P::Error>> {
+        let wr = self.ch.recv_wr(data.into_iter().map(|s| s.sge()))?;
+        if self.ch.is_full(Queue::Recv) {
+            self.make_room(Queue::Recv)?;
+        }
+        self.ch.stage_recv(wr).map(|seq| PostedReceive { seq })
+    }
+
+    /// Waits for the receive `wr_id` posted in this scope and returns its completion (the
+    /// byte count, the immediate data), as C programs read a receive's work completion
+    /// after "post a receive, then send". Rings the doorbell first, so the receive and any
+    /// staged sends go out. The receive's buffer stays borrowed until the scope ends (read
+    /// it after); its outcome is taken here, so the scope's end does not report it again.
+    /// Shares the scope's one bound.
+    ///
+    /// A handle of another scope is an [`Error::InvalidAttribute`].
+    ///
+    /// ```
+    /// # use zverbs::provider::sim::Sim;
+    /// # use zverbs::{Channel, ChannelConfig, Context};
+    /// # let p = zverbs::testing::Pair::<64, 4>::connected(&ChannelConfig::default()).unwrap();
+    /// # let (pa, pb, mut a, mut b) = (p.a.pd, p.b.pd, p.a.ch, p.b.ch);
+    /// let (mut ask, mut answer) = (*b"ping", [0u8; 16]);
+    /// let ask = pa.register(&mut ask).unwrap();
+    /// let mut answer = pa.register(&mut answer).unwrap();
+    /// std::thread::scope(|t| {
+    ///     t.spawn(|| {
+    ///         let mut buf = [0u8; 16];
+    ///         let mut buf = pb.register(&mut buf).unwrap();
+    ///         let n = b.receive([buf.slice_mut(..).unwrap()]).unwrap().byte_len as usize;
+    ///         b.send_with_imm([buf.slice(..n).unwrap()], 7).unwrap(); // echo, tagged
+    ///     });
+    ///     // Post a receive, then send, then read the receive's completion.
+    ///     let got = a.scope(|s| {
+    ///         let reply = s.post_receive([answer.slice_mut(..)?])?;
+    ///         s.post_send([ask.slice(..)?])?;
+    ///         s.wait_receive(reply)
+    ///     })
+    ///     .unwrap();
+    ///     assert_eq!((got.byte_len, got.imm), (4, Some(7)));
+    /// });
+    /// assert_eq!(&answer.as_slice()[..4], b"ping");
+    /// ```
+    pub fn wait_receive(&mut self, posted: PostedReceive) -> Result<Completion, Error<P::Error>> {
+        let wr_id = posted.seq;
+        if wr_id < self.recv_from || !self.ch.holds(Queue::Recv, wr_id) {
+            return Err(Error::InvalidAttribute(
+                "not a receive of this scope still to be waited for",
+            ));
+        }
+        self.ring_doorbell()?;
+        self.ch
+            .wait_seq_within(Queue::Recv, wr_id, &mut self.waiter)
+    }
+}
+
+impl<'env, P: Provider, T: ChannelTransport<Ops = Rc>, const DEPTH: usize, const SGES: usize>
+    Scope<'_, 'env, P, DEPTH, SGES, T>
+{
     /// Stages a send of the concatenation of `data`. Returns its `wr_id`.
     #[inline]
     pub fn post_send(
@@ -382,7 +389,7 @@ impl<'env, P: Provider, const DEPTH: usize, const SGES: usize> Scope<'_, 'env, P
     }
 }
 
-impl<P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usize> Drop
+impl<P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usize> Drop
     for Scope<'_, '_, P, DEPTH, SGES, T>
 {
     fn drop(&mut self) {

@@ -19,8 +19,9 @@ use std::sync::Arc;
 use super::wait::Waiter;
 
 /// One direction's completions (send or receive), and whether its queue is armed for an
-/// event (a sleeping wait arms, polls again, then sleeps).
-pub(crate) struct Completions<P: Provider> {
+/// event (a sleeping wait arms, polls again, then sleeps). `pub` only so that the sealed
+/// [`RxSide`](super::RxSide) can name it; nothing outside the crate reaches it.
+pub struct Completions<P: Provider> {
     source: Source<P>,
     #[cfg_attr(not(all(feature = "std", unix)), allow(dead_code))]
     armed: bool,

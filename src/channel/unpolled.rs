@@ -4,7 +4,7 @@
 use super::poll::Polled;
 use super::*;
 
-impl<P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usize>
+impl<P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usize>
     Channel<P, DEPTH, SGES, T>
 {
     /// Posts one send work request and returns without waiting.
@@ -28,24 +28,6 @@ impl<P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usize>
         Ok(Pending {
             seq,
             queue: Queue::Send,
-            owner: self.owner,
-        })
-    }
-
-    /// Posts one receive work request and returns without waiting.
-    ///
-    /// # Safety
-    /// The memory named by `sges` must stay valid and must not be accessed through Rust
-    /// references until the work has finished, as for
-    /// [`post_send_unpolled`](Self::post_send_unpolled).
-    pub unsafe fn post_receive_unpolled(
-        &mut self,
-        sges: &[Sge],
-    ) -> Result<Pending, Error<P::Error>> {
-        let seq = self.post_recv_seq(sges.iter().copied())?;
-        Ok(Pending {
-            seq,
-            queue: Queue::Recv,
             owner: self.owner,
         })
     }
@@ -210,5 +192,27 @@ impl<P: Provider, T: OwnReceiveQueue, const DEPTH: usize, const SGES: usize>
                 qp_num: self.owner.qp_num,
             })
         }
+    }
+}
+
+impl<P: Provider, T: HasOwnRx<P, DEPTH, SGES>, const DEPTH: usize, const SGES: usize>
+    Channel<P, DEPTH, SGES, T>
+{
+    /// Posts one receive work request and returns without waiting.
+    ///
+    /// # Safety
+    /// The memory named by `sges` must stay valid and must not be accessed through Rust
+    /// references until the work has finished, as for
+    /// [`post_send_unpolled`](Self::post_send_unpolled).
+    pub unsafe fn post_receive_unpolled(
+        &mut self,
+        sges: &[Sge],
+    ) -> Result<Pending, Error<P::Error>> {
+        let seq = self.post_recv_seq(sges.iter().copied())?;
+        Ok(Pending {
+            seq,
+            queue: Queue::Recv,
+            owner: self.owner,
+        })
     }
 }

@@ -99,7 +99,7 @@ mod pp {
 
     use zverbs::provider::Provider;
     use zverbs::qp::{Endpoint, QpConfig, RtrOptions, RtsOptions};
-    use zverbs::srq::{GroupEvent, SrqGroup, SrqGroupConfig};
+    use zverbs::srq::{GroupEvent, SlotsConfig, SrqGroup, SrqGroupConfig};
     use zverbs::{Context, Gid, Mtu};
 
     /// `srq_pingpong.c`'s TCP port.
@@ -235,13 +235,13 @@ mod pp {
         let e = |what: &'static str| move |e: zverbs::Error<P::Error>| format!("{what}: {e}");
         let ctx = Context::open(provider, device).map_err(e("open device"))?;
         let pd = ctx.alloc_pd().map_err(e("alloc pd"))?;
-        let cfg = SrqGroupConfig {
+        let receive = SlotsConfig {
             slots: rx_depth as u32,
             size,
             refill_at: qps as u32,
-            qp,
-            ..SrqGroupConfig::default()
+            ..SlotsConfig::default()
         };
+        let cfg = SrqGroupConfig { receive, qp };
         let group = SrqGroup::prepare(&ctx, &pd, qps, &cfg).map_err(e("prepare"))?;
         let ours = group.endpoints();
         let rtr = RtrOptions {

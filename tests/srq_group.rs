@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use zverbs::provider::sim::Sim;
 use zverbs::qp::{RtrOptions, RtsOptions};
-use zverbs::srq::{GroupEvent, RecvSlot, SrqGroup, SrqGroupConfig};
+use zverbs::srq::{GroupEvent, RecvSlot, SlotsConfig, SrqGroup, SrqGroupConfig};
 use zverbs::{Context, Error, ErrorKind};
 
 #[global_allocator]
@@ -37,10 +37,14 @@ fn two(peers: usize, cfg: &SrqGroupConfig) -> Two {
 }
 
 fn cfg(slots: u32, refill_at: u32) -> SrqGroupConfig {
-    SrqGroupConfig {
+    let receive = SlotsConfig {
         slots,
         size: 32,
         refill_at,
+        ..SlotsConfig::default()
+    };
+    SrqGroupConfig {
+        receive,
         ..SrqGroupConfig::default()
     }
 }
@@ -149,10 +153,8 @@ fn the_limit_event_refills_and_a_late_one_only_rearms() {
         None,
         "the queue of events opens"
     );
-    let b_cfg = SrqGroupConfig {
-        limit: 4,
-        ..cfg(8, 0)
-    };
+    let mut b_cfg = cfg(8, 0);
+    b_cfg.receive.limit = 4;
     let a = SrqGroup::prepare(&ca, &pa, 1, &cfg(8, 0)).unwrap();
     let b = SrqGroup::prepare(&cb, &pb, 1, &b_cfg).unwrap();
     let (ea, eb) = (a.endpoints(), b.endpoints());

@@ -63,7 +63,7 @@ pub use wait::WaitPolicy;
 pub(crate) use op::Lent;
 pub use op::{AtomicResult, Destination, Inline, Local, Op, Owned, Slices};
 pub use prepared::PreparedChannel;
-pub use rx::{ChannelTransport, HasOwnRx, NoRx, OwnRx, RxSide};
+pub use rx::{ChannelTransport, HasOwnRx, OwnRx, RxSide, SrqRx};
 pub use scope::{PostedReceive, Scope};
 
 use core::sync::atomic::{AtomicUsize, Ordering};
@@ -338,6 +338,41 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
                 cq: recv_cq,
                 ring: rq,
             },
+            config,
+        })
+    }
+}
+
+#[cfg(feature = "std")]
+impl<P: Provider, const DEPTH: usize, const SGES: usize>
+    Channel<P, DEPTH, SGES, crate::qp::RcOnSrq>
+{
+    /// Creates a queue pair that takes its receives from `srq`'s SRQ (completing on its
+    /// queue) and its sends' completions from the inbox it takes on `send`, or from a queue
+    /// of its own; moves it to INIT. The channel holds `srq` for as long as its queue pair
+    /// lives.
+    pub(crate) fn prepare_on_srq_with(
+        ctx: &Context<P>,
+        pd: &ProtectionDomain<P>,
+        config: Config,
+        send: Option<&Arc<SharedCompletionQueue<P>>>,
+        srq: &Arc<crate::srq::Backend<P>>,
+    ) -> Result<PreparedChannel<P, DEPTH, SGES, crate::qp::RcOnSrq>, Error<P::Error>> {
+        let depth = Channel::<P, DEPTH, SGES>::depth()?;
+        let mut sq = Ring::new();
+        let send_cq = match send {
+            Some(send) => Completions::attach(send, &mut sq)?,
+            None => Completions::own(ctx, depth, config.wait == WaitPolicy::SpinSleep)?,
+        };
+        let qp_cfg = Channel::<P, DEPTH, SGES>::qp_config(&config);
+        let qp = QueuePair::create_on_srq(ctx, pd, send_cq.queue(), &srq.cq, &srq.srq, &qp_cfg)?;
+        let qp = qp.into_init(&config.init).map_err(|e| e.error)?;
+        Ok(PreparedChannel {
+            owner: Owner::next(qp.qp_num()),
+            qp,
+            send_cq,
+            sq,
+            rx: SrqRx { _keep: srq.clone() },
             config,
         })
     }

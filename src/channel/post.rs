@@ -292,6 +292,30 @@ impl<P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usize>
         })
     }
 
+    /// Posts one receive work request; returns its sequence number. Same borrowing rule as
+    /// [`post_send_seq`](Self::post_send_seq), exclusive. A channel on a shared receive
+    /// queue has no receive queue to post to: [`Error::InvalidAttribute`].
+    pub(crate) fn post_recv_seq(
+        &mut self,
+        sges: impl IntoIterator<Item = Sge>,
+    ) -> Result<u64, Error<P::Error>> {
+        let (sg_list, num_sge, _) = self.sges(sges)?;
+        let wr = RecvWr {
+            wr_id: 0,
+            sg_list,
+            num_sge,
+        };
+        let Some((_, rq)) = self.rx.parts() else {
+            return Err(Error::InvalidAttribute(
+                "a queue pair on a shared receive queue takes no receives of its own",
+            ));
+        };
+        let qp = &self.qp;
+        // SAFETY: `wr` was built from slices that borrow their memory exclusively until the
+        // caller has waited for the receive.
+        post_recv_one(rq, wr, |wr| unsafe { T::post_recvs(qp, wr) })
+    }
+
     /// Posts the staged receives as one chain (one doorbell).
     pub(crate) fn flush_recvs(&mut self) -> Result<(), Error<P::Error>> {
         let Some((_, rq)) = self.rx.parts() else {
@@ -338,27 +362,6 @@ fn flush<W: WorkRequest, E, const DEPTH: usize>(
 impl<P: Provider, T: HasOwnRx<P, DEPTH, SGES>, const DEPTH: usize, const SGES: usize>
     Channel<P, DEPTH, SGES, T>
 {
-    /// Posts one receive work request; returns its sequence number. Same borrowing rule as
-    /// [`post_send_seq`](Self::post_send_seq), exclusive.
-    pub(crate) fn post_recv_seq(
-        &mut self,
-        sges: impl IntoIterator<Item = Sge>,
-    ) -> Result<u64, Error<P::Error>> {
-        let (sg_list, num_sge, _) = self.sges(sges)?;
-        self.post_recv_now(RecvWr {
-            wr_id: 0,
-            sg_list,
-            num_sge,
-        })
-    }
-
-    fn post_recv_now(&mut self, wr: RecvWr<SGES>) -> Result<u64, Error<P::Error>> {
-        let qp = &self.qp;
-        // SAFETY: `wr` was built from slices that borrow their memory exclusively until the
-        // blocking caller has waited for the receive.
-        post_recv_one(&mut self.rx.ring, wr, |wr| unsafe { qp.post_recv(wr) })
-    }
-
     /// A receive work request into the entries `sges`.
     #[inline]
     pub(crate) fn recv_wr(

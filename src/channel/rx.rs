@@ -1,12 +1,12 @@
 //! A channel's receive side, chosen by its transport: a receive ring and the completions
-//! that retire it ([`OwnRx`], for [`Rc`] and [`Ud`]), or nothing at all ([`NoRx`], for
+//! that retire it ([`OwnRx`], for [`Rc`] and [`Ud`]), or none of its own ([`SrqRx`], for
 //! [`RcOnSrq`]: its queue pair takes receives from a shared receive queue, whose owner
 //! posts and completes them). A channel on an SRQ so holds no receive ring, no receive
 //! inbox and no receive queue of its own: what lets a node's receive memory stop growing
 //! with its peers.
 //!
 //! The code common to every channel reaches the receive side through [`RxSide`], which
-//! answers "nothing there" for [`NoRx`]; the receive calls are written for [`OwnRx`] only
+//! answers "nothing there" for [`SrqRx`]; the receive calls are written for [`OwnRx`] only
 //! ([`HasOwnRx`]), so a receive on a channel without one does not compile.
 
 use super::source::Completions;
@@ -21,9 +21,16 @@ pub struct OwnRx<P: Provider, const DEPTH: usize, const SGES: usize> {
     pub(super) ring: Ring<RecvWr<SGES>, DEPTH>,
 }
 
-/// No receive side: the queue pair takes its receives from a shared receive queue.
-#[derive(Clone, Copy, Debug)]
-pub struct NoRx;
+/// The receive side of a channel on a shared receive queue: none of its own, only a hold
+/// on what the SRQ's receives need (the SRQ, the queue they complete on, the memory they
+/// land in), so that none of it goes while this channel's queue pair can still deliver
+/// into it, wherever the channel was moved.
+pub struct SrqRx<P: Provider> {
+    #[cfg(feature = "std")]
+    pub(super) _keep: std::sync::Arc<crate::srq::Backend<P>>,
+    #[cfg(not(feature = "std"))]
+    pub(super) _keep: core::marker::PhantomData<P>,
+}
 
 /// The receive side's ring and completions, if the channel has them. Sealed with
 /// [`ChannelTransport`].
@@ -47,7 +54,7 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> RxSide<P, DEPTH, SGES>
     }
 }
 
-impl<P: Provider, const DEPTH: usize, const SGES: usize> RxSide<P, DEPTH, SGES> for NoRx {
+impl<P: Provider, const DEPTH: usize, const SGES: usize> RxSide<P, DEPTH, SGES> for SrqRx<P> {
     #[inline(always)]
     fn parts(&mut self) -> Option<(&mut Completions<P>, &mut Ring<RecvWr<SGES>, DEPTH>)> {
         None
@@ -105,8 +112,8 @@ impl ChannelTransport for Ud {
 }
 impl ChannelTransport for RcOnSrq {
     type Ops = Rc;
-    type Rx<P: Provider, const DEPTH: usize, const SGES: usize> = NoRx;
-    /// Never called with a request: [`NoRx`] has no ring to stage one in.
+    type Rx<P: Provider, const DEPTH: usize, const SGES: usize> = SrqRx<P>;
+    /// Never called with a request: [`SrqRx`] has no ring to stage one in.
     #[inline(always)]
     unsafe fn post_recvs<P: Provider, const SGES: usize>(
         _qp: &QueuePair<P, ReadyToSend, Self>,

@@ -23,6 +23,12 @@
 //! Nothing here allocates after setup. A peer index out of range or not set up is
 //! [`Error::NoSuchPeer`].
 //!
+//! The peers may instead share one receive queue (`MultiChannel<P, PEERS, DEPTH, SGES,
+//! RcOnSrq>`, made by [`prepare_on_srq`](MultiChannel::prepare_on_srq)): their channels
+//! keep no receive state of their own, and messages from any peer land in receive slots
+//! the multi-channel owns ([`gather_receive`](MultiChannel::gather_receive) returns
+//! [`Received`]s). See `on_srq.rs`.
+//!
 //! ```
 //! use zverbs::provider::sim::Sim;
 //! use zverbs::{ChannelConfig, Context, MultiChannel};
@@ -61,9 +67,15 @@
 //! (`scatter_*`, `gather_*`, `multicast_send`) over one `collective` and `wait_all`; the
 //! unpolled level (`post_*_unpolled`, `wait`). The scope is in `scope.rs`.
 
+#[cfg(feature = "std")]
+mod on_srq;
 mod scope;
+mod transport;
 
+#[cfg(feature = "std")]
+pub use on_srq::Received;
 pub use scope::MultiScope;
+pub use transport::PeerTransport;
 
 use crate::channel::wait::Waiter;
 use crate::channel::Queue;
@@ -72,7 +84,7 @@ use crate::device::{Context, ProtectionDomain};
 use crate::error::{Error, ErrorKind, ProviderError};
 use crate::mr::{LocalSlice, LocalSliceMut, RemoteRegion};
 use crate::provider::Provider;
-use crate::qp::Endpoint;
+use crate::qp::{Endpoint, Rc};
 use crate::ring::Completion;
 use crate::types::{SendFlags, SendOp, Sge};
 use core::fmt;
@@ -85,12 +97,16 @@ pub struct PreparedMultiChannel<
     const PEERS: usize,
     const DEPTH: usize = 64,
     const SGES: usize = 4,
+    T: PeerTransport = Rc,
 > {
-    peers: Slots<PreparedChannel<P, DEPTH, SGES>, PEERS>,
+    peers: Slots<PreparedChannel<P, DEPTH, SGES, T>, PEERS>,
+    /// Where the peers' receives go besides their own queues: nothing, or the shared
+    /// receive queue and its slots (dropped after the queue pairs on it).
+    receives: T::Receives<P>,
 }
 
-impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
-    PreparedMultiChannel<P, PEERS, DEPTH, SGES>
+impl<P: Provider, T: PeerTransport, const PEERS: usize, const DEPTH: usize, const SGES: usize>
+    PreparedMultiChannel<P, PEERS, DEPTH, SGES, T>
 {
     /// The endpoint of the channel for `peer`.
     pub fn endpoint(&self, peer: usize) -> Result<Endpoint, Error<P::Error>> {
@@ -119,7 +135,7 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
     pub fn connect(
         mut self,
         mut remote: impl FnMut(usize) -> Option<Endpoint>,
-    ) -> Result<MultiChannel<P, PEERS, DEPTH, SGES>, Error<P::Error>> {
+    ) -> Result<MultiChannel<P, PEERS, DEPTH, SGES, T>, Error<P::Error>> {
         crate::trace::span!(DEBUG, "multi_channel_connect", capacity = PEERS);
         let mut eps = [None; PEERS];
         for (p, ep) in eps.iter_mut().enumerate() {
@@ -127,7 +143,7 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
                 *ep = Some(remote(p).ok_or(no_such_peer::<P, PEERS>(p))?);
             }
         }
-        let mut peers = new_slots::<Channel<P, DEPTH, SGES>, PEERS>();
+        let mut peers = new_slots::<Channel<P, DEPTH, SGES, T>, PEERS>();
         for (p, slot) in peers.iter_mut().enumerate() {
             if let (Some(ch), Some(ep)) = (self.peers[p].take(), eps[p]) {
                 *slot = Some(ch.connect(&ep)?);
@@ -136,6 +152,7 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
         Ok(MultiChannel {
             peers,
             outcomes: new_slots(),
+            receives: self.receives,
         })
     }
 }
@@ -147,10 +164,14 @@ pub struct MultiChannel<
     const PEERS: usize,
     const DEPTH: usize = 64,
     const SGES: usize = 4,
+    T: PeerTransport = Rc,
 > {
-    peers: Slots<Channel<P, DEPTH, SGES>, PEERS>,
+    peers: Slots<Channel<P, DEPTH, SGES, T>, PEERS>,
     /// Per peer, the outcome of the last collective or scope that named it.
     outcomes: Slots<Outcome<P::Error>, PEERS>,
+    /// Nothing, or the shared receive queue and its slots (dropped after the channels).
+    #[cfg_attr(not(feature = "std"), allow(dead_code))]
+    receives: T::Receives<P>,
 }
 
 /// One peer's outcome in a multi-peer call: its last receive completion (`None` for
@@ -238,6 +259,21 @@ pub(crate) fn no_such_peer<P: Provider, const PEERS: usize>(peer: usize) -> Erro
     }
 }
 
+/// Which of the indices `0..PEERS` `peers` names; each at most once.
+pub(crate) fn named_peers<P: Provider, const PEERS: usize>(
+    peers: impl IntoIterator<Item = usize>,
+) -> Result<[bool; PEERS], Error<P::Error>> {
+    let mut named = [false; PEERS];
+    for p in peers {
+        let slot = named.get_mut(p).ok_or(no_such_peer::<P, PEERS>(p))?;
+        if *slot {
+            return Err(Error::InvalidAttribute("peer index listed twice"));
+        }
+        *slot = true;
+    }
+    Ok(named)
+}
+
 /// Sequence numbers posted on one peer's channel by one collective call: `first..=last`.
 #[derive(Clone, Copy)]
 pub(crate) struct Span {
@@ -286,14 +322,7 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
         peers: impl IntoIterator<Item = usize>,
         config: &ChannelConfig,
     ) -> Result<PreparedMultiChannel<P, PEERS, DEPTH, SGES>, Error<P::Error>> {
-        let mut named = [false; PEERS];
-        for p in peers {
-            let slot = named.get_mut(p).ok_or(no_such_peer::<P, PEERS>(p))?;
-            if *slot {
-                return Err(Error::InvalidAttribute("peer index listed twice"));
-            }
-            *slot = true;
-        }
+        let named = named_peers::<P, PEERS>(peers)?;
         let mut slots = new_slots::<PreparedChannel<P, DEPTH, SGES>, PEERS>();
         #[cfg_attr(not(feature = "std"), allow(unused_variables))]
         let count = named.iter().filter(|&&n| n).count();
@@ -316,7 +345,10 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
                 let c = shared.clone();
                 *slot = Some(Channel::prepare_shared_with(ctx, pd, c, &send, &recv)?);
             }
-            return Ok(PreparedMultiChannel { peers: slots });
+            return Ok(PreparedMultiChannel {
+                peers: slots,
+                receives: (),
+            });
         }
         for (slot, _) in slots.iter_mut().zip(named).filter(|(_, n)| *n) {
             // An `Arc` with `std`, the configuration itself without.
@@ -324,9 +356,57 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
             let c = shared.clone();
             *slot = Some(Channel::prepare_with(ctx, pd, c)?);
         }
-        Ok(PreparedMultiChannel { peers: slots })
+        Ok(PreparedMultiChannel {
+            peers: slots,
+            receives: (),
+        })
     }
 
+    /// Posts one receive per `(peer, slice)` and waits for all. Returns each peer's
+    /// completion (length, immediate data) at its index. A peer named twice is refused.
+    pub fn gather_receive<'a>(
+        &mut self,
+        recvs: impl IntoIterator<Item = (usize, LocalSliceMut<'a>)>,
+    ) -> Result<[Option<Completion>; PEERS], PeerError<P::Error>> {
+        // At most one receive per peer: check them all before posting any.
+        let mut sges: [Option<Sge>; PEERS] = [None; PEERS];
+        for (p, s) in recvs {
+            let error = match sges.get_mut(p) {
+                _ if !self.has_peer(p) => no_such_peer::<P, PEERS>(p),
+                None => no_such_peer::<P, PEERS>(p),
+                Some(Some(_)) => Error::InvalidAttribute("gather_receive names a peer twice"),
+                Some(slot) => {
+                    *slot = Some(s.sge());
+                    continue;
+                }
+            };
+            return Err(self.peer_error(p, error));
+        }
+        self.collective(
+            (0..PEERS).filter_map(|p| sges[p].map(|sge| (p, Queue::Recv, sge, SendOp::Send, None))),
+        )
+    }
+
+    /// Posts one receive work request to `peer` and returns without waiting.
+    ///
+    /// # Safety
+    /// As [`Channel::post_receive_unpolled`]: the memory named by `sges` must stay valid
+    /// and untouched until the handle has been waited for.
+    pub unsafe fn post_receive_unpolled(
+        &mut self,
+        peer: usize,
+        sges: &[Sge],
+    ) -> Result<PeerPending, Error<P::Error>> {
+        let ch = self.peer(peer)?;
+        // SAFETY: the caller upholds the contract, which is the channel's.
+        let pending = unsafe { ch.post_receive_unpolled(sges)? };
+        Ok(PeerPending { peer, pending })
+    }
+}
+
+impl<P: Provider, T: PeerTransport, const PEERS: usize, const DEPTH: usize, const SGES: usize>
+    MultiChannel<P, PEERS, DEPTH, SGES, T>
+{
     /// Every peer's channel, with its index, for driving them from several threads at once
     /// (each thread its own peers' channels: `std::thread::scope` and a split of this
     /// iterator). Channels on shared completion queues route each other's completions
@@ -363,7 +443,7 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
     /// ```
     pub fn channels_mut(
         &mut self,
-    ) -> impl Iterator<Item = (usize, &mut Channel<P, DEPTH, SGES>)> + '_ {
+    ) -> impl Iterator<Item = (usize, &mut Channel<P, DEPTH, SGES, T>)> + '_ {
         self.peers
             .iter_mut()
             .enumerate()
@@ -371,7 +451,10 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
     }
 
     /// The channel to `peer`, for any per-peer call (blocking, scoped or unpolled).
-    pub fn peer(&mut self, peer: usize) -> Result<&mut Channel<P, DEPTH, SGES>, Error<P::Error>> {
+    pub fn peer(
+        &mut self,
+        peer: usize,
+    ) -> Result<&mut Channel<P, DEPTH, SGES, T>, Error<P::Error>> {
         match self.peers.get_mut(peer) {
             Some(Some(ch)) => Ok(ch),
             _ => Err(no_such_peer::<P, PEERS>(peer)),
@@ -421,31 +504,6 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
         data: LocalSlice<'_>,
     ) -> Result<(), PeerError<P::Error>> {
         self.scatter_send(peers.into_iter().map(|p| (p, data)))
-    }
-
-    /// Posts one receive per `(peer, slice)` and waits for all. Returns each peer's
-    /// completion (length, immediate data) at its index. A peer named twice is refused.
-    pub fn gather_receive<'a>(
-        &mut self,
-        recvs: impl IntoIterator<Item = (usize, LocalSliceMut<'a>)>,
-    ) -> Result<[Option<Completion>; PEERS], PeerError<P::Error>> {
-        // At most one receive per peer: check them all before posting any.
-        let mut sges: [Option<Sge>; PEERS] = [None; PEERS];
-        for (p, s) in recvs {
-            let error = match sges.get_mut(p) {
-                _ if !self.has_peer(p) => no_such_peer::<P, PEERS>(p),
-                None => no_such_peer::<P, PEERS>(p),
-                Some(Some(_)) => Error::InvalidAttribute("gather_receive names a peer twice"),
-                Some(slot) => {
-                    *slot = Some(s.sge());
-                    continue;
-                }
-            };
-            return Err(self.peer_error(p, error));
-        }
-        self.collective(
-            (0..PEERS).filter_map(|p| sges[p].map(|sge| (p, Queue::Recv, sge, SendOp::Send, None))),
-        )
     }
 
     /// Writes each `(peer, slice, remote)`: the slice to the start of the peer's region.
@@ -642,22 +700,6 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
         let ch = self.peer(peer)?;
         // SAFETY: the caller upholds the contract, which is the channel's.
         let pending = unsafe { ch.post_send_unpolled(sges, op, flags)? };
-        Ok(PeerPending { peer, pending })
-    }
-
-    /// Posts one receive work request to `peer` and returns without waiting.
-    ///
-    /// # Safety
-    /// As [`Channel::post_receive_unpolled`]: the memory named by `sges` must stay valid
-    /// and untouched until the handle has been waited for.
-    pub unsafe fn post_receive_unpolled(
-        &mut self,
-        peer: usize,
-        sges: &[Sge],
-    ) -> Result<PeerPending, Error<P::Error>> {
-        let ch = self.peer(peer)?;
-        // SAFETY: the caller upholds the contract, which is the channel's.
-        let pending = unsafe { ch.post_receive_unpolled(sges)? };
         Ok(PeerPending { peer, pending })
     }
 

@@ -3,12 +3,13 @@
 
 use core::marker::PhantomData;
 
-use super::MultiChannel;
+use super::{MultiChannel, PeerTransport};
 use crate::channel::wait::Waiter;
 use crate::channel::{Local, Op, Queue};
 use crate::error::Error;
 use crate::mr::{LocalSlice, LocalSliceMut, RemoteRegion};
 use crate::provider::Provider;
+use crate::qp::Rc;
 
 /// Posts work to many peers inside [`MultiChannel::scope`]. Every buffer handed to it
 /// stays borrowed for `'env`, which outlives the scope, so buffers cannot be touched or
@@ -23,9 +24,15 @@ use crate::provider::Provider;
 /// requests to each of its peers rings one doorbell per peer and queue, and waits for
 /// one send completion per peer. Post errors of the device come with the doorbell: they
 /// become the scope's error (if first) and the peer's [outcome](MultiChannel::outcome).
-pub struct MultiScope<'env, P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
-{
-    mc: &'env mut MultiChannel<P, PEERS, DEPTH, SGES>,
+pub struct MultiScope<
+    'env,
+    P: Provider,
+    const PEERS: usize,
+    const DEPTH: usize,
+    const SGES: usize,
+    T: PeerTransport = Rc,
+> {
+    mc: &'env mut MultiChannel<P, PEERS, DEPTH, SGES, T>,
     /// Where each peer's queues start with this scope's work not yet settled.
     from: Marks<PEERS>,
     first_error: Option<Error<P::Error>>,
@@ -36,8 +43,8 @@ pub struct MultiScope<'env, P: Provider, const PEERS: usize, const DEPTH: usize,
     _env: PhantomData<&'env mut &'env ()>,
 }
 
-impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
-    MultiChannel<P, PEERS, DEPTH, SGES>
+impl<P: Provider, T: PeerTransport, const PEERS: usize, const DEPTH: usize, const SGES: usize>
+    MultiChannel<P, PEERS, DEPTH, SGES, T>
 {
     /// Runs `f` with a [`MultiScope`]; returns once every work request posted in it has
     /// completed (also if `f` panics: what is still staged then is not posted), its waits
@@ -77,10 +84,10 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
     /// let c = a.peer(1).unwrap().queue_pair().raw().counters();
     /// assert_eq!((c.send_doorbells, c.sends_posted, c.send_completions), (1, 2, 1));
     /// ```
-    pub fn scope<'env, T>(
+    pub fn scope<'env, R>(
         &'env mut self,
-        f: impl FnOnce(&mut MultiScope<'env, P, PEERS, DEPTH, SGES>) -> Result<T, Error<P::Error>>,
-    ) -> Result<T, Error<P::Error>> {
+        f: impl FnOnce(&mut MultiScope<'env, P, PEERS, DEPTH, SGES, T>) -> Result<R, Error<P::Error>>,
+    ) -> Result<R, Error<P::Error>> {
         self.outcomes.iter_mut().for_each(|o| *o = None);
         let waiter = self.waiter();
         let mut scope = MultiScope {
@@ -101,8 +108,14 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
     }
 }
 
-impl<'env, P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
-    MultiScope<'env, P, PEERS, DEPTH, SGES>
+impl<
+        'env,
+        P: Provider,
+        T: PeerTransport,
+        const PEERS: usize,
+        const DEPTH: usize,
+        const SGES: usize,
+    > MultiScope<'env, P, PEERS, DEPTH, SGES, T>
 {
     /// Posts `op` to `peer`; returns its `wr_id`. The scope's one way to post on a send
     /// queue: the named methods below are sugar over it.
@@ -169,22 +182,6 @@ impl<'env, P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usiz
         remote: &RemoteRegion,
     ) -> Result<u64, Error<P::Error>> {
         self.post(peer, Op::read(data, remote))
-    }
-
-    /// Posts a receive into `data` from `peer`.
-    pub fn post_receive(
-        &mut self,
-        peer: usize,
-        data: impl IntoIterator<Item = LocalSliceMut<'env>>,
-    ) -> Result<u64, Error<P::Error>> {
-        let ch = self.mc.peer(peer)?;
-        let wr = ch.recv_wr(data.into_iter().map(|s| s.sge()))?;
-        if ch.is_full(Queue::Recv) {
-            self.make_room(peer, Queue::Recv)?;
-        }
-        let seq = self.mc.peer(peer)?.stage_recv(wr)?;
-        self.from.at(Queue::Recv, peer).get_or_insert(seq);
-        Ok(seq)
     }
 
     /// `peer`'s ring for `queue` is full: ring every peer's doorbell (nothing staged stays
@@ -304,8 +301,28 @@ impl<const PEERS: usize> Marks<PEERS> {
     }
 }
 
-impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize> Drop
-    for MultiScope<'_, P, PEERS, DEPTH, SGES>
+impl<'env, P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
+    MultiScope<'env, P, PEERS, DEPTH, SGES>
+{
+    /// Posts a receive into `data` from `peer`.
+    pub fn post_receive(
+        &mut self,
+        peer: usize,
+        data: impl IntoIterator<Item = LocalSliceMut<'env>>,
+    ) -> Result<u64, Error<P::Error>> {
+        let ch = self.mc.peer(peer)?;
+        let wr = ch.recv_wr(data.into_iter().map(|s| s.sge()))?;
+        if ch.is_full(Queue::Recv) {
+            self.make_room(peer, Queue::Recv)?;
+        }
+        let seq = self.mc.peer(peer)?.stage_recv(wr)?;
+        self.from.at(Queue::Recv, peer).get_or_insert(seq);
+        Ok(seq)
+    }
+}
+
+impl<P: Provider, T: PeerTransport, const PEERS: usize, const DEPTH: usize, const SGES: usize> Drop
+    for MultiScope<'_, P, PEERS, DEPTH, SGES, T>
 {
     fn drop(&mut self) {
         // Unwinding out of the closure: posted work may still use the borrowed buffers.

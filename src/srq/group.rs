@@ -10,8 +10,8 @@
 //!   `qp_num`) and the slot, which the caller reads ([`received`](SrqGroup::received))
 //!   and hands back ([`release`](SrqGroup::release)).
 //! - Slots handed back are posted again in one batch once no more than
-//!   [`refill_at`](SrqGroupConfig::refill_at) remain posted, or when the device says the
-//!   SRQ runs low ([`limit`](SrqGroupConfig::limit), the limit event handed to
+//!   [`refill_at`](SlotsConfig::refill_at) remain posted, or when the device says the
+//!   SRQ runs low ([`limit`](SlotsConfig::limit), the limit event handed to
 //!   [`on_async_event`](SrqGroup::on_async_event)). If the caller holds slots until the
 //!   SRQ runs dry, senders wait on RNR NAKs: nothing is lost.
 //! - [`send_buf`](SrqGroup::send_buf) lends a peer's send buffer while no send from it is
@@ -27,12 +27,13 @@
 //! # #[cfg(feature = "sim")] {
 //! use zverbs::provider::sim::Sim;
 //! use zverbs::qp::{RtrOptions, RtsOptions};
-//! use zverbs::srq::{GroupEvent, SrqGroup, SrqGroupConfig};
+//! use zverbs::srq::{GroupEvent, SlotsConfig, SrqGroup, SrqGroupConfig};
 //! use zverbs::Context;
 //! let sim = Sim::with_devices(2);
 //! let (ca, cb) = (Context::open(&sim, "sim0").unwrap(), Context::open(&sim, "sim1").unwrap());
 //! let (pa, pb) = (ca.alloc_pd().unwrap(), cb.alloc_pd().unwrap());
-//! let cfg = SrqGroupConfig { slots: 8, size: 64, refill_at: 2, ..SrqGroupConfig::default() };
+//! let receive = SlotsConfig { slots: 8, size: 64, refill_at: 2, ..SlotsConfig::default() };
+//! let cfg = SrqGroupConfig { receive, ..SrqGroupConfig::default() };
 //! // Two peers on each side, queue pair i of one connected to queue pair i of the other.
 //! let a = SrqGroup::prepare(&ca, &pa, 2, &cfg).unwrap();
 //! let b = SrqGroup::prepare(&cb, &pb, 2, &cfg).unwrap();
@@ -50,65 +51,28 @@
 //! # }
 //! ```
 
-use core::mem::ManuallyDrop;
-use core::ptr::NonNull;
 use core::time::Duration;
-use std::collections::VecDeque;
 use std::time::Instant;
 
-use super::SharedReceiveQueue;
-use crate::cq::CompletionQueue;
+use super::slots::{Memory, RecvSlot, SlotPool, SlotsConfig};
 use crate::device::{Context, ProtectionDomain};
 use crate::error::{verb, Error};
 use crate::provider::Provider;
 use crate::qp::{
     Endpoint, Init, QpConfig, QueuePair, RcOnSrq, ReadyToSend, RtrOptions, RtsOptions,
 };
-use crate::types::{
-    AccessFlags, AsyncEvent, AsyncEventKind, EventElement, RecvWr, SendFlags, SendOp, SendWr, Sge,
-    SrqAttr, WcStatus, WorkCompletion,
-};
+use crate::types::{AsyncEvent, SendFlags, SendOp, SendWr, WcStatus, WorkCompletion};
 use crate::wr_id::GroupId;
 
 /// How an [`SrqGroup`] is made.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 pub struct SrqGroupConfig {
-    /// Receive slots: the SRQ's size (and how many receives it holds at most).
-    pub slots: u32,
-    /// Bytes of each receive slot and of each peer's send buffer.
-    pub size: usize,
-    /// Handed-back slots are posted again once no more than this many remain posted
-    /// (`ibv_srq_pingpong` refills at its number of queue pairs).
-    pub refill_at: u32,
-    /// Arms the SRQ's limit at this many receives (0: not armed): the device raises
-    /// `SRQ_LIMIT_REACHED` when fewer remain posted, and
-    /// [`on_async_event`](SrqGroup::on_async_event) refills at once and arms it again.
-    pub limit: u32,
+    /// The receive slots (their count, size and refill policy); each peer's send buffer
+    /// is `receive.size` bytes too.
+    pub receive: SlotsConfig,
     /// The queue pairs' settings (port, GID index, send depth; their own receive
     /// capacities are not used).
     pub qp: QpConfig,
-}
-
-impl Default for SrqGroupConfig {
-    fn default() -> Self {
-        SrqGroupConfig {
-            slots: 64,
-            size: 4096,
-            refill_at: 16,
-            limit: 0,
-            qp: QpConfig::default(),
-        }
-    }
-}
-
-/// A receive slot holding a message: what [`GroupEvent::Received`] hands out.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RecvSlot {
-    index: u32,
-    /// Bytes the message carried.
-    pub len: u32,
-    /// Its immediate data, if it was sent with some.
-    pub imm: Option<u32>,
 }
 
 /// What [`SrqGroup::poll`] found.
@@ -140,124 +104,22 @@ pub enum GroupEvent {
     },
 }
 
-/// Where a receive slot is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Slot {
-    /// Handed back: to be posted.
-    Free,
-    /// Posted to the SRQ: the device may write it.
-    Posted,
-    /// Its receive completed: the caller may read it.
-    Delivered,
-}
-
-/// The group's registered memory: the receive slots, then one send buffer per peer.
-struct Memory<P: Provider> {
-    /// Deregistered before the memory is freed (`Drop`).
-    mr: ManuallyDrop<P::Mr>,
-    ptr: NonNull<u8>,
-    len: usize,
-    lkey: u32,
-}
-
-impl<P: Provider> Memory<P> {
-    fn new(pd: &ProtectionDomain<P>, len: usize) -> Result<Self, Error<P::Error>> {
-        let ptr = NonNull::from(Box::leak(vec![0u8; len].into_boxed_slice())).cast::<u8>();
-        // SAFETY: the allocation is this value's, freed in `Drop` only after the
-        // registration ends; the group lends no part of it that the device may touch.
-        let mr = unsafe { P::register_mr(&pd.raw, ptr.as_ptr(), len, AccessFlags::LOCAL_WRITE) };
-        let mr = match mr {
-            Ok(mr) => mr,
-            Err(e) => {
-                // SAFETY: leaked above, never registered, not lent.
-                drop(unsafe {
-                    Box::from_raw(core::ptr::slice_from_raw_parts_mut(ptr.as_ptr(), len))
-                });
-                return Err(Error::Provider {
-                    op: "ibv_reg_mr",
-                    source: e,
-                });
-            }
-        };
-        let lkey = P::mr_keys(&mr).0;
-        Ok(Memory {
-            mr: ManuallyDrop::new(mr),
-            ptr,
-            len,
-            lkey,
-        })
-    }
-
-    /// `len` bytes at `at`, as a gather or scatter entry.
-    fn sge(&self, at: usize, len: usize) -> Sge {
-        Sge {
-            addr: self.ptr.as_ptr() as u64 + at as u64,
-            length: len as u32,
-            lkey: self.lkey,
-        }
-    }
-
-    /// `len` bytes at `at`, read.
-    ///
-    /// # Safety
-    /// The device neither writes them now nor until the borrow ends.
-    unsafe fn bytes(&self, at: usize, len: usize) -> &[u8] {
-        debug_assert!(at + len <= self.len);
-        // SAFETY: inside the allocation; the caller vouches for the device.
-        unsafe { core::slice::from_raw_parts(self.ptr.as_ptr().add(at), len) }
-    }
-
-    /// `len` bytes at `at`, written.
-    ///
-    /// # Safety
-    /// The device neither reads nor writes them now nor until the borrow ends.
-    #[allow(clippy::mut_from_ref)]
-    unsafe fn bytes_mut(&self, at: usize, len: usize) -> &mut [u8] {
-        debug_assert!(at + len <= self.len);
-        // SAFETY: inside the allocation; the caller vouches for the device, and the group
-        // lends each range once at a time (`&mut SrqGroup`).
-        unsafe { core::slice::from_raw_parts_mut(self.ptr.as_ptr().add(at), len) }
-    }
-}
-
-impl<P: Provider> Drop for Memory<P> {
-    fn drop(&mut self) {
-        // SAFETY: dropped once, here; deregistered before the memory goes.
-        unsafe { ManuallyDrop::drop(&mut self.mr) };
-        let raw = core::ptr::slice_from_raw_parts_mut(self.ptr.as_ptr(), self.len);
-        // SAFETY: the allocation leaked in `new`, freed once; the device no longer
-        // reaches it (deregistered, and the queue pairs and SRQ dropped before this).
-        drop(unsafe { Box::from_raw(raw) });
-    }
-}
-
-// SAFETY: the memory is a plain byte allocation owned by the value; the registration is a
-// provider handle, Send + Sync by the trait's bounds.
-unsafe impl<P: Provider> Send for Memory<P> {}
-
-/// What both the prepared and the connected group hold. Fields drop in order: the queue,
-/// the SRQ, then the memory (the queue pairs, held beside this, go first).
-struct Parts<P: Provider> {
-    cq: CompletionQueue<P>,
-    srq: SharedReceiveQueue<P>,
-    mem: Memory<P>,
-    slots: Vec<Slot>,
-    /// Slots handed back, oldest first (room for every slot: pushing never allocates).
-    free: VecDeque<u32>,
-    posted: u32,
-    /// Per peer: a send from its buffer is in flight.
-    sending: Vec<bool>,
-    size: usize,
-    refill_at: u32,
-    /// The SRQ limit the group arms (0: none).
-    limit: u32,
-}
-
 /// An [`SrqGroup`] whose queue pairs are not connected yet: their
 /// [`endpoints`](Self::endpoints) go to the peers.
 pub struct PreparedSrqGroup<P: Provider> {
     qps: Vec<QueuePair<P, Init, RcOnSrq>>,
     parts: Parts<P>,
+}
+
+/// What both the prepared and the connected group hold besides the queue pairs (which,
+/// held beside this, drop first): the receive slots, then the send buffers.
+struct Parts<P: Provider> {
+    pool: SlotPool<P>,
+    /// One send buffer of `size` bytes per peer.
+    sends: Memory<P>,
+    /// Per peer: a send from its buffer is in flight.
+    sending: Vec<bool>,
+    size: usize,
 }
 
 /// Connections to `peers` peers receiving through one SRQ (see the module docs).
@@ -274,7 +136,7 @@ impl<P: Provider> SrqGroup<P> {
     ///
     /// # Errors
     /// [`Error::InvalidAttribute`] for no peers, slots or size, or fewer slots than
-    /// `refill_at`; the errors of [`SharedReceiveQueue::create`] and
+    /// `refill_at`; the errors of [`SharedReceiveQueue::create`](super::SharedReceiveQueue::create) and
     /// [`QueuePair::create_on_srq`].
     pub fn prepare(
         ctx: &Context<P>,
@@ -282,45 +144,29 @@ impl<P: Provider> SrqGroup<P> {
         peers: usize,
         cfg: &SrqGroupConfig,
     ) -> Result<PreparedSrqGroup<P>, Error<P::Error>> {
-        let bad = |why| Err(Error::InvalidAttribute(why));
-        if peers == 0 || cfg.slots == 0 || cfg.size == 0 {
-            return bad("an SRQ group needs peers, slots and a size");
+        let rcv = &cfg.receive;
+        if peers == 0 || peers > u32::MAX as usize {
+            return Err(Error::InvalidAttribute("an SRQ group needs peers"));
         }
-        if cfg.refill_at >= cfg.slots || cfg.limit >= cfg.slots || peers > u32::MAX as usize {
-            return bad("refill_at and limit must be below slots");
-        }
-        let Some(len) = (cfg.slots as usize + peers).checked_mul(cfg.size) else {
-            return bad("slots and peers times size overflow");
+        let Some(len) = peers.checked_mul(rcv.size) else {
+            return Err(Error::InvalidAttribute("peers times size overflow"));
         };
-        let depth = (cfg.slots as usize + peers).min(u32::MAX as usize) as u32;
-        let cq = CompletionQueue::create(ctx, depth)?;
-        let attr = SrqAttr {
-            max_wr: cfg.slots,
-            max_sge: 1,
-            srq_limit: 0,
-        };
-        let srq = SharedReceiveQueue::create(ctx, pd, &attr)?;
-        let mem = Memory::new(pd, len)?;
+        let depth = (rcv.slots as usize + peers).min(u32::MAX as usize) as u32;
+        let pool = SlotPool::new(ctx, pd, rcv, depth)?;
+        let sends = Memory::new(pd, len)?;
+        let (cq, srq) = (&pool.backend().cq, &pool.backend().srq);
         let mut qps = Vec::with_capacity(peers);
         for _ in 0..peers {
-            let qp = QueuePair::create_on_srq(ctx, pd, &cq, &cq, &srq, &cfg.qp)?;
+            let qp = QueuePair::create_on_srq(ctx, pd, cq, cq, srq, &cfg.qp)?;
             let qp = qp.into_init(&Default::default()).map_err(|e| e.error)?;
             qps.push(qp);
         }
-        let mut parts = Parts {
-            cq,
-            srq,
-            mem,
-            slots: vec![Slot::Free; cfg.slots as usize],
-            free: (0..cfg.slots).collect(),
-            posted: 0,
+        let parts = Parts {
+            pool,
+            sends,
             sending: vec![false; peers],
-            size: cfg.size,
-            refill_at: cfg.refill_at,
-            limit: cfg.limit,
+            size: rcv.size,
         };
-        parts.refill()?;
-        parts.arm()?;
         Ok(PreparedSrqGroup { qps, parts })
     }
 }
@@ -364,45 +210,6 @@ impl<P: Provider> PreparedSrqGroup<P> {
     }
 }
 
-impl<P: Provider> Parts<P> {
-    /// Arms the SRQ's limit, if the group has one.
-    fn arm(&self) -> Result<(), Error<P::Error>> {
-        match self.limit {
-            0 => Ok(()),
-            limit => self.srq.arm_limit(limit),
-        }
-    }
-
-    /// Posts the free slots, oldest first, in chains of up to 32.
-    fn refill(&mut self) -> Result<(), Error<P::Error>> {
-        const CHAIN: usize = 32;
-        let mut wrs = [RecvWr::<1>::new(0); CHAIN];
-        while !self.free.is_empty() {
-            let n = self.free.len().min(CHAIN);
-            for (wr, &slot) in wrs.iter_mut().zip(self.free.iter()) {
-                *wr = RecvWr::new(GroupId::Recv(slot).encode());
-                wr.sg_list[0] = self.mem.sge(slot as usize * self.size, self.size);
-                wr.num_sge = 1;
-            }
-            // SAFETY: the slots are free (no borrow of them is lent: `received` lends only
-            // delivered ones), inside the group's memory, which outlives the SRQ.
-            let posted = unsafe { self.srq.post_recv(&wrs[..n]) };
-            let done = posted.as_ref().map_or_else(|e| e.index, |()| n);
-            for slot in self.free.drain(..done) {
-                self.slots[slot as usize] = Slot::Posted;
-            }
-            self.posted += done as u32;
-            if let Err(e) = posted {
-                return Err(Error::Provider {
-                    op: "ibv_post_srq_recv",
-                    source: e.error,
-                });
-            }
-        }
-        Ok(())
-    }
-}
-
 impl<P: Provider> SrqGroup<P> {
     /// Its number of peers.
     pub fn peers(&self) -> usize {
@@ -418,20 +225,18 @@ impl<P: Provider> SrqGroup<P> {
     pub fn poll(&mut self, out: &mut [GroupEvent]) -> Result<usize, Error<P::Error>> {
         let mut wcs = [WorkCompletion::EMPTY; 16];
         let want = out.len().min(wcs.len());
-        let n = self.parts.cq.poll(&mut wcs[..want])?;
+        let n = self.parts.pool.cq().poll(&mut wcs[..want])?;
         for (wc, ev) in wcs[..n].iter().zip(out.iter_mut()) {
             *ev = self.take(wc)?;
         }
-        if self.parts.posted <= self.parts.refill_at {
-            self.parts.refill()?;
-        }
+        self.parts.pool.refill_if_low()?;
         Ok(n)
     }
 
     /// Hands the group an asynchronous event of its device (from
     /// [`Context::next_async_event`](crate::Context::next_async_event) in the program's
     /// event loop): `SRQ_LIMIT_REACHED` for the group's SRQ (fewer than
-    /// [`limit`](SrqGroupConfig::limit) receives posted) refills it with every slot handed
+    /// [`limit`](SlotsConfig::limit) receives posted) refills it with every slot handed
     /// back and arms the limit again; returns whether the event was the group's. The
     /// event may come late, after a refill by [`poll`](Self::poll) or
     /// [`release`](Self::release): then it only arms again (posting twice is impossible:
@@ -440,13 +245,7 @@ impl<P: Provider> SrqGroup<P> {
     /// # Errors
     /// The provider's error from the refill or the arm.
     pub fn on_async_event(&mut self, ev: &AsyncEvent) -> Result<bool, Error<P::Error>> {
-        let mine = EventElement::Srq(self.parts.srq.key());
-        if ev.kind != AsyncEventKind::SrqLimitReached || ev.element != mine {
-            return Ok(false);
-        }
-        self.parts.refill()?;
-        self.parts.arm()?;
-        Ok(true)
+        self.parts.pool.on_async_event(ev)
     }
 
     /// [`poll`](Self::poll) until it finds something or `timeout` passes (then `Ok(0)`).
@@ -486,30 +285,15 @@ impl<P: Provider> SrqGroup<P> {
                     },
                 })
             }
-            (Some(GroupId::Recv(s)), Some(peer))
-                if p.slots.get(s as usize) == Some(&Slot::Posted) =>
-            {
-                p.posted -= 1;
-                if !ok {
-                    p.slots[s as usize] = Slot::Free;
-                    p.free.push_back(s);
-                    return Ok(GroupEvent::Failed {
-                        peer,
-                        send: false,
-                        status: wc.status,
-                    });
-                }
-                p.slots[s as usize] = Slot::Delivered;
-                let len = wc.byte_len.min(p.size as u32);
-                Ok(GroupEvent::Received {
+            (Some(GroupId::Recv(s)), Some(peer)) => match p.pool.complete(s, wc) {
+                Some(Ok(slot)) => Ok(GroupEvent::Received { peer, slot }),
+                Some(Err(status)) => Ok(GroupEvent::Failed {
                     peer,
-                    slot: RecvSlot {
-                        index: s,
-                        len,
-                        imm: wc.imm,
-                    },
-                })
-            }
+                    send: false,
+                    status,
+                }),
+                None => Err(unexpected),
+            },
             _ => Err(unexpected),
         }
     }
@@ -519,13 +303,7 @@ impl<P: Provider> SrqGroup<P> {
     /// # Errors
     /// [`Error::InvalidAttribute`] for a slot not holding a message (handed back already).
     pub fn received(&self, slot: RecvSlot) -> Result<&[u8], Error<P::Error>> {
-        let p = &self.parts;
-        if p.slots.get(slot.index as usize) != Some(&Slot::Delivered) {
-            return Err(Error::InvalidAttribute("the slot holds no message"));
-        }
-        // SAFETY: a delivered slot is not posted: the device does not write it until it is
-        // handed back (`release`, which takes `&mut self`, so not while this borrow lives).
-        Ok(unsafe { p.mem.bytes(slot.index as usize * p.size, slot.len as usize) })
+        self.parts.pool.received(slot)
     }
 
     /// Hands `slot` back, to be posted again (at once if the SRQ runs low).
@@ -534,17 +312,7 @@ impl<P: Provider> SrqGroup<P> {
     /// [`Error::InvalidAttribute`] for a slot not holding a message; the provider's error
     /// from the refill.
     pub fn release(&mut self, slot: RecvSlot) -> Result<(), Error<P::Error>> {
-        let p = &mut self.parts;
-        let s = p.slots.get_mut(slot.index as usize);
-        let Some(s @ Slot::Delivered) = s else {
-            return Err(Error::InvalidAttribute("the slot holds no message"));
-        };
-        *s = Slot::Free;
-        p.free.push_back(slot.index);
-        if p.posted <= p.refill_at {
-            p.refill()?;
-        }
-        Ok(())
+        self.parts.pool.release(slot)
     }
 
     /// `peer`'s send buffer, while no send from it is in flight.
@@ -555,7 +323,7 @@ impl<P: Provider> SrqGroup<P> {
         let at = self.send_at(peer)?;
         // SAFETY: no send from this buffer is in flight (checked), so the device does not
         // read it; it is lent once (`&mut self`).
-        Ok(unsafe { self.parts.mem.bytes_mut(at, self.parts.size) })
+        Ok(unsafe { self.parts.sends.bytes_mut(at, self.parts.size) })
     }
 
     /// Sends the first `len` bytes of `peer`'s send buffer (signaled);
@@ -576,7 +344,7 @@ impl<P: Provider> SrqGroup<P> {
             SendOp::Send,
             SendFlags::SIGNALED,
         );
-        wr.sg_list[0] = self.parts.mem.sge(at, len);
+        wr.sg_list[0] = self.parts.sends.sge(at, len);
         wr.num_sge = 1;
         // SAFETY: the buffer lies in the group's memory, which outlives the queue pair, and
         // is not lent while the send is in flight (`sending`, set below).
@@ -595,7 +363,7 @@ impl<P: Provider> SrqGroup<P> {
                 capacity: self.qps.len(),
             }),
             Some(true) => Err(Error::QueueFull { capacity: 1 }),
-            Some(false) => Ok((p.slots.len() + peer) * p.size),
+            Some(false) => Ok(peer * p.size),
         }
     }
 }

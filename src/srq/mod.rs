@@ -37,9 +37,15 @@
 
 #[cfg(feature = "std")]
 mod group;
+#[cfg(feature = "std")]
+mod slots;
 
 #[cfg(feature = "std")]
-pub use group::{GroupEvent, PreparedSrqGroup, RecvSlot, SrqGroup, SrqGroupConfig};
+pub use group::{GroupEvent, PreparedSrqGroup, SrqGroup, SrqGroupConfig};
+#[cfg(feature = "std")]
+pub(crate) use slots::{Backend, SlotPool};
+#[cfg(feature = "std")]
+pub use slots::{RecvSlot, SlotsConfig};
 
 use core::fmt;
 

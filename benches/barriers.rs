@@ -55,6 +55,7 @@ fn world(n: usize, algorithm: Algorithm, layout: CqLayout) -> Vec<BNode> {
             completion_queues: layout,
             ..ChannelConfig::default()
         },
+        ..NodeConfig::default()
     };
     let sim = Sim::with_devices(n);
     let prepared: Vec<_> = (0..n)

@@ -39,10 +39,13 @@
 use std::error::Error as StdError;
 use std::time::{Duration, Instant};
 
+use zverbs::multi_channel::PeerTransport;
 use zverbs::node::barrier::{self, rounds, Algorithm};
 use zverbs::node::{Node, NodeConfig, NodeError, PreparedNode};
 use zverbs::provider::sim::{FabricConfig, Sim, SimError};
-use zverbs::{AccessFlags, Channel, Context, Endpoint, Pending, ProtectionDomain, SendFlags};
+use zverbs::qp::{Rc, RcOnSrq};
+use zverbs::srq::SlotsConfig;
+use zverbs::{AccessFlags, Context, Endpoint, Pending, ProtectionDomain, SendFlags, Sge};
 
 #[global_allocator]
 static GLOBAL: zverbs_testkit::CountingAlloc = zverbs_testkit::CountingAlloc;
@@ -67,8 +70,16 @@ const TREE_PEERS: usize = 3;
 const ROOT_PEERS: usize = 8192;
 /// Bytes each scatter write carries.
 const PIECE: usize = 64;
+/// With `--receives srq`: each node's receive slots, shared by its peers (what a node that
+/// takes small messages from any peer might hold; the barriers and the scatter are writes
+/// and use none).
+const SRQ_SLOTS: SlotsConfig = SlotsConfig {
+    slots: 16,
+    size: 64,
+    refill_at: 4,
+    limit: 0,
+};
 
-type Chan = Channel<Sim, DEPTH, SGES>;
 type NodeResult<T> = core::result::Result<T, NodeError<SimError>>;
 /// The data and barrier endpoints one rank made for another.
 type Eps = (Endpoint, zverbs::RemoteRegion);
@@ -77,21 +88,44 @@ type Eps = (Endpoint, zverbs::RemoteRegion);
 trait Rank {
     fn start(&mut self) -> NodeResult<()>;
     fn poll(&mut self) -> NodeResult<bool>;
-    /// The data channel to `rank`.
-    fn data(&mut self, rank: usize) -> Option<&mut Chan>;
+    /// Posts a write of `sge` to `target` on the data channel to `rank`, unpolled.
+    ///
+    /// # Safety
+    /// As `Channel::post_send_unpolled`.
+    unsafe fn write(
+        &mut self,
+        rank: usize,
+        sge: Sge,
+        target: &zverbs::RemoteRegion,
+    ) -> Result<Pending>;
+    /// `Channel::try_complete` on the data channel to `rank`: `None` when done.
+    fn try_complete(&mut self, rank: usize, p: Pending) -> Result<Option<Pending>>;
     fn peers(&self) -> usize;
 }
 
-impl<const PEERS: usize> Rank for Node<Sim, PEERS, DEPTH, SGES> {
+impl<const PEERS: usize, T: PeerTransport> Rank for Node<Sim, PEERS, DEPTH, SGES, T> {
     fn start(&mut self) -> NodeResult<()> {
         self.start_barrier_all()
     }
     fn poll(&mut self) -> NodeResult<bool> {
         self.poll_barrier()
     }
-    fn data(&mut self, rank: usize) -> Option<&mut Chan> {
-        let i = self.peer_index(rank)?;
-        self.channels().peer(i).ok()
+    unsafe fn write(
+        &mut self,
+        rank: usize,
+        sge: Sge,
+        target: &zverbs::RemoteRegion,
+    ) -> Result<Pending> {
+        let i = self
+            .peer_index(rank)
+            .ok_or("no data channel to a partner")?;
+        let ch = self.channels().peer(i)?;
+        // SAFETY: the caller's contract.
+        Ok(unsafe { ch.post_send_unpolled(&[sge], target.write_op(), SendFlags::empty()) }?)
+    }
+    fn try_complete(&mut self, rank: usize, p: Pending) -> Result<Option<Pending>> {
+        let i = self.peer_index(rank).ok_or("no data channel")?;
+        Ok(self.channels().peer(i)?.try_complete(p)?.err())
     }
     fn peers(&self) -> usize {
         Node::peers(self).count()
@@ -106,16 +140,17 @@ struct World {
     queue_pairs: usize,
 }
 
-fn prepared<const PEERS: usize>(
+fn prepared<const PEERS: usize, T: PeerTransport>(
     ctx: &Context<Sim>,
     pd: &ProtectionDomain<Sim>,
     alg: Algorithm,
     r: usize,
     n: usize,
-) -> Result<PreparedNode<Sim, PEERS, DEPTH, SGES>> {
+) -> Result<PreparedNode<Sim, PEERS, DEPTH, SGES, T>> {
     let cfg = NodeConfig {
         algorithm: alg,
         barrier_timeout: None,
+        receive_slots: SRQ_SLOTS,
         ..NodeConfig::default()
     };
     let peers = barrier::neighbours(alg, r, n);
@@ -123,8 +158,8 @@ fn prepared<const PEERS: usize>(
 }
 
 /// Connects `prep` with the endpoints its peers made for it.
-fn connect<const PEERS: usize>(
-    prep: PreparedNode<Sim, PEERS, DEPTH, SGES>,
+fn connect<const PEERS: usize, T: PeerTransport + 'static>(
+    prep: PreparedNode<Sim, PEERS, DEPTH, SGES, T>,
     eps: impl Fn(usize) -> Option<Eps>,
 ) -> Result<Box<dyn Rank>> {
     Ok(Box::new(prep.connect(eps)?))
@@ -132,14 +167,14 @@ fn connect<const PEERS: usize>(
 
 /// Prepared nodes of every capacity in one list (the centralized root and a dissemination
 /// node are big).
-enum Prep {
-    Dissemination(Box<PreparedNode<Sim, DISSEMINATION_PEERS, DEPTH, SGES>>),
-    Tree(PreparedNode<Sim, TREE_PEERS, DEPTH, SGES>),
-    Root(Box<PreparedNode<Sim, ROOT_PEERS, DEPTH, SGES>>),
-    Leaf(PreparedNode<Sim, 1, DEPTH, SGES>),
+enum Prep<T: PeerTransport> {
+    Dissemination(Box<PreparedNode<Sim, DISSEMINATION_PEERS, DEPTH, SGES, T>>),
+    Tree(PreparedNode<Sim, TREE_PEERS, DEPTH, SGES, T>),
+    Root(Box<PreparedNode<Sim, ROOT_PEERS, DEPTH, SGES, T>>),
+    Leaf(PreparedNode<Sim, 1, DEPTH, SGES, T>),
 }
 
-impl Prep {
+impl<T: PeerTransport> Prep<T> {
     fn endpoints(&self, peer: usize) -> Option<Eps> {
         match self {
             Prep::Dissemination(p) => p.endpoints(peer).ok(),
@@ -150,7 +185,7 @@ impl Prep {
     }
 }
 
-fn build(alg: Algorithm, n: usize, seed: u64) -> Result<World> {
+fn build<T: PeerTransport + 'static>(alg: Algorithm, n: usize, seed: u64) -> Result<World> {
     let sim = Sim::with_config(
         FabricConfig {
             auto_step: false,
@@ -160,7 +195,7 @@ fn build(alg: Algorithm, n: usize, seed: u64) -> Result<World> {
         n,
     );
     let mut pds = Vec::with_capacity(n);
-    let mut preps = Vec::with_capacity(n);
+    let mut preps = Vec::<Prep<T>>::with_capacity(n);
     for r in 0..n {
         let ctx = Context::open(&sim, &format!("sim{r}"))?;
         let pd = ctx.alloc_pd()?;
@@ -290,13 +325,9 @@ fn scatter_run(w: &mut World) -> Result<Run> {
             let to = (rank + (1 << k)) % n;
             let at = ((k + 1) * PIECE) as u64;
             let target = remotes[to].slice(at..at + PIECE as u64)?;
-            let ch = w.nodes[rank]
-                .data(to)
-                .ok_or("no data channel to a partner")?;
             // SAFETY: the source lives in `memory`, which outlives every write (all are
             // completed below before it is dropped) and is not written meanwhile.
-            let p =
-                unsafe { ch.post_send_unpolled(&[sge], target.write_op(), SendFlags::empty()) }?;
+            let p = unsafe { w.nodes[rank].write(to, sge, &target) }?;
             pending.push((rank, to, p));
         }
     }
@@ -304,8 +335,7 @@ fn scatter_run(w: &mut World) -> Result<Run> {
     while !pending.is_empty() {
         let mut left = Vec::with_capacity(pending.len());
         for (rank, to, p) in pending.drain(..) {
-            let ch = w.nodes[rank].data(to).ok_or("no data channel")?;
-            if let Err(p) = ch.try_complete(p)? {
+            if let Some(p) = w.nodes[rank].try_complete(to, p)? {
                 left.push((rank, to, p));
             }
         }
@@ -358,6 +388,17 @@ struct Cli {
     /// The fabric's seed
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Where a node's peers receive: each its own receive queue, or one shared receive
+    /// queue per node (16 slots of 64 bytes)
+    #[arg(long, value_enum, default_value = "own")]
+    receives: Receives,
+}
+
+/// `--receives`.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
+enum Receives {
+    Own,
+    Srq,
 }
 
 /// `--only`.
@@ -393,7 +434,10 @@ fn sweep() -> Result<()> {
         Only::Centralized => Algorithm::Centralized,
     });
     let one_way = Duration::from_nanos(FabricConfig::default().link.latency_ns);
-    println!("barrier_scale: stepped simulator, seed {seed}, one-way latency {one_way:?}");
+    println!(
+        "barrier_scale: stepped simulator, seed {seed}, one-way latency {one_way:?}, receives: {:?}",
+        args.receives
+    );
     println!(
         "{:<14} {:>6} {:>10} {:>6} {:>10} {:>10} {:>10} {:>9} {:>8} {:>8}",
         "algorithm",
@@ -425,7 +469,11 @@ fn sweep() -> Result<()> {
         while n <= top {
             zverbs_testkit::process::reset();
             let base = zverbs_testkit::process::live_bytes();
-            let mut w = build(alg, n, seed).map_err(|e| format!("{alg:?}, N = {n}: {e}"))?;
+            let w = match args.receives {
+                Receives::Own => build::<Rc>(alg, n, seed),
+                Receives::Srq => build::<RcOnSrq>(alg, n, seed),
+            };
+            let mut w = w.map_err(|e| format!("{alg:?}, N = {n}: {e}"))?;
             let r =
                 barrier_run(&mut w).map_err(|e| format!("{alg:?}, N = {n}, seed {seed}: {e}"))?;
             let peak = zverbs_testkit::process::peak_bytes() - base;

@@ -334,6 +334,7 @@ mod world {
                 algorithm: alg,
                 barrier_timeout: Some(TIMEOUT),
                 channel: *channel,
+                ..NodeConfig::default()
             };
             let prepared = Node::<P, CAP, 16, 1>::prepare(ctx, &pd, rank, n, &cfg)
                 .map_err(|e| e.to_string())?;

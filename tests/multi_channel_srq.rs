@@ -341,3 +341,60 @@ fn receiving_and_handing_back_does_not_allocate() {
     });
     assert_eq!((n, allocs.count), (2, 0), "allocations on the data path");
 }
+
+#[test]
+fn nodes_on_an_srq_run_barriers_and_take_messages_from_any_peer() {
+    use zverbs::node::{Node, NodeConfig};
+    const N: usize = 3;
+    let sim = Sim::with_devices(N);
+    let ctx: Vec<_> = (0..N)
+        .map(|i| Context::open(&sim, &format!("sim{i}")).unwrap())
+        .collect();
+    let pd: Vec<_> = ctx.iter().map(|c| c.alloc_pd().unwrap()).collect();
+    let cfg = NodeConfig {
+        receive_slots: slots(4, 16, 1),
+        ..NodeConfig::default()
+    };
+    let prepared: Vec<_> = (0..N)
+        .map(|r| Node::<Sim, N, 4, 1, RcOnSrq>::prepare(&ctx[r], &pd[r], r, N, &cfg).unwrap())
+        .collect();
+    let eps: Vec<Vec<_>> = prepared
+        .iter()
+        .map(|p| (0..N).map(|peer| p.endpoints(peer).ok()).collect())
+        .collect();
+    let nodes: Vec<_> = prepared
+        .into_iter()
+        .enumerate()
+        .map(|(r, p)| p.connect(|peer| eps[peer][r]).unwrap())
+        .collect();
+    std::thread::scope(|t| {
+        for (mut node, pd) in nodes.into_iter().zip(&pd) {
+            t.spawn(move || {
+                let r = node.rank();
+                node.barrier_all().unwrap();
+                if r == 0 {
+                    let mut got = [Received::NONE; 2];
+                    let mut n = 0;
+                    while n < 2 {
+                        n += node.channels().gather_receive(&mut got[n..]).unwrap();
+                    }
+                    let mut from: Vec<_> = got
+                        .iter()
+                        .map(|m| (m.peer, node.channels().received(m.slot).unwrap().to_vec()))
+                        .collect();
+                    from.sort();
+                    assert_eq!(from, [(1, vec![1]), (2, vec![2])]);
+                } else {
+                    let mut msg = [r as u8];
+                    let msg = pd.register(&mut msg).unwrap();
+                    node.channels()
+                        .peer(0)
+                        .unwrap()
+                        .send([msg.slice(..).unwrap()])
+                        .unwrap();
+                }
+                node.barrier_all().unwrap();
+            });
+        }
+    });
+}

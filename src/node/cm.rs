@@ -19,6 +19,8 @@
 //! from the top down. A peer not listening yet (ranks start at different moments) is
 //! asked again after 10 ms. One deadline bounds it all.
 
+use crate::multi_channel::PeerTransport;
+use crate::qp::Rc;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 use std::vec::Vec;
@@ -70,13 +72,18 @@ impl<P: ConnectionManager> CmLinks<P> {
 }
 
 /// A node connected through the manager, and the links that keep its connections.
-pub type CmConnected<P, const PEERS: usize, const DEPTH: usize, const SGES: usize> = Result<
-    (Node<P, PEERS, DEPTH, SGES>, CmLinks<P>),
+pub type CmConnected<P, const PEERS: usize, const DEPTH: usize, const SGES: usize, T = Rc> = Result<
+    (Node<P, PEERS, DEPTH, SGES, T>, CmLinks<P>),
     NodeError<<P as crate::provider::Provider>::Error>,
 >;
 
-impl<P: ConnectionManager, const PEERS: usize, const DEPTH: usize, const SGES: usize>
-    PreparedNode<P, PEERS, DEPTH, SGES>
+impl<
+        P: ConnectionManager,
+        T: PeerTransport,
+        const PEERS: usize,
+        const DEPTH: usize,
+        const SGES: usize,
+    > PreparedNode<P, PEERS, DEPTH, SGES, T>
 {
     /// Connects to every peer through the connection manager (see the module docs):
     /// `listener` listens at this rank's address, `addrs[r]` is where rank `r` listens
@@ -128,7 +135,7 @@ impl<P: ConnectionManager, const PEERS: usize, const DEPTH: usize, const SGES: u
         addrs: &[SocketAddr],
         src: Option<IpAddr>,
         timeout: Duration,
-    ) -> CmConnected<P, PEERS, DEPTH, SGES> {
+    ) -> CmConnected<P, PEERS, DEPTH, SGES, T> {
         let deadline = Deadline::after(timeout);
         let (rank, world) = (self.map.rank, self.map.world);
         if addrs.len() != world {

@@ -42,7 +42,7 @@ use std::boxed::Box;
 
 use core::sync::atomic::{AtomicU64, Ordering};
 
-use crate::channel::Channel;
+use crate::channel::{Channel, ChannelTransport};
 use crate::device::ProtectionDomain;
 use crate::error::{verb, Error};
 use crate::mr::RemoteRegion;
@@ -142,9 +142,9 @@ impl<P: Provider, const PEERS: usize> Flags<P, PEERS> {
 
     /// Writes message `imm` of a barrier of parity `epoch & 1` to peer `p` over `ch`,
     /// `p`'s data channel. One write is in flight per peer at most.
-    pub(super) fn send<const DEPTH: usize, const SGES: usize>(
+    pub(super) fn send<T: ChannelTransport, const DEPTH: usize, const SGES: usize>(
         &mut self,
-        ch: &mut Channel<P, DEPTH, SGES>,
+        ch: &mut Channel<P, DEPTH, SGES, T>,
         p: usize,
         epoch: u32,
         imm: u32,
@@ -174,9 +174,9 @@ impl<P: Provider, const PEERS: usize> Flags<P, PEERS> {
 
     /// Redeems the write to `p` over `ch` if it completed: `Ok(true)` when none is in
     /// flight any more.
-    pub(super) fn reap<const DEPTH: usize, const SGES: usize>(
+    pub(super) fn reap<T: ChannelTransport, const DEPTH: usize, const SGES: usize>(
         &mut self,
-        ch: &mut Channel<P, DEPTH, SGES>,
+        ch: &mut Channel<P, DEPTH, SGES, T>,
         p: usize,
     ) -> Result<bool, Error<P::Error>> {
         if !self.in_flight(p) {

@@ -17,6 +17,11 @@
 //! A barrier allocates nothing. Its writes take one slot of the data channel's send ring
 //! while in flight; a barrier returns only once they are acknowledged.
 //!
+//! The peers' channels may share one receive queue (`Node<P, PEERS, DEPTH, SGES, RcOnSrq>`,
+//! its slots in [`NodeConfig::receive_slots`]): then a node keeps no receive ring, inbox or
+//! queue per peer, and messages from any peer arrive through
+//! [`channels`](Node::channels)`().gather_receive` (see [`MultiChannel`]'s SRQ form).
+//!
 //! The flag array accepts writes from every peer under one remote key (one region, as any
 //! RDMA window): every message read from it is checked (its kind, round and the pair's
 //! barrier count; anything else is [`NodeError::Protocol`]; a word whose two halves
@@ -77,15 +82,17 @@ use core::time::Duration;
 
 use crate::channel::ChannelConfig;
 use crate::error::{Error, ErrorKind, ProviderError};
+use crate::srq::SlotsConfig;
 use barrier::{Algorithm, BarrierError};
 #[cfg(feature = "std")]
 use {
     crate::channel::wait::Waiter,
     crate::device::{Context, ProtectionDomain},
     crate::mr::RemoteRegion,
-    crate::multi_channel::{MultiChannel, PreparedMultiChannel},
+    crate::multi_channel::{MultiChannel, PeerTransport, PreparedMultiChannel},
     crate::provider::Provider,
     crate::qp::Endpoint,
+    crate::qp::Rc,
     crate::types::AccessFlags,
     barrier::BarrierMachine,
     flags::Flags,
@@ -102,6 +109,12 @@ pub struct NodeConfig {
     pub algorithm: Algorithm,
     /// How long a barrier waits before it fails and poisons the node; `None` waits forever.
     pub barrier_timeout: Option<Duration>,
+    /// The receive slots of a node whose peers share one receive queue
+    /// (`Node<P, PEERS, DEPTH, SGES, RcOnSrq>`; see [`MultiChannel::prepare_on_srq`]).
+    /// Unused by a node whose channels have receive queues of their own (the default).
+    ///
+    /// [`MultiChannel::prepare_on_srq`]: crate::MultiChannel::prepare_on_srq
+    pub receive_slots: SlotsConfig,
 }
 
 impl Default for NodeConfig {
@@ -110,6 +123,7 @@ impl Default for NodeConfig {
             channel: ChannelConfig::default(),
             algorithm: Algorithm::Dissemination,
             barrier_timeout: Some(Duration::from_secs(10)),
+            receive_slots: SlotsConfig::default(),
         }
     }
 }
@@ -252,16 +266,17 @@ pub struct PreparedNode<
     const PEERS: usize,
     const DEPTH: usize = 64,
     const SGES: usize = 4,
+    T: PeerTransport = Rc,
 > {
     map: PeerMap<PEERS>,
     config: NodeConfig,
-    data: PreparedMultiChannel<P, PEERS, DEPTH, SGES>,
+    data: PreparedMultiChannel<P, PEERS, DEPTH, SGES, T>,
     flags: Flags<P, PEERS>,
 }
 
 #[cfg(feature = "std")]
-impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
-    PreparedNode<P, PEERS, DEPTH, SGES>
+impl<P: Provider, T: PeerTransport, const PEERS: usize, const DEPTH: usize, const SGES: usize>
+    PreparedNode<P, PEERS, DEPTH, SGES, T>
 {
     /// This node's rank.
     pub fn rank(&self) -> usize {
@@ -289,7 +304,7 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
     pub fn connect(
         mut self,
         mut remote: impl FnMut(usize) -> Option<(Endpoint, RemoteRegion)>,
-    ) -> Result<Node<P, PEERS, DEPTH, SGES>, NodeError<P::Error>> {
+    ) -> Result<Node<P, PEERS, DEPTH, SGES, T>, NodeError<P::Error>> {
         crate::trace::span!(
             INFO,
             "node_connect",
@@ -333,11 +348,17 @@ pub use tables::Connected;
 
 /// A rank of a world: data channels to every peer, and barriers. See the module docs.
 #[cfg(feature = "std")]
-pub struct Node<P: Provider, const PEERS: usize, const DEPTH: usize = 64, const SGES: usize = 4> {
+pub struct Node<
+    P: Provider,
+    const PEERS: usize,
+    const DEPTH: usize = 64,
+    const SGES: usize = 4,
+    T: PeerTransport = Rc,
+> {
     map: PeerMap<PEERS>,
     config: NodeConfig,
     /// Dropped before `flags`: no queue pair is left to write the array when it is freed.
-    data: MultiChannel<P, PEERS, DEPTH, SGES>,
+    data: MultiChannel<P, PEERS, DEPTH, SGES, T>,
     flags: Flags<P, PEERS>,
     /// The barrier running, from its start until it completes or fails.
     running: Option<BarrierMachine<PEERS>>,
@@ -349,8 +370,8 @@ pub struct Node<P: Provider, const PEERS: usize, const DEPTH: usize = 64, const 
 }
 
 #[cfg(feature = "std")]
-impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
-    Node<P, PEERS, DEPTH, SGES>
+impl<P: Provider, T: PeerTransport, const PEERS: usize, const DEPTH: usize, const SGES: usize>
+    Node<P, PEERS, DEPTH, SGES, T>
 {
     /// Creates the queue pairs of rank `rank` in a world of `world` ranks, to every other
     /// rank (`world` at most `PEERS`); peer index = rank.
@@ -360,7 +381,7 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
         rank: usize,
         world: usize,
         config: &NodeConfig,
-    ) -> Result<PreparedNode<P, PEERS, DEPTH, SGES>, NodeError<P::Error>> {
+    ) -> Result<PreparedNode<P, PEERS, DEPTH, SGES, T>, NodeError<P::Error>> {
         if rank >= world || world > PEERS || world > MAX_WORLD {
             return Err(NodeError::InvalidRank { rank, world });
         }
@@ -396,7 +417,7 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
         world: usize,
         peers: impl IntoIterator<Item = usize>,
         config: &NodeConfig,
-    ) -> Result<PreparedNode<P, PEERS, DEPTH, SGES>, NodeError<P::Error>> {
+    ) -> Result<PreparedNode<P, PEERS, DEPTH, SGES, T>, NodeError<P::Error>> {
         if rank >= world || world > MAX_WORLD {
             return Err(NodeError::InvalidRank { rank, world });
         }
@@ -412,10 +433,11 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
         pd: &ProtectionDomain<P>,
         map: PeerMap<PEERS>,
         config: &NodeConfig,
-    ) -> Result<PreparedNode<P, PEERS, DEPTH, SGES>, NodeError<P::Error>> {
+    ) -> Result<PreparedNode<P, PEERS, DEPTH, SGES, T>, NodeError<P::Error>> {
         let mut config = *config;
         config.channel.init.access |= AccessFlags::REMOTE_WRITE;
-        let data = MultiChannel::prepare(ctx, pd, map.indices(), &config.channel)?;
+        let (channel, slots) = (&config.channel, &config.receive_slots);
+        let data = T::prepare::<P, PEERS, DEPTH, SGES>(ctx, pd, map.indices(), channel, slots)?;
         let flags = Flags::new(pd)?;
         Ok(PreparedNode {
             map,
@@ -453,7 +475,7 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
 
     /// The data channels to the peers, by peer index ([`peer_index`](Self::peer_index):
     /// the rank, for a node of every rank).
-    pub fn channels(&mut self) -> &mut MultiChannel<P, PEERS, DEPTH, SGES> {
+    pub fn channels(&mut self) -> &mut MultiChannel<P, PEERS, DEPTH, SGES, T> {
         &mut self.data
     }
 

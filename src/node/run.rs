@@ -8,10 +8,11 @@ use super::flags::{word_of, Flags};
 use super::{wire, Node, NodeError};
 use crate::channel::wait::Waiter;
 use crate::multi_channel::MultiChannel;
+use crate::multi_channel::PeerTransport;
 use crate::provider::Provider;
 
-impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
-    Node<P, PEERS, DEPTH, SGES>
+impl<P: Provider, T: PeerTransport, const PEERS: usize, const DEPTH: usize, const SGES: usize>
+    Node<P, PEERS, DEPTH, SGES, T>
 {
     /// A barrier among all ranks.
     pub fn barrier_all(&mut self) -> Result<(), NodeError<P::Error>> {
@@ -334,19 +335,32 @@ fn classify<E>(from: usize, imm: u32, pair_epoch: u32) -> Result<Msg, NodeError<
 
 /// Where a machine's messages go: writes into the partners' flag arrays over the data
 /// channels. Errors wait in `failed` (the machine's callback cannot return one).
-struct Out<'a, P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize> {
-    data: &'a mut MultiChannel<P, PEERS, DEPTH, SGES>,
+struct Out<
+    'a,
+    P: Provider,
+    const PEERS: usize,
+    const DEPTH: usize,
+    const SGES: usize,
+    T: PeerTransport,
+> {
+    data: &'a mut MultiChannel<P, PEERS, DEPTH, SGES, T>,
     flags: &'a mut Flags<P, PEERS>,
     map: &'a super::PeerMap<PEERS>,
     pair_epoch: &'a [u32; PEERS],
     failed: Option<NodeError<P::Error>>,
 }
 
-impl<'a, P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
-    Out<'a, P, PEERS, DEPTH, SGES>
+impl<
+        'a,
+        P: Provider,
+        T: PeerTransport,
+        const PEERS: usize,
+        const DEPTH: usize,
+        const SGES: usize,
+    > Out<'a, P, PEERS, DEPTH, SGES, T>
 {
     fn new(
-        data: &'a mut MultiChannel<P, PEERS, DEPTH, SGES>,
+        data: &'a mut MultiChannel<P, PEERS, DEPTH, SGES, T>,
         flags: &'a mut Flags<P, PEERS>,
         map: &'a super::PeerMap<PEERS>,
         pair_epoch: &'a [u32; PEERS],

@@ -4,6 +4,8 @@
 //! data endpoint and the barrier window, `world × (ENDPOINT_LEN + 20)` bytes, its own
 //! entry zeroed. Each peer picks the entry at its own rank.
 
+use crate::multi_channel::PeerTransport;
+use crate::qp::Rc;
 use std::net::TcpListener;
 use std::time::Duration;
 use std::vec::Vec;
@@ -21,11 +23,11 @@ use crate::{Context, ProtectionDomain};
 const ENTRY: usize = ENDPOINT_LEN + WINDOW_LEN;
 
 /// A connected node and every rank's app bytes, indexed by rank.
-pub type Connected<P, const PEERS: usize, const DEPTH: usize, const SGES: usize> =
-    Result<(Node<P, PEERS, DEPTH, SGES>, Vec<Vec<u8>>), NodeError<<P as Provider>::Error>>;
+pub type Connected<P, const PEERS: usize, const DEPTH: usize, const SGES: usize, T = Rc> =
+    Result<(Node<P, PEERS, DEPTH, SGES, T>, Vec<Vec<u8>>), NodeError<<P as Provider>::Error>>;
 
-impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
-    Node<P, PEERS, DEPTH, SGES>
+impl<P: Provider, T: PeerTransport, const PEERS: usize, const DEPTH: usize, const SGES: usize>
+    Node<P, PEERS, DEPTH, SGES, T>
 {
     /// Detection, rendezvous and connection in one call: prepares rank `bootstrap.rank`
     /// of `bootstrap.world` ([`prepare`](Self::prepare)) and connects it where
@@ -64,14 +66,14 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
         config: &NodeConfig,
         app: &[u8],
         timeout: Duration,
-    ) -> Connected<P, PEERS, DEPTH, SGES> {
+    ) -> Connected<P, PEERS, DEPTH, SGES, T> {
         let (rank, world) = (bootstrap.rank as usize, bootstrap.world as usize);
         Self::prepare(ctx, pd, rank, world, config)?.connect_bootstrap(bootstrap, app, timeout)
     }
 }
 
-impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
-    PreparedNode<P, PEERS, DEPTH, SGES>
+impl<P: Provider, T: PeerTransport, const PEERS: usize, const DEPTH: usize, const SGES: usize>
+    PreparedNode<P, PEERS, DEPTH, SGES, T>
 {
     /// Connects where `bootstrap` says the ranks meet: through its rendezvous
     /// ([`connect_rendezvous`](Self::connect_rendezvous)) or all-to-all at the addresses
@@ -85,7 +87,7 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
         bootstrap: &Bootstrap,
         app: &[u8],
         timeout: Duration,
-    ) -> Connected<P, PEERS, DEPTH, SGES> {
+    ) -> Connected<P, PEERS, DEPTH, SGES, T> {
         let (rank, world) = (self.map.rank, self.map.world);
         if bootstrap.rank as usize != rank || bootstrap.world as usize != world {
             return Err(NodeError::InvalidRank {
@@ -115,7 +117,7 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
     pub fn connect_tables(
         self,
         tables: &[Vec<u8>],
-    ) -> Result<Node<P, PEERS, DEPTH, SGES>, NodeError<P::Error>> {
+    ) -> Result<Node<P, PEERS, DEPTH, SGES, T>, NodeError<P::Error>> {
         if tables.len() != self.map.world {
             return Err(NodeError::EndpointTable {
                 peer: tables.len(),
@@ -161,7 +163,7 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
         config: &NetworkConfig,
         app: &[u8],
         timeout: Duration,
-    ) -> Connected<P, PEERS, DEPTH, SGES> {
+    ) -> Connected<P, PEERS, DEPTH, SGES, T> {
         let deadline = deadline_after(timeout);
         self.check_config(config)?;
         let payload = self.payload(app);
@@ -178,7 +180,7 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
         listener: &TcpListener,
         app: &[u8],
         timeout: Duration,
-    ) -> Connected<P, PEERS, DEPTH, SGES> {
+    ) -> Connected<P, PEERS, DEPTH, SGES, T> {
         let deadline = deadline_after(timeout);
         self.check_config(config)?;
         let payload = self.payload(app);
@@ -196,7 +198,7 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
     /// Connects with the session's payloads, then runs its readiness round: ready if the
     /// local connect succeeded (every queue pair at RTS), else tells the peers and returns
     /// the local error.
-    fn connect_session(self, mut session: Session) -> Connected<P, PEERS, DEPTH, SGES> {
+    fn connect_session(self, mut session: Session) -> Connected<P, PEERS, DEPTH, SGES, T> {
         match self.connect_payloads(session.take_payloads()) {
             Ok(connected) => {
                 session.confirm(true).map_err(NodeError::Exchange)?;
@@ -265,7 +267,7 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
         rendezvous: &Rendezvous,
         app: &[u8],
         timeout: Duration,
-    ) -> Connected<P, PEERS, DEPTH, SGES> {
+    ) -> Connected<P, PEERS, DEPTH, SGES, T> {
         self.rendezvous(rendezvous, None, app, timeout)
     }
 
@@ -277,7 +279,7 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
         listener: &TcpListener,
         app: &[u8],
         timeout: Duration,
-    ) -> Connected<P, PEERS, DEPTH, SGES> {
+    ) -> Connected<P, PEERS, DEPTH, SGES, T> {
         self.rendezvous(rendezvous, Some(listener), app, timeout)
     }
 
@@ -287,7 +289,7 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
         listener: Option<&TcpListener>,
         app: &[u8],
         timeout: Duration,
-    ) -> Connected<P, PEERS, DEPTH, SGES> {
+    ) -> Connected<P, PEERS, DEPTH, SGES, T> {
         let deadline = deadline_after(timeout);
         let (rank, world) = (self.map.rank, self.map.world);
         if rv.world as usize != world {
@@ -350,7 +352,7 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
     fn connect_routed(
         self,
         parcels: Vec<(u32, Vec<u8>)>,
-    ) -> Result<Node<P, PEERS, DEPTH, SGES>, NodeError<P::Error>> {
+    ) -> Result<Node<P, PEERS, DEPTH, SGES, T>, NodeError<P::Error>> {
         let mut eps = [None; PEERS];
         for (from, entry) in parcels {
             let p = from as usize;
@@ -377,7 +379,7 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
     }
 
     /// Splits every payload into its endpoint table and the app bytes, then connects.
-    fn connect_payloads(self, mut payloads: Vec<Vec<u8>>) -> Connected<P, PEERS, DEPTH, SGES> {
+    fn connect_payloads(self, mut payloads: Vec<Vec<u8>>) -> Connected<P, PEERS, DEPTH, SGES, T> {
         let table_len = self.map.world * ENTRY;
         let mut apps = Vec::with_capacity(payloads.len());
         for (peer, p) in payloads.iter_mut().enumerate() {

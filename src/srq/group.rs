@@ -54,7 +54,8 @@
 use core::time::Duration;
 use std::time::Instant;
 
-use super::slots::{Memory, RecvSlot, SlotPool, SlotsConfig};
+use super::slots::{Memory, RecvSlot, SlotPool};
+use super::SlotsConfig;
 use crate::device::{Context, ProtectionDomain};
 use crate::error::{verb, Error};
 use crate::provider::Provider;

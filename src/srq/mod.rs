@@ -43,9 +43,9 @@ mod slots;
 #[cfg(feature = "std")]
 pub use group::{GroupEvent, PreparedSrqGroup, SrqGroup, SrqGroupConfig};
 #[cfg(feature = "std")]
-pub(crate) use slots::{Backend, SlotPool};
+pub use slots::RecvSlot;
 #[cfg(feature = "std")]
-pub use slots::{RecvSlot, SlotsConfig};
+pub(crate) use slots::{Backend, SlotPool};
 
 use core::fmt;
 
@@ -53,6 +53,33 @@ use crate::device::{Context, ProtectionDomain};
 use crate::error::{verb, within, Error};
 use crate::provider::{PostError, Provider};
 use crate::types::{RecvWr, SrqAttr};
+
+/// How receive slots on a shared receive queue are made and refilled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlotsConfig {
+    /// Receive slots: the SRQ's size (and how many receives it holds at most).
+    pub slots: u32,
+    /// Bytes of each slot.
+    pub size: usize,
+    /// Handed-back slots are posted again once no more than this many remain posted
+    /// (`ibv_srq_pingpong` refills at its number of queue pairs).
+    pub refill_at: u32,
+    /// Arms the SRQ's limit at this many receives (0: not armed): the device raises
+    /// `SRQ_LIMIT_REACHED` when fewer remain posted; handed to the owner's
+    /// `on_async_event`, it refills at once and arms the limit again.
+    pub limit: u32,
+}
+
+impl Default for SlotsConfig {
+    fn default() -> Self {
+        SlotsConfig {
+            slots: 64,
+            size: 4096,
+            refill_at: 16,
+            limit: 0,
+        }
+    }
+}
 
 /// A shared receive queue (`ibv_srq`). Dropping it destroys it once no queue pair created
 /// on it is left (each holds it).

@@ -19,7 +19,7 @@ use core::ptr::NonNull;
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use super::SharedReceiveQueue;
+use super::{SharedReceiveQueue, SlotsConfig};
 use crate::cq::CompletionQueue;
 use crate::device::{Context, ProtectionDomain};
 use crate::error::Error;
@@ -27,33 +27,6 @@ use crate::provider::Provider;
 use crate::types::{AccessFlags, AsyncEvent, AsyncEventKind, EventElement, RecvWr, Sge, SrqAttr};
 use crate::types::{WcStatus, WorkCompletion};
 use crate::wr_id::GroupId;
-
-/// How receive slots on a shared receive queue are made and refilled.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SlotsConfig {
-    /// Receive slots: the SRQ's size (and how many receives it holds at most).
-    pub slots: u32,
-    /// Bytes of each slot.
-    pub size: usize,
-    /// Handed-back slots are posted again once no more than this many remain posted
-    /// (`ibv_srq_pingpong` refills at its number of queue pairs).
-    pub refill_at: u32,
-    /// Arms the SRQ's limit at this many receives (0: not armed): the device raises
-    /// `SRQ_LIMIT_REACHED` when fewer remain posted; handed to the owner's
-    /// `on_async_event`, it refills at once and arms the limit again.
-    pub limit: u32,
-}
-
-impl Default for SlotsConfig {
-    fn default() -> Self {
-        SlotsConfig {
-            slots: 64,
-            size: 4096,
-            refill_at: 16,
-            limit: 0,
-        }
-    }
-}
 
 /// A receive slot holding a message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

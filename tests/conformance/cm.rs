@@ -339,6 +339,7 @@ where
                         algorithm: Algorithm::Dissemination,
                         barrier_timeout: Some(t),
                         channel: config(env, &ctx),
+                        ..NodeConfig::default()
                     };
                     let node = Node::<E::P, 4, 16, SGES>::prepare(&ctx, &pd, rank, 3, &cfg)
                         .map_err(err("prepare"))?;

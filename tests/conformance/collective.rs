@@ -309,6 +309,7 @@ fn barrier_round<E: Env>(env: &E, ranks: &[Rank<E::P>], alg: Algorithm) -> Run<S
                 channel: channel_config(env, &r.ctx),
                 algorithm: alg,
                 barrier_timeout: Some(env.timeout()),
+                ..NodeConfig::default()
             };
             Node::<E::P, CAP, 16, 2>::prepare(&r.ctx, &r.pd, me, RANKS, &cfg)
                 .map_err(err("prepare node"))

@@ -68,7 +68,6 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES,
         Ok(Channel {
             owner: Owner::next(qp.qp_num()),
             qp,
-            peer: None,
             send_cq,
             sq: Ring::new(),
             rx: super::OwnRx {

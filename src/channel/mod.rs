@@ -169,8 +169,6 @@ pub struct Channel<
 > {
     owner: Owner,
     qp: QueuePair<P, ReadyToSend, T>,
-    /// The connected peer's queue pair number (`None` on a datagram channel, which has none).
-    peer: Option<u32>,
     send_cq: Completions<P>,
     sq: Ring<SendWr<SGES>, DEPTH>,
     /// The receive ring and its completions; nothing on a shared receive queue.

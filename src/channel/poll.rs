@@ -166,7 +166,8 @@ impl<P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usize>
             wr_id: seq,
             opcode: c.opcode,
             qp_num: self.qp.qp_num(),
-            peer_qp_num: self.peer,
+            // The connected peer's (none on a datagram channel).
+            peer_qp_num: self.qp.remote().map(|e| e.qp_num),
         })
     }
 

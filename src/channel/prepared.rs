@@ -66,7 +66,6 @@ impl<P: Provider, T: ChannelTransport + Connected, const DEPTH: usize, const SGE
         let qp = qp.into_rts(&self.config.rts).map_err(|e| e.error)?;
         Ok(Channel {
             owner: self.owner,
-            peer: Some(remote.qp_num),
             qp,
             send_cq: self.send_cq,
             sq: self.sq,

@@ -212,6 +212,16 @@ impl Dispatcher {
     /// [`SHARED_RECV_INBOX`]) of `capacity` completions
     /// each. Allocates once, here.
     pub fn new(inboxes: usize, capacity: usize) -> Self {
+        Self::build(inboxes, capacity, true)
+    }
+
+    /// As [`new`](Self::new), for a queue no owner sleeps on (one without a completion
+    /// channel): no sleeper slots, 40 bytes less per inbox.
+    pub(crate) fn without_sleepers(inboxes: usize, capacity: usize) -> Self {
+        Self::build(inboxes, capacity, false)
+    }
+
+    fn build(inboxes: usize, capacity: usize, sleepers: bool) -> Self {
         let inboxes = inboxes.min(SHARED_RECV_INBOX as usize);
         Dispatcher {
             boxes: mailbox::boxes(inboxes, capacity),
@@ -220,7 +230,7 @@ impl Dispatcher {
             by_qp: by_qp::ByQp::none(),
             stale: AtomicU64::new(0),
             overflow: AtomicU64::new(0),
-            sleepers: sleep::Sleepers::new(inboxes),
+            sleepers: sleep::Sleepers::new(if sleepers { inboxes } else { 0 }),
         }
     }
 

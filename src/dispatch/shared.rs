@@ -77,7 +77,10 @@ impl<P: Provider> SharedCompletionQueue<P> {
         };
         Ok(SharedCompletionQueue {
             cq,
-            dispatch: Dispatcher::new(channels, depth as usize),
+            dispatch: match events {
+                Some(_) => Dispatcher::new(channels, depth as usize),
+                None => Dispatcher::without_sleepers(channels, depth as usize),
+            },
             events,
         })
     }

@@ -90,7 +90,10 @@ impl Sleepers {
     /// The owner of inbox `i` is about to sleep, to be woken by `wake`. Then it routes what
     /// the queue holds (poll right held) and looks at its inbox once more before it sleeps.
     pub(crate) fn register(&self, i: usize, wake: Wake) {
-        let s = &self.slots[i];
+        // A dispatcher made without sleepers serves a queue nobody sleeps on.
+        let Some(s) = self.slots.get(i) else {
+            return;
+        };
         *locked(&s.wake) = Some(wake);
         if !s.asleep.swap(true, Ordering::SeqCst) {
             self.asleep.fetch_add(1, Ordering::SeqCst);
@@ -101,7 +104,11 @@ impl Sleepers {
 
     /// The owner of inbox `i` is awake again.
     pub(crate) fn unregister(&self, i: usize) {
-        if self.slots[i].asleep.swap(false, Ordering::SeqCst) {
+        if self
+            .slots
+            .get(i)
+            .is_some_and(|s| s.asleep.swap(false, Ordering::SeqCst))
+        {
             self.asleep.fetch_sub(1, Ordering::SeqCst);
         }
     }
@@ -133,7 +140,11 @@ impl Sleepers {
     /// A completion was routed to inbox `i` (poll right held): wakes its owner if it sleeps.
     #[inline]
     pub(super) fn routed(&self, i: usize) {
-        if self.slots[i].asleep.load(Ordering::Relaxed) {
+        if self
+            .slots
+            .get(i)
+            .is_some_and(|s| s.asleep.load(Ordering::Relaxed))
+        {
             self.unpark(i);
         }
     }

@@ -132,18 +132,20 @@ impl Timers {
     }
 
     /// Makes room for slot `slot` (called as queue pairs are created).
-    fn reserve(&mut self, slot: usize) {
+    /// A position for `slot`'s timer, and with `heap` room for every slot's timer armed at
+    /// once (else the heap grows as timers are armed).
+    fn reserve(&mut self, slot: usize, heap: bool) {
         if self.pos.len() <= slot {
             self.pos.resize(slot + 1, UNARMED);
         }
         let want = self.pos.len();
-        if self.heap.capacity() < want {
+        if heap && self.heap.capacity() < want {
             self.heap.reserve(want - self.heap.len());
         }
     }
 
     fn set(&mut self, slot: u32, time: u64, seq: u64) {
-        self.reserve(slot as usize);
+        self.reserve(slot as usize, false);
         match self.pos[slot as usize] {
             UNARMED => {
                 self.heap.push((time, seq, slot));
@@ -244,13 +246,15 @@ impl Events {
     }
 
     /// Makes room for `n` more packets in flight and a timer for QP slot `slot` (called as
-    /// queue pairs are created).
-    pub(crate) fn reserve(&mut self, n: usize, slot: usize) {
+    /// queue pairs are created); `lazy`: the timer heap grows as timers are armed instead
+    /// (as the packets do when `n` is 0), so a world of mostly idle queue pairs holds room
+    /// for the timers armed at once, not one per queue pair.
+    pub(crate) fn reserve(&mut self, n: usize, slot: usize, lazy: bool) {
         self.reserved += n;
         if self.packets.capacity() < self.reserved {
             self.packets.reserve(self.reserved - self.packets.len());
         }
-        self.timers.reserve(slot);
+        self.timers.reserve(slot, !lazy);
     }
 
     fn next_seq(&mut self) -> u64 {

@@ -148,7 +148,10 @@ impl World {
         // Room in the event heap for what it can have in flight: a request and a response
         // per WR, plus its timer (lazy queues: the heap grows as packets fly instead).
         let n = (cap.max_send_wr as usize + cap.max_recv_wr as usize) * 2 + 2;
-        self.net.sched.events.reserve(if lazy { 0 } else { n }, i);
+        self.net
+            .sched
+            .events
+            .reserve(if lazy { 0 } else { n }, i, lazy);
         // Threaded mode: the handle posts its receives without the world's lock while it
         // may (`rq.rs`); a queue pair on an SRQ posts none.
         let threaded = self.net.cfg.mode == Mode::Threaded;

@@ -86,30 +86,25 @@ pub trait ChannelTransport: Transport + Sized {
     ) -> Result<(), PostError<P::Error>>;
 }
 
-impl ChannelTransport for Rc {
-    type Ops = Rc;
-    type Rx<P: Provider, const DEPTH: usize, const SGES: usize> = OwnRx<P, DEPTH, SGES>;
-    #[inline(always)]
-    unsafe fn post_recvs<P: Provider, const SGES: usize>(
-        qp: &QueuePair<P, ReadyToSend, Self>,
-        wrs: &[RecvWr<SGES>],
-    ) -> Result<(), PostError<P::Error>> {
-        // SAFETY: the caller's contract is `post_recv`'s.
-        unsafe { qp.post_recv(wrs) }
-    }
+/// Rc and Ud: a receive queue of their own, posted to as the queue pair's.
+macro_rules! own_rx {
+    ($($t:ident),*) => {$(
+        impl ChannelTransport for $t {
+            type Ops = $t;
+            type Rx<P: Provider, const DEPTH: usize, const SGES: usize> = OwnRx<P, DEPTH, SGES>;
+            #[inline(always)]
+            unsafe fn post_recvs<P: Provider, const SGES: usize>(
+                qp: &QueuePair<P, ReadyToSend, Self>,
+                wrs: &[RecvWr<SGES>],
+            ) -> Result<(), PostError<P::Error>> {
+                // SAFETY: the caller's contract is `post_recv`'s.
+                unsafe { qp.post_recv(wrs) }
+            }
+        }
+    )*};
 }
-impl ChannelTransport for Ud {
-    type Ops = Ud;
-    type Rx<P: Provider, const DEPTH: usize, const SGES: usize> = OwnRx<P, DEPTH, SGES>;
-    #[inline(always)]
-    unsafe fn post_recvs<P: Provider, const SGES: usize>(
-        qp: &QueuePair<P, ReadyToSend, Self>,
-        wrs: &[RecvWr<SGES>],
-    ) -> Result<(), PostError<P::Error>> {
-        // SAFETY: the caller's contract is `post_recv`'s.
-        unsafe { qp.post_recv(wrs) }
-    }
-}
+own_rx!(Rc, Ud);
+
 impl ChannelTransport for RcOnSrq {
     type Ops = Rc;
     type Rx<P: Provider, const DEPTH: usize, const SGES: usize> = SrqRx<P>;

@@ -31,8 +31,8 @@
 //! instants at which this driver polls every node (O(N²) polls).
 //!
 //! The fabric sizes its queues as work arrives ([`FabricConfig::lazy_queues`]): a queue
-//! pair holds room for the requests it has in flight (here one or two at a time), none
-//! once they completed.
+//! pair costs what it holds at its busiest, here one or two requests, and the timer heap
+//! what is armed at once.
 //!
 //! Last, a scatter on the dissemination world: every node writes 64 bytes to each of its
 //! `⌈log2 N⌉` partners `rank + 2^k` over its data channels, and every byte is checked.

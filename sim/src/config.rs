@@ -137,11 +137,10 @@ pub struct FabricConfig {
     /// Which device the simulator imitates where devices disagree with the spec.
     pub personality: Personality,
     /// Size queue pairs' work queues, the packet heap and the timer heap as work arrives
-    /// (doubling up to their capacity) instead of whole at creation, and free a work
-    /// queue's storage when it drains: for worlds of many mostly idle queue pairs
-    /// (`examples/barrier_scale.rs` runs 65,536 nodes so), which then hold room for the
-    /// work in flight, not for what each queue pair could hold. A post to an empty queue
-    /// then allocates; with the default (false) posting never does.
+    /// (doubling up to their capacity) instead of whole at creation: for worlds of many
+    /// mostly idle queue pairs (`examples/barrier_scale.rs` runs 65,536 nodes so). Posting
+    /// may then allocate until each queue has reached its busiest; with the default
+    /// (false) it never does.
     pub lazy_queues: bool,
     /// How the devices execute remote atomics, as their
     /// [`DeviceAttr::atomic_cap`](crate::DeviceAttr) reports it. The simulator executes

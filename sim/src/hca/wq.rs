@@ -11,9 +11,8 @@
 //!
 //! Both rings are allocated whole when the queue pair is created, so posting never
 //! allocates; or, with [`FabricConfig::lazy_queues`](crate::FabricConfig::lazy_queues),
-//! they grow (doubling, up to their capacity) as work is posted and are freed when they
-//! drain, so a world of a million mostly idle queue pairs costs what they hold, not what
-//! they could.
+//! they grow (doubling, up to their capacity) as work is posted, so a world of a million
+//! mostly idle queue pairs costs what they hold at their busiest, not what they could.
 
 use crate::types::*;
 
@@ -96,13 +95,8 @@ struct Slots<T, U, R> {
     stride: u32,
     head: u32,
     len: u32,
-    /// The most entries it holds, and [`LAZY`] if it grows and shrinks with them.
     capacity: u32,
 }
-
-/// The bit of [`Slots::capacity`] that says the ring is lazy: allocated as it fills, freed
-/// when it drains (capacities are far below 2^31: at most `MAX_QP_WR`).
-const LAZY: u32 = 1 << 31;
 
 /// What a ring's slots hold beside their entries and side entries, laid out by slot and
 /// kept in step with them as the ring grows.
@@ -111,15 +105,12 @@ trait Room {
     fn rotate_left(&mut self, head: usize);
     /// Room for `slots` slots.
     fn grow(&mut self, slots: usize);
-    /// Room for none (a drained lazy ring).
-    fn release(&mut self);
 }
 
 /// Nothing (a receive queue's slots).
 impl Room for () {
     fn rotate_left(&mut self, _: usize) {}
     fn grow(&mut self, _: usize) {}
-    fn release(&mut self) {}
 }
 
 /// A send slot's inline room: `bytes[s * stride..][..stride]`.
@@ -150,10 +141,6 @@ impl Room for Inline {
     fn grow(&mut self, slots: usize) {
         let to = slots * self.stride();
         grow(&mut self.bytes, to);
-    }
-
-    fn release(&mut self) {
-        self.bytes = Box::default();
     }
 }
 
@@ -205,13 +192,8 @@ impl<T: Blank, U: Blank, R: Room> Slots<T, U, R> {
             stride: count(stride),
             head: 0,
             len: 0,
-            capacity: count(capacity) | if lazy { LAZY } else { 0 },
+            capacity: count(capacity),
         }
-    }
-
-    /// The most entries it holds.
-    fn capacity(&self) -> u32 {
-        self.capacity & !LAZY
     }
 
     /// Entries held.
@@ -251,8 +233,8 @@ impl<T: Blank, U: Blank, R: Room> Slots<T, U, R> {
     fn push(&mut self, what: &str) -> usize {
         let len = self.len();
         if len == self.slots.len() {
-            assert!(len < self.capacity() as usize, "{what} overflow");
-            let to = (len * 2).clamp(1, self.capacity() as usize);
+            assert!(len < self.capacity as usize, "{what} overflow");
+            let to = (len * 2).clamp(1, self.capacity as usize);
             let (head, stride) = (self.head as usize, self.stride());
             // Unwrapped to the front, so the new slots extend the ring at its end.
             self.slots.rotate_left(head);
@@ -273,19 +255,7 @@ impl<T: Blank, U: Blank, R: Room> Slots<T, U, R> {
             // Below `slots.len()`, which is at most `capacity`: a u32.
             self.head = self.slot(1) as u32;
             self.len -= 1;
-            if self.len == 0 && self.capacity & LAZY != 0 {
-                self.release();
-            }
         }
-    }
-
-    /// Frees the storage of a drained lazy ring: its next push allocates again.
-    #[cold]
-    fn release(&mut self) {
-        self.slots = Box::default();
-        self.side = Box::default();
-        self.room.release();
-        self.head = 0;
     }
 
     fn clear(&mut self) {
@@ -311,7 +281,7 @@ impl SendQueue {
 
     /// Its capacities as created: requests, gather entries and inline bytes per request.
     pub(crate) fn limits(&self) -> (u32, u32, u32) {
-        (self.0.capacity(), self.0.stride, self.0.room.stride)
+        (self.0.capacity, self.0.stride, self.0.room.stride)
     }
 
     /// Entry `i` from the head.
@@ -431,7 +401,7 @@ impl RecvQueue {
 
     /// Its capacities as created: receives, and scatter entries per receive.
     pub(crate) fn limits(&self) -> (u32, u32) {
-        (self.0.capacity(), self.0.stride - 1)
+        (self.0.capacity, self.0.stride - 1)
     }
 
     /// Whether `wr` may be queued: too many entries (more than a slot holds, or than the
@@ -544,40 +514,6 @@ mod tests {
                 assert!(q.len() == 0 && q.front().is_none() && q.pop_front().is_none());
             }
         }
-    }
-
-    #[test]
-    fn a_drained_lazy_queue_frees_its_storage_and_grows_again() {
-        let mut q = SendQueue::new(4, 1, 2, true);
-        push(&mut q, 7);
-        push(&mut q, 8);
-        q.drop_front();
-        assert_eq!(
-            (q.0.slots.len(), q.inline(0)),
-            (2, &[8u8, 8][..]),
-            "one left: kept"
-        );
-        q.drop_front();
-        let freed = (q.0.slots.len(), q.0.side.len(), q.0.room.bytes.len());
-        assert_eq!(freed, (0, 0, 0), "drained: nothing held");
-        assert_eq!(q.limits(), (4, 1, 2), "its capacities stay");
-        push(&mut q, 9);
-        assert_eq!(
-            (q.front().map(|e| e.wr.wr_id), q.inline(0)),
-            (Some(9), &[9u8, 9][..])
-        );
-        let mut eager = SendQueue::new(4, 1, 2, false);
-        push(&mut eager, 1);
-        eager.drop_front();
-        assert_eq!(eager.0.slots.len(), 4, "an eager queue keeps its slots");
-        let mut rq = RecvQueue::new(2, 1, true);
-        rq.push_back(&RecvWr::<1>::new(3));
-        assert_eq!(rq.pop_front(), Some(3));
-        assert_eq!(
-            rq.0.side.len(),
-            0,
-            "a drained lazy receive queue holds nothing"
-        );
     }
 
     #[test]

@@ -417,6 +417,7 @@ fn barrier_over_the_simulator(alg: zverbs::node::barrier::Algorithm) {
                 timeout: None,
                 ..ChannelConfig::default()
             },
+            ..NodeConfig::default()
         };
         let prepared: Vec<_> = (0..3)
             .map(|r| {

@@ -61,33 +61,37 @@
 //! assert_eq!(in2.as_slice(), b"to-two..");
 //! ```
 //!
-//! Map (one file: the collectives share the post-all-then-wait-all machinery): the
-//! prepared and connected types; outcomes ([`PeerError`], [`PeerPending`], `Posted`);
-//! set-up and access (`prepare`, `peer`, `channels_mut`); the collectives
-//! (`scatter_*`, `gather_*`, `multicast_send`) over one `collective` and `wait_all`; the
-//! unpolled level (`post_*_unpolled`, `wait`). The scope is in `scope.rs`.
+//! Map: here the prepared and connected types, `Posted`, set-up and access (`prepare`,
+//! `peer`, `channels_mut`) and the collectives (`scatter_*`, `gather_*`,
+//! `multicast_send`) over one `collective` and `wait_all`, which share the
+//! post-all-then-wait-all machinery; the outcomes ([`PeerError`]) in `outcome.rs`; the
+//! unpolled level (`post_*_unpolled`, `wait`, [`PeerPending`]) in `unpolled.rs`; the
+//! scope in `scope.rs`; the peers on one SRQ in `on_srq.rs` and `transport.rs`.
 
 #[cfg(feature = "std")]
 mod on_srq;
+mod outcome;
 mod scope;
 mod transport;
+mod unpolled;
 
 #[cfg(feature = "std")]
 pub use on_srq::Received;
+pub use outcome::{Outcome, PeerError};
 pub use scope::MultiScope;
 pub use transport::PeerTransport;
+pub use unpolled::PeerPending;
 
 use crate::channel::wait::Waiter;
 use crate::channel::Queue;
-use crate::channel::{Channel, ChannelConfig, Pending, PreparedChannel};
+use crate::channel::{Channel, ChannelConfig, PreparedChannel};
 use crate::device::{Context, ProtectionDomain};
-use crate::error::{Error, ErrorKind, ProviderError};
+use crate::error::Error;
 use crate::mr::{LocalSlice, LocalSliceMut, RemoteRegion};
 use crate::provider::Provider;
 use crate::qp::{Endpoint, Rc};
 use crate::ring::Completion;
 use crate::types::{SendFlags, SendOp, Sge};
-use core::fmt;
 use core::time::Duration;
 
 /// Channels created for a set of peers, not yet connected. Hand each
@@ -172,60 +176,6 @@ pub struct MultiChannel<
     /// Nothing, or the shared receive queue and its slots (dropped after the channels).
     #[cfg_attr(not(feature = "std"), allow(dead_code))]
     receives: T::Receives<P>,
-}
-
-/// One peer's outcome in a multi-peer call: its last receive completion (`None` for
-/// sends only), or its first error.
-pub type Outcome<E> = Result<Option<Completion>, Error<E>>;
-
-/// A multi-peer call failed: the first peer (the first refused post, else the lowest peer
-/// index whose work failed), its queue pair, and its error. The outcomes of the other
-/// peers of the same call, successes included, stay readable with
-/// [`MultiChannel::outcome`]. Converts into the [`Error`] it carries, so `?` works in
-/// functions returning `Error`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PeerError<E> {
-    /// The peer index.
-    pub peer: usize,
-    /// The local queue pair number of the channel to that peer (`None`: no such peer).
-    pub qp_num: Option<u32>,
-    /// What went wrong there.
-    pub error: Error<E>,
-}
-
-impl<E: ProviderError> PeerError<E> {
-    /// What the error means.
-    pub fn kind(&self) -> ErrorKind {
-        self.error.kind()
-    }
-}
-
-impl<E: fmt::Display> fmt::Display for PeerError<E> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "peer {}", self.peer)?;
-        if let Some(qp) = self.qp_num {
-            write!(f, " (QP {qp:#x})")?;
-        }
-        write!(f, ": {}", self.error)
-    }
-}
-
-impl<E: fmt::Debug + fmt::Display> core::error::Error for PeerError<E> {}
-
-impl<E> From<PeerError<E>> for Error<E> {
-    fn from(e: PeerError<E>) -> Self {
-        e.error
-    }
-}
-
-/// Work posted by an unpolled call of a [`MultiChannel`]: the peer and its [`Pending`].
-#[must_use = "unpolled work must be waited for; its slot stays busy until then"]
-#[derive(Debug)]
-pub struct PeerPending {
-    /// The peer it was posted to.
-    pub peer: usize,
-    /// The handle on that peer's channel.
-    pub pending: Pending,
 }
 
 /// One optional channel per peer. Channels hold their rings inline (kilobytes each), so
@@ -385,22 +335,6 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
         self.collective(
             (0..PEERS).filter_map(|p| sges[p].map(|sge| (p, Queue::Recv, sge, SendOp::Send, None))),
         )
-    }
-
-    /// Posts one receive work request to `peer` and returns without waiting.
-    ///
-    /// # Safety
-    /// As [`Channel::post_receive_unpolled`]: the memory named by `sges` must stay valid
-    /// and untouched until the handle has been waited for.
-    pub unsafe fn post_receive_unpolled(
-        &mut self,
-        peer: usize,
-        sges: &[Sge],
-    ) -> Result<PeerPending, Error<P::Error>> {
-        let ch = self.peer(peer)?;
-        // SAFETY: the caller upholds the contract, which is the channel's.
-        let pending = unsafe { ch.post_receive_unpolled(sges)? };
-        Ok(PeerPending { peer, pending })
     }
 }
 
@@ -681,30 +615,5 @@ impl<P: Provider, T: PeerTransport, const PEERS: usize, const DEPTH: usize, cons
             }
         }
         first.map_or(Ok(()), Err)
-    }
-
-    // ---- unpolled ----
-
-    /// Posts one send work request to `peer` and returns without waiting.
-    ///
-    /// # Safety
-    /// As [`Channel::post_send_unpolled`]: the memory named by `sges` must stay valid and
-    /// unwritten (for reads and atomics: untouched) until the handle has been waited for.
-    pub unsafe fn post_send_unpolled(
-        &mut self,
-        peer: usize,
-        sges: &[Sge],
-        op: SendOp,
-        flags: SendFlags,
-    ) -> Result<PeerPending, Error<P::Error>> {
-        let ch = self.peer(peer)?;
-        // SAFETY: the caller upholds the contract, which is the channel's.
-        let pending = unsafe { ch.post_send_unpolled(sges, op, flags)? };
-        Ok(PeerPending { peer, pending })
-    }
-
-    /// Waits for unpolled work to complete.
-    pub fn wait(&mut self, pending: PeerPending) -> Result<Completion, Error<P::Error>> {
-        self.peer(pending.peer)?.wait(pending.pending)
     }
 }

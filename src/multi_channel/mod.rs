@@ -209,6 +209,25 @@ pub(crate) fn no_such_peer<P: Provider, const PEERS: usize>(peer: usize) -> Erro
     }
 }
 
+/// A completion queue shared by `count` channels of depth `DEPTH`, with events when the
+/// channels' wait policy sleeps.
+#[cfg(feature = "std")]
+pub(crate) fn shared_queue<P: Provider, const DEPTH: usize>(
+    ctx: &Context<P>,
+    config: &ChannelConfig,
+    count: usize,
+) -> Result<std::sync::Arc<crate::dispatch::SharedCompletionQueue<P>>, Error<P::Error>> {
+    use crate::dispatch::SharedCompletionQueue;
+    let depth =
+        u32::try_from(DEPTH).map_err(|_| Error::InvalidAttribute("channel capacity too large"))?;
+    let create = if config.wait == crate::channel::WaitPolicy::SpinSleep {
+        SharedCompletionQueue::create_with_events
+    } else {
+        SharedCompletionQueue::create
+    };
+    Ok(std::sync::Arc::new(create(ctx, count, depth)?))
+}
+
 /// Which of the indices `0..PEERS` `peers` names; each at most once.
 pub(crate) fn named_peers<P: Provider, const PEERS: usize>(
     peers: impl IntoIterator<Item = usize>,
@@ -280,17 +299,8 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
         let shared = crate::channel::config_of(config);
         #[cfg(feature = "std")]
         if config.completion_queues == crate::channel::CqLayout::Shared && count > 0 {
-            use crate::dispatch::SharedCompletionQueue;
-            use std::sync::Arc;
-            let depth = u32::try_from(DEPTH)
-                .map_err(|_| Error::InvalidAttribute("channel capacity too large"))?;
-            let create = if config.wait == crate::channel::WaitPolicy::SpinSleep {
-                SharedCompletionQueue::create_with_events
-            } else {
-                SharedCompletionQueue::create
-            };
-            let send = Arc::new(create(ctx, count, depth)?);
-            let recv = Arc::new(create(ctx, count, depth)?);
+            let send = shared_queue::<P, DEPTH>(ctx, config, count)?;
+            let recv = shared_queue::<P, DEPTH>(ctx, config, count)?;
             for (slot, _) in slots.iter_mut().zip(named).filter(|(_, n)| *n) {
                 let c = shared.clone();
                 *slot = Some(Channel::prepare_shared_with(ctx, pd, c, &send, &recv)?);

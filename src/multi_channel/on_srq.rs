@@ -56,9 +56,7 @@
 //! }
 //! ```
 
-use std::sync::Arc;
-
-use super::{named_peers, new_slots, MultiChannel, PreparedMultiChannel};
+use super::{named_peers, new_slots, shared_queue, MultiChannel, PreparedMultiChannel};
 use crate::channel::{config_of, Channel, ChannelConfig, CqLayout, PreparedChannel};
 use crate::device::{Context, ProtectionDomain};
 use crate::error::{CompletionError, Error};
@@ -129,16 +127,7 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
         let pool = SlotPool::new(ctx, pd, slots, slots.slots)?;
         let shared = config_of(config);
         let send = match config.completion_queues {
-            CqLayout::Shared if count > 0 => {
-                let depth = u32::try_from(DEPTH)
-                    .map_err(|_| Error::InvalidAttribute("channel capacity too large"))?;
-                let create = if config.wait == crate::channel::WaitPolicy::SpinSleep {
-                    crate::dispatch::SharedCompletionQueue::create_with_events
-                } else {
-                    crate::dispatch::SharedCompletionQueue::create
-                };
-                Some(Arc::new(create(ctx, count, depth)?))
-            }
+            CqLayout::Shared if count > 0 => Some(shared_queue::<P, DEPTH>(ctx, config, count)?),
             _ => None,
         };
         let backend = pool.backend();

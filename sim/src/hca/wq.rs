@@ -113,7 +113,9 @@ impl Room for () {
     fn grow(&mut self, _: usize) {}
 }
 
-/// A send slot's inline room: `bytes[s * stride..][..stride]`.
+/// A send slot's inline room: `bytes[s * stride..][..stride]`. A lazy queue makes it at
+/// its first inline request (empty until then: a queue pair that never posts inline, as
+/// most do not, keeps no room for it); from then on it grows with the slots.
 #[derive(Debug)]
 struct Inline {
     bytes: Box<[u8]>,
@@ -135,12 +137,16 @@ impl Inline {
 
 impl Room for Inline {
     fn rotate_left(&mut self, head: usize) {
-        self.bytes.rotate_left(head * self.stride());
+        if !self.bytes.is_empty() {
+            self.bytes.rotate_left(head * self.stride());
+        }
     }
 
     fn grow(&mut self, slots: usize) {
-        let to = slots * self.stride();
-        grow(&mut self.bytes, to);
+        if !self.bytes.is_empty() {
+            let to = slots * self.stride();
+            grow(&mut self.bytes, to);
+        }
     }
 }
 
@@ -311,23 +317,29 @@ impl SendQueue {
         &q.side[at * q.stride()..][..n]
     }
 
-    /// Entry `i`'s inline room (its payload, if it was posted inline); empty past the end.
+    /// Entry `i`'s inline room (its payload, if it was posted inline); empty past the end,
+    /// and while no request of the queue has been inline.
     pub(crate) fn inline(&self, i: usize) -> &[u8] {
         let q = &self.0;
         if i >= q.len() {
             return &[];
         }
         let n = q.room.stride();
-        &q.room.bytes[q.slot(i) * n..][..n]
+        let from = q.slot(i) * n;
+        q.room.bytes.get(from..from + n).unwrap_or(&[])
     }
 
-    /// Entry `i`'s inline room, to write; empty past the end.
+    /// Entry `i`'s inline room, to write (made now if this is the queue's first inline
+    /// request); empty past the end.
     pub(crate) fn inline_mut(&mut self, i: usize) -> &mut [u8] {
         let q = &mut self.0;
         if i >= q.len() {
             return &mut [];
         }
         let (at, n) = (q.slot(i), q.room.stride());
+        if q.room.bytes.is_empty() {
+            grow(&mut q.room.bytes, q.slots.len() * n);
+        }
         &mut q.room.bytes[at * n..][..n]
     }
 
@@ -540,6 +552,34 @@ mod tests {
             q.iter().map(|e| e.wr.wr_id).collect::<Vec<_>>(),
             [1, 2, 3, 4, 5]
         );
+    }
+
+    #[test]
+    fn a_lazy_queue_makes_its_inline_room_at_the_first_inline_request() {
+        let mut q = SendQueue::new(8, 1, 2, true);
+        let plain = |q: &mut SendQueue, id: u64| {
+            q.push(&SendWr::<1>::new(id, SendOp::Send, SendFlags::empty()), 0);
+        };
+        plain(&mut q, 0);
+        plain(&mut q, 1);
+        q.drop_front();
+        plain(&mut q, 2); // wrapped: head 1 of 2 slots
+        assert_eq!((q.0.slots.len(), q.0.room.bytes.len()), (2, 0));
+        assert_eq!(q.inline(0), []);
+        push(&mut q, 3); // grows the ring to 4 slots (unwrapped), then makes the room
+        assert_eq!((q.0.slots.len(), q.0.room.bytes.len()), (4, 8));
+        push(&mut q, 4);
+        for _ in 0..3 {
+            q.drop_front();
+        }
+        for id in 5..8 {
+            push(&mut q, id); // wraps
+        }
+        push(&mut q, 8); // unwraps and grows: the room moves with its slots
+        assert_eq!((q.0.slots.len(), q.0.room.bytes.len()), (8, 16));
+        for (i, id) in (4..9u8).enumerate() {
+            assert_eq!(q.inline(i), [id, id]);
+        }
     }
 
     #[test]

@@ -35,15 +35,15 @@ use crate::types::*;
 /// receive queue (`srq.rs`) it takes its receives from.
 #[derive(Debug)]
 pub(crate) enum RqHome {
-    /// Stepped mode: under the world's lock only.
-    Local(RecvQueue),
+    /// Stepped mode: under the world's lock only. Boxed: in a queue pair on a shared
+    /// receive queue (as a large world's are), the 48 bytes of an inline queue would be
+    /// idle.
+    Local(Box<RecvQueue>),
     /// Threaded mode: shared with the handle, under its own lock. Or, in either mode, a
     /// shared receive queue (`srq.rs`; [`SharedRq::srq`] says which), whose receives any
     /// queue pair attached to it consumes, under the queue's lock (a request takes one
     /// whole when it executes, so none is ever in progress in a queue pair: a move to ERR
     /// or RESET leaves the queue alone). Posts go to the SRQ, never to the queue pair.
-    /// (One variant for both: a third would not fit in the bytes a `Local` queue leaves,
-    /// and every queue pair would grow.)
     Shared(Arc<SharedRq>),
 }
 
@@ -81,7 +81,7 @@ impl RqHome {
     /// An empty queue of `capacity` receives of at most `stride` entries, allocated now
     /// unless `lazy`, in the queue pair.
     pub(crate) fn new(capacity: usize, stride: usize, lazy: bool) -> RqHome {
-        RqHome::Local(RecvQueue::new(capacity, stride, lazy))
+        RqHome::Local(Box::new(RecvQueue::new(capacity, stride, lazy)))
     }
 
     /// Shares the queue (a new queue pair's, in RESET) with its handle; the handle's
@@ -89,7 +89,7 @@ impl RqHome {
     /// goes through the world.
     pub(crate) fn share(&mut self, events: Arc<Padded<AtomicBool>>, traced: bool) -> Arc<SharedRq> {
         let q = match self {
-            RqHome::Local(q) => core::mem::replace(q, RecvQueue::new(1, 1, true)),
+            RqHome::Local(q) => core::mem::replace(&mut **q, RecvQueue::new(1, 1, true)),
             RqHome::Shared(s) => return s.clone(),
         };
         let shared = Arc::new(SharedRq::new(q, None, events, traced));

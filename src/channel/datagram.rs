@@ -66,7 +66,7 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES,
         let qp = qp.into_rtr().map_err(|e| e.error)?;
         let qp = qp.into_rts().map_err(|e| e.error)?;
         Ok(Channel {
-            owner: Owner::next(qp.qp_num()),
+            owner: Owner::next(),
             qp,
             send_cq,
             sq: Ring::new(),

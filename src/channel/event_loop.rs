@@ -142,7 +142,10 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
         Pending {
             seq,
             queue,
-            owner: self.owner,
+            by: PostedBy {
+                owner: self.owner,
+                qp_num: self.qp.qp_num(),
+            },
         }
     }
 
@@ -197,11 +200,7 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
 
     /// Moves the queue pair to the error state, so the device flushes everything in flight.
     pub(crate) fn abort(&mut self) -> Result<(), Error<P::Error>> {
-        crate::trace::event!(
-            debug,
-            qp = self.owner.qp_num,
-            "abort: the queue pair to ERR"
-        );
+        crate::trace::event!(debug, qp = self.qp.qp_num(), "abort: the queue pair to ERR");
         self.qp.set_error()
     }
 }
@@ -213,7 +212,7 @@ impl Pending {
         Pending {
             seq: self.seq,
             queue: self.queue,
-            owner: self.owner,
+            by: self.by,
         }
     }
 

@@ -191,23 +191,17 @@ pub(crate) enum Queue {
 }
 
 /// Which channel posted a [`Pending`]: unique among the channels of this process (a
-/// counter drawn at [`Channel::prepare`], kept across [`Channel::reset`]), with the local
-/// queue pair number for messages. Queue pair numbers alone are not enough: two devices,
-/// or a queue pair destroyed and created again, may give the same number.
+/// counter drawn at [`Channel::prepare`], kept across [`Channel::reset`]). Queue pair
+/// numbers are not enough: two devices, or a queue pair destroyed and created again, may
+/// give the same number.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Owner {
-    id: usize,
-    qp_num: u32,
-}
+pub(crate) struct Owner(usize);
 
 impl Owner {
-    fn next(qp_num: u32) -> Owner {
+    fn next() -> Owner {
         // Identity only, not synchronization: any ordering gives distinct values.
         static NEXT: AtomicUsize = AtomicUsize::new(0);
-        Owner {
-            id: NEXT.fetch_add(1, Ordering::Relaxed),
-            qp_num,
-        }
+        Owner(NEXT.fetch_add(1, Ordering::Relaxed))
     }
 }
 
@@ -227,7 +221,15 @@ impl Owner {
 pub struct Pending {
     seq: u64,
     queue: Queue,
+    by: PostedBy,
+}
+
+/// Who posted a [`Pending`]: the channel, and its local queue pair then (for messages: a
+/// channel's may change on reset).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct PostedBy {
     owner: Owner,
+    qp_num: u32,
 }
 
 impl Pending {
@@ -238,7 +240,7 @@ impl Pending {
 
     /// The number of the local queue pair the work was posted on.
     pub fn qp_num(&self) -> u32 {
-        self.owner.qp_num
+        self.by.qp_num
     }
 }
 
@@ -328,7 +330,7 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
         let qp = QueuePair::create(ctx, pd, send_cq.queue(), recv_cq.queue(), &qp_cfg)?;
         let qp = qp.into_init(&config.init).map_err(|e| e.error)?;
         Ok(PreparedChannel {
-            owner: Owner::next(qp.qp_num()),
+            owner: Owner::next(),
             qp,
             send_cq,
             sq,
@@ -366,7 +368,7 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize>
         let qp = QueuePair::create_on_srq(ctx, pd, send_cq.queue(), &srq.cq, &srq.srq, &qp_cfg)?;
         let qp = qp.into_init(&config.init).map_err(|e| e.error)?;
         Ok(PreparedChannel {
-            owner: Owner::next(qp.qp_num()),
+            owner: Owner::next(),
             qp,
             send_cq,
             sq,
@@ -434,7 +436,7 @@ impl<P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usize>
             sends => {
                 crate::trace::event!(
                     debug,
-                    qp = self.owner.qp_num,
+                    qp = self.qp.qp_num(),
                     sends,
                     "linger: sends unacknowledged at the close's bound"
                 );

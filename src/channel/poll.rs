@@ -406,7 +406,7 @@ impl<P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usize>
         waiter: &mut Waiter,
         cause: Error<P::Error>,
     ) -> Error<P::Error> {
-        crate::trace::event!(debug, qp = self.owner.qp_num, cause = %cause, "quiesce: ERR, the flush, then RESET");
+        crate::trace::event!(debug, qp = self.qp.qp_num(), cause = %cause, "quiesce: ERR, the flush, then RESET");
         let mut fatal = self.qp.set_error().err().filter(is_fatal);
         if fatal.is_none() {
             waiter.enter_grace();

@@ -5,7 +5,7 @@
 
 use super::post::{collect_sges, post_recv_one};
 use super::scope::{self, PostedReceive, Scope};
-use super::{Channel, ChannelTransport, Owner, Pending, Queue};
+use super::{Channel, ChannelTransport, Owner, Pending, PostedBy, Queue};
 use crate::error::Error;
 use crate::mr::LocalSliceMut;
 use crate::provider::Provider;
@@ -56,7 +56,7 @@ impl<P: Provider, T: ChannelTransport + Connected, const DEPTH: usize, const SGE
         crate::trace::span!(
             DEBUG,
             "connect",
-            qp = self.owner.qp_num,
+            qp = self.qp.qp_num(),
             peer_qp = remote.qp_num
         );
         let qp = self
@@ -133,7 +133,10 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> PreparedChannel<P, DEPT
         Ok(Pending {
             seq,
             queue: Queue::Recv,
-            owner: self.owner,
+            by: PostedBy {
+                owner: self.owner,
+                qp_num: self.qp.qp_num(),
+            },
         })
     }
 

@@ -28,13 +28,16 @@ impl<P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usize>
         Ok(Pending {
             seq,
             queue: Queue::Send,
-            owner: self.owner,
+            by: PostedBy {
+                owner: self.owner,
+                qp_num: self.qp.qp_num(),
+            },
         })
     }
 
     /// Whether `pending` was posted on this channel (and so may be redeemed here).
     pub fn owns(&self, pending: &Pending) -> bool {
-        pending.owner == self.owner
+        pending.by.owner == self.owner
     }
 
     /// Polls once: the outcome of `pending` if it has completed (`Ok(Ok(_))`, or
@@ -188,8 +191,8 @@ impl<P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usize>
             Ok(())
         } else {
             Err(Error::ForeignPending {
-                owner_qp_num: pending.owner.qp_num,
-                qp_num: self.owner.qp_num,
+                owner_qp_num: pending.by.qp_num,
+                qp_num: self.qp.qp_num(),
             })
         }
     }
@@ -212,7 +215,10 @@ impl<P: Provider, T: HasOwnRx<P, DEPTH, SGES>, const DEPTH: usize, const SGES: u
         Ok(Pending {
             seq,
             queue: Queue::Recv,
-            owner: self.owner,
+            by: PostedBy {
+                owner: self.owner,
+                qp_num: self.qp.qp_num(),
+            },
         })
     }
 }

@@ -193,7 +193,7 @@ mod udp {
                 posted.into_iter().map(|r| s.wait_receive(r)).collect()
             })
             .map_err(|e| format!("server: {e}"))?;
-        let port = ch.queue_pair().config().port;
+        let port = ch.queue_pair().port();
         let headers = inbox.as_slice().chunks(GRH + SIZE);
         let mut back = Vec::with_capacity(count);
         for (c, slot) in got.iter().zip(headers) {

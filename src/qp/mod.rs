@@ -139,7 +139,11 @@ pub struct QueuePair<P: Provider, St: State, T: Transport = Rc> {
     raw: P::Qp,
     local: Endpoint,
     remote: Option<Endpoint>,
-    config: QpConfig,
+    /// Its physical port and the GID table index of its path, from [`QpConfig`] (a
+    /// connection manager may choose the index). The rest of the creation settings lives
+    /// in the device, not here: a node of a large world holds many queue pairs.
+    port: u8,
+    gid_index: u8,
     device: DeviceLimits,
     _state: PhantomData<(St, T)>,
 }
@@ -265,7 +269,8 @@ impl<P: Provider, T: Transport> QueuePair<P, Reset, T> {
                 mtu: port.active_mtu,
             },
             remote: None,
-            config: *config,
+            port: config.port,
+            gid_index: config.gid_index,
             device: DeviceLimits {
                 rd_atom: u8::try_from(dev.max_qp_rd_atom).unwrap_or(u8::MAX),
                 init_rd_atom: u8::try_from(dev.max_qp_init_rd_atom).unwrap_or(u8::MAX),
@@ -314,7 +319,7 @@ impl<P: Provider, T: Connected> QueuePair<P, Reset, T> {
         opts: &InitOptions,
     ) -> Result<QueuePair<P, Init, T>, TransitionError<P, Reset, T>> {
         let attr = InitAttr {
-            port: self.config.port,
+            port: self.port,
             pkey_index: opts.pkey_index,
             access: opts.access,
         };
@@ -327,7 +332,7 @@ impl<P: Provider, T: Connected> QueuePair<P, Init, T> {
     /// index and the first packet sequence number this side sends.
     #[cfg(all(feature = "std", unix))]
     pub(crate) fn take_path(&mut self, sgid_index: u8, psn: u32) {
-        self.config.gid_index = sgid_index;
+        self.gid_index = sgid_index;
         self.local.psn = psn & MAX_24BIT;
     }
 
@@ -366,8 +371,8 @@ impl<P: Provider, T: Connected> QueuePair<P, Init, T> {
                     min_rnr_timer: opts.min_rnr_timer,
                     dlid: remote.lid,
                     dgid: (remote.gid.0 != [0; 16]).then_some(remote.gid),
-                    sgid_index: self.config.gid_index,
-                    port: self.config.port,
+                    sgid_index: self.gid_index,
+                    port: self.port,
                     sl: opts.sl,
                     traffic_class: opts.traffic_class,
                     flow_label: opts.flow_label,
@@ -515,9 +520,15 @@ impl<P: Provider, St: State, T: Transport> QueuePair<P, St, T> {
         self.local.qp_num
     }
 
-    /// The creation settings.
-    pub fn config(&self) -> &QpConfig {
-        &self.config
+    /// Its physical port (1-based; [`QpConfig::port`]).
+    pub fn port(&self) -> u8 {
+        self.port
+    }
+
+    /// The GID table index its path uses ([`QpConfig::gid_index`], or what a connection
+    /// manager chose).
+    pub fn gid_index(&self) -> u8 {
+        self.gid_index
     }
 
     /// The state the device reports now: the type says where the queue pair was moved,
@@ -569,7 +580,8 @@ impl<P: Provider, St: State, T: Transport> QueuePair<P, St, T> {
                 } else {
                     self.remote
                 },
-                config: self.config,
+                port: self.port,
+                gid_index: self.gid_index,
                 device: self.device,
                 _state: PhantomData,
             }),

@@ -67,7 +67,7 @@ impl<P: Provider> QueuePair<P, Reset, Ud> {
         opts: &UdOptions,
     ) -> Result<QueuePair<P, Init, Ud>, TransitionError<P, Reset, Ud>> {
         let attr = UdInitAttr {
-            port: self.config.port,
+            port: self.port,
             pkey_index: opts.pkey_index,
             qkey: opts.qkey,
         };

@@ -63,8 +63,8 @@ fn ud_side<E: Env>(env: &E, name: &str, qkey: u32, cq_depth: u32) -> Run<UdSide<
 
 /// An address handle in `from`'s domain with a global route to `to`'s queue pair.
 fn ah_to<P: Provider>(from: &UdSide<P>, to: &UdSide<P>) -> Run<AddressHandle<P>> {
-    let (cfg, ep) = (from.qp.config(), to.qp.endpoint());
-    let attr = AhAttr::new(cfg.port, ep.gid, cfg.gid_index, ep.lid);
+    let ep = to.qp.endpoint();
+    let attr = AhAttr::new(from.qp.port(), ep.gid, from.qp.gid_index(), ep.lid);
     AddressHandle::create(&from.pd, &attr).map_err(err("create ah"))
 }
 
@@ -239,7 +239,7 @@ pub fn ud_pingpong<E: Env>(env: &E) -> Run<Outcome> {
     let (mut a, mut b) = (datagram_channel(&ca, &pa)?, datagram_channel(&cb, &pb)?);
     let route = |from: &Channel<E::P, 4, 1, Ud>, pd, to: &Channel<E::P, 4, 1, Ud>| {
         let (qp, peer) = (from.queue_pair(), to.queue_pair().endpoint());
-        let attr = AhAttr::new(qp.config().port, peer.gid, qp.config().gid_index, peer.lid);
+        let attr = AhAttr::new(qp.port(), peer.gid, qp.gid_index(), peer.lid);
         AddressHandle::create(pd, &attr).map_err(err("create ah"))
     };
     let (a_to_b, b_to_a) = (route(&a, &pa, &b)?, route(&b, &pb, &a)?);
@@ -298,7 +298,7 @@ fn reply<E: Env>(
         .as_slice()
         .first_chunk::<GRH_BYTES>()
         .filter(|_| w.grh);
-    let port = b.qp.config().port;
+    let port = b.qp.port();
     let back = reply_path(&b.ctx, port, grh, w.slid, w.sl).map_err(err("reply_path"))?;
     let ah = AddressHandle::create(&b.pd, &back).map_err(err("create reply ah"))?;
     let src = filled(&b.pd, 8, LW, 9)?;
@@ -327,8 +327,8 @@ fn reply<E: Env>(
 /// the general services queue pair only).
 pub fn ud_source<E: Env>(env: &E) -> Run<Outcome> {
     let (mut a, b) = ud_pair(env, QKEY)?;
-    let (cfg, to) = (a.qp.config(), b.qp.endpoint());
-    let mut attr = AhAttr::new(cfg.port, to.gid, cfg.gid_index, to.lid);
+    let to = b.qp.endpoint();
+    let mut attr = AhAttr::new(a.qp.port(), to.gid, a.qp.gid_index(), to.lid);
     (attr.sl, attr.static_rate) = (5, 7);
     a.ah = Some(AddressHandle::create(&a.pd, &attr).map_err(err("create ah"))?);
     let src = filled(&a.pd, 16, LW, 4)?;
@@ -364,7 +364,7 @@ pub fn ud_source<E: Env>(env: &E) -> Run<Outcome> {
 pub fn ud_no_grh<E: Env>(env: &E) -> Run<Outcome> {
     let (mut a, b) = ud_pair(env, QKEY)?;
     let mut o = Outcome::default();
-    let attr = AhAttr::local(a.qp.config().port, b.qp.endpoint().lid);
+    let attr = AhAttr::local(a.qp.port(), b.qp.endpoint().lid);
     match AddressHandle::create(&a.pd, &attr) {
         Ok(ah) => a.ah = Some(ah),
         Err(e) => {

@@ -403,8 +403,7 @@ impl<P: Provider> Rpc<P> {
         if self.peers.is_full() {
             return Err(EngineError::TooManyPeers);
         }
-        let qc = self.qp.config();
-        let attr = AhAttr::new(qc.port, gid, qc.gid_index, lid);
+        let attr = AhAttr::new(self.qp.port(), gid, self.qp.gid_index(), lid);
         let ah = AddressHandle::create(&self.pd, &attr)?;
         self.peers
             .insert(gid, qpn, ah)

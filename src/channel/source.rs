@@ -18,13 +18,11 @@ use std::sync::Arc;
 #[cfg(all(feature = "std", unix))]
 use super::wait::Waiter;
 
-/// One direction's completions (send or receive), and whether its queue is armed for an
-/// event (a sleeping wait arms, polls again, then sleeps). `pub` only so that the sealed
-/// [`RxSide`](super::RxSide) can name it; nothing outside the crate reaches it.
+/// One direction's completions (send or receive): a queue of the channel's own, or an
+/// inbox on a shared one. `pub` only so that the sealed [`RxSide`](super::RxSide) can name
+/// it; nothing outside the crate reaches it.
 pub struct Completions<P: Provider> {
     source: Source<P>,
-    #[cfg_attr(not(all(feature = "std", unix)), allow(dead_code))]
-    armed: bool,
 }
 
 enum Source<P: Provider> {
@@ -45,6 +43,9 @@ struct OwnQueue<P: Provider> {
     /// Where `cq` raises its events (read by sleeping waits, which need `std`).
     #[cfg_attr(not(all(feature = "std", unix)), allow(dead_code))]
     events: Option<CompletionChannel<P>>,
+    /// `cq` is armed for an event: a sleeping wait arms, polls again, then sleeps.
+    #[cfg_attr(not(all(feature = "std", unix)), allow(dead_code))]
+    armed: bool,
 }
 
 #[cfg(feature = "std")]
@@ -84,16 +85,17 @@ impl<P: Provider> Completions<P> {
             OwnQueue {
                 cq: CompletionQueue::create_on(ctx, depth, &ch)?,
                 events: Some(ch),
+                armed: false,
             }
         } else {
             OwnQueue {
                 cq: CompletionQueue::create(ctx, depth)?,
                 events: None,
+                armed: false,
             }
         };
         Ok(Completions {
             source: Source::Own(owned(own)),
-            armed: false,
         })
     }
 
@@ -110,7 +112,6 @@ impl<P: Provider> Completions<P> {
                 cq: cq.clone(),
                 inbox: Some(inbox),
             }),
-            armed: false,
         })
     }
 
@@ -139,24 +140,26 @@ impl<P: Provider> Completions<P> {
     pub(crate) fn sleep(&mut self, waiter: &mut Waiter) -> bool {
         let left = waiter.remaining();
         if left.is_some_and(|l| l.is_zero()) {
-            self.armed = false;
+            if let Source::Own(o) = &mut self.source {
+                o.armed = false;
+            }
             return false;
         }
-        match &self.source {
+        match &mut self.source {
             Source::Own(o) => {
                 let Some(events) = &o.events else {
                     return waiter.pause();
                 };
-                if !self.armed {
+                if !o.armed {
                     // On failure the next poll reports the broken queue.
-                    self.armed = o.cq.arm(false).is_ok();
+                    o.armed = o.cq.arm(false).is_ok();
                     return true;
                 }
                 let _ = events.wait_readable(left);
                 while let Ok(Some(ev)) = events.try_get_event() {
                     let _ = o.cq.ack_event(ev);
                 }
-                self.armed = false;
+                o.armed = false;
                 true
             }
             Source::Shared(a) if a.cq.events().is_some() => {

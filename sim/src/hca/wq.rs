@@ -89,14 +89,18 @@ struct Slots<T, U, R> {
     /// Slot `s`'s side entries: `side[s * stride..][..stride]`.
     side: Box<[U]>,
     room: R,
-    // Counts as u32 (a queue holds at most `MAX_QP_WR` requests of at most `MAX_SGE`
-    // entries): a queue pair is two of these, and a world of 65,536 nodes has millions of
-    // queue pairs.
-    stride: u32,
-    head: u32,
-    len: u32,
-    capacity: u32,
+    // Counts as u16 (a queue holds at most `MAX_QP_WR` or `MAX_SRQ_WR` requests of at
+    // most `MAX_SGE` entries, all below 2^16): a queue pair is two of these, and a world of
+    // 65,536 nodes has millions of queue pairs.
+    stride: u16,
+    head: u16,
+    len: u16,
+    capacity: u16,
 }
+
+const _: () = assert!(
+    MAX_QP_WR <= u16::MAX as u32 && MAX_SRQ_WR <= u16::MAX as u32 && MAX_SGE < u16::MAX as usize
+);
 
 /// What a ring's slots hold beside their entries and side entries, laid out by slot and
 /// kept in step with them as the ring grows.
@@ -190,7 +194,7 @@ impl<T: Blank, U: Blank, R: Room> Slots<T, U, R> {
     fn new(capacity: usize, stride: usize, lazy: bool, room_for: impl FnOnce(usize) -> R) -> Self {
         let capacity = capacity.max(1);
         let n = if lazy { 0 } else { capacity };
-        let count = |n: usize| u32::try_from(n).expect("a queue's sizes fit in u32");
+        let count = |n: usize| u16::try_from(n).expect("a queue's sizes fit in u16");
         Slots {
             slots: vec![T::BLANK; n].into_boxed_slice(),
             side: vec![U::BLANK; n * stride].into_boxed_slice(),
@@ -258,8 +262,8 @@ impl<T: Blank, U: Blank, R: Room> Slots<T, U, R> {
 
     fn drop_front(&mut self) {
         if self.len > 0 {
-            // Below `slots.len()`, which is at most `capacity`: a u32.
-            self.head = self.slot(1) as u32;
+            // Below `slots.len()`, which is at most `capacity`: a u16.
+            self.head = self.slot(1) as u16;
             self.len -= 1;
         }
     }
@@ -287,7 +291,11 @@ impl SendQueue {
 
     /// Its capacities as created: requests, gather entries and inline bytes per request.
     pub(crate) fn limits(&self) -> (u32, u32, u32) {
-        (self.0.capacity, self.0.stride, self.0.room.stride)
+        (
+            self.0.capacity.into(),
+            self.0.stride.into(),
+            self.0.room.stride,
+        )
     }
 
     /// Entry `i` from the head.
@@ -413,7 +421,7 @@ impl RecvQueue {
 
     /// Its capacities as created: receives, and scatter entries per receive.
     pub(crate) fn limits(&self) -> (u32, u32) {
-        (self.0.capacity, self.0.stride - 1)
+        (self.0.capacity.into(), u32::from(self.0.stride) - 1)
     }
 
     /// Whether `wr` may be queued: too many entries (more than a slot holds, or than the

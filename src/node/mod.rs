@@ -326,7 +326,11 @@ impl<P: Provider, T: PeerTransport, const PEERS: usize, const DEPTH: usize, cons
         let data = self.data.connect(|i| eps[i].map(|e| e.0))?;
         Ok(Node {
             map: self.map,
-            config: self.config,
+            barrier: BarrierSettings {
+                algorithm: self.config.algorithm,
+                timeout: self.config.barrier_timeout,
+                flush_grace: self.config.channel.flush_grace,
+            },
             data,
             flags: self.flags,
             running: None,
@@ -346,6 +350,17 @@ pub use cm::{CmConnected, CmLinks};
 #[cfg(feature = "std")]
 pub use tables::Connected;
 
+/// What a connected node keeps of its [`NodeConfig`] (its channels keep their own
+/// settings): a node of a large world is one of many.
+#[cfg(feature = "std")]
+#[derive(Clone, Copy, Debug)]
+struct BarrierSettings {
+    algorithm: Algorithm,
+    timeout: Option<Duration>,
+    /// The channels' [`ChannelConfig::flush_grace`], for the node's own waits.
+    flush_grace: Duration,
+}
+
 /// A rank of a world: data channels to every peer, and barriers. See the module docs.
 #[cfg(feature = "std")]
 pub struct Node<
@@ -356,7 +371,7 @@ pub struct Node<
     T: PeerTransport = Rc,
 > {
     map: PeerMap<PEERS>,
-    config: NodeConfig,
+    barrier: BarrierSettings,
     /// Dropped before `flags`: no queue pair is left to write the array when it is freed.
     data: MultiChannel<P, PEERS, DEPTH, SGES, T>,
     flags: Flags<P, PEERS>,
@@ -470,7 +485,7 @@ impl<P: Provider, T: PeerTransport, const PEERS: usize, const DEPTH: usize, cons
 
     /// The barrier algorithm.
     pub fn algorithm(&self) -> Algorithm {
-        self.config.algorithm
+        self.barrier.algorithm
     }
 
     /// The data channels to the peers, by peer index ([`peer_index`](Self::peer_index):
@@ -485,7 +500,7 @@ impl<P: Provider, T: PeerTransport, const PEERS: usize, const DEPTH: usize, cons
     /// own messages are acknowledged, so a rank may drop its node right after its last
     /// barrier without stranding a peer. `close` is for data sent unpolled.
     pub fn close(mut self, timeout: Duration) -> Result<(), NodeError<P::Error>> {
-        let mut waiter = Waiter::new(Some(timeout), self.config.channel.flush_grace);
+        let mut waiter = Waiter::new(Some(timeout), self.barrier.flush_grace);
         let drained = self.data.drain_sends(&mut waiter).map_err(|e| e.error);
         // The outcomes of barrier writes of a barrier given up: one that failed was not
         // acknowledged either.

@@ -53,7 +53,7 @@ impl<P: Provider, T: PeerTransport, const PEERS: usize, const DEPTH: usize, cons
     /// [`poll_barrier`]: Self::poll_barrier
     pub fn start_barrier_all(&mut self) -> Result<(), NodeError<P::Error>> {
         self.check_idle()?;
-        let (alg, world) = (self.config.algorithm, self.map.world);
+        let (alg, world) = (self.barrier.algorithm, self.map.world);
         let m = BarrierMachine::new_world(alg, self.map.rank as Rank, world)
             .map_err(NodeError::Barrier)?;
         self.begin(m)
@@ -145,7 +145,7 @@ impl<P: Provider, T: PeerTransport, const PEERS: usize, const DEPTH: usize, cons
     /// Waits for the running barrier, within the barrier timeout.
     fn finish(&mut self) -> Result<(), NodeError<P::Error>> {
         let count = self.running.as_ref().map_or(0, BarrierMachine::count);
-        let mut waiter = Waiter::new(self.config.barrier_timeout, self.config.channel.flush_grace);
+        let mut waiter = Waiter::new(self.barrier.timeout, self.barrier.flush_grace);
         loop {
             match self.step() {
                 Ok((true, _)) => return Ok(()),
@@ -197,7 +197,7 @@ impl<P: Provider, T: PeerTransport, const PEERS: usize, const DEPTH: usize, cons
         }
         self.check_idle()?;
         let me = self.map.rank as Rank;
-        let m = BarrierMachine::new(self.config.algorithm, me, participants)
+        let m = BarrierMachine::new(self.barrier.algorithm, me, participants)
             .map_err(NodeError::Barrier)?;
         self.begin(m)
     }

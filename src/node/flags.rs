@@ -56,13 +56,6 @@ const WINDOW: u64 = 16;
 /// No write in flight.
 const NONE: u64 = u64::MAX;
 
-/// Where the barrier messages to peer `p` go: its inbox for this node, in its array.
-#[derive(Clone, Copy)]
-struct Remote {
-    addr: u64,
-    rkey: u32,
-}
-
 /// The word of message `imm`: its complement above it (never 0).
 pub(super) fn word_of(imm: u32) -> u64 {
     u64::from(!imm) << 32 | u64::from(imm)
@@ -76,7 +69,10 @@ pub(super) struct Flags<P: Provider, const PEERS: usize> {
     words: Box<[AtomicU64]>,
     lkey: u32,
     rkey: u32,
-    remote: [Remote; PEERS],
+    /// Where the barrier messages to peer `p` go: its inbox for this node, in its array,
+    /// under its key (apart, not in one padded pair per peer).
+    remote_addr: [u64; PEERS],
+    remote_rkey: [u32; PEERS],
     sent: [u64; PEERS],
 }
 
@@ -98,7 +94,8 @@ impl<P: Provider, const PEERS: usize> Flags<P, PEERS> {
             words,
             lkey,
             rkey,
-            remote: [Remote { addr: 0, rkey: 0 }; PEERS],
+            remote_addr: [0; PEERS],
+            remote_rkey: [0; PEERS],
             sent: [NONE; PEERS],
         })
     }
@@ -116,14 +113,13 @@ impl<P: Provider, const PEERS: usize> Flags<P, PEERS> {
     /// refused if shorter than two slots.
     pub(super) fn connect(&mut self, p: usize, window: &RemoteRegion) -> Result<(), &'static str> {
         let ok = window.len >= WINDOW && window.addr.checked_add(WINDOW).is_some();
-        let slot = self.remote.get_mut(p).ok_or("peer index out of range")?;
+        if p >= PEERS {
+            return Err("peer index out of range");
+        }
         if !ok {
             return Err("barrier window shorter than two slots");
         }
-        *slot = Remote {
-            addr: window.addr,
-            rkey: window.rkey,
-        };
+        (self.remote_addr[p], self.remote_rkey[p]) = (window.addr, window.rkey);
         Ok(())
     }
 
@@ -159,11 +155,10 @@ impl<P: Provider, const PEERS: usize> Flags<P, PEERS> {
             length: 8,
             lkey: self.lkey,
         };
-        let Remote { addr, rkey } = self.remote[p];
         let to = RemoteRegion {
-            addr: addr + u64::from(epoch & 1) * 8,
+            addr: self.remote_addr[p] + u64::from(epoch & 1) * 8,
             len: 8,
-            rkey,
+            rkey: self.remote_rkey[p],
         };
         // The outbox word is not stored to again until this write is redeemed (`sent`),
         // and the array outlives the channel's queue pair (module docs).

@@ -398,33 +398,33 @@ fn awaited(op: Op) -> Box<AwaitedFixture> {
 // Budgets: the counts of the build that set them (gungraun's `Instructions:` line).
 
 #[library_benchmark]
-#[bench::send(args = (Op::Send), setup = raw, config = budget(3_849_946))]
-#[bench::write(args = (Op::Write), setup = raw, config = budget(2_790_400))]
-#[bench::write_batch(args = (Op::WriteBatch), setup = raw, config = budget_of(42_501_400, BATCH as u64))]
+#[bench::send(args = (Op::Send), setup = raw, config = budget(3_861_751))]
+#[bench::write(args = (Op::Write), setup = raw, config = budget(2_796_400))]
+#[bench::write_batch(args = (Op::WriteBatch), setup = raw, config = budget_of(42_600_400, BATCH as u64))]
 fn raw_calls(mut f: Box<RawFixture>) -> Box<RawFixture> {
     f.run(black_box(ITERS));
     f
 }
 
 #[library_benchmark]
-#[bench::send(args = (Op::Send), setup = own, config = budget(4_000_282))]
-#[bench::write(args = (Op::Write), setup = own, config = budget(2_964_773))]
-#[bench::write_batch(args = (Op::WriteBatch), setup = own, config = budget_of(48_417_748, BATCH as u64))]
+#[bench::send(args = (Op::Send), setup = own, config = budget(4_012_087))]
+#[bench::write(args = (Op::Write), setup = own, config = budget(2_970_773))]
+#[bench::write_batch(args = (Op::WriteBatch), setup = own, config = budget_of(48_507_748, BATCH as u64))]
 fn channel(mut f: Box<ChannelFixture>) -> Box<ChannelFixture> {
     f.run(black_box(ITERS));
     f
 }
 
 #[library_benchmark]
-#[bench::send(args = (Op::Send), setup = shared, config = budget(4_219_692))]
-#[bench::write(args = (Op::Write), setup = shared, config = budget(3_183_763))]
+#[bench::send(args = (Op::Send), setup = shared, config = budget(4_231_497))]
+#[bench::write(args = (Op::Write), setup = shared, config = budget(3_189_763))]
 fn shared_queue(mut f: Box<ChannelFixture>) -> Box<ChannelFixture> {
     f.run(black_box(ITERS));
     f
 }
 
 #[library_benchmark]
-#[bench::send(args = (Op::Send), setup = unpolled, config = budget(4_174_598))]
+#[bench::send(args = (Op::Send), setup = unpolled, config = budget(4_180_659))]
 fn unpolled_level(mut f: Box<ChannelFixture>) -> Box<ChannelFixture> {
     f.run_unpolled(black_box(ITERS));
     f
@@ -432,8 +432,8 @@ fn unpolled_level(mut f: Box<ChannelFixture>) -> Box<ChannelFixture> {
 
 #[cfg(feature = "tokio")]
 #[library_benchmark]
-#[bench::send(args = (Op::Send), setup = awaited, config = budget(4_682_240))]
-#[bench::write(args = (Op::Write), setup = awaited, config = budget(3_601_728))]
+#[bench::send(args = (Op::Send), setup = awaited, config = budget(4_715_044))]
+#[bench::write(args = (Op::Write), setup = awaited, config = budget(3_607_727))]
 fn awaited_ops(mut f: Box<AwaitedFixture>) -> Box<AwaitedFixture> {
     f.run(black_box(ITERS));
     f

@@ -110,7 +110,8 @@ impl SlotState {
 
 /// The slot of the request with sequence number `seq` is `slots[seq % DEPTH]`, and it belongs
 /// to `seq` exactly while `tail <= seq < head`: that range is the generation check (an
-/// older generation is below the tail, an id never issued at or above the head).
+/// older generation is below the tail, an id never issued at or above the head). Every
+/// slot outside that range is free: so the slot at the tail of an empty ring is free.
 #[derive(Clone, Copy)]
 struct Slot {
     opcode: WcOpcode,
@@ -368,9 +369,8 @@ impl<W: WorkRequest, const DEPTH: usize> Ring<W, DEPTH> {
         if seq != self.tail {
             return unlikely_false();
         }
-        if seq >= self.head {
-            return unlikely_false();
-        }
+        // At the tail: below the head, or the ring is empty and the slot free (the type's
+        // invariant), which the state test below refuses.
         let slot = &mut self.slots[(seq % DEPTH as u64) as usize];
         if let SlotState::Posted | SlotState::PostedSignaled = slot.state {
             slot.state = SlotState::Free;
@@ -415,18 +415,27 @@ impl<W: WorkRequest, const DEPTH: usize> Ring<W, DEPTH> {
         }
         // Every earlier request still posted must be unsignaled: RC completes in order.
         // Those succeeded without a completion of their own and are retired: the tail moves
-        // up to the first outcome still to be taken, or to `seq`. (Slots behind the tail are
-        // never read again, so retired ones there need not be marked free.) Usually every
-        // one of them is unsignaled or taken already: one quick pass finds that.
+        // up to the first outcome still to be taken, or to `seq`, and their slots are freed
+        // (no slot behind the tail reads as posted). Usually every one of them is unsignaled
+        // or taken already: one quick pass finds that.
         // The pass runs over contiguous slices of slots (at most two: the range may wrap),
         // not slot by slot through `% DEPTH`.
         let mut done = self.tail;
         while done < seq {
             let start = (done % DEPTH as u64) as usize;
             let run = ((seq - done) as usize).min(DEPTH - start);
+            // Each slot passed is retired (freed) as the pass reads it: also when the
+            // completion is refused below, for a signaled request before it still posted
+            // (the requests before that one completed all the same: RC completes in order).
             let stop = self.slots[start..start + run]
-                .iter()
-                .position(|s| !matches!(s.state, SlotState::Posted | SlotState::Free));
+                .iter_mut()
+                .position(|s| match s.state {
+                    SlotState::Posted | SlotState::Free => {
+                        s.state = SlotState::Free;
+                        false
+                    }
+                    _ => true,
+                });
             if let Some(k) = stop {
                 done += k as u64;
                 break;

@@ -45,6 +45,27 @@ fn stale_generation_is_detected() {
 }
 
 #[test]
+fn an_empty_ring_retires_nothing_at_its_tail() {
+    let mut r: Ring<W, 2> = Ring::new();
+    let a = r.stage(wr(), false).unwrap();
+    let b = r.stage(wr(), true).unwrap();
+    r.clear_staged();
+    // `b`'s completion retires the unsignaled `a` behind it; taking `b` empties the ring,
+    // whose tail then sits on `a`'s slot.
+    r.complete(&wc(b, WcStatus::Success)).unwrap();
+    assert!(r.take(b).unwrap().is_ok());
+    assert!(r.is_idle());
+    let next = r.next_seq();
+    assert_eq!(next % 2, a % 2, "the tail's slot is a's");
+    // A completion naming a number not issued yet retires nothing and leaves the ring whole.
+    assert!(!r.retire_oldest(&wc(next, WcStatus::Success), next));
+    assert!(r.is_idle() && r.in_flight() == 0);
+    let c = r.stage(wr(), true).unwrap();
+    assert_eq!(c, next);
+    assert!(r.is_pending(c));
+}
+
+#[test]
 fn retire_oldest_retires_only_the_wanted_oldest_request() {
     let mut r: Ring<W, 4> = Ring::new();
     let a = r.stage(wr(), true).unwrap();

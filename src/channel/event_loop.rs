@@ -138,17 +138,6 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
         Ok(self.pending(Queue::Recv, seq))
     }
 
-    fn pending(&self, queue: Queue, seq: u64) -> Pending {
-        Pending {
-            seq,
-            queue,
-            by: PostedBy {
-                owner: self.owner,
-                qp_num: self.qp.qp_num(),
-            },
-        }
-    }
-
     /// The outcome of `pending`'s request if it has finished (taken: asked again, `None`),
     /// without polling.
     pub(crate) fn take_finished(

@@ -25,14 +25,20 @@ impl<P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usize>
         flags: SendFlags,
     ) -> Result<Pending, Error<P::Error>> {
         let seq = self.post_sges_seq(sges.iter().copied(), op, flags, None, false)?;
-        Ok(Pending {
+        Ok(self.pending(Queue::Send, seq))
+    }
+
+    /// The handle of request `seq` on `queue`, posted on this channel now.
+    #[inline(always)]
+    pub(super) fn pending(&self, queue: Queue, seq: u64) -> Pending {
+        Pending {
             seq,
-            queue: Queue::Send,
+            queue,
             by: PostedBy {
                 owner: self.owner,
                 qp_num: self.qp.qp_num(),
             },
-        })
+        }
     }
 
     /// Whether `pending` was posted on this channel (and so may be redeemed here).
@@ -212,13 +218,6 @@ impl<P: Provider, T: HasOwnRx<P, DEPTH, SGES>, const DEPTH: usize, const SGES: u
         sges: &[Sge],
     ) -> Result<Pending, Error<P::Error>> {
         let seq = self.post_recv_seq(sges.iter().copied())?;
-        Ok(Pending {
-            seq,
-            queue: Queue::Recv,
-            by: PostedBy {
-                owner: self.owner,
-                qp_num: self.qp.qp_num(),
-            },
-        })
+        Ok(self.pending(Queue::Recv, seq))
     }
 }

@@ -27,6 +27,8 @@
 //! let b = b.into_rtr(&ea, &RtrOptions::default()).unwrap();
 //! assert_eq!(a.state().unwrap(), QpState::ReadyToSend);
 //! assert_eq!(b.state().unwrap(), QpState::ReadyToReceive);
+//! // Where its path starts: `QpConfig::default()`'s port and GID index.
+//! assert_eq!((a.port(), a.gid_index()), (1, 0));
 //! # }
 //! ```
 

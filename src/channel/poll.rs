@@ -167,7 +167,7 @@ impl<P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usize>
             opcode: c.opcode,
             qp_num: self.qp.qp_num(),
             // The connected peer's (none on a datagram channel).
-            peer_qp_num: self.qp.remote().map(|e| e.qp_num),
+            peer_qp_num: self.qp.peer_qp_num(),
         })
     }
 

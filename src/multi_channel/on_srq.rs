@@ -277,8 +277,7 @@ impl<P: Provider, const PEERS: usize, const DEPTH: usize, const SGES: usize>
                     qp_num: wc.qp_num,
                     peer_qp_num: self.peers[peer]
                         .as_ref()
-                        .and_then(|c| c.queue_pair().remote())
-                        .map(|e| e.qp_num),
+                        .and_then(|c| c.queue_pair().peer_qp_num()),
                 });
                 self.outcomes[peer] = Some(Err(e.clone()));
                 Err(e)

@@ -140,7 +140,9 @@ pub type UdQueuePair<P, St> = QueuePair<P, St, Ud>;
 pub struct QueuePair<P: Provider, St: State, T: Transport = Rc> {
     raw: P::Qp,
     local: Endpoint,
-    remote: Option<Endpoint>,
+    /// The connected peer's queue pair number, or [`NO_PEER`] before RTR and after a reset.
+    /// The rest of the peer's endpoint lives in the device ([`QueuePair::path`]).
+    peer_qp_num: u32,
     /// Its physical port and the GID table index of its path, from [`QpConfig`] (a
     /// connection manager may choose the index). The rest of the creation settings lives
     /// in the device, not here: a node of a large world holds many queue pairs.
@@ -149,6 +151,10 @@ pub struct QueuePair<P: Provider, St: State, T: Transport = Rc> {
     device: DeviceLimits,
     _state: PhantomData<(St, T)>,
 }
+
+/// No connected peer: queue pair numbers are 24 bits ([`into_rtr`](QueuePair::into_rtr)
+/// checks the peer's), so this one is never a peer's.
+const NO_PEER: u32 = u32::MAX;
 
 /// What a queue pair keeps of its device's attributes, to check its transitions and
 /// operations against.
@@ -202,7 +208,7 @@ impl<P: Provider, St: State, T: Transport> fmt::Debug for QueuePair<P, St, T> {
         f.debug_struct("QueuePair")
             .field("state", &core::any::type_name::<St>())
             .field("local", &self.local)
-            .field("remote", &self.remote)
+            .field("peer_qp_num", &self.peer_qp_num())
             .finish()
     }
 }
@@ -270,7 +276,7 @@ impl<P: Provider, T: Transport> QueuePair<P, Reset, T> {
                 gid,
                 mtu: port.active_mtu,
             },
-            remote: None,
+            peer_qp_num: NO_PEER,
             port: config.port,
             gid_index: config.gid_index,
             device: DeviceLimits {
@@ -382,7 +388,7 @@ impl<P: Provider, T: Connected> QueuePair<P, Init, T> {
                 }))
             });
         self.transition(attr).map(|mut qp| {
-            qp.remote = Some(*remote);
+            qp.peer_qp_num = remote.qp_num;
             qp
         })
     }
@@ -512,9 +518,10 @@ impl<P: Provider, St: State, T: Transport> QueuePair<P, St, T> {
         self.local
     }
 
-    /// The peer's endpoint, once connected (RTR and later).
-    pub fn remote(&self) -> Option<Endpoint> {
-        self.remote
+    /// The connected peer's queue pair number (RTR and later; none before, nor after a
+    /// reset). The whole path the device applied is [`path`](QueuePair::path).
+    pub fn peer_qp_num(&self) -> Option<u32> {
+        (self.peer_qp_num != NO_PEER).then_some(self.peer_qp_num)
     }
 
     /// The queue pair number.
@@ -577,10 +584,10 @@ impl<P: Provider, St: State, T: Transport> QueuePair<P, St, T> {
             Ok(()) => Ok(QueuePair {
                 raw: self.raw,
                 local: self.local,
-                remote: if matches!(t, Transition::Reset) {
-                    None
+                peer_qp_num: if matches!(t, Transition::Reset) {
+                    NO_PEER
                 } else {
-                    self.remote
+                    self.peer_qp_num
                 },
                 port: self.port,
                 gid_index: self.gid_index,

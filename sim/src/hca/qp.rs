@@ -170,7 +170,10 @@ pub(crate) struct QpObj {
     /// queues, `qkey` and `req.next_psn` (`ud.rs`).
     pub(crate) ty: QpType,
     pub(crate) state: QpState,
-    pub(crate) init: Option<InitAttr>,
+    /// What the INIT transition granted the responder (nothing before it, nor after a
+    /// reset): all the simulator keeps of its `InitAttr`, whose port and P_Key index it
+    /// checks and has one of each.
+    pub(crate) access: AccessFlags,
     pub(crate) rtr: Option<RtrAttr>,
     pub(crate) rts: Option<RtsAttr>,
     /// Receive WRs not yet consumed, oldest first (shared with the handle in threaded
@@ -322,7 +325,7 @@ impl QpObj {
                 self.sq.clear();
                 self.rq.clear_closed();
                 *self.unsig_done = 0;
-                (self.init, self.rtr, self.rts) = (None, None, None);
+                (self.access, self.rtr, self.rts) = (AccessFlags::empty(), None, None);
                 self.qkey = 0;
                 (*self.req, self.peer_dev) = (ReqState::default(), None);
                 self.resp.reset();
@@ -376,7 +379,7 @@ impl QpObj {
                 if a.port != 1 || a.pkey_index != 0 {
                     return invalid("port must be 1 and pkey_index 0");
                 }
-                self.init = Some(a);
+                self.access = a.access;
                 Init
             }
             Transition::Rtr(a) => {

@@ -152,10 +152,10 @@ impl QpObj {
                 SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => HEADER_BYTES + 28,
                 _ => len + u64::from(npkts) * HEADER_BYTES,
             };
-            let (retx, wr_id) = (e.sent_once, e.wr.wr_id);
+            let (retx, wr_id) = (e.sent_once(), e.wr.wr_id);
             let psn = self.req.next_psn;
             let e = self.sq.get_mut(i).expect("queued entry");
-            (e.psn, e.npkts, e.sent_once) = (psn, npkts, true);
+            (e.psn, e.npkts) = (psn, npkts);
             self.req.next_psn = psn.wrapping_add(npkts) & PSN_MASK;
             self.req.sent += 1;
             self.req.rd_inflight += u8::from(rd);
@@ -195,7 +195,7 @@ impl QpObj {
     /// Go-back-N: everything outstanding will be sent again, from the oldest.
     pub(crate) fn go_back(&mut self) {
         (self.req.sent, self.req.rd_inflight) = (0, 0);
-        if let Some(e) = self.sq.front().filter(|e| e.sent_once) {
+        if let Some(e) = self.sq.front().filter(|e| e.sent_once()) {
             self.req.next_psn = e.psn;
         }
     }

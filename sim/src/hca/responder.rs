@@ -101,7 +101,9 @@ pub(crate) fn answer(t: &Tables, cfg: &FabricConfig, peer: &QpObj, pkt: &Packet)
         .map(|(_, r)| r)
         .filter(|r| r.epoch == pkt.epoch)
         .and_then(|r| {
-            let i = r.sq.iter().position(|e| e.sent_once && e.psn == pkt.psn)?;
+            let i =
+                r.sq.iter()
+                    .position(|e| e.sent_once() && e.psn == pkt.psn)?;
             Some((r, r.sq.get(i)?, r.sq.gathers(i), r.sq.inline(i)))
         });
     let last = pkt.psn.wrapping_add(pkt.npkts - 1) & PSN_MASK;
@@ -228,9 +230,9 @@ pub(crate) fn execute<'p>(
         Read { .. } => AccessFlags::REMOTE_READ,
         CompareSwap { .. } | FetchAdd { .. } => AccessFlags::REMOTE_ATOMIC,
     };
-    let (access, max_rd) = match (peer.init, peer.rtr) {
-        (Some(i), Some(r)) => (i.access, r.max_dest_rd_atomic),
-        _ => (AccessFlags::empty(), 0),
+    let (access, max_rd) = match peer.rtr {
+        Some(r) => (peer.access, r.max_dest_rd_atomic),
+        None => (AccessFlags::empty(), 0),
     };
     if !access.contains(need) || (rd_atomic(&wr.op) && max_rd == 0) {
         return fail(out, WcStatus::RemInvReqErr);

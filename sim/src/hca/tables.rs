@@ -404,7 +404,7 @@ impl Tables {
             ty,
             qkey: 0,
             state: QpState::Reset,
-            init: None,
+            access: AccessFlags::empty(),
             rtr: None,
             rts: None,
             sq: SendQueue::new(

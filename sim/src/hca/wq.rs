@@ -23,10 +23,16 @@ pub(crate) struct SqEntry {
     pub(crate) wr: SendHead,
     /// First PSN, once transmitted.
     pub(crate) psn: u32,
-    /// PSNs the message uses (path-MTU segments, at least 1).
+    /// PSNs the message uses (path-MTU segments, at least 1) once transmitted; 0 before.
     pub(crate) npkts: u32,
+}
+
+impl SqEntry {
     /// Transmitted at least once (later transmissions are retransmissions).
-    pub(crate) sent_once: bool,
+    #[inline]
+    pub(crate) fn sent_once(&self) -> bool {
+        self.npkts != 0
+    }
 }
 
 /// A send work request as the HCA reads it: what was posted, but the gather list.
@@ -74,8 +80,7 @@ const BLANK: SqEntry = SqEntry {
         total: 0,
     },
     psn: 0,
-    npkts: 1,
-    sent_once: false,
+    npkts: 0,
 };
 
 /// A ring of at most `capacity` entries, each slot with `stride` side entries beside it
@@ -368,8 +373,7 @@ impl SendQueue {
         self.0.slots[at] = SqEntry {
             wr: SendHead::of(wr, total),
             psn: 0,
-            npkts: 1,
-            sent_once: false,
+            npkts: 0,
         };
         let from = at * self.0.stride();
         self.0.side[from..][..sges.len()].copy_from_slice(sges);

@@ -59,8 +59,10 @@ const MAX: usize = 1 << 18;
 /// The largest dissemination world: its node type holds 31 peers, enough for 65,536
 /// ranks (2 × 18 - 1 = 35 would be needed at 262,144, and every node would pay for them).
 const MAX_DISSEMINATION: usize = 1 << 16;
-/// Data channel depth and SGEs: the scatter keeps one write per peer in flight.
-const DEPTH: usize = 2;
+/// Data channel depth and SGEs: the barriers and the scatter keep one write per peer in
+/// flight, so the channels are one request deep (a second slot would add 96 bytes per
+/// peer: BENCHMARKS.md, section 6).
+const DEPTH: usize = 1;
 const SGES: usize = 1;
 /// Peer capacities: dissemination has at most 2 × 16 - 1 partners (`rank ± 2^k` for
 /// `k < 16`; the sweep's N are powers of two, where `+2^15` and `-2^15` meet), the tree 3,

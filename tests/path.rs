@@ -298,3 +298,17 @@ fn channel_path() {
     let p = b.ch.path().unwrap();
     assert_eq!((p.path_mtu, p.sl, p.hop_limit), (Mtu::Mtu4096, 0, 64));
 }
+
+#[test]
+fn the_peers_queue_pair_number_is_kept_from_rtr_until_reset() {
+    let (_sim, a, b) = two(&QpConfig::default());
+    let eb = b.qp.endpoint();
+    assert_eq!(a.qp.peer_qp_num(), None);
+    let rtr = a.qp.into_rtr(&eb, &RtrOptions::default()).unwrap();
+    assert_eq!(rtr.peer_qp_num(), Some(eb.qp_num));
+    let rts = rtr.into_rts(&RtsOptions::default()).unwrap();
+    assert_eq!(rts.peer_qp_num(), Some(eb.qp_num));
+    assert_eq!(rts.path().unwrap().dest_qp_num, eb.qp_num);
+    let reset = rts.reset().unwrap();
+    assert_eq!(reset.peer_qp_num(), None);
+}

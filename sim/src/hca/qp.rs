@@ -14,6 +14,8 @@
 //! state machine (`transition`); posting (`post_send`, `post_recv`, `queue_send`) and the
 //! checks each post makes.
 
+use core::num::NonZeroU32;
+
 use super::mem::{copy, Dst, Spans, Src};
 use super::net::Net;
 use super::rq::RqHome;
@@ -159,10 +161,11 @@ pub(crate) struct QpObj {
     pub(crate) epoch: u32,
     /// UD: the Q_Key its receives accept, from INIT (0 before).
     pub(crate) qkey: u32,
-    /// Device the RTR path resolves to (read with [`QpObj::peer_dev`]; a device index
-    /// is a u32 here so that the queue pair, of which a large world has millions, stays
-    /// small).
-    pub(crate) peer_dev: Option<u32>,
+    /// One more than the device the RTR path resolves to (read with
+    /// [`QpObj::peer_dev`] and [`QpObj::leads_to`]): a device index as a u32 made
+    /// non-zero, so that the `Option` takes no tag and the queue pair, of which a large
+    /// world has millions, stays small.
+    pub(super) peer_dev: Option<NonZeroU32>,
     /// Its device crashed: the QP is gone but for its handle.
     pub(crate) dead: bool,
     pub(crate) sig_all: bool,
@@ -233,7 +236,13 @@ impl QpObj {
     /// Device the RTR path resolves to.
     #[inline]
     pub(crate) fn peer_dev(&self) -> Option<usize> {
-        self.peer_dev.map(|d| d as usize)
+        self.peer_dev.map(|d| (d.get() - 1) as usize)
+    }
+
+    /// Whether the RTR path leads to device `dev`.
+    #[inline]
+    pub(crate) fn leads_to(&self, dev: u32) -> bool {
+        self.peer_dev.map(NonZeroU32::get) == Some(dev.wrapping_add(1))
     }
 }
 
@@ -412,7 +421,9 @@ impl QpObj {
                 };
                 self.rtr = Some(a);
                 self.resp.epsn = a.rq_psn;
-                self.peer_dev = peer_dev.and_then(|d| u32::try_from(d).ok());
+                self.peer_dev = peer_dev
+                    .and_then(|d| u32::try_from(d).ok())
+                    .and_then(|d| NonZeroU32::new(d.wrapping_add(1)));
                 ReadyToReceive
             }
             Transition::Rts(a) => {

@@ -162,7 +162,7 @@ impl QpObj {
             let (dev, qpn, armed) = (self.dev(), self.qpn, self.req.timer.is_some());
             let pkt = Packet {
                 src_dev: dev as u32,
-                dst_dev: self.peer_dev.unwrap_or(0),
+                dst_dev: self.peer_dev().map_or(0, |d| d as u32),
                 src_qpn: qpn,
                 dst_qpn: rtr.dest_qp_num,
                 psn,
@@ -177,7 +177,7 @@ impl QpObj {
                 TraceKind::Send(PacketKind::Request)
             };
             net.trace(dev, qpn, what, Some(psn), Some(wr_id));
-            match self.peer_dev {
+            match self.peer_dev() {
                 Some(_) => {
                     net.send(pkt, wire);
                 }
@@ -230,8 +230,8 @@ impl QpObj {
     /// Which request on the wire response `pkt` answers (its index from the oldest), or
     /// why the response is dropped.
     fn answered(&self, pkt: &Packet) -> Result<usize, DropReason> {
-        let from_peer = self.rtr.is_some_and(|r| r.dest_qp_num == pkt.src_qpn)
-            && self.peer_dev == Some(pkt.src_dev);
+        let from_peer =
+            self.rtr.is_some_and(|r| r.dest_qp_num == pkt.src_qpn) && self.leads_to(pkt.src_dev);
         if self.state != QpState::ReadyToSend {
             return Err(DropReason::NotReady);
         }

@@ -86,8 +86,8 @@ pub(crate) enum Answer {
 /// requester's send queue in the tables `t`. Executing it moves its bytes (see
 /// [`execute`]); no queue pair changes.
 pub(crate) fn answer(t: &Tables, cfg: &FabricConfig, peer: &QpObj, pkt: &Packet) -> Answer {
-    let from_peer = peer.rtr.is_some_and(|r| r.dest_qp_num == pkt.src_qpn)
-        && peer.peer_dev == Some(pkt.src_dev);
+    let from_peer =
+        peer.rtr.is_some_and(|r| r.dest_qp_num == pkt.src_qpn) && peer.leads_to(pkt.src_dev);
     if !matches!(peer.state, QpState::ReadyToReceive | QpState::ReadyToSend) {
         return Answer::Drop(DropReason::NotReady);
     }

@@ -73,7 +73,7 @@ const TREE_PEERS: usize = 3;
 const ROOT_PEERS: usize = 8192;
 /// Bytes each scatter write carries.
 const PIECE: usize = 64;
-/// With `--receives srq`: each node's receive slots, shared by its peers (what a node that
+/// With `--receives srq` (the default): each node's receive slots, shared by its peers (what a node that
 /// takes small messages from any peer might hold; the barriers and the scatter are writes
 /// and use none).
 const SRQ_SLOTS: SlotsConfig = SlotsConfig {
@@ -391,9 +391,9 @@ struct Cli {
     /// The fabric's seed
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Where a node's peers receive: each its own receive queue, or one shared receive
-    /// queue per node (16 slots of 64 bytes)
-    #[arg(long, value_enum, default_value = "own")]
+    /// Where a node's peers receive: one shared receive queue per node (16 slots of 64
+    /// bytes), or each its own receive queue
+    #[arg(long, value_enum, default_value = "srq")]
     receives: Receives,
 }
 

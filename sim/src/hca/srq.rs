@@ -75,10 +75,7 @@ impl Tables {
             return Err(SimError::Invalid("srq_limit exceeds max_wr"));
         }
         let dev = self.pds.get(pd).expect("live PD").dev;
-        let on_dev = (0..self.srqs.slots())
-            .filter(|&s| self.srqs.get(s).is_some_and(|s| s.dev == dev))
-            .count();
-        if on_dev >= MAX_SRQ as usize {
+        if self.devices[dev].srqs >= MAX_SRQ {
             return Err(SimError::QueueFull);
         }
         let rq = RecvQueue::new(attr.max_wr as usize, attr.max_sge as usize, lazy);
@@ -98,6 +95,7 @@ impl Tables {
             held: Holders::new(),
         };
         let (s, _) = self.srqs.insert(srq);
+        self.devices[dev].srqs += 1;
         self.pds.get_mut(pd).expect("live PD").held.refs += 1;
         Ok((s, key, q))
     }
@@ -128,8 +126,9 @@ impl Tables {
             srq.attached.retain(|&a| a as usize != qp);
         }
         if srq.held.release(handle) {
-            let pd = srq.pd;
+            let (pd, dev) = (srq.pd, srq.dev);
             self.srqs.remove(s);
+            self.devices[dev].srqs -= 1;
             self.release_pd(pd, false);
         }
     }

@@ -110,6 +110,9 @@ pub(crate) struct Device {
     pub(crate) name: String,
     pub(crate) lid: u16,
     pub(crate) gids: [Gid; 2],
+    /// Its SRQs in the tables (at most `MAX_SRQ`): counted, not found by a scan of every
+    /// device's, which made a world's set-up quadratic.
+    pub(crate) srqs: u32,
 }
 
 /// Who holds an object: its handle, and the objects made in it or on it. It is freed once
@@ -260,6 +263,7 @@ impl Tables {
             name: name.to_owned(),
             lid,
             gids: [Gid(link_local), Gid(v4)],
+            srqs: 0,
         });
         Ok(())
     }

@@ -214,6 +214,9 @@ pub(crate) struct Events {
     /// Mirrors `!is_empty()` for lock-free readers (`Cq::poll`); written under the
     /// world's lock.
     pending: Arc<crate::padded::Padded<AtomicBool>>,
+    /// Never set: the flag of readers for whom nothing would run on the lock's side
+    /// (stepped mode without auto-step), so that they never lock.
+    quiet: Arc<crate::padded::Padded<AtomicBool>>,
     /// The clock thread, while it sleeps until `wake_at` (threaded mode, timed):
     /// an event scheduled earlier wakes it (`api/comp_channel.rs`).
     pub(crate) clock: Option<ClockWake>,
@@ -241,6 +244,7 @@ impl Events {
             seq: 0,
             reserved: 0,
             pending: Arc::new(crate::padded::Padded(AtomicBool::new(false))),
+            quiet: Arc::new(crate::padded::Padded(AtomicBool::new(false))),
             clock: None,
         }
     }
@@ -305,6 +309,12 @@ impl Events {
     /// world's lock.
     pub(crate) fn pending_flag(&self) -> Arc<crate::padded::Padded<AtomicBool>> {
         self.pending.clone()
+    }
+
+    /// A flag that is never set, for readers that lock only to run what is due, where
+    /// nothing is run for them.
+    pub(crate) fn quiet_flag(&self) -> Arc<crate::padded::Padded<AtomicBool>> {
+        self.quiet.clone()
     }
 
     /// Whether the next packet runs before the next timer.

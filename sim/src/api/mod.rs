@@ -292,12 +292,20 @@ impl Context {
         let lazy = w.net.cfg.lazy_queues;
         let id = w.tables.create_cq(self.dev, depth, lazy)?;
         let buf = w.tables.cqs.get(id).expect("new CQ").buf.reader();
+        // A poll locks to run what is due (threaded) or to step (auto-step); stepped
+        // without auto-step it would lock for nothing.
+        let manual = w.net.cfg.mode == Mode::Stepped && !w.net.cfg.auto_step;
+        let events = &w.net.sched.events;
         Ok(Cq {
             world: self.world.clone(),
             id,
             depth,
             buf,
-            pending: w.net.sched.events.pending_flag(),
+            pending: if manual {
+                events.quiet_flag()
+            } else {
+                events.pending_flag()
+            },
         })
     }
 }

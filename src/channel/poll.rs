@@ -5,19 +5,32 @@ use super::*;
 use crate::error::{ErrorKind, ProviderError};
 use crate::types::WcStatus;
 
-/// Polls `cq` once and records what it returns in `ring`. The completions land in a
-/// buffer on the stack: a channel keeps none of its own (a node holds a channel per peer
-/// and direction, and `POLL_BATCH` completions are 640 bytes).
+/// Polls `cq` and records what it returns in `ring`: one completion first, and only if
+/// there was one, a batch. The completions land on the stack: a channel keeps none of
+/// its own (a node holds a channel per peer and direction, and `POLL_BATCH` completions
+/// are 640 bytes), and a poll that finds nothing, the usual one of a spinning wait or an
+/// idle pass, sets up 40 bytes, not 640.
 fn poll_into<P: Provider, W: WorkRequest, const DEPTH: usize>(
+    cq: &mut Completions<P>,
+    ring: &mut Ring<W, DEPTH>,
+) -> Result<usize, Error<P::Error>> {
+    let mut first = [WorkCompletion::EMPTY];
+    if cq.poll(ring, &mut first)? == 0 {
+        return Ok(0);
+    }
+    record::<P, W, DEPTH>(ring, &first)?;
+    Ok(1 + poll_batch_into(cq, ring)?)
+}
+
+/// [`poll_into`]'s batch, after its first completion.
+#[inline(never)]
+fn poll_batch_into<P: Provider, W: WorkRequest, const DEPTH: usize>(
     cq: &mut Completions<P>,
     ring: &mut Ring<W, DEPTH>,
 ) -> Result<usize, Error<P::Error>> {
     let mut wcs = [WorkCompletion::EMPTY; POLL_BATCH];
     let n = cq.poll(ring, &mut wcs)?;
-    for wc in &wcs[..n] {
-        ring.complete(wc)
-            .map_err(|u| Error::UnexpectedCompletion { wr_id: u.wr_id })?;
-    }
+    record::<P, W, DEPTH>(ring, &wcs[..n])?;
     Ok(n)
 }
 

@@ -29,6 +29,8 @@
 //! assert_eq!(b.state().unwrap(), QpState::ReadyToReceive);
 //! // Where its path starts: `QpConfig::default()`'s port and GID index.
 //! assert_eq!((a.port(), a.gid_index()), (1, 0));
+//! // The peer it is connected to (the rest of the path lives in the device: `path()`).
+//! assert_eq!(a.peer_qp_num(), Some(eb.qp_num));
 //! # }
 //! ```
 

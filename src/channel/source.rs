@@ -13,6 +13,8 @@ use crate::types::WorkCompletion;
 #[cfg(feature = "std")]
 use crate::wr_id::SEQ_MASK;
 #[cfg(feature = "std")]
+use core::mem::ManuallyDrop;
+#[cfg(feature = "std")]
 use std::sync::Arc;
 
 #[cfg(all(feature = "std", unix))]
@@ -64,16 +66,18 @@ fn owned<T>(t: T) -> Owned<T> {
 #[cfg(feature = "std")]
 pub(crate) struct Attached<P: Provider> {
     cq: Arc<SharedCompletionQueue<P>>,
-    /// `Some` until dropped.
-    inbox: Option<Inbox>,
+    /// Attached until dropped. Not an `Option`: without the `None` a channel's poll tells
+    /// its two sources apart with one compare, not two.
+    inbox: ManuallyDrop<Inbox>,
 }
 
 #[cfg(feature = "std")]
 impl<P: Provider> Drop for Attached<P> {
     fn drop(&mut self) {
-        if let Some(inbox) = self.inbox.take() {
-            self.cq.detach(inbox);
-        }
+        // SAFETY: `inbox` is taken once, here, and not used after: the value is being
+        // dropped.
+        let inbox = unsafe { ManuallyDrop::take(&mut self.inbox) };
+        self.cq.detach(inbox);
     }
 }
 
@@ -110,7 +114,7 @@ impl<P: Provider> Completions<P> {
         Ok(Completions {
             source: Source::Shared(Attached {
                 cq: cq.clone(),
-                inbox: Some(inbox),
+                inbox: ManuallyDrop::new(inbox),
             }),
         })
     }
@@ -163,9 +167,7 @@ impl<P: Provider> Completions<P> {
                 true
             }
             Source::Shared(a) if a.cq.events().is_some() => {
-                if let Some(inbox) = &a.inbox {
-                    let _ = a.cq.sleep(inbox, left);
-                }
+                let _ = a.cq.sleep(&a.inbox, left);
                 true
             }
             _ => waiter.pause(),
@@ -219,7 +221,7 @@ impl<P: Provider> Completions<P> {
     #[cfg(all(feature = "tokio", unix))]
     pub(crate) fn reactor_led(&self) -> bool {
         match &self.source {
-            Source::Shared(a) => a.inbox.as_ref().is_some_and(|i| i.reactor_led()),
+            Source::Shared(a) => a.inbox.reactor_led(),
             Source::Own(_) => false,
         }
     }
@@ -230,22 +232,15 @@ impl<P: Provider> Completions<P> {
     #[cfg(all(feature = "tokio", unix))]
     pub(crate) fn sleep_task(&self, waker: &core::task::Waker) -> Result<bool, Error<P::Error>> {
         match &self.source {
-            Source::Shared(Attached {
-                cq,
-                inbox: Some(inbox),
-            }) => cq.sleep_task(inbox, waker),
-            _ => Ok(false),
+            Source::Shared(Attached { cq, inbox }) => cq.sleep_task(inbox, waker),
+            Source::Own(_) => Ok(false),
         }
     }
 
     /// The owner is awake: routing no longer wakes it.
     #[cfg(all(feature = "tokio", unix))]
     pub(crate) fn awake(&self) {
-        if let Source::Shared(Attached {
-            cq,
-            inbox: Some(inbox),
-        }) = &self.source
-        {
+        if let Source::Shared(Attached { cq, inbox }) = &self.source {
             cq.awake(inbox);
         }
     }
@@ -292,12 +287,9 @@ impl<P: Provider> Completions<P> {
             Source::Own(o) => o.cq.poll(out),
             #[cfg(feature = "std")]
             Source::Shared(a) => {
-                let Some(inbox) = a.inbox.as_mut() else {
-                    return Ok(0);
-                };
                 let n = match how {
-                    Shared::Poll => a.cq.poll(inbox, out)?,
-                    Shared::Drain => a.cq.drain(inbox, out)?,
+                    Shared::Poll => a.cq.poll(&mut a.inbox, out)?,
+                    Shared::Drain => a.cq.drain(&mut a.inbox, out)?,
                 };
                 widen(ring, &mut out[..n]);
                 Ok(n)

@@ -363,10 +363,10 @@ impl<W: WorkRequest, const DEPTH: usize> Ring<W, DEPTH> {
     pub fn retire_oldest(&mut self, wc: &WorkCompletion, want: u64) -> bool {
         let seq = wc.wr_id;
         // Each miss is unlikely, so each is a branch of its own (not one combined test).
-        if seq != want {
+        if want != self.tail {
             return unlikely_false();
         }
-        if seq != self.tail {
+        if seq != want {
             return unlikely_false();
         }
         // At the tail: below the head, or the ring is empty and the slot free (the type's

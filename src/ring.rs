@@ -88,13 +88,16 @@ pub struct UnknownCompletion {
 }
 
 /// Where a slot's request is. Signaled and unsignaled posted requests are two states, so
-/// that one store marks a slot posted and one compare finds a signaled one.
+/// that one store marks a slot posted and one compare finds a signaled one; the two posted
+/// states are the two highest, so one compare finds a posted one.
 #[derive(Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
 enum SlotState {
     Free,
+    /// Completed; the outcome, in the ring's `outcomes`, is still to be taken.
+    Done,
     Posted,
     PostedSignaled,
-    Done(Completion),
 }
 
 impl SlotState {
@@ -112,6 +115,8 @@ impl SlotState {
 /// to `seq` exactly while `tail <= seq < head`: that range is the generation check (an
 /// older generation is below the tail, an id never issued at or above the head). Every
 /// slot outside that range is free: so the slot at the tail of an empty ring is free.
+/// Two bytes, so that a slot is found by an address mode (no multiply) and its request
+/// posted with one store; outcomes are kept apart, in `outcomes`.
 #[derive(Clone, Copy)]
 struct Slot {
     opcode: WcOpcode,
@@ -127,6 +132,8 @@ pub struct Ring<W, const DEPTH: usize> {
     id_mask: u64,
     id_tag: u64,
     slots: [Slot; DEPTH],
+    /// The outcome of the request in `slots[i]` while its state is `Done`.
+    outcomes: [Completion; DEPTH],
     /// Entries `..staged` are the staged batch; entry `staged` is where the next request
     /// is built. `staged <= in_flight()`: a staged request holds a slot, so a free slot
     /// means a free entry.
@@ -156,6 +163,7 @@ impl<W: WorkRequest, const DEPTH: usize> Ring<W, DEPTH> {
                 opcode: WcOpcode::Send,
                 state: SlotState::Free,
             }; DEPTH],
+            outcomes: [Completion::bare(WcStatus::Success, WcOpcode::Send); DEPTH],
             stage: [W::BLANK; DEPTH],
             staged: 0,
         }
@@ -346,9 +354,9 @@ impl<W: WorkRequest, const DEPTH: usize> Ring<W, DEPTH> {
         // The usual case: the oldest request in flight completes. Nothing earlier is left to
         // retire, and its slot stays the oldest, so the tail does not move.
         if seq == self.tail && seq < self.head {
-            let slot = &mut self.slots[(seq % DEPTH as u64) as usize];
-            if let SlotState::Posted | SlotState::PostedSignaled = slot.state {
-                slot.state = SlotState::Done(outcome(wc, slot.opcode));
+            let idx = (seq % DEPTH as u64) as usize;
+            if let SlotState::Posted | SlotState::PostedSignaled = self.slots[idx].state {
+                self.done(idx, outcome(wc, self.slots[idx].opcode));
                 return Ok(());
             }
         }
@@ -460,7 +468,7 @@ impl<W: WorkRequest, const DEPTH: usize> Ring<W, DEPTH> {
         self.tail = done;
         // The tail rests on an outcome to be taken (`done`'s or `seq`'s): where `advance`
         // would leave it.
-        self.slots[idx].state = SlotState::Done(outcome(wc, self.slots[idx].opcode));
+        self.done(idx, outcome(wc, self.slots[idx].opcode));
         Ok(())
     }
 
@@ -470,11 +478,12 @@ impl<W: WorkRequest, const DEPTH: usize> Ring<W, DEPTH> {
         if seq < self.tail || seq >= self.head {
             return None;
         }
-        let slot = &mut self.slots[(seq % DEPTH as u64) as usize];
-        let SlotState::Done(done) = slot.state else {
+        let idx = (seq % DEPTH as u64) as usize;
+        if self.slots[idx].state != SlotState::Done {
             return None;
-        };
-        slot.state = SlotState::Free;
+        }
+        let done = self.outcomes[idx];
+        self.slots[idx].state = SlotState::Free;
         // Only the oldest slot holds the tail back: a younger one leaves it where it is.
         if seq == self.tail {
             self.advance();
@@ -517,9 +526,9 @@ impl<W: WorkRequest, const DEPTH: usize> Ring<W, DEPTH> {
         let posted_end = self.head - self.staged as u64;
         let mut n = 0;
         for seq in self.tail..posted_end {
-            let slot = &mut self.slots[(seq % DEPTH as u64) as usize];
-            if let SlotState::Posted | SlotState::PostedSignaled = slot.state {
-                slot.state = SlotState::Done(Completion::bare(status, slot.opcode));
+            let idx = (seq % DEPTH as u64) as usize;
+            if let SlotState::Posted | SlotState::PostedSignaled = self.slots[idx].state {
+                self.done(idx, Completion::bare(status, self.slots[idx].opcode));
                 n += 1;
             }
         }
@@ -543,6 +552,13 @@ impl<W: WorkRequest, const DEPTH: usize> Ring<W, DEPTH> {
     /// The oldest request not yet retired.
     pub fn oldest(&self) -> Option<u64> {
         (!self.is_idle()).then_some(self.tail)
+    }
+
+    /// Records the outcome of the request in slot `idx`.
+    #[inline]
+    fn done(&mut self, idx: usize, outcome: Completion) {
+        self.outcomes[idx] = outcome;
+        self.slots[idx].state = SlotState::Done;
     }
 
     fn advance(&mut self) {

@@ -220,10 +220,16 @@ impl<P: Provider, B: IoBuf, const DEPTH: usize, const SGES: usize> Inner<P, B, D
         self.wake_space();
     }
 
+    /// Wakes the operations waiting for space. Inline: the usual call finds none.
+    #[inline]
     pub(super) fn wake_space(&mut self) {
-        if self.space.is_empty() {
-            return;
+        if !self.space.is_empty() {
+            self.wake_space_now();
         }
+    }
+
+    #[inline(never)]
+    fn wake_space_now(&mut self) {
         for w in self.space.drain(..) {
             w.wake();
         }

@@ -8,8 +8,8 @@
 //! work that succeeds produces no completion of its own).
 //!
 //! The ring also stages a doorbell batch: requests are built in place in preallocated
-//! entries with fixed-size SGE arrays ([`Ring::next_entry`], then
-//! [`Ring::stage_built`]), and the caller posts [`Ring::staged`] as one chain. A request
+//! entries with fixed-size SGE arrays ([`Ring::stage_next`]), and the caller posts
+//! [`Ring::staged`] as one chain. A request
 //! posted by itself is built in the same entry, the next one the batch would use
 //! ([`Ring::lone_entry`]), so no request is copied on its way to the provider.
 //!
@@ -186,35 +186,61 @@ impl<W: WorkRequest, const DEPTH: usize> Ring<W, DEPTH> {
 
     /// Takes a slot for `wr`, sets its `wr_id`, and appends it to the staged batch.
     /// Returns its sequence number. (A copy of `wr`: callers on the data path build in
-    /// [`next_entry`](Self::next_entry) instead.)
+    /// the entry [`stage_next`](Self::stage_next) gives instead.)
     pub fn stage(&mut self, mut wr: W, signaled: bool) -> Result<u64, QueueFull> {
-        let entry = self.next_entry().ok_or(QueueFull { capacity: DEPTH })?;
+        let (seq, entry) = self.stage_next(wr.opcode(), signaled)?;
         wr.set_wr_id(entry.wr_id());
         *entry = wr;
-        self.stage_built(wr.opcode(), signaled)
+        Ok(seq)
     }
 
-    /// The entry the next request is built in: the next of the staged batch, or the one a
-    /// request posted by itself is read from. `None` while `DEPTH` requests are staged
-    /// (the ring is full then too). Building takes no slot: a request built while every
-    /// slot is in flight waits there for one. Its fields are what the last request built
-    /// there left: a builder writes every field a provider reads (the gather entries up
-    /// to the count it sets).
-    /// Its `wr_id` is set already: the next sequence number's.
+    /// Appends a request of completion opcode `opcode` to the staged batch: takes the
+    /// head's slot (the one check for room) and returns the request's sequence number and
+    /// the entry to build it in, the next of the batch. Its `wr_id` is set; its other
+    /// fields are what the last request built there left: a builder writes every field a
+    /// provider reads (the gather entries up to the count it sets). A request that cannot
+    /// be built is given back with [`unstage_last`](Self::unstage_last).
     #[inline]
-    pub fn next_entry(&mut self) -> Option<&mut W> {
-        let id = self.wr_id(self.head);
-        let wr = self.stage.get_mut(self.staged)?;
+    pub fn stage_next(
+        &mut self,
+        opcode: WcOpcode,
+        signaled: bool,
+    ) -> Result<(u64, &mut W), QueueFull> {
+        let full = QueueFull { capacity: DEPTH };
+        if self.in_flight() == DEPTH {
+            return Err(full);
+        }
+        let seq = self.head;
+        let id = self.wr_id(seq);
+        // A free slot means a free entry (`staged <= in_flight()`): this never refuses.
+        let wr = self.stage.get_mut(self.staged).ok_or(full)?;
         wr.set_wr_id(id);
-        Some(wr)
+        self.staged += 1;
+        self.slots[(seq % DEPTH as u64) as usize] = Slot {
+            opcode,
+            state: SlotState::posted(signaled),
+        };
+        self.head += 1;
+        Ok((seq, wr))
+    }
+
+    /// Gives back the request [`stage_next`](Self::stage_next) staged last (it could not
+    /// be built): its slot and its entry.
+    pub fn unstage_last(&mut self) {
+        if self.staged > 0 {
+            self.staged -= 1;
+            self.head -= 1;
+            self.slots[(self.head % DEPTH as u64) as usize].state = SlotState::Free;
+        }
     }
 
     /// The entry a request posted by itself is built in: the first, the next entry while
-    /// nothing is staged. For the channels' callers nothing is staged whenever they post a
+    /// nothing is staged. Its fields are what the last request built there left, as
+    /// [`stage_next`](Self::stage_next)'s. For the channels' callers nothing is staged whenever they post a
     /// request by itself: a batch is staged only inside a scope, which holds the channel
     /// exclusively and, however it ends (a panic included: its `Drop`), posts its batch or
     /// gives it back. Entry 0 needs no index arithmetic and no check on the data path.
-    /// Its `wr_id` is set already, as [`next_entry`](Self::next_entry)'s.
+    /// Its `wr_id` is set already: the next sequence number's.
     #[inline]
     pub fn lone_entry(&mut self) -> &mut W {
         debug_assert_eq!(
@@ -250,16 +276,6 @@ impl<W: WorkRequest, const DEPTH: usize> Ring<W, DEPTH> {
         }
         let seq = self.head;
         self.take_slot(opcode, signaled);
-        Ok(seq)
-    }
-
-    /// Appends the request built in [`next_entry`](Self::next_entry) (which set its
-    /// `wr_id`), of completion opcode `opcode`, to the staged batch: takes its slot.
-    /// Returns its sequence number.
-    #[inline]
-    pub fn stage_built(&mut self, opcode: WcOpcode, signaled: bool) -> Result<u64, QueueFull> {
-        let seq = self.claim(opcode, signaled)?;
-        self.staged += 1;
         Ok(seq)
     }
 

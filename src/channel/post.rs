@@ -16,7 +16,7 @@ use crate::error::Error;
 use crate::mr::RemoteRegion;
 use crate::provider::{PostError, Provider};
 use crate::ring::{Completion, Ring, WorkRequest};
-use crate::types::{RecvWr, SendFlags, SendOp, Sge, WcOpcode};
+use crate::types::{RecvWr, SendFlags, SendOp, SendWr, Sge, WcOpcode};
 
 /// Takes a slot of `rq` for `wr` and posts it by itself with `post` (outside a staged
 /// batch; one doorbell); gives the slot back if the post fails. Returns the `wr_id`.
@@ -90,7 +90,7 @@ impl<P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usize>
         &mut self,
         op: Op<'_, L, T::Ops>,
     ) -> Result<u64, Error<P::Error>> {
-        let opcode = self.build_send::<_, true>(op, SendFlags::SIGNALED)?;
+        let opcode = self.build_send(op, SendFlags::SIGNALED)?;
         self.post_send_now(opcode)
     }
 
@@ -109,7 +109,7 @@ impl<P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usize>
         remote: Option<RemoteRegion>,
         atomic: bool,
     ) -> Result<u64, Error<P::Error>> {
-        let opcode = self.build_entry::<true>(
+        let opcode = self.build_entry(
             sges,
             op,
             flags | SendFlags::SIGNALED,
@@ -129,49 +129,36 @@ impl<P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usize>
         &mut self,
         op: Op<'_, L, T::Ops>,
     ) -> Result<u64, Error<P::Error>> {
-        let opcode = self.build_send::<_, false>(op, SendFlags::empty())?;
-        self.sq
-            .stage_built(opcode, false)
-            .map_err(|f| Error::QueueFull {
-                capacity: f.capacity,
-            })
+        let (seq, wr) =
+            self.sq
+                .stage_next(op.op.wc_opcode(), false)
+                .map_err(|f| Error::QueueFull {
+                    capacity: f.capacity,
+                })?;
+        if let Err(e) = fill_send(wr, &self.qp, op, SendFlags::empty()) {
+            self.sq.unstage_last();
+            return Err(e);
+        }
+        Ok(seq)
     }
 
-    /// Builds `op`, with `flags` added to its own, in the send ring's next entry (`LONE`:
-    /// in the entry of a request posted by itself), checked as every level checks it
-    /// ([`admit`]); returns its completion opcode.
+    /// Builds `op`, with `flags` added to its own, in the entry of a request posted by
+    /// itself ([`Ring::lone_entry`]), checked as every level checks it ([`admit`]);
+    /// returns its completion opcode.
     #[inline(always)]
-    fn build_send<L: Iterator<Item: Local>, const LONE: bool>(
+    fn build_send<L: Iterator<Item: Local>>(
         &mut self,
         op: Op<'_, L, T::Ops>,
         flags: SendFlags,
     ) -> Result<WcOpcode, Error<P::Error>> {
-        let Op {
-            local,
-            op,
-            flags: own,
-            room,
-            remote,
-            atomic,
-            ..
-        } = op;
-        self.build_entry::<LONE>(
-            local.map(|l| l.entry()),
-            op,
-            own | flags,
-            room,
-            remote,
-            atomic,
-        )
+        let wr = self.sq.lone_entry();
+        fill_send(wr, &self.qp, op, flags)?;
+        Ok(wr.op.wc_opcode())
     }
 
-    /// Builds a send of the entries `sges` in the send ring's next entry
-    /// ([`Ring::next_entry`]; `LONE`: [`Ring::lone_entry`]), checked as every level checks
-    /// it ([`admit`]).
-    /// Gather entries past the count keep what earlier requests left: providers read only
-    /// the first `num_sge`, so they need no zeroing. Returns its completion opcode.
+    /// As [`build_send`](Self::build_send), of raw entries.
     #[inline(always)]
-    fn build_entry<const LONE: bool>(
+    fn build_entry(
         &mut self,
         sges: impl IntoIterator<Item = Sge>,
         op: SendOp,
@@ -180,19 +167,8 @@ impl<P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usize>
         remote: Option<RemoteRegion>,
         atomic: bool,
     ) -> Result<WcOpcode, Error<P::Error>> {
-        let wr = if LONE {
-            self.sq.lone_entry()
-        } else {
-            self.sq
-                .next_entry()
-                .ok_or(Error::QueueFull { capacity: DEPTH })?
-        };
-        let (num_sge, len) = gather_into(&mut wr.sg_list, sges)
-            .map_err(|(given, max)| Error::TooManySges { given, max })?;
-        wr.num_sge = num_sge;
-        wr.op = op;
-        wr.flags = flags;
-        admit(&self.qp, room, remote, atomic, len)?;
+        let wr = self.sq.lone_entry();
+        fill(wr, &self.qp, sges, op, flags, room, remote, atomic)?;
         Ok(op.wc_opcode())
     }
 
@@ -207,6 +183,60 @@ impl<P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usize>
     ) -> Result<Completion, Error<P::Error>> {
         self.wait_seq_within(queue, seq, waiter)
     }
+}
+
+/// Builds `op`, with `flags` added to its own, in `wr`, checked as every level checks it
+/// ([`admit`]).
+#[inline(always)]
+pub(super) fn fill_send<
+    P: Provider,
+    St: crate::qp::State,
+    T: ChannelTransport,
+    L,
+    const SGES: usize,
+>(
+    wr: &mut SendWr<SGES>,
+    qp: &crate::qp::QueuePair<P, St, T>,
+    op: Op<'_, L, T::Ops>,
+    flags: SendFlags,
+) -> Result<(), Error<P::Error>>
+where
+    L: Iterator<Item: Local>,
+{
+    let Op {
+        local,
+        op,
+        flags: own,
+        room,
+        remote,
+        atomic,
+        ..
+    } = op;
+    let sges = local.map(|l| l.entry());
+    fill(wr, qp, sges, op, own | flags, room, remote, atomic)
+}
+
+/// Builds a send of the entries `sges` in `wr`, checked as every level checks it
+/// ([`admit`]). Gather entries past the count keep what earlier requests left: providers
+/// read only the first `num_sge`, so they need no zeroing.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn fill<P: Provider, St: crate::qp::State, T: crate::qp::Transport, const SGES: usize>(
+    wr: &mut SendWr<SGES>,
+    qp: &crate::qp::QueuePair<P, St, T>,
+    sges: impl IntoIterator<Item = Sge>,
+    op: SendOp,
+    flags: SendFlags,
+    room: u64,
+    remote: Option<RemoteRegion>,
+    atomic: bool,
+) -> Result<(), Error<P::Error>> {
+    let (num_sge, len) = gather_into(&mut wr.sg_list, sges)
+        .map_err(|(given, max)| Error::TooManySges { given, max })?;
+    wr.num_sge = num_sge;
+    wr.op = op;
+    wr.flags = flags;
+    admit(qp, room, remote, atomic, len)
 }
 
 /// The checks every level makes before posting a send on `qp` whose local entries hold

@@ -130,6 +130,24 @@ fn unstage_returns_slots() {
     assert!(r.staged().is_empty());
 }
 
+/// A request that could not be built gives back its slot and its entry, and only its own:
+/// the batch before it stays staged, and the next request takes the same number.
+#[test]
+fn unstage_last_returns_one_request() {
+    let mut r: Ring<W, 4> = Ring::new();
+    let a = r.stage(wr(), true).unwrap();
+    let (b, _) = r.stage_next(WcOpcode::RdmaWrite, false).unwrap();
+    r.unstage_last();
+    assert_eq!((r.in_flight(), r.staged().len(), r.next_seq()), (1, 1, b));
+    assert!(r.is_pending(a) && !r.holds(b));
+    let (again, e) = r.stage_next(WcOpcode::Send, false).unwrap();
+    assert_eq!((again, e.wr_id), (b, b));
+    r.unstage_last();
+    r.unstage_last();
+    r.unstage_last(); // nothing staged: no effect
+    assert!(r.is_idle() && r.staged().is_empty() && r.next_seq() == a);
+}
+
 #[derive(Clone, Debug)]
 enum Op {
     Post { signaled: bool },
@@ -233,14 +251,14 @@ fn requests_built_in_place_carry_their_ids_and_the_entries_are_reused() {
     let mut r: Ring<W, 4> = Ring::new();
     r.set_id_tag(7 << 8, 0xff);
     // A batch of two, built where it is staged, then one copied in.
-    for _ in 0..2 {
-        let e = r.next_entry().unwrap();
+    for seq in 0..2 {
+        let (s, e) = r.stage_next(WcOpcode::RdmaWrite, false).unwrap();
+        assert_eq!(s, seq);
         e.num_sge = 1;
         e.op = SendOp::Write {
             remote_addr: 64,
             rkey: 9,
         };
-        r.stage_built(WcOpcode::RdmaWrite, false).unwrap();
     }
     let c = r.stage(wr(), true).unwrap();
     let ids: Vec<u64> = r.staged().iter().map(|w| w.wr_id).collect();
@@ -256,9 +274,8 @@ fn requests_built_in_place_carry_their_ids_and_the_entries_are_reused() {
     let (seq, posted) = r.reserve_lone(WcOpcode::Send, true).unwrap();
     assert_eq!((seq, posted.wr_id), (3, 7 << 8 | 3));
     assert_eq!(r.in_flight(), 4);
-    assert!(r.next_entry().is_some(), "building needs no slot");
     assert_eq!(
-        r.stage_built(WcOpcode::Send, false),
+        r.stage_next(WcOpcode::Send, false).map(|(s, _)| s),
         Err(QueueFull { capacity: 4 })
     );
     assert_eq!(

@@ -20,57 +20,9 @@ mod completion;
 
 pub use completion::Completion;
 
-use crate::types::{RecvWr, SendWr, WcOpcode, WcStatus, WorkCompletion};
+pub use crate::provider::WorkRequest;
+use crate::types::{WcOpcode, WcStatus, WorkCompletion};
 use completion::outcome;
-
-/// A work request type a ring can stage: it carries a `wr_id`.
-pub trait WorkRequest: Copy {
-    /// An empty request, what a ring's entries hold before their first build.
-    const BLANK: Self;
-    /// Sets the identifier returned in the completion.
-    fn set_wr_id(&mut self, id: u64);
-    /// The identifier returned in the completion.
-    fn wr_id(&self) -> u64;
-    /// The completion opcode the request produces (reported for failed requests, whose
-    /// completion opcode the device leaves undefined).
-    fn opcode(&self) -> WcOpcode;
-    /// Asks for a completion on success.
-    fn set_signaled(&mut self);
-}
-
-impl<const SGES: usize> WorkRequest for SendWr<SGES> {
-    const BLANK: Self = SendWr::new(
-        0,
-        crate::types::SendOp::Send,
-        crate::types::SendFlags::empty(),
-    );
-    fn set_wr_id(&mut self, id: u64) {
-        self.wr_id = id;
-    }
-    fn wr_id(&self) -> u64 {
-        self.wr_id
-    }
-    fn opcode(&self) -> WcOpcode {
-        self.op.wc_opcode()
-    }
-    fn set_signaled(&mut self) {
-        self.flags |= crate::types::SendFlags::SIGNALED;
-    }
-}
-
-impl<const SGES: usize> WorkRequest for RecvWr<SGES> {
-    const BLANK: Self = RecvWr::new(0);
-    fn set_wr_id(&mut self, id: u64) {
-        self.wr_id = id;
-    }
-    fn wr_id(&self) -> u64 {
-        self.wr_id
-    }
-    fn opcode(&self) -> WcOpcode {
-        WcOpcode::Recv
-    }
-    fn set_signaled(&mut self) {}
-}
 
 /// No free slot: `capacity` requests are in flight.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -262,9 +214,9 @@ impl<W: WorkRequest, const DEPTH: usize> Ring<W, DEPTH> {
         &mut self,
         opcode: WcOpcode,
         signaled: bool,
-    ) -> Result<(u64, &W), QueueFull> {
+    ) -> Result<(u64, &mut W), QueueFull> {
         let seq = self.claim(opcode, signaled)?;
-        Ok((seq, &self.stage[0]))
+        Ok((seq, &mut self.stage[0]))
     }
 
     /// Takes the head's slot for a request of completion opcode `opcode`; returns its
@@ -336,6 +288,11 @@ impl<W: WorkRequest, const DEPTH: usize> Ring<W, DEPTH> {
     /// The staged batch, to post as one chain.
     pub fn staged(&self) -> &[W] {
         &self.stage[..self.staged]
+    }
+
+    /// The staged batch, to post as one chain where the provider links it in place.
+    pub fn staged_mut(&mut self) -> &mut [W] {
+        &mut self.stage[..self.staged]
     }
 
     /// Makes the last staged request signaled, so its completion retires the whole batch.

@@ -79,7 +79,7 @@ use crate::qp::{
     Connected, InitOptions, QpConfig, QueuePair, Rc, ReadyToSend, RtrOptions, RtsOptions,
 };
 use crate::ring::{Completion, Ring, WorkRequest};
-use crate::types::{RecvWr, SendFlags, SendOp, SendWr, Sge, WorkCompletion};
+use crate::types::{RecvWr, SendFlags, SendOp, Sge, WorkCompletion};
 use source::Completions;
 #[cfg(feature = "std")]
 use std::sync::Arc;
@@ -170,7 +170,7 @@ pub struct Channel<
     owner: Owner,
     qp: QueuePair<P, ReadyToSend, T>,
     send_cq: Completions<P>,
-    sq: Ring<SendWr<SGES>, DEPTH>,
+    sq: Ring<P::SendEntry<SGES>, DEPTH>,
     /// The receive ring and its completions; nothing on a shared receive queue.
     rx: T::Rx<P, DEPTH, SGES>,
     config: Config,
@@ -323,7 +323,7 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
         config: Config,
         send_cq: Completions<P>,
         recv_cq: Completions<P>,
-        sq: Ring<SendWr<SGES>, DEPTH>,
+        sq: Ring<P::SendEntry<SGES>, DEPTH>,
         rq: Ring<RecvWr<SGES>, DEPTH>,
     ) -> Result<PreparedChannel<P, DEPTH, SGES>, Error<P::Error>> {
         let qp_cfg = Self::qp_config(&config);

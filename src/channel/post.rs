@@ -14,9 +14,10 @@ use super::{Channel, Queue};
 use super::{ChannelTransport, HasOwnRx, RxSide};
 use crate::error::Error;
 use crate::mr::RemoteRegion;
+use crate::provider::SendEntry;
 use crate::provider::{PostError, Provider};
 use crate::ring::{Completion, Ring, WorkRequest};
-use crate::types::{RecvWr, SendFlags, SendOp, SendWr, Sge, WcOpcode};
+use crate::types::{RecvWr, SendFlags, SendOp, Sge, WcOpcode};
 
 /// Takes a slot of `rq` for `wr` and posts it by itself with `post` (outside a staged
 /// batch; one doorbell); gives the slot back if the post fails. Returns the `wr_id`.
@@ -151,9 +152,9 @@ impl<P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usize>
         op: Op<'_, L, T::Ops>,
         flags: SendFlags,
     ) -> Result<WcOpcode, Error<P::Error>> {
-        let wr = self.sq.lone_entry();
-        fill_send(wr, &self.qp, op, flags)?;
-        Ok(wr.op.wc_opcode())
+        let opcode = op.op.wc_opcode();
+        fill_send(self.sq.lone_entry(), &self.qp, op, flags)?;
+        Ok(opcode)
     }
 
     /// As [`build_send`](Self::build_send), of raw entries.
@@ -195,7 +196,7 @@ pub(super) fn fill_send<
     L,
     const SGES: usize,
 >(
-    wr: &mut SendWr<SGES>,
+    wr: &mut P::SendEntry<SGES>,
     qp: &crate::qp::QueuePair<P, St, T>,
     op: Op<'_, L, T::Ops>,
     flags: SendFlags,
@@ -222,7 +223,7 @@ where
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn fill<P: Provider, St: crate::qp::State, T: crate::qp::Transport, const SGES: usize>(
-    wr: &mut SendWr<SGES>,
+    wr: &mut P::SendEntry<SGES>,
     qp: &crate::qp::QueuePair<P, St, T>,
     sges: impl IntoIterator<Item = Sge>,
     op: SendOp,
@@ -231,11 +232,10 @@ fn fill<P: Provider, St: crate::qp::State, T: crate::qp::Transport, const SGES: 
     remote: Option<RemoteRegion>,
     atomic: bool,
 ) -> Result<(), Error<P::Error>> {
-    let (num_sge, len) = gather_into(&mut wr.sg_list, sges)
+    let (num_sge, len) = gather_into(wr.sges_mut(), sges)
         .map_err(|(given, max)| Error::TooManySges { given, max })?;
-    wr.num_sge = num_sge;
-    wr.op = op;
-    wr.flags = flags;
+    wr.set_num_sge(num_sge);
+    wr.set_op(op, flags);
     admit(qp, room, remote, atomic, len)
 }
 
@@ -301,7 +301,7 @@ impl<P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usize>
         // SAFETY: the request was built from slices that borrow their memory regions until
         // the caller has waited for it (blocking callers wait before returning; the
         // `post_*_seq` callers promised to).
-        if let Err(e) = unsafe { self.qp.post_send(core::slice::from_ref(wr)) } {
+        if let Err(e) = unsafe { self.qp.post_send_entries(core::slice::from_mut(wr)) } {
             self.sq.unreserve();
             return Err(Error::Provider {
                 op: "ibv_post_send",
@@ -318,7 +318,7 @@ impl<P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usize>
             // SAFETY: every staged request was built from slices that borrow their memory
             // regions for at least as long as the caller waits for the request (blocking
             // calls and scopes wait before returning; unpolled callers promised to).
-            unsafe { qp.post_send(staged) }
+            unsafe { qp.post_send_entries(staged) }
         })
     }
 
@@ -367,10 +367,11 @@ impl<P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usize>
 fn flush<W: WorkRequest, E, const DEPTH: usize>(
     ring: &mut Ring<W, DEPTH>,
     op: &'static str,
-    post: impl FnOnce(&[W]) -> Result<(), PostError<E>>,
+    post: impl FnOnce(&mut [W]) -> Result<(), PostError<E>>,
 ) -> Result<(), Error<E>> {
-    let staged = ring.staged();
-    if staged.is_empty() {
+    let staged = ring.staged_mut();
+    let len = staged.len();
+    if len == 0 {
         return Ok(());
     }
     match post(staged) {
@@ -379,7 +380,7 @@ fn flush<W: WorkRequest, E, const DEPTH: usize>(
             Ok(())
         }
         Err(e) => {
-            let unposted = staged.len() - e.index;
+            let unposted = len - e.index;
             ring.unstage(unposted);
             Err(Error::Provider {
                 op,

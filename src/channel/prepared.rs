@@ -11,7 +11,7 @@ use crate::mr::LocalSliceMut;
 use crate::provider::Provider;
 use crate::qp::{Connected, Endpoint, Init, QueuePair, Rc};
 use crate::ring::Ring;
-use crate::types::{RecvWr, SendWr, Sge, WorkCompletion};
+use crate::types::{RecvWr, Sge, WorkCompletion};
 
 /// A channel whose queue pair is created but not connected: hand its
 /// [`endpoint`](PreparedChannel::endpoint) to the peer, then [`connect`](PreparedChannel::connect).
@@ -24,7 +24,7 @@ pub struct PreparedChannel<
     pub(super) owner: Owner,
     pub(super) qp: QueuePair<P, Init, T>,
     pub(super) send_cq: super::source::Completions<P>,
-    pub(super) sq: Ring<SendWr<SGES>, DEPTH>,
+    pub(super) sq: Ring<P::SendEntry<SGES>, DEPTH>,
     pub(super) rx: T::Rx<P, DEPTH, SGES>,
     pub(super) config: super::Config,
 }

@@ -21,10 +21,13 @@
 
 #[cfg(all(feature = "std", unix))]
 pub mod cm;
+mod entry;
 #[cfg(feature = "sim")]
 pub mod sim;
 #[cfg(feature = "verbs")]
 pub mod verbs;
+
+pub use entry::{SendEntry, WorkRequest};
 
 use crate::error::ProviderError;
 use crate::types::{
@@ -269,6 +272,21 @@ pub trait Provider: Sized {
     unsafe fn post_send<const SGES: usize>(
         qp: &Self::Qp,
         wrs: &[SendWr<SGES>],
+    ) -> Result<(), PostError<Self::Error>>;
+
+    /// A send work request in this provider's own layout, built where it is posted from
+    /// (a channel's ring entry): see [`SendEntry`].
+    type SendEntry<const SGES: usize>: SendEntry<SGES>;
+
+    /// Posts `entries` as one chain with one doorbell (longer slices: a chain per
+    /// provider-defined length), as [`post_send`](Provider::post_send) posts requests.
+    /// The entries may be written (a provider links them where they lie).
+    ///
+    /// # Safety
+    /// As [`post_send`](Provider::post_send).
+    unsafe fn post_send_entries<const SGES: usize>(
+        qp: &Self::Qp,
+        entries: &mut [Self::SendEntry<SGES>],
     ) -> Result<(), PostError<Self::Error>>;
 
     /// Posts a chain of receive work requests with one doorbell.

@@ -340,6 +340,16 @@ impl Provider for Sim {
         unsafe { qp.post_send_raw(wrs) }
     }
 
+    type SendEntry<const SGES: usize> = SendWr<SGES>;
+
+    unsafe fn post_send_entries<const SGES: usize>(
+        qp: &s::Qp,
+        entries: &mut [SendWr<SGES>],
+    ) -> Result<(), PostError<s::SimError>> {
+        // SAFETY: as `post_send`, whose layout the simulator's entries have.
+        unsafe { Self::post_send(qp, entries) }
+    }
+
     unsafe fn post_recv<const SGES: usize>(
         qp: &s::Qp,
         wrs: &[RecvWr<SGES>],

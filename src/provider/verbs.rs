@@ -40,6 +40,7 @@
 mod async_event;
 mod chain;
 mod cm;
+mod entry;
 mod error;
 mod event;
 mod gid;
@@ -943,6 +944,17 @@ impl Provider for Verbs {
     ) -> Result<(), PostError<VerbsError>> {
         // SAFETY: the caller upholds the trait's contract on the memory the requests name.
         unsafe { chain::post_chains::<_, ffi::ibv_send_wr, _>(qp.qp.as_ptr(), qp.post_send, wrs) }
+    }
+
+    type SendEntry<const SGES: usize> = entry::Entry<SGES>;
+
+    unsafe fn post_send_entries<const SGES: usize>(
+        qp: &Qp,
+        entries: &mut [entry::Entry<SGES>],
+    ) -> Result<(), PostError<VerbsError>> {
+        // SAFETY: `post_send` is the queue pair's own; the caller upholds the trait's
+        // contract on the memory the entries name.
+        unsafe { entry::post_entries(qp.qp.as_ptr(), qp.post_send, entries) }
     }
 
     unsafe fn post_recv<const SGES: usize>(

@@ -494,6 +494,20 @@ impl<P: Provider, T: Transport> QueuePair<P, ReadyToSend, T> {
         // SAFETY: forwarded contract.
         unsafe { P::post_send(&self.raw, wrs) }
     }
+
+    /// Posts `entries`, built in the provider's own layout, as one chain with one doorbell
+    /// ([`Provider::post_send_entries`]).
+    ///
+    /// # Safety
+    /// As [`post_send`](Self::post_send).
+    #[inline]
+    pub(crate) unsafe fn post_send_entries<const SGES: usize>(
+        &self,
+        entries: &mut [P::SendEntry<SGES>],
+    ) -> Result<(), PostError<P::Error>> {
+        // SAFETY: forwarded contract.
+        unsafe { P::post_send_entries(&self.raw, entries) }
+    }
 }
 
 impl<P: Provider, St: State, T: Transport> QueuePair<P, St, T> {

@@ -1,7 +1,7 @@
 //! Unit and model tests of the ring.
 
 use super::*;
-use crate::types::{SendFlags, SendOp};
+use crate::types::{SendFlags, SendOp, SendWr};
 use proptest::prelude::*;
 use std::vec::Vec;
 

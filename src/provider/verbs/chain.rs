@@ -105,7 +105,7 @@ pub(super) unsafe fn post_chains<W, C: Chained<W>, T>(
 /// Splits `wrs` before the first request whose `num_sge` exceeds its own list (`!fits`):
 /// the requests to post, and the `EINVAL` to report for that one once they are posted.
 /// The verbs library would read such a list past its end.
-fn well_formed<'a, W>(
+pub(super) fn well_formed<'a, W>(
     wrs: &'a [W],
     fits: impl Fn(&W) -> bool,
     verb: &'static str,
@@ -150,7 +150,7 @@ fn link<W, C: Default>(
 
 /// The position of `bad` in the chain of `len` requests at `base`; 0 (nothing known to be
 /// posted) if the library did not point into the chain.
-fn bad_index<C>(base: *mut C, bad: *mut C, len: usize) -> usize {
+pub(super) fn bad_index<C>(base: *mut C, bad: *mut C, len: usize) -> usize {
     let (b, p) = (base as usize, bad as usize);
     let size = core::mem::size_of::<C>();
     if bad.is_null() || p < b || (p - b) % size != 0 || (p - b) / size >= len {

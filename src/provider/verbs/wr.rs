@@ -82,14 +82,30 @@ same_status! {
 /// `out.sg_list` borrows `wr.sg_list`: `out` must not outlive `wr`, and the verbs library
 /// only reads through the pointer (the `*mut` is the C signature's).
 pub(super) fn send_wr<const SGES: usize>(wr: &SendWr<SGES>, out: &mut ffi::ibv_send_wr) {
-    use ffi::ibv_wr_opcode as op;
     let sges = wr.sges();
     out.wr_id = wr.wr_id;
     out.sg_list = sges.as_ptr().cast::<ffi::ibv_sge>().cast_mut();
     out.num_sge = sges.len() as i32; // at most 255 (`num_sge` is a u8)
     out.send_flags = wr.flags.bits();
-    let rdma = |remote_addr, rkey| ffi::ibv_send_wr__bindgen_ty_2 {
-        rdma: ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 { remote_addr, rkey },
+    (out.opcode, out.__bindgen_anon_1, out.wr) = send_op(wr.op);
+}
+
+/// The library's opcode, immediate and operand union for `op`. Both unions are written
+/// whole (zero where `op` has nothing), so a request built over an earlier one keeps none
+/// of its operands.
+#[inline(always)]
+pub(super) fn send_op(
+    op: SendOp,
+) -> (
+    ffi::ibv_wr_opcode::Type,
+    ffi::ibv_send_wr__bindgen_ty_1,
+    ffi::ibv_send_wr__bindgen_ty_2,
+) {
+    use ffi::ibv_wr_opcode as code;
+    let rdma = |remote_addr, rkey| {
+        let mut u = ffi::ibv_send_wr__bindgen_ty_2::default();
+        u.rdma = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 { remote_addr, rkey };
+        u
     };
     let atomic = |remote_addr, rkey, compare_add, swap| ffi::ibv_send_wr__bindgen_ty_2 {
         atomic: ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
@@ -103,64 +119,58 @@ pub(super) fn send_wr<const SGES: usize>(wr: &SendWr<SGES>, out: &mut ffi::ibv_s
     let imm = |imm: u32| ffi::ibv_send_wr__bindgen_ty_1 {
         imm_data: imm.to_be(),
     };
-    match wr.op {
-        SendOp::Send => out.opcode = op::IBV_WR_SEND,
-        SendOp::SendWithImm(v) => {
-            out.opcode = op::IBV_WR_SEND_WITH_IMM;
-            out.__bindgen_anon_1 = imm(v);
-        }
+    let none = ffi::ibv_send_wr__bindgen_ty_2::default;
+    match op {
+        SendOp::Send => (code::IBV_WR_SEND, imm(0), none()),
+        SendOp::SendWithImm(v) => (code::IBV_WR_SEND_WITH_IMM, imm(v), none()),
         SendOp::Write { remote_addr, rkey } => {
-            out.opcode = op::IBV_WR_RDMA_WRITE;
-            out.wr = rdma(remote_addr, rkey);
+            (code::IBV_WR_RDMA_WRITE, imm(0), rdma(remote_addr, rkey))
         }
         SendOp::WriteWithImm {
             remote_addr,
             rkey,
             imm: v,
-        } => {
-            out.opcode = op::IBV_WR_RDMA_WRITE_WITH_IMM;
-            out.wr = rdma(remote_addr, rkey);
-            out.__bindgen_anon_1 = imm(v);
-        }
+        } => (
+            code::IBV_WR_RDMA_WRITE_WITH_IMM,
+            imm(v),
+            rdma(remote_addr, rkey),
+        ),
         SendOp::Read { remote_addr, rkey } => {
-            out.opcode = op::IBV_WR_RDMA_READ;
-            out.wr = rdma(remote_addr, rkey);
+            (code::IBV_WR_RDMA_READ, imm(0), rdma(remote_addr, rkey))
         }
         SendOp::CompareSwap {
             remote_addr,
             rkey,
             compare,
             swap,
-        } => {
-            out.opcode = op::IBV_WR_ATOMIC_CMP_AND_SWP;
-            out.wr = atomic(remote_addr, rkey, compare, swap);
-        }
+        } => (
+            code::IBV_WR_ATOMIC_CMP_AND_SWP,
+            imm(0),
+            atomic(remote_addr, rkey, compare, swap),
+        ),
         SendOp::FetchAdd {
             remote_addr,
             rkey,
             add,
-        } => {
-            out.opcode = op::IBV_WR_ATOMIC_FETCH_AND_ADD;
-            out.wr = atomic(remote_addr, rkey, add, 0);
-        }
+        } => (
+            code::IBV_WR_ATOMIC_FETCH_AND_ADD,
+            imm(0),
+            atomic(remote_addr, rkey, add, 0),
+        ),
         SendOp::Datagram { dest, imm: v } => {
-            out.opcode = match v {
-                Some(v) => {
-                    out.__bindgen_anon_1 = imm(v);
-                    op::IBV_WR_SEND_WITH_IMM
-                }
-                None => op::IBV_WR_SEND,
-            };
             // The key is an `ibv_ah *` as an integer (`Verbs::ah_key`); that it names a
             // live handle is `post_send`'s contract.
             let ah = dest.ah.0 as usize as *mut ffi::ibv_ah;
-            out.wr = ffi::ibv_send_wr__bindgen_ty_2 {
-                ud: ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {
-                    ah,
-                    remote_qpn: dest.remote_qpn,
-                    remote_qkey: dest.remote_qkey,
-                },
+            let mut u = ffi::ibv_send_wr__bindgen_ty_2::default();
+            u.ud = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {
+                ah,
+                remote_qpn: dest.remote_qpn,
+                remote_qkey: dest.remote_qkey,
             };
+            match v {
+                Some(v) => (code::IBV_WR_SEND_WITH_IMM, imm(v), u),
+                None => (code::IBV_WR_SEND, imm(0), u),
+            }
         }
     }
 }

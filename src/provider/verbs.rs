@@ -588,53 +588,21 @@ impl Provider for Verbs {
         unsafe { ffi::ibv_ack_cq_events(cq.0.cq.as_ptr(), n) };
     }
 
+    #[inline(always)]
     fn poll_cq(cq: &Cq, out: &mut [WorkCompletion]) -> Result<usize, VerbsError> {
-        // One completion, the usual poll of a wait: no batch loop.
+        // One completion, the usual poll of a wait: inline, no batch loop.
         if let [o] = out {
             let mut wc = MaybeUninit::<ffi::ibv_wc>::uninit();
-            // SAFETY: as below, for one entry.
+            // SAFETY: as in `poll_batch`, for one entry.
             let n = unsafe { (cq.0.poll)(cq.0.cq.as_ptr(), 1, wc.as_mut_ptr()) };
-            return match n {
-                0 if async_event::device_dead(&cq.0.ctx, &cq.0.empty_polls) => {
-                    Err(VerbsError::DeviceFatal)
-                }
-                0 => Ok(0),
-                n if n < 0 => Err(VerbsError::from_ret("ibv_poll_cq", n)),
-                _ => {
-                    // SAFETY: the provider initialised the one entry it was given.
-                    *o = wr::work_completion(unsafe { wc.assume_init_ref() });
-                    Ok(1)
-                }
-            };
-        }
-        const BATCH: usize = 16;
-        let mut buf = [MaybeUninit::<ffi::ibv_wc>::uninit(); BATCH];
-        let mut done = 0;
-        while done < out.len() {
-            let want = (out.len() - done).min(BATCH);
-            // SAFETY: `ibv_poll_cq` is `cq->context->ops.poll_cq(cq, n, wc)`; the pointer was
-            // read from this CQ's context. `buf` has room for `want` entries.
-            let n = unsafe { (cq.0.poll)(cq.0.cq.as_ptr(), want as i32, buf.as_mut_ptr().cast()) };
-            if n < 0 {
-                return Err(VerbsError::from_ret("ibv_poll_cq", n));
-            }
-            let n = n as usize;
-            for (o, wc) in out[done..].iter_mut().zip(&buf[..n]) {
-                // SAFETY: the provider initialised the first `n` entries.
+            if n > 0 {
+                // SAFETY: the provider initialised the one entry it was given.
                 *o = wr::work_completion(unsafe { wc.assume_init_ref() });
+                return Ok(1);
             }
-            done += n;
-            if n < want {
-                break;
-            }
+            return poll_none(cq, n);
         }
-        // A dead device's queues just stay empty: an empty poll asks its events (at most
-        // once a millisecond, on one empty poll in `LOOK_POLLS`) so a wait ends at the
-        // death, not at its timeout.
-        if done == 0 && !out.is_empty() && async_event::device_dead(&cq.0.ctx, &cq.0.empty_polls) {
-            return Err(VerbsError::DeviceFatal);
-        }
-        Ok(done)
+        poll_batch(cq, out)
     }
 
     fn create_qp(
@@ -948,6 +916,7 @@ impl Provider for Verbs {
 
     type SendEntry<const SGES: usize> = entry::Entry<SGES>;
 
+    #[inline(always)]
     unsafe fn post_send_entries<const SGES: usize>(
         qp: &Qp,
         entries: &mut [entry::Entry<SGES>],
@@ -964,6 +933,52 @@ impl Provider for Verbs {
         // SAFETY: the caller upholds the trait's contract on the memory the requests name.
         unsafe { chain::post_chains::<_, ffi::ibv_recv_wr, _>(qp.qp.as_ptr(), qp.post_recv, wrs) }
     }
+}
+
+/// [`Verbs::poll_cq`] of one completion that found none (`n` 0) or failed (`n` < 0), out
+/// of line. A dead device's queues just stay empty: an empty poll asks its events (at most
+/// once a millisecond, on one empty poll in `LOOK_POLLS`) so a wait ends at the death, not
+/// at its timeout.
+#[inline(never)]
+fn poll_none(cq: &Cq, n: i32) -> Result<usize, VerbsError> {
+    match n {
+        0 if async_event::device_dead(&cq.0.ctx, &cq.0.empty_polls) => Err(VerbsError::DeviceFatal),
+        0 => Ok(0),
+        n => Err(VerbsError::from_ret("ibv_poll_cq", n)),
+    }
+}
+
+/// [`Verbs::poll_cq`] of a batch: up to `out.len()` completions, 16 at a time.
+#[inline(never)]
+fn poll_batch(cq: &Cq, out: &mut [WorkCompletion]) -> Result<usize, VerbsError> {
+    const BATCH: usize = 16;
+    let mut buf = [MaybeUninit::<ffi::ibv_wc>::uninit(); BATCH];
+    let mut done = 0;
+    while done < out.len() {
+        let want = (out.len() - done).min(BATCH);
+        // SAFETY: `ibv_poll_cq` is `cq->context->ops.poll_cq(cq, n, wc)`; the pointer was
+        // read from this CQ's context. `buf` has room for `want` entries.
+        let n = unsafe { (cq.0.poll)(cq.0.cq.as_ptr(), want as i32, buf.as_mut_ptr().cast()) };
+        if n < 0 {
+            return Err(VerbsError::from_ret("ibv_poll_cq", n));
+        }
+        let n = n as usize;
+        for (o, wc) in out[done..].iter_mut().zip(&buf[..n]) {
+            // SAFETY: the provider initialised the first `n` entries.
+            *o = wr::work_completion(unsafe { wc.assume_init_ref() });
+        }
+        done += n;
+        if n < want {
+            break;
+        }
+    }
+    // A dead device's queues just stay empty: an empty poll asks its events (at most
+    // once a millisecond, on one empty poll in `LOOK_POLLS`) so a wait ends at the
+    // death, not at its timeout.
+    if done == 0 && !out.is_empty() && async_event::device_dead(&cq.0.ctx, &cq.0.empty_polls) {
+        return Err(VerbsError::DeviceFatal);
+    }
+    Ok(done)
 }
 
 /// `ibv_query_qp` of the attributes in `mask`.

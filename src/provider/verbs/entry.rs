@@ -106,13 +106,42 @@ impl<const SGES: usize> SendEntry<SGES> for Entry<SGES> {
 /// Posts `entries` through `post` (the queue pair's `post_send` from its context's op
 /// table) as one chain, linked where they lie, after the entries that name more gather
 /// entries than they hold are cut off ([`well_formed`]); reports the index in `entries` of
-/// the one refused.
+/// the one refused. One entry, the usual post, is posted inline: no chain to walk.
 ///
 /// # Safety
 /// `qp` is live and `post` is its `post_send`; the caller upholds the provider trait's
 /// contract on the memory the entries name.
 #[inline(always)]
 pub(super) unsafe fn post_entries<const SGES: usize>(
+    qp: *mut ffi::ibv_qp,
+    post: PostFn<ffi::ibv_send_wr>,
+    entries: &mut [Entry<SGES>],
+) -> Result<(), PostError<VerbsError>> {
+    if let [e] = entries {
+        if e.fits() {
+            e.link(ptr::null_mut());
+            let mut bad: *mut ffi::ibv_send_wr = ptr::null_mut();
+            // SAFETY: as in `post_chain`, for a chain of one.
+            let ret = unsafe { post(qp, &mut e.wr, &mut bad) };
+            return match ret {
+                0 => Ok(()),
+                ret => Err(PostError {
+                    index: 0,
+                    error: VerbsError::from_ret("ibv_post_send", ret),
+                }),
+            };
+        }
+    }
+    // SAFETY: forwarded contract.
+    unsafe { post_chain(qp, post, entries) }
+}
+
+/// [`post_entries`] of a chain (or of one malformed entry).
+///
+/// # Safety
+/// As [`post_entries`].
+#[inline(never)]
+unsafe fn post_chain<const SGES: usize>(
     qp: *mut ffi::ibv_qp,
     post: PostFn<ffi::ibv_send_wr>,
     entries: &mut [Entry<SGES>],

@@ -186,31 +186,45 @@ pub(super) fn recv_wr<const SGES: usize>(wr: &RecvWr<SGES>, out: &mut ffi::ibv_r
 
 /// The completion opcode for a verbs value. Values zverbs never posts (memory windows,
 /// TSO, tag matching) cannot occur on its queue pairs; they map by direction.
+#[inline(always)]
 fn wc_opcode(v: ffi::ibv_wc_opcode::Type) -> WcOpcode {
     use ffi::ibv_wc_opcode as op;
+    // The send side's values are 0..5 in this order (asserted below): one load.
+    const SEND_SIDE: [WcOpcode; 5] = [
+        WcOpcode::Send,
+        WcOpcode::RdmaWrite,
+        WcOpcode::RdmaRead,
+        WcOpcode::CompareSwap,
+        WcOpcode::FetchAdd,
+    ];
     match v {
-        op::IBV_WC_SEND => WcOpcode::Send,
-        op::IBV_WC_RDMA_WRITE => WcOpcode::RdmaWrite,
-        op::IBV_WC_RDMA_READ => WcOpcode::RdmaRead,
-        op::IBV_WC_COMP_SWAP => WcOpcode::CompareSwap,
-        op::IBV_WC_FETCH_ADD => WcOpcode::FetchAdd,
+        v if (v as usize) < SEND_SIDE.len() => SEND_SIDE[v as usize],
         op::IBV_WC_RECV_RDMA_WITH_IMM => WcOpcode::RecvRdmaWithImm,
         v if v & op::IBV_WC_RECV != 0 => WcOpcode::Recv,
         _ => WcOpcode::Send,
     }
 }
 
+// `wc_opcode`'s table.
+static_assertions::const_assert_eq!(ffi::ibv_wc_opcode::IBV_WC_SEND, 0);
+static_assertions::const_assert_eq!(ffi::ibv_wc_opcode::IBV_WC_RDMA_WRITE, 1);
+static_assertions::const_assert_eq!(ffi::ibv_wc_opcode::IBV_WC_RDMA_READ, 2);
+static_assertions::const_assert_eq!(ffi::ibv_wc_opcode::IBV_WC_COMP_SWAP, 3);
+static_assertions::const_assert_eq!(ffi::ibv_wc_opcode::IBV_WC_FETCH_ADD, 4);
+
 /// Our completion for a C one.
+#[inline(always)]
 pub(super) fn work_completion(wc: &ffi::ibv_wc) -> WorkCompletion {
     let status = match wc.error() {
         None => WcStatus::Success,
         Some((s, _vendor_err)) => WcStatus::from_raw(s),
     };
     let opcode = wc_opcode(wc.opcode());
-    // Immediate data belongs to receive completions only; some providers (rxe) also set
-    // `IBV_WC_WITH_IMM` on the sender's completion, with a meaningless value.
+    // Immediate data belongs to receive completions only (`IBV_WC_RECV` set, as
+    // `wc_opcode` maps it); some providers (rxe) also set `IBV_WC_WITH_IMM` on the sender's
+    // completion, with a meaningless value.
     let with_imm = wc.wc_flags.0 & ffi::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0
-        && matches!(opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm);
+        && wc.opcode() & ffi::ibv_wc_opcode::IBV_WC_RECV != 0;
     WorkCompletion {
         wr_id: wc.wr_id(),
         status,

@@ -47,7 +47,7 @@ mod gid;
 mod wr;
 
 pub use cm::{CmChannel, CmId};
-pub use error::VerbsError;
+pub use error::{NoSuchDevice, VerbsError};
 pub use event::CompChannel;
 pub use gid::{GidEntry, GidSelect, GidType};
 
@@ -385,10 +385,10 @@ impl Provider for Verbs {
                     }
                 }
             }
-            None => Err(VerbsError::NoSuchDevice {
+            None => Err(VerbsError::NoSuchDevice(Box::new(error::NoSuchDevice {
                 name: name.to_owned(),
                 present,
-            }),
+            }))),
         }
     }
 

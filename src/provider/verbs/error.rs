@@ -59,6 +59,15 @@ fn errno_name(e: i32) -> &'static str {
     }
 }
 
+/// What [`VerbsError::NoSuchDevice`] reports.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NoSuchDevice {
+    /// The name asked for.
+    pub name: String,
+    /// The names of the devices present (may be empty).
+    pub present: Vec<String>,
+}
+
 /// An error of the verbs backend.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -70,13 +79,9 @@ pub enum VerbsError {
         /// The errno it returned or set.
         errno: i32,
     },
-    /// No device has the requested name.
-    NoSuchDevice {
-        /// The name asked for.
-        name: String,
-        /// The names of the devices present (may be empty).
-        present: Vec<String>,
-    },
+    /// No device has the requested name. Boxed: every `Result` of a post or a poll carries
+    /// this type, and an inline name and list would make it twice as large.
+    NoSuchDevice(Box<NoSuchDevice>),
     /// A value cannot be passed to the verbs library (e.g. a depth above `i32::MAX`).
     Invalid(&'static str),
     /// The device's provider library does not implement an operation.
@@ -157,7 +162,7 @@ impl ProviderError for VerbsError {
                 EIO => ErrorKind::DeviceFatal,
                 _ => ErrorKind::Other,
             },
-            VerbsError::NoSuchDevice { .. } | VerbsError::NoGid { .. } => ErrorKind::NotFound,
+            VerbsError::NoSuchDevice(_) | VerbsError::NoGid { .. } => ErrorKind::NotFound,
             VerbsError::Invalid(_) => ErrorKind::InvalidArgument,
             VerbsError::Unsupported(_) => ErrorKind::Unsupported,
             VerbsError::DeviceFatal => ErrorKind::DeviceFatal,
@@ -174,7 +179,8 @@ impl fmt::Display for VerbsError {
                 std::io::Error::from_raw_os_error(*errno),
                 errno_name(*errno)
             ),
-            VerbsError::NoSuchDevice { name, present } => {
+            VerbsError::NoSuchDevice(d) => {
+                let NoSuchDevice { name, present } = &**d;
                 write!(f, "no RDMA device named {name:?}; devices present: ")?;
                 if present.is_empty() {
                     f.write_str("none")
@@ -235,19 +241,19 @@ mod tests {
         let s = e.to_string();
         assert!(s.starts_with("ibv_post_send: "), "{s}");
         assert!(s.contains("ENOMEM, errno 12"), "{s}");
-        let e = VerbsError::NoSuchDevice {
+        let e = VerbsError::NoSuchDevice(Box::new(NoSuchDevice {
             name: "rxe0".into(),
             present: vec!["mlx5_0".into(), "mlx5_1".into()],
-        };
+        }));
         assert_eq!(
             e.to_string(),
             "no RDMA device named \"rxe0\"; devices present: mlx5_0, mlx5_1"
         );
         assert_eq!(e.kind(), ErrorKind::NotFound);
-        let e = VerbsError::NoSuchDevice {
+        let e = VerbsError::NoSuchDevice(Box::new(NoSuchDevice {
             name: "rxe0".into(),
             present: vec![],
-        };
+        }));
         assert!(e.to_string().ends_with("devices present: none"));
     }
 }

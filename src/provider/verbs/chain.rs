@@ -105,7 +105,7 @@ pub(super) unsafe fn post_chains<W, C: Chained<W>, T>(
 /// Splits `wrs` before the first request whose `num_sge` exceeds its own list (`!fits`):
 /// the requests to post, and the `EINVAL` to report for that one once they are posted.
 /// The verbs library would read such a list past its end.
-pub(super) fn well_formed<'a, W>(
+fn well_formed<'a, W>(
     wrs: &'a [W],
     fits: impl Fn(&W) -> bool,
     verb: &'static str,

@@ -7,7 +7,7 @@ use core::ptr;
 
 use ibverbs_sys as ffi;
 
-use super::chain::{bad_index, well_formed};
+use super::chain::bad_index;
 use super::error::VerbsError;
 use super::PostFn;
 use crate::provider::{PostError, SendEntry, WorkRequest};
@@ -104,9 +104,10 @@ impl<const SGES: usize> SendEntry<SGES> for Entry<SGES> {
 }
 
 /// Posts `entries` through `post` (the queue pair's `post_send` from its context's op
-/// table) as one chain, linked where they lie, after the entries that name more gather
-/// entries than they hold are cut off ([`well_formed`]); reports the index in `entries` of
-/// the one refused. One entry, the usual post, is posted inline: no chain to walk.
+/// table) as one chain, linked where they lie, up to the first entry that names more
+/// gather entries than it holds (reported with `EINVAL` once those before it are posted:
+/// the library would read past its list); reports the index in `entries` of the one
+/// refused. One entry, the usual post, is posted inline: no chain to walk.
 ///
 /// # Safety
 /// `qp` is live and `post` is its `post_send`; the caller upholds the provider trait's
@@ -136,7 +137,8 @@ pub(super) unsafe fn post_entries<const SGES: usize>(
     unsafe { post_chain(qp, post, entries) }
 }
 
-/// [`post_entries`] of a chain (or of one malformed entry).
+/// [`post_entries`] of a chain (or of one malformed entry): one pass checks and links the
+/// entries up to the first malformed one, which is reported once those are posted.
 ///
 /// # Safety
 /// As [`post_entries`].
@@ -146,22 +148,25 @@ unsafe fn post_chain<const SGES: usize>(
     post: PostFn<ffi::ibv_send_wr>,
     entries: &mut [Entry<SGES>],
 ) -> Result<(), PostError<VerbsError>> {
-    let (ok, malformed) = well_formed(entries, Entry::fits, "ibv_post_send");
-    let len = ok.len();
-    if len == 0 {
-        return malformed.map_or(Ok(()), Err);
-    }
-    let entries = &mut entries[..len];
     let base = entries.as_mut_ptr();
+    let mut len = entries.len();
     for (i, e) in entries.iter_mut().enumerate() {
-        // `wrapping_add` keeps this free of unsafe; the pointer stays inside `entries`.
-        let next = if i + 1 < len {
-            base.wrapping_add(i + 1).cast::<ffi::ibv_send_wr>()
-        } else {
-            ptr::null_mut()
-        };
-        e.link(next);
+        if !e.fits() {
+            len = i;
+            break;
+        }
+        // `wrapping_add` keeps this free of unsafe; the pointer stays inside `entries` (or
+        // one past it, replaced by NULL below).
+        e.link(base.wrapping_add(i + 1).cast::<ffi::ibv_send_wr>());
     }
+    let malformed = (len < entries.len()).then(|| PostError {
+        index: len,
+        error: VerbsError::os("ibv_post_send", super::error::errno::EINVAL),
+    });
+    let Some(last) = len.checked_sub(1) else {
+        return malformed.map_or(Ok(()), Err);
+    };
+    entries[last].wr.next = ptr::null_mut();
     let mut bad: *mut ffi::ibv_send_wr = ptr::null_mut();
     // SAFETY: `post` is `qp`'s `post_send` (this function's contract). The chain is `len`
     // linked requests (an `Entry` starts with its `ibv_send_wr`: `repr(C)`), each pointing

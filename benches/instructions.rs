@@ -398,33 +398,33 @@ fn awaited(op: Op) -> Box<AwaitedFixture> {
 // Budgets: the counts of the build that set them (gungraun's `Instructions:` line).
 
 #[library_benchmark]
-#[bench::send(args = (Op::Send), setup = raw, config = budget(3_858_751))]
-#[bench::write(args = (Op::Write), setup = raw, config = budget(2_793_400))]
-#[bench::write_batch(args = (Op::WriteBatch), setup = raw, config = budget_of(42_504_400, BATCH as u64))]
+#[bench::send(args = (Op::Send), setup = raw, config = budget(3_843_752))]
+#[bench::write(args = (Op::Write), setup = raw, config = budget(2_790_401))]
+#[bench::write_batch(args = (Op::WriteBatch), setup = raw, config = budget_of(42_222_401, BATCH as u64))]
 fn raw_calls(mut f: Box<RawFixture>) -> Box<RawFixture> {
     f.run(black_box(ITERS));
     f
 }
 
 #[library_benchmark]
-#[bench::send(args = (Op::Send), setup = own, config = budget(4_003_087))]
-#[bench::write(args = (Op::Write), setup = own, config = budget(2_961_773))]
-#[bench::write_batch(args = (Op::WriteBatch), setup = own, config = budget_of(48_501_748, BATCH as u64))]
+#[bench::send(args = (Op::Send), setup = own, config = budget(3_970_086))]
+#[bench::write(args = (Op::Write), setup = own, config = budget(2_934_772))]
+#[bench::write_batch(args = (Op::WriteBatch), setup = own, config = budget_of(47_370_749, BATCH as u64))]
 fn channel(mut f: Box<ChannelFixture>) -> Box<ChannelFixture> {
     f.run(black_box(ITERS));
     f
 }
 
 #[library_benchmark]
-#[bench::send(args = (Op::Send), setup = shared, config = budget(4_222_497))]
-#[bench::write(args = (Op::Write), setup = shared, config = budget(3_180_763))]
+#[bench::send(args = (Op::Send), setup = shared, config = budget(4_189_687))]
+#[bench::write(args = (Op::Write), setup = shared, config = budget(3_148_337))]
 fn shared_queue(mut f: Box<ChannelFixture>) -> Box<ChannelFixture> {
     f.run(black_box(ITERS));
     f
 }
 
 #[library_benchmark]
-#[bench::send(args = (Op::Send), setup = unpolled, config = budget(4_174_659))]
+#[bench::send(args = (Op::Send), setup = unpolled, config = budget(4_126_656))]
 fn unpolled_level(mut f: Box<ChannelFixture>) -> Box<ChannelFixture> {
     f.run_unpolled(black_box(ITERS));
     f
@@ -432,8 +432,8 @@ fn unpolled_level(mut f: Box<ChannelFixture>) -> Box<ChannelFixture> {
 
 #[cfg(feature = "tokio")]
 #[library_benchmark]
-#[bench::send(args = (Op::Send), setup = awaited, config = budget(4_706_044))]
-#[bench::write(args = (Op::Write), setup = awaited, config = budget(3_598_727))]
+#[bench::send(args = (Op::Send), setup = awaited, config = budget(4_709_045))]
+#[bench::write(args = (Op::Write), setup = awaited, config = budget(3_628_728))]
 fn awaited_ops(mut f: Box<AwaitedFixture>) -> Box<AwaitedFixture> {
     f.run(black_box(ITERS));
     f

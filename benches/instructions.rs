@@ -409,7 +409,7 @@ fn raw_calls(mut f: Box<RawFixture>) -> Box<RawFixture> {
 #[library_benchmark]
 #[bench::send(args = (Op::Send), setup = own, config = budget(3_970_086))]
 #[bench::write(args = (Op::Write), setup = own, config = budget(2_934_772))]
-#[bench::write_batch(args = (Op::WriteBatch), setup = own, config = budget_of(47_370_749, BATCH as u64))]
+#[bench::write_batch(args = (Op::WriteBatch), setup = own, config = budget_of(47_478_749, BATCH as u64))]
 fn channel(mut f: Box<ChannelFixture>) -> Box<ChannelFixture> {
     f.run(black_box(ITERS));
     f
@@ -432,8 +432,8 @@ fn unpolled_level(mut f: Box<ChannelFixture>) -> Box<ChannelFixture> {
 
 #[cfg(feature = "tokio")]
 #[library_benchmark]
-#[bench::send(args = (Op::Send), setup = awaited, config = budget(4_709_045))]
-#[bench::write(args = (Op::Write), setup = awaited, config = budget(3_628_728))]
+#[bench::send(args = (Op::Send), setup = awaited, config = budget(4_682_047))]
+#[bench::write(args = (Op::Write), setup = awaited, config = budget(3_589_730))]
 fn awaited_ops(mut f: Box<AwaitedFixture>) -> Box<AwaitedFixture> {
     f.run(black_box(ITERS));
     f

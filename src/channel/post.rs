@@ -110,11 +110,15 @@ impl<P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usize>
         remote: Option<RemoteRegion>,
         atomic: bool,
     ) -> Result<u64, Error<P::Error>> {
-        let opcode = self.build_entry(
+        let (opcode, flags) = (op.wc_opcode(), flags | SendFlags::SIGNALED);
+        let room = super::op::room(remote);
+        fill(
+            self.sq.lone_entry(),
+            &self.qp,
             sges,
             op,
-            flags | SendFlags::SIGNALED,
-            super::op::room(remote),
+            flags,
+            room,
             remote,
             atomic,
         )?;
@@ -155,22 +159,6 @@ impl<P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usize>
         let opcode = op.op.wc_opcode();
         fill_send(self.sq.lone_entry(), &self.qp, op, flags)?;
         Ok(opcode)
-    }
-
-    /// As [`build_send`](Self::build_send), of raw entries.
-    #[inline(always)]
-    fn build_entry(
-        &mut self,
-        sges: impl IntoIterator<Item = Sge>,
-        op: SendOp,
-        flags: SendFlags,
-        room: u64,
-        remote: Option<RemoteRegion>,
-        atomic: bool,
-    ) -> Result<WcOpcode, Error<P::Error>> {
-        let wr = self.sq.lone_entry();
-        fill(wr, &self.qp, sges, op, flags, room, remote, atomic)?;
-        Ok(op.wc_opcode())
     }
 
     /// Waits for a request posted by `post_*_seq` and takes its outcome, within the bound

@@ -278,9 +278,9 @@ pub trait Provider: Sized {
     /// (a channel's ring entry): see [`SendEntry`].
     type SendEntry<const SGES: usize>: SendEntry<SGES>;
 
-    /// Posts `entries` as one chain with one doorbell (longer slices: a chain per
-    /// provider-defined length), as [`post_send`](Provider::post_send) posts requests.
-    /// The entries may be written (a provider links them where they lie).
+    /// Posts `entries` as one chain with one doorbell, as [`post_send`](Provider::post_send)
+    /// posts requests: up to the first refused, whose index the error gives. The entries
+    /// may be written (a provider links them where they lie).
     ///
     /// # Safety
     /// As [`post_send`](Provider::post_send).

@@ -346,7 +346,8 @@ impl Provider for Sim {
         qp: &s::Qp,
         entries: &mut [SendWr<SGES>],
     ) -> Result<(), PostError<s::SimError>> {
-        // SAFETY: as `post_send`, whose layout the simulator's entries have.
+        // SAFETY: the simulator's entries are `SendWr`s, which `post_send` takes; the caller
+        // upholds its contract on the memory they name.
         unsafe { Self::post_send(qp, entries) }
     }
 

@@ -593,7 +593,8 @@ impl Provider for Verbs {
         // One completion, the usual poll of a wait: inline, no batch loop.
         if let [o] = out {
             let mut wc = MaybeUninit::<ffi::ibv_wc>::uninit();
-            // SAFETY: as in `poll_batch`, for one entry.
+            // SAFETY: `poll` is this CQ's `poll_cq` from its context's op table (as
+            // `ibv_poll_cq` calls it); `wc` has room for the one entry asked for.
             let n = unsafe { (cq.0.poll)(cq.0.cq.as_ptr(), 1, wc.as_mut_ptr()) };
             if n > 0 {
                 // SAFETY: the provider initialised the one entry it was given.

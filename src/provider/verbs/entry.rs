@@ -33,7 +33,8 @@ pub struct Entry<const SGES: usize> {
 // handle is the poster's contract, as for `Provider::post_send`. So an entry may move to,
 // and be read from, another thread.
 unsafe impl<const SGES: usize> Send for Entry<SGES> {}
-// SAFETY: as for `Send`: a shared entry is read only, its pointers never dereferenced.
+// SAFETY: a shared entry is only read, and its raw pointers are never dereferenced
+// outside `post_entries`, which needs the entry exclusively.
 unsafe impl<const SGES: usize> Sync for Entry<SGES> {}
 
 impl<const SGES: usize> Entry<SGES> {
@@ -122,7 +123,10 @@ pub(super) unsafe fn post_entries<const SGES: usize>(
         if e.fits() {
             e.link(ptr::null_mut());
             let mut bad: *mut ffi::ibv_send_wr = ptr::null_mut();
-            // SAFETY: as in `post_chain`, for a chain of one.
+            // SAFETY: `post` is `qp`'s `post_send` (this function's contract); `e.wr` is one
+            // request (`next` NULL) pointing at its own `num_sge <= SGES` gather entries
+            // (`fits`), alive across the call; the memory they name is the caller's
+            // contract; `bad` is a valid out-pointer.
             let ret = unsafe { post(qp, &mut e.wr, &mut bad) };
             return match ret {
                 0 => Ok(()),
@@ -298,7 +302,7 @@ mod tests {
 
         // A refusal is reported at the request the library names.
         let mut es = [entry(100, SendOp::Send, 1), entry(101, SendOp::Send, 1)];
-        // SAFETY: as above.
+        // SAFETY: the fake verb reads only these entries and their gather lists.
         let e = unsafe { post_entries(ptr::null_mut(), fake_post, &mut es) }.unwrap_err();
         assert_eq!(e.index, 1);
 
@@ -309,7 +313,7 @@ mod tests {
             entry(5, SendOp::Send, 3),
             entry(6, SendOp::Send, 1),
         ];
-        // SAFETY: as above.
+        // SAFETY: the fake verb reads only these entries and their gather lists.
         let e = unsafe { post_entries(ptr::null_mut(), fake_post, &mut es) }.unwrap_err();
         assert_eq!(e.index, 1);
         assert_eq!(*SEEN.lock().unwrap(), [(4, 1)]);

@@ -12,14 +12,14 @@
 #
 # Environment: N1, N2 (loop lengths whose difference is measured, default 100 and 600), K
 # (empty polls measured, default 500), CG_DIR (keep each run's callgrind output there, for
-# callgrind_annotate). The guest runs the host's callgrind (copied in
+# callgrind_annotate), CG_ARGS (more callgrind options, e.g. --dump-instr=yes). The guest runs the host's callgrind (copied in
 # with the loader's debug symbols, which valgrind needs; the guest's libc is the same
 # Debian build). Needs what scripts/rxe-test.sh needs, and valgrind and libc6-dbg here.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$(readlink -f "$0")")/.." && pwd)
 cd "$ROOT"
 LIBS=${*:-zverbs raw ibverbs sideway}
-N1=${N1:-100} N2=${N2:-600} K=${K:-500} CG_DIR=${CG_DIR:-}
+N1=${N1:-100} N2=${N2:-600} K=${K:-500} CG_DIR=${CG_DIR:-} CG_ARGS=${CG_ARGS:-}
 for t in valgrind readelf; do command -v $t >/dev/null || { echo "$t not found" >&2; exit 1; }; done
 
 cargo build --release --manifest-path benches/verbs_peers/Cargo.toml
@@ -52,7 +52,7 @@ for lib in $LIBS; do
     run=\$(echo \$run | tr : ' ')
     set -- \$run
     out=/tmp/cg.\$lib.\$1.\$2
-    if ! ./vg/valgrind --tool=callgrind --callgrind-out-file=\$out --toggle-collect='*measured_*' \\
+    if ! ./vg/valgrind --tool=callgrind --callgrind-out-file=\$out --toggle-collect='*measured_*' $CG_ARGS \\
         ./verbs_loop \$lib \$1 \$2 >/tmp/res 2>/tmp/err; then
       tail -n 20 /tmp/err; exit 1
     fi

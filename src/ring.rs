@@ -367,15 +367,17 @@ impl<W: WorkRequest, const DEPTH: usize> Ring<W, DEPTH> {
     #[inline]
     pub fn retired_outcome(&self, wc: &WorkCompletion) -> Result<Completion, Completion> {
         if wc.status == WcStatus::Success {
-            Ok(outcome(wc, wc.opcode))
+            Ok(Completion::succeeded(wc))
         } else {
             Err(self.retired_failure(wc))
         }
     }
 
+    /// The outcome of the failed request [`retire_oldest`](Self::retire_oldest) just
+    /// retired for `wc`.
     #[cold]
     #[inline(never)]
-    fn retired_failure(&self, wc: &WorkCompletion) -> Completion {
+    pub fn retired_failure(&self, wc: &WorkCompletion) -> Completion {
         // The slot keeps the request's opcode until it is taken again.
         outcome(wc, self.slots[(wc.wr_id % DEPTH as u64) as usize].opcode)
     }

@@ -47,6 +47,12 @@ impl Completion {
             pkey_index: 0,
         }
     }
+
+    /// The completion of a request that succeeded, as `wc` reports it.
+    #[inline(always)]
+    pub(crate) fn succeeded(wc: &WorkCompletion) -> Completion {
+        tail_of(wc)
+    }
 }
 
 /// What a completion reports; a failed request's opcode comes from its slot (the device

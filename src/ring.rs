@@ -41,7 +41,9 @@ pub struct UnknownCompletion {
 
 /// Where a slot's request is. Signaled and unsignaled posted requests are two states, so
 /// that one store marks a slot posted and one compare finds a signaled one; the two posted
-/// states are the two highest, so one compare finds a posted one.
+/// states are the two highest, so one compare finds a posted one; and the two states that
+/// stop a retirement pass (`Done`, `PostedSignaled`) are the odd ones, so one bit finds
+/// them in a whole run of slots ([`STOPS_RETIREMENT`]).
 #[derive(Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 enum SlotState {
@@ -51,6 +53,16 @@ enum SlotState {
     Posted,
     PostedSignaled,
 }
+
+/// The bit of a [`SlotState`] that `Done` and `PostedSignaled` have, and `Free` and
+/// `Posted` have not.
+const STOPS_RETIREMENT: u8 = 1;
+const _: () = {
+    assert!(SlotState::Done as u8 & STOPS_RETIREMENT != 0);
+    assert!(SlotState::PostedSignaled as u8 & STOPS_RETIREMENT != 0);
+    assert!(SlotState::Free as u8 & STOPS_RETIREMENT == 0);
+    assert!(SlotState::Posted as u8 & STOPS_RETIREMENT == 0);
+};
 
 impl SlotState {
     #[inline]
@@ -68,11 +80,21 @@ impl SlotState {
 /// older generation is below the tail, an id never issued at or above the head). Every
 /// slot outside that range is free: so the slot at the tail of an empty ring is free.
 /// Two bytes, so that a slot is found by an address mode (no multiply) and its request
-/// posted with one store; outcomes are kept apart, in `outcomes`.
+/// posted with one store, and a retirement pass reads a run of slots as `u16`s, a vector
+/// at a time ([`Slot::bits`]); outcomes are kept apart, in `outcomes`.
 #[derive(Clone, Copy)]
+#[repr(C)]
 struct Slot {
     opcode: WcOpcode,
     state: SlotState,
+}
+
+impl Slot {
+    /// The slot as one number, its state in bits 8 to 15 (two adjacent bytes: one load).
+    #[inline]
+    fn bits(self) -> u16 {
+        u16::from_le_bytes([self.opcode as u8, self.state as u8])
+    }
 }
 
 /// A ring of `DEPTH` slots of work requests `W`. See the module docs.
@@ -407,18 +429,27 @@ impl<W: WorkRequest, const DEPTH: usize> Ring<W, DEPTH> {
         while done < seq {
             let start = (done % DEPTH as u64) as usize;
             let run = ((seq - done) as usize).min(DEPTH - start);
+            let slots = &mut self.slots[start..start + run];
+            // Usually none stops the pass: one branch-free look at the whole run, then one
+            // branch-free pass that frees it, not a test per slot.
+            let stops = slots.iter().fold(0, |any, s| any | s.bits());
+            if stops & (STOPS_RETIREMENT as u16) << 8 == 0 {
+                for s in slots.iter_mut() {
+                    s.state = SlotState::Free;
+                }
+                done += run as u64;
+                continue;
+            }
             // Each slot passed is retired (freed) as the pass reads it: also when the
             // completion is refused below, for a signaled request before it still posted
             // (the requests before that one completed all the same: RC completes in order).
-            let stop = self.slots[start..start + run]
-                .iter_mut()
-                .position(|s| match s.state {
-                    SlotState::Posted | SlotState::Free => {
-                        s.state = SlotState::Free;
-                        false
-                    }
-                    _ => true,
-                });
+            let stop = slots.iter_mut().position(|s| match s.state {
+                SlotState::Posted | SlotState::Free => {
+                    s.state = SlotState::Free;
+                    false
+                }
+                _ => true,
+            });
             if let Some(k) = stop {
                 done += k as u64;
                 break;

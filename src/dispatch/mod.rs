@@ -87,7 +87,7 @@ use crate::cq::CompletionQueue;
 use crate::provider::Provider;
 use crate::sync::{AtomicU64, Ordering};
 use crate::types::WorkCompletion;
-use crate::wr_id::{WrId, SEQ_MASK, SHARED_RECV_INBOX};
+use crate::wr_id::{WrId, SEQ_BITS, SEQ_MASK, SHARED_RECV_INBOX};
 
 /// Anything that yields completions: a completion queue, or a fake in tests.
 pub trait CompletionSource {
@@ -150,8 +150,10 @@ impl fmt::Display for NoQpRoutes {
 #[must_use = "an attached inbox stays in use until it is detached"]
 #[derive(Debug, PartialEq, Eq)]
 pub struct Inbox {
-    index: u16,
-    generation: u8,
+    /// Every `wr_id` of the inbox shifted down by [`SEQ_BITS`]: the attachment generation
+    /// above the index ([`WrId`]). One word, so a completion is told to be the inbox's by
+    /// one shift and one compare.
+    key: u32,
     /// Attached while a reactor task led the queue (`zverbs::tokio::AsyncQueue`): the
     /// reactor runs until the inbox is detached.
     joined: bool,
@@ -165,17 +167,25 @@ impl Inbox {
     /// The `wr_id` to post the request with sequence number `seq` with.
     #[inline]
     pub fn wr_id(&self, seq: u64) -> u64 {
-        WrId::new(self.index, self.generation, seq).0
+        self.tag() | (seq & SEQ_MASK)
     }
     /// The high bits every `wr_id` of this inbox carries: `wr_id(seq) == tag() | (seq &
     /// SEQ_MASK)`.
     #[inline]
     pub fn tag(&self) -> u64 {
-        WrId::new(self.index, self.generation, 0).0
+        u64::from(self.key) << SEQ_BITS
     }
     /// The inbox index.
     pub fn index(&self) -> u16 {
-        self.index
+        WrId(self.tag()).inbox()
+    }
+    fn generation(&self) -> u8 {
+        WrId(self.tag()).generation()
+    }
+    /// Whether `wr_id` is one of this inbox's.
+    #[inline]
+    fn owns(&self, wr_id: u64) -> bool {
+        wr_id >> SEQ_BITS == u64::from(self.key)
     }
     /// The queue pair whose shared receives are routed here, if one is bound.
     pub fn bound_qp(&self) -> Option<u32> {
@@ -293,7 +303,7 @@ impl Dispatcher {
             if let Some(old) = inbox.bound_qp() {
                 self.by_qp.unbind(old);
             }
-            self.by_qp.bind(qp_num, inbox.index, inbox.generation);
+            self.by_qp.bind(qp_num, inbox.index(), inbox.generation());
         });
         inbox.qp_num = qp_num;
         Ok(())
@@ -315,8 +325,7 @@ impl Dispatcher {
         for (i, b) in self.boxes.iter().enumerate() {
             if let Some(generation) = b.try_attach() {
                 return Ok(Inbox {
-                    index: i as u16,
-                    generation,
+                    key: (WrId::new(i as u16, generation, 0).0 >> SEQ_BITS) as u32,
                     joined: self.sleepers.join_reactor(),
                     qp_num: NO_QP,
                 });
@@ -333,7 +342,7 @@ impl Dispatcher {
             if let Some(qp_num) = inbox.bound_qp() {
                 self.by_qp.unbind(qp_num);
             }
-            self.boxes[inbox.index as usize].detach()
+            self.boxes[inbox.index() as usize].detach()
         });
         self.stale.fetch_add(dropped as u64, Ordering::Relaxed);
         if inbox.joined {
@@ -367,7 +376,7 @@ impl Dispatcher {
         inbox: &mut Inbox,
         out: &mut [WorkCompletion],
     ) -> Result<usize, C::Error> {
-        let b = &self.boxes[inbox.index as usize];
+        let b = &self.boxes[inbox.index() as usize];
         if b.has_mail() {
             return Ok(b.pop(out));
         }
@@ -391,12 +400,12 @@ impl Dispatcher {
         inbox: &Inbox,
         out: &mut [WorkCompletion],
     ) -> Result<usize, C::Error> {
-        let polled = cq.poll(out)?;
-        let tag = inbox.tag();
+        // Never more than asked for: a poll for one is then one test, not a loop.
+        let polled = cq.poll(out)?.min(out.len());
         let mut mine = 0;
         for i in 0..polled {
             let wc = &out[i];
-            if wc.wr_id & !SEQ_MASK == tag
+            if inbox.owns(wc.wr_id)
                 || (wc.qp_num == inbox.qp_num && WrId(wc.wr_id).is_shared_recv())
             {
                 if mine != i {
@@ -428,7 +437,7 @@ impl Dispatcher {
     #[inline]
     pub fn take(&self, inbox: &mut Inbox, out: &mut [WorkCompletion]) -> usize {
         // The `&mut Inbox` makes this thread the inbox's only consumer.
-        self.boxes[inbox.index as usize].pop(out)
+        self.boxes[inbox.index() as usize].pop(out)
     }
 
     /// Completions dropped because their inbox was not attached (or attached again since),
@@ -445,7 +454,7 @@ impl Dispatcher {
 
     /// Whether completions wait in `inbox` (consumer side).
     pub(crate) fn has_mail(&self, inbox: &Inbox) -> bool {
-        self.boxes[inbox.index as usize].has_mail()
+        self.boxes[inbox.index() as usize].has_mail()
     }
 
     #[cfg(feature = "tokio")]

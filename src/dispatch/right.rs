@@ -247,16 +247,22 @@ fn this_thread() -> Option<&'static AtomicUsize> {
     {
         static POOL: [Counter; THREADS] = [const { Counter(AtomicUsize::new(0)) }; THREADS];
         static CLAIMED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        std::thread_local!(static TURNS: Cell<Option<Option<&'static AtomicUsize>>> = const { Cell::new(None) });
-        TURNS.with(|t| match t.get() {
-            Some(turns) => turns,
-            None => {
-                let i = CLAIMED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let turns = POOL.get(i).map(|c| &c.0);
-                t.set(Some(turns));
-                turns
+        // The counter alone (one word, so the usual turn makes one test); whether the
+        // thread asked the pool already is kept apart, looked at only without a counter.
+        std::thread_local!(static TURNS: Cell<Option<&'static AtomicUsize>> = const { Cell::new(None) });
+        std::thread_local!(static ASKED: Cell<bool> = const { Cell::new(false) });
+        #[cold]
+        #[inline(never)]
+        fn claim(t: &Cell<Option<&'static AtomicUsize>>) -> Option<&'static AtomicUsize> {
+            if ASKED.with(|asked| asked.replace(true)) {
+                return None; // the pool was used up when this thread asked
             }
-        })
+            let i = CLAIMED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let turns = POOL.get(i).map(|c| &c.0);
+            t.set(turns);
+            turns
+        }
+        TURNS.with(|t| t.get().or_else(|| claim(t)))
     }
     #[cfg(loom)]
     {

@@ -601,7 +601,17 @@ impl Provider for Verbs {
                 *o = wr::work_completion(unsafe { wc.assume_init_ref() });
                 return Ok(1);
             }
-            return poll_none(cq, n);
+            // Nothing, the usual poll of a spinning wait: inline too. A dead device's
+            // queues just stay empty, so an empty poll asks about the device's events (at
+            // most once a millisecond, on one empty poll in `LOOK_POLLS`), and a wait ends
+            // at the death, not at its timeout.
+            if n == 0 {
+                return match async_event::device_dead(&cq.0.ctx, &cq.0.empty_polls) {
+                    false => Ok(0),
+                    true => Err(VerbsError::DeviceFatal),
+                };
+            }
+            return Err(poll_failed(n));
         }
         poll_batch(cq, out)
     }
@@ -936,17 +946,11 @@ impl Provider for Verbs {
     }
 }
 
-/// [`Verbs::poll_cq`] of one completion that found none (`n` 0) or failed (`n` < 0), out
-/// of line. A dead device's queues just stay empty: an empty poll asks its events (at most
-/// once a millisecond, on one empty poll in `LOOK_POLLS`) so a wait ends at the death, not
-/// at its timeout.
+/// [`Verbs::poll_cq`] that failed (`n` < 0), out of line.
+#[cold]
 #[inline(never)]
-fn poll_none(cq: &Cq, n: i32) -> Result<usize, VerbsError> {
-    match n {
-        0 if async_event::device_dead(&cq.0.ctx, &cq.0.empty_polls) => Err(VerbsError::DeviceFatal),
-        0 => Ok(0),
-        n => Err(VerbsError::from_ret("ibv_poll_cq", n)),
-    }
+fn poll_failed(n: i32) -> VerbsError {
+    VerbsError::from_ret("ibv_poll_cq", n)
 }
 
 /// [`Verbs::poll_cq`] of a batch: up to `out.len()` completions, 16 at a time.

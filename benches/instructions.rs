@@ -407,24 +407,24 @@ fn raw_calls(mut f: Box<RawFixture>) -> Box<RawFixture> {
 }
 
 #[library_benchmark]
-#[bench::send(args = (Op::Send), setup = own, config = budget(3_970_086))]
-#[bench::write(args = (Op::Write), setup = own, config = budget(2_934_772))]
-#[bench::write_batch(args = (Op::WriteBatch), setup = own, config = budget_of(47_478_749, BATCH as u64))]
+#[bench::send(args = (Op::Send), setup = own, config = budget(3_976_084))]
+#[bench::write(args = (Op::Write), setup = own, config = budget(2_937_770))]
+#[bench::write_batch(args = (Op::WriteBatch), setup = own, config = budget_of(47_157_749, BATCH as u64))]
 fn channel(mut f: Box<ChannelFixture>) -> Box<ChannelFixture> {
     f.run(black_box(ITERS));
     f
 }
 
 #[library_benchmark]
-#[bench::send(args = (Op::Send), setup = shared, config = budget(4_189_687))]
-#[bench::write(args = (Op::Write), setup = shared, config = budget(3_148_337))]
+#[bench::send(args = (Op::Send), setup = shared, config = budget(4_150_878))]
+#[bench::write(args = (Op::Write), setup = shared, config = budget(3_127_528))]
 fn shared_queue(mut f: Box<ChannelFixture>) -> Box<ChannelFixture> {
     f.run(black_box(ITERS));
     f
 }
 
 #[library_benchmark]
-#[bench::send(args = (Op::Send), setup = unpolled, config = budget(4_126_656))]
+#[bench::send(args = (Op::Send), setup = unpolled, config = budget(4_108_655))]
 fn unpolled_level(mut f: Box<ChannelFixture>) -> Box<ChannelFixture> {
     f.run_unpolled(black_box(ITERS));
     f
@@ -432,8 +432,8 @@ fn unpolled_level(mut f: Box<ChannelFixture>) -> Box<ChannelFixture> {
 
 #[cfg(feature = "tokio")]
 #[library_benchmark]
-#[bench::send(args = (Op::Send), setup = awaited, config = budget(4_682_047))]
-#[bench::write(args = (Op::Write), setup = awaited, config = budget(3_589_730))]
+#[bench::send(args = (Op::Send), setup = awaited, config = budget(4_619_046))]
+#[bench::write(args = (Op::Write), setup = awaited, config = budget(3_550_729))]
 fn awaited_ops(mut f: Box<AwaitedFixture>) -> Box<AwaitedFixture> {
     f.run(black_box(ITERS));
     f

@@ -154,9 +154,6 @@ pub struct Inbox {
     /// above the index ([`WrId`]). One word, so a completion is told to be the inbox's by
     /// one shift and one compare.
     key: u32,
-    /// Attached while a reactor task led the queue (`zverbs::tokio::AsyncQueue`): the
-    /// reactor runs until the inbox is detached.
-    joined: bool,
     /// The queue pair on a shared receive queue whose receive completions come here
     /// ([`Dispatcher::bind_qp`]), or [`NO_QP`] (a queue pair number has 24 bits). Not an
     /// `Option`: the token stays 8 bytes, as every channel on a shared queue holds one.
@@ -190,11 +187,6 @@ impl Inbox {
     /// The queue pair whose shared receives are routed here, if one is bound.
     pub fn bound_qp(&self) -> Option<u32> {
         (self.qp_num != NO_QP).then_some(self.qp_num)
-    }
-    /// Whether a reactor task leads the queue and runs until the inbox is detached.
-    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
-    pub(crate) fn reactor_led(&self) -> bool {
-        self.joined
     }
 }
 
@@ -324,9 +316,11 @@ impl Dispatcher {
         }
         for (i, b) in self.boxes.iter().enumerate() {
             if let Some(generation) = b.try_attach() {
+                if self.sleepers.join_reactor() {
+                    b.mark_joined();
+                }
                 return Ok(Inbox {
                     key: (WrId::new(i as u16, generation, 0).0 >> SEQ_BITS) as u32,
-                    joined: self.sleepers.join_reactor(),
                     qp_num: NO_QP,
                 });
             }
@@ -338,6 +332,7 @@ impl Dispatcher {
     /// dropped (counted as stale), now and later. Waits for the poll right (held for one
     /// batch at a time), so no routing to the inbox is under way when it is emptied.
     pub fn detach(&self, inbox: Inbox) {
+        let joined = self.reactor_led(&inbox);
         let dropped = self.with_poll_right(|| {
             if let Some(qp_num) = inbox.bound_qp() {
                 self.by_qp.unbind(qp_num);
@@ -345,7 +340,7 @@ impl Dispatcher {
             self.boxes[inbox.index() as usize].detach()
         });
         self.stale.fetch_add(dropped as u64, Ordering::Relaxed);
-        if inbox.joined {
+        if joined {
             self.sleepers.leave_reactor();
         }
     }
@@ -450,6 +445,12 @@ impl Dispatcher {
     /// requests in flight than the depth it attached with.
     pub fn overflowed_completions(&self) -> u64 {
         self.overflow.load(Ordering::Relaxed)
+    }
+
+    /// Whether `inbox` was attached while a reactor task led the queue
+    /// (`zverbs::tokio::AsyncQueue`): the reactor runs until the inbox is detached.
+    pub(crate) fn reactor_led(&self, inbox: &Inbox) -> bool {
+        self.boxes[inbox.index() as usize].joined()
     }
 
     /// Whether completions wait in `inbox` (consumer side).

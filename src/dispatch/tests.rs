@@ -32,6 +32,12 @@ fn wc(wr_id: u64, byte_len: u32) -> WorkCompletion {
 }
 
 #[test]
+fn an_inbox_is_two_words_of_four_bytes() {
+    // Every channel on a shared queue holds one per direction.
+    assert_eq!(core::mem::size_of::<Inbox>(), 8);
+}
+
+#[test]
 fn wr_id_round_trips() {
     let id = WrId::new(0xBEEF, 0xA5, (1 << 45) | 0x12_3456_789A);
     assert_eq!(

@@ -30,28 +30,36 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
-//! Map (one file: the `Provider` impl must be read whole to check it against the verbs
-//! API): the device list; the owned handles (`ContextInner` … `Ah`, each destroyed once
-//! by `Drop`, with their `Send`/`Sync` contracts); `impl Provider for Verbs`, verb by verb
-//! in the trait's order; the posting helpers (`well_formed`, `link`, `bad_index`).
-//! Errors, completion channels, GID selection and work-request translation are in
-//! `verbs/`.
+//! Map: this file is `impl Provider for Verbs`, verb by verb in the trait's order, with
+//! the data path (posting, the one-completion poll) inline here, where it is checked
+//! against the verbs API. In `verbs/`: `handles` (the owned objects, `ContextInner` …
+//! `Ah`, each destroyed once by `Drop`, with their `Send`/`Sync` contracts), `device` (the
+//! device list, opening, device and port queries), `qp_attr` (the typestate's
+//! transitions as `ibv_modify_qp`, and `ibv_query_qp`), `chain` and `entry` (posting
+//! chains of requests: `well_formed`, `link`, `bad_index`), `wr` (work requests and
+//! completions translated), `error`, `event` (completion channels), `async_event`, `gid`
+//! (GID selection) and `cm` (the connection manager).
 
 mod async_event;
 mod chain;
 mod cm;
+mod device;
 mod entry;
 mod error;
 mod event;
 mod gid;
+mod handles;
+mod qp_attr;
 mod wr;
 
 pub use cm::{CmChannel, CmId};
 pub use error::{NoSuchDevice, VerbsError};
 pub use event::CompChannel;
 pub use gid::{GidEntry, GidSelect, GidType};
+pub use handles::{Ah, Context, Cq, Mr, Pd, Qp, Srq};
 
-use core::ffi::CStr;
+use handles::{ContextInner, CqInner, PdInner, PostFn, SrqInner};
+
 use core::mem::MaybeUninit;
 use core::ptr::{self, NonNull};
 use std::sync::atomic::AtomicU32;
@@ -63,45 +71,15 @@ use super::{AhAttr, PathAttr, PostError, Provider, Transition};
 use std::os::fd::RawFd;
 
 use crate::types::{
-    AccessFlags, AhKey, AsyncEvent, Gid, Mtu, PortAttr, PortState, QpCaps, QpState, QpType, RecvWr,
-    SendWr, SrqAttr, WorkCompletion,
+    AccessFlags, AhKey, AsyncEvent, Gid, Mtu, PortAttr, QpCaps, QpState, QpType, RecvWr, SendWr,
+    SrqAttr, WorkCompletion,
 };
+use device::{device_name, with_device_list};
 use error::check;
 
 /// The verbs provider. A unit value: the device list is libibverbs' own.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Verbs;
-
-/// Calls `f` with each device of a fresh device list; the list is freed afterwards.
-fn with_device_list<R>(f: impl FnOnce(&[*mut ffi::ibv_device]) -> R) -> Result<R, VerbsError> {
-    let mut n = 0i32;
-    // SAFETY: `n` is a valid out-pointer; the call allocates and returns the list or NULL.
-    let list = unsafe { ffi::ibv_get_device_list(&mut n) };
-    if list.is_null() {
-        return Err(VerbsError::last_os("ibv_get_device_list"));
-    }
-    // SAFETY: on success `list` holds `n` device pointers (NULL-terminated after them).
-    let devices = unsafe { core::slice::from_raw_parts(list, usize::try_from(n).unwrap_or(0)) };
-    let r = f(devices);
-    // SAFETY: `list` came from `ibv_get_device_list` and is freed once; devices opened from
-    // it stay valid after the free (libibverbs keeps opened devices referenced).
-    unsafe { ffi::ibv_free_device_list(list) };
-    Ok(r)
-}
-
-/// The name of a device of a live device list; the borrow of the list's element keeps the
-/// name from outliving the list.
-fn device_name(dev: &*mut ffi::ibv_device) -> &str {
-    // SAFETY: `*dev` is an element of a live device list; the name is a NUL-terminated
-    // array inside the device struct, valid while the list is.
-    let name = unsafe { ffi::ibv_get_device_name(*dev) };
-    if name.is_null() {
-        return "";
-    }
-    // SAFETY: `name` is non-null and NUL-terminated, inside the device struct of a live
-    // list, which outlives the `&str` (tied to `dev`'s borrow).
-    unsafe { CStr::from_ptr(name) }.to_str().unwrap_or("")
-}
 
 impl Verbs {
     /// The names of the devices present (empty when there are none or libibverbs cannot
@@ -112,228 +90,8 @@ impl Verbs {
     }
 }
 
-struct ContextInner {
-    ctx: NonNull<ffi::ibv_context>,
-    name: String,
-    /// Its asynchronous events, and whether the device is dead.
-    events: async_event::Events,
-}
-
-impl Drop for ContextInner {
-    fn drop(&mut self) {
-        // SAFETY: opened by `ibv_open_device`, closed once, after every child (they hold
-        // this `Arc`).
-        unsafe { ffi::ibv_close_device(self.ctx.as_ptr()) };
-    }
-}
-
-/// An open device (`ibv_context`).
-pub struct Context(Arc<ContextInner>);
-
-impl Context {
-    fn as_ptr(&self) -> *mut ffi::ibv_context {
-        self.0.ctx.as_ptr()
-    }
-
-    /// The device's name.
-    pub fn name(&self) -> &str {
-        &self.0.name
-    }
-}
-
-struct PdInner {
-    pd: NonNull<ffi::ibv_pd>,
-    _ctx: Arc<ContextInner>,
-}
-
-impl Drop for PdInner {
-    fn drop(&mut self) {
-        // SAFETY: allocated by `ibv_alloc_pd`, freed once, after its MRs and QPs (they
-        // hold this `Arc`).
-        unsafe { ffi::ibv_dealloc_pd(self.pd.as_ptr()) };
-    }
-}
-
-/// A protection domain (`ibv_pd`).
-pub struct Pd(Arc<PdInner>);
-
-/// A memory registration (`ibv_mr`).
-pub struct Mr {
-    mr: NonNull<ffi::ibv_mr>,
-    lkey: u32,
-    rkey: u32,
-    _pd: Arc<PdInner>,
-}
-
-impl Drop for Mr {
-    fn drop(&mut self) {
-        // SAFETY: registered by `ibv_reg_mr`, deregistered once.
-        unsafe { ffi::ibv_dereg_mr(self.mr.as_ptr()) };
-    }
-}
-
-type PollFn = unsafe extern "C" fn(*mut ffi::ibv_cq, i32, *mut ffi::ibv_wc) -> i32;
-/// A verb from a queue pair's op table that posts a chain of `C` requests.
-type PostFn<C, T = ffi::ibv_qp> = unsafe extern "C" fn(*mut T, *mut C, *mut *mut C) -> i32;
-
-struct CqInner {
-    cq: NonNull<ffi::ibv_cq>,
-    poll: PollFn,
-    req_notify: event::ReqNotifyFn,
-    /// Its `cq_context`, which its events carry.
-    key: u64,
-    ctx: Arc<ContextInner>,
-    /// Polls that found nothing, counted to space out looks at the device's events
-    /// ([`async_event::device_dead`]).
-    empty_polls: AtomicU32,
-    /// Destroyed after the CQ (fields drop after `drop`).
-    _channel: Option<Arc<event::ChannelInner>>,
-}
-
-impl Drop for CqInner {
-    fn drop(&mut self) {
-        // SAFETY: created by `ibv_create_cq`, destroyed once, after the QPs using it. It
-        // returns once every event taken for it is acknowledged (`zverbs::CompletionQueue`
-        // acknowledges on drop what it was handed).
-        unsafe { ffi::ibv_destroy_cq(self.cq.as_ptr()) };
-    }
-}
-
-/// A completion queue (`ibv_cq`).
-pub struct Cq(Arc<CqInner>);
-
-impl Cq {
-    /// The library's `ibv_cq`, for verbs zverbs does not wrap (or to measure it against
-    /// raw calls); valid while this handle lives.
-    pub fn as_ptr(&self) -> *mut ffi::ibv_cq {
-        self.0.cq.as_ptr()
-    }
-}
-
-impl Qp {
-    /// The library's `ibv_qp`, as [`Cq::as_ptr`]; valid while this handle lives.
-    pub fn as_ptr(&self) -> *mut ffi::ibv_qp {
-        self.qp.as_ptr()
-    }
-}
-
-/// A queue pair (`ibv_qp`).
-pub struct Qp {
-    qp: NonNull<ffi::ibv_qp>,
-    qp_num: u32,
-    post_send: PostFn<ffi::ibv_send_wr>,
-    post_recv: PostFn<ffi::ibv_recv_wr>,
-    _pd: Arc<PdInner>,
-    _cqs: [Arc<CqInner>; 2],
-    /// Destroyed after the QP (fields drop after `drop`).
-    _srq: Option<Arc<SrqInner>>,
-}
-
-struct SrqInner {
-    srq: NonNull<ffi::ibv_srq>,
-    post_recv: PostFn<ffi::ibv_recv_wr, ffi::ibv_srq>,
-    /// Its `srq_context`, which its events carry.
-    key: u64,
-    _pd: Arc<PdInner>,
-}
-
-impl Drop for SrqInner {
-    fn drop(&mut self) {
-        // SAFETY: created by `ibv_create_srq`, destroyed once, after the QPs on it (they
-        // hold this `Arc`).
-        unsafe { ffi::ibv_destroy_srq(self.srq.as_ptr()) };
-    }
-}
-
-/// A shared receive queue (`ibv_srq`).
-pub struct Srq(Arc<SrqInner>);
-
-impl Drop for Qp {
-    fn drop(&mut self) {
-        // SAFETY: created by `ibv_create_qp`, destroyed once, before its PD and CQs.
-        unsafe { ffi::ibv_destroy_qp(self.qp.as_ptr()) };
-    }
-}
-
-/// An address handle (`ibv_ah`).
-pub struct Ah {
-    ah: NonNull<ffi::ibv_ah>,
-    _pd: Arc<PdInner>,
-}
-
-impl Drop for Ah {
-    fn drop(&mut self) {
-        // SAFETY: created by `ibv_create_ah`, destroyed once, before its PD.
-        unsafe { ffi::ibv_destroy_ah(self.ah.as_ptr()) };
-    }
-}
-
-// libibverbs objects may be used from any thread, and concurrently: the verbs library and
-// its providers serialise access to each object with their own locks, and the handles
-// are immutable after creation. Each line below names what its object's users do.
-//
-// SAFETY: the context is only passed to verbs calls (open/query/alloc/create), thread-safe,
-// and to `ibv_get_async_event` with its events' queue locked; the rest is `Send` itself.
-unsafe impl Send for ContextInner {}
-// SAFETY: shared use only passes the context pointer to thread-safe verbs calls (the
-// events' reads serialised by their lock).
-unsafe impl Sync for ContextInner {}
-// SAFETY: the PD is only passed to `ibv_reg_mr`/`ibv_create_qp`/`ibv_create_ah`, thread-safe.
-unsafe impl Send for PdInner {}
-// SAFETY: shared use only passes the PD pointer to those calls.
-unsafe impl Sync for PdInner {}
-// SAFETY: the registration holds keys and a pointer it never dereferences; the memory is
-// the caller's (its contract with `register` says who may touch it).
-unsafe impl Send for Mr {}
-// SAFETY: shared use only reads the keys and the address.
-unsafe impl Sync for Mr {}
-// SAFETY: `ibv_poll_cq`, `ibv_req_notify_cq` and destroy may run on any thread.
-unsafe impl Send for CqInner {}
-// SAFETY: concurrent `ibv_poll_cq` calls on one CQ are serialised by the provider's CQ lock.
-unsafe impl Sync for CqInner {}
-// SAFETY: `ibv_post_send`/`ibv_post_recv`/`ibv_modify_qp` may run on any thread.
-unsafe impl Send for Qp {}
-// SAFETY: concurrent posts on one QP are serialised by the provider's queue locks.
-unsafe impl Sync for Qp {}
-// SAFETY: `ibv_post_srq_recv`, `ibv_modify_srq`, `ibv_query_srq` and destroy may run on
-// any thread.
-unsafe impl Send for SrqInner {}
-// SAFETY: concurrent posts to one SRQ are serialised by the provider's SRQ lock.
-unsafe impl Sync for SrqInner {}
-// SAFETY: an address handle is immutable after creation; only destroy touches it.
-unsafe impl Send for Ah {}
-// SAFETY: shared use only passes the handle's pointer into datagram work requests.
-unsafe impl Sync for Ah {}
-
-fn mtu(v: ffi::ibv_mtu) -> Mtu {
-    Mtu::from_raw(u8::try_from(v).unwrap_or(0)).unwrap_or(Mtu::Mtu256)
-}
-
 fn non_null<T>(p: *mut T, verb: &'static str) -> Result<NonNull<T>, VerbsError> {
     NonNull::new(p).ok_or_else(|| VerbsError::last_os(verb))
-}
-
-/// Whether `ctx`'s provider library registers dmabufs: verbs has no attribute for it, so
-/// this asks with a descriptor that cannot be one (-1). A provider without the verb fails
-/// at once with `EOPNOTSUPP` (rdma-core's dummy op; rxe, siw); one with it passes the call
-/// to the kernel, which refuses the descriptor (`EBADF`).
-fn dmabuf_supported(ctx: &Context) -> Result<bool, VerbsError> {
-    // SAFETY: open context.
-    let pd = non_null(unsafe { ffi::ibv_alloc_pd(ctx.as_ptr()) }, "ibv_alloc_pd")?;
-    let access = AccessFlags::LOCAL_WRITE.bits() as i32;
-    // SAFETY: live PD; the descriptor -1 names no memory, so nothing is registered.
-    let mr = unsafe { ffi::ibv_reg_dmabuf_mr(pd.as_ptr(), 0, 4096, 0, -1, access) };
-    let unsupported = mr.is_null() && {
-        use crate::error::{ErrorKind, ProviderError};
-        VerbsError::last_os("ibv_reg_dmabuf_mr").kind() == ErrorKind::Unsupported
-    };
-    if !mr.is_null() {
-        // SAFETY: registered just now (which no provider does for -1), deregistered once.
-        unsafe { ffi::ibv_dereg_mr(mr) };
-    }
-    // SAFETY: allocated above, nothing on it any more.
-    unsafe { ffi::ibv_dealloc_pd(pd.as_ptr()) };
-    Ok(!unsupported)
 }
 
 impl Provider for Verbs {
@@ -352,99 +110,19 @@ impl Provider for Verbs {
     }
 
     fn open_device(&self, name: &str) -> Result<Context, VerbsError> {
-        let mut present = Vec::new();
-        let opened = with_device_list(|l| {
-            for d in l {
-                if device_name(d) == name {
-                    // SAFETY: `d` is an element of the live device list.
-                    return Some(non_null(
-                        unsafe { ffi::ibv_open_device(*d) },
-                        "ibv_open_device",
-                    ));
-                }
-                present.push(device_name(d).to_owned());
-            }
-            None
-        })?;
-        match opened {
-            Some(ctx) => {
-                let ctx = ctx?;
-                // SAFETY: an open context; `async_fd` is a plain field set by the library
-                // and fixed.
-                let events = async_event::Events::new(unsafe { (*ctx.as_ptr()).async_fd });
-                match events {
-                    Ok(events) => Ok(Context(Arc::new(ContextInner {
-                        ctx,
-                        name: name.to_owned(),
-                        events,
-                    }))),
-                    Err(e) => {
-                        // SAFETY: opened above and owned by nothing else yet.
-                        unsafe { ffi::ibv_close_device(ctx.as_ptr()) };
-                        Err(e)
-                    }
-                }
-            }
-            None => Err(VerbsError::NoSuchDevice(Box::new(error::NoSuchDevice {
-                name: name.to_owned(),
-                present,
-            }))),
-        }
+        device::open(name)
     }
 
     fn query_device(ctx: &Context) -> Result<crate::types::DeviceAttr, VerbsError> {
-        let mut a = MaybeUninit::<ffi::ibv_device_attr>::zeroed();
-        // SAFETY: open context; `a` is a writable `ibv_device_attr` the call fills.
-        let ret = unsafe { ffi::ibv_query_device(ctx.as_ptr(), a.as_mut_ptr()) };
-        check("ibv_query_device", ret)?;
-        // SAFETY: zero-initialised plain C data (integers and byte arrays), filled above.
-        let a = unsafe { a.assume_init() };
-        let count = |n: i32| u32::try_from(n).unwrap_or(0);
-        Ok(crate::types::DeviceAttr {
-            max_qp_wr: count(a.max_qp_wr),
-            max_sge: count(a.max_sge),
-            max_cqe: count(a.max_cqe),
-            max_qp_rd_atom: count(a.max_qp_rd_atom),
-            max_qp_init_rd_atom: count(a.max_qp_init_rd_atom),
-            max_mr_size: a.max_mr_size,
-            atomic_cap: match a.atomic_cap {
-                ffi::IBV_ATOMIC_HCA => crate::types::AtomicCap::Hca,
-                ffi::IBV_ATOMIC_GLOB => crate::types::AtomicCap::Glob,
-                _ => crate::types::AtomicCap::None,
-            },
-            max_srq: count(a.max_srq),
-            max_srq_wr: count(a.max_srq_wr),
-            max_srq_sge: count(a.max_srq_sge),
-            dmabuf: dmabuf_supported(ctx)?,
-        })
+        device::query(ctx)
     }
 
     fn query_port(ctx: &Context, port: u8) -> Result<PortAttr, VerbsError> {
-        let mut a = ffi::ibv_port_attr::default();
-        // SAFETY: open context; `a` is a full `ibv_port_attr`, larger than the compat
-        // struct the exported symbol fills, so every write lands inside it.
-        let ret = unsafe { ffi::ibv_query_port(ctx.as_ptr(), port, ptr::addr_of_mut!(a).cast()) };
-        check("ibv_query_port", ret)?;
-        Ok(PortAttr {
-            state: if a.state == ffi::ibv_port_state::IBV_PORT_ACTIVE {
-                PortState::Active
-            } else {
-                PortState::Down
-            },
-            lid: a.lid,
-            max_mtu: mtu(a.max_mtu),
-            active_mtu: mtu(a.active_mtu),
-            gid_table_len: u16::try_from(a.gid_tbl_len).unwrap_or(u16::MAX),
-        })
+        device::query_port(ctx, port)
     }
 
     fn query_gid(ctx: &Context, port: u8, index: u8) -> Result<Gid, VerbsError> {
-        let mut g = ffi::ibv_gid::default();
-        // SAFETY: open context; `g` is a valid out-pointer to a 16-byte GID.
-        let ret = unsafe { ffi::ibv_query_gid(ctx.as_ptr(), port, index.into(), &mut g) };
-        check("ibv_query_gid", ret)?;
-        // SAFETY: `raw` is the byte view of the GID union; every bit pattern is valid.
-        Ok(Gid(unsafe { g.raw }))
+        device::query_gid(ctx, port, index)
     }
 
     fn alloc_pd(ctx: &Context) -> Result<Pd, VerbsError> {
@@ -785,136 +463,15 @@ impl Provider for Verbs {
     }
 
     fn modify_qp(qp: &Qp, t: &Transition) -> Result<(), VerbsError> {
-        use ffi::ibv_qp_attr_mask as m;
-        use ffi::ibv_qp_state as s;
-        let mut a = ffi::ibv_qp_attr::default();
-        let mask = match *t {
-            Transition::Reset => {
-                a.qp_state = s::IBV_QPS_RESET;
-                m::IBV_QP_STATE
-            }
-            Transition::Error => {
-                a.qp_state = s::IBV_QPS_ERR;
-                m::IBV_QP_STATE
-            }
-            Transition::Init(i) => {
-                a.qp_state = s::IBV_QPS_INIT;
-                a.pkey_index = i.pkey_index;
-                a.port_num = i.port;
-                a.qp_access_flags = i.access.bits();
-                m::IBV_QP_STATE | m::IBV_QP_PKEY_INDEX | m::IBV_QP_PORT | m::IBV_QP_ACCESS_FLAGS
-            }
-            Transition::Rtr(r) => {
-                a.qp_state = s::IBV_QPS_RTR;
-                a.path_mtu = r.path_mtu as ffi::ibv_mtu;
-                a.dest_qp_num = r.dest_qp_num;
-                a.rq_psn = r.rq_psn;
-                a.max_dest_rd_atomic = r.max_dest_rd_atomic;
-                a.min_rnr_timer = r.min_rnr_timer;
-                a.ah_attr.dlid = r.dlid;
-                a.ah_attr.sl = r.sl;
-                a.ah_attr.port_num = r.port;
-                if let Some(dgid) = r.dgid {
-                    a.ah_attr.is_global = 1;
-                    a.ah_attr.grh = ffi::ibv_global_route {
-                        dgid: ffi::ibv_gid { raw: dgid.0 },
-                        flow_label: r.flow_label,
-                        sgid_index: r.sgid_index,
-                        hop_limit: r.hop_limit,
-                        traffic_class: r.traffic_class,
-                    };
-                }
-                m::IBV_QP_STATE
-                    | m::IBV_QP_AV
-                    | m::IBV_QP_PATH_MTU
-                    | m::IBV_QP_DEST_QPN
-                    | m::IBV_QP_RQ_PSN
-                    | m::IBV_QP_MAX_DEST_RD_ATOMIC
-                    | m::IBV_QP_MIN_RNR_TIMER
-            }
-            Transition::InitUd(i) => {
-                a.qp_state = s::IBV_QPS_INIT;
-                a.pkey_index = i.pkey_index;
-                a.port_num = i.port;
-                a.qkey = i.qkey;
-                m::IBV_QP_STATE | m::IBV_QP_PKEY_INDEX | m::IBV_QP_PORT | m::IBV_QP_QKEY
-            }
-            Transition::RtrUd => {
-                a.qp_state = s::IBV_QPS_RTR;
-                m::IBV_QP_STATE
-            }
-            Transition::RtsUd { sq_psn } => {
-                a.qp_state = s::IBV_QPS_RTS;
-                a.sq_psn = sq_psn;
-                m::IBV_QP_STATE | m::IBV_QP_SQ_PSN
-            }
-            Transition::Rts(r) => {
-                a.qp_state = s::IBV_QPS_RTS;
-                a.sq_psn = r.sq_psn;
-                a.timeout = r.timeout;
-                a.retry_cnt = r.retry_cnt;
-                a.rnr_retry = r.rnr_retry;
-                a.max_rd_atomic = r.max_rd_atomic;
-                m::IBV_QP_STATE
-                    | m::IBV_QP_SQ_PSN
-                    | m::IBV_QP_TIMEOUT
-                    | m::IBV_QP_RETRY_CNT
-                    | m::IBV_QP_RNR_RETRY
-                    | m::IBV_QP_MAX_QP_RD_ATOMIC
-            }
-        };
-        // SAFETY: live QP; `a` is a valid attribute struct whose masked fields are set.
-        let ret = unsafe { ffi::ibv_modify_qp(qp.qp.as_ptr(), &mut a, mask.0 as i32) };
-        check("ibv_modify_qp", ret)
+        qp_attr::modify(qp, t)
     }
 
     fn query_qp_state(qp: &Qp) -> Result<QpState, VerbsError> {
-        let a = query_qp(qp, ffi::ibv_qp_attr_mask::IBV_QP_STATE)?;
-        Ok(qp_state(a.qp_state))
+        qp_attr::state(qp)
     }
 
     fn query_path(qp: &Qp) -> Result<PathAttr, VerbsError> {
-        use ffi::ibv_qp_attr_mask as m;
-        let mask = m::IBV_QP_STATE
-            | m::IBV_QP_AV
-            | m::IBV_QP_PATH_MTU
-            | m::IBV_QP_DEST_QPN
-            | m::IBV_QP_RQ_PSN
-            | m::IBV_QP_SQ_PSN
-            | m::IBV_QP_MIN_RNR_TIMER
-            | m::IBV_QP_TIMEOUT
-            | m::IBV_QP_RETRY_CNT
-            | m::IBV_QP_RNR_RETRY;
-        let a = query_qp(qp, mask)?;
-        // Before RTR (and after a reset) the device holds no path, or a stale one.
-        if matches!(qp_state(a.qp_state), QpState::Reset | QpState::Init) {
-            return Err(VerbsError::Invalid("the queue pair has no path before RTR"));
-        }
-        let path_mtu = u8::try_from(a.path_mtu)
-            .ok()
-            .and_then(Mtu::from_raw)
-            .ok_or(VerbsError::Invalid("ibv_query_qp gave no valid path MTU"))?;
-        let (ah, grh) = (&a.ah_attr, &a.ah_attr.grh);
-        let global = ah.is_global != 0;
-        // SAFETY: `raw` is the byte view of the GID union; every bit pattern is valid.
-        let dgid = Gid(unsafe { grh.dgid.raw });
-        Ok(PathAttr {
-            path_mtu,
-            dest_qp_num: a.dest_qp_num,
-            sq_psn: a.sq_psn,
-            rq_psn: a.rq_psn,
-            dlid: ah.dlid,
-            dgid: global.then_some(dgid),
-            sgid_index: if global { grh.sgid_index } else { 0 },
-            sl: ah.sl,
-            traffic_class: if global { grh.traffic_class } else { 0 },
-            flow_label: if global { grh.flow_label } else { 0 },
-            hop_limit: if global { grh.hop_limit } else { 0 },
-            min_rnr_timer: a.min_rnr_timer,
-            timeout: a.timeout,
-            retry_cnt: a.retry_cnt,
-            rnr_retry: a.rnr_retry,
-        })
+        qp_attr::path(qp)
     }
 
     unsafe fn post_send<const SGES: usize>(
@@ -984,28 +541,4 @@ fn poll_batch(cq: &Cq, out: &mut [WorkCompletion]) -> Result<usize, VerbsError> 
         return Err(VerbsError::DeviceFatal);
     }
     Ok(done)
-}
-
-/// `ibv_query_qp` of the attributes in `mask`.
-fn query_qp(qp: &Qp, mask: ffi::ibv_qp_attr_mask) -> Result<ffi::ibv_qp_attr, VerbsError> {
-    let mut a = ffi::ibv_qp_attr::default();
-    let mut init = ffi::ibv_qp_init_attr::default();
-    // SAFETY: live QP; `a` and `init` are valid, writable out-structs of the library's
-    // layout; the call writes only them.
-    let ret = unsafe { ffi::ibv_query_qp(qp.qp.as_ptr(), &mut a, mask.0 as i32, &mut init) };
-    check("ibv_query_qp", ret)?;
-    Ok(a)
-}
-
-fn qp_state(state: ffi::ibv_qp_state::Type) -> QpState {
-    use ffi::ibv_qp_state as s;
-    match state {
-        s::IBV_QPS_RESET => QpState::Reset,
-        s::IBV_QPS_INIT => QpState::Init,
-        s::IBV_QPS_RTR => QpState::ReadyToReceive,
-        s::IBV_QPS_RTS => QpState::ReadyToSend,
-        s::IBV_QPS_SQD => QpState::SendQueueDrained,
-        s::IBV_QPS_SQE => QpState::SendQueueError,
-        _ => QpState::Error,
-    }
 }

@@ -384,6 +384,62 @@ impl<W: WorkRequest, const DEPTH: usize> Ring<W, DEPTH> {
         unlikely_false()
     }
 
+    /// For when [`retire_oldest`](Self::retire_oldest) refused: if `wc` is the completion
+    /// of `want` and every request before it is unsignaled (a doorbell batch's signaled
+    /// last request, whose completion retires the batch), retires them and `want` at
+    /// once, as [`complete`](Self::complete) then [`take`](Self::take) would, and returns
+    /// `true`: its outcome is [`retired_outcome`](Self::retired_outcome)`(wc)`. Otherwise
+    /// changes nothing and returns `false`.
+    #[inline(never)]
+    pub fn retire_through(&mut self, wc: &WorkCompletion, want: u64) -> bool {
+        if wc.wr_id != want || want < self.tail || want >= self.head {
+            return false;
+        }
+        let idx = (want % DEPTH as u64) as usize;
+        if !matches!(
+            self.slots[idx].state,
+            SlotState::Posted | SlotState::PostedSignaled
+        ) || !self.retire_unsignaled_before(want)
+        {
+            return false;
+        }
+        self.slots[idx].state = SlotState::Free;
+        self.tail = want + 1;
+        self.advance();
+        true
+    }
+
+    /// If no request from the tail up to `seq` stops a retirement (each is unsignaled and
+    /// still posted, or taken already), frees their slots and returns `true`; otherwise
+    /// changes nothing. The tail is the caller's to move. The range is read as at most two
+    /// contiguous runs of slots (it may wrap), each as `u16`s: one OR, vectorized, finds
+    /// whether a state that stops it is there; then the states are cleared with one store
+    /// each, no test.
+    fn retire_unsignaled_before(&mut self, seq: u64) -> bool {
+        let runs = |from: u64| {
+            let start = (from % DEPTH as u64) as usize;
+            start..start + ((seq - from) as usize).min(DEPTH - start)
+        };
+        let mut from = self.tail;
+        while from < seq {
+            let run = runs(from);
+            from += run.len() as u64;
+            let stops = self.slots[run].iter().fold(0, |any, s| any | s.bits());
+            if stops & (STOPS_RETIREMENT as u16) << 8 != 0 {
+                return false;
+            }
+        }
+        let mut from = self.tail;
+        while from < seq {
+            let run = runs(from);
+            from += run.len() as u64;
+            for s in &mut self.slots[run] {
+                s.state = SlotState::Free;
+            }
+        }
+        true
+    }
+
     /// The outcome of the request [`retire_oldest`](Self::retire_oldest) just retired for
     /// `wc`.
     #[inline]
@@ -422,34 +478,28 @@ impl<W: WorkRequest, const DEPTH: usize> Ring<W, DEPTH> {
         // Those succeeded without a completion of their own and are retired: the tail moves
         // up to the first outcome still to be taken, or to `seq`, and their slots are freed
         // (no slot behind the tail reads as posted). Usually every one of them is unsignaled
-        // or taken already: one quick pass finds that.
-        // The pass runs over contiguous slices of slots (at most two: the range may wrap),
-        // not slot by slot through `% DEPTH`.
+        // or taken already: one quick look finds that.
         let mut done = self.tail;
+        if self.retire_unsignaled_before(seq) {
+            done = seq;
+        }
+        // Otherwise a pass over contiguous slices of slots (at most two: the range may
+        // wrap), not slot by slot through `% DEPTH`.
         while done < seq {
             let start = (done % DEPTH as u64) as usize;
             let run = ((seq - done) as usize).min(DEPTH - start);
-            let slots = &mut self.slots[start..start + run];
-            // Usually none stops the pass: one branch-free look at the whole run, then one
-            // branch-free pass that frees it, not a test per slot.
-            let stops = slots.iter().fold(0, |any, s| any | s.bits());
-            if stops & (STOPS_RETIREMENT as u16) << 8 == 0 {
-                for s in slots.iter_mut() {
-                    s.state = SlotState::Free;
-                }
-                done += run as u64;
-                continue;
-            }
             // Each slot passed is retired (freed) as the pass reads it: also when the
             // completion is refused below, for a signaled request before it still posted
             // (the requests before that one completed all the same: RC completes in order).
-            let stop = slots.iter_mut().position(|s| match s.state {
-                SlotState::Posted | SlotState::Free => {
-                    s.state = SlotState::Free;
-                    false
-                }
-                _ => true,
-            });
+            let stop = self.slots[start..start + run]
+                .iter_mut()
+                .position(|s| match s.state {
+                    SlotState::Posted | SlotState::Free => {
+                        s.state = SlotState::Free;
+                        false
+                    }
+                    _ => true,
+                });
             if let Some(k) = stop {
                 done += k as u64;
                 break;
@@ -522,6 +572,19 @@ impl<W: WorkRequest, const DEPTH: usize> Ring<W, DEPTH> {
                 self.slots[(seq % DEPTH as u64) as usize].state,
                 SlotState::Posted | SlotState::PostedSignaled
             )
+    }
+
+    /// Whether `seq` was posted signaled, if it is still waiting for its completion.
+    #[inline]
+    pub fn pending(&self, seq: u64) -> Option<bool> {
+        if seq < self.tail || seq >= self.head {
+            return None;
+        }
+        match self.slots[(seq % DEPTH as u64) as usize].state {
+            SlotState::Posted => Some(false),
+            SlotState::PostedSignaled => Some(true),
+            SlotState::Free | SlotState::Done => None,
+        }
     }
 
     /// Gives every posted request still waiting for its completion the outcome `status`, as

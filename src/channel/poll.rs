@@ -58,7 +58,7 @@ fn poll_for<P: Provider, W: WorkRequest, const DEPTH: usize>(
     wcs: Option<&mut [WorkCompletion; POLL_BATCH]>,
 ) -> Result<Polled, Error<P::Error>> {
     let Some(wcs) = wcs else {
-        return poll_one_for(cq, ring, want, wc);
+        return poll_one_for::<P, W, DEPTH, false>(cq, ring, want, wc);
     };
     let polled = poll_for_into(cq, ring, want, wcs)?;
     if let Polled::Retired = polled {
@@ -68,9 +68,11 @@ fn poll_for<P: Provider, W: WorkRequest, const DEPTH: usize>(
 }
 
 /// [`poll_for`] into the one completion `wc`: a provider fills at most the one entry it
-/// is given, so there is no second completion to record.
+/// is given, so there is no second completion to record. `want` is retired at once if
+/// it is the oldest ([`Ring::retire_oldest`]), or with `THROUGH`, if it is a batch's
+/// signaled last request ([`Ring::retire_through`]).
 #[inline(always)]
-fn poll_one_for<P: Provider, W: WorkRequest, const DEPTH: usize>(
+fn poll_one_for<P: Provider, W: WorkRequest, const DEPTH: usize, const THROUGH: bool>(
     cq: &mut Completions<P>,
     ring: &mut Ring<W, DEPTH>,
     want: u64,
@@ -79,7 +81,11 @@ fn poll_one_for<P: Provider, W: WorkRequest, const DEPTH: usize>(
     if cq.poll(ring, core::slice::from_mut(wc))? == 0 {
         return Ok(Polled::Nothing);
     }
-    if ring.retire_oldest(wc, want) {
+    let retired = match THROUGH {
+        false => ring.retire_oldest(wc, want),
+        true => ring.retire_through(wc, want),
+    };
+    if retired {
         return Ok(Polled::Retired);
     }
     record::<P, W, DEPTH>(ring, core::slice::from_ref(wc))?;
@@ -189,6 +195,14 @@ impl<P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usize>
         match queue {
             Queue::Send => self.sq.holds(seq),
             Queue::Recv => self.rx.ring().is_some_and(|r| r.holds(seq)),
+        }
+    }
+
+    /// Whether `seq` was posted signaled, if it is still waiting for its completion.
+    pub(super) fn waiting(&self, queue: Queue, seq: u64) -> Option<bool> {
+        match queue {
+            Queue::Send => self.sq.pending(seq),
+            Queue::Recv => self.rx.ring().and_then(|r| r.pending(seq)),
         }
     }
 
@@ -348,6 +362,28 @@ impl<P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usize>
             Queue::Send => poll_for(&mut self.send_cq, &mut self.sq, &mut self.wc, seq, wcs),
             Queue::Recv => match self.rx.parts() {
                 Some((cq, ring)) => poll_for(cq, ring, &mut self.wc, seq, wcs),
+                None => Ok(Polled::Nothing),
+            },
+        }
+    }
+
+    /// As [`poll_for`](Self::poll_for) of one completion, for `want`, the signaled last
+    /// request of a batch of unsignaled ones: its completion retires the batch at once
+    /// ([`Ring::retire_through`]).
+    pub(super) fn poll_through(
+        &mut self,
+        queue: Queue,
+        want: u64,
+    ) -> Result<Polled, Error<P::Error>> {
+        match queue {
+            Queue::Send => poll_one_for::<P, _, DEPTH, true>(
+                &mut self.send_cq,
+                &mut self.sq,
+                want,
+                &mut self.wc,
+            ),
+            Queue::Recv => match self.rx.parts() {
+                Some((cq, ring)) => poll_one_for::<P, _, DEPTH, true>(cq, ring, want, &mut self.wc),
                 None => Ok(Polled::Nothing),
             },
         }

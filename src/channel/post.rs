@@ -492,13 +492,19 @@ impl<P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usize>
             if seq >= to {
                 break;
             }
-            if self.is_pending(queue, seq) {
+            if let Some(signaled) = self.waiting(queue, seq) {
                 // One completion first, as a blocking call's first poll: usually the one
                 // awaited, retired at once. Anything else (another's completion, nothing, a
-                // failed poll) is the wait's, which polls again.
-                if let Ok(Polled::Retired) = self.poll_for(queue, seq, None) {
-                    each(self.retired(queue, seq, |c| c));
-                    seq += 1;
+                // failed poll) is the wait's, which polls again. An unsignaled request has
+                // no completion of its own: the one that retires it is usually its batch's
+                // signaled last, the last request here, which retires them all at once.
+                let (want, polled) = match signaled {
+                    true => (seq, self.poll_for(queue, seq, None)),
+                    false => (to - 1, self.poll_through(queue, to - 1)),
+                };
+                if let Ok(Polled::Retired) = polled {
+                    each(self.retired(queue, want, |c| c));
+                    seq = want + 1;
                     continue;
                 }
                 if self.is_pending(queue, seq) {

@@ -285,3 +285,49 @@ fn requests_built_in_place_carry_their_ids_and_the_entries_are_reused() {
     assert_eq!(r.in_flight(), 4);
     assert!(r.staged().is_empty());
 }
+
+#[test]
+fn a_batch_retires_through_its_signaled_last_request_across_the_wrap() {
+    let mut r: Ring<W, 4> = Ring::new();
+    // Move the ring's start so that the next batch of four wraps.
+    for _ in 0..3 {
+        let s = r.stage(wr(), true).unwrap();
+        r.clear_staged();
+        assert!(r.retire_oldest(&wc(s, WcStatus::Success), s));
+    }
+    let seqs: Vec<u64> = (0..4).map(|i| r.stage(wr(), i == 3).unwrap()).collect();
+    r.clear_staged();
+    let last = seqs[3];
+    // Not the completion of the request asked for: nothing changes.
+    assert!(!r.retire_through(&wc(last, WcStatus::Success), seqs[2]));
+    assert_eq!(
+        (r.pending(seqs[0]), r.pending(last)),
+        (Some(false), Some(true))
+    );
+    assert!(r.retire_through(&wc(last, WcStatus::Success), last));
+    assert!(r.is_idle());
+    assert!(seqs.iter().all(|&s| !r.holds(s)));
+    assert!(r.retired_outcome(&wc(last, WcStatus::Success)).is_ok());
+}
+
+#[test]
+fn a_batch_does_not_retire_through_an_outcome_or_a_signaled_request() {
+    for blocker_signaled in [false, true] {
+        let mut r: Ring<W, 8> = Ring::new();
+        let first = r.stage(wr(), true).unwrap();
+        let rest: Vec<u64> = (0..3).map(|i| r.stage(wr(), i == 2).unwrap()).collect();
+        r.clear_staged();
+        if !blocker_signaled {
+            // `first` has its outcome, not yet taken: it stops the retirement.
+            r.complete(&wc(first, WcStatus::Success)).unwrap();
+        }
+        let last = rest[2];
+        assert!(!r.retire_through(&wc(last, WcStatus::Success), last));
+        // Nothing changed: the general path still records the completion.
+        assert!(r.holds(first) && r.is_pending(rest[0]) && r.is_pending(last));
+        assert_eq!(
+            r.complete(&wc(last, WcStatus::Success)).is_ok(),
+            !blocker_signaled
+        );
+    }
+}

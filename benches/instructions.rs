@@ -409,7 +409,7 @@ fn raw_calls(mut f: Box<RawFixture>) -> Box<RawFixture> {
 #[library_benchmark]
 #[bench::send(args = (Op::Send), setup = own, config = budget(3_976_084))]
 #[bench::write(args = (Op::Write), setup = own, config = budget(2_937_770))]
-#[bench::write_batch(args = (Op::WriteBatch), setup = own, config = budget_of(47_157_749, BATCH as u64))]
+#[bench::write_batch(args = (Op::WriteBatch), setup = own, config = budget_of(46_740_749, BATCH as u64))]
 fn channel(mut f: Box<ChannelFixture>) -> Box<ChannelFixture> {
     f.run(black_box(ITERS));
     f
@@ -432,8 +432,8 @@ fn unpolled_level(mut f: Box<ChannelFixture>) -> Box<ChannelFixture> {
 
 #[cfg(feature = "tokio")]
 #[library_benchmark]
-#[bench::send(args = (Op::Send), setup = awaited, config = budget(4_619_046))]
-#[bench::write(args = (Op::Write), setup = awaited, config = budget(3_550_729))]
+#[bench::send(args = (Op::Send), setup = awaited, config = budget(4_619_026))]
+#[bench::write(args = (Op::Write), setup = awaited, config = budget(3_550_709))]
 fn awaited_ops(mut f: Box<AwaitedFixture>) -> Box<AwaitedFixture> {
     f.run(black_box(ITERS));
     f

@@ -212,12 +212,19 @@ static_assertions::const_assert_eq!(ffi::ibv_wc_opcode::IBV_WC_RDMA_READ, 2);
 static_assertions::const_assert_eq!(ffi::ibv_wc_opcode::IBV_WC_COMP_SWAP, 3);
 static_assertions::const_assert_eq!(ffi::ibv_wc_opcode::IBV_WC_FETCH_ADD, 4);
 
+/// The status of a failed completion, out of the way of the usual one.
+#[cold]
+#[inline(never)]
+fn failed_status(status: ffi::ibv_wc_status::Type) -> WcStatus {
+    WcStatus::from_raw(status)
+}
+
 /// Our completion for a C one.
 #[inline(always)]
 pub(super) fn work_completion(wc: &ffi::ibv_wc) -> WorkCompletion {
     let status = match wc.error() {
         None => WcStatus::Success,
-        Some((s, _vendor_err)) => WcStatus::from_raw(s),
+        Some((failed, _vendor_err)) => failed_status(failed),
     };
     let opcode = wc_opcode(wc.opcode());
     // Immediate data belongs to receive completions only (`IBV_WC_RECV` set, as

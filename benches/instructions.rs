@@ -407,8 +407,8 @@ fn raw_calls(mut f: Box<RawFixture>) -> Box<RawFixture> {
 }
 
 #[library_benchmark]
-#[bench::send(args = (Op::Send), setup = own, config = budget(3_976_084))]
-#[bench::write(args = (Op::Write), setup = own, config = budget(2_937_770))]
+#[bench::send(args = (Op::Send), setup = own, config = budget(3_967_084))]
+#[bench::write(args = (Op::Write), setup = own, config = budget(2_934_770))]
 #[bench::write_batch(args = (Op::WriteBatch), setup = own, config = budget_of(46_740_749, BATCH as u64))]
 fn channel(mut f: Box<ChannelFixture>) -> Box<ChannelFixture> {
     f.run(black_box(ITERS));
@@ -416,15 +416,15 @@ fn channel(mut f: Box<ChannelFixture>) -> Box<ChannelFixture> {
 }
 
 #[library_benchmark]
-#[bench::send(args = (Op::Send), setup = shared, config = budget(4_150_878))]
-#[bench::write(args = (Op::Write), setup = shared, config = budget(3_127_528))]
+#[bench::send(args = (Op::Send), setup = shared, config = budget(4_147_686))]
+#[bench::write(args = (Op::Write), setup = shared, config = budget(3_124_336))]
 fn shared_queue(mut f: Box<ChannelFixture>) -> Box<ChannelFixture> {
     f.run(black_box(ITERS));
     f
 }
 
 #[library_benchmark]
-#[bench::send(args = (Op::Send), setup = unpolled, config = budget(4_108_655))]
+#[bench::send(args = (Op::Send), setup = unpolled, config = budget(4_099_655))]
 fn unpolled_level(mut f: Box<ChannelFixture>) -> Box<ChannelFixture> {
     f.run_unpolled(black_box(ITERS));
     f
@@ -433,7 +433,7 @@ fn unpolled_level(mut f: Box<ChannelFixture>) -> Box<ChannelFixture> {
 #[cfg(feature = "tokio")]
 #[library_benchmark]
 #[bench::send(args = (Op::Send), setup = awaited, config = budget(4_619_026))]
-#[bench::write(args = (Op::Write), setup = awaited, config = budget(3_550_709))]
+#[bench::write(args = (Op::Write), setup = awaited, config = budget(3_535_709))]
 fn awaited_ops(mut f: Box<AwaitedFixture>) -> Box<AwaitedFixture> {
     f.run(black_box(ITERS));
     f

@@ -221,7 +221,7 @@ impl<P: Provider> Completions<P> {
     #[cfg(all(feature = "tokio", unix))]
     pub(crate) fn reactor_led(&self) -> bool {
         match &self.source {
-            Source::Shared(a) => a.cq.reactor_led(&a.inbox),
+            Source::Shared(a) => a.inbox.reactor_led(),
             Source::Own(_) => false,
         }
     }

@@ -8,9 +8,8 @@
 //!   a release store) and not yet read; the consumer reads it after an acquire load of
 //!   `head` and frees it with a release store of `tail`, which the producer loads with
 //!   acquire before writing the cell again.
-//! - `owner` is `generation << 1 | attached`, and [`JOINED`] while the inbox is attached
-//!   with a reactor leading the queue. Only attach sets the bits; only detach, with the
-//!   poll right held, clears them, bumps the generation and empties the ring.
+//! - `owner` is `generation << 1 | attached`. Only attach sets the bit; only detach, with
+//!   the poll right held, clears it, bumps the generation and empties the ring.
 
 use crate::sync::{AtomicU64, AtomicUsize, Ordering, UnsafeCell};
 use crate::types::WorkCompletion;
@@ -69,9 +68,6 @@ unsafe impl Sync for Mailbox {}
 unsafe impl Send for Mailbox {}
 
 const ATTACHED: u64 = 1;
-/// In `owner`: attached while a reactor task led the queue (kept here, not in the
-/// channel's `Inbox`, which stays one word of key and one of queue pair).
-const JOINED: u64 = 1 << 16;
 
 impl Mailbox {
     fn new(capacity: usize) -> Self {
@@ -93,17 +89,6 @@ impl Mailbox {
             .compare_exchange(s, s | ATTACHED, Ordering::AcqRel, Ordering::Relaxed)
             .ok()
             .map(|_| (s >> 1) as u8)
-    }
-
-    /// The inbox was attached while a reactor task led the queue. By its attacher, before
-    /// it hands the inbox out.
-    pub(super) fn mark_joined(&self) {
-        self.owner.fetch_or(JOINED, Ordering::Relaxed);
-    }
-
-    /// Whether [`mark_joined`](Self::mark_joined) was called since the inbox was attached.
-    pub(super) fn joined(&self) -> bool {
-        self.owner.load(Ordering::Relaxed) & JOINED != 0
     }
 
     /// Whether the inbox is attached with `generation`. Producer side.

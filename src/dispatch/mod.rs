@@ -130,17 +130,29 @@ impl fmt::Display for AttachError {
     }
 }
 
-/// What an [`Inbox`] bound to no queue pair holds for one.
-const NO_QP: u32 = u32::MAX;
+/// What an [`Inbox`] bound to no queue pair holds for one: all 24 bits of a queue pair
+/// number set, which names no queue pair a channel has (`0xFFFFFF` is InfiniBand's
+/// multicast QP).
+const NO_QP: u32 = 0xFF_FFFF;
 
-/// Why [`Dispatcher::bind_qp`] refused: the dispatcher was made without
-/// [`with_qp_routes`](Dispatcher::with_qp_routes).
+/// Why [`Dispatcher::bind_qp`] refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct NoQpRoutes;
+pub enum BindQpError {
+    /// The dispatcher was made without [`with_qp_routes`](Dispatcher::with_qp_routes).
+    NoQpRoutes,
+    /// Not the number of a queue pair a channel can have: more than 24 bits, or
+    /// `0xFFFFFF`.
+    NotAQpNumber(u32),
+}
 
-impl fmt::Display for NoQpRoutes {
+impl fmt::Display for BindQpError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("the dispatcher routes no completions by queue pair")
+        match self {
+            BindQpError::NoQpRoutes => {
+                f.write_str("the dispatcher routes no completions by queue pair")
+            }
+            BindQpError::NotAQpNumber(n) => write!(f, "{n:#x} is no queue pair number"),
+        }
     }
 }
 
@@ -155,9 +167,14 @@ pub struct Inbox {
     /// one shift and one compare.
     key: u32,
     /// The queue pair on a shared receive queue whose receive completions come here
-    /// ([`Dispatcher::bind_qp`]), or [`NO_QP`] (a queue pair number has 24 bits). Not an
-    /// `Option`: the token stays 8 bytes, as every channel on a shared queue holds one.
-    qp_num: u32,
+    /// ([`Dispatcher::bind_qp`]), or [`NO_QP`]: 24 bits, little-endian. Three bytes, not
+    /// an `Option<u32>`: the token stays 8 bytes, as every channel on a shared queue holds
+    /// one per direction.
+    qp_num: [u8; 3],
+    /// Attached while a reactor task led the queue (`zverbs::tokio::AsyncQueue`): the
+    /// reactor runs until the inbox is detached. Its spare values also tell a channel's
+    /// completion source, an inbox or a queue of its own, with one byte compare.
+    joined: bool,
 }
 
 impl Inbox {
@@ -186,7 +203,18 @@ impl Inbox {
     }
     /// The queue pair whose shared receives are routed here, if one is bound.
     pub fn bound_qp(&self) -> Option<u32> {
-        (self.qp_num != NO_QP).then_some(self.qp_num)
+        let qp_num = self.qp_num();
+        (qp_num != NO_QP).then_some(qp_num)
+    }
+    /// The bound queue pair, or [`NO_QP`].
+    fn qp_num(&self) -> u32 {
+        let [a, b, c] = self.qp_num;
+        u32::from_le_bytes([a, b, c, 0])
+    }
+    /// Whether a reactor task leads the queue and runs until the inbox is detached.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+    pub(crate) fn reactor_led(&self) -> bool {
+        self.joined
     }
 }
 
@@ -287,9 +315,12 @@ impl Dispatcher {
     /// the inbox). Bind before the queue pair can receive (before RTR): a completion of a
     /// queue pair bound to no inbox is counted stale. [`detach`](Self::detach) unbinds it.
     /// Waits for the poll right, as `detach` does.
-    pub fn bind_qp(&self, inbox: &mut Inbox, qp_num: u32) -> Result<(), NoQpRoutes> {
+    pub fn bind_qp(&self, inbox: &mut Inbox, qp_num: u32) -> Result<(), BindQpError> {
         if !self.by_qp.is_enabled() {
-            return Err(NoQpRoutes);
+            return Err(BindQpError::NoQpRoutes);
+        }
+        if qp_num >= NO_QP {
+            return Err(BindQpError::NotAQpNumber(qp_num));
         }
         self.with_poll_right(|| {
             if let Some(old) = inbox.bound_qp() {
@@ -297,7 +328,8 @@ impl Dispatcher {
             }
             self.by_qp.bind(qp_num, inbox.index(), inbox.generation());
         });
-        inbox.qp_num = qp_num;
+        let [a, b, c, _] = qp_num.to_le_bytes();
+        inbox.qp_num = [a, b, c];
         Ok(())
     }
 
@@ -316,12 +348,11 @@ impl Dispatcher {
         }
         for (i, b) in self.boxes.iter().enumerate() {
             if let Some(generation) = b.try_attach() {
-                if self.sleepers.join_reactor() {
-                    b.mark_joined();
-                }
+                let [q0, q1, q2, _] = NO_QP.to_le_bytes();
                 return Ok(Inbox {
                     key: (WrId::new(i as u16, generation, 0).0 >> SEQ_BITS) as u32,
-                    qp_num: NO_QP,
+                    qp_num: [q0, q1, q2],
+                    joined: self.sleepers.join_reactor(),
                 });
             }
         }
@@ -332,7 +363,7 @@ impl Dispatcher {
     /// dropped (counted as stale), now and later. Waits for the poll right (held for one
     /// batch at a time), so no routing to the inbox is under way when it is emptied.
     pub fn detach(&self, inbox: Inbox) {
-        let joined = self.reactor_led(&inbox);
+        let joined = inbox.reactor_led();
         let dropped = self.with_poll_right(|| {
             if let Some(qp_num) = inbox.bound_qp() {
                 self.by_qp.unbind(qp_num);
@@ -401,7 +432,7 @@ impl Dispatcher {
         for i in 0..polled {
             let wc = &out[i];
             if inbox.owns(wc.wr_id)
-                || (wc.qp_num == inbox.qp_num && WrId(wc.wr_id).is_shared_recv())
+                || (wc.qp_num == inbox.qp_num() && WrId(wc.wr_id).is_shared_recv())
             {
                 if mine != i {
                     out[mine] = out[i];
@@ -445,12 +476,6 @@ impl Dispatcher {
     /// requests in flight than the depth it attached with.
     pub fn overflowed_completions(&self) -> u64 {
         self.overflow.load(Ordering::Relaxed)
-    }
-
-    /// Whether `inbox` was attached while a reactor task led the queue
-    /// (`zverbs::tokio::AsyncQueue`): the reactor runs until the inbox is detached.
-    pub(crate) fn reactor_led(&self, inbox: &Inbox) -> bool {
-        self.boxes[inbox.index() as usize].joined()
     }
 
     /// Whether completions wait in `inbox` (consumer side).

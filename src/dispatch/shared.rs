@@ -111,12 +111,6 @@ impl<P: Provider> SharedCompletionQueue<P> {
         })
     }
 
-    /// Whether `inbox` is led by a reactor task that runs until it is detached.
-    #[cfg(all(feature = "tokio", unix))]
-    pub(crate) fn reactor_led(&self, inbox: &Inbox) -> bool {
-        self.dispatch.reactor_led(inbox)
-    }
-
     pub(crate) fn detach(&self, inbox: Inbox) {
         self.dispatch.detach(inbox);
     }

@@ -32,7 +32,7 @@ fn wc(wr_id: u64, byte_len: u32) -> WorkCompletion {
 }
 
 #[test]
-fn an_inbox_is_two_words_of_four_bytes() {
+fn an_inbox_is_eight_bytes() {
     // Every channel on a shared queue holds one per direction.
     assert_eq!(core::mem::size_of::<Inbox>(), 8);
 }
@@ -300,6 +300,12 @@ fn shared_receives_of_an_unbound_queue_pair_are_stale() {
     assert_eq!(d.stale_completions(), 3);
     assert_eq!(
         Dispatcher::new(1, 4).bind_qp(&mut again, 1),
-        Err(NoQpRoutes)
+        Err(BindQpError::NoQpRoutes)
     );
+    // Not queue pair numbers: refused, and the binding there stays.
+    d.bind_qp(&mut again, 9).unwrap();
+    for n in [0xFF_FFFF, 0x100_0000, u32::MAX] {
+        assert_eq!(d.bind_qp(&mut again, n), Err(BindQpError::NotAQpNumber(n)));
+    }
+    assert_eq!(again.bound_qp(), Some(9));
 }

@@ -360,8 +360,9 @@ impl<W: WorkRequest, const DEPTH: usize> Ring<W, DEPTH> {
 
     /// If `wc` is the completion of `want` and `want` is the oldest request in flight,
     /// retires it at once (as [`complete`](Self::complete) then [`take`](Self::take) would)
-    /// and returns `true`: its outcome is [`retired_outcome`](Self::retired_outcome)`(wc)`.
-    /// Otherwise changes nothing and returns `false`: record `wc` with `complete`.
+    /// and returns `true`: its outcome is `wc` from its status on if it succeeded, else
+    /// [`retired_failure`](Self::retired_failure)`(wc)`. Otherwise changes nothing and
+    /// returns `false`: record `wc` with `complete`.
     #[inline(always)]
     pub fn retire_oldest(&mut self, wc: &WorkCompletion, want: u64) -> bool {
         let seq = wc.wr_id;
@@ -388,8 +389,8 @@ impl<W: WorkRequest, const DEPTH: usize> Ring<W, DEPTH> {
     /// of `want` and every request before it is unsignaled (a doorbell batch's signaled
     /// last request, whose completion retires the batch), retires them and `want` at
     /// once, as [`complete`](Self::complete) then [`take`](Self::take) would, and returns
-    /// `true`: its outcome is [`retired_outcome`](Self::retired_outcome)`(wc)`. Otherwise
-    /// changes nothing and returns `false`.
+    /// `true`, its outcome as [`retire_oldest`](Self::retire_oldest)'s. Otherwise changes
+    /// nothing and returns `false`.
     #[inline(never)]
     pub fn retire_through(&mut self, wc: &WorkCompletion, want: u64) -> bool {
         if wc.wr_id != want || want < self.tail || want >= self.head {
@@ -438,17 +439,6 @@ impl<W: WorkRequest, const DEPTH: usize> Ring<W, DEPTH> {
             }
         }
         true
-    }
-
-    /// The outcome of the request [`retire_oldest`](Self::retire_oldest) just retired for
-    /// `wc`.
-    #[inline]
-    pub fn retired_outcome(&self, wc: &WorkCompletion) -> Result<Completion, Completion> {
-        if wc.status == WcStatus::Success {
-            Ok(Completion::succeeded(wc))
-        } else {
-            Err(self.retired_failure(wc))
-        }
     }
 
     /// The outcome of the failed request [`retire_oldest`](Self::retire_oldest) just
@@ -564,7 +554,8 @@ impl<W: WorkRequest, const DEPTH: usize> Ring<W, DEPTH> {
             )
     }
 
-    /// Whether `seq` is still waiting for its completion.
+    /// Whether `seq` is still waiting for its completion. Not `pending(seq).is_some()`:
+    /// its two-state test costs the unpolled level's empty poll one instruction less.
     pub fn is_pending(&self, seq: u64) -> bool {
         seq >= self.tail
             && seq < self.head

@@ -78,7 +78,7 @@ fn retire_oldest_retires_only_the_wanted_oldest_request() {
     // The wanted oldest one, failed: retired at once, with the posted opcode.
     let failed = wc(a, WcStatus::RemAccessErr);
     assert!(r.retire_oldest(&failed, a));
-    let out = r.retired_outcome(&failed).unwrap_err();
+    let out = r.retired_failure(&failed);
     assert_eq!(
         (out.status, out.opcode),
         (WcStatus::RemAccessErr, WcOpcode::Send)
@@ -307,7 +307,12 @@ fn a_batch_retires_through_its_signaled_last_request_across_the_wrap() {
     assert!(r.retire_through(&wc(last, WcStatus::Success), last));
     assert!(r.is_idle());
     assert!(seqs.iter().all(|&s| !r.holds(s)));
-    assert!(r.retired_outcome(&wc(last, WcStatus::Success)).is_ok());
+    // Its slot is free but kept the opcode a failure would report.
+    let failed = r.retired_failure(&wc(last, WcStatus::WrFlushErr));
+    assert_eq!(
+        (failed.status, failed.opcode),
+        (WcStatus::WrFlushErr, WcOpcode::Send)
+    );
 }
 
 #[test]

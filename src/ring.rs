@@ -62,6 +62,7 @@ const _: () = {
     assert!(SlotState::PostedSignaled as u8 & STOPS_RETIREMENT != 0);
     assert!(SlotState::Free as u8 & STOPS_RETIREMENT == 0);
     assert!(SlotState::Posted as u8 & STOPS_RETIREMENT == 0);
+    assert!(Slot::FREE.opcode as u8 == 0 && Slot::FREE.state as u8 == 0);
 };
 
 impl SlotState {
@@ -90,6 +91,12 @@ struct Slot {
 }
 
 impl Slot {
+    /// A free slot, all zero bits.
+    const FREE: Slot = Slot {
+        opcode: WcOpcode::Send,
+        state: SlotState::Free,
+    };
+
     /// The slot as one number, its state in bits 8 to 15 (two adjacent bytes: one load).
     #[inline]
     fn bits(self) -> u16 {
@@ -414,8 +421,7 @@ impl<W: WorkRequest, const DEPTH: usize> Ring<W, DEPTH> {
     /// still posted, or taken already), frees their slots and returns `true`; otherwise
     /// changes nothing. The tail is the caller's to move. The range is read as at most two
     /// contiguous runs of slots (it may wrap), each as `u16`s: one OR, vectorized, finds
-    /// whether a state that stops it is there; then the states are cleared with one store
-    /// each, no test.
+    /// whether a state that stops it is there; then the run is freed, no test.
     fn retire_unsignaled_before(&mut self, seq: u64) -> bool {
         let runs = |from: u64| {
             let start = (from % DEPTH as u64) as usize;
@@ -434,9 +440,10 @@ impl<W: WorkRequest, const DEPTH: usize> Ring<W, DEPTH> {
         while from < seq {
             let run = runs(from);
             from += run.len() as u64;
-            for s in &mut self.slots[run] {
-                s.state = SlotState::Free;
-            }
+            // Whole slots, one constant: stores a vector at a time. A freed slot's opcode
+            // is read again only for the request a completion names, never one retired
+            // unsignaled here.
+            self.slots[run].fill(Slot::FREE);
         }
         true
     }

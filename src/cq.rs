@@ -77,6 +77,16 @@ impl<P: Provider> CompletionQueue<P> {
         verb("ibv_poll_cq", P::poll_cq(&self.raw, out))
     }
 
+    /// Polls for at most one completion, into `out`, read in place
+    /// ([`Provider::poll_cq_one`]).
+    #[inline(always)]
+    pub(crate) fn poll_one<'a>(
+        &self,
+        out: &'a mut core::mem::MaybeUninit<P::Wc>,
+    ) -> Result<Option<&'a P::Wc>, Error<P::Error>> {
+        verb("ibv_poll_cq", P::poll_cq_one(&self.raw, out))
+    }
+
     /// Arms the queue (`ibv_req_notify_cq`): its next completion (with `solicited_only`,
     /// its next solicited one: a receive of a request sent with
     /// [`SendFlags::SOLICITED`](crate::SendFlags::SOLICITED), or any completion in error)

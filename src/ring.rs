@@ -365,14 +365,14 @@ impl<W: WorkRequest, const DEPTH: usize> Ring<W, DEPTH> {
         self.complete_slow(wc)
     }
 
-    /// If `wc` is the completion of `want` and `want` is the oldest request in flight,
-    /// retires it at once (as [`complete`](Self::complete) then [`take`](Self::take) would)
-    /// and returns `true`: its outcome is `wc` from its status on if it succeeded, else
-    /// [`retired_failure`](Self::retired_failure)`(wc)`. Otherwise changes nothing and
-    /// returns `false`: record `wc` with `complete`.
+    /// If `wr_id` is that of a completion `wc` of `want` and `want` is the oldest request in
+    /// flight, retires it at once (as [`complete`](Self::complete) then
+    /// [`take`](Self::take) would) and returns `true`: its outcome is `wc` from its status
+    /// on if it succeeded, else [`retired_failure`](Self::retired_failure)`(wc)`. Otherwise
+    /// changes nothing and returns `false`: record `wc` with `complete`.
     #[inline(always)]
-    pub fn retire_oldest(&mut self, wc: &WorkCompletion, want: u64) -> bool {
-        let seq = wc.wr_id;
+    pub fn retire_oldest(&mut self, wr_id: u64, want: u64) -> bool {
+        let seq = wr_id;
         // Each miss is unlikely, so each is a branch of its own (not one combined test).
         if want != self.tail {
             return unlikely_false();
@@ -392,15 +392,15 @@ impl<W: WorkRequest, const DEPTH: usize> Ring<W, DEPTH> {
         unlikely_false()
     }
 
-    /// For when [`retire_oldest`](Self::retire_oldest) refused: if `wc` is the completion
-    /// of `want` and every request before it is unsignaled (a doorbell batch's signaled
-    /// last request, whose completion retires the batch), retires them and `want` at
+    /// For when [`retire_oldest`](Self::retire_oldest) refused: if `wr_id` is that of a
+    /// completion of `want` and every request before it is unsignaled (a doorbell batch's
+    /// signaled last request, whose completion retires the batch), retires them and `want` at
     /// once, as [`complete`](Self::complete) then [`take`](Self::take) would, and returns
     /// `true`, its outcome as [`retire_oldest`](Self::retire_oldest)'s. Otherwise changes
     /// nothing and returns `false`.
     #[inline(never)]
-    pub fn retire_through(&mut self, wc: &WorkCompletion, want: u64) -> bool {
-        if wc.wr_id != want || want < self.tail || want >= self.head {
+    pub fn retire_through(&mut self, wr_id: u64, want: u64) -> bool {
+        if wr_id != want || want < self.tail || want >= self.head {
             return false;
         }
         let idx = (want % DEPTH as u64) as usize;

@@ -3,7 +3,7 @@
 //! in view, posting an [`Op`] or a receive as a [`Pending`] request, and whether and how
 //! it finished.
 
-use super::poll::Polled;
+use super::poll::PolledOne;
 use super::*;
 
 impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES> {
@@ -174,16 +174,21 @@ impl<P: Provider, const DEPTH: usize, const SGES: usize> Channel<P, DEPTH, SGES>
         pending: &Pending,
     ) -> Option<Result<Completion, Error<P::Error>>> {
         let (queue, seq) = (pending.queue, pending.seq);
-        match self.poll_for(queue, seq, None) {
-            Ok(Polled::Retired) => Some(self.retired(queue, seq, |c| c)),
-            Ok(Polled::Recorded) => {
+        let mut wc = OneWc::new();
+        match self.poll_for(queue, seq, &mut wc) {
+            Ok(PolledOne::Retired(wc)) if wc.succeeded() => Some(Ok(wc.success())),
+            Ok(PolledOne::Retired(wc)) => {
+                let wc = wc.completion();
+                Some(Err(self.retired_failed(queue, seq, wc)))
+            }
+            Ok(PolledOne::Recorded) => {
                 if let Some(r) = self.take(queue, seq) {
                     return Some(r);
                 }
                 let _ = self.poll(queue);
                 self.take(queue, seq)
             }
-            Ok(Polled::Nothing) | Err(_) => None,
+            Ok(PolledOne::Nothing) | Err(_) => None,
         }
     }
 

@@ -80,7 +80,7 @@ use crate::qp::{
 };
 use crate::ring::{Completion, Ring, WorkRequest};
 use crate::types::{RecvWr, SendFlags, SendOp, Sge, WorkCompletion};
-use source::Completions;
+use source::{Completions, OneWc, Record};
 #[cfg(feature = "std")]
 use std::sync::Arc;
 use wait::Waiter;
@@ -174,9 +174,8 @@ pub struct Channel<
     /// The receive ring and its completions; nothing on a shared receive queue.
     rx: T::Rx<P, DEPTH, SGES>,
     config: Config,
-    /// Where a blocking call's first poll lands, and the completion of a request retired
-    /// by a poll. Larger polls land on the stack: a channel keeps one completion, not
-    /// `POLL_BATCH` (640 bytes in each of a node's many channels).
+    /// Where a poll for one completion from a shared queue's inbox lands (a queue of the
+    /// channel's own: on the poller's stack, in the provider's layout).
     wc: WorkCompletion,
 }
 

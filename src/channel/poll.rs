@@ -40,59 +40,64 @@ pub(super) enum Polled {
     Nothing,
     /// Completions, recorded in the ring; the awaited one may be among them.
     Recorded,
-    /// The awaited request was the oldest and is retired: its completion is in the
-    /// channel's `wc`.
+    /// The awaited request was the oldest and is retired: its completion is the first of
+    /// the poll's batch.
     Retired,
 }
 
-/// Polls `cq` once and records what it returns in `ring`, retiring `want` at once if its
-/// completion comes first and it is the oldest request (the usual case); its completion is
-/// then in `wc`. The poll lands in `wcs` (a buffer on the caller's stack, set up once per
-/// wait), or without one in `wc` itself, for one completion (a blocking call's first poll).
-#[inline(always)]
-fn poll_for<P: Provider, W: WorkRequest, const DEPTH: usize>(
-    cq: &mut Completions<P>,
-    ring: &mut Ring<W, DEPTH>,
-    wc: &mut WorkCompletion,
-    want: u64,
-    wcs: Option<&mut [WorkCompletion; POLL_BATCH]>,
-) -> Result<Polled, Error<P::Error>> {
-    let Some(wcs) = wcs else {
-        return poll_one_for::<P, W, DEPTH, false>(cq, ring, want, wc);
-    };
-    let polled = poll_for_into(cq, ring, want, wcs)?;
-    if let Polled::Retired = polled {
-        *wc = wcs[0];
-    }
-    Ok(polled)
+/// What a poll for one completion brought for an awaited request: as [`Polled`], with the
+/// completion of a retired request where the poll left it. That may be in the channel (a
+/// shared queue's), so a caller reads a success from it and copies a failure out before it
+/// uses the channel again.
+pub(super) enum PolledOne<'a, P: Provider> {
+    Nothing,
+    Recorded,
+    Retired(Record<'a, P>),
 }
 
-/// [`poll_for`] into the one completion `wc`: a provider fills at most the one entry it
-/// is given, so there is no second completion to record. `want` is retired at once if
-/// it is the oldest ([`Ring::retire_oldest`]), or with `THROUGH`, if it is a batch's
-/// signaled last request ([`Ring::retire_through`]).
+impl<P: Provider> PolledOne<'_, P> {
+    /// As a [`Polled`], without the completion.
+    pub(super) fn forget(self) -> Polled {
+        match self {
+            PolledOne::Nothing => Polled::Nothing,
+            PolledOne::Recorded => Polled::Recorded,
+            PolledOne::Retired(_) => Polled::Retired,
+        }
+    }
+}
+
+/// Polls `cq` for one completion and records it in `ring`, unless it retires `want` at
+/// once: if `want` is the oldest request ([`Ring::retire_oldest`]; the usual case), or
+/// with `THROUGH`, if it is a batch's signaled last request ([`Ring::retire_through`]).
+/// The completion lands in `slot`, in the provider's layout, from a queue of the
+/// channel's own, in `shared` from a shared queue's inbox, and is read where it landed:
+/// its `wr_id` and status to retire it, the rest only by a caller that wants it (a
+/// scope's settle wants none of it, so none of it is converted).
 #[inline(always)]
-fn poll_one_for<P: Provider, W: WorkRequest, const DEPTH: usize, const THROUGH: bool>(
+fn poll_one_for<'a, P: Provider, W: WorkRequest, const DEPTH: usize, const THROUGH: bool>(
     cq: &mut Completions<P>,
     ring: &mut Ring<W, DEPTH>,
     want: u64,
-    wc: &mut WorkCompletion,
-) -> Result<Polled, Error<P::Error>> {
-    if cq.poll(ring, core::slice::from_mut(wc))? == 0 {
-        return Ok(Polled::Nothing);
-    }
+    slot: &'a mut OneWc<P>,
+    shared: &'a mut WorkCompletion,
+) -> Result<PolledOne<'a, P>, Error<P::Error>> {
+    let Some(wc) = cq.poll_one(ring, slot, shared)? else {
+        return Ok(PolledOne::Nothing);
+    };
     let retired = match THROUGH {
-        false => ring.retire_oldest(wc, want),
-        true => ring.retire_through(wc, want),
+        false => ring.retire_oldest(wc.wr_id(), want),
+        true => ring.retire_through(wc.wr_id(), want),
     };
     if retired {
-        return Ok(Polled::Retired);
+        return Ok(PolledOne::Retired(wc));
     }
-    record::<P, W, DEPTH>(ring, core::slice::from_ref(wc))?;
-    Ok(Polled::Recorded)
+    record::<P, W, DEPTH>(ring, &[wc.completion()])?;
+    Ok(PolledOne::Recorded)
 }
 
-/// [`poll_for`] into `wcs`: a retired request's completion is `wcs[0]`.
+/// Polls `cq` into `wcs` and records what it returns in `ring`, retiring `want` at once
+/// if its completion comes first and it is the oldest request: its completion is then
+/// `wcs[0]`.
 #[inline(always)]
 fn poll_for_into<P: Provider, W: WorkRequest, const DEPTH: usize>(
     cq: &mut Completions<P>,
@@ -104,7 +109,7 @@ fn poll_for_into<P: Provider, W: WorkRequest, const DEPTH: usize>(
     if n == 0 {
         return Ok(Polled::Nothing);
     }
-    if ring.retire_oldest(&wcs[0], want) {
+    if ring.retire_oldest(wcs[0].wr_id, want) {
         if n > 1 {
             record::<P, W, DEPTH>(ring, &wcs[1..n])?;
         }
@@ -240,7 +245,7 @@ impl<P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usize>
         }
         waiter.rearm();
         let mut wcs = [WorkCompletion::EMPTY; POLL_BATCH];
-        let polled = self.poll_for(queue, seq, Some(&mut wcs));
+        let polled = self.poll_batch_for(queue, seq, &mut wcs);
         self.wait_polled_within(queue, seq, polled, |c| c, waiter, &mut wcs)
     }
 
@@ -282,9 +287,16 @@ impl<P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usize>
     ) -> Result<R, Error<P::Error>> {
         // The first poll usually retires the request; the rest is out of line. It asks for
         // one completion: the one awaited is usually the only one there.
-        match self.poll_for(queue, seq, None) {
-            Ok(Polled::Retired) => self.retired(queue, seq, ok),
-            Ok(polled) => self.wait_polled(queue, seq, polled, ok),
+        let mut wc = OneWc::new();
+        match self.poll_for(queue, seq, &mut wc) {
+            // A success needs nothing of the channel; a failure, a copy of its completion.
+            Ok(PolledOne::Retired(wc)) if wc.succeeded() => Ok(ok(wc.success())),
+            Ok(PolledOne::Retired(wc)) => {
+                let wc = wc.completion();
+                Err(self.retired_failed(queue, seq, wc))
+            }
+            Ok(PolledOne::Recorded) => self.wait_polled(queue, seq, Polled::Recorded, ok),
+            Ok(PolledOne::Nothing) => self.wait_polled(queue, seq, Polled::Nothing, ok),
             Err(e) => Err(self.poll_failed(queue, seq, e)),
         }
     }
@@ -327,7 +339,9 @@ impl<P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usize>
     ) -> Result<R, Error<P::Error>> {
         loop {
             match polled {
-                Ok(Polled::Retired) => return self.retired(queue, seq, ok),
+                Ok(Polled::Retired) => {
+                    return self.retired(queue, seq, Record::Shared(&wcs[0]), ok)
+                }
                 Ok(Polled::Recorded) => {
                     if let Some(r) = self.take(queue, seq) {
                         return r.map(ok);
@@ -347,71 +361,109 @@ impl<P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usize>
                     return Err(e);
                 }
             }
-            polled = self.poll_for(queue, seq, Some(wcs));
+            polled = self.poll_batch_for(queue, seq, wcs);
         }
     }
 
+    /// Polls for `seq` ([`poll_one_for`]): one completion, into `wc` (the caller's) or the
+    /// channel's own `wc`.
     #[inline(always)]
-    pub(super) fn poll_for(
+    pub(super) fn poll_for<'a>(
+        &'a mut self,
+        queue: Queue,
+        seq: u64,
+        wc: &'a mut OneWc<P>,
+    ) -> Result<PolledOne<'a, P>, Error<P::Error>> {
+        match queue {
+            Queue::Send => poll_one_for::<P, _, DEPTH, false>(
+                &mut self.send_cq,
+                &mut self.sq,
+                seq,
+                wc,
+                &mut self.wc,
+            ),
+            Queue::Recv => match self.rx.parts() {
+                Some((cq, ring)) => {
+                    poll_one_for::<P, _, DEPTH, false>(cq, ring, seq, wc, &mut self.wc)
+                }
+                None => Ok(PolledOne::Nothing),
+            },
+        }
+    }
+
+    /// As [`poll_for`](Self::poll_for), into `wcs` (a buffer on the caller's stack, set up
+    /// once per wait): a retired request's completion is `wcs[0]`.
+    pub(super) fn poll_batch_for(
         &mut self,
         queue: Queue,
         seq: u64,
-        wcs: Option<&mut [WorkCompletion; POLL_BATCH]>,
+        wcs: &mut [WorkCompletion; POLL_BATCH],
     ) -> Result<Polled, Error<P::Error>> {
         match queue {
-            Queue::Send => poll_for(&mut self.send_cq, &mut self.sq, &mut self.wc, seq, wcs),
+            Queue::Send => poll_for_into(&mut self.send_cq, &mut self.sq, seq, wcs),
             Queue::Recv => match self.rx.parts() {
-                Some((cq, ring)) => poll_for(cq, ring, &mut self.wc, seq, wcs),
+                Some((cq, ring)) => poll_for_into(cq, ring, seq, wcs),
                 None => Ok(Polled::Nothing),
             },
         }
     }
 
-    /// As [`poll_for`](Self::poll_for) of one completion, for `want`, the signaled last
-    /// request of a batch of unsignaled ones: its completion retires the batch at once
+    /// As [`poll_for`](Self::poll_for), for `want`, the signaled last request of a batch of
+    /// unsignaled ones: its completion retires the batch at once
     /// ([`Ring::retire_through`]).
-    pub(super) fn poll_through(
-        &mut self,
+    pub(super) fn poll_through<'a>(
+        &'a mut self,
         queue: Queue,
         want: u64,
-    ) -> Result<Polled, Error<P::Error>> {
+        wc: &'a mut OneWc<P>,
+    ) -> Result<PolledOne<'a, P>, Error<P::Error>> {
         match queue {
             Queue::Send => poll_one_for::<P, _, DEPTH, true>(
                 &mut self.send_cq,
                 &mut self.sq,
                 want,
+                wc,
                 &mut self.wc,
             ),
             Queue::Recv => match self.rx.parts() {
-                Some((cq, ring)) => poll_one_for::<P, _, DEPTH, true>(cq, ring, want, &mut self.wc),
-                None => Ok(Polled::Nothing),
+                Some((cq, ring)) => {
+                    poll_one_for::<P, _, DEPTH, true>(cq, ring, want, wc, &mut self.wc)
+                }
+                None => Ok(PolledOne::Nothing),
             },
         }
     }
 
-    /// The outcome of `seq`, which [`poll_for`] retired with the completion in `wc`. A
-    /// success is built straight from `wc` into the caller's result: it needs nothing of
-    /// the ring (one intermediate `Result` cost about twenty instructions of copies).
+    /// The outcome of `seq`, which a poll retired with the completion `wc`. A success is
+    /// built straight from `wc` into the caller's result: it needs nothing of the ring (one
+    /// intermediate `Result` cost about twenty instructions of copies).
     #[inline(always)]
     pub(super) fn retired<R>(
         &self,
         queue: Queue,
         seq: u64,
+        wc: Record<'_, P>,
         ok: impl FnOnce(Completion) -> R,
     ) -> Result<R, Error<P::Error>> {
-        if self.wc.status == WcStatus::Success {
-            return Ok(ok(Completion::succeeded(&self.wc)));
+        if wc.succeeded() {
+            return Ok(ok(wc.success()));
         }
-        Err(self.retired_failed(queue, seq))
+        Err(self.retired_failed(queue, seq, wc.completion()))
     }
 
     /// [`retired`](Self::retired) for a request that failed: its slot kept the opcode.
+    /// `wc` by value: a copy, so the caller's never leaves its frame.
     #[cold]
     #[inline(never)]
-    fn retired_failed(&self, queue: Queue, seq: u64) -> Error<P::Error> {
+    pub(super) fn retired_failed(
+        &self,
+        queue: Queue,
+        seq: u64,
+        wc: WorkCompletion,
+    ) -> Error<P::Error> {
         let c = match (queue, self.rx.ring()) {
-            (Queue::Send, _) => self.sq.retired_failure(&self.wc),
-            (Queue::Recv, Some(ring)) => ring.retired_failure(&self.wc),
+            (Queue::Send, _) => self.sq.retired_failure(&wc),
+            (Queue::Recv, Some(ring)) => ring.retired_failure(&wc),
             // Nothing is posted to a receive side that is not there, so nothing retires.
             (Queue::Recv, None) => return Error::UnexpectedCompletion { wr_id: seq },
         };

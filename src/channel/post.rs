@@ -8,7 +8,8 @@
 //! wait or settle returned. Completing is in `poll.rs` and `wait.rs`.
 
 use super::op::{Local, Op};
-use super::poll::Polled;
+use super::poll::PolledOne;
+use super::source::OneWc;
 use super::wait::Waiter;
 use super::{Channel, Queue};
 use super::{ChannelTransport, HasOwnRx, RxSide};
@@ -498,12 +499,19 @@ impl<P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usize>
                 // failed poll) is the wait's, which polls again. An unsignaled request has
                 // no completion of its own: the one that retires it is usually its batch's
                 // signaled last, the last request here, which retires them all at once.
+                let mut wc = OneWc::new();
                 let (want, polled) = match signaled {
-                    true => (seq, self.poll_for(queue, seq, None)),
-                    false => (to - 1, self.poll_through(queue, to - 1)),
+                    true => (seq, self.poll_for(queue, seq, &mut wc)),
+                    false => (to - 1, self.poll_through(queue, to - 1, &mut wc)),
                 };
-                if let Ok(Polled::Retired) = polled {
-                    each(self.retired(queue, want, |c| c));
+                if let Ok(PolledOne::Retired(wc)) = polled {
+                    match wc.succeeded() {
+                        true => each(Ok(wc.success())),
+                        false => {
+                            let wc = wc.completion();
+                            each(Err(self.retired_failed(queue, want, wc)));
+                        }
+                    }
                     seq = want + 1;
                     continue;
                 }

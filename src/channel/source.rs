@@ -7,8 +7,8 @@ use crate::device::Context;
 use crate::dispatch::{Inbox, SharedCompletionQueue};
 use crate::error::Error;
 use crate::event::CompletionChannel;
-use crate::provider::Provider;
-use crate::ring::{Ring, WorkRequest};
+use crate::provider::{CompletionRecord, Provider};
+use crate::ring::{Completion, Ring, WorkRequest};
 use crate::types::WorkCompletion;
 #[cfg(feature = "std")]
 use crate::wr_id::SEQ_MASK;
@@ -185,6 +185,35 @@ impl<P: Provider> Completions<P> {
         self.poll_with(ring, out, Shared::Poll)
     }
 
+    /// As [`poll`](Self::poll), for at most one completion: from a queue of the channel's
+    /// own into `slot` ([`Provider::poll_cq_one`]), from a shared queue's inbox into
+    /// `shared`.
+    #[inline(always)]
+    #[cfg_attr(not(feature = "std"), allow(unused_variables))]
+    pub(crate) fn poll_one<'a, W: WorkRequest, const DEPTH: usize>(
+        &mut self,
+        ring: &Ring<W, DEPTH>,
+        slot: &'a mut OneWc<P>,
+        shared: &'a mut WorkCompletion,
+    ) -> Result<Option<Record<'a, P>>, Error<P::Error>> {
+        match &mut self.source {
+            Source::Own(o) => Ok(o.cq.poll_one(&mut slot.0)?.map(Record::Own)),
+            #[cfg(feature = "std")]
+            Source::Shared(_) => {
+                let wc = shared;
+                if self.poll(ring, core::slice::from_mut(wc))? == 0 {
+                    return Ok(None);
+                }
+                // One kind of record where the provider's layout is ours: no test of which
+                // it is when it is read.
+                Ok(Some(match P::Wc::from_ours(wc) {
+                    Some(wc) => Record::Own(wc),
+                    None => Record::Shared(wc),
+                }))
+            }
+        }
+    }
+
     /// As [`poll`](Self::poll), after every completion the device wrote so far has been
     /// routed (on a shared queue, waiting for the poll right): after a queue pair is reset,
     /// none of its completions is left behind in another thread's batch.
@@ -313,5 +342,62 @@ enum Shared {
 fn widen<W: WorkRequest, const DEPTH: usize>(ring: &Ring<W, DEPTH>, wcs: &mut [WorkCompletion]) {
     for wc in wcs {
         wc.wr_id = ring.widen(wc.wr_id);
+    }
+}
+
+/// Where a poll for one completion from a queue of the channel's own lands, in the
+/// provider's layout, on the caller's stack: nothing until a poll writes it, then read in
+/// place. (From a shared queue's inbox, a completion lands in ours, in the channel's
+/// `wc`, kept so that no poll sets it up.)
+pub(crate) struct OneWc<P: Provider>(core::mem::MaybeUninit<P::Wc>);
+
+impl<P: Provider> OneWc<P> {
+    #[inline(always)]
+    pub(crate) fn new() -> Self {
+        OneWc(core::mem::MaybeUninit::uninit())
+    }
+}
+
+/// A completion a poll for one brought, where it landed.
+pub(crate) enum Record<'a, P: Provider> {
+    /// In the provider's layout ([`OneWc`]; a shared queue's too, where that is ours).
+    Own(&'a P::Wc),
+    /// In ours, from a shared queue's inbox, where the provider's layout is another.
+    Shared(&'a WorkCompletion),
+}
+
+impl<P: Provider> Record<'_, P> {
+    #[inline(always)]
+    pub(crate) fn wr_id(&self) -> u64 {
+        match self {
+            Record::Own(w) => w.wr_id(),
+            Record::Shared(w) => w.wr_id,
+        }
+    }
+    #[inline(always)]
+    pub(crate) fn succeeded(&self) -> bool {
+        match self {
+            Record::Own(w) => w.succeeded(),
+            Record::Shared(w) => w.status == crate::types::WcStatus::Success,
+        }
+    }
+    /// The completion of a request that succeeded, read in place from a completion in our
+    /// layout, converted field by field from a provider's own.
+    #[inline(always)]
+    pub(crate) fn success(&self) -> Completion {
+        match self {
+            Record::Own(w) => match w.as_ours() {
+                Some(wc) => Completion::succeeded(wc),
+                None => Completion::succeeded_from(w.completion()),
+            },
+            Record::Shared(w) => Completion::succeeded(w),
+        }
+    }
+    #[inline(always)]
+    pub(crate) fn completion(&self) -> WorkCompletion {
+        match self {
+            Record::Own(w) => w.completion(),
+            Record::Shared(w) => **w,
+        }
     }
 }

@@ -1,7 +1,7 @@
 //! The unpolled level (`unsafe`): post and return a [`Pending`] handle, redeemed once by
 //! [`Channel::wait`] or [`Channel::try_complete`] on the channel that posted it.
 
-use super::poll::Polled;
+use super::poll::{Polled, PolledOne};
 use super::*;
 
 impl<P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usize>
@@ -87,11 +87,19 @@ impl<P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usize>
     ) -> Result<Result<Completion, Pending>, Error<P::Error>> {
         self.check_owner(&pending)?;
         let (queue, seq) = (pending.queue, pending.seq);
-        // One completion, into the channel's `wc`, as a blocking call's first poll: the
-        // one polled for is usually the only one there, and is retired at once. An outcome
-        // recorded by an earlier poll is looked up only when that is not so.
-        match self.poll_for(queue, seq, None) {
-            Ok(Polled::Retired) => self.retired(queue, seq, Ok),
+        // One completion, as a blocking call's first poll: the one polled for is usually
+        // the only one there, and is retired at once. An outcome recorded by an earlier
+        // poll is looked up only when that is not so.
+        let mut wc = OneWc::new();
+        let polled = match self.poll_for(queue, seq, &mut wc) {
+            Ok(PolledOne::Retired(wc)) if wc.succeeded() => return Ok(Ok(wc.success())),
+            Ok(PolledOne::Retired(wc)) => {
+                let wc = wc.completion();
+                return Err(self.retired_failed(queue, seq, wc));
+            }
+            polled => polled.map(PolledOne::forget),
+        };
+        match polled {
             // Still in flight (the usual empty poll): no outcome to look for.
             Ok(Polled::Nothing) if self.is_pending(queue, seq) => Ok(Err(pending)),
             Ok(Polled::Nothing) => match self.take(queue, seq) {

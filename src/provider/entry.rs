@@ -8,7 +8,7 @@
 //! and posting links the entries and makes one call, with no translation between; for the
 //! simulator our [`SendWr`], which it reads as it is.
 
-use crate::types::{RecvWr, SendFlags, SendOp, SendWr, Sge, WcOpcode};
+use crate::types::{RecvWr, SendFlags, SendOp, SendWr, Sge, WcOpcode, WorkCompletion};
 
 /// A work request a ring can stage: it carries a `wr_id`.
 pub trait WorkRequest: Copy {
@@ -87,4 +87,56 @@ impl<const SGES: usize> WorkRequest for RecvWr<SGES> {
         WcOpcode::Recv
     }
     fn set_signaled(&mut self) {}
+}
+
+/// A completion in a provider's own layout, as its poll wrote it
+/// ([`Provider::poll_cq_one`](super::Provider::poll_cq_one)): the `wr_id` and the status
+/// are read in place, the rest only when the whole completion is wanted. For verbs the
+/// `ibv_wc` the library wrote; for the simulator our [`WorkCompletion`].
+pub trait CompletionRecord {
+    /// The work request's id.
+    fn wr_id(&self) -> u64;
+    /// Whether the request succeeded.
+    fn succeeded(&self) -> bool;
+    /// The whole completion.
+    fn completion(&self) -> WorkCompletion;
+    /// The record itself, if the provider's layout is ours (then read in place, not
+    /// converted).
+    #[inline(always)]
+    fn as_ours(&self) -> Option<&WorkCompletion> {
+        None
+    }
+    /// One of ours as a record, if the provider's layout is ours: a shared queue's
+    /// completion (always ours) is then read as the provider's own are, with one code
+    /// path for both.
+    #[inline(always)]
+    fn from_ours(_wc: &WorkCompletion) -> Option<&Self>
+    where
+        Self: Sized,
+    {
+        None
+    }
+}
+
+impl CompletionRecord for WorkCompletion {
+    #[inline(always)]
+    fn wr_id(&self) -> u64 {
+        self.wr_id
+    }
+    #[inline(always)]
+    fn succeeded(&self) -> bool {
+        self.status == crate::types::WcStatus::Success
+    }
+    #[inline(always)]
+    fn completion(&self) -> WorkCompletion {
+        *self
+    }
+    #[inline(always)]
+    fn as_ours(&self) -> Option<&WorkCompletion> {
+        Some(self)
+    }
+    #[inline(always)]
+    fn from_ours(wc: &WorkCompletion) -> Option<&Self> {
+        Some(wc)
+    }
 }

@@ -27,7 +27,7 @@ pub mod sim;
 #[cfg(feature = "verbs")]
 pub mod verbs;
 
-pub use entry::{SendEntry, WorkRequest};
+pub use entry::{CompletionRecord, SendEntry, WorkRequest};
 
 use crate::error::ProviderError;
 use crate::types::{
@@ -105,6 +105,9 @@ pub trait Provider: Sized {
     /// A shared receive queue (`ibv_srq`). It stays alive while a queue pair created on it
     /// does (the queue pair's handle holds it).
     type Srq: Send + Sync;
+    /// A completion as the provider's one-completion poll leaves it
+    /// ([`poll_cq_one`](Provider::poll_cq_one)), read in place.
+    type Wc: CompletionRecord;
 
     /// Calls `f` with the name of every device present.
     fn for_each_device(&self, f: &mut dyn FnMut(&str));
@@ -159,6 +162,13 @@ pub trait Provider: Sized {
     ) -> Result<Self::Cq, Self::Error>;
     /// Polls up to `out.len()` completions into `out`, oldest first; returns how many.
     fn poll_cq(cq: &Self::Cq, out: &mut [WorkCompletion]) -> Result<usize, Self::Error>;
+    /// Polls for at most one completion, into `out`; returns it there, if there was one.
+    /// The usual poll of a wait: the caller reads the `wr_id` and the status in place and
+    /// converts the rest only if it wants it ([`CompletionRecord`]).
+    fn poll_cq_one<'a>(
+        cq: &Self::Cq,
+        out: &'a mut core::mem::MaybeUninit<Self::Wc>,
+    ) -> Result<Option<&'a Self::Wc>, Self::Error>;
 
     /// Creates a completion channel (`ibv_create_comp_channel`) whose descriptor is in
     /// non-blocking mode.

@@ -136,6 +136,7 @@ impl Provider for Sim {
     type CompChannel = s::CompChannel;
     type Ah = s::Ah;
     type Srq = s::Srq;
+    type Wc = WorkCompletion;
 
     fn for_each_device(&self, f: &mut dyn FnMut(&str)) {
         self.fabric.for_each_device(f)
@@ -200,6 +201,18 @@ impl Provider for Sim {
 
     fn poll_cq(cq: &s::Cq, out: &mut [WorkCompletion]) -> Result<usize, s::SimError> {
         cq.poll(out)
+    }
+
+    #[inline(always)]
+    fn poll_cq_one<'a>(
+        cq: &s::Cq,
+        out: &'a mut core::mem::MaybeUninit<WorkCompletion>,
+    ) -> Result<Option<&'a WorkCompletion>, s::SimError> {
+        let wc = out.write(WorkCompletion::EMPTY);
+        Ok(match cq.poll(core::slice::from_mut(wc))? {
+            0 => None,
+            _ => Some(wc),
+        })
     }
 
     fn create_comp_channel(ctx: &s::Context) -> Result<s::CompChannel, s::SimError> {

@@ -104,6 +104,7 @@ impl Provider for Verbs {
     type CompChannel = CompChannel;
     type Ah = Ah;
     type Srq = Srq;
+    type Wc = ffi::ibv_wc;
 
     fn for_each_device(&self, f: &mut dyn FnMut(&str)) {
         let _ = with_device_list(|l| l.iter().for_each(|d| f(device_name(d))));
@@ -271,27 +272,40 @@ impl Provider for Verbs {
         // One completion, the usual poll of a wait: inline, no batch loop.
         if let [o] = out {
             let mut wc = MaybeUninit::<ffi::ibv_wc>::uninit();
-            // SAFETY: `poll` is this CQ's `poll_cq` from its context's op table (as
-            // `ibv_poll_cq` calls it); `wc` has room for the one entry asked for.
-            let n = unsafe { (cq.0.poll)(cq.0.cq.as_ptr(), 1, wc.as_mut_ptr()) };
-            if n > 0 {
-                // SAFETY: the provider initialised the one entry it was given.
-                *o = wr::work_completion(unsafe { wc.assume_init_ref() });
-                return Ok(1);
-            }
-            // Nothing, the usual poll of a spinning wait: inline too. A dead device's
-            // queues just stay empty, so an empty poll asks about the device's events (at
-            // most once a millisecond, on one empty poll in `LOOK_POLLS`), and a wait ends
-            // at the death, not at its timeout.
-            if n == 0 {
-                return match async_event::device_dead(&cq.0.ctx, &cq.0.empty_polls) {
-                    false => Ok(0),
-                    true => Err(VerbsError::DeviceFatal),
-                };
-            }
-            return Err(poll_failed(n));
+            return Ok(match Self::poll_cq_one(cq, &mut wc)? {
+                Some(wc) => {
+                    *o = wr::work_completion(wc);
+                    1
+                }
+                None => 0,
+            });
         }
         poll_batch(cq, out)
+    }
+
+    #[inline(always)]
+    fn poll_cq_one<'a>(
+        cq: &Cq,
+        out: &'a mut MaybeUninit<ffi::ibv_wc>,
+    ) -> Result<Option<&'a ffi::ibv_wc>, VerbsError> {
+        // SAFETY: `poll` is this CQ's `poll_cq` from its context's op table (as
+        // `ibv_poll_cq` calls it); `out` has room for the one entry asked for.
+        let n = unsafe { (cq.0.poll)(cq.0.cq.as_ptr(), 1, out.as_mut_ptr()) };
+        if n > 0 {
+            // SAFETY: the provider initialised the one entry it was given.
+            return Ok(Some(unsafe { out.assume_init_ref() }));
+        }
+        // Nothing, the usual poll of a spinning wait: inline too. A dead device's queues
+        // just stay empty, so an empty poll asks about the device's events (at most once a
+        // millisecond, on one empty poll in `LOOK_POLLS`), and a wait ends at the death,
+        // not at its timeout.
+        if n == 0 {
+            return match async_event::device_dead(&cq.0.ctx, &cq.0.empty_polls) {
+                false => Ok(None),
+                true => Err(VerbsError::DeviceFatal),
+            };
+        }
+        Err(poll_failed(n))
     }
 
     fn create_qp(

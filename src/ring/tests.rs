@@ -58,7 +58,7 @@ fn an_empty_ring_retires_nothing_at_its_tail() {
     let next = r.next_seq();
     assert_eq!(next % 2, a % 2, "the tail's slot is a's");
     // A completion naming a number not issued yet retires nothing and leaves the ring whole.
-    assert!(!r.retire_oldest(&wc(next, WcStatus::Success), next));
+    assert!(!r.retire_oldest(next, next));
     assert!(r.is_idle() && r.in_flight() == 0);
     let c = r.stage(wr(), true).unwrap();
     assert_eq!(c, next);
@@ -72,12 +72,12 @@ fn retire_oldest_retires_only_the_wanted_oldest_request() {
     let b = r.stage(wr(), true).unwrap();
     r.clear_staged();
     // Not the wanted one, or not the oldest: nothing changes.
-    assert!(!r.retire_oldest(&wc(a, WcStatus::Success), b));
-    assert!(!r.retire_oldest(&wc(b, WcStatus::Success), b));
+    assert!(!r.retire_oldest(a, b));
+    assert!(!r.retire_oldest(b, b));
     assert!(r.is_pending(a) && r.is_pending(b));
     // The wanted oldest one, failed: retired at once, with the posted opcode.
     let failed = wc(a, WcStatus::RemAccessErr);
-    assert!(r.retire_oldest(&failed, a));
+    assert!(r.retire_oldest(failed.wr_id, a));
     let out = r.retired_failure(&failed);
     assert_eq!(
         (out.status, out.opcode),
@@ -85,11 +85,11 @@ fn retire_oldest_retires_only_the_wanted_oldest_request() {
     );
     assert!(!r.is_pending(a) && r.take(a).is_none());
     // A duplicate is not the oldest any more: left to `complete`, which refuses it.
-    assert!(!r.retire_oldest(&failed, a));
+    assert!(!r.retire_oldest(failed.wr_id, a));
     assert!(r.complete(&failed).is_err());
-    assert!(r.retire_oldest(&wc(b, WcStatus::Success), b));
+    assert!(r.retire_oldest(b, b));
     assert!(r.is_idle());
-    assert!(!r.retire_oldest(&wc(b, WcStatus::Success), b));
+    assert!(!r.retire_oldest(b, b));
 }
 
 #[test]
@@ -293,18 +293,18 @@ fn a_batch_retires_through_its_signaled_last_request_across_the_wrap() {
     for _ in 0..3 {
         let s = r.stage(wr(), true).unwrap();
         r.clear_staged();
-        assert!(r.retire_oldest(&wc(s, WcStatus::Success), s));
+        assert!(r.retire_oldest(s, s));
     }
     let seqs: Vec<u64> = (0..4).map(|i| r.stage(wr(), i == 3).unwrap()).collect();
     r.clear_staged();
     let last = seqs[3];
     // Not the completion of the request asked for: nothing changes.
-    assert!(!r.retire_through(&wc(last, WcStatus::Success), seqs[2]));
+    assert!(!r.retire_through(last, seqs[2]));
     assert_eq!(
         (r.pending(seqs[0]), r.pending(last)),
         (Some(false), Some(true))
     );
-    assert!(r.retire_through(&wc(last, WcStatus::Success), last));
+    assert!(r.retire_through(last, last));
     assert!(r.is_idle());
     assert!(seqs.iter().all(|&s| !r.holds(s)));
     // Its slot is free but kept the opcode a failure would report.
@@ -327,7 +327,7 @@ fn a_batch_does_not_retire_through_an_outcome_or_a_signaled_request() {
             r.complete(&wc(first, WcStatus::Success)).unwrap();
         }
         let last = rest[2];
-        assert!(!r.retire_through(&wc(last, WcStatus::Success), last));
+        assert!(!r.retire_through(last, last));
         // Nothing changed: the general path still records the completion.
         assert!(r.holds(first) && r.is_pending(rest[0]) && r.is_pending(last));
         assert_eq!(

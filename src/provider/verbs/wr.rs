@@ -219,6 +219,21 @@ fn failed_status(status: ffi::ibv_wc_status::Type) -> WcStatus {
     WcStatus::from_raw(status)
 }
 
+impl crate::provider::CompletionRecord for ffi::ibv_wc {
+    #[inline(always)]
+    fn wr_id(&self) -> u64 {
+        ffi::ibv_wc::wr_id(self)
+    }
+    #[inline(always)]
+    fn succeeded(&self) -> bool {
+        self.is_valid()
+    }
+    #[inline(always)]
+    fn completion(&self) -> WorkCompletion {
+        work_completion(self)
+    }
+}
+
 /// Our completion for a C one.
 #[inline(always)]
 pub(super) fn work_completion(wc: &ffi::ibv_wc) -> WorkCompletion {
@@ -323,6 +338,31 @@ mod tests {
             assert_eq!(c.error().map(|e| e.0), Some(raw));
             let wc = work_completion(&c);
             assert_eq!((wc.status, wc.status.raw()), (want, raw));
+        }
+    }
+
+    /// The `ibv_wc` read in place as a record agrees with its conversion.
+    #[test]
+    fn a_record_reads_what_its_conversion_reads() {
+        use crate::provider::CompletionRecord;
+        for (id, raw) in [
+            (7u64, ffi::ibv_wc_status::IBV_WC_SUCCESS),
+            (9, ffi::ibv_wc_status::IBV_WC_WR_FLUSH_ERR),
+        ] {
+            let mut c = ffi::ibv_wc::default();
+            // SAFETY: `ibv_wc` is `#[repr(C)]` with `wr_id: u64` at offset 0 and
+            // `status: u32` at offset 8; `c` is a live, exclusively borrowed value.
+            unsafe {
+                let p = core::ptr::addr_of_mut!(c).cast::<u8>();
+                p.cast::<u64>().write_unaligned(id);
+                p.add(8).cast::<u32>().write(raw);
+            }
+            let wc = work_completion(&c);
+            assert_eq!(CompletionRecord::wr_id(&c), id);
+            assert_eq!(c.succeeded(), wc.status == WcStatus::Success);
+            assert_eq!(c.succeeded(), raw == ffi::ibv_wc_status::IBV_WC_SUCCESS);
+            assert_eq!(c.completion(), wc);
+            assert!(c.as_ours().is_none());
         }
     }
 

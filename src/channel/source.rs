@@ -366,19 +366,20 @@ pub(crate) enum Record<'a, P: Provider> {
     Shared(&'a WorkCompletion),
 }
 
+/// Each reads a shared queue's completion as our layout's [`CompletionRecord`] reads it.
 impl<P: Provider> Record<'_, P> {
     #[inline(always)]
     pub(crate) fn wr_id(&self) -> u64 {
         match self {
             Record::Own(w) => w.wr_id(),
-            Record::Shared(w) => w.wr_id,
+            Record::Shared(w) => w.wr_id(),
         }
     }
     #[inline(always)]
     pub(crate) fn succeeded(&self) -> bool {
         match self {
             Record::Own(w) => w.succeeded(),
-            Record::Shared(w) => w.status == crate::types::WcStatus::Success,
+            Record::Shared(w) => w.succeeded(),
         }
     }
     /// The completion of a request that succeeded, read in place from a completion in our
@@ -397,7 +398,7 @@ impl<P: Provider> Record<'_, P> {
     pub(crate) fn completion(&self) -> WorkCompletion {
         match self {
             Record::Own(w) => w.completion(),
-            Record::Shared(w) => **w,
+            Record::Shared(w) => w.completion(),
         }
     }
 }

@@ -23,7 +23,9 @@
 //! - `raw_calls`: `Provider::post_send` and `Provider::poll_cq` on the queue pair's and
 //!   the completion queue's handles, what a C program would call;
 //! - `channel`: the blocking `Channel::send` / `Channel::write` on queues of the
-//!   channel's own, and a `Channel` scope for the batch;
+//!   channel's own, and a `Channel` scope for the batch, which builds its writes;
+//! - `prepared_batch` (`write_batch` only): the same scope posting a `Batch` built once,
+//!   as the raw loop posts a chain built once;
 //! - `shared_queue`: the same channel on a `SharedCompletionQueue` (the dispatcher's
 //!   share);
 //! - `unpolled_level` (`send` only): `Channel::post_send_unpolled`, then
@@ -51,8 +53,8 @@ use zverbs::testing::{PreparedSink, Sink};
 #[cfg(feature = "tokio")]
 use zverbs::{tokio::AsyncChannel, LocalBuf, MrPool};
 use zverbs::{
-    Channel, ChannelConfig, CompletionQueue, Context, LocalSlice, RemoteRegion, SendFlags, SendOp,
-    SendWr, Sge, WcStatus, WorkCompletion,
+    Batch, Channel, ChannelConfig, CompletionQueue, Context, LocalSlice, RemoteRegion, SendFlags,
+    SendOp, SendWr, Sge, WcStatus, WorkCompletion,
 };
 
 /// Bytes each work request moves.
@@ -118,6 +120,8 @@ struct ChannelFixture {
     src: LocalSlice<'static>,
     remote: RemoteRegion,
     op: Op,
+    /// The `BATCH` writes, built once (`prepared_batch`).
+    batch: Option<Batch<'static, Sim, BATCH, S>>,
     _sim: Sim,
 }
 
@@ -166,7 +170,24 @@ fn channel_batches(
     }
 }
 
+#[inline(never)]
+fn prepared_batches(
+    ch: &mut Channel<Sim, DEPTH, S>,
+    batch: &mut Batch<'static, Sim, BATCH, S>,
+    n: u64,
+) {
+    for _ in 0..n {
+        ch.scope(|s| s.post_batch(batch).map(drop)).expect("scope");
+    }
+}
+
 impl ChannelFixture {
+    /// `iters` posts of the prepared batch.
+    fn run_prepared(&mut self, iters: u64) {
+        let batch = self.batch.as_mut().expect("a prepared fixture");
+        prepared_batches(&mut self.ch, batch, iters);
+    }
+
     /// `iters` signaled sends at the unpolled level.
     fn run_unpolled(&mut self, iters: u64) {
         unpolled_sends(&mut self.ch, self.src.sge(), &mut self.sink, iters);
@@ -212,6 +233,7 @@ fn channel_fixture(op: Op, shared: bool) -> Box<ChannelFixture> {
         src: source(&pd),
         remote: remote.slice(..MSG as u64).expect("remote"),
         op,
+        batch: None,
         _sim: sim,
     });
     f.run(WARM_UP);
@@ -224,6 +246,19 @@ fn own(op: Op) -> Box<ChannelFixture> {
 
 fn shared(op: Op) -> Box<ChannelFixture> {
     channel_fixture(op, true)
+}
+
+fn prepared(op: Op) -> Box<ChannelFixture> {
+    let mut f = channel_fixture(op, false);
+    let mut batch = f.ch.batch();
+    for _ in 0..BATCH {
+        batch
+            .push(zverbs::Op::write([f.src], &f.remote))
+            .expect("push");
+    }
+    f.batch = Some(batch);
+    f.run_prepared(WARM_UP);
+    f
 }
 
 fn unpolled(op: Op) -> Box<ChannelFixture> {
@@ -416,6 +451,13 @@ fn channel(mut f: Box<ChannelFixture>) -> Box<ChannelFixture> {
 }
 
 #[library_benchmark]
+#[bench::write_batch(args = (Op::WriteBatch), setup = prepared, config = budget_of(46_458_749, BATCH as u64))]
+fn prepared_batch(mut f: Box<ChannelFixture>) -> Box<ChannelFixture> {
+    f.run_prepared(black_box(ITERS));
+    f
+}
+
+#[library_benchmark]
 #[bench::send(args = (Op::Send), setup = shared, config = budget(4_156_685))]
 #[bench::write(args = (Op::Write), setup = shared, config = budget(3_130_144))]
 fn shared_queue(mut f: Box<ChannelFixture>) -> Box<ChannelFixture> {
@@ -443,14 +485,14 @@ fn awaited_ops(mut f: Box<AwaitedFixture>) -> Box<AwaitedFixture> {
 library_benchmark_group!(
     name = post_poll;
     compare_by_id = true;
-    benchmarks = raw_calls, channel, shared_queue, unpolled_level
+    benchmarks = raw_calls, channel, prepared_batch, shared_queue, unpolled_level
 );
 
 #[cfg(feature = "tokio")]
 library_benchmark_group!(
     name = post_poll;
     compare_by_id = true;
-    benchmarks = raw_calls, channel, shared_queue, unpolled_level, awaited_ops
+    benchmarks = raw_calls, channel, prepared_batch, shared_queue, unpolled_level, awaited_ops
 );
 
 main!(library_benchmark_groups = post_poll);

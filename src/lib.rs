@@ -103,7 +103,7 @@ pub mod types;
 pub mod wr_id;
 
 pub use channel::{
-    Channel, ChannelConfig, CqLayout, Destination, Op, Owned, Pending, PostedReceive,
+    Batch, Channel, ChannelConfig, CqLayout, Destination, Op, Owned, Pending, PostedReceive,
     PreparedChannel, Scope, WaitPolicy,
 };
 pub use cq::CompletionQueue;

@@ -104,6 +104,28 @@ impl Slot {
     }
 }
 
+/// What the ring slot of a request of a chain built outside the ring holds once the chain
+/// is posted ([`Ring::reserve_chain`]): kept with the chain, so that a post copies it.
+#[derive(Clone, Copy)]
+pub struct ChainSlot(Slot);
+
+impl ChainSlot {
+    /// The slot of a posted request of completion opcode `opcode`, `signaled` or not.
+    #[inline]
+    pub fn posted(opcode: WcOpcode, signaled: bool) -> ChainSlot {
+        ChainSlot(Slot {
+            opcode,
+            state: SlotState::posted(signaled),
+        })
+    }
+
+    /// The same slot, `signaled` or not.
+    #[inline]
+    pub fn signaled(self, signaled: bool) -> ChainSlot {
+        ChainSlot::posted(self.0.opcode, signaled)
+    }
+}
+
 /// A ring of `DEPTH` slots of work requests `W`. See the module docs.
 pub struct Ring<W, const DEPTH: usize> {
     head: u64,
@@ -298,7 +320,46 @@ impl<W: WorkRequest, const DEPTH: usize> Ring<W, DEPTH> {
     /// Gives back the slot of the request [`reserve`](Self::reserve) took last (it was not
     /// posted).
     pub fn unreserve(&mut self) {
-        if self.head > self.tail {
+        self.unreserve_run(1);
+    }
+
+    /// Takes a slot for each request of `chain`, built outside the ring and posted by the
+    /// caller as one chain (a prepared batch), and sets their `wr_id`s; `slots` are what
+    /// their slots hold, one each ([`ChainSlot`]). Nothing may be staged. Returns the
+    /// first one's sequence number (the `i`th has that plus `i`). If the post fails, give
+    /// back the slots of those not posted with [`unreserve_run`](Self::unreserve_run)
+    /// before anything else is taken.
+    #[inline]
+    pub fn reserve_chain(
+        &mut self,
+        chain: &mut [W],
+        slots: &[ChainSlot],
+    ) -> Result<u64, QueueFull> {
+        debug_assert_eq!(self.staged, 0, "a chain reserved while a batch is staged");
+        let n = chain.len();
+        if DEPTH - self.in_flight() < n {
+            return Err(QueueFull { capacity: DEPTH });
+        }
+        let first = self.head;
+        // The run of slots from the head's, wrapping once at most (`n <= DEPTH`): copied.
+        let start = (first % DEPTH as u64) as usize;
+        let (to_end, wrapped) = slots[..n].split_at(n.min(DEPTH - start));
+        for (slot, chained) in self.slots[start..].iter_mut().zip(to_end) {
+            *slot = chained.0;
+        }
+        for (slot, chained) in self.slots.iter_mut().zip(wrapped) {
+            *slot = chained.0;
+        }
+        for (i, wr) in chain.iter_mut().enumerate() {
+            wr.set_wr_id(self.wr_id(first + i as u64));
+        }
+        self.head += n as u64;
+        Ok(first)
+    }
+
+    /// Gives back the slots of the last `count` requests reserved (they were not posted).
+    pub fn unreserve_run(&mut self, count: usize) {
+        for _ in 0..count.min(self.in_flight()) {
             self.head -= 1;
             self.slots[(self.head % DEPTH as u64) as usize].state = SlotState::Free;
         }
@@ -327,7 +388,7 @@ impl<W: WorkRequest, const DEPTH: usize> Ring<W, DEPTH> {
     /// Makes the last staged request signaled, so its completion retires the whole batch.
     pub fn signal_last_staged(&mut self) {
         if let Some(wr) = self.stage[..self.staged].last_mut() {
-            wr.set_signaled();
+            wr.set_signaled(true);
             let seq = self.head - 1;
             self.slots[(seq % DEPTH as u64) as usize].state = SlotState::PostedSignaled;
         }

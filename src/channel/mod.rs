@@ -7,7 +7,8 @@
 //!   atomics post one work request and wait for its completion.
 //! - **Scoped**: [`scope`](Channel::scope) posts many work requests as doorbell batches,
 //!   borrows their buffers, and does not return before all of them completed; the first
-//!   error of any of them is returned.
+//!   error of any of them is returned. A [`Batch`] of requests built and checked once is
+//!   posted there as one chain, again and again ([`Scope::post_batch`]).
 //! - **Unpolled** (`unsafe`): [`post_send_unpolled`](Channel::post_send_unpolled) and
 //!   friends return a [`Pending`] handle; the caller keeps the buffers alive until the
 //!   handle is redeemed, once, by [`wait`](Channel::wait) or a successful
@@ -42,6 +43,7 @@
 //!
 //! A complete two-thread exchange is in `examples/pingpong.rs`.
 
+mod batch;
 mod blocking;
 mod datagram;
 #[cfg(all(feature = "tokio", unix))]
@@ -59,6 +61,7 @@ pub(crate) mod wait;
 
 pub use wait::WaitPolicy;
 
+pub use batch::Batch;
 #[cfg(feature = "tokio")]
 pub(crate) use op::Lent;
 pub use op::{AtomicResult, Destination, Inline, Local, Op, Owned, Slices};

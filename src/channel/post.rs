@@ -113,7 +113,7 @@ impl<P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usize>
     ) -> Result<u64, Error<P::Error>> {
         let (opcode, flags) = (op.wc_opcode(), flags | SendFlags::SIGNALED);
         let room = super::op::room(remote);
-        fill(
+        fill::<P, SGES>(
             self.sq.lone_entry(),
             &self.qp,
             sges,
@@ -141,7 +141,7 @@ impl<P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usize>
                 .map_err(|f| Error::QueueFull {
                     capacity: f.capacity,
                 })?;
-        if let Err(e) = fill_send(wr, &self.qp, op, SendFlags::empty()) {
+        if let Err(e) = fill_send::<P, _, _, SGES>(wr, &self.qp, op, SendFlags::empty()) {
             self.sq.unstage_last();
             return Err(e);
         }
@@ -158,7 +158,7 @@ impl<P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usize>
         flags: SendFlags,
     ) -> Result<WcOpcode, Error<P::Error>> {
         let opcode = op.op.wc_opcode();
-        fill_send(self.sq.lone_entry(), &self.qp, op, flags)?;
+        fill_send::<P, _, _, SGES>(self.sq.lone_entry(), &self.qp, op, flags)?;
         Ok(opcode)
     }
 
@@ -175,19 +175,38 @@ impl<P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usize>
     }
 }
 
+/// Whether a device does atomics, asked when an atomic is built: of its queue pair, or of
+/// what a [`Batch`](super::Batch) noted of it.
+pub(super) trait Atomics<E> {
+    fn check_atomics(&self) -> Result<(), Error<E>>;
+}
+
+impl<P: Provider, St: crate::qp::State, T: crate::qp::Transport> Atomics<P::Error>
+    for crate::qp::QueuePair<P, St, T>
+{
+    #[inline(always)]
+    fn check_atomics(&self) -> Result<(), Error<P::Error>> {
+        crate::qp::QueuePair::check_atomics(self)
+    }
+}
+
+impl<E> Atomics<E> for bool {
+    #[inline(always)]
+    fn check_atomics(&self) -> Result<(), Error<E>> {
+        match self {
+            true => Ok(()),
+            false => Err(Error::Unsupported(crate::qp::NO_ATOMICS)),
+        }
+    }
+}
+
 /// Builds `op`, with `flags` added to its own, in `wr`, checked as every level checks it
-/// ([`admit`]).
+/// ([`admit`]); `atomics` says whether the device does atomics (asked of atomics only).
 #[inline(always)]
-pub(super) fn fill_send<
-    P: Provider,
-    St: crate::qp::State,
-    T: ChannelTransport,
-    L,
-    const SGES: usize,
->(
+pub(super) fn fill_send<P: Provider, T: crate::qp::Transport, L, const SGES: usize>(
     wr: &mut P::SendEntry<SGES>,
-    qp: &crate::qp::QueuePair<P, St, T>,
-    op: Op<'_, L, T::Ops>,
+    atomics: &impl Atomics<P::Error>,
+    op: Op<'_, L, T>,
     flags: SendFlags,
 ) -> Result<(), Error<P::Error>>
 where
@@ -203,7 +222,7 @@ where
         ..
     } = op;
     let sges = local.map(|l| l.entry());
-    fill(wr, qp, sges, op, own | flags, room, remote, atomic)
+    fill::<P, SGES>(wr, atomics, sges, op, own | flags, room, remote, atomic)
 }
 
 /// Builds a send of the entries `sges` in `wr`, checked as every level checks it
@@ -211,9 +230,9 @@ where
 /// read only the first `num_sge`, so they need no zeroing.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn fill<P: Provider, St: crate::qp::State, T: crate::qp::Transport, const SGES: usize>(
+fn fill<P: Provider, const SGES: usize>(
     wr: &mut P::SendEntry<SGES>,
-    qp: &crate::qp::QueuePair<P, St, T>,
+    atomics: &impl Atomics<P::Error>,
     sges: impl IntoIterator<Item = Sge>,
     op: SendOp,
     flags: SendFlags,
@@ -225,27 +244,27 @@ fn fill<P: Provider, St: crate::qp::State, T: crate::qp::Transport, const SGES: 
         .map_err(|(given, max)| Error::TooManySges { given, max })?;
     wr.set_num_sge(num_sge);
     wr.set_op(op, flags);
-    admit(qp, room, remote, atomic, len)
+    admit(atomics, room, remote, atomic, len)
 }
 
-/// The checks every level makes before posting a send on `qp` whose local entries hold
-/// `len` bytes: an atomic's result is 8 bytes and the device does atomics; a remote region
-/// holds the bytes from its start.
+/// The checks every level makes before posting a send whose local entries hold `len`
+/// bytes: an atomic's result is 8 bytes and the device does atomics (`atomics`); a remote
+/// region holds the bytes from its start.
 #[inline(always)]
-fn admit<P: Provider, St: crate::qp::State, T: crate::qp::Transport>(
-    qp: &crate::qp::QueuePair<P, St, T>,
+fn admit<E>(
+    atomics: &impl Atomics<E>,
     room: u64,
     remote: Option<RemoteRegion>,
     atomic: bool,
     len: u64,
-) -> Result<(), Error<P::Error>> {
+) -> Result<(), Error<E>> {
     if atomic {
         if len != 8 {
             return Err(Error::InvalidAttribute(
                 "an atomic's result slice must be 8 bytes",
             ));
         }
-        qp.check_atomics()?;
+        atomics.check_atomics()?;
     }
     if len <= room {
         return Ok(());

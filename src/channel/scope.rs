@@ -47,13 +47,13 @@ pub struct Scope<
     const SGES: usize,
     T: ChannelTransport = Rc,
 > {
-    ch: &'ch mut Channel<P, DEPTH, SGES, T>,
+    pub(super) ch: &'ch mut Channel<P, DEPTH, SGES, T>,
     send_from: u64,
     recv_from: u64,
     first_error: Option<Error<P::Error>>,
     finished: bool,
     /// One bound for every wait of the scope: it returns within one timeout plus the grace.
-    waiter: Waiter,
+    pub(super) waiter: Waiter,
     // Invariant in 'env: a scope cannot be shrunk to accept shorter borrows.
     _env: PhantomData<&'env mut &'env ()>,
 }
@@ -143,8 +143,9 @@ where
 impl<'env, P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usize>
     Scope<'_, 'env, P, DEPTH, SGES, T>
 {
-    /// Stages `op`; returns its `wr_id`. The scope's one way to post on the send queue: the
-    /// named methods below are sugar over it. Always inlined: a loop of posts is the
+    /// Stages `op`; returns its `wr_id`. The scope's one way to post a request built on the
+    /// spot: the named methods below are sugar over it (requests built once and posted
+    /// again and again: [`post_batch`](Self::post_batch)). Always inlined: a loop of posts is the
     /// batch's hot path, and a call per request cost 16 instructions of register saves.
     #[inline(always)]
     pub fn post<L: Iterator<Item: Local>>(
@@ -197,7 +198,7 @@ impl<'env, P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usi
     ///
     /// Out of line: staging checks for this first, and the common case inlines.
     #[inline(never)]
-    fn make_room(&mut self, queue: Queue) -> Result<(), Error<P::Error>> {
+    pub(super) fn make_room(&mut self, queue: Queue) -> Result<(), Error<P::Error>> {
         self.ring_doorbell()?;
         self.drain(queue);
         Ok(())

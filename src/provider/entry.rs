@@ -21,8 +21,8 @@ pub trait WorkRequest: Copy {
     /// The completion opcode the request produces (reported for failed requests, whose
     /// completion opcode the device leaves undefined).
     fn opcode(&self) -> WcOpcode;
-    /// Asks for a completion on success.
-    fn set_signaled(&mut self);
+    /// Asks for a completion on success (`on`), or not.
+    fn set_signaled(&mut self, on: bool);
 }
 
 /// A send work request in a provider's own layout, with room for `SGES` gather entries,
@@ -54,8 +54,8 @@ impl<const SGES: usize> WorkRequest for SendWr<SGES> {
         self.op.wc_opcode()
     }
     #[inline(always)]
-    fn set_signaled(&mut self) {
-        self.flags |= SendFlags::SIGNALED;
+    fn set_signaled(&mut self, on: bool) {
+        self.flags.set(SendFlags::SIGNALED, on);
     }
 }
 
@@ -86,7 +86,7 @@ impl<const SGES: usize> WorkRequest for RecvWr<SGES> {
     fn opcode(&self) -> WcOpcode {
         WcOpcode::Recv
     }
-    fn set_signaled(&mut self) {}
+    fn set_signaled(&mut self, _: bool) {}
 }
 
 /// A completion in a provider's own layout, as its poll wrote it

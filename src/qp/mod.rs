@@ -138,6 +138,9 @@ impl OwnReceiveQueue for Ud {}
 /// An unreliable-datagram queue pair in state `St`.
 pub type UdQueuePair<P, St> = QueuePair<P, St, Ud>;
 
+/// Why an atomic is refused on a device that does none.
+pub(crate) const NO_ATOMICS: &str = "remote atomics (the device's atomic_cap is NONE)";
+
 /// A queue pair of transport `T` (RC unless said) in state `St`. See the module docs.
 pub struct QueuePair<P: Provider, St: State, T: Transport = Rc> {
     raw: P::Qp,
@@ -523,9 +526,7 @@ impl<P: Provider, St: State, T: Transport> QueuePair<P, St, T> {
         if self.device.atomic_cap.supported() {
             Ok(())
         } else {
-            Err(Error::Unsupported(
-                "remote atomics (the device's atomic_cap is NONE)",
-            ))
+            Err(Error::Unsupported(NO_ATOMICS))
         }
     }
 

@@ -1,9 +1,11 @@
 //! What a ported C verbs program relies on, on every backend: a receive
 //! posted in INIT, before the endpoint exchange, catches the peer's first message; a scoped
 //! receive reports its completion (byte count, immediate data) after "post a receive, then
-//! send".
+//! send"; a prebuilt chain (perftest's loop) is posted again and again as it was built.
 
 use std::thread;
+
+use zverbs::Op;
 
 use super::liveness::prepare_pair;
 use super::*;
@@ -85,9 +87,66 @@ pub fn scoped_receive_completion<E: Env>(env: &E) -> Run<Outcome> {
     Ok(o)
 }
 
+/// A builds a batch of two writes and a read once, and posts it in two scopes, the second
+/// time behind a staged write and twice in a row (its ring of 4 makes room in between).
+pub fn prepared_batch<E: Env>(env: &E) -> Run<Outcome> {
+    let ends = prepare_pair(env, env.timeout())?;
+    let (a, b) = (ends.a, ends.b);
+    let (ea, eb) = (a.endpoint(), b.endpoint());
+    let mut a = a.connect(&eb).map_err(err("connect a"))?;
+    let _b = b.connect(&ea).map_err(err("connect b"))?;
+    let mut src = region(&ends.pa, 12, AccessFlags::LOCAL_WRITE, 0)?;
+    src.as_mut_slice().copy_from_slice(b"abcdefghijkl");
+    let mut back = region(&ends.pa, 4, AccessFlags::LOCAL_WRITE, 0)?;
+    let target = region(&ends.pb, 16, AccessFlags::all(), b'r')?;
+    let remote = target.remote();
+    let (first_half, second_half) = (src.slice(..4), src.slice(4..8));
+    let (first_half, second_half) = (
+        first_half.map_err(err("slice"))?,
+        second_half.map_err(err("slice"))?,
+    );
+    let into = back.slice_mut(..).map_err(err("slice"))?;
+    let (to4, to12) = (
+        remote.slice(4..).map_err(err("remote"))?,
+        remote.slice(12..).map_err(err("remote"))?,
+    );
+    let mut batch = a.batch::<3>();
+    batch
+        .push(Op::write([first_half], &remote))
+        .map_err(err("push"))?;
+    batch
+        .push(Op::write([second_half], &to4))
+        .map_err(err("push"))?;
+    batch.push(Op::read([into], &to12)).map_err(err("push"))?;
+    let first = a
+        .scope(|s| s.post_batch(&mut batch))
+        .map_err(err("first scope"))?;
+    let (staged, second, third) = a
+        .scope(|s| {
+            let staged = s.post_write([src.slice(8..)?], &remote.slice(8..)?)?;
+            let second = s.post_batch(&mut batch)?;
+            let third = s.post_batch(&mut batch)?;
+            s.wait_send(third.end - 1)?;
+            Ok((staged, second, third))
+        })
+        .map_err(err("second scope"))?;
+    let in_flight = a.in_flight();
+    let mut o = Outcome::default();
+    o.item("first", format_args!("{first:?}"))
+        .item("staged", staged)
+        .item("second", format_args!("{second:?}"))
+        .item("third", format_args!("{third:?}"))
+        .item("in_flight", format_args!("{in_flight:?}"))
+        .check("written", &target.as_slice()[..12] == b"abcdefghijkl")
+        .check("read", back.as_slice() == b"rrrr");
+    Ok(o)
+}
+
 #[allow(non_upper_case_globals)]
 pub mod expected {
     pub const recv_posted_in_init: &str = "send=ok; received=5; bytes=ok";
     pub const scoped_receive_completion: &str =
         "byte_len=4; imm=Some(7); in_flight=(0, 0); bytes=ok";
+    pub const prepared_batch: &str =
+        "first=0..3; staged=3; second=4..7; third=7..10; in_flight=(0, 0); written=ok; read=ok";
 }

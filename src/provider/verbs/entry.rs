@@ -80,8 +80,13 @@ impl<const SGES: usize> WorkRequest for Entry<SGES> {
         }
     }
     #[inline(always)]
-    fn set_signaled(&mut self) {
-        self.wr.send_flags |= ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+    fn set_signaled(&mut self, on: bool) {
+        let signaled = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+        if on {
+            self.wr.send_flags |= signaled;
+        } else {
+            self.wr.send_flags &= !signaled;
+        }
     }
 }
 
@@ -219,7 +224,7 @@ mod tests {
             },
             1,
         );
-        e.set_signaled();
+        e.set_signaled(true);
         assert_eq!(e.opcode(), WcOpcode::CompareSwap);
         e.set_op(
             SendOp::WriteWithImm {
@@ -239,8 +244,14 @@ mod tests {
             assert_eq!((e.wr.wr.rdma.remote_addr, e.wr.wr.rdma.rkey), (0x3000, 9));
             assert_eq!(e.wr.wr.atomic.swap, 0, "no stale swap operand");
         }
-        e.set_op(SendOp::Send, SendFlags::SIGNALED);
+        e.set_op(SendOp::Send, SendFlags::SIGNALED | SendFlags::FENCE);
         assert_eq!(e.opcode(), WcOpcode::Send);
+        e.set_signaled(false);
+        assert_eq!(
+            e.wr.send_flags,
+            SendFlags::FENCE.bits(),
+            "only the signal cleared"
+        );
         // SAFETY: plain integers of the unions `set_op` wrote.
         unsafe {
             assert_eq!(e.wr.__bindgen_anon_1.imm_data, 0, "no stale immediate");

@@ -1,0 +1,230 @@
+//! A prepared batch: send-queue requests built and checked once, then posted any number of
+//! times, each time as one chain with one doorbell ([`Scope::post_batch`]). The loop of
+//! perftest's bandwidth tests, an event builder's reads from its sources, a collective's
+//! fixed step: the same requests every round, of which a post rewrites only the `wr_id`s.
+
+use core::marker::PhantomData;
+use core::ops::Range;
+
+use super::op::{Local, Op};
+use super::post::fill_send;
+use super::scope::Scope;
+use super::wait::Waiter;
+use super::{Channel, ChannelTransport, Owner, Queue};
+use crate::error::Error;
+use crate::provider::{Provider, WorkRequest};
+use crate::qp::{Rc, Transport};
+use crate::ring::ChainSlot;
+use crate::types::{SendFlags, WcOpcode};
+
+/// Up to `N` send-queue operations, each checked when [pushed](Batch::push) as
+/// [`Scope::post`] checks it, for the channel that made the batch ([`Channel::batch`]);
+/// posted there by [`Scope::post_batch`] as one chain, its last request signaled, as
+/// often as wanted. The local memory the operations name stays borrowed for `'a`, as long
+/// as the batch lives.
+///
+/// ```
+/// # use zverbs::provider::sim::Sim;
+/// # use zverbs::{AccessFlags, ChannelConfig};
+/// # let p = zverbs::testing::Pair::<64, 4>::connected(&ChannelConfig::default())?;
+/// # let (pa, pb, mut a, _b) = (p.a.pd, p.b.pd, p.a.ch, p.b.ch);
+/// use zverbs::{Batch, Op};
+///
+/// let mut target = [0u8; 16];
+/// // SAFETY: nothing reads `target` until the writes below have completed.
+/// let target = unsafe { pb.register_with_access(&mut target, AccessFlags::all())? };
+/// let mut source = *b"abcdefghijklmnop";
+/// let source = pa.register(&mut source)?;
+/// let remote = target.remote();
+/// // Four writes of four bytes each, checked once.
+/// let mut quarters: Batch<Sim, 4> = a.batch();
+/// for at in (0..16).step_by(4) {
+///     quarters.push(Op::write([source.slice(at..at + 4)?], &remote.slice(at as u64..)?))?;
+/// }
+/// for _ in 0..3 {
+///     a.scope(|s| s.post_batch(&mut quarters).map(drop))?;
+/// }
+/// assert_eq!(target.as_slice(), b"abcdefghijklmnop");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct Batch<'a, P: Provider, const N: usize, const SGES: usize = 4, T: Transport = Rc> {
+    /// Entries `..len` are the requests in posting order, the last one signaled; their
+    /// `wr_id`s are rewritten by each post.
+    entries: [P::SendEntry<SGES>; N],
+    /// What each request's ring slot holds while it is in flight.
+    slots: [ChainSlot; N],
+    len: usize,
+    /// The most requests it takes: `N`, or the channel's `DEPTH` if smaller (a batch is
+    /// posted whole).
+    capacity: usize,
+    /// Whether the channel's device does atomics.
+    atomics: bool,
+    /// The channel that made it, the only one that posts it.
+    owner: Owner,
+    /// The borrow of the local memory (and of a datagram's address handle).
+    _marker: PhantomData<(&'a (), T)>,
+}
+
+impl<'a, P: Provider, const N: usize, const SGES: usize, T: Transport> Batch<'a, P, N, SGES, T> {
+    /// Builds `op` as the batch's last request, checked as [`Scope::post`] checks it
+    /// (gather entries, the remote region's room, atomics); returns its index, which a
+    /// post of the batch adds to the first sequence number it returns. A batch holding its
+    /// capacity already (`N`, or the channel's `DEPTH` if smaller) refuses it with
+    /// [`Error::InvalidAttribute`].
+    pub fn push<L: Iterator<Item: Local>>(
+        &mut self,
+        op: Op<'a, L, T>,
+    ) -> Result<usize, Error<P::Error>> {
+        let i = self.len;
+        if i == self.capacity {
+            return Err(Error::InvalidAttribute(
+                "a batch holds at most its N, and its channel's DEPTH, requests",
+            ));
+        }
+        let slot = ChainSlot::posted(op.op.wc_opcode(), true);
+        let entry = &mut self.entries[i];
+        fill_send::<P, T, L, SGES>(entry, &self.atomics, op, SendFlags::SIGNALED)?;
+        if let Some(was_last) = i.checked_sub(1) {
+            self.entries[was_last].set_signaled(false);
+            self.slots[was_last] = self.slots[was_last].signaled(false);
+        }
+        self.slots[i] = slot;
+        self.len += 1;
+        Ok(i)
+    }
+
+    /// How many requests one post of it posts.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it holds no request (a post of it posts nothing).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl<P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usize>
+    Channel<P, DEPTH, SGES, T>
+{
+    /// An empty [`Batch`] of up to `N` requests (and no more than `DEPTH`) for this
+    /// channel, to [`push`](Batch::push) operations into.
+    pub fn batch<'a, const N: usize>(&self) -> Batch<'a, P, N, SGES, T::Ops> {
+        Batch {
+            entries: [<P::SendEntry<SGES> as WorkRequest>::BLANK; N],
+            slots: [ChainSlot::posted(WcOpcode::Send, false); N],
+            len: 0,
+            capacity: N.min(DEPTH),
+            atomics: self.qp.check_atomics().is_ok(),
+            owner: self.owner,
+            _marker: PhantomData,
+        }
+    }
+
+    /// Posts the chain `entries`, whose ring slots hold `slots`, built by a
+    /// [`Batch`], its last signaled; returns their sequence numbers. Nothing
+    /// may be staged. A chain the device took in part is ended as a refused doorbell is
+    /// ([`ring_doorbell`](Self::ring_doorbell)).
+    fn post_chain(
+        &mut self,
+        entries: &mut [P::SendEntry<SGES>],
+        slots: &[ChainSlot],
+        waiter: &mut Waiter,
+    ) -> Result<Range<u64>, Error<P::Error>> {
+        let first = self
+            .sq
+            .reserve_chain(entries, slots)
+            .map_err(|f| Error::QueueFull {
+                capacity: f.capacity,
+            })?;
+        let posted = first..first + entries.len() as u64;
+        if entries.is_empty() {
+            return Ok(posted);
+        }
+        // SAFETY: the requests were built from slices that borrow their memory for the
+        // batch's lifetime, which outlives the scope posting them; the scope waits for
+        // them before it returns.
+        match unsafe { self.qp.post_send_entries(entries) } {
+            Ok(()) => Ok(posted),
+            Err(e) => {
+                self.sq.unreserve_run(entries.len() - e.index);
+                let err = Error::Provider {
+                    op: "ibv_post_send",
+                    source: e.error,
+                };
+                // Unsignaled requests the device took, with no signaled one behind them.
+                Err(if e.index > 0 {
+                    self.quiesce(waiter, err)
+                } else {
+                    err
+                })
+            }
+        }
+    }
+}
+
+impl<'env, P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usize>
+    Scope<'_, 'env, P, DEPTH, SGES, T>
+{
+    /// Posts `batch` as one chain with one doorbell, after anything staged (which goes out
+    /// first); returns the sequence numbers of its requests, which
+    /// [`wait_send`](Self::wait_send) takes, as [`post`](Self::post)'s. The scope waits for
+    /// them as for the rest of its work. If the ring has no room for the whole batch, this
+    /// scope's work so far is waited for first.
+    ///
+    /// A batch built for another channel is an [`Error::InvalidAttribute`].
+    pub fn post_batch<'b: 'env, const N: usize>(
+        &mut self,
+        batch: &mut Batch<'b, P, N, SGES, T::Ops>,
+    ) -> Result<Range<u64>, Error<P::Error>> {
+        if batch.owner != self.ch.owner {
+            return Err(Error::InvalidAttribute("a batch built for another channel"));
+        }
+        if self.ch.has_staged() {
+            self.ring_doorbell()?;
+        }
+        let len = batch.len;
+        if DEPTH - self.ch.sq.in_flight() < len {
+            self.make_room(Queue::Send)?;
+        }
+        let (entries, slots) = (&mut batch.entries[..len], &batch.slots[..len]);
+        self.ch.post_chain(entries, slots, &mut self.waiter)
+    }
+}
+
+#[cfg(all(test, feature = "sim"))]
+mod tests {
+    use crate::mr::RemoteRegion;
+    use crate::types::SendFlags;
+    use crate::{ChannelConfig, Op};
+
+    /// Selective signaling as a scope's doorbell does it: one completion per post of the
+    /// batch, from its last request, however the batch grew.
+    #[test]
+    fn only_the_last_request_is_signaled() {
+        let p = crate::testing::Pair::<8, 1>::connected(&ChannelConfig::default()).unwrap();
+        let mut src = [0u8; 4];
+        let src = p.a.pd.register(&mut src).unwrap();
+        let remote = RemoteRegion {
+            addr: 0x1000,
+            len: 4,
+            rkey: 1,
+        };
+        let mut batch = p.a.ch.batch::<3>();
+        let signaled = |b: &super::Batch<'_, crate::provider::sim::Sim, 3, 1>| -> Vec<bool> {
+            let entries = &b.entries[..b.len];
+            entries
+                .iter()
+                .map(|e| e.flags.contains(SendFlags::SIGNALED))
+                .collect()
+        };
+        for n in 1..=3 {
+            batch
+                .push(Op::write([src.slice(..).unwrap()], &remote))
+                .unwrap();
+            let mut want = vec![false; n];
+            want[n - 1] = true;
+            assert_eq!(signaled(&batch), want);
+        }
+    }
+}

@@ -1,0 +1,263 @@
+//! Prepared batches on the simulator: built and checked once, posted many times, refused
+//! where they do not fit, and failing as a scope's own requests fail.
+#![cfg(feature = "sim")]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{default_pair, pattern, ALL};
+use zverbs::{Batch, Error, Op, QpState, WcOpcode, WcStatus};
+
+#[test]
+fn a_batch_posted_again_and_again_repeats_its_requests_and_leaves_nothing_in_flight() {
+    // A ring of 4 and a batch of 3: every second post needs room made first.
+    let (mut a, b) = common::pair::<4>(Duration::from_secs(10));
+    let mut counter = [0u8; 8];
+    let mut olds = [0u8; 8];
+    let mut src = pattern(8, 3);
+    // SAFETY: read after the scopes.
+    let counter_mr = unsafe { b.pd.register_with_access(&mut counter, ALL) }.unwrap();
+    let mut target = [0u8; 8];
+    // SAFETY: read after the scopes.
+    let target_mr = unsafe { b.pd.register_with_access(&mut target, ALL) }.unwrap();
+    let mut olds_mr = a.pd.register(&mut olds).unwrap();
+    let src_mr = a.pd.register(&mut src).unwrap();
+    let (word, remote) = (counter_mr.remote(), target_mr.remote());
+    let mut batch: Batch<_, 3> = a.ch.batch();
+    assert!(batch.is_empty());
+    assert_eq!(
+        batch
+            .push(Op::fetch_add(olds_mr.slice_mut(..).unwrap(), &word, 5))
+            .unwrap(),
+        0
+    );
+    let half = remote.slice(4..).unwrap();
+    assert_eq!(
+        batch
+            .push(Op::write([src_mr.slice(..4).unwrap()], &remote))
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        batch
+            .push(Op::write([src_mr.slice(4..).unwrap()], &half))
+            .unwrap(),
+        2
+    );
+    assert_eq!(batch.len(), 3);
+
+    let mut posted = Vec::new();
+    for _ in 0..3 {
+        a.ch.scope(|s| {
+            posted.push(s.post_batch(&mut batch)?);
+            posted.push(s.post_batch(&mut batch)?);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(a.ch.in_flight(), (0, 0));
+    }
+    let starts: Vec<u64> = posted.iter().map(|r| r.start).collect();
+    assert_eq!(starts, [0, 3, 6, 9, 12, 15], "consecutive sequence numbers");
+    assert!(posted.iter().all(|r| r.end - r.start == 3));
+    assert_eq!(
+        u64::from_ne_bytes(counter_mr.as_slice().try_into().unwrap()),
+        30
+    );
+    assert_eq!(
+        u64::from_ne_bytes(olds_mr.as_slice().try_into().unwrap()),
+        25,
+        "the last old value"
+    );
+    assert_eq!(target_mr.as_slice(), &pattern(8, 3)[..]);
+}
+
+#[test]
+fn a_batch_goes_out_after_what_the_scope_staged_and_its_requests_can_be_waited_for() {
+    let (mut a, b) = default_pair();
+    let mut src = pattern(12, 5);
+    let mut target = [0u8; 12];
+    let src_mr = a.pd.register(&mut src).unwrap();
+    // SAFETY: read after the scope.
+    let target_mr = unsafe { b.pd.register_with_access(&mut target, ALL) }.unwrap();
+    let remote = target_mr.remote();
+    let mut batch: Batch<_, 2> = a.ch.batch();
+    batch
+        .push(Op::write(
+            [src_mr.slice(4..8).unwrap()],
+            &remote.slice(4..).unwrap(),
+        ))
+        .unwrap();
+    batch
+        .push(Op::write(
+            [src_mr.slice(8..).unwrap()],
+            &remote.slice(8..).unwrap(),
+        ))
+        .unwrap();
+    let (staged, posted, first, last) =
+        a.ch.scope(|s| {
+            let staged = s.post_write([src_mr.slice(..4)?], &remote)?;
+            let posted = s.post_batch(&mut batch)?;
+            let first = s.wait_send(posted.start)?;
+            let last = s.wait_send(posted.end - 1)?;
+            Ok((staged, posted, first, last))
+        })
+        .unwrap();
+    assert_eq!((staged, posted), (0, 1..3));
+    assert_eq!(
+        (first.status, first.opcode),
+        (WcStatus::Success, WcOpcode::RdmaWrite)
+    );
+    assert_eq!(
+        (last.status, last.opcode),
+        (WcStatus::Success, WcOpcode::RdmaWrite)
+    );
+    assert_eq!(target_mr.as_slice(), &pattern(12, 5)[..]);
+}
+
+#[test]
+fn a_batch_refuses_more_requests_than_it_or_the_ring_holds() {
+    let (a, b) = common::pair::<4>(Duration::from_secs(10));
+    let mut src = [0u8; 4];
+    let mut target = [0u8; 4];
+    let src_mr = a.pd.register(&mut src).unwrap();
+    // SAFETY: never read while a peer could write it.
+    let target_mr = unsafe { b.pd.register_with_access(&mut target, ALL) }.unwrap();
+    let (slice, remote) = (src_mr.slice(..).unwrap(), target_mr.remote());
+    let mut small: Batch<_, 2> = a.ch.batch();
+    let mut large: Batch<_, 8> = a.ch.batch();
+    for _ in 0..2 {
+        small.push(Op::write([slice], &remote)).unwrap();
+    }
+    for _ in 0..4 {
+        large.push(Op::write([slice], &remote)).unwrap();
+    }
+    let err = small.push(Op::write([slice], &remote)).unwrap_err();
+    assert!(matches!(err, Error::InvalidAttribute(_)), "{err}");
+    let err = large.push(Op::write([slice], &remote)).unwrap_err();
+    assert!(
+        matches!(err, Error::InvalidAttribute(_)),
+        "the ring's DEPTH bounds it: {err}"
+    );
+    assert_eq!((small.len(), large.len()), (2, 4));
+}
+
+#[test]
+fn a_batch_checks_each_operation_when_pushed_and_keeps_only_those_that_pass() {
+    let (mut a, b) = default_pair();
+    let mut src = pattern(16, 7);
+    let mut result = [0u8; 4];
+    let mut target = [0u8; 8];
+    let src_mr = a.pd.register(&mut src).unwrap();
+    let mut result_mr = a.pd.register(&mut result).unwrap();
+    // SAFETY: read after the scope.
+    let target_mr = unsafe { b.pd.register_with_access(&mut target, ALL) }.unwrap();
+    let remote = target_mr.remote();
+    let s = |r: core::ops::Range<usize>| src_mr.slice(r).unwrap();
+    let mut batch: Batch<_, 4> = a.ch.batch();
+    batch.push(Op::write([s(0..4)], &remote)).unwrap();
+
+    let err = batch.push(Op::write([s(0..16)], &remote)).unwrap_err();
+    assert!(
+        matches!(err, Error::OutOfBounds(_)),
+        "16 bytes into 8: {err}"
+    );
+    let five = [s(0..1), s(1..2), s(2..3), s(3..4), s(4..5)];
+    let err = batch.push(Op::write(five, &remote)).unwrap_err();
+    assert!(
+        matches!(err, Error::TooManySges { given: 5, max: 4 }),
+        "{err}"
+    );
+    let err = batch
+        .push(Op::fetch_add(result_mr.slice_mut(..).unwrap(), &remote, 1))
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::InvalidAttribute(_)),
+        "a 4-byte atomic result: {err}"
+    );
+    assert_eq!(batch.len(), 1, "refused operations are not kept");
+
+    batch
+        .push(Op::write([s(4..8)], &remote.slice(4..).unwrap()))
+        .unwrap();
+    a.ch.scope(|s| s.post_batch(&mut batch).map(drop)).unwrap();
+    assert_eq!(a.ch.in_flight(), (0, 0));
+    assert_eq!(target_mr.as_slice(), &pattern(16, 7)[..8]);
+}
+
+#[test]
+fn a_batch_is_posted_only_on_the_channel_that_made_it() {
+    let (mut a, b) = default_pair();
+    let (mut c, _d) = default_pair();
+    let mut src = [1u8; 4];
+    let mut target = [0u8; 4];
+    let src_mr = a.pd.register(&mut src).unwrap();
+    // SAFETY: read after the scopes.
+    let target_mr = unsafe { b.pd.register_with_access(&mut target, ALL) }.unwrap();
+    let mut batch: Batch<_, 1> = a.ch.batch();
+    batch
+        .push(Op::write([src_mr.slice(..).unwrap()], &target_mr.remote()))
+        .unwrap();
+    let err = c.ch.scope(|s| s.post_batch(&mut batch)).unwrap_err();
+    assert!(matches!(err, Error::InvalidAttribute(_)), "{err}");
+    assert_eq!(c.ch.in_flight(), (0, 0));
+    let mut empty: Batch<_, 1> = a.ch.batch();
+    let posted = a.ch.scope(|s| s.post_batch(&mut empty)).unwrap();
+    assert!(posted.is_empty(), "an empty batch posts nothing");
+    assert_eq!(a.ch.in_flight(), (0, 0));
+    a.ch.scope(|s| s.post_batch(&mut batch).map(drop)).unwrap();
+    assert_eq!(target_mr.as_slice(), &[1; 4], "posted where it was made");
+}
+
+#[test]
+fn a_request_of_a_batch_that_fails_ends_the_scope_with_its_error_after_the_rest() {
+    let (mut a, b) = default_pair();
+    let mut src = pattern(8, 1);
+    let mut target = [0u8; 8];
+    let src_mr = a.pd.register(&mut src).unwrap();
+    // SAFETY: read after the scope.
+    let target_mr = unsafe { b.pd.register_with_access(&mut target, ALL) }.unwrap();
+    let good = target_mr.remote();
+    let bad = zverbs::RemoteRegion {
+        rkey: good.rkey ^ 0x5555,
+        ..good
+    };
+    let mut batch: Batch<_, 3> = a.ch.batch();
+    batch
+        .push(Op::write([src_mr.slice(..4).unwrap()], &good))
+        .unwrap();
+    batch
+        .push(Op::write([src_mr.slice(4..).unwrap()], &bad))
+        .unwrap();
+    batch
+        .push(Op::write(
+            [src_mr.slice(4..).unwrap()],
+            &good.slice(4..).unwrap(),
+        ))
+        .unwrap();
+    let mut posted = 0..0;
+    let err =
+        a.ch.scope(|s| {
+            posted = s.post_batch(&mut batch)?;
+            Ok(())
+        })
+        .unwrap_err();
+    let c = err.completion().expect("a completion error");
+    assert_eq!(
+        (c.status, c.wr_id),
+        (WcStatus::RemAccessErr, posted.start + 1)
+    );
+    assert_eq!(c.opcode, WcOpcode::RdmaWrite);
+    assert_eq!(
+        a.ch.in_flight(),
+        (0, 0),
+        "the flushed third write was waited for"
+    );
+    assert_eq!(a.ch.queue_pair().state().unwrap(), QpState::Error);
+    assert_eq!(&target_mr.as_slice()[..4], &pattern(8, 1)[..4]);
+    assert_eq!(
+        &target_mr.as_slice()[4..],
+        &[0; 4],
+        "failed and flushed writes did not land"
+    );
+}

@@ -5,7 +5,8 @@
 # `ibverbs` crate 0.9.2 and `sideway` 0.4.3. Same operation for all: one signaled 64-byte
 # SEND between two RC queue pairs on rxe0, and one poll that takes its completion; then a
 # doorbell batch of 32 RDMA WRITEs, the last signaled (not `ibverbs`, which has no WRITE),
-# and zverbs' SEND through a `Channel` scope
+# for zverbs also as a `Batch` built once (`prepared`, as raw verbs' chain is), and zverbs'
+# SEND through a `Channel` scope
 # (benches/verbs_peers/src/main.rs says how the loop and the counting work).
 #
 #   scripts/verbs-instructions.sh [LIB...]     default: zverbs raw ibverbs sideway
@@ -47,7 +48,7 @@ cp -r vg/debug/* /usr/lib/debug/.build-id/
 for lib in $LIBS; do
   runs="send:$N1 send:$N2 empty:$K"
   [ \$lib = ibverbs ] || runs="\$runs batch:$N1 batch:$N2"
-  [ \$lib = zverbs ] && runs="\$runs scope:$N1 scope:$N2"
+  [ \$lib = zverbs ] && runs="\$runs scope:$N1 scope:$N2 prepared:$N1 prepared:$N2"
   for run in \$runs; do
     run=\$(echo \$run | tr : ' ')
     set -- \$run
@@ -77,18 +78,18 @@ grep '^RESULT ' <<<"$out" | awk -v n1="$N1" -v n2="$N2" -v k="$K" '
     if ($4 == n1) { ir1[key] = $5; e1[key] = e[2] } else { ir2[key] = $5; e2[key] = e[2] }
     if (!(key in seen)) { seen[key]; order[++n] = key } }
   END {
-    printf "%-8s %-6s %12s %10s %12s %20s\n", "library", "mode", "Ir per op", "per WR", "empty poll", "empty polls (runs)"
+    printf "%-8s %-8s %12s %10s %12s %20s\n", "library", "mode", "Ir per op", "per WR", "empty poll", "empty polls (runs)"
     for (i = 1; i <= n; i++) {
       split(order[i], km, " "); l = km[1]; m = km[2]; key = order[i]
       per = ((ir2[key] - ir1[key]) - (e2[key] - e1[key]) * empty[l]) / (n2 - n1)
-      wr = (m == "batch") ? sprintf("%.1f", per / 32) : "-"
-      printf "%-8s %-6s %12.1f %10s %12.1f %20s\n", l, m, per, wr, empty[l], e1[key] "/" e2[key]
+      wr = (m == "batch" || m == "prepared") ? sprintf("%.1f", per / 32) : "-"
+      printf "%-8s %-8s %12.1f %10s %12.1f %20s\n", l, m, per, wr, empty[l], e1[key] "/" e2[key]
       val[key] = per
     }
     for (i = 1; i <= n; i++) {
       split(order[i], km, " "); l = km[1]; m = km[2]
-      base = (m == "scope") ? "raw send" : "raw " m
+      base = (m == "scope") ? "raw send" : (m == "prepared") ? "raw batch" : "raw " m
       if (l != "raw" && (base in val))
-        printf "%-8s %-6s %+.1f over raw verbs (%s)\n", l, m, val[order[i]] - val[base], base
+        printf "%-8s %-8s %+.1f over raw verbs (%s)\n", l, m, val[order[i]] - val[base], base
     }
   }'

@@ -82,15 +82,32 @@ impl SlotState {
 /// slot outside that range is free: so the slot at the tail of an empty ring is free.
 /// Two bytes, so that a slot is found by an address mode (no multiply) and its request
 /// posted with one store, and a retirement pass reads a run of slots as `u16`s, a vector
-/// at a time ([`Slot::bits`]); outcomes are kept apart, in `outcomes`.
+/// at a time ([`Slot::bits`]); outcomes are kept apart, in `outcomes`. A chain built
+/// outside the ring keeps its requests' slots, so that a post copies them
+/// ([`Ring::reserve_chain`]).
 #[derive(Clone, Copy)]
 #[repr(C)]
-struct Slot {
+pub struct Slot {
     opcode: WcOpcode,
     state: SlotState,
 }
 
 impl Slot {
+    /// The slot of a posted request of completion opcode `opcode`, `signaled` or not.
+    #[inline]
+    pub fn posted(opcode: WcOpcode, signaled: bool) -> Slot {
+        Slot {
+            opcode,
+            state: SlotState::posted(signaled),
+        }
+    }
+
+    /// The same slot, `signaled` or not.
+    #[inline]
+    pub fn signaled(self, signaled: bool) -> Slot {
+        Slot::posted(self.opcode, signaled)
+    }
+
     /// A free slot, all zero bits.
     const FREE: Slot = Slot {
         opcode: WcOpcode::Send,
@@ -101,28 +118,6 @@ impl Slot {
     #[inline]
     fn bits(self) -> u16 {
         u16::from_le_bytes([self.opcode as u8, self.state as u8])
-    }
-}
-
-/// What the ring slot of a request of a chain built outside the ring holds once the chain
-/// is posted ([`Ring::reserve_chain`]): kept with the chain, so that a post copies it.
-#[derive(Clone, Copy)]
-pub struct ChainSlot(Slot);
-
-impl ChainSlot {
-    /// The slot of a posted request of completion opcode `opcode`, `signaled` or not.
-    #[inline]
-    pub fn posted(opcode: WcOpcode, signaled: bool) -> ChainSlot {
-        ChainSlot(Slot {
-            opcode,
-            state: SlotState::posted(signaled),
-        })
-    }
-
-    /// The same slot, `signaled` or not.
-    #[inline]
-    pub fn signaled(self, signaled: bool) -> ChainSlot {
-        ChainSlot::posted(self.0.opcode, signaled)
     }
 }
 
@@ -325,16 +320,12 @@ impl<W: WorkRequest, const DEPTH: usize> Ring<W, DEPTH> {
 
     /// Takes a slot for each request of `chain`, built outside the ring and posted by the
     /// caller as one chain (a prepared batch), and sets their `wr_id`s; `slots` are what
-    /// their slots hold, one each ([`ChainSlot`]). Nothing may be staged. Returns the
+    /// their slots hold, one each ([`Slot::posted`]). Nothing may be staged. Returns the
     /// first one's sequence number (the `i`th has that plus `i`). If the post fails, give
     /// back the slots of those not posted with [`unreserve_run`](Self::unreserve_run)
     /// before anything else is taken.
     #[inline]
-    pub fn reserve_chain(
-        &mut self,
-        chain: &mut [W],
-        slots: &[ChainSlot],
-    ) -> Result<u64, QueueFull> {
+    pub fn reserve_chain(&mut self, chain: &mut [W], slots: &[Slot]) -> Result<u64, QueueFull> {
         debug_assert_eq!(self.staged, 0, "a chain reserved while a batch is staged");
         let n = chain.len();
         if DEPTH - self.in_flight() < n {
@@ -344,14 +335,19 @@ impl<W: WorkRequest, const DEPTH: usize> Ring<W, DEPTH> {
         // The run of slots from the head's, wrapping once at most (`n <= DEPTH`): copied.
         let start = (first % DEPTH as u64) as usize;
         let (to_end, wrapped) = slots[..n].split_at(n.min(DEPTH - start));
-        for (slot, chained) in self.slots[start..].iter_mut().zip(to_end) {
-            *slot = chained.0;
-        }
-        for (slot, chained) in self.slots.iter_mut().zip(wrapped) {
-            *slot = chained.0;
-        }
-        for (i, wr) in chain.iter_mut().enumerate() {
-            wr.set_wr_id(self.wr_id(first + i as u64));
+        self.slots[start..start + to_end.len()].copy_from_slice(to_end);
+        self.slots[..wrapped.len()].copy_from_slice(wrapped);
+        // The ids count up from the first's unless its low bits wrap within the chain (a
+        // tagged id's tag lies above them): one add each.
+        let id = self.wr_id(first);
+        if (n as u64).saturating_sub(1) <= self.id_mask - (first & self.id_mask) {
+            for (i, wr) in chain.iter_mut().enumerate() {
+                wr.set_wr_id(id + i as u64);
+            }
+        } else {
+            for (i, wr) in chain.iter_mut().enumerate() {
+                wr.set_wr_id(self.wr_id(first + i as u64));
+            }
         }
         self.head += n as u64;
         Ok(first)

@@ -14,7 +14,7 @@ use super::{Channel, ChannelTransport, Owner, Queue};
 use crate::error::Error;
 use crate::provider::{Provider, WorkRequest};
 use crate::qp::{Rc, Transport};
-use crate::ring::ChainSlot;
+use crate::ring::Slot;
 use crate::types::{SendFlags, WcOpcode};
 
 /// Up to `N` send-queue operations, each checked when [pushed](Batch::push) as
@@ -52,7 +52,7 @@ pub struct Batch<'a, P: Provider, const N: usize, const SGES: usize = 4, T: Tran
     /// `wr_id`s are rewritten by each post.
     entries: [P::SendEntry<SGES>; N],
     /// What each request's ring slot holds while it is in flight.
-    slots: [ChainSlot; N],
+    slots: [Slot; N],
     len: usize,
     /// The most requests it takes: `N`, or the channel's `DEPTH` if smaller (a batch is
     /// posted whole).
@@ -61,6 +61,10 @@ pub struct Batch<'a, P: Provider, const N: usize, const SGES: usize = 4, T: Tran
     atomics: bool,
     /// The channel that made it, the only one that posts it.
     owner: Owner,
+    /// Where `entries` lay when a post of them last succeeded, if nothing but their
+    /// `wr_id`s was written since (a push clears it); 0 if not. A provider that links the
+    /// entries of a chain finds them linked when they still lie there.
+    posted_from: usize,
     /// The borrow of the local memory (and of a datagram's address handle).
     _marker: PhantomData<(&'a (), T)>,
 }
@@ -81,7 +85,7 @@ impl<'a, P: Provider, const N: usize, const SGES: usize, T: Transport> Batch<'a,
                 "a batch holds at most its N, and its channel's DEPTH, requests",
             ));
         }
-        let slot = ChainSlot::posted(op.op.wc_opcode(), true);
+        let slot = Slot::posted(op.op.wc_opcode(), true);
         let entry = &mut self.entries[i];
         fill_send::<P, T, L, SGES>(entry, &self.atomics, op, SendFlags::SIGNALED)?;
         if let Some(was_last) = i.checked_sub(1) {
@@ -90,6 +94,7 @@ impl<'a, P: Provider, const N: usize, const SGES: usize, T: Transport> Batch<'a,
         }
         self.slots[i] = slot;
         self.len += 1;
+        self.posted_from = 0;
         Ok(i)
     }
 
@@ -112,23 +117,26 @@ impl<P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usize>
     pub fn batch<'a, const N: usize>(&self) -> Batch<'a, P, N, SGES, T::Ops> {
         Batch {
             entries: [<P::SendEntry<SGES> as WorkRequest>::BLANK; N],
-            slots: [ChainSlot::posted(WcOpcode::Send, false); N],
+            slots: [Slot::posted(WcOpcode::Send, false); N],
             len: 0,
             capacity: N.min(DEPTH),
             atomics: self.qp.check_atomics().is_ok(),
             owner: self.owner,
+            posted_from: 0,
             _marker: PhantomData,
         }
     }
 
     /// Posts the chain `entries`, whose ring slots hold `slots`, built by a
-    /// [`Batch`], its last signaled; returns their sequence numbers. Nothing
+    /// [`Batch`], its last signaled, and `linked` by an earlier post
+    /// ([`Provider::post_send_chain`]); returns their sequence numbers. Nothing
     /// may be staged. A chain the device took in part is ended as a refused doorbell is
     /// ([`ring_doorbell`](Self::ring_doorbell)).
     fn post_chain(
         &mut self,
         entries: &mut [P::SendEntry<SGES>],
-        slots: &[ChainSlot],
+        slots: &[Slot],
+        linked: bool,
         waiter: &mut Waiter,
     ) -> Result<Range<u64>, Error<P::Error>> {
         let first = self
@@ -143,8 +151,8 @@ impl<P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usize>
         }
         // SAFETY: the requests were built from slices that borrow their memory for the
         // batch's lifetime, which outlives the scope posting them; the scope waits for
-        // them before it returns.
-        match unsafe { self.qp.post_send_entries(entries) } {
+        // them before it returns. `linked` is the caller's, as `post_send_chain` says.
+        match unsafe { self.qp.post_send_chain(entries, linked) } {
             Ok(()) => Ok(posted),
             Err(e) => {
                 self.sq.unreserve_run(entries.len() - e.index);
@@ -188,7 +196,13 @@ impl<'env, P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usi
             self.make_room(Queue::Send)?;
         }
         let (entries, slots) = (&mut batch.entries[..len], &batch.slots[..len]);
-        self.ch.post_chain(entries, slots, &mut self.waiter)
+        let from = entries.as_ptr() as usize;
+        // Linked if the last post succeeded from here: entries move with the batch, and
+        // only pushes (which clear `posted_from`) and `wr_id`s write them.
+        let linked = batch.posted_from == from;
+        let posted = self.ch.post_chain(entries, slots, linked, &mut self.waiter);
+        batch.posted_from = if posted.is_ok() { from } else { 0 };
+        posted
     }
 }
 

@@ -299,6 +299,25 @@ pub trait Provider: Sized {
         entries: &mut [Self::SendEntry<SGES>],
     ) -> Result<(), PostError<Self::Error>>;
 
+    /// Posts `entries` as [`post_send_entries`](Provider::post_send_entries) does. With
+    /// `linked`, an earlier successful call of either posted these entries where they lie
+    /// now, and nothing but their `wr_id`s was written since (a chain built once and posted
+    /// again, a [`Batch`](crate::Batch)): a provider that links entries posts them as they
+    /// are.
+    ///
+    /// # Safety
+    /// As [`post_send`](Provider::post_send); and `linked` only as said.
+    #[inline(always)]
+    unsafe fn post_send_chain<const SGES: usize>(
+        qp: &Self::Qp,
+        entries: &mut [Self::SendEntry<SGES>],
+        linked: bool,
+    ) -> Result<(), PostError<Self::Error>> {
+        let _ = linked;
+        // SAFETY: forwarded contract.
+        unsafe { Self::post_send_entries(qp, entries) }
+    }
+
     /// Posts a chain of receive work requests with one doorbell.
     ///
     /// # Safety

@@ -508,6 +508,17 @@ impl Provider for Verbs {
         unsafe { entry::post_entries(qp.qp.as_ptr(), qp.post_send, entries) }
     }
 
+    #[inline(always)]
+    unsafe fn post_send_chain<const SGES: usize>(
+        qp: &Qp,
+        entries: &mut [entry::Entry<SGES>],
+        linked: bool,
+    ) -> Result<(), PostError<VerbsError>> {
+        // SAFETY: `post_send` is the queue pair's own; the caller upholds the trait's
+        // contract on the memory the entries name and on `linked`.
+        unsafe { entry::post_entries_linked(qp.qp.as_ptr(), qp.post_send, entries, linked) }
+    }
+
     unsafe fn post_recv<const SGES: usize>(
         qp: &Qp,
         wrs: &[RecvWr<SGES>],

@@ -511,6 +511,20 @@ impl<P: Provider, T: Transport> QueuePair<P, ReadyToSend, T> {
         // SAFETY: forwarded contract.
         unsafe { P::post_send_entries(&self.raw, entries) }
     }
+
+    /// Posts `entries` ([`Provider::post_send_chain`]), `linked` by an earlier post.
+    ///
+    /// # Safety
+    /// As [`Provider::post_send_chain`].
+    #[inline]
+    pub(crate) unsafe fn post_send_chain<const SGES: usize>(
+        &self,
+        entries: &mut [P::SendEntry<SGES>],
+        linked: bool,
+    ) -> Result<(), PostError<P::Error>> {
+        // SAFETY: forwarded contract.
+        unsafe { P::post_send_chain(&self.raw, entries, linked) }
+    }
 }
 
 impl<P: Provider, St: State, T: Transport> QueuePair<P, St, T> {

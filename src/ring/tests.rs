@@ -336,3 +336,44 @@ fn a_batch_does_not_retire_through_an_outcome_or_a_signaled_request() {
         );
     }
 }
+
+#[test]
+fn a_chain_takes_a_run_of_slots_across_the_wrap_and_counts_its_ids_within_the_tag() {
+    let mut r: Ring<W, 4> = Ring::new();
+    r.set_id_tag(7 << 8, 0xff);
+    // The head to 254: slot 2 of 4, an id whose low bits wrap two requests later.
+    for seq in 0..254 {
+        assert_eq!(r.reserve(&mut wr(), true), Ok(seq));
+        r.complete(&wc(seq, WcStatus::Success)).unwrap();
+        assert!(r.take(seq).unwrap().is_ok());
+    }
+    let mut chain = [wr(); 4];
+    let slots = [
+        Slot::posted(WcOpcode::RdmaWrite, false),
+        Slot::posted(WcOpcode::Send, false),
+        Slot::posted(WcOpcode::RdmaRead, false),
+        Slot::posted(WcOpcode::RdmaWrite, true),
+    ];
+    assert_eq!(r.reserve_chain(&mut chain, &slots), Ok(254));
+    let ids: Vec<u64> = chain.iter().map(|w| w.wr_id).collect();
+    assert_eq!(ids, [7 << 8 | 254, 7 << 8 | 255, 7 << 8, 7 << 8 | 1]);
+    assert_eq!(
+        (r.opcode(254), r.opcode(256)),
+        (WcOpcode::RdmaWrite, WcOpcode::RdmaRead)
+    );
+    assert_eq!((r.pending(256), r.pending(257)), (Some(false), Some(true)));
+    assert_eq!(
+        r.reserve_chain(&mut [wr()], &slots[..1]),
+        Err(QueueFull { capacity: 4 })
+    );
+    // The last two not posted: given back, and taken again by a chain whose ids count up.
+    r.unreserve_run(2);
+    assert!(!r.holds(256) && r.holds(255));
+    let mut two = [wr(); 2];
+    assert_eq!(r.reserve_chain(&mut two, &slots[2..]), Ok(256));
+    assert_eq!((two[0].wr_id, two[1].wr_id), (7 << 8, 7 << 8 | 1));
+    // One completion of the signaled last retires the chain.
+    r.complete(&wc(257, WcStatus::Success)).unwrap();
+    assert!(r.take(257).unwrap().is_ok());
+    assert!(r.is_idle());
+}

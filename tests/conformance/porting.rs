@@ -87,8 +87,8 @@ pub fn scoped_receive_completion<E: Env>(env: &E) -> Run<Outcome> {
     Ok(o)
 }
 
-/// A builds a batch of two writes and a read once, and posts it in two scopes, the second
-/// time behind a staged write and twice in a row (its ring of 4 makes room in between).
+/// A builds a batch of two writes and posts it; adds a read, moves the batch, and posts it
+/// twice in a second scope, behind a staged write (its ring of 4 makes room in between).
 pub fn prepared_batch<E: Env>(env: &E) -> Run<Outcome> {
     let ends = prepare_pair(env, env.timeout())?;
     let (a, b) = (ends.a, ends.b);
@@ -117,15 +117,17 @@ pub fn prepared_batch<E: Env>(env: &E) -> Run<Outcome> {
     batch
         .push(Op::write([second_half], &to4))
         .map_err(err("push"))?;
-    batch.push(Op::read([into], &to12)).map_err(err("push"))?;
     let first = a
         .scope(|s| s.post_batch(&mut batch))
         .map_err(err("first scope"))?;
+    // Grown after a post, and moved: the next post links the entries again where they lie.
+    batch.push(Op::read([into], &to12)).map_err(err("push"))?;
+    let mut batch = Box::new(batch);
     let (staged, second, third) = a
         .scope(|s| {
             let staged = s.post_write([src.slice(8..)?], &remote.slice(8..)?)?;
-            let second = s.post_batch(&mut batch)?;
-            let third = s.post_batch(&mut batch)?;
+            let second = s.post_batch(&mut *batch)?;
+            let third = s.post_batch(&mut *batch)?;
             s.wait_send(third.end - 1)?;
             Ok((staged, second, third))
         })
@@ -148,5 +150,5 @@ pub mod expected {
     pub const scoped_receive_completion: &str =
         "byte_len=4; imm=Some(7); in_flight=(0, 0); bytes=ok";
     pub const prepared_batch: &str =
-        "first=0..3; staged=3; second=4..7; third=7..10; in_flight=(0, 0); written=ok; read=ok";
+        "first=0..2; staged=2; second=3..6; third=6..9; in_flight=(0, 0); written=ok; read=ok";
 }

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! verbs_loop LIB MODE N     LIB: zverbs | raw | ibverbs | sideway
-//!                            MODE: send | empty | batch | scope (zverbs only)
+//!                            MODE: send | empty | batch | scope | prepared (zverbs only)
 //! ```
 //!
 //! Each library builds two RC queue pairs on `ZVERBS_DEVICE` (default `rxe0`), GID index
@@ -17,8 +17,10 @@
 //! signaled (`measured_batch`), then as `send` (sleep, poll until its completion is taken);
 //! zverbs has no unpolled batch, so its `measured_batch` is a `Channel` scope that stages
 //! the writes, rings the doorbell, pauses 200 µs (`unmeasured_pause`, not collected) and
-//! returns once the scope has taken the completion. `scope` (zverbs only): the SEND of
-//! `send` through a scope, the same way. It prints `ops=.. empty_polls=..`.
+//! returns once the scope has taken the completion. `prepared` (zverbs only): the same
+//! writes as a `Batch` built once before the loop, posted by the scope as raw verbs posts
+//! its chain built once. `scope` (zverbs only): the SEND of `send` through a scope, the
+//! same way. It prints `ops=.. empty_polls=..`.
 //!
 //! Callgrind collects only inside `measured_*` (`--toggle-collect`), so per operation:
 //! `(Ir(send, N₂) − Ir(send, N₁) − (E₂ − E₁) · Ir(empty, K) / K) / (N₂ − N₁)`, with `E` the
@@ -68,7 +70,7 @@ macro_rules! run {
                 }
                 println!("ops=0 empty_polls={}", $n);
             }
-            "batch" | "scope" => {
+            "batch" | "scope" | "prepared" => {
                 let mut empties = 0u64;
                 for _ in 0..$n {
                     if $mode == "scope" {
@@ -76,6 +78,7 @@ macro_rules! run {
                     }
                     let settled = match $mode {
                         "batch" => $lib::measured_batch(&mut rig),
+                        "prepared" => $lib::measured_prepared(&mut rig),
                         _ => $lib::measured_scope(&mut rig),
                     };
                     if !settled {
@@ -95,7 +98,7 @@ macro_rules! run {
                 }
                 println!("ops={} empty_polls={}", $n, empties);
             }
-            other => panic!("MODE is send, empty, batch or scope, not {other:?}"),
+            other => panic!("MODE is send, empty, batch, scope or prepared, not {other:?}"),
         }
     }};
 }
@@ -103,7 +106,7 @@ macro_rules! run {
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let [lib, mode, n] = &args[..] else {
-        eprintln!("usage: verbs_loop zverbs|raw|ibverbs|sideway send|empty|batch|scope N");
+        eprintln!("usage: verbs_loop zverbs|raw|ibverbs|sideway send|empty|batch|scope|prepared N");
         std::process::exit(2);
     };
     let n: u64 = n.parse().expect("N is a number");
@@ -158,8 +161,8 @@ mod zverbs_path {
     use zverbs::provider::verbs::Verbs;
     use zverbs::qp::QpConfig;
     use zverbs::{
-        AccessFlags, Channel, ChannelConfig, Context, MemoryRegion, Pending, ProtectionDomain,
-        RemoteRegion, SendFlags, SendOp, Sge,
+        AccessFlags, Batch, Channel, ChannelConfig, Context, MemoryRegion, Op, Pending,
+        ProtectionDomain, RemoteRegion, SendFlags, SendOp, Sge,
     };
 
     type Ch = Channel<Verbs, { super::DEPTH as usize }, 1>;
@@ -175,6 +178,8 @@ mod zverbs_path {
         /// A receive on A that nothing completes (`empty`).
         idle: Option<Pending>,
         recvs: Vec<Pending>,
+        /// The writes of `batch`, built once (`prepared`).
+        prepared: Batch<'static, Verbs, { super::BATCH }, 1>,
         _mrs: (MemoryRegion<'static, Verbs>, MemoryRegion<'static, Verbs>),
         _pd: ProtectionDomain<Verbs>,
         _ctx: Context<Verbs>,
@@ -199,8 +204,8 @@ mod zverbs_path {
         let src = pd.register(super::leak()).expect("A's buffer");
         let remote_write = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
         // SAFETY: B's buffer is leaked and never read or written by the program.
-        let mut dst = unsafe { pd.register_with_access(super::leak(), remote_write) }
-            .expect("B's buffer");
+        let mut dst =
+            unsafe { pd.register_with_access(super::leak(), remote_write) }.expect("B's buffer");
         let (s, d) = (
             src.slice(..).unwrap().sge(),
             dst.slice_mut(..).unwrap().sge(),
@@ -211,6 +216,12 @@ mod zverbs_path {
         let idle_sge = idle_buf.slice_mut(..).unwrap().sge();
         // SAFETY: A's inbox is leaked and never touched by the program.
         let idle = unsafe { a.post_receive_unpolled(&[idle_sge]) }.expect("A's receive");
+        let batch_src = Box::leak(Box::new(pd.register(super::leak()).expect("A's source")));
+        let mut prepared = a.batch();
+        for _ in 0..super::BATCH {
+            let write = Op::write([batch_src.slice(..).unwrap()], &remote);
+            prepared.push(write).expect("a prepared write");
+        }
         Rig {
             a,
             b,
@@ -220,6 +231,7 @@ mod zverbs_path {
             sent: None,
             idle: Some(idle),
             recvs: Vec::with_capacity(16),
+            prepared,
             _mrs: (src, dst),
             _pd: pd,
             _ctx: ctx,
@@ -271,6 +283,20 @@ mod zverbs_path {
                 Ok(())
             })
             .expect("batch");
+        true
+    }
+
+    /// The writes of `batch` as a `Batch` built once, posted through a scope.
+    #[inline(never)]
+    pub fn measured_prepared(rig: &mut Rig) -> bool {
+        let batch = &mut rig.prepared;
+        rig.a
+            .scope(|s| {
+                s.post_batch(batch)?;
+                super::unmeasured_pause();
+                Ok(())
+            })
+            .expect("prepared batch");
         true
     }
 
@@ -364,8 +390,8 @@ mod raw {
         let src = pd.register(super::leak()).expect("A's buffer");
         let remote_write = zverbs::AccessFlags::LOCAL_WRITE | zverbs::AccessFlags::REMOTE_WRITE;
         // SAFETY: B's buffer is leaked and never read or written by the program.
-        let mut dst = unsafe { pd.register_with_access(super::leak(), remote_write) }
-            .expect("B's buffer");
+        let mut dst =
+            unsafe { pd.register_with_access(super::leak(), remote_write) }.expect("B's buffer");
         let sge = |s: zverbs::Sge| ffi::ibv_sge {
             addr: s.addr,
             length: s.length,
@@ -458,6 +484,11 @@ mod raw {
         panic!("scope: zverbs only")
     }
 
+    /// Raw verbs' `batch` is its chain built once.
+    pub fn measured_prepared(_: &mut Rig) -> bool {
+        panic!("prepared: zverbs only (raw verbs' batch is a chain built once)")
+    }
+
     /// Posts the prebuilt chain of `BATCH` writes with one call.
     #[inline(never)]
     pub fn measured_batch(rig: &mut Rig) -> bool {
@@ -465,8 +496,9 @@ mod raw {
         let mut bad = std::ptr::null_mut();
         // SAFETY: `qp` lives in `rig.a`; the chain's SGE names A's buffer, registered for
         // the process's life and never written, and its remote B's, registered likewise.
-        let rc =
-            unsafe { (*(*qp).context).ops.post_send.unwrap()(qp, rig.batch.as_mut_ptr(), &mut bad) };
+        let rc = unsafe {
+            (*(*qp).context).ops.post_send.unwrap()(qp, rig.batch.as_mut_ptr(), &mut bad)
+        };
         assert_eq!(rc, 0, "ibv_post_send");
         false
     }

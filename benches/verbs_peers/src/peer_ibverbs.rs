@@ -193,3 +193,8 @@ pub fn measured_batch(_: &mut Rig) -> bool {
 pub fn measured_scope(_: &mut Rig) -> bool {
     panic!("scope: zverbs only")
 }
+
+/// No batches built once in `ibverbs`.
+pub fn measured_prepared(_: &mut Rig) -> bool {
+    panic!("prepared: zverbs only")
+}

@@ -264,7 +264,9 @@ pub fn measured_batch(rig: &mut Rig) -> bool {
         } else {
             WorkRequestFlags::none()
         };
-        let wr = guard.construct_wr(i as u64, flags).setup_write(rkey, remote);
+        let wr = guard
+            .construct_wr(i as u64, flags)
+            .setup_write(rkey, remote);
         // SAFETY: as in `measured_post`; B's buffer is covered by `b_mr` (remote write) and
         // never read or written by the program.
         unsafe { wr.setup_sge(rig.a_mr.lkey(), rig.a_buf.as_ptr() as u64, BUF_LEN as u32) };
@@ -278,4 +280,9 @@ pub fn measured_batch(rig: &mut Rig) -> bool {
 /// No scopes in sideway.
 pub fn measured_scope(_: &mut Rig) -> bool {
     panic!("scope: zverbs only")
+}
+
+/// No batches built once in `sideway`.
+pub fn measured_prepared(_: &mut Rig) -> bool {
+    panic!("prepared: zverbs only")
 }

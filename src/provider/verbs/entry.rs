@@ -176,19 +176,60 @@ unsafe fn post_chain<const SGES: usize>(
         return malformed.map_or(Ok(()), Err);
     };
     entries[last].wr.next = ptr::null_mut();
+    // SAFETY: the first `len` entries are linked as `post_linked` needs: each to the next,
+    // the last to NULL, each at its own gather list, which fits (`fits`).
+    unsafe { post_linked(qp, post, &mut entries[..len]) }?;
+    malformed.map_or(Ok(()), Err)
+}
+
+/// [`post_entries`] of a chain an earlier successful call of it (or of this) linked, where
+/// it lies, with nothing but `wr_id`s written since (`linked`): posted as it is. Otherwise
+/// as [`post_entries`].
+///
+/// # Safety
+/// As [`post_entries`]; and `linked` only as said.
+#[inline(always)]
+pub(super) unsafe fn post_entries_linked<const SGES: usize>(
+    qp: *mut ffi::ibv_qp,
+    post: PostFn<ffi::ibv_send_wr>,
+    entries: &mut [Entry<SGES>],
+    linked: bool,
+) -> Result<(), PostError<VerbsError>> {
+    if linked && !entries.is_empty() {
+        // SAFETY: a successful `post_entries` left every entry linked (each to the next,
+        // the last to NULL, each at its own gather list, which fits), and nothing that
+        // changes a link or a count was written since (this function's contract).
+        return unsafe { post_linked(qp, post, entries) };
+    }
+    // SAFETY: forwarded contract.
+    unsafe { post_entries(qp, post, entries) }
+}
+
+/// Posts `entries`, linked already, as one chain.
+///
+/// # Safety
+/// As [`post_entries`]; and `entries` is not empty, each entry links to the next, the last
+/// to NULL, and each points at its own gather entries, of which it counts at most `SGES`.
+#[inline(always)]
+unsafe fn post_linked<const SGES: usize>(
+    qp: *mut ffi::ibv_qp,
+    post: PostFn<ffi::ibv_send_wr>,
+    entries: &mut [Entry<SGES>],
+) -> Result<(), PostError<VerbsError>> {
+    let base = entries.as_mut_ptr();
     let mut bad: *mut ffi::ibv_send_wr = ptr::null_mut();
-    // SAFETY: `post` is `qp`'s `post_send` (this function's contract). The chain is `len`
-    // linked requests (an `Entry` starts with its `ibv_send_wr`: `repr(C)`), each pointing
-    // at its own `num_sge <= SGES` gather entries, alive across the call; the memory they
-    // name is the caller's contract; `bad` is a valid out-pointer.
+    // SAFETY: `post` is `qp`'s `post_send` (this function's contract). The chain is
+    // `entries.len()` linked requests (an `Entry` starts with its `ibv_send_wr`: `repr(C)`),
+    // each pointing at its own `num_sge <= SGES` gather entries, alive across the call; the
+    // memory they name is the caller's contract; `bad` is a valid out-pointer.
     let ret = unsafe { post(qp, base.cast::<ffi::ibv_send_wr>(), &mut bad) };
     if ret != 0 {
         return Err(PostError {
-            index: bad_index(base, bad.cast::<Entry<SGES>>(), len),
+            index: bad_index(base, bad.cast::<Entry<SGES>>(), entries.len()),
             error: VerbsError::from_ret("ibv_post_send", ret),
         });
     }
-    malformed.map_or(Ok(()), Err)
+    Ok(())
 }
 
 #[cfg(test)]
@@ -328,5 +369,24 @@ mod tests {
         let e = unsafe { post_entries(ptr::null_mut(), fake_post, &mut es) }.unwrap_err();
         assert_eq!(e.index, 1);
         assert_eq!(*SEEN.lock().unwrap(), [(4, 1)]);
+
+        // A chain posted again where it lies, `linked`, goes as it is: the links are not
+        // written (one bent by hand shows it); moved and not `linked`, it is linked anew.
+        let mut es = [
+            entry(7, SendOp::Send, 1),
+            entry(8, SendOp::Send, 1),
+            entry(9, SendOp::Send, 1),
+        ];
+        // SAFETY: the fake verb reads only these entries and their gather lists.
+        unsafe { post_entries_linked(ptr::null_mut(), fake_post, &mut es, false) }.unwrap();
+        assert_eq!(*SEEN.lock().unwrap(), [(7, 1), (8, 1), (9, 1)]);
+        es[0].wr.next = ptr::addr_of_mut!(es[2].wr);
+        // SAFETY: as above; the entries are still linked, one past its neighbour.
+        unsafe { post_entries_linked(ptr::null_mut(), fake_post, &mut es, true) }.unwrap();
+        assert_eq!(*SEEN.lock().unwrap(), [(7, 1), (9, 1)], "posted as it lies");
+        let mut moved = Box::new(es);
+        // SAFETY: as above; not `linked`, so the stale links are rewritten first.
+        unsafe { post_entries_linked(ptr::null_mut(), fake_post, &mut *moved, false) }.unwrap();
+        assert_eq!(*SEEN.lock().unwrap(), [(7, 1), (8, 1), (9, 1)]);
     }
 }

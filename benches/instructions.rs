@@ -444,29 +444,29 @@ fn raw_calls(mut f: Box<RawFixture>) -> Box<RawFixture> {
 #[library_benchmark]
 #[bench::send(args = (Op::Send), setup = own, config = budget(3_952_084))]
 #[bench::write(args = (Op::Write), setup = own, config = budget(2_916_771))]
-#[bench::write_batch(args = (Op::WriteBatch), setup = own, config = budget_of(46_458_749, BATCH as u64))]
+#[bench::write_batch(args = (Op::WriteBatch), setup = own, config = budget_of(46_575_749, BATCH as u64))]
 fn channel(mut f: Box<ChannelFixture>) -> Box<ChannelFixture> {
     f.run(black_box(ITERS));
     f
 }
 
 #[library_benchmark]
-#[bench::write_batch(args = (Op::WriteBatch), setup = prepared, config = budget_of(46_458_749, BATCH as u64))]
+#[bench::write_batch(args = (Op::WriteBatch), setup = prepared, config = budget_of(43_953_740, BATCH as u64))]
 fn prepared_batch(mut f: Box<ChannelFixture>) -> Box<ChannelFixture> {
     f.run_prepared(black_box(ITERS));
     f
 }
 
 #[library_benchmark]
-#[bench::send(args = (Op::Send), setup = shared, config = budget(4_156_685))]
-#[bench::write(args = (Op::Write), setup = shared, config = budget(3_130_144))]
+#[bench::send(args = (Op::Send), setup = shared, config = budget(4_156_686))]
+#[bench::write(args = (Op::Write), setup = shared, config = budget(3_130_145))]
 fn shared_queue(mut f: Box<ChannelFixture>) -> Box<ChannelFixture> {
     f.run(black_box(ITERS));
     f
 }
 
 #[library_benchmark]
-#[bench::send(args = (Op::Send), setup = unpolled, config = budget(4_108_654))]
+#[bench::send(args = (Op::Send), setup = unpolled, config = budget(4_108_655))]
 fn unpolled_level(mut f: Box<ChannelFixture>) -> Box<ChannelFixture> {
     f.run_unpolled(black_box(ITERS));
     f
@@ -474,8 +474,8 @@ fn unpolled_level(mut f: Box<ChannelFixture>) -> Box<ChannelFixture> {
 
 #[cfg(feature = "tokio")]
 #[library_benchmark]
-#[bench::send(args = (Op::Send), setup = awaited, config = budget(4_583_047))]
-#[bench::write(args = (Op::Write), setup = awaited, config = budget(3_523_730))]
+#[bench::send(args = (Op::Send), setup = awaited, config = budget(4_577_083))]
+#[bench::write(args = (Op::Write), setup = awaited, config = budget(3_505_766))]
 fn awaited_ops(mut f: Box<AwaitedFixture>) -> Box<AwaitedFixture> {
     f.run(black_box(ITERS));
     f

@@ -82,7 +82,7 @@ impl SlotState {
 /// slot outside that range is free: so the slot at the tail of an empty ring is free.
 /// Two bytes, so that a slot is found by an address mode (no multiply) and its request
 /// posted with one store, and a retirement pass reads a run of slots as `u16`s, a vector
-/// at a time ([`Slot::bits`]); outcomes are kept apart, in `outcomes`. A chain built
+/// at a time (`Slot::bits`); outcomes are kept apart, in `outcomes`. A chain built
 /// outside the ring keeps its requests' slots, so that a post copies them
 /// ([`Ring::reserve_chain`]).
 #[derive(Clone, Copy)]

@@ -1,7 +1,8 @@
 //! A prepared batch: send-queue requests built and checked once, then posted any number of
 //! times, each time as one chain with one doorbell ([`Scope::post_batch`]). The loop of
-//! perftest's bandwidth tests, an event builder's reads from its sources, a collective's
-//! fixed step: the same requests every round, of which a post rewrites only the `wr_id`s.
+//! perftest's bandwidth tests, a reader's fixed set of reads from one peer each round: the
+//! same requests on one connection again and again, of which a post rewrites only the
+//! `wr_id`s.
 
 use core::marker::PhantomData;
 use core::ops::Range;

@@ -179,7 +179,8 @@ impl<'env, P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usi
     /// first); returns the sequence numbers of its requests, which
     /// [`wait_send`](Self::wait_send) takes, as [`post`](Self::post)'s. The scope waits for
     /// them as for the rest of its work. If the ring has no room for the whole batch, this
-    /// scope's work so far is waited for first.
+    /// scope's work so far is waited for first; if work posted before the scope (unpolled)
+    /// still holds the room, [`Error::QueueFull`].
     ///
     /// A batch built for another channel is an [`Error::InvalidAttribute`].
     pub fn post_batch<'b: 'env, const N: usize>(

@@ -19,7 +19,8 @@
 //! - [`bootstrap`]: getting started with peers: the network configuration, endpoint
 //!   frames, the TCP exchanger.
 //! - [`channel`]: one RC peer, or datagrams to any, at three levels: blocking, scoped,
-//!   unpolled; one operation value ([`Op`]) posted by all of them.
+//!   unpolled; one operation value ([`Op`]) posted by all of them; requests built once
+//!   and posted again and again ([`Batch`]).
 //! - [`multi_channel`]: one channel per peer on shared completion queues; scatter/gather,
 //!   multicast.
 //! - [`node`]: rank, world, barriers.

@@ -11,7 +11,9 @@
 //! entries with fixed-size SGE arrays ([`Ring::stage_next`]), and the caller posts
 //! [`Ring::staged`] as one chain. A request
 //! posted by itself is built in the same entry, the next one the batch would use
-//! ([`Ring::lone_entry`]), so no request is copied on its way to the provider.
+//! ([`Ring::lone_entry`]), so no request is copied on its way to the provider. A chain
+//! built outside the ring, once, and posted again and again (a [`Batch`](crate::Batch))
+//! takes a run of slots and its `wr_id`s at each post ([`Ring::reserve_chain`]).
 //!
 //! The ring is the channels' bookkeeping, not an API (public and hidden only for the
 //! benches): completions reach users as [`Completion`]s.

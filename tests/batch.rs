@@ -349,3 +349,67 @@ fn a_batch_the_ring_has_no_room_for_beside_unpolled_work_is_refused_as_a_full_qu
     assert_eq!(a.ch.in_flight(), (0, 0));
     assert_eq!(target_mr.as_slice(), &[9; 4]);
 }
+
+#[test]
+fn a_multi_peer_scope_posts_a_peers_batch_after_what_it_staged_and_refuses_another_channels() {
+    use zverbs::provider::sim::Sim;
+    use zverbs::{ChannelConfig, Context, MultiChannel};
+
+    let sim = Sim::with_devices(2);
+    let (c0, c1) = (
+        Context::open(&sim, "sim0").unwrap(),
+        Context::open(&sim, "sim1").unwrap(),
+    );
+    let (p0, p1) = (c0.alloc_pd().unwrap(), c1.alloc_pd().unwrap());
+    let cfg = ChannelConfig::default();
+    let a = MultiChannel::<Sim, 2, 4>::prepare(&c0, &p0, [1], &cfg).unwrap();
+    let b = MultiChannel::<Sim, 2, 4>::prepare(&c1, &p1, [0], &cfg).unwrap();
+    let (ea, eb) = (a.endpoint(1).unwrap(), b.endpoint(0).unwrap());
+    let mut a = a.connect(|_| Some(eb)).unwrap();
+    let _b = b.connect(|_| Some(ea)).unwrap();
+    let mut target = [0u8; 12];
+    // SAFETY: read after the scope.
+    let target_mr = unsafe { p1.register_with_access(&mut target, ALL) }.unwrap();
+    let mut src = pattern(12, 9);
+    let src_mr = p0.register(&mut src).unwrap();
+    let remote = target_mr.remote();
+    let mut batch: Batch<Sim, 2> = a.peer(1).unwrap().batch();
+    batch
+        .push(Op::write(
+            [src_mr.slice(4..8).unwrap()],
+            &remote.slice(4..).unwrap(),
+        ))
+        .unwrap();
+    batch
+        .push(Op::write(
+            [src_mr.slice(8..).unwrap()],
+            &remote.slice(8..).unwrap(),
+        ))
+        .unwrap();
+    let (other_a, _other_b) = default_pair();
+    let mut foreign: Batch<Sim, 1> = other_a.ch.batch();
+    let mut one = [0u8; 4];
+    let one = other_a.pd.register(&mut one).unwrap();
+    foreign
+        .push(Op::write([one.slice(..).unwrap()], &remote))
+        .unwrap();
+
+    let posted = a
+        .scope(|s| {
+            let staged = s.post_write(1, [src_mr.slice(..4)?], &remote)?;
+            let refused = s.post_batch(1, &mut foreign).unwrap_err();
+            assert!(matches!(refused, Error::InvalidAttribute(_)), "{refused}");
+            // The ring of 4 holds the staged write and one batch: the second waits for room.
+            let first = s.post_batch(1, &mut batch)?;
+            let second = s.post_batch(1, &mut batch)?;
+            Ok((staged, first, second))
+        })
+        .unwrap();
+    assert_eq!(posted, (0, 1..3, 3..5));
+    assert_eq!(a.peer(1).unwrap().in_flight(), (0, 0));
+    assert_eq!(target_mr.as_slice(), &pattern(12, 9)[..]);
+    assert!(
+        a.scope(|s| s.post_batch(0, &mut batch)).is_err(),
+        "no peer 0"
+    );
+}

@@ -20,8 +20,9 @@ use crate::types::{SendFlags, WcOpcode};
 
 /// Up to `N` send-queue operations, each checked when [pushed](Batch::push) as
 /// [`Scope::post`] checks it, for the channel that made the batch ([`Channel::batch`]);
-/// posted there by [`Scope::post_batch`] as one chain, its last request signaled, as
-/// often as wanted. The local memory the operations name stays borrowed for `'a`, as long
+/// posted there by [`Scope::post_batch`] (or, for a peer's channel,
+/// [`MultiScope::post_batch`](crate::MultiScope::post_batch)) as one chain, its last
+/// request signaled, as often as wanted. The local memory the operations name stays borrowed for `'a`, as long
 /// as the batch lives.
 ///
 /// ```
@@ -172,6 +173,48 @@ impl<P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usize>
     }
 }
 
+impl<P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usize>
+    Channel<P, DEPTH, SGES, T>
+{
+    /// How many requests `batch` posts, if this channel made it; a batch of another is an
+    /// [`Error::InvalidAttribute`]. A scope asks this first, then posts what it staged and
+    /// makes room ([`send_room`](Self::send_room)), then [`post_batch`](Self::post_batch).
+    pub(crate) fn batch_len<const N: usize>(
+        &self,
+        batch: &Batch<'_, P, N, SGES, T::Ops>,
+    ) -> Result<usize, Error<P::Error>> {
+        if batch.owner != self.owner {
+            return Err(Error::InvalidAttribute("a batch built for another channel"));
+        }
+        Ok(batch.len)
+    }
+
+    /// How many requests the send ring takes now.
+    pub(crate) fn send_room(&self) -> usize {
+        DEPTH - self.sq.in_flight()
+    }
+
+    /// Posts `batch`, which this channel made ([`batch_len`](Self::batch_len)), with
+    /// nothing staged; returns the sequence numbers of its requests. The caller waits for
+    /// them before the memory `'b` borrows is released (a scope of `'env` where `'b:
+    /// 'env`).
+    pub(crate) fn post_batch<const N: usize>(
+        &mut self,
+        batch: &mut Batch<'_, P, N, SGES, T::Ops>,
+        waiter: &mut Waiter,
+    ) -> Result<Range<u64>, Error<P::Error>> {
+        let len = batch.len;
+        let (entries, slots) = (&mut batch.entries[..len], &batch.slots[..len]);
+        let from = entries.as_ptr() as usize;
+        // Linked if the last post succeeded from here: entries move with the batch, and
+        // only pushes (which clear `posted_from`) and `wr_id`s write them.
+        let linked = batch.posted_from == from;
+        let posted = self.post_chain(entries, slots, linked, waiter);
+        batch.posted_from = if posted.is_ok() { from } else { 0 };
+        posted
+    }
+}
+
 impl<'env, P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usize>
     Scope<'_, 'env, P, DEPTH, SGES, T>
 {
@@ -187,24 +230,14 @@ impl<'env, P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usi
         &mut self,
         batch: &mut Batch<'b, P, N, SGES, T::Ops>,
     ) -> Result<Range<u64>, Error<P::Error>> {
-        if batch.owner != self.ch.owner {
-            return Err(Error::InvalidAttribute("a batch built for another channel"));
-        }
+        let len = self.ch.batch_len(batch)?;
         if self.ch.has_staged() {
             self.ring_doorbell()?;
         }
-        let len = batch.len;
-        if DEPTH - self.ch.sq.in_flight() < len {
+        if self.ch.send_room() < len {
             self.make_room(Queue::Send)?;
         }
-        let (entries, slots) = (&mut batch.entries[..len], &batch.slots[..len]);
-        let from = entries.as_ptr() as usize;
-        // Linked if the last post succeeded from here: entries move with the batch, and
-        // only pushes (which clear `posted_from`) and `wr_id`s write them.
-        let linked = batch.posted_from == from;
-        let posted = self.ch.post_chain(entries, slots, linked, &mut self.waiter);
-        batch.posted_from = if posted.is_ok() { from } else { 0 };
-        posted
+        self.ch.post_batch(batch, &mut self.waiter)
     }
 }
 

@@ -2,10 +2,11 @@
 //! in one doorbell batch per peer and queue, one completion per batch of sends.
 
 use core::marker::PhantomData;
+use core::ops::Range;
 
 use super::{MultiChannel, PeerTransport};
 use crate::channel::wait::Waiter;
-use crate::channel::{Local, Op, Queue};
+use crate::channel::{Batch, Local, Op, Queue};
 use crate::error::Error;
 use crate::mr::{LocalSlice, LocalSliceMut, RemoteRegion};
 use crate::provider::Provider;
@@ -182,6 +183,34 @@ impl<
         remote: &RemoteRegion,
     ) -> Result<u64, Error<P::Error>> {
         self.post(peer, Op::read(data, remote))
+    }
+
+    /// Posts `batch`, built by `peer`'s channel ([`Channel::batch`](crate::Channel::batch) of
+    /// [`MultiChannel::peer`]), to `peer` as one chain with one doorbell, after what is
+    /// staged (every peer's doorbell rings first if `peer` has staged work); returns the
+    /// sequence numbers of its requests. As [`Scope::post_batch`](crate::Scope::post_batch)
+    /// otherwise: this scope's work on the peer's send queue is waited for first if its
+    /// ring lacks room; a batch of another channel is an [`Error::InvalidAttribute`].
+    pub fn post_batch<'b: 'env, const N: usize>(
+        &mut self,
+        peer: usize,
+        batch: &mut Batch<'b, P, N, SGES>,
+    ) -> Result<Range<u64>, Error<P::Error>> {
+        let ch = self.mc.peer(peer)?;
+        let len = ch.batch_len(batch)?;
+        if ch.has_staged() {
+            if let Some(e) = self.flush(Some(peer)) {
+                return Err(e);
+            }
+        }
+        if self.mc.peer(peer)?.send_room() < len {
+            self.make_room(peer, Queue::Send)?;
+        }
+        let ch = self.mc.peer(peer)?;
+        // Settled from here on, whatever the post takes.
+        let next = ch.next_seq(Queue::Send);
+        self.from.at(Queue::Send, peer).get_or_insert(next);
+        ch.post_batch(batch, &mut self.waiter)
     }
 
     /// `peer`'s ring for `queue` is full: ring every peer's doorbell (nothing staged stays

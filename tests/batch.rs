@@ -46,6 +46,7 @@ fn a_batch_posted_again_and_again_repeats_its_requests_and_leaves_nothing_in_fli
         2
     );
     assert_eq!(batch.len(), 3);
+    assert_eq!(format!("{batch:?}"), "Batch { len: 3, capacity: 3, .. }");
 
     let mut posted = Vec::new();
     for _ in 0..3 {

@@ -123,6 +123,10 @@ struct Args {
     /// Bandwidth window: messages in flight, at most 128
     #[arg(long, value_name = "N", default_value_t = RING, value_parser = tx_depth)]
     tx_depth: usize,
+    /// Bandwidth: post lists of N requests built once, one doorbell each, the last
+    /// signaled (perftest's --post_list); sends and writes, at most 128
+    #[arg(short = 'l', long, value_name = "N", default_value_t = 1, value_parser = tx_depth)]
+    post_list: usize,
     /// Write each latency histogram as SVG: to PATH for one test of one size, else to
     /// STEM-OP-SIZE.svg
     #[arg(long, value_name = "PATH.svg")]
@@ -153,6 +157,8 @@ pub struct Opts {
     pub sizes: Option<Vec<usize>>,
     pub iters: Option<usize>,
     pub tx_depth: usize,
+    /// Requests per posted list in the bandwidth tests (1: one post per request).
+    pub post_list: usize,
     pub histogram: Option<String>,
     pub json: bool,
     pub backend: Backend,
@@ -234,6 +240,7 @@ impl From<Args> for Opts {
             sizes,
             iters: a.iters,
             tx_depth: a.tx_depth,
+            post_list: a.post_list,
             histogram: a.histogram,
             json: a.json,
             backend: a.backend,
@@ -252,9 +259,10 @@ mod tests {
     fn defaults_lists_and_refusals() {
         let o = parse_from(["zverbs_perf"]).unwrap();
         assert_eq!(
-            (o.ops, o.kinds, o.sizes, o.tx_depth),
-            (vec![Op::Send], vec![Kind::Lat], None, RING)
+            (o.ops, o.kinds, o.sizes, o.tx_depth, o.post_list),
+            (vec![Op::Send], vec![Kind::Lat], None, RING, 1)
         );
+        assert_eq!(parse_from(["p", "-l", "32"]).unwrap().post_list, 32);
         let o = parse_from([
             "p",
             "-t",
@@ -280,6 +288,8 @@ mod tests {
             &["p", "--size", "0"][..],
             &["p", "--size", "2097152"],
             &["p", "--tx-depth", "129"],
+            &["p", "--post-list", "0"],
+            &["p", "--post-list", "129"],
             &["p", "--iters", "0"],
             &["p", "--size", "2", "--all"],
             &["p", "--test", "atomic"],

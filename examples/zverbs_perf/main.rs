@@ -8,7 +8,7 @@
 //!
 //! Options (clap; `--help` documents each): `--test send|write|read|all` (a comma list),
 //! `--kind lat|bw|both`, `--size BYTES` / `--sizes A,B,..` / `--all`, `--iters N`,
-//! `--tx-depth N`, `--histogram PATH.svg`, `--json`, `--backend sim|verbs`,
+//! `--tx-depth N`, `--post-list N`, `--histogram PATH.svg`, `--json`, `--backend sim|verbs`,
 //! `--device NAME`, `--vs-perftest [--rounds N]`.
 //!
 //! The tests follow perftest's:
@@ -23,7 +23,11 @@
 //!   a time (unpolled posts; the oldest is waited for before the next post), as perftest's
 //!   `ib_*_bw`. BW average = bytes / total time; BW peak = the best `--tx-depth`
 //!   consecutive messages; MsgRate = messages / time. MB = 2^20 bytes, Mpps = 10^6
-//!   messages per second (perftest's units).
+//!   messages per second (perftest's units). With `--post-list N` (perftest's
+//!   `--post_list`; sends and writes), `N` requests built once into a `zverbs::Batch` go
+//!   out as one chain with one doorbell, the last signaled, in one `Channel` scope, as
+//!   many lists in flight as fill the window (at least one); the iterations round up to
+//!   whole lists.
 //!
 //! The ping-pongs and the bandwidth test post at the unpolled level
 //! (`post_*_unpolled`) and wait by busy-polling `try_complete`, as perftest busy-polls its
@@ -97,6 +101,9 @@ fn real_main() -> Res<()> {
     let opts = cli::parse_args();
     if opts.vs_perftest && opts.backend != cli::Backend::Verbs {
         return Err("--vs-perftest needs --backend verbs (perftest runs on a device)".into());
+    }
+    if opts.post_list > 1 && opts.kinds.contains(&Kind::Bw) && opts.ops.contains(&Op::Read) {
+        return Err(tests::READS_IN_LISTS.into());
     }
     match opts.backend {
         #[cfg(feature = "sim")]
@@ -182,7 +189,7 @@ fn run_one<P: Provider<Error: Send + Sync + 'static>>(
                 }
             }
             Kind::Bw => {
-                let r = tests::bw(rig, op, size, iters, opts.tx_depth)?;
+                let r = tests::bw(rig, op, size, iters, opts.tx_depth, opts.post_list)?;
                 if opts.json {
                     println!("{}", r.json(op, iters, opts.tx_depth, backend));
                 } else {

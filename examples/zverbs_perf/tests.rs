@@ -6,7 +6,7 @@ use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 use zverbs::provider::Provider;
-use zverbs::{AccessFlags, Channel, MemoryRegion, Pending, SendFlags, SendOp};
+use zverbs::{AccessFlags, Batch, Channel, MemoryRegion, Pending, SendFlags, SendOp};
 
 use crate::backend::Backend;
 use crate::cli::Op;
@@ -101,6 +101,58 @@ fn spin<P: Provider<Error: Send + Sync + 'static>, const N: usize>(
 /// Warm-up iterations, excluded from the samples.
 fn warmup(iters: usize) -> usize {
     (iters / 10).clamp(1, 100)
+}
+
+/// Bandwidth with lists (perftest's `--post_list`): `batch`, built once, posted `lists`
+/// times in one scope, `window` lists in flight; the oldest list's last request (the one
+/// signaled, whose completion retires the list) is waited for before the next post. The
+/// first `warm` lists are not timed.
+fn bw_lists<P: Provider<Error: Send + Sync + 'static>>(
+    client: &mut Ch<P>,
+    batch: &mut Batch<'_, P, RING, 1>,
+    lists: usize,
+    warm: usize,
+    window: usize,
+    size: usize,
+) -> Res<BwResult> {
+    let per_list = batch.len();
+    let window_bytes = (window * per_list * size) as f64;
+    let r = client.scope(|s| {
+        let mut inflight = VecDeque::with_capacity(window);
+        let (mut best, mut start, mut window_start) = (0f64, None, None);
+        for i in 0..lists {
+            if i == warm {
+                let now = Instant::now();
+                start = Some(now);
+                window_start = Some((now, i));
+            }
+            if inflight.len() == window {
+                let oldest: core::ops::Range<u64> = inflight.pop_front().expect("window is full");
+                s.wait_send(oldest.end - 1)?;
+                if let Some((t0, at)) = window_start {
+                    if i - at == window {
+                        let now = Instant::now();
+                        let dt = (now - t0).as_secs_f64();
+                        if dt > 0.0 {
+                            best = best.max(window_bytes / dt);
+                        }
+                        window_start = Some((now, i));
+                    }
+                }
+            }
+            inflight.push_back(s.post_batch(batch)?);
+        }
+        while let Some(list) = inflight.pop_front() {
+            s.wait_send(list.end - 1)?;
+        }
+        Ok(BwResult {
+            total: start.map_or(Duration::ZERO, |s| s.elapsed()),
+            best_window: best,
+            bytes: ((lists - warm) * per_list * size) as u64,
+            size,
+        })
+    })?;
+    Ok(r)
 }
 
 /// Send latency: client sends, server answers, receives posted ahead on both sides.
@@ -305,16 +357,25 @@ pub struct BwResult {
     pub size: usize,
 }
 
+/// Why `--post-list` refuses reads.
+pub const READS_IN_LISTS: &str = "--post-list takes sends and writes: a read's target is one \
+                                  buffer, which one request at a time may borrow";
+
 /// Bandwidth: `iters` messages (after a warm-up) kept in flight `depth` at a time, as
 /// perftest's bandwidth tests do: unpolled posts, the oldest waited for before each new
-/// post. For sends the server keeps up to `RX_DEPTH` receives posted.
+/// post; or, with `post_list` above 1, lists of that many ([`bw_lists`]). For sends the
+/// server keeps up to `RX_DEPTH` receives posted.
 pub fn bw<P: Provider<Error: Send + Sync + 'static>>(
     rig: &mut Rig<'_, P>,
     op: Op,
     size: usize,
     iters: usize,
     depth: usize,
+    post_list: usize,
 ) -> Res<BwResult> {
+    if post_list > 1 && op == Op::Read {
+        return Err(READS_IN_LISTS.into());
+    }
     let remote = rig.s_in.remote().slice(..size as u64)?;
     let s_dst = rig.s_in.slice_mut(..size)?.sge();
     let (client, server) = (&mut rig.client, &mut rig.server);
@@ -338,7 +399,20 @@ pub fn bw<P: Provider<Error: Send + Sync + 'static>>(
         ),
     };
     let warm = warmup(iters).min(depth);
-    let total = iters + warm;
+    // Whole lists: the iterations (and the warm-up) round up to them.
+    let lists = (iters + warm).div_ceil(post_list);
+    let warm_lists = warm.div_ceil(post_list);
+    let total = lists * post_list;
+    let mut batch: Batch<P, RING, 1> = client.batch();
+    if post_list > 1 {
+        let data = c_out.slice(..size)?;
+        for _ in 0..post_list {
+            match op {
+                Op::Write => batch.push(zverbs::Op::write([data], &remote))?,
+                _ => batch.push(zverbs::Op::send([data]))?,
+            };
+        }
+    }
     let ready = Barrier::new(2);
     std::thread::scope(|t| -> Res<BwResult> {
         let ready = &ready;
@@ -378,6 +452,10 @@ pub fn bw<P: Provider<Error: Send + Sync + 'static>>(
             ready.wait();
         }
         let mut run = || -> Res<BwResult> {
+            if post_list > 1 {
+                let window = (depth / post_list).max(1);
+                return bw_lists(client, &mut batch, lists, warm_lists, window, size);
+            }
             let mut inflight = VecDeque::with_capacity(depth);
             let (mut best, mut start, mut window_start) = (0f64, None, None);
             for i in 0..total {

@@ -131,7 +131,7 @@ fn ours(rig: &mut Rig<'_, Verbs>, case: &Case, size: usize, iters: usize) -> Res
             };
             crate::report::LatStats::new(&crate::report::histogram(&s)).median
         }
-        (Kind::Bw, op) => tests::bw(rig, op, size, iters, TX_DEPTH)?.average_mb(),
+        (Kind::Bw, op) => tests::bw(rig, op, size, iters, TX_DEPTH, 1)?.average_mb(),
     })
 }
 

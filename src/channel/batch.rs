@@ -71,6 +71,17 @@ pub struct Batch<'a, P: Provider, const N: usize, const SGES: usize = 4, T: Tran
     _marker: PhantomData<(&'a (), T)>,
 }
 
+impl<P: Provider, const N: usize, const SGES: usize, T: Transport> core::fmt::Debug
+    for Batch<'_, P, N, SGES, T>
+{
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Batch")
+            .field("len", &self.len)
+            .field("capacity", &self.capacity)
+            .finish_non_exhaustive()
+    }
+}
+
 impl<'a, P: Provider, const N: usize, const SGES: usize, T: Transport> Batch<'a, P, N, SGES, T> {
     /// Builds `op` as the batch's last request, checked as [`Scope::post`] checks it
     /// (gather entries, the remote region's room, atomics); returns its index, which a

@@ -182,11 +182,7 @@ impl<P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usize>
             }
         }
     }
-}
 
-impl<P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usize>
-    Channel<P, DEPTH, SGES, T>
-{
     /// How many requests `batch` posts, if this channel made it; a batch of another is an
     /// [`Error::InvalidAttribute`]. A scope asks this first, then posts what it staged and
     /// makes room ([`send_room`](Self::send_room)), then [`post_batch`](Self::post_batch).

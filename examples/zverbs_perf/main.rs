@@ -27,7 +27,10 @@
 //!   `--post_list`; sends and writes), `N` requests built once into a `zverbs::Batch` go
 //!   out as one chain with one doorbell, the last signaled, in one `Channel` scope, as
 //!   many lists in flight as fill the window (at least one); the iterations round up to
-//!   whole lists.
+//!   whole lists. On the untimed simulator a sender of lists of SENDs outruns the server,
+//!   which reposts its 512 receives one at a time: its sends meet no receive and wait out
+//!   RNR timers, and the rate falls far below one post per request (no wire paces the
+//!   sender there).
 //!
 //! The ping-pongs and the bandwidth test post at the unpolled level
 //! (`post_*_unpolled`) and wait by busy-polling `try_complete`, as perftest busy-polls its

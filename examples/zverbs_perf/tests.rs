@@ -103,6 +103,66 @@ fn warmup(iters: usize) -> usize {
     (iters / 10).clamp(1, 100)
 }
 
+/// A bandwidth loop's clock: started as unit `warm` (a message, or a list) is posted;
+/// the best rate over `span` consecutive units, `span_bytes` bytes in all, each span
+/// ending when its last unit's completion is taken.
+struct Clock {
+    warm: usize,
+    span: usize,
+    span_bytes: f64,
+    start: Option<Instant>,
+    /// Where the current span started: the time and the unit.
+    span_start: Option<(Instant, usize)>,
+    best: f64,
+}
+
+impl Clock {
+    fn new(warm: usize, span: usize, span_bytes: f64) -> Self {
+        Clock {
+            warm,
+            span,
+            span_bytes,
+            start: None,
+            span_start: None,
+            best: 0.0,
+        }
+    }
+
+    /// Unit `i` is about to be posted.
+    fn posting(&mut self, i: usize) {
+        if i == self.warm {
+            let now = Instant::now();
+            self.start = Some(now);
+            self.span_start = Some((now, i));
+        }
+    }
+
+    /// The oldest unit in flight completed, before unit `i` is posted.
+    fn completed(&mut self, i: usize) {
+        let Some((t0, at)) = self.span_start else {
+            return;
+        };
+        if i - at == self.span {
+            let now = Instant::now();
+            let dt = (now - t0).as_secs_f64();
+            if dt > 0.0 {
+                self.best = self.best.max(self.span_bytes / dt);
+            }
+            self.span_start = Some((now, i));
+        }
+    }
+
+    /// The result of `messages` timed messages of `size` bytes.
+    fn result(&self, messages: usize, size: usize) -> BwResult {
+        BwResult {
+            total: self.start.map_or(Duration::ZERO, |s| s.elapsed()),
+            best_window: self.best,
+            bytes: (messages * size) as u64,
+            size,
+        }
+    }
+}
+
 /// Bandwidth with lists (perftest's `--post_list`): `batch`, built once, posted `lists`
 /// times in one scope, `window` lists in flight; the oldest list's last request (the one
 /// signaled, whose completion retires the list) is waited for before the next post. The
@@ -116,41 +176,22 @@ fn bw_lists<P: Provider<Error: Send + Sync + 'static>>(
     size: usize,
 ) -> Res<BwResult> {
     let per_list = batch.len();
-    let window_bytes = (window * per_list * size) as f64;
     let r = client.scope(|s| {
         let mut inflight = VecDeque::with_capacity(window);
-        let (mut best, mut start, mut window_start) = (0f64, None, None);
+        let mut clock = Clock::new(warm, window, (window * per_list * size) as f64);
         for i in 0..lists {
-            if i == warm {
-                let now = Instant::now();
-                start = Some(now);
-                window_start = Some((now, i));
-            }
+            clock.posting(i);
             if inflight.len() == window {
                 let oldest: core::ops::Range<u64> = inflight.pop_front().expect("window is full");
                 s.wait_send(oldest.end - 1)?;
-                if let Some((t0, at)) = window_start {
-                    if i - at == window {
-                        let now = Instant::now();
-                        let dt = (now - t0).as_secs_f64();
-                        if dt > 0.0 {
-                            best = best.max(window_bytes / dt);
-                        }
-                        window_start = Some((now, i));
-                    }
-                }
+                clock.completed(i);
             }
             inflight.push_back(s.post_batch(batch)?);
         }
         while let Some(list) = inflight.pop_front() {
             s.wait_send(list.end - 1)?;
         }
-        Ok(BwResult {
-            total: start.map_or(Duration::ZERO, |s| s.elapsed()),
-            best_window: best,
-            bytes: ((lists - warm) * per_list * size) as u64,
-            size,
-        })
+        Ok(clock.result((lists - warm) * per_list, size))
     })?;
     Ok(r)
 }
@@ -457,25 +498,12 @@ pub fn bw<P: Provider<Error: Send + Sync + 'static>>(
                 return bw_lists(client, &mut batch, lists, warm_lists, window, size);
             }
             let mut inflight = VecDeque::with_capacity(depth);
-            let (mut best, mut start, mut window_start) = (0f64, None, None);
+            let mut clock = Clock::new(warm, depth, (depth * size) as f64);
             for i in 0..total {
-                if i == warm {
-                    let now = Instant::now();
-                    start = Some(now);
-                    window_start = Some((now, i));
-                }
+                clock.posting(i);
                 if inflight.len() == depth {
                     spin(client, inflight.pop_front().expect("window is full"))?;
-                    if let Some((t0, at)) = window_start {
-                        if i - at == depth {
-                            let now = Instant::now();
-                            let dt = (now - t0).as_secs_f64();
-                            if dt > 0.0 {
-                                best = best.max((depth * size) as f64 / dt);
-                            }
-                            window_start = Some((now, i));
-                        }
-                    }
+                    clock.completed(i);
                 }
                 // SAFETY: the source (or, for reads, the target) buffer is not accessed
                 // through Rust references until every request is redeemed below.
@@ -485,12 +513,7 @@ pub fn bw<P: Provider<Error: Send + Sync + 'static>>(
             while let Some(p) = inflight.pop_front() {
                 spin(client, p)?;
             }
-            Ok(BwResult {
-                total: start.map_or(Duration::ZERO, |s| s.elapsed()),
-                best_window: best,
-                bytes: ((total - warm) * size) as u64,
-                size,
-            })
+            Ok(clock.result(total - warm, size))
         };
         let mine = run();
         if let Some(h) = sink {

@@ -357,7 +357,13 @@ impl<W: WorkRequest, const DEPTH: usize> Ring<W, DEPTH> {
 
     /// Gives back the slots of the last `count` requests reserved (they were not posted).
     pub fn unreserve_run(&mut self, count: usize) {
-        for _ in 0..count.min(self.in_flight()) {
+        self.free_last(count.min(self.in_flight()));
+    }
+
+    /// Frees the slots of the last `count` requests taken (`count <= in_flight()`).
+    #[inline]
+    fn free_last(&mut self, count: usize) {
+        for _ in 0..count {
             self.head -= 1;
             self.slots[(self.head % DEPTH as u64) as usize].state = SlotState::Free;
         }
@@ -400,11 +406,8 @@ impl<W: WorkRequest, const DEPTH: usize> Ring<W, DEPTH> {
     /// Gives back the slots of the last `count` staged requests (they were not posted) and
     /// clears the staged batch.
     pub fn unstage(&mut self, count: usize) {
-        let count = count.min(self.staged);
-        for _ in 0..count {
-            self.head -= 1;
-            self.slots[(self.head % DEPTH as u64) as usize].state = SlotState::Free;
-        }
+        // Staged requests are the last taken (`staged <= in_flight()`).
+        self.free_last(count.min(self.staged));
         self.staged = 0;
     }
 

@@ -444,13 +444,15 @@ pub fn bw<P: Provider<Error: Send + Sync + 'static>>(
     let lists = (iters + warm).div_ceil(post_list);
     let warm_lists = warm.div_ceil(post_list);
     let total = lists * post_list;
-    let mut batch: Batch<P, RING, 1> = client.batch();
+    // The list, built once, if requests go out in lists.
+    let mut batch: Option<Batch<P, RING, 1>> = None;
     if post_list > 1 {
         let data = c_out.slice(..size)?;
+        let list = batch.insert(client.batch());
         for _ in 0..post_list {
             match op {
-                Op::Write => batch.push(zverbs::Op::write([data], &remote))?,
-                _ => batch.push(zverbs::Op::send([data]))?,
+                Op::Write => list.push(zverbs::Op::write([data], &remote))?,
+                _ => list.push(zverbs::Op::send([data]))?,
             };
         }
     }
@@ -493,9 +495,9 @@ pub fn bw<P: Provider<Error: Send + Sync + 'static>>(
             ready.wait();
         }
         let mut run = || -> Res<BwResult> {
-            if post_list > 1 {
+            if let Some(list) = batch.as_mut() {
                 let window = (depth / post_list).max(1);
-                return bw_lists(client, &mut batch, lists, warm_lists, window, size);
+                return bw_lists(client, list, lists, warm_lists, window, size);
             }
             let mut inflight = VecDeque::with_capacity(depth);
             let mut clock = Clock::new(warm, depth, (depth * size) as f64);

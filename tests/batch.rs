@@ -4,10 +4,25 @@
 
 mod common;
 
+use std::ops::Range;
 use std::time::Duration;
 
 use common::{default_pair, pattern, ALL};
-use zverbs::{Batch, Error, Op, QpState, WcOpcode, WcStatus};
+use zverbs::provider::sim::Sim;
+use zverbs::{Batch, Error, MemoryRegion, Op, QpState, RemoteRegion, WcOpcode, WcStatus};
+
+/// Pushes a write of `src[at]` into `remote` at the same offset; returns its index.
+fn push_write<'a, const N: usize>(
+    batch: &mut Batch<'a, Sim, N>,
+    src: &'a MemoryRegion<'_, Sim>,
+    remote: &RemoteRegion,
+    at: Range<usize>,
+) -> usize {
+    let to = remote.slice(at.start as u64..).unwrap();
+    batch
+        .push(Op::write([src.slice(at).unwrap()], &to))
+        .unwrap()
+}
 
 #[test]
 fn a_batch_posted_again_and_again_repeats_its_requests_and_leaves_nothing_in_flight() {
@@ -32,19 +47,8 @@ fn a_batch_posted_again_and_again_repeats_its_requests_and_leaves_nothing_in_fli
             .unwrap(),
         0
     );
-    let half = remote.slice(4..).unwrap();
-    assert_eq!(
-        batch
-            .push(Op::write([src_mr.slice(..4).unwrap()], &remote))
-            .unwrap(),
-        1
-    );
-    assert_eq!(
-        batch
-            .push(Op::write([src_mr.slice(4..).unwrap()], &half))
-            .unwrap(),
-        2
-    );
+    assert_eq!(push_write(&mut batch, &src_mr, &remote, 0..4), 1);
+    assert_eq!(push_write(&mut batch, &src_mr, &remote, 4..8), 2);
     assert_eq!(batch.len(), 3);
     assert_eq!(format!("{batch:?}"), "Batch { len: 3, capacity: 3, .. }");
 
@@ -83,18 +87,8 @@ fn a_batch_goes_out_after_what_the_scope_staged_and_its_requests_can_be_waited_f
     let target_mr = unsafe { b.pd.register_with_access(&mut target, ALL) }.unwrap();
     let remote = target_mr.remote();
     let mut batch: Batch<_, 2> = a.ch.batch();
-    batch
-        .push(Op::write(
-            [src_mr.slice(4..8).unwrap()],
-            &remote.slice(4..).unwrap(),
-        ))
-        .unwrap();
-    batch
-        .push(Op::write(
-            [src_mr.slice(8..).unwrap()],
-            &remote.slice(8..).unwrap(),
-        ))
-        .unwrap();
+    push_write(&mut batch, &src_mr, &remote, 4..8);
+    push_write(&mut batch, &src_mr, &remote, 8..12);
     let (staged, posted, first, last) =
         a.ch.scope(|s| {
             let staged = s.post_write([src_mr.slice(..4)?], &remote)?;
@@ -178,9 +172,7 @@ fn a_batch_checks_each_operation_when_pushed_and_keeps_only_those_that_pass() {
     );
     assert_eq!(batch.len(), 1, "refused operations are not kept");
 
-    batch
-        .push(Op::write([s(4..8)], &remote.slice(4..).unwrap()))
-        .unwrap();
+    push_write(&mut batch, &src_mr, &remote, 4..8);
     a.ch.scope(|s| s.post_batch(&mut batch).map(drop)).unwrap();
     assert_eq!(a.ch.in_flight(), (0, 0));
     assert_eq!(target_mr.as_slice(), &pattern(16, 7)[..8]);
@@ -224,18 +216,11 @@ fn a_request_of_a_batch_that_fails_ends_the_scope_with_its_error_after_the_rest(
         ..good
     };
     let mut batch: Batch<_, 3> = a.ch.batch();
-    batch
-        .push(Op::write([src_mr.slice(..4).unwrap()], &good))
-        .unwrap();
+    push_write(&mut batch, &src_mr, &good, 0..4);
     batch
         .push(Op::write([src_mr.slice(4..).unwrap()], &bad))
         .unwrap();
-    batch
-        .push(Op::write(
-            [src_mr.slice(4..).unwrap()],
-            &good.slice(4..).unwrap(),
-        ))
-        .unwrap();
+    push_write(&mut batch, &src_mr, &good, 4..8);
     let mut posted = 0..0;
     let err =
         a.ch.scope(|s| {
@@ -265,7 +250,6 @@ fn a_request_of_a_batch_that_fails_ends_the_scope_with_its_error_after_the_rest(
 
 #[test]
 fn a_datagram_channel_posts_a_batch_of_datagrams() {
-    use zverbs::provider::sim::Sim;
     use zverbs::qp::{AddressHandle, Ud, UdOptions};
     use zverbs::{AhAttr, Channel, ChannelConfig, Context, Destination};
 
@@ -353,7 +337,6 @@ fn a_batch_the_ring_has_no_room_for_beside_unpolled_work_is_refused_as_a_full_qu
 
 #[test]
 fn a_multi_peer_scope_posts_a_peers_batch_after_what_it_staged_and_refuses_another_channels() {
-    use zverbs::provider::sim::Sim;
     use zverbs::{ChannelConfig, Context, MultiChannel};
 
     let sim = Sim::with_devices(2);
@@ -375,18 +358,8 @@ fn a_multi_peer_scope_posts_a_peers_batch_after_what_it_staged_and_refuses_anoth
     let src_mr = p0.register(&mut src).unwrap();
     let remote = target_mr.remote();
     let mut batch: Batch<Sim, 2> = a.peer(1).unwrap().batch();
-    batch
-        .push(Op::write(
-            [src_mr.slice(4..8).unwrap()],
-            &remote.slice(4..).unwrap(),
-        ))
-        .unwrap();
-    batch
-        .push(Op::write(
-            [src_mr.slice(8..).unwrap()],
-            &remote.slice(8..).unwrap(),
-        ))
-        .unwrap();
+    push_write(&mut batch, &src_mr, &remote, 4..8);
+    push_write(&mut batch, &src_mr, &remote, 8..12);
     let (other_a, _other_b) = default_pair();
     let mut foreign: Batch<Sim, 1> = other_a.ch.batch();
     let mut one = [0u8; 4];

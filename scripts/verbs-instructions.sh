@@ -6,7 +6,7 @@
 # SEND between two RC queue pairs on rxe0, and one poll that takes its completion; then a
 # doorbell batch of 32 RDMA WRITEs, the last signaled (not `ibverbs`, which has no WRITE),
 # for zverbs also as a `Batch` built once (`prepared`, as raw verbs' chain is), and zverbs'
-# SEND through a `Channel` scope
+# SEND through a `Channel` scope and as the blocking `Channel::send` (`blocking`)
 # (benches/verbs_peers/src/main.rs says how the loop and the counting work).
 #
 #   scripts/verbs-instructions.sh [LIB...]     default: zverbs raw ibverbs sideway
@@ -48,7 +48,7 @@ cp -r vg/debug/* /usr/lib/debug/.build-id/
 for lib in $LIBS; do
   runs="send:$N1 send:$N2 empty:$K"
   [ \$lib = ibverbs ] || runs="\$runs batch:$N1 batch:$N2"
-  [ \$lib = zverbs ] && runs="\$runs scope:$N1 scope:$N2 prepared:$N1 prepared:$N2"
+  [ \$lib = zverbs ] && runs="\$runs scope:$N1 scope:$N2 prepared:$N1 prepared:$N2 blocking:$N1 blocking:$N2"
   for run in \$runs; do
     run=\$(echo \$run | tr : ' ')
     set -- \$run
@@ -88,7 +88,7 @@ grep '^RESULT ' <<<"$out" | awk -v n1="$N1" -v n2="$N2" -v k="$K" '
     }
     for (i = 1; i <= n; i++) {
       split(order[i], km, " "); l = km[1]; m = km[2]
-      base = (m == "scope") ? "raw send" : (m == "prepared") ? "raw batch" : "raw " m
+      base = (m == "scope" || m == "blocking") ? "raw send" : (m == "prepared") ? "raw batch" : "raw " m
       if (l != "raw" && (base in val))
         printf "%-8s %-8s %+.1f over raw verbs (%s)\n", l, m, val[order[i]] - val[base], base
     }

@@ -3,7 +3,8 @@
 //!
 //! ```text
 //! verbs_loop LIB MODE N     LIB: zverbs | raw | ibverbs | sideway
-//!                            MODE: send | empty | batch | scope | prepared (zverbs only)
+//!                            MODE: send | empty | batch | scope | prepared | blocking
+//!                            (the last three zverbs only)
 //! ```
 //!
 //! Each library builds two RC queue pairs on `ZVERBS_DEVICE` (default `rxe0`), GID index
@@ -20,14 +21,16 @@
 //! returns once the scope has taken the completion. `prepared` (zverbs only): the same
 //! writes as a `Batch` built once before the loop, posted by the scope as raw verbs posts
 //! its chain built once. `scope` (zverbs only): the SEND of `send` through a scope, the
-//! same way. It prints `ops=.. empty_polls=..`.
+//! same way. `blocking` (zverbs only): the SEND of `send` as the blocking `Channel::send`,
+//! with no pause (rxe runs the SEND and its acknowledgement inside the post's system call,
+//! so its first poll takes the completion). It prints `ops=.. empty_polls=..`.
 //!
 //! Callgrind collects only inside `measured_*` (`--toggle-collect`), so per operation:
 //! `(Ir(send, N₂) − Ir(send, N₁) − (E₂ − E₁) · Ir(empty, K) / K) / (N₂ − N₁)`, with `E` the
 //! empty polls each run reports: set-up and first calls cancel out, and so does the
-//! timing-dependent number of polls that found nothing. A scope's own polls are not
-//! counted here: after its pause the completion is there at its first poll, which the
-//! calls to the provider's `poll_cq` in the callgrind output confirm (one per operation).
+//! timing-dependent number of polls that found nothing. A scope's or a blocking call's own
+//! polls are not counted here: the completion is there at its first poll, which the calls
+//! to the provider's `poll_cq` in the callgrind output confirm (one per operation).
 
 mod peer_ibverbs;
 mod peer_sideway;
@@ -70,15 +73,16 @@ macro_rules! run {
                 }
                 println!("ops=0 empty_polls={}", $n);
             }
-            "batch" | "scope" | "prepared" => {
+            "batch" | "scope" | "prepared" | "blocking" => {
                 let mut empties = 0u64;
                 for _ in 0..$n {
-                    if $mode == "scope" {
+                    if $mode == "scope" || $mode == "blocking" {
                         rig.refill();
                     }
                     let settled = match $mode {
                         "batch" => $lib::measured_batch(&mut rig),
                         "prepared" => $lib::measured_prepared(&mut rig),
+                        "blocking" => $lib::measured_blocking(&mut rig),
                         _ => $lib::measured_scope(&mut rig),
                     };
                     if !settled {
@@ -89,7 +93,7 @@ macro_rules! run {
                             std::thread::sleep(Duration::from_micros(50));
                         }
                     }
-                    if $mode == "scope" {
+                    if $mode == "scope" || $mode == "blocking" {
                         let mut got = 0;
                         while got == 0 {
                             got = rig.drain();
@@ -98,7 +102,9 @@ macro_rules! run {
                 }
                 println!("ops={} empty_polls={}", $n, empties);
             }
-            other => panic!("MODE is send, empty, batch, scope or prepared, not {other:?}"),
+            other => {
+                panic!("MODE is send, empty, batch, scope, prepared or blocking, not {other:?}")
+            }
         }
     }};
 }
@@ -106,7 +112,7 @@ macro_rules! run {
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let [lib, mode, n] = &args[..] else {
-        eprintln!("usage: verbs_loop zverbs|raw|ibverbs|sideway send|empty|batch|scope|prepared N");
+        eprintln!("usage: verbs_loop zverbs|raw|ibverbs|sideway send|empty|batch|scope|prepared|blocking N");
         std::process::exit(2);
     };
     let n: u64 = n.parse().expect("N is a number");
@@ -300,6 +306,17 @@ mod zverbs_path {
         true
     }
 
+    /// The SEND of `send` as the blocking call (`Channel::send`): posted, then waited for
+    /// with the default policy. No pause: on rxe the SEND and its acknowledgement run in
+    /// the post's system call, so the completion is there at the first poll (the calls to
+    /// the provider's `poll_cq` in the callgrind output, one per operation, say so).
+    #[inline(never)]
+    pub fn measured_blocking(rig: &mut Rig) -> bool {
+        let src = rig._mrs.0.slice(..).unwrap();
+        rig.a.send([src]).expect("send");
+        true
+    }
+
     /// The SEND of `send` through a scope: staged, the doorbell rung, then the scope's wait.
     #[inline(never)]
     pub fn measured_scope(rig: &mut Rig) -> bool {
@@ -482,6 +499,11 @@ mod raw {
     /// No scopes in raw verbs.
     pub fn measured_scope(_: &mut Rig) -> bool {
         panic!("scope: zverbs only")
+    }
+
+    /// No blocking calls in raw verbs.
+    pub fn measured_blocking(_: &mut Rig) -> bool {
+        panic!("blocking: zverbs only")
     }
 
     /// Raw verbs' `batch` is its chain built once.

@@ -198,3 +198,8 @@ pub fn measured_scope(_: &mut Rig) -> bool {
 pub fn measured_prepared(_: &mut Rig) -> bool {
     panic!("prepared: zverbs only")
 }
+
+/// No blocking calls in `ibverbs`.
+pub fn measured_blocking(_: &mut Rig) -> bool {
+    panic!("blocking: zverbs only")
+}

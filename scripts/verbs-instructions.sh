@@ -5,8 +5,9 @@
 # `ibverbs` crate 0.9.2 and `sideway` 0.4.3. Same operation for all: one signaled 64-byte
 # SEND between two RC queue pairs on rxe0, and one poll that takes its completion; then a
 # doorbell batch of 32 RDMA WRITEs, the last signaled (not `ibverbs`, which has no WRITE),
-# for zverbs also as a `Batch` built once (`prepared`, as raw verbs' chain is), and zverbs'
-# SEND through a `Channel` scope and as the blocking `Channel::send` (`blocking`)
+# for zverbs also as a `Batch` built once and executed by `Channel::execute_batch`
+# (`prepared`, as raw verbs' chain is built once), and zverbs' SEND through a `Channel`
+# scope and as the blocking `Channel::send` (`blocking`)
 # (benches/verbs_peers/src/main.rs says how the loop and the counting work).
 #
 #   scripts/verbs-instructions.sh [LIB...]     default: zverbs raw ibverbs sideway

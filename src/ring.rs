@@ -338,7 +338,9 @@ impl<W: WorkRequest, const DEPTH: usize> Ring<W, DEPTH> {
         let start = (first % DEPTH as u64) as usize;
         let (to_end, wrapped) = slots[..n].split_at(n.min(DEPTH - start));
         self.slots[start..start + to_end.len()].copy_from_slice(to_end);
-        self.slots[..wrapped.len()].copy_from_slice(wrapped);
+        if !wrapped.is_empty() {
+            self.slots[..wrapped.len()].copy_from_slice(wrapped);
+        }
         // The ids count up from the first's unless its low bits wrap within the chain (a
         // tagged id's tag lies above them): one add each.
         let id = self.wr_id(first);

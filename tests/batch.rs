@@ -387,3 +387,123 @@ fn a_multi_peer_scope_posts_a_peers_batch_after_what_it_staged_and_refuses_anoth
         "no peer 0"
     );
 }
+
+#[test]
+fn an_executed_batch_is_waited_for_whole_and_leaves_earlier_unpolled_work_to_its_handle() {
+    // A ring of 4 and a batch of 3: each execution takes the ring's room and gives it back.
+    let (mut a, b) = common::pair::<4>(Duration::from_secs(10));
+    let mut src = pattern(12, 5);
+    let mut target = [0u8; 12];
+    let src_mr = a.pd.register(&mut src).unwrap();
+    // SAFETY: read after every write completed.
+    let target_mr = unsafe { b.pd.register_with_access(&mut target, ALL) }.unwrap();
+    let remote = target_mr.remote();
+    let mut batch: Batch<_, 3> = a.ch.batch();
+    for at in [0..4, 4..8, 8..12] {
+        push_write(&mut batch, &src_mr, &remote, at);
+    }
+    for _ in 0..5 {
+        a.ch.execute_batch(&mut batch).unwrap();
+        assert_eq!(a.ch.in_flight(), (0, 0));
+    }
+    // Behind a request posted unpolled, whose completion the execution's first poll
+    // brings: recorded for its handle, and the batch waited for all the same.
+    let (sge, to) = (src_mr.slice(..4).unwrap().sge(), remote.slice(0..).unwrap());
+    let write = zverbs::SendOp::Write {
+        remote_addr: to.addr,
+        rkey: to.rkey,
+    };
+    // SAFETY: `src` is not written until the handle is redeemed below.
+    let early = unsafe {
+        a.ch.post_send_unpolled(&[sge], write, zverbs::SendFlags::SIGNALED)
+    };
+    let early = early.unwrap();
+    a.ch.execute_batch(&mut batch).unwrap();
+    let done =
+        a.ch.try_complete(early)
+            .unwrap()
+            .expect("its outcome was recorded");
+    assert_eq!(done.opcode, WcOpcode::RdmaWrite);
+    assert_eq!(a.ch.in_flight(), (0, 0));
+    assert_eq!(target_mr.as_slice(), &pattern(12, 5)[..]);
+}
+
+#[test]
+fn an_executed_batch_reports_its_first_failure_after_the_rest_and_refuses_what_it_must() {
+    let (mut a, b) = default_pair();
+    let (mut c, _d) = default_pair();
+    let mut src = pattern(8, 2);
+    let mut target = [0u8; 8];
+    let src_mr = a.pd.register(&mut src).unwrap();
+    // SAFETY: read after the executions.
+    let target_mr = unsafe { b.pd.register_with_access(&mut target, ALL) }.unwrap();
+    let good = target_mr.remote();
+    let bad = RemoteRegion {
+        rkey: good.rkey ^ 0x5555,
+        ..good
+    };
+    let mut empty: Batch<_, 1> = a.ch.batch();
+    a.ch.execute_batch(&mut empty).unwrap();
+    assert_eq!(a.ch.in_flight(), (0, 0), "an empty batch posts nothing");
+    let mut batch: Batch<_, 3> = a.ch.batch();
+    push_write(&mut batch, &src_mr, &good, 0..4);
+    batch
+        .push(Op::write([src_mr.slice(4..).unwrap()], &bad))
+        .unwrap();
+    push_write(&mut batch, &src_mr, &good, 4..8);
+    let err = c.ch.execute_batch(&mut batch).unwrap_err();
+    assert!(matches!(err, Error::InvalidAttribute(_)), "{err}");
+    assert_eq!(
+        c.ch.in_flight(),
+        (0, 0),
+        "nothing posted on another channel"
+    );
+    let err = a.ch.execute_batch(&mut batch).unwrap_err();
+    let failed = err.completion().expect("a completion error");
+    assert_eq!((failed.status, failed.wr_id), (WcStatus::RemAccessErr, 1));
+    assert_eq!(failed.opcode, WcOpcode::RdmaWrite);
+    assert_eq!(a.ch.in_flight(), (0, 0), "the flushed third was waited for");
+    assert_eq!(a.ch.queue_pair().state().unwrap(), QpState::Error);
+    assert_eq!(&target_mr.as_slice()[..4], &pattern(8, 2)[..4]);
+    assert_eq!(
+        &target_mr.as_slice()[4..],
+        &[0; 4],
+        "nothing after the failure"
+    );
+}
+
+#[test]
+fn an_executed_batch_the_ring_has_no_room_for_beside_unpolled_work_is_a_full_queue() {
+    let (mut a, b) = common::pair::<4>(Duration::from_secs(10));
+    let mut src = [7u8; 4];
+    let mut target = [0u8; 4];
+    let src_mr = a.pd.register(&mut src).unwrap();
+    // SAFETY: read after every write completed.
+    let target_mr = unsafe { b.pd.register_with_access(&mut target, ALL) }.unwrap();
+    let remote = target_mr.remote();
+    let write = zverbs::SendOp::Write {
+        remote_addr: remote.addr,
+        rkey: remote.rkey,
+    };
+    let sge = src_mr.slice(..).unwrap().sge();
+    // SAFETY: `src` is not written until both are redeemed below.
+    let early = unsafe {
+        [
+            a.ch.post_send_unpolled(&[sge], write, zverbs::SendFlags::SIGNALED),
+            a.ch.post_send_unpolled(&[sge], write, zverbs::SendFlags::SIGNALED),
+        ]
+    };
+    let mut batch: Batch<_, 3> = a.ch.batch();
+    for _ in 0..3 {
+        push_write(&mut batch, &src_mr, &remote, 0..4);
+    }
+    let err = a.ch.execute_batch(&mut batch).unwrap_err();
+    assert!(matches!(err, Error::QueueFull { capacity: 4 }), "{err}");
+    assert_eq!(a.ch.in_flight(), (2, 0), "nothing of the batch posted");
+    for p in early {
+        a.ch.wait(p.unwrap()).unwrap();
+    }
+    a.ch.execute_batch(&mut batch).unwrap();
+    assert_eq!(a.ch.in_flight(), (0, 0));
+    assert_eq!(target_mr.as_slice(), &[7; 4]);
+}

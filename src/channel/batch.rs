@@ -1,5 +1,6 @@
 //! A prepared batch: send-queue requests built and checked once, then posted any number of
-//! times, each time as one chain with one doorbell ([`Scope::post_batch`]). The loop of
+//! times, each time as one chain with one doorbell ([`Channel::execute_batch`],
+//! [`Scope::post_batch`]). The loop of
 //! perftest's bandwidth tests, a reader's fixed set of reads from one peer each round: the
 //! same requests on one connection again and again, of which a post rewrites only the
 //! `wr_id`s.
@@ -8,8 +9,10 @@ use core::marker::PhantomData;
 use core::ops::Range;
 
 use super::op::{Local, Op};
+use super::poll::PolledOne;
 use super::post::fill_send;
 use super::scope::Scope;
+use super::source::OneWc;
 use super::wait::Waiter;
 use super::{Channel, ChannelTransport, Owner, Queue};
 use crate::error::Error;
@@ -20,10 +23,10 @@ use crate::types::{SendFlags, WcOpcode};
 
 /// Up to `N` send-queue operations, each checked when [pushed](Batch::push) as
 /// [`Scope::post`] checks it, for the channel that made the batch ([`Channel::batch`]);
-/// posted there by [`Scope::post_batch`] (or, for a peer's channel,
-/// [`MultiScope::post_batch`](crate::MultiScope::post_batch)) as one chain, its last
-/// request signaled, as often as wanted. The local memory the operations name stays borrowed for `'a`, as long
-/// as the batch lives.
+/// posted there by [`Channel::execute_batch`] (which waits for it), [`Scope::post_batch`]
+/// (or, for a peer's channel, [`MultiScope::post_batch`](crate::MultiScope::post_batch))
+/// as one chain, its last request signaled, as often as wanted. The local memory the
+/// operations name stays borrowed for `'a`, as long as the batch lives.
 ///
 /// ```
 /// # use zverbs::provider::sim::Sim;
@@ -150,7 +153,7 @@ impl<P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usize>
         entries: &mut [P::SendEntry<SGES>],
         slots: &[Slot],
         linked: bool,
-        waiter: &mut Waiter,
+        waiter: Option<&mut Waiter>,
     ) -> Result<Range<u64>, Error<P::Error>> {
         let first = self
             .sq
@@ -175,12 +178,80 @@ impl<P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usize>
                 };
                 // Unsignaled requests the device took, with no signaled one behind them.
                 Err(if e.index > 0 {
-                    self.quiesce(waiter, err)
+                    match waiter {
+                        Some(waiter) => self.quiesce(waiter, err),
+                        None => self.quiesce(&mut self.waiter(), err),
+                    }
                 } else {
                     err
                 })
             }
         }
+    }
+
+    /// Posts `batch` as one chain with one doorbell and waits until all of it completed:
+    /// the blocking level's [`Scope::post_batch`], as [`execute`](Self::execute) is
+    /// [`Scope::post`]'s. Its last request's completion retires the whole batch; the first
+    /// request that failed is reported ([`Error::Completion`]), after the rest were
+    /// flushed. A timeout ends the channel's work, as for [`execute`](Self::execute).
+    ///
+    /// A batch built for another channel is an [`Error::InvalidAttribute`]; a ring whose
+    /// room unpolled work holds, [`Error::QueueFull`] (nothing posted).
+    ///
+    /// ```
+    /// # use zverbs::provider::sim::Sim;
+    /// # use zverbs::{AccessFlags, ChannelConfig};
+    /// # let p = zverbs::testing::Pair::<64, 4>::connected(&ChannelConfig::default())?;
+    /// # let (pa, pb, mut a, _b) = (p.a.pd, p.b.pd, p.a.ch, p.b.ch);
+    /// use zverbs::{Batch, Op};
+    ///
+    /// let mut target = [0u8; 8];
+    /// // SAFETY: nothing reads `target` until the writes below have completed.
+    /// let target = unsafe { pb.register_with_access(&mut target, AccessFlags::all())? };
+    /// let mut source = *b"abcdefgh";
+    /// let source = pa.register(&mut source)?;
+    /// let remote = target.remote();
+    /// let mut halves: Batch<Sim, 2> = a.batch();
+    /// halves.push(Op::write([source.slice(..4)?], &remote))?;
+    /// halves.push(Op::write([source.slice(4..)?], &remote.slice(4..)?))?;
+    /// a.execute_batch(&mut halves)?;
+    /// assert_eq!(target.as_slice(), b"abcdefgh");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn execute_batch<const N: usize>(
+        &mut self,
+        batch: &mut Batch<'_, P, N, SGES, T::Ops>,
+    ) -> Result<(), Error<P::Error>> {
+        self.batch_len(batch)?;
+        let posted = self.post_batch(batch, None)?;
+        if posted.is_empty() {
+            return Ok(());
+        }
+        // One completion first, as a blocking call's first poll: usually the last
+        // request's, which retires the batch at once. The rest is a scope's settle.
+        let last = posted.end - 1;
+        let mut wc = OneWc::new();
+        match self.poll_through(Queue::Send, last, &mut wc) {
+            Ok(PolledOne::Retired(wc)) if wc.succeeded() => Ok(()),
+            Ok(PolledOne::Retired(wc)) => {
+                let wc = wc.completion();
+                Err(self.retired_failed(Queue::Send, last, wc))
+            }
+            _ => self.settle_batch(posted.start),
+        }
+    }
+
+    /// The rest of [`execute_batch`](Self::execute_batch) after a first poll that did not
+    /// retire the batch: waits for its requests from `from` on; the first error.
+    #[inline(never)]
+    fn settle_batch(&mut self, from: u64) -> Result<(), Error<P::Error>> {
+        let mut first = Ok(());
+        self.settle_from(Queue::Send, from, &mut self.waiter(), |r| {
+            if let (Err(e), Ok(())) = (r, &first) {
+                first = Err(e);
+            }
+        });
+        first
     }
 
     /// How many requests `batch` posts, if this channel made it; a batch of another is an
@@ -204,11 +275,12 @@ impl<P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usize>
     /// Posts `batch`, which this channel made ([`batch_len`](Self::batch_len)), with
     /// nothing staged; returns the sequence numbers of its requests. The caller waits for
     /// them before the memory `'b` borrows is released (a scope of `'env` where `'b:
-    /// 'env`).
+    /// 'env`). A chain the device took in part is ended within `waiter`'s bound (`None`:
+    /// the channel's).
     pub(crate) fn post_batch<const N: usize>(
         &mut self,
         batch: &mut Batch<'_, P, N, SGES, T::Ops>,
-        waiter: &mut Waiter,
+        waiter: Option<&mut Waiter>,
     ) -> Result<Range<u64>, Error<P::Error>> {
         let len = batch.len;
         let (entries, slots) = (&mut batch.entries[..len], &batch.slots[..len]);
@@ -244,7 +316,7 @@ impl<'env, P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usi
         if self.ch.send_room() < len {
             self.make_room(Queue::Send)?;
         }
-        self.ch.post_batch(batch, &mut self.waiter)
+        self.ch.post_batch(batch, Some(&mut self.waiter))
     }
 }
 

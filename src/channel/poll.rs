@@ -411,6 +411,7 @@ impl<P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usize>
     /// As [`poll_for`](Self::poll_for), for `want`, the signaled last request of a batch of
     /// unsignaled ones: its completion retires the batch at once
     /// ([`Ring::retire_through`]).
+    #[inline(always)]
     pub(super) fn poll_through<'a>(
         &'a mut self,
         queue: Queue,

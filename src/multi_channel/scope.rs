@@ -210,7 +210,7 @@ impl<
         // Settled from here on, whatever the post takes.
         let next = ch.next_seq(Queue::Send);
         self.from.at(Queue::Send, peer).get_or_insert(next);
-        ch.post_batch(batch, &mut self.waiter)
+        ch.post_batch(batch, Some(&mut self.waiter))
     }
 
     /// `peer`'s ring for `queue` is full: ring every peer's doorbell (nothing staged stays

@@ -133,12 +133,18 @@ pub fn prepared_batch<E: Env>(env: &E) -> Run<Outcome> {
         })
         .map_err(err("second scope"))?;
     let in_flight = a.in_flight();
+    // The blocking level, twice: posted where the last post left it, then linked as it lies.
+    for _ in 0..2 {
+        a.execute_batch(&mut *batch).map_err(err("execute"))?;
+    }
+    let executed = a.in_flight();
     let mut o = Outcome::default();
     o.item("first", format_args!("{first:?}"))
         .item("staged", staged)
         .item("second", format_args!("{second:?}"))
         .item("third", format_args!("{third:?}"))
         .item("in_flight", format_args!("{in_flight:?}"))
+        .item("executed", format_args!("{executed:?}"))
         .check("written", &target.as_slice()[..12] == b"abcdefghijkl")
         .check("read", back.as_slice() == b"rrrr");
     Ok(o)
@@ -150,5 +156,5 @@ pub mod expected {
     pub const scoped_receive_completion: &str =
         "byte_len=4; imm=Some(7); in_flight=(0, 0); bytes=ok";
     pub const prepared_batch: &str =
-        "first=0..2; staged=2; second=3..6; third=6..9; in_flight=(0, 0); written=ok; read=ok";
+        "first=0..2; staged=2; second=3..6; third=6..9; in_flight=(0, 0); executed=(0, 0); written=ok; read=ok";
 }

@@ -19,11 +19,12 @@
 //! zverbs has no unpolled batch, so its `measured_batch` is a `Channel` scope that stages
 //! the writes, rings the doorbell, pauses 200 µs (`unmeasured_pause`, not collected) and
 //! returns once the scope has taken the completion. `prepared` (zverbs only): the same
-//! writes as a `Batch` built once before the loop, posted by the scope as raw verbs posts
-//! its chain built once. `scope` (zverbs only): the SEND of `send` through a scope, the
-//! same way. `blocking` (zverbs only): the SEND of `send` as the blocking `Channel::send`,
-//! with no pause (rxe runs the SEND and its acknowledgement inside the post's system call,
-//! so its first poll takes the completion). It prints `ops=.. empty_polls=..`.
+//! writes as a `Batch` built once before the loop (as raw verbs' chain is), posted and
+//! waited for by the blocking `Channel::execute_batch`, with no pause (rxe runs the
+//! requests and their acknowledgements inside the post's system call, so its first poll
+//! takes the completion). `scope` (zverbs only): the SEND of `send` through a scope, as
+//! `batch`. `blocking` (zverbs only): the SEND of `send` as the blocking `Channel::send`,
+//! with no pause, as `prepared`. It prints `ops=.. empty_polls=..`.
 //!
 //! Callgrind collects only inside `measured_*` (`--toggle-collect`), so per operation:
 //! `(Ir(send, N₂) − Ir(send, N₁) − (E₂ − E₁) · Ir(empty, K) / K) / (N₂ − N₁)`, with `E` the
@@ -292,16 +293,12 @@ mod zverbs_path {
         true
     }
 
-    /// The writes of `batch` as a `Batch` built once, posted through a scope.
+    /// The writes of `batch` as a `Batch` built once, posted by the blocking
+    /// `Channel::execute_batch` (no pause: as `measured_blocking`).
     #[inline(never)]
     pub fn measured_prepared(rig: &mut Rig) -> bool {
-        let batch = &mut rig.prepared;
         rig.a
-            .scope(|s| {
-                s.post_batch(batch)?;
-                super::unmeasured_pause();
-                Ok(())
-            })
+            .execute_batch(&mut rig.prepared)
             .expect("prepared batch");
         true
     }

@@ -419,6 +419,11 @@ fn an_executed_batch_is_waited_for_whole_and_leaves_earlier_unpolled_work_to_its
     };
     let early = early.unwrap();
     a.ch.execute_batch(&mut batch).unwrap();
+    assert_eq!(
+        a.ch.in_flight(),
+        (4, 0),
+        "the batch's slots wait behind the untaken outcome"
+    );
     let done =
         a.ch.try_complete(early)
             .unwrap()

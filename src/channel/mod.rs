@@ -393,7 +393,10 @@ impl<P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usize>
         &self.qp
     }
 
-    /// Work requests in flight on the send and receive queues.
+    /// Work requests not yet retired on the send and receive queues: in flight, or
+    /// finished with an outcome not yet taken, and every request posted after the oldest
+    /// of those (a ring gives its slots back in order). Their ring slots are taken; a
+    /// ring of `DEPTH` has room for `DEPTH` minus this.
     pub fn in_flight(&self) -> (usize, usize) {
         (
             self.sq.in_flight(),

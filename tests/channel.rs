@@ -360,6 +360,44 @@ fn scope_returns_the_first_failure_and_waits_for_all() {
 }
 
 #[test]
+fn a_scope_unwound_out_of_settles_what_it_posted_and_gives_back_what_it_staged() {
+    let (mut a, b) = default_pair();
+    let mut src = *b"wxyz";
+    let mut target = [0u8; 8];
+    let src_mr = a.pd.register(&mut src).unwrap();
+    // SAFETY: read after the scope.
+    let target_mr = unsafe { b.pd.register_with_access(&mut target, ALL) }.unwrap();
+    let remote = target_mr.remote();
+    let second_half = remote.slice(4..).unwrap();
+    let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        a.ch.scope(|s| {
+            s.post_write([src_mr.slice(..)?], &remote)?;
+            s.ring_doorbell()?;
+            s.post_write([src_mr.slice(..)?], &second_half)?;
+            if s.wait_send(u64::MAX).is_err() {
+                panic!("the closure fails between a doorbell and the next");
+            }
+            Ok(())
+        })
+    }));
+    assert!(unwound.is_err(), "the closure's panic goes on unwinding");
+    assert_eq!(
+        a.ch.in_flight(),
+        (0, 0),
+        "the posted write was settled, the staged one given back"
+    );
+    assert_eq!(&target_mr.as_slice()[..4], b"wxyz");
+    assert_eq!(
+        &target_mr.as_slice()[4..],
+        &[0; 4],
+        "the staged write never went out"
+    );
+    a.ch.write([src_mr.slice(..).unwrap()], &second_half)
+        .unwrap();
+    assert_eq!(target_mr.as_slice(), b"wxyzwxyz", "the channel works on");
+}
+
+#[test]
 fn ten_thousand_round_trips_across_threads() {
     let (mut a, mut b) = default_pair();
     let (mut abuf, mut bbuf) = ([0u8; 16], [0u8; 16]);

@@ -372,6 +372,7 @@ impl<P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usize>
 /// Posts `ring`'s staged batch with `post`, one doorbell: on success the batch leaves the
 /// stage; when the provider refuses the request at `index`, that one and those after it
 /// give their slots back and the error is returned (those before it were posted).
+#[inline]
 fn flush<W: WorkRequest, E, const DEPTH: usize>(
     ring: &mut Ring<W, DEPTH>,
     op: &'static str,

@@ -51,7 +51,6 @@ pub struct Scope<
     send_from: u64,
     recv_from: u64,
     first_error: Option<Error<P::Error>>,
-    finished: bool,
     /// One bound for every wait of the scope: it returns within one timeout plus the grace.
     pub(super) waiter: Waiter,
     // Invariant in 'env: a scope cannot be shrunk to accept shorter borrows.
@@ -127,12 +126,14 @@ where
         send_from,
         recv_from,
         first_error: None,
-        finished: false,
         waiter,
         _env: PhantomData,
     };
     let value = f(&mut scope);
     let pending_error = scope.finish();
+    // Finished, its error taken: nothing is left for its `Drop` (which settles a scope
+    // that `f` unwound out of) to do.
+    core::mem::forget(scope);
     let value = value?;
     match pending_error {
         Some(e) => Err(e),
@@ -233,16 +234,21 @@ impl<'env, P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usi
             if let Err(e) = self.ring_doorbell() {
                 self.first_error.get_or_insert(e);
             }
+            // Anything still staged was refused by the device: give its slots back.
+            self.ch.unstage_all();
         }
-        self.settle()
+        self.drain_all()
     }
 
+    /// [`finish`](Self::finish) for a scope unwound out of: what was staged is not posted.
     fn settle(&mut self) -> Option<Error<P::Error>> {
-        // Anything still staged was refused by the device: give its slots back.
         self.ch.unstage_all();
+        self.drain_all()
+    }
+
+    fn drain_all(&mut self) -> Option<Error<P::Error>> {
         self.drain(Queue::Recv);
         self.drain(Queue::Send);
-        self.finished = true;
         self.first_error.take()
     }
 }
@@ -394,9 +400,8 @@ impl<P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usize> Dr
     for Scope<'_, '_, P, DEPTH, SGES, T>
 {
     fn drop(&mut self) {
-        // Unwinding out of the closure: posted work may still use the borrowed buffers.
-        if !self.finished {
-            self.settle();
-        }
+        // Unwinding out of the closure (a scope that finished is forgotten, not dropped):
+        // posted work may still use the borrowed buffers.
+        self.settle();
     }
 }

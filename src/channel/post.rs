@@ -493,6 +493,7 @@ impl<P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usize>
     /// wait that fails (timeout, poll error) ends the channel's work, as in the blocking
     /// calls, and hands its error over before the flushed outcomes. Returns where the next
     /// settle starts. Nothing may be staged on `queue`.
+    #[inline(never)]
     pub(crate) fn settle_from(
         &mut self,
         queue: Queue,

@@ -445,7 +445,7 @@ fn raw_calls(mut f: Box<RawFixture>) -> Box<RawFixture> {
 #[library_benchmark]
 #[bench::send(args = (Op::Send), setup = own, config = budget(3_952_084))]
 #[bench::write(args = (Op::Write), setup = own, config = budget(2_916_771))]
-#[bench::write_batch(args = (Op::WriteBatch), setup = own, config = budget_of(46_383_749, BATCH as u64))]
+#[bench::write_batch(args = (Op::WriteBatch), setup = own, config = budget_of(46_389_749, BATCH as u64))]
 fn channel(mut f: Box<ChannelFixture>) -> Box<ChannelFixture> {
     f.run(black_box(ITERS));
     f

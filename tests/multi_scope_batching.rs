@@ -220,6 +220,43 @@ fn a_full_ring_flushes_every_peer_and_waits_only_for_its_own_queue() {
 }
 
 #[test]
+fn a_scope_unwound_out_of_settles_each_peers_posted_work_and_gives_back_the_staged() {
+    // Rings of 4: the fifth write to peer 1 flushes every peer (peer 2's write goes out)
+    // and is staged; then the closure panics.
+    let mut s = star::<4>(2);
+    let mut bufs = targets(2, 5);
+    let (regions, remotes) = register_targets(&s.pd[1..], &mut bufs);
+    let mut src: Vec<u8> = (1..=5).collect();
+    let src = s.pd[0].register(&mut src).unwrap();
+    let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        s.root.scope(|sc| {
+            sc.post_write(2, [src.slice(..1)?], &remotes[1])?;
+            for i in 0..5 {
+                let dst = remotes[0].slice(i as u64..i as u64 + 1)?;
+                sc.post_write(1, [src.slice(i..i + 1)?], &dst)?;
+            }
+            if sc.post_write(3, [src.slice(..1)?], &remotes[0]).is_err() {
+                panic!("the closure fails with peer 2's write posted and one staged");
+            }
+            Ok(())
+        })
+    }));
+    assert!(unwound.is_err(), "the closure's panic goes on unwinding");
+    for p in 1..=2 {
+        assert_eq!(s.root.peer(p).unwrap().in_flight(), (0, 0), "peer {p}");
+    }
+    assert_eq!(
+        sends(counters(&mut s, 1)),
+        (1, 4, 1, 3),
+        "the fifth never went out"
+    );
+    assert_eq!(sends(counters(&mut s, 2)), (1, 1, 1, 0));
+    drop(regions);
+    assert_eq!(bufs[0], [1, 2, 3, 4, 0]);
+    assert_eq!(bufs[1][0], 1, "peer 2's write landed and was settled");
+}
+
+#[test]
 fn an_error_mid_batch_names_its_peer_and_leaves_nothing_in_flight() {
     let mut s = star::<8>(2);
     let mut bufs = targets(2, 5);

@@ -486,6 +486,40 @@ impl<P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usize>
         }
     }
 
+    /// [`settle_from`](Self::settle_from) with its usual case inline, a scope's end: the
+    /// first poll brings the last request's completion, which retires everything from
+    /// `from` at once (one doorbell batch, or a single request). Anything else (another
+    /// completion, nothing, a failed poll) is `settle_from`'s, which takes what this poll
+    /// recorded.
+    #[inline(always)]
+    pub(crate) fn settle_scope(
+        &mut self,
+        queue: Queue,
+        from: u64,
+        waiter: &mut Waiter,
+        mut each: impl FnMut(Result<Completion, Error<P::Error>>),
+    ) -> u64 {
+        let to = self.next_seq(queue);
+        if from == to {
+            return to; // nothing posted on it since: no call to settle
+        }
+        let last = to - 1;
+        let mut wc = OneWc::new();
+        let polled = match last == from {
+            true => self.poll_for(queue, last, &mut wc),
+            false => self.poll_through(queue, last, &mut wc),
+        };
+        match polled {
+            Ok(PolledOne::Retired(wc)) if wc.succeeded() => each(Ok(wc.success())),
+            Ok(PolledOne::Retired(wc)) => {
+                let wc = wc.completion();
+                each(Err(self.retired_failed(queue, last, wc)));
+            }
+            _ => return self.settle_from(queue, from, waiter, each),
+        }
+        to
+    }
+
     /// Waits, within the bound of `waiter`, for every request posted on `queue` from
     /// sequence number `from` on (all of them the caller's), takes their outcomes in
     /// posting order and hands each to `each`: the completion, or its error. Requests

@@ -4,8 +4,6 @@
 use core::marker::PhantomData;
 
 use super::op::{Local, Op};
-use super::poll::PolledOne;
-use super::source::OneWc;
 use super::wait::Waiter;
 use super::{Channel, Queue};
 use super::{ChannelTransport, HasOwnRx};
@@ -208,44 +206,20 @@ impl<'env, P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usi
     }
 
     /// Waits for every request this scope posted on `queue` and takes its outcome,
-    /// keeping the first error. Inlined: its first poll is the scope's usual end.
+    /// keeping the first error. Inlined: its first poll is the scope's usual end
+    /// ([`Channel::settle_scope`]).
     #[inline(always)]
     fn drain(&mut self, queue: Queue) {
         let from = match queue {
             Queue::Send => self.send_from,
             Queue::Recv => self.recv_from,
         };
-        let to = self.ch.next_seq(queue);
-        if from == to {
-            return; // nothing posted on it since: no call to settle
-        }
-        // The usual end: the first poll brings the last request's completion, which
-        // retires everything the scope posted on the queue (one doorbell batch, or a
-        // single request) at once. Anything else is the settle's, which takes what this
-        // poll recorded.
-        let last = to - 1;
-        let mut wc = OneWc::new();
-        let polled = match last == from {
-            true => self.ch.poll_for(queue, last, &mut wc),
-            false => self.ch.poll_through(queue, last, &mut wc),
-        };
-        let to = match polled {
-            Ok(PolledOne::Retired(wc)) if wc.succeeded() => to,
-            Ok(PolledOne::Retired(wc)) => {
-                let wc = wc.completion();
-                let e = self.ch.retired_failed(queue, last, wc);
-                self.first_error.get_or_insert(e);
-                to
+        let first_error = &mut self.first_error;
+        let to = self.ch.settle_scope(queue, from, &mut self.waiter, |r| {
+            if let Err(e) = r {
+                first_error.get_or_insert(e);
             }
-            _ => {
-                let first_error = &mut self.first_error;
-                self.ch.settle_from(queue, from, &mut self.waiter, |r| {
-                    if let Err(e) = r {
-                        first_error.get_or_insert(e);
-                    }
-                })
-            }
-        };
+        });
         match queue {
             Queue::Send => self.send_from = to,
             Queue::Recv => self.recv_from = to,

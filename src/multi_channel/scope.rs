@@ -37,7 +37,6 @@ pub struct MultiScope<
     /// Where each peer's queues start with this scope's work not yet settled.
     from: Marks<PEERS>,
     first_error: Option<Error<P::Error>>,
-    finished: bool,
     /// One bound for every wait of the scope.
     waiter: Waiter,
     // Invariant in 'env: a scope cannot be shrunk to accept shorter borrows.
@@ -96,11 +95,13 @@ impl<P: Provider, T: PeerTransport, const PEERS: usize, const DEPTH: usize, cons
             mc: self,
             from: Marks::new(),
             first_error: None,
-            finished: false,
             _env: PhantomData,
         };
         let value = f(&mut scope);
         let pending_error = scope.finish();
+        // Finished, its error taken: nothing is left for its `Drop` (which settles a scope
+        // that `f` unwound out of) to do.
+        core::mem::forget(scope);
         let value = value?;
         match pending_error {
             Some(e) => Err(e),
@@ -272,7 +273,7 @@ impl<
         ch.unstage_all();
         let outcome = outcome.get_or_insert(Ok(None));
         let first_error = &mut self.first_error;
-        let to = ch.settle_from(queue, from, &mut self.waiter, |r| {
+        let to = ch.settle_scope(queue, from, &mut self.waiter, |r| {
             match (r, &mut *outcome) {
                 (Ok(c), Ok(got)) if queue == Queue::Recv => *got = Some(c),
                 (Ok(_), _) | (Err(_), Err(_)) => {}
@@ -291,7 +292,6 @@ impl<
             self.settle(p, Queue::Send);
             self.settle(p, Queue::Recv);
         }
-        self.finished = true;
         self.first_error.take()
     }
 
@@ -354,10 +354,9 @@ impl<P: Provider, T: PeerTransport, const PEERS: usize, const DEPTH: usize, cons
     for MultiScope<'_, P, PEERS, DEPTH, SGES, T>
 {
     fn drop(&mut self) {
-        // Unwinding out of the closure: posted work may still use the borrowed buffers.
-        // What is staged is not posted any more (settling gives its slots back).
-        if !self.finished {
-            self.settle_all();
-        }
+        // Unwinding out of the closure (a scope that finished is forgotten, not dropped):
+        // posted work may still use the borrowed buffers. What is staged is not posted any
+        // more (settling gives its slots back).
+        self.settle_all();
     }
 }

@@ -443,31 +443,31 @@ fn raw_calls(mut f: Box<RawFixture>) -> Box<RawFixture> {
 }
 
 #[library_benchmark]
-#[bench::send(args = (Op::Send), setup = own, config = budget(3_952_084))]
-#[bench::write(args = (Op::Write), setup = own, config = budget(2_916_771))]
-#[bench::write_batch(args = (Op::WriteBatch), setup = own, config = budget_of(46_389_749, BATCH as u64))]
+#[bench::send(args = (Op::Send), setup = own, config = budget(3_958_084))]
+#[bench::write(args = (Op::Write), setup = own, config = budget(2_922_772))]
+#[bench::write_batch(args = (Op::WriteBatch), setup = own, config = budget_of(46_386_749, BATCH as u64))]
 fn channel(mut f: Box<ChannelFixture>) -> Box<ChannelFixture> {
     f.run(black_box(ITERS));
     f
 }
 
 #[library_benchmark]
-#[bench::write_batch(args = (Op::WriteBatch), setup = prepared, config = budget_of(43_302_740, BATCH as u64))]
+#[bench::write_batch(args = (Op::WriteBatch), setup = prepared, config = budget_of(43_296_740, BATCH as u64))]
 fn prepared_batch(mut f: Box<ChannelFixture>) -> Box<ChannelFixture> {
     f.run_prepared(black_box(ITERS));
     f
 }
 
 #[library_benchmark]
-#[bench::send(args = (Op::Send), setup = shared, config = budget(4_156_686))]
-#[bench::write(args = (Op::Write), setup = shared, config = budget(3_130_145))]
+#[bench::send(args = (Op::Send), setup = shared, config = budget(4_136_454))]
+#[bench::write(args = (Op::Write), setup = shared, config = budget(3_109_914))]
 fn shared_queue(mut f: Box<ChannelFixture>) -> Box<ChannelFixture> {
     f.run(black_box(ITERS));
     f
 }
 
 #[library_benchmark]
-#[bench::send(args = (Op::Send), setup = unpolled, config = budget(4_108_655))]
+#[bench::send(args = (Op::Send), setup = unpolled, config = budget(4_069_669))]
 fn unpolled_level(mut f: Box<ChannelFixture>) -> Box<ChannelFixture> {
     f.run_unpolled(black_box(ITERS));
     f
@@ -475,8 +475,8 @@ fn unpolled_level(mut f: Box<ChannelFixture>) -> Box<ChannelFixture> {
 
 #[cfg(feature = "tokio")]
 #[library_benchmark]
-#[bench::send(args = (Op::Send), setup = awaited, config = budget(4_577_083))]
-#[bench::write(args = (Op::Write), setup = awaited, config = budget(3_505_766))]
+#[bench::send(args = (Op::Send), setup = awaited, config = budget(4_571_083))]
+#[bench::write(args = (Op::Write), setup = awaited, config = budget(3_496_766))]
 fn awaited_ops(mut f: Box<AwaitedFixture>) -> Box<AwaitedFixture> {
     f.run(black_box(ITERS));
     f

@@ -403,11 +403,19 @@ impl Dispatcher {
         out: &mut [WorkCompletion],
     ) -> Result<usize, C::Error> {
         let b = &self.boxes[inbox.index() as usize];
-        if b.has_mail() {
-            return Ok(b.pop(out));
-        }
-        let Some(_turn) = self.right.try_turn() else {
-            return Ok(0);
+        // Mail is looked for before a turn only when the turn is not biased to this
+        // thread: while it is, nobody else took one, so nothing was routed here since.
+        let _turn = match self.right.try_biased_turn() {
+            Ok(turn) => turn,
+            Err(me) => {
+                if b.has_mail() {
+                    return Ok(b.pop(out));
+                }
+                match self.right.exclusive_turn(me) {
+                    Some(turn) => turn,
+                    None => return Ok(0),
+                }
+            }
         };
         if b.has_mail() {
             Ok(b.pop(out))

@@ -104,16 +104,27 @@ impl PollRight {
     /// polling) until its turn ends.
     #[inline(always)]
     pub(super) fn try_turn(&self) -> Option<Turn<'_>> {
+        match self.try_biased_turn() {
+            Ok(turn) => Some(turn),
+            Err(me) => self.exclusive_turn(me),
+        }
+    }
+
+    /// A biased turn, if the right is biased to the calling thread: then no other thread
+    /// has taken a turn since it was biased (the first one revokes the bias). Otherwise the
+    /// caller's token, for [`exclusive_turn`](Self::exclusive_turn).
+    #[inline(always)]
+    pub(super) fn try_biased_turn(&self) -> Result<Turn<'_>, usize> {
         let Some(turns) = this_thread() else {
-            return self.exclusive_turn(UNBIASED);
+            return Err(UNBIASED);
         };
         let me = token(turns);
         if self.bias.load(Ordering::Relaxed) == me {
             if let Some(turn) = self.biased_turn(turns, me) {
-                return Some(turn);
+                return Ok(turn);
             }
         }
-        self.exclusive_turn(me)
+        Err(me)
     }
 
     /// A turn, waiting for it.
@@ -145,8 +156,10 @@ impl PollRight {
         None
     }
 
+    /// A turn taken with a compare-and-swap, for the thread with token `me`
+    /// ([`try_biased_turn`](Self::try_biased_turn)'s error).
     #[inline(never)]
-    fn exclusive_turn(&self, me: usize) -> Option<Turn<'_>> {
+    pub(super) fn exclusive_turn(&self, me: usize) -> Option<Turn<'_>> {
         self.word
             .compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
             .ok()?;

@@ -242,6 +242,32 @@ fn the_poll_right_biases_to_a_thread_that_polls_alone_and_another_thread_revokes
     d.detach(b);
 }
 
+#[test]
+fn a_biased_poll_hands_out_mail_routed_before_the_bias_first() {
+    let d = Dispatcher::new(2, 4);
+    let cq = Fake::new();
+    let mut a = d.attach(4).unwrap();
+    // Another thread's turn routes `a`'s first completion, before any bias.
+    cq.push(a.wr_id(0), 1);
+    std::thread::scope(|s| {
+        s.spawn(|| assert_eq!(d.poll(&cq), Ok(1)));
+    });
+    // This thread takes turns that route nothing, without looking at its mail, until the
+    // right is biased to it.
+    for _ in 0..right::REBIAS_AFTER {
+        assert_eq!(d.poll(&cq), Ok(0));
+    }
+    assert_eq!(d.is_biased(), right::biasing_available());
+    // The device completes `a`'s second request: the older, routed one comes out first.
+    cq.push(a.wr_id(1), 2);
+    let mut out = [WorkCompletion::EMPTY; 1];
+    assert_eq!(d.poll_for(&cq, &mut a, &mut out), Ok(1));
+    assert_eq!(out[0].byte_len, 1, "the mail first");
+    assert_eq!(d.poll_for(&cq, &mut a, &mut out), Ok(1));
+    assert_eq!(out[0].byte_len, 2);
+    d.detach(a);
+}
+
 fn shared_recv(buffer: u64, qp_num: u32, byte_len: u32) -> WorkCompletion {
     WorkCompletion {
         qp_num,

@@ -445,14 +445,14 @@ fn raw_calls(mut f: Box<RawFixture>) -> Box<RawFixture> {
 #[library_benchmark]
 #[bench::send(args = (Op::Send), setup = own, config = budget(3_958_084))]
 #[bench::write(args = (Op::Write), setup = own, config = budget(2_922_772))]
-#[bench::write_batch(args = (Op::WriteBatch), setup = own, config = budget_of(46_386_749, BATCH as u64))]
+#[bench::write_batch(args = (Op::WriteBatch), setup = own, config = budget_of(46_287_749, BATCH as u64))]
 fn channel(mut f: Box<ChannelFixture>) -> Box<ChannelFixture> {
     f.run(black_box(ITERS));
     f
 }
 
 #[library_benchmark]
-#[bench::write_batch(args = (Op::WriteBatch), setup = prepared, config = budget_of(43_296_740, BATCH as u64))]
+#[bench::write_batch(args = (Op::WriteBatch), setup = prepared, config = budget_of(43_197_740, BATCH as u64))]
 fn prepared_batch(mut f: Box<ChannelFixture>) -> Box<ChannelFixture> {
     f.run_prepared(black_box(ITERS));
     f

@@ -19,8 +19,11 @@
 //! benches): completions reach users as [`Completion`]s.
 
 mod completion;
+mod slot;
 
 pub use completion::Completion;
+pub use slot::Slot;
+use slot::{any_stops, free_run, SlotState};
 
 pub use crate::provider::WorkRequest;
 use crate::types::{WcOpcode, WcStatus, WorkCompletion};
@@ -39,88 +42,6 @@ pub struct QueueFull {
 pub struct UnknownCompletion {
     /// Its `wr_id`.
     pub wr_id: u64,
-}
-
-/// Where a slot's request is. Signaled and unsignaled posted requests are two states, so
-/// that one store marks a slot posted and one compare finds a signaled one; the two posted
-/// states are the two highest, so one compare finds a posted one; and the two states that
-/// stop a retirement pass (`Done`, `PostedSignaled`) are the odd ones, so one bit finds
-/// them in a whole run of slots ([`STOPS_RETIREMENT`]).
-#[derive(Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-enum SlotState {
-    Free,
-    /// Completed; the outcome, in the ring's `outcomes`, is still to be taken.
-    Done,
-    Posted,
-    PostedSignaled,
-}
-
-/// The bit of a [`SlotState`] that `Done` and `PostedSignaled` have, and `Free` and
-/// `Posted` have not.
-const STOPS_RETIREMENT: u8 = 1;
-const _: () = {
-    assert!(SlotState::Done as u8 & STOPS_RETIREMENT != 0);
-    assert!(SlotState::PostedSignaled as u8 & STOPS_RETIREMENT != 0);
-    assert!(SlotState::Free as u8 & STOPS_RETIREMENT == 0);
-    assert!(SlotState::Posted as u8 & STOPS_RETIREMENT == 0);
-    assert!(Slot::FREE.opcode as u8 == 0 && Slot::FREE.state as u8 == 0);
-};
-
-impl SlotState {
-    #[inline]
-    fn posted(signaled: bool) -> SlotState {
-        if signaled {
-            SlotState::PostedSignaled
-        } else {
-            SlotState::Posted
-        }
-    }
-}
-
-/// The slot of the request with sequence number `seq` is `slots[seq % DEPTH]`, and it belongs
-/// to `seq` exactly while `tail <= seq < head`: that range is the generation check (an
-/// older generation is below the tail, an id never issued at or above the head). Every
-/// slot outside that range is free: so the slot at the tail of an empty ring is free.
-/// Two bytes, so that a slot is found by an address mode (no multiply) and its request
-/// posted with one store, and a retirement pass reads a run of slots as `u16`s, a vector
-/// at a time (`Slot::bits`); outcomes are kept apart, in `outcomes`. A chain built
-/// outside the ring keeps its requests' slots, so that a post copies them
-/// ([`Ring::reserve_chain`]).
-#[derive(Clone, Copy)]
-#[repr(C)]
-pub struct Slot {
-    opcode: WcOpcode,
-    state: SlotState,
-}
-
-impl Slot {
-    /// The slot of a posted request of completion opcode `opcode`, `signaled` or not.
-    #[inline]
-    pub fn posted(opcode: WcOpcode, signaled: bool) -> Slot {
-        Slot {
-            opcode,
-            state: SlotState::posted(signaled),
-        }
-    }
-
-    /// The same slot, `signaled` or not.
-    #[inline]
-    pub fn signaled(self, signaled: bool) -> Slot {
-        Slot::posted(self.opcode, signaled)
-    }
-
-    /// A free slot, all zero bits.
-    const FREE: Slot = Slot {
-        opcode: WcOpcode::Send,
-        state: SlotState::Free,
-    };
-
-    /// The slot as one number, its state in bits 8 to 15 (two adjacent bytes: one load).
-    #[inline]
-    fn bits(self) -> u16 {
-        u16::from_le_bytes([self.opcode as u8, self.state as u8])
-    }
 }
 
 /// A ring of `DEPTH` slots of work requests `W`. See the module docs.
@@ -484,8 +405,11 @@ impl<W: WorkRequest, const DEPTH: usize> Ring<W, DEPTH> {
     /// If no request from the tail up to `seq` stops a retirement (each is unsignaled and
     /// still posted, or taken already), frees their slots and returns `true`; otherwise
     /// changes nothing. The tail is the caller's to move. The range is read as at most two
-    /// contiguous runs of slots (it may wrap), each as `u16`s: one OR, vectorized, finds
-    /// whether a state that stops it is there; then the run is freed, no test.
+    /// contiguous runs of slots (it may wrap), each in blocks of [`SLOT_BLOCK`] (the
+    /// last one overlapping the one before it), so a run is a few vector operations:
+    /// one OR over it finds whether a state that stops it is there; then it is freed, no
+    /// test.
+    #[inline(always)]
     fn retire_unsignaled_before(&mut self, seq: u64) -> bool {
         let runs = |from: u64| {
             let start = (from % DEPTH as u64) as usize;
@@ -495,8 +419,7 @@ impl<W: WorkRequest, const DEPTH: usize> Ring<W, DEPTH> {
         while from < seq {
             let run = runs(from);
             from += run.len() as u64;
-            let stops = self.slots[run].iter().fold(0, |any, s| any | s.bits());
-            if stops & (STOPS_RETIREMENT as u16) << 8 != 0 {
+            if any_stops(&self.slots[run]) {
                 return false;
             }
         }
@@ -504,10 +427,9 @@ impl<W: WorkRequest, const DEPTH: usize> Ring<W, DEPTH> {
         while from < seq {
             let run = runs(from);
             from += run.len() as u64;
-            // Whole slots, one constant: stores a vector at a time. A freed slot's opcode
-            // is read again only for the request a completion names, never one retired
-            // unsignaled here.
-            self.slots[run].fill(Slot::FREE);
+            // A freed slot's opcode is read again only for the request a completion
+            // names, never one retired unsignaled here.
+            free_run(&mut self.slots[run]);
         }
         true
     }

@@ -266,10 +266,8 @@ impl<W: WorkRequest, const DEPTH: usize> Ring<W, DEPTH> {
         // tagged id's tag lies above them): one add each.
         let id = self.wr_id(first);
         if (n as u64).saturating_sub(1) <= self.id_mask - (first & self.id_mask) {
-            let mut next = id;
-            for wr in chain.iter_mut() {
-                wr.set_wr_id(next);
-                next += 1;
+            for (wr, id) in chain.iter_mut().zip(id..) {
+                wr.set_wr_id(id);
             }
         } else {
             for (i, wr) in chain.iter_mut().enumerate() {

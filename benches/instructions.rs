@@ -444,30 +444,30 @@ fn raw_calls(mut f: Box<RawFixture>) -> Box<RawFixture> {
 
 #[library_benchmark]
 #[bench::send(args = (Op::Send), setup = own, config = budget(3_958_084))]
-#[bench::write(args = (Op::Write), setup = own, config = budget(2_922_772))]
-#[bench::write_batch(args = (Op::WriteBatch), setup = own, config = budget_of(46_287_749, BATCH as u64))]
+#[bench::write(args = (Op::Write), setup = own, config = budget(2_928_771))]
+#[bench::write_batch(args = (Op::WriteBatch), setup = own, config = budget_of(46_290_749, BATCH as u64))]
 fn channel(mut f: Box<ChannelFixture>) -> Box<ChannelFixture> {
     f.run(black_box(ITERS));
     f
 }
 
 #[library_benchmark]
-#[bench::write_batch(args = (Op::WriteBatch), setup = prepared, config = budget_of(43_143_740, BATCH as u64))]
+#[bench::write_batch(args = (Op::WriteBatch), setup = prepared, config = budget_of(43_149_740, BATCH as u64))]
 fn prepared_batch(mut f: Box<ChannelFixture>) -> Box<ChannelFixture> {
     f.run_prepared(black_box(ITERS));
     f
 }
 
 #[library_benchmark]
-#[bench::send(args = (Op::Send), setup = shared, config = budget(4_136_454))]
-#[bench::write(args = (Op::Write), setup = shared, config = budget(3_109_914))]
+#[bench::send(args = (Op::Send), setup = shared, config = budget(4_107_149))]
+#[bench::write(args = (Op::Write), setup = shared, config = budget(3_066_184))]
 fn shared_queue(mut f: Box<ChannelFixture>) -> Box<ChannelFixture> {
     f.run(black_box(ITERS));
     f
 }
 
 #[library_benchmark]
-#[bench::send(args = (Op::Send), setup = unpolled, config = budget(4_069_669))]
+#[bench::send(args = (Op::Send), setup = unpolled, config = budget(4_066_668))]
 fn unpolled_level(mut f: Box<ChannelFixture>) -> Box<ChannelFixture> {
     f.run_unpolled(black_box(ITERS));
     f
@@ -475,8 +475,8 @@ fn unpolled_level(mut f: Box<ChannelFixture>) -> Box<ChannelFixture> {
 
 #[cfg(feature = "tokio")]
 #[library_benchmark]
-#[bench::send(args = (Op::Send), setup = awaited, config = budget(4_571_083))]
-#[bench::write(args = (Op::Write), setup = awaited, config = budget(3_496_766))]
+#[bench::send(args = (Op::Send), setup = awaited, config = budget(4_562_082))]
+#[bench::write(args = (Op::Write), setup = awaited, config = budget(3_484_765))]
 fn awaited_ops(mut f: Box<AwaitedFixture>) -> Box<AwaitedFixture> {
     f.run(black_box(ITERS));
     f

@@ -70,21 +70,29 @@ pub(super) struct PollRight {
     revoked: AtomicUsize,
 }
 
-/// One turn; ends when dropped.
+/// One turn; ends when dropped, with one release store and no test of which turn it was:
+/// a biased turn gives the caller's turn counter its value from before the turn back
+/// (`fence::leave`), an exclusive turn gives the right's `word` its 0 back.
 #[must_use]
 pub(super) struct Turn<'a> {
-    right: &'a PollRight,
-    /// The caller's turn counter and its value before the turn, for a biased turn.
-    biased: Option<(&'static AtomicUsize, usize)>,
+    /// The caller's turn counter (biased), or the right's `word` (exclusive).
+    ends: &'a AtomicUsize,
+    /// What the end stores there.
+    restore: usize,
+    /// Under loom a biased turn ends with `fence::leave`'s read-modify-write.
+    #[cfg(loom)]
+    biased: bool,
 }
 
 impl Drop for Turn<'_> {
     #[inline]
     fn drop(&mut self) {
-        match self.biased {
-            Some((turns, depth)) => fence::leave(turns, depth),
-            None => self.right.word.store(0, Ordering::Release),
+        #[cfg(loom)]
+        if self.biased {
+            fence::leave(self.ends, self.restore);
+            return;
         }
+        self.ends.store(self.restore, Ordering::Release);
     }
 }
 
@@ -148,8 +156,10 @@ impl PollRight {
         let depth = fence::enter(turns);
         if fence::load_bias(&self.bias) == me {
             return Some(Turn {
-                right: self,
-                biased: Some((turns, depth)),
+                ends: turns,
+                restore: depth,
+                #[cfg(loom)]
+                biased: true,
             });
         }
         fence::leave(turns, depth);
@@ -165,8 +175,10 @@ impl PollRight {
             .ok()?;
         // Dropped on every `None` below: gives `word` back.
         let turn = Turn {
-            right: self,
-            biased: None,
+            ends: &self.word,
+            restore: 0,
+            #[cfg(loom)]
+            biased: false,
         };
         let revoked = self.revoked.load(Ordering::Relaxed);
         if revoked != UNBIASED {

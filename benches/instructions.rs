@@ -443,8 +443,8 @@ fn raw_calls(mut f: Box<RawFixture>) -> Box<RawFixture> {
 }
 
 #[library_benchmark]
-#[bench::send(args = (Op::Send), setup = own, config = budget(3_958_084))]
-#[bench::write(args = (Op::Write), setup = own, config = budget(2_928_771))]
+#[bench::send(args = (Op::Send), setup = own, config = budget(3_955_088))]
+#[bench::write(args = (Op::Write), setup = own, config = budget(2_928_774))]
 #[bench::write_batch(args = (Op::WriteBatch), setup = own, config = budget_of(46_290_749, BATCH as u64))]
 fn channel(mut f: Box<ChannelFixture>) -> Box<ChannelFixture> {
     f.run(black_box(ITERS));
@@ -452,15 +452,15 @@ fn channel(mut f: Box<ChannelFixture>) -> Box<ChannelFixture> {
 }
 
 #[library_benchmark]
-#[bench::write_batch(args = (Op::WriteBatch), setup = prepared, config = budget_of(43_149_740, BATCH as u64))]
+#[bench::write_batch(args = (Op::WriteBatch), setup = prepared, config = budget_of(43_155_740, BATCH as u64))]
 fn prepared_batch(mut f: Box<ChannelFixture>) -> Box<ChannelFixture> {
     f.run_prepared(black_box(ITERS));
     f
 }
 
 #[library_benchmark]
-#[bench::send(args = (Op::Send), setup = shared, config = budget(4_107_149))]
-#[bench::write(args = (Op::Write), setup = shared, config = budget(3_066_184))]
+#[bench::send(args = (Op::Send), setup = shared, config = budget(4_062_153))]
+#[bench::write(args = (Op::Write), setup = shared, config = budget(3_027_187))]
 fn shared_queue(mut f: Box<ChannelFixture>) -> Box<ChannelFixture> {
     f.run(black_box(ITERS));
     f
@@ -475,8 +475,8 @@ fn unpolled_level(mut f: Box<ChannelFixture>) -> Box<ChannelFixture> {
 
 #[cfg(feature = "tokio")]
 #[library_benchmark]
-#[bench::send(args = (Op::Send), setup = awaited, config = budget(4_562_082))]
-#[bench::write(args = (Op::Write), setup = awaited, config = budget(3_484_765))]
+#[bench::send(args = (Op::Send), setup = awaited, config = budget(4_562_083))]
+#[bench::write(args = (Op::Write), setup = awaited, config = budget(3_499_766))]
 fn awaited_ops(mut f: Box<AwaitedFixture>) -> Box<AwaitedFixture> {
     f.run(black_box(ITERS));
     f

@@ -77,6 +77,15 @@ impl<P: Provider> CompletionQueue<P> {
         verb("ibv_poll_cq", P::poll_cq(&self.raw, out))
     }
 
+    /// Polls for at most one completion into `out`, in the library's layout
+    /// ([`Provider::poll_cq_into`]); whether there was one. The dispatcher's poll (with
+    /// `std`).
+    #[inline(always)]
+    #[cfg(feature = "std")]
+    pub(crate) fn poll_into(&self, out: &mut WorkCompletion) -> Result<bool, Error<P::Error>> {
+        verb("ibv_poll_cq", P::poll_cq_into(&self.raw, out))
+    }
+
     /// Polls for at most one completion, into `out`, read in place
     /// ([`Provider::poll_cq_one`]).
     #[inline(always)]

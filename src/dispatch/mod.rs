@@ -95,12 +95,21 @@ pub trait CompletionSource {
     type Error;
     /// Moves up to `out.len()` completions into `out`; returns how many.
     fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize, Self::Error>;
+    /// Moves at most one completion into `out`; whether there was one.
+    #[inline]
+    fn poll_one(&self, out: &mut WorkCompletion) -> Result<bool, Self::Error> {
+        Ok(self.poll(core::slice::from_mut(out))? == 1)
+    }
 }
 
 impl<P: Provider> CompletionSource for CompletionQueue<P> {
     type Error = crate::error::Error<P::Error>;
     fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize, Self::Error> {
         CompletionQueue::poll(self, out)
+    }
+    #[inline(always)]
+    fn poll_one(&self, out: &mut WorkCompletion) -> Result<bool, Self::Error> {
+        self.poll_into(out)
     }
 }
 
@@ -434,8 +443,12 @@ impl Dispatcher {
         inbox: &Inbox,
         out: &mut [WorkCompletion],
     ) -> Result<usize, C::Error> {
-        // Never more than asked for: a poll for one is then one test, not a loop.
-        let polled = cq.poll(out)?.min(out.len());
+        // Never more than asked for: a poll for one is then one test, not a loop. A poll
+        // for one takes the queue's one-completion entry, as a queue of a channel's own.
+        let polled = match out {
+            [one] => usize::from(cq.poll_one(one)?),
+            _ => cq.poll(out)?.min(out.len()),
+        };
         let mut mine = 0;
         for i in 0..polled {
             let wc = &out[i];

@@ -169,6 +169,21 @@ pub trait Provider: Sized {
         cq: &Self::Cq,
         out: &'a mut core::mem::MaybeUninit<Self::Wc>,
     ) -> Result<Option<&'a Self::Wc>, Self::Error>;
+    /// Polls for at most one completion into `out`, in the library's layout; whether there
+    /// was one. A shared queue's poll for one channel's completion, which routes it by its
+    /// `wr_id`. By default, [`poll_cq_one`](Provider::poll_cq_one) converted; a provider
+    /// whose layout is the library's polls straight into `out`.
+    #[inline]
+    fn poll_cq_into(cq: &Self::Cq, out: &mut WorkCompletion) -> Result<bool, Self::Error> {
+        let mut slot = core::mem::MaybeUninit::uninit();
+        Ok(match Self::poll_cq_one(cq, &mut slot)? {
+            Some(wc) => {
+                *out = wc.completion();
+                true
+            }
+            None => false,
+        })
+    }
 
     /// Creates a completion channel (`ibv_create_comp_channel`) whose descriptor is in
     /// non-blocking mode.

@@ -215,6 +215,11 @@ impl Provider for Sim {
         })
     }
 
+    #[inline(always)]
+    fn poll_cq_into(cq: &s::Cq, out: &mut WorkCompletion) -> Result<bool, s::SimError> {
+        Ok(cq.poll(core::slice::from_mut(out))? == 1)
+    }
+
     fn create_comp_channel(ctx: &s::Context) -> Result<s::CompChannel, s::SimError> {
         ctx.create_comp_channel()
     }

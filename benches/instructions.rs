@@ -452,7 +452,7 @@ fn channel(mut f: Box<ChannelFixture>) -> Box<ChannelFixture> {
 }
 
 #[library_benchmark]
-#[bench::write_batch(args = (Op::WriteBatch), setup = prepared, config = budget_of(43_155_740, BATCH as u64))]
+#[bench::write_batch(args = (Op::WriteBatch), setup = prepared, config = budget_of(43_170_740, BATCH as u64))]
 fn prepared_batch(mut f: Box<ChannelFixture>) -> Box<ChannelFixture> {
     f.run_prepared(black_box(ITERS));
     f

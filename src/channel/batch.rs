@@ -9,10 +9,8 @@ use core::marker::PhantomData;
 use core::ops::Range;
 
 use super::op::{Local, Op};
-use super::poll::PolledOne;
 use super::post::fill_send;
 use super::scope::Scope;
-use super::source::OneWc;
 use super::wait::Waiter;
 use super::{Channel, ChannelTransport, Owner, Queue};
 use crate::error::Error;
@@ -224,29 +222,9 @@ impl<P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usize>
     ) -> Result<(), Error<P::Error>> {
         self.batch_len(batch)?;
         let posted = self.post_batch(batch, None)?;
-        if posted.is_empty() {
-            return Ok(());
-        }
-        // One completion first, as a blocking call's first poll: usually the last
-        // request's, which retires the batch at once. The rest is a scope's settle.
-        let last = posted.end - 1;
-        let mut wc = OneWc::new();
-        match self.poll_through(Queue::Send, last, &mut wc) {
-            Ok(PolledOne::Retired(wc)) if wc.succeeded() => Ok(()),
-            Ok(PolledOne::Retired(wc)) => {
-                let wc = wc.completion();
-                Err(self.retired_failed(Queue::Send, last, wc))
-            }
-            _ => self.settle_batch(posted.start),
-        }
-    }
-
-    /// The rest of [`execute_batch`](Self::execute_batch) after a first poll that did not
-    /// retire the batch: waits for its requests from `from` on; the first error.
-    #[inline(never)]
-    fn settle_batch(&mut self, from: u64) -> Result<(), Error<P::Error>> {
+        // The last request's completion usually retires the batch at once: a scope's end.
         let mut first = Ok(());
-        self.settle_from(Queue::Send, from, &mut self.waiter(), |r| {
+        self.settle_scope(Queue::Send, posted.start, None, |r| {
             if let (Err(e), Ok(())) = (r, &first) {
                 first = Err(e);
             }

@@ -490,13 +490,13 @@ impl<P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usize>
     /// first poll brings the last request's completion, which retires everything from
     /// `from` at once (one doorbell batch, or a single request). Anything else (another
     /// completion, nothing, a failed poll) is `settle_from`'s, which takes what this poll
-    /// recorded.
+    /// recorded, within `waiter`'s bound (`None`: the channel's, from then on).
     #[inline(always)]
     pub(crate) fn settle_scope(
         &mut self,
         queue: Queue,
         from: u64,
-        waiter: &mut Waiter,
+        waiter: Option<&mut Waiter>,
         mut each: impl FnMut(Result<Completion, Error<P::Error>>),
     ) -> u64 {
         let to = self.next_seq(queue);
@@ -515,7 +515,12 @@ impl<P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usize>
                 let wc = wc.completion();
                 each(Err(self.retired_failed(queue, last, wc)));
             }
-            _ => return self.settle_from(queue, from, waiter, each),
+            _ => {
+                return match waiter {
+                    Some(waiter) => self.settle_from(queue, from, waiter, each),
+                    None => self.settle_from(queue, from, &mut self.waiter(), each),
+                }
+            }
         }
         to
     }

@@ -215,11 +215,13 @@ impl<'env, P: Provider, T: ChannelTransport, const DEPTH: usize, const SGES: usi
             Queue::Recv => self.recv_from,
         };
         let first_error = &mut self.first_error;
-        let to = self.ch.settle_scope(queue, from, &mut self.waiter, |r| {
-            if let Err(e) = r {
-                first_error.get_or_insert(e);
-            }
-        });
+        let to = self
+            .ch
+            .settle_scope(queue, from, Some(&mut self.waiter), |r| {
+                if let Err(e) = r {
+                    first_error.get_or_insert(e);
+                }
+            });
         match queue {
             Queue::Send => self.send_from = to,
             Queue::Recv => self.recv_from = to,

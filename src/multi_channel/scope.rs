@@ -273,7 +273,7 @@ impl<
         ch.unstage_all();
         let outcome = outcome.get_or_insert(Ok(None));
         let first_error = &mut self.first_error;
-        let to = ch.settle_scope(queue, from, &mut self.waiter, |r| {
+        let to = ch.settle_scope(queue, from, Some(&mut self.waiter), |r| {
             match (r, &mut *outcome) {
                 (Ok(c), Ok(got)) if queue == Queue::Recv => *got = Some(c),
                 (Ok(_), _) | (Err(_), Err(_)) => {}

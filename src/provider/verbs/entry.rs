@@ -38,6 +38,18 @@ unsafe impl<const SGES: usize> Send for Entry<SGES> {}
 unsafe impl<const SGES: usize> Sync for Entry<SGES> {}
 
 impl<const SGES: usize> Entry<SGES> {
+    /// The request as the library reads it.
+    #[inline(always)]
+    pub(super) fn wr(&self) -> &ffi::ibv_send_wr {
+        &self.wr
+    }
+
+    /// Its gather entries (the first `num_sge` in use).
+    #[inline(always)]
+    pub(super) fn sges(&self) -> &[Sge; SGES] {
+        &self.sges
+    }
+
     /// Whether `num_sge` names no more entries than `sges` holds: the library would read
     /// past it otherwise.
     #[inline(always)]

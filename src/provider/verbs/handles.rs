@@ -8,6 +8,8 @@ use std::sync::Arc;
 
 use ibverbs_sys as ffi;
 
+use super::builder::Builders;
+
 pub(super) struct ContextInner {
     pub(super) ctx: NonNull<ffi::ibv_context>,
     pub(super) name: String,
@@ -120,6 +122,9 @@ pub struct Qp {
     pub(super) qp_num: u32,
     pub(super) post_send: PostFn<ffi::ibv_send_wr>,
     pub(super) post_recv: PostFn<ffi::ibv_recv_wr>,
+    /// Its send builders, if the provider created it with them (RC only); else sends go
+    /// through `post_send`.
+    pub(super) builders: Option<Builders>,
     pub(super) _pd: Arc<PdInner>,
     pub(super) _cqs: [Arc<CqInner>; 2],
     /// Destroyed after the QP (fields drop after `drop`).
@@ -188,9 +193,11 @@ unsafe impl Sync for Mr {}
 unsafe impl Send for CqInner {}
 // SAFETY: concurrent `ibv_poll_cq` calls on one CQ are serialised by the provider's CQ lock.
 unsafe impl Sync for CqInner {}
-// SAFETY: `ibv_post_send`/`ibv_post_recv`/`ibv_modify_qp` may run on any thread.
+// SAFETY: `ibv_post_send`/`ibv_post_recv`/`ibv_modify_qp` and the send builders may run
+// on any thread.
 unsafe impl Send for Qp {}
-// SAFETY: concurrent posts on one QP are serialised by the provider's queue locks.
+// SAFETY: concurrent posts on one QP are serialised by the provider's queue locks (the
+// builders' from `ibv_wr_start` to `ibv_wr_complete`).
 unsafe impl Sync for Qp {}
 // SAFETY: `ibv_post_srq_recv`, `ibv_modify_srq`, `ibv_query_srq` and destroy may run on
 // any thread.

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # User-space instructions per post + poll on the verbs path, in the rxe guest under
 # callgrind: zverbs (a Channel's unpolled post and try_complete) against raw verbs
-# (ibv_post_send / ibv_poll_cq through the provider's op table, as verbs.h does), the
-# `ibverbs` crate 0.9.2 and `sideway` 0.4.3. Same operation for all: one signaled 64-byte
+# (ibv_post_send / ibv_poll_cq through the provider's op table, as verbs.h does), raw
+# verbs through the provider's ibv_wr_* builders (`raw_wr`: the floor of the path zverbs'
+# RC sends and sideway take), the `ibverbs` crate 0.9.2 and `sideway` 0.4.3. Same operation for all: one signaled 64-byte
 # SEND between two RC queue pairs on rxe0, and one poll that takes its completion; then a
 # doorbell batch of 32 RDMA WRITEs, the last signaled (not `ibverbs`, which has no WRITE),
 # for zverbs also as a `Batch` built once and executed by `Channel::execute_batch`
@@ -10,7 +11,7 @@
 # scope and as the blocking `Channel::send` (`blocking`)
 # (benches/verbs_peers/src/main.rs says how the loop and the counting work).
 #
-#   scripts/verbs-instructions.sh [LIB...]     default: zverbs raw ibverbs sideway
+#   scripts/verbs-instructions.sh [LIB...]     default: zverbs raw raw_wr ibverbs sideway
 #
 # Environment: N1, N2 (loop lengths whose difference is measured, default 100 and 600), K
 # (empty polls measured, default 500), CG_DIR (keep each run's callgrind output there, for
@@ -20,7 +21,7 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "$(readlink -f "$0")")/.." && pwd)
 cd "$ROOT"
-LIBS=${*:-zverbs raw ibverbs sideway}
+LIBS=${*:-zverbs raw raw_wr ibverbs sideway}
 N1=${N1:-100} N2=${N2:-600} K=${K:-500} CG_DIR=${CG_DIR:-} CG_ARGS=${CG_ARGS:-}
 for t in valgrind readelf; do command -v $t >/dev/null || { echo "$t not found" >&2; exit 1; }; done
 
@@ -90,7 +91,10 @@ grep '^RESULT ' <<<"$out" | awk -v n1="$N1" -v n2="$N2" -v k="$K" '
     for (i = 1; i <= n; i++) {
       split(order[i], km, " "); l = km[1]; m = km[2]
       base = (m == "scope" || m == "blocking") ? "raw send" : (m == "prepared") ? "raw batch" : "raw " m
-      if (l != "raw" && (base in val))
+      if (l != "raw" && l != "raw_wr" && (base in val))
         printf "%-8s %-8s %+.1f over raw verbs (%s)\n", l, m, val[order[i]] - val[base], base
+      sub(/^raw /, "raw_wr ", base)
+      if ((l == "zverbs" || l == "sideway") && (base in val))
+        printf "%-8s %-8s %+.1f over raw builders (%s)\n", l, m, val[order[i]] - val[base], base
     }
   }'

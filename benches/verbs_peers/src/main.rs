@@ -2,7 +2,7 @@
 //! (`scripts/verbs-instructions.sh` runs it under callgrind in the rxe guest).
 //!
 //! ```text
-//! verbs_loop LIB MODE N     LIB: zverbs | raw | ibverbs | sideway
+//! verbs_loop LIB MODE N     LIB: zverbs | raw | raw_wr | ibverbs | sideway
 //!                            MODE: send | empty | batch | scope | prepared | blocking
 //!                            (the last three zverbs only)
 //! ```
@@ -35,6 +35,7 @@
 
 mod peer_ibverbs;
 mod peer_sideway;
+mod raw_wr;
 
 use std::time::Duration;
 
@@ -113,7 +114,7 @@ macro_rules! run {
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let [lib, mode, n] = &args[..] else {
-        eprintln!("usage: verbs_loop zverbs|raw|ibverbs|sideway send|empty|batch|scope|prepared|blocking N");
+        eprintln!("usage: verbs_loop zverbs|raw|raw_wr|ibverbs|sideway send|empty|batch|scope|prepared|blocking N");
         std::process::exit(2);
     };
     let n: u64 = n.parse().expect("N is a number");
@@ -123,9 +124,10 @@ fn main() {
     match lib.as_str() {
         "zverbs" => run!(zverbs_path, mode, n, &dev, gid),
         "raw" => run!(raw, mode, n, &dev, gid),
+        "raw_wr" => run!(raw_wr, mode, n, &dev, gid),
         "ibverbs" => run!(peer_ibverbs, mode, n, &dev, gid),
         "sideway" => run!(peer_sideway, mode, n, &dev, gid),
-        other => panic!("LIB is zverbs, raw, ibverbs or sideway, not {other:?}"),
+        other => panic!("LIB is zverbs, raw, raw_wr, ibverbs or sideway, not {other:?}"),
     }
 }
 
@@ -367,9 +369,13 @@ mod raw {
         b: QueuePair<Verbs, ReadyToSend>,
         a_cq: CompletionQueue<Verbs>,
         b_cq: CompletionQueue<Verbs>,
-        src: ffi::ibv_sge,
+        pub(crate) src: ffi::ibv_sge,
         dst: ffi::ibv_sge,
         wc: ffi::ibv_wc,
+        /// A's queue pair as an extended one (`raw_wr`'s builders).
+        pub(crate) a_qpx: *mut ffi::ibv_qp_ex,
+        /// B's buffer: its address and rkey (`raw_wr`'s batch).
+        pub(crate) remote: (u64, u32),
         /// `BATCH` linked RDMA WRITEs of A's buffer into B's, the last signaled: built once,
         /// as perftest builds its chains, posted by `measured_batch` (the floor: a program
         /// that builds its requests per post pays for that too).
@@ -435,6 +441,9 @@ mod raw {
             batch[i - 1].next = next;
         }
         batch[super::BATCH - 1].send_flags = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+        // SAFETY: A is live; zverbs creates an RC queue pair extended where it can (NULL
+        // if not: `raw_wr` checks).
+        let a_qpx = unsafe { ffi::ibv_qp_to_qp_ex(a.raw().as_ptr()) };
         Rig {
             a,
             b,
@@ -444,6 +453,8 @@ mod raw {
             dst: d,
             // SAFETY: a plain C struct; all zeroes is a valid value.
             wc: unsafe { std::mem::zeroed() },
+            a_qpx,
+            remote: (remote.addr, remote.rkey),
             batch,
             _batch_sge: batch_sge,
             _mrs: (src, dst),

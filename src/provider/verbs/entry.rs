@@ -16,10 +16,10 @@ use crate::types::{SendFlags, SendOp, Sge, WcOpcode};
 /// A send work request in the verbs library's layout with room for `SGES` gather entries.
 ///
 /// Every field the library reads for the request's opcode is written by
-/// [`set_op`](SendEntry::set_op) (the opcode, the flags, the immediate, the whole union of
-/// remote address, atomic operands or datagram destination), by the gather setters, or by
-/// [`post_entries`] (the links `sg_list` and `next`); the rest (the XRC and memory-window
-/// unions) stay zero from [`BLANK`](WorkRequest::BLANK).
+/// [`set_op`](SendEntry::set_op) (the opcode, the flags, and the immediate, remote
+/// address, atomic operands or datagram destination where the opcode has them), by the
+/// gather setters, or by [`post_entries`] (the links `sg_list` and `next`); the XRC and
+/// memory-window unions stay zero from [`BLANK`](WorkRequest::BLANK).
 #[derive(Clone, Copy)]
 #[repr(C)]
 pub struct Entry<const SGES: usize> {
@@ -114,10 +114,7 @@ impl<const SGES: usize> SendEntry<SGES> for Entry<SGES> {
     #[inline(always)]
     fn set_op(&mut self, op: SendOp, flags: SendFlags) {
         self.wr.send_flags = flags.bits();
-        let (opcode, imm, wr) = super::wr::send_op(op);
-        self.wr.opcode = opcode;
-        self.wr.__bindgen_anon_1 = imm;
-        self.wr.wr = wr;
+        super::wr::set_send_op(op, &mut self.wr);
     }
 }
 
@@ -263,10 +260,10 @@ mod tests {
         e
     }
 
-    /// An entry rebuilt for another operation keeps none of the last one's operands: the
-    /// immediate and the whole operand union are written.
+    /// An entry rebuilt for another operation holds that one's opcode, flags and
+    /// operands, each where the library reads it for the opcode.
     #[test]
-    fn an_entry_built_over_another_keeps_none_of_its_operands() {
+    fn an_entry_built_over_another_holds_the_operands_of_its_own() {
         let mut e = entry(
             1,
             SendOp::CompareSwap {
@@ -290,12 +287,25 @@ mod tests {
         assert_eq!(e.wr.opcode, ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM);
         assert_eq!(e.wr.send_flags, SendFlags::FENCE.bits(), "flags replaced");
         assert_eq!(e.opcode(), WcOpcode::RdmaWrite);
-        // SAFETY: the members `set_op` wrote, and an atomic's, which overlaps them: its
-        // swap lies past the write's operands.
+        // SAFETY: the members `set_op` wrote.
         unsafe {
             assert_eq!(e.wr.__bindgen_anon_1.imm_data, 0x0102_0304u32.to_be());
             assert_eq!((e.wr.wr.rdma.remote_addr, e.wr.wr.rdma.rkey), (0x3000, 9));
-            assert_eq!(e.wr.wr.atomic.swap, 0, "no stale swap operand");
+        }
+        e.set_op(
+            SendOp::FetchAdd {
+                remote_addr: 0x4000,
+                rkey: 11,
+                add: 3,
+            },
+            SendFlags::empty(),
+        );
+        assert_eq!(e.opcode(), WcOpcode::FetchAdd);
+        // SAFETY: the atomic member `set_op` wrote, whole.
+        unsafe {
+            let a = e.wr.wr.atomic;
+            assert_eq!((a.remote_addr, a.rkey, a.compare_add), (0x4000, 11, 3));
+            assert_eq!(a.swap, 0, "a fetch-and-add swaps nothing");
         }
         e.set_op(SendOp::Send, SendFlags::SIGNALED | SendFlags::FENCE);
         assert_eq!(e.opcode(), WcOpcode::Send);
@@ -305,11 +315,9 @@ mod tests {
             SendFlags::FENCE.bits(),
             "only the signal cleared"
         );
-        // SAFETY: plain integers of the unions `set_op` wrote.
+        assert_eq!(e.wr.opcode, ffi::ibv_wr_opcode::IBV_WR_SEND);
+        // SAFETY: a plain integer of a union nothing writes.
         unsafe {
-            assert_eq!(e.wr.__bindgen_anon_1.imm_data, 0, "no stale immediate");
-            assert_eq!(e.wr.wr.atomic.remote_addr, 0);
-            assert_eq!(e.wr.wr.atomic.rkey, 0);
             assert_eq!(e.wr.qp_type.xrc.remote_srqn, 0, "XRC target never written");
         }
     }

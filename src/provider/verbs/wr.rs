@@ -87,92 +87,88 @@ pub(super) fn send_wr<const SGES: usize>(wr: &SendWr<SGES>, out: &mut ffi::ibv_s
     out.sg_list = sges.as_ptr().cast::<ffi::ibv_sge>().cast_mut();
     out.num_sge = sges.len() as i32; // at most 255 (`num_sge` is a u8)
     out.send_flags = wr.flags.bits();
-    (out.opcode, out.__bindgen_anon_1, out.wr) = send_op(wr.op);
+    set_send_op(wr.op, out);
 }
 
-/// The library's opcode, immediate and operand union for `op`. Both unions are written
-/// whole (zero where `op` has nothing), so a request built over an earlier one keeps none
-/// of its operands.
+/// Writes `op` into `out`: its opcode, and the members of the immediate and operand
+/// unions that the opcode has. The others keep what they held: the library reads only
+/// the members its opcode names (a request built over an earlier one may hold that one's
+/// operands where its own opcode has none, never read).
 #[inline(always)]
-pub(super) fn send_op(
-    op: SendOp,
-) -> (
-    ffi::ibv_wr_opcode::Type,
-    ffi::ibv_send_wr__bindgen_ty_1,
-    ffi::ibv_send_wr__bindgen_ty_2,
-) {
+pub(super) fn set_send_op(op: SendOp, out: &mut ffi::ibv_send_wr) {
+    use ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 as Rdma;
+    use ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 as Atomic;
     use ffi::ibv_wr_opcode as code;
-    let rdma = |remote_addr, rkey| {
-        let mut u = ffi::ibv_send_wr__bindgen_ty_2::default();
-        u.rdma = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 { remote_addr, rkey };
-        u
-    };
-    let atomic = |remote_addr, rkey, compare_add, swap| ffi::ibv_send_wr__bindgen_ty_2 {
-        atomic: ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
-            remote_addr,
-            compare_add,
-            swap,
-            rkey,
-        },
-    };
     // Immediate data travels in network byte order; our API carries the value.
-    let imm = |imm: u32| ffi::ibv_send_wr__bindgen_ty_1 {
-        imm_data: imm.to_be(),
-    };
-    let none = ffi::ibv_send_wr__bindgen_ty_2::default;
-    match op {
-        SendOp::Send => (code::IBV_WR_SEND, imm(0), none()),
-        SendOp::SendWithImm(v) => (code::IBV_WR_SEND_WITH_IMM, imm(v), none()),
+    let imm = |out: &mut ffi::ibv_send_wr, v: u32| out.__bindgen_anon_1.imm_data = v.to_be();
+    out.opcode = match op {
+        SendOp::Send => code::IBV_WR_SEND,
+        SendOp::SendWithImm(v) => {
+            imm(out, v);
+            code::IBV_WR_SEND_WITH_IMM
+        }
         SendOp::Write { remote_addr, rkey } => {
-            (code::IBV_WR_RDMA_WRITE, imm(0), rdma(remote_addr, rkey))
+            out.wr.rdma = Rdma { remote_addr, rkey };
+            code::IBV_WR_RDMA_WRITE
         }
         SendOp::WriteWithImm {
             remote_addr,
             rkey,
             imm: v,
-        } => (
-            code::IBV_WR_RDMA_WRITE_WITH_IMM,
-            imm(v),
-            rdma(remote_addr, rkey),
-        ),
+        } => {
+            out.wr.rdma = Rdma { remote_addr, rkey };
+            imm(out, v);
+            code::IBV_WR_RDMA_WRITE_WITH_IMM
+        }
         SendOp::Read { remote_addr, rkey } => {
-            (code::IBV_WR_RDMA_READ, imm(0), rdma(remote_addr, rkey))
+            out.wr.rdma = Rdma { remote_addr, rkey };
+            code::IBV_WR_RDMA_READ
         }
         SendOp::CompareSwap {
             remote_addr,
             rkey,
             compare,
             swap,
-        } => (
-            code::IBV_WR_ATOMIC_CMP_AND_SWP,
-            imm(0),
-            atomic(remote_addr, rkey, compare, swap),
-        ),
+        } => {
+            out.wr.atomic = Atomic {
+                remote_addr,
+                compare_add: compare,
+                swap,
+                rkey,
+            };
+            code::IBV_WR_ATOMIC_CMP_AND_SWP
+        }
         SendOp::FetchAdd {
             remote_addr,
             rkey,
             add,
-        } => (
-            code::IBV_WR_ATOMIC_FETCH_AND_ADD,
-            imm(0),
-            atomic(remote_addr, rkey, add, 0),
-        ),
+        } => {
+            out.wr.atomic = Atomic {
+                remote_addr,
+                compare_add: add,
+                swap: 0,
+                rkey,
+            };
+            code::IBV_WR_ATOMIC_FETCH_AND_ADD
+        }
         SendOp::Datagram { dest, imm: v } => {
             // The key is an `ibv_ah *` as an integer (`Verbs::ah_key`); that it names a
             // live handle is `post_send`'s contract.
             let ah = dest.ah.0 as usize as *mut ffi::ibv_ah;
-            let mut u = ffi::ibv_send_wr__bindgen_ty_2::default();
-            u.ud = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {
+            out.wr.ud = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {
                 ah,
                 remote_qpn: dest.remote_qpn,
                 remote_qkey: dest.remote_qkey,
             };
             match v {
-                Some(v) => (code::IBV_WR_SEND_WITH_IMM, imm(v), u),
-                None => (code::IBV_WR_SEND, imm(0), u),
+                Some(v) => {
+                    imm(out, v);
+                    code::IBV_WR_SEND_WITH_IMM
+                }
+                None => code::IBV_WR_SEND,
             }
         }
-    }
+    };
 }
 
 /// Fills `out` from `wr`; as [`send_wr`], `out.sg_list` borrows `wr.sg_list`. The verbs

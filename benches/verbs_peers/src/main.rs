@@ -170,8 +170,8 @@ mod zverbs_path {
     use zverbs::provider::verbs::Verbs;
     use zverbs::qp::QpConfig;
     use zverbs::{
-        AccessFlags, Batch, Channel, ChannelConfig, Context, MemoryRegion, Op, Pending,
-        ProtectionDomain, RemoteRegion, SendFlags, SendOp, Sge,
+        AccessFlags, Batch, Channel, ChannelConfig, Context, LocalSlice, MemoryRegion, Op,
+        Pending, ProtectionDomain, RemoteRegion, SendFlags, SendOp, Sge,
     };
 
     type Ch = Channel<Verbs, { super::DEPTH as usize }, 1>;
@@ -189,7 +189,10 @@ mod zverbs_path {
         recvs: Vec<Pending>,
         /// The writes of `batch`, built once (`prepared`).
         prepared: Batch<'static, Verbs, { super::BATCH }, 1>,
-        _mrs: (MemoryRegion<'static, Verbs>, MemoryRegion<'static, Verbs>),
+        /// A's buffer (leaked) as a slice, made once, as `src` and raw verbs' SGE are: for
+        /// the blocking call, the scope and the batch.
+        whole: LocalSlice<'static>,
+        _dst: MemoryRegion<'static, Verbs>,
         _pd: ProtectionDomain<Verbs>,
         _ctx: Context<Verbs>,
     }
@@ -210,7 +213,8 @@ mod zverbs_path {
             a.connect(&eb).expect("A to B"),
             b.connect(&ea).expect("B to A"),
         );
-        let src = pd.register(super::leak()).expect("A's buffer");
+        let src = Box::leak(Box::new(pd.register(super::leak()).expect("A's buffer")));
+        let whole = src.slice(..).unwrap();
         let remote_write = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
         // SAFETY: B's buffer is leaked and never read or written by the program.
         let mut dst =
@@ -241,7 +245,8 @@ mod zverbs_path {
             idle: Some(idle),
             recvs: Vec::with_capacity(16),
             prepared,
-            _mrs: (src, dst),
+            whole,
+            _dst: dst,
             _pd: pd,
             _ctx: ctx,
         }
@@ -281,7 +286,7 @@ mod zverbs_path {
     /// once the scope took the completion (so: settled).
     #[inline(never)]
     pub fn measured_batch(rig: &mut Rig) -> bool {
-        let (src, remote) = (rig._mrs.0.slice(..).unwrap(), &rig.remote);
+        let (src, remote) = (rig.whole, &rig.remote);
         rig.a
             .scope(|s| {
                 for _ in 0..super::BATCH {
@@ -311,7 +316,7 @@ mod zverbs_path {
     /// the provider's `poll_cq` in the callgrind output, one per operation, say so).
     #[inline(never)]
     pub fn measured_blocking(rig: &mut Rig) -> bool {
-        let src = rig._mrs.0.slice(..).unwrap();
+        let src = rig.whole;
         rig.a.send([src]).expect("send");
         true
     }
@@ -319,7 +324,7 @@ mod zverbs_path {
     /// The SEND of `send` through a scope: staged, the doorbell rung, then the scope's wait.
     #[inline(never)]
     pub fn measured_scope(rig: &mut Rig) -> bool {
-        let src = rig._mrs.0.slice(..).unwrap();
+        let src = rig.whole;
         rig.a
             .scope(|s| {
                 s.post_send([src])?;

@@ -7,11 +7,11 @@
 //! request than `ibv_post_send` (BENCHMARKS.md, section 9).
 //!
 //! A chain the builders cannot express as this backend uses them goes to `ibv_post_send`
-//! instead, whole ([`Built::NotBuildable`]): more than one gather entry (rxe before
-//! rdma-core 64 miscounts a gather list's length in `ibv_wr_set_sge_list`), an opcode
-//! without a builder here, or an inline read or atomic. A queue pair the provider will not
-//! create with builders (no `create_qp_ex`, or the send operations refused) posts every
-//! chain through `ibv_post_send`.
+//! instead, whole: one with a request of more than one gather entry (rxe before rdma-core
+//! 64 miscounts a gather list's length in `ibv_wr_set_sge_list`), of an opcode without a
+//! builder here, or an inline read or atomic. A queue pair the provider will not create
+//! with builders (no `create_qp_ex`, or the send operations refused), and every UD queue
+//! pair, posts every chain through `ibv_post_send`.
 
 use core::ffi::c_void;
 use core::mem::offset_of;

@@ -143,8 +143,9 @@ pub(super) struct Builders {
 impl Builders {
     /// The builders of the extended queue pair `qpx`, if it has all of them.
     fn of(qpx: NonNull<ffi::ibv_qp_ex>) -> Option<Builders> {
-        // SAFETY: a live extended queue pair; its function pointers are fixed.
-        let q = unsafe { qpx.as_ptr().read() };
+        // SAFETY: a live extended queue pair, not yet shared; its function pointers are
+        // fixed.
+        let q = unsafe { qpx.as_ref() };
         Some(Builders {
             qpx,
             start: q.wr_start?,

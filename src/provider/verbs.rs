@@ -365,6 +365,12 @@ impl Provider for Verbs {
             unsafe { ffi::ibv_destroy_qp(qp.as_ptr()) };
             return Err(VerbsError::Unsupported("ibv_post_send/ibv_post_recv"));
         };
+        crate::trace::event!(
+            debug,
+            qp = qp_num,
+            builders = builders.is_some(),
+            "a queue pair created: sends through the provider's builders, or ibv_post_send"
+        );
         Ok(Qp {
             qp,
             qp_num,

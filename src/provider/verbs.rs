@@ -526,18 +526,9 @@ impl Provider for Verbs {
         qp: &Qp,
         entries: &mut [entry::Entry<SGES>],
     ) -> Result<(), PostError<VerbsError>> {
-        if let Some(b) = &qp.builders {
-            // SAFETY: the queue pair's own builders and `post_send`; the caller upholds
-            // the trait's contract on the memory the entries name.
-            return unsafe {
-                b.post(entries, |e| {
-                    entry::post_entries(qp.qp.as_ptr(), qp.post_send, e)
-                })
-            };
-        }
-        // SAFETY: `post_send` is the queue pair's own; the caller upholds the trait's
-        // contract on the memory the entries name.
-        unsafe { entry::post_entries(qp.qp.as_ptr(), qp.post_send, entries) }
+        // A chain not linked before: as `post_send_chain` posts it.
+        // SAFETY: forwarded contract; `linked` false claims nothing.
+        unsafe { Self::post_send_chain(qp, entries, false) }
     }
 
     #[inline(always)]
@@ -547,8 +538,10 @@ impl Provider for Verbs {
         linked: bool,
     ) -> Result<(), PostError<VerbsError>> {
         if let Some(b) = &qp.builders {
-            // SAFETY: as in `post_send_entries`. The builders' posts link nothing, so a
-            // chain they leave to `post_send` is linked again (`linked` is not theirs).
+            // SAFETY: the queue pair's own builders and `post_send`; the caller upholds
+            // the trait's contract on the memory the entries name. The builders' posts
+            // link nothing, so a chain they leave to `post_send` is linked again
+            // (`linked` is not theirs).
             return unsafe {
                 b.post(entries, |e| {
                     entry::post_entries(qp.qp.as_ptr(), qp.post_send, e)

@@ -298,3 +298,49 @@ fn a_queue_pair_missing_a_builder_has_none() {
     q.wr_atomic_fetch_add = None;
     assert!(Builders::of(NonNull::from(&mut q)).is_none());
 }
+
+/// The check made of one request before its region and the builders' own answer in a
+/// chain agree, for every operation, gather count and inline flag: a request goes to
+/// `ibv_post_send` alone exactly when it would in a chain.
+#[test]
+fn one_request_and_a_chain_agree_on_what_is_buildable() {
+    let mut q = fake_qp();
+    let (remote_addr, rkey) = (0x1000, 7);
+    let ops = [
+        SendOp::Send,
+        SendOp::SendWithImm(1),
+        SendOp::Write { remote_addr, rkey },
+        SendOp::WriteWithImm {
+            remote_addr,
+            rkey,
+            imm: 2,
+        },
+        SendOp::Read { remote_addr, rkey },
+        SendOp::CompareSwap {
+            remote_addr,
+            rkey,
+            compare: 3,
+            swap: 4,
+        },
+        SendOp::FetchAdd {
+            remote_addr,
+            rkey,
+            add: 5,
+        },
+    ];
+    let mut built_alone = 0;
+    for op in ops {
+        for sges in 0..=2 {
+            for flags in [SendFlags::empty(), SendFlags::INLINE] {
+                let e = entry(1, op, flags, sges);
+                let (_, alone, _) = post(&mut q, &mut [e]);
+                let (_, chained, _) = post(&mut q, &mut [e, e]);
+                assert_eq!(alone, chained, "{op:?}, {sges} entries, {flags:?}");
+                assert_eq!(alone, !buildable(&e), "{op:?}, {sges} entries, {flags:?}");
+                built_alone += usize::from(!alone);
+            }
+        }
+    }
+    // Sends and writes at 0 or 1 entries, inline or not; reads and atomics not inline.
+    assert_eq!(built_alone, 4 * 2 * 2 + 3 * 2);
+}
